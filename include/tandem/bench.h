@@ -1,0 +1,58 @@
+// The benchmark runner behind `tandem bench`: SPEC's timing method (warm-up steps, then timed
+// steps between two device synchronizations) applied to any scenario and mode.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+struct BenchOptions {
+  std::string scenario = "seg";
+  std::string mode = "serial";
+  std::string device = "auto";  ///< auto, cpu, cuda, cuda:N
+  // Unset: the device's default (kGpuBenchDefaults / kCpuBenchDefaults); resolve() sets them.
+  std::optional<int64_t> batch_size;
+  std::optional<int64_t> steps;   ///< timed steps
+  std::optional<int64_t> warmup;  ///< untimed steps before them
+  std::optional<int> workers;     ///< loader worker threads
+  uint64_t seed = 0;
+};
+
+/// Defaults: SPEC's sizes on a GPU; small ones on the CPU so a laptop finishes in seconds.
+struct BenchDefaults {
+  int64_t batch_size, steps, warmup;
+  int workers;
+};
+constexpr BenchDefaults kGpuBenchDefaults{8, 100, 10, 8};
+constexpr BenchDefaults kCpuBenchDefaults{2, 4, 1, 2};
+
+/// Fills the defaults for the chosen device and validates everything; throws InvalidArgument
+/// naming the first bad value and what was expected.
+BenchOptions resolve(BenchOptions options);
+
+struct BenchResult {
+  BenchOptions options;         ///< resolved
+  std::string device_name;      ///< e.g. "NVIDIA H200" or "cpu"
+  std::string torch_version;
+  double seconds = 0;           ///< wall time of the timed steps
+  double steps_per_s = 0;
+  double samples_per_s = 0;
+  std::vector<float> losses;    ///< every step, warm-up included
+};
+
+/// Runs options.warmup + options.steps training steps and times the last options.steps.
+/// `options` must be resolved.
+BenchResult run_bench(const BenchOptions& options);
+
+/// Human-readable "key: value" lines of the resolved configuration.
+std::string describe_config(const BenchOptions& options);
+/// A fixed-width table of the result.
+std::string describe_result(const BenchResult& result);
+nlohmann::json to_json(const BenchResult& result);
+
+}  // namespace tandem

@@ -1,0 +1,58 @@
+// Error types and checks shared by the whole library: CUDA runtime calls, loader failures and
+// bad user input all surface as typed exceptions that carry a one-line, human-readable cause.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace tandem {
+
+/// A CUDA runtime call failed; what() names the call, its error string and file:line.
+class CudaError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A loader worker failed to produce a sample; what() names the sample index and the cause.
+class LoaderError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Input from a user of the library or CLI was invalid; what() names the value and what was
+/// expected. The CLI turns this into one line on stderr and exit code 2.
+class InvalidArgument : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+namespace detail {
+[[noreturn]] void throw_cuda_error(int code, const char* expr, const char* file, int line);
+}  // namespace detail
+
+}  // namespace tandem
+
+/// Evaluates a cudaError_t-returning expression once and throws tandem::CudaError on failure.
+#define TANDEM_CUDA_CHECK(expr)                                                      \
+  do {                                                                               \
+    const auto tandem_cuda_status_ = (expr);                                         \
+    if (tandem_cuda_status_ != 0)                                                    \
+      ::tandem::detail::throw_cuda_error(static_cast<int>(tandem_cuda_status_), #expr, \
+                                         __FILE__, __LINE__);                         \
+  } while (0)
+
+/// Throws tandem::InvalidArgument with a streamed message when `cond` is false.
+#define TANDEM_CHECK_ARG(cond, ...)                                   \
+  do {                                                                \
+    if (!(cond)) throw ::tandem::InvalidArgument(::tandem::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+#include <sstream>
+namespace tandem::detail {
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace tandem::detail

@@ -1,0 +1,117 @@
+// A threaded loader: W worker threads fill batches of samples into a ring of D host slots
+// (pinned when CUDA is present), in order, so a copy lane can move them to the device while
+// the workers fill the next ones. The C++ counterpart of a DataLoader with workers.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAEvent.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tandem/lane.h"
+
+namespace tandem {
+
+/// One field of a sample, e.g. {"image", {3, 256, 256}, kByte}.
+struct FieldSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+};
+
+/// A source of samples. get() is called concurrently from worker threads, so it must be
+/// thread-safe, and it must be a pure function of the index (reproducible, order-independent).
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual std::vector<FieldSpec> fields() const = 0;
+  /// Writes sample `index` into `out`: one contiguous CPU tensor per field, of the declared
+  /// shape and dtype (views into a batch slot; write into them, do not replace them).
+  virtual void get(int64_t index, const std::vector<at::Tensor>& out) const = 0;
+};
+
+struct LoaderOptions {
+  int64_t batch_size = 8;
+  int workers = 4;      ///< worker threads
+  int depth = 4;        ///< host slots in the ring: batches filled ahead of the consumer
+  bool pin_memory = true;  ///< pinned slots (only when CUDA is present), so copies are async
+  bool shuffle = false;    ///< visit the indices in a seeded random permutation
+  bool drop_last = true;   ///< drop a final short batch
+  uint64_t seed = 0;
+};
+
+/// A filled slot handed to the consumer: fields[f] is (B, ...shape) on the host.
+struct HostBatch {
+  int64_t number = -1;           ///< 0, 1, ... within the epoch
+  int slot = -1;                 ///< ring slot, for Loader::release
+  std::vector<int64_t> indices;  ///< dataset indices of the B samples, in order
+  std::vector<at::Tensor> fields;
+};
+
+/// Delivers every index of the epoch exactly once, in batch order.
+///
+///   worker k:  claim batch b ── wait slot b%D free ── fill B samples ── mark ready
+///   consumer:  next() waits for batch n ready ── copy H2D on a lane ── release(n, lane)
+///   release:   records an event on the lane; the worker that refills the slot waits for that
+///              event first, so a pinned slot is never overwritten while a copy still reads it.
+///
+/// A worker's exception is re-thrown by next() as LoaderError naming the sample index.
+/// Destruction (or stop()) mid-epoch wakes and joins every worker; nothing is left running.
+class Loader {
+ public:
+  Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  int64_t num_batches() const { return num_batches_; }
+  const std::vector<FieldSpec>& fields() const { return fields_; }
+
+  /// The next batch in order; blocks the host until it is filled. nullopt after the last one.
+  std::optional<HostBatch> next();
+  /// Gives the slot back. If `lane` is a CUDA lane, the slot is refilled only after the work
+  /// enqueued on it so far (the copy out of the slot) has completed.
+  void release(const HostBatch& batch, const Lane* lane = nullptr);
+  /// Stops and joins the workers; further next() calls return nullopt.
+  void stop();
+
+ private:
+  enum class SlotState { kFree, kFilling, kReady, kInUse, kFailed };
+  struct Slot {
+    SlotState state = SlotState::kFree;
+    int64_t number = -1;
+    std::vector<at::Tensor> fields;
+    std::vector<int64_t> indices;
+    std::optional<at::cuda::CUDAEvent> copied;  // recorded by release(); waited before refill
+    bool copied_pending = false;
+    std::string error;
+  };
+
+  void worker_loop();
+  int64_t index_at(int64_t position) const;
+
+  std::shared_ptr<const Dataset> dataset_;
+  LoaderOptions options_;
+  std::vector<FieldSpec> fields_;
+  int64_t num_batches_ = 0;
+  std::vector<int64_t> order_;  // empty unless shuffling
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<Slot> slots_;
+  int64_t next_to_claim_ = 0;
+  int64_t next_to_deliver_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace tandem

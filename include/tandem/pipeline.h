@@ -1,0 +1,81 @@
+// A pipeline of K stages, each a function of a Batch running on its own lane. The same stage
+// functions run in both modes, so serial mode is the baseline and the equivalence reference.
+#pragma once
+
+#include <ATen/cuda/CUDAEvent.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/batch.h"
+#include "tandem/handoff.h"
+#include "tandem/lane.h"
+
+namespace tandem {
+
+enum class PipelineMode {
+  kSerial,     ///< every stage of item n, in order, on one lane; then item n+1
+  kPipelined,  ///< at tick t stage i works on item t-i, each stage on its own lane
+};
+
+const char* to_string(PipelineMode mode);
+
+/// A stage: `fn` enqueues its work on the current stream (the pipeline sets it to `lane`) and
+/// reads and writes the batch. It must not synchronize the host with the device.
+struct Stage {
+  std::string name;
+  Lane lane;
+  std::function<void(Batch&, const Lane&)> fn;
+};
+
+/// Runs items through stages. Lanes and events (pipelined mode, CUDA):
+///
+///   load lane:    [load 0][load 1][load 2]...                    (stage 0)
+///                      └─ready─┐ └─ready─┐
+///   encode lane:          [enc 0]     [enc 1]     ...            (stage 1)
+///                               └─ready─┐  └─ready─┐
+///   train lane:                      [train 0]   [train 1] ...   (stage K-1)
+///                                          └─done[slot]─► host waits before reusing the slot
+///
+/// Batches live in a ring of `depth()+1` slots; a slot is reused for item n only after the last
+/// stage's "done" event of item n-slots has completed, which bounds how far the host runs ahead
+/// and how much device memory batches in flight hold. Before the first tick every lane waits for
+/// the device's current stream (so work enqueued there, e.g. model initialization, is visible);
+/// after the last tick the current stream waits for every lane.
+class Pipeline {
+ public:
+  /// In serial mode every stage runs on `serial_lane` (its Stage::lane is ignored).
+  Pipeline(std::vector<Stage> stages, PipelineMode mode, Lane serial_lane);
+
+  /// Called on the host at the start of each tick (before any stage of that tick is enqueued).
+  using TickHook = std::function<void(int64_t tick)>;
+
+  /// Runs items 0..num_items-1 through every stage: fill, steady state, drain.
+  void run(int64_t num_items, const TickHook& on_tick = {});
+
+  /// Ticks from an item entering stage 0 to its entering the last stage, plus one: K when
+  /// pipelined, 1 when serial. The last stage works on item t - (depth() - 1) at tick t.
+  int depth() const;
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  PipelineMode mode() const { return mode_; }
+  const Stage& stage(int i) const { return stages_.at(i); }
+  /// The lane stage i actually runs on in this mode.
+  const Lane& lane_of(int i) const;
+
+ private:
+  void run_stage(int i, int slot);
+
+  std::vector<Stage> stages_;
+  PipelineMode mode_;
+  Lane serial_lane_;
+  int slots_;
+  std::vector<Batch> ring_;
+  std::vector<Handoff> handoffs_;            // handoffs_[i]: stage i -> stage i+1
+  std::vector<at::cuda::CUDAEvent> done_;    // per slot, recorded after the last stage
+  std::vector<bool> done_recorded_;
+};
+
+}  // namespace tandem

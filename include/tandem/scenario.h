@@ -1,0 +1,49 @@
+// A scenario is one reference workload (seg, cls, mlp): it builds the models, the dataset, the
+// loader and the stages of a mode, and records per-step losses. The CLI and the benchmark
+// runner know scenarios only through this interface and the registry below.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/pipeline.h"
+
+namespace tandem {
+
+struct ScenarioOptions {
+  int64_t batch_size = 8;
+  int workers = 8;        ///< loader worker threads
+  int loader_depth = 4;   ///< host slots filled ahead of the copy lane
+  uint64_t seed = 0;      ///< models, data and anything random derive from it
+  c10::Device device = c10::Device(c10::kCPU);
+};
+
+class Scenario {
+ public:
+  virtual ~Scenario() = default;
+  virtual std::string name() const = 0;
+  /// The modes this scenario runs, the first being its serial baseline.
+  virtual std::vector<std::string> modes() const = 0;
+  /// A pipeline that trains `num_steps` steps in `mode` over a fresh loader of as many batches.
+  /// Throws InvalidArgument for a mode not in modes().
+  virtual std::unique_ptr<Pipeline> prepare(const std::string& mode, int64_t num_steps) = 0;
+  /// The per-step training losses of the last prepared run, in step order (synchronizes).
+  virtual std::vector<float> losses() const = 0;
+};
+
+/// Names of every registered scenario, for help texts and validation.
+std::vector<std::string> scenario_names();
+/// The modes of scenario `name` (the first is its serial baseline), without building it;
+/// throws InvalidArgument for an unknown name.
+std::vector<std::string> scenario_modes(const std::string& name);
+/// The scenario called `name`; throws InvalidArgument naming it and the known ones.
+std::unique_ptr<Scenario> make_scenario(const std::string& name, const ScenarioOptions& options);
+
+/// "a, b or c": for error messages that list what was expected.
+std::string join_choices(const std::vector<std::string>& choices);
+
+}  // namespace tandem

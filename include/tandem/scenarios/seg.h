@@ -1,0 +1,73 @@
+// Workload "seg" (SPEC.md): a frozen 9-conv encoder feeding a trainable 9-layer decoder, trained
+// for 10-class segmentation of 256x256 images. Modes: serial, pipelined (the encoder works on
+// batch n+1 on its lane while the decoder trains on batch n on another).
+#pragma once
+
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/sgd.h>
+
+#include <memory>
+
+#include "tandem/loader.h"
+#include "tandem/scenario.h"
+
+namespace tandem {
+
+constexpr int64_t kSegImageSize = 256;
+constexpr int64_t kSegClasses = 10;
+constexpr double kSegLearningRate = 1e-3;  // torch.optim.SGD's default, as the reference uses
+
+/// Conv2d(3->16, k1), then eight Conv2d k2 s2 doubling 16->4096; ReLU after all but the last.
+/// (N, 3, 256, 256) float -> (N, 4096, 1, 1). 44,746,784 parameters.
+torch::nn::Sequential make_seg_encoder();
+/// Eight ConvTranspose2d k2 s2 halving 4096->16, ReLU after each, then Conv2d(16->10, k3, p1).
+/// (N, 4096, 1, 1) -> (N, 10, 256, 256). 44,744,090 parameters.
+torch::nn::Sequential make_seg_decoder();
+
+/// Random uint8 images (3, S, S) and int64 label maps (S, S) in [0, classes); sample i is a
+/// pure function of (seed, i), so any worker produces the same bytes for it.
+class SegDataset : public Dataset {
+ public:
+  SegDataset(int64_t size, uint64_t seed, int64_t image_size = kSegImageSize,
+             int64_t classes = kSegClasses);
+  int64_t size() const override { return size_; }
+  std::vector<FieldSpec> fields() const override;
+  void get(int64_t index, const std::vector<at::Tensor>& out) const override;
+
+ private:
+  int64_t size_;
+  uint64_t seed_;
+  int64_t image_size_;
+  int64_t classes_;
+};
+
+/// The seg scenario. Stages: load (H2D on the copy lane) -> encode (uint8->float and the frozen
+/// encoder, no grad) -> train (decoder forward, cross-entropy, backward, SGD step).
+class SegScenario : public Scenario {
+ public:
+  explicit SegScenario(const ScenarioOptions& options);
+  ~SegScenario() override;
+
+  std::string name() const override { return "seg"; }
+  inline static const std::vector<std::string> kModes{"serial", "pipelined"};
+  std::vector<std::string> modes() const override { return kModes; }
+  std::unique_ptr<Pipeline> prepare(const std::string& mode, int64_t num_steps) override;
+  std::vector<float> losses() const override;
+
+  torch::nn::Sequential& encoder() { return encoder_; }
+  torch::nn::Sequential& decoder() { return decoder_; }
+
+ private:
+  void load(Batch& batch, const Lane& lane);
+  void encode(Batch& batch, const Lane& lane);
+  void train(Batch& batch, const Lane& lane);
+
+  ScenarioOptions options_;
+  torch::nn::Sequential encoder_{nullptr};
+  torch::nn::Sequential decoder_{nullptr};
+  std::unique_ptr<torch::optim::SGD> optimizer_;
+  std::unique_ptr<Loader> loader_;
+  at::Tensor losses_;  // (num_steps,) float32 on the device, written by the train stage
+};
+
+}  // namespace tandem

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Makes a fresh machine ready to build tandem: Debian packages, and a Python venv holding
+# torch==2.11.0 (the CUDA 13.0 build, whose LibTorch we link). Idempotent and quick when done.
+# Where python3 already has torch 2.11 with CUDA (the GPU machine), that torch is used instead.
+# Prints, as its last line, the CMAKE_PREFIX_PATH to use; scripts source it via env.sh.
+set -euo pipefail
+
+TORCH_VERSION=2.11.0
+VENV=${TANDEM_VENV:-$HOME/.cache/tandem/venv-torch${TORCH_VERSION}}
+say() { echo "[bootstrap] $*" >&2; }
+
+# --- Debian packages ------------------------------------------------------------------------
+DEB_PACKAGES=(build-essential ccache ninja-build pkg-config libgtest-dev libgmock-dev
+  libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libjpeg-dev
+  libpng-dev)
+if command -v dpkg-query >/dev/null 2>&1; then
+  missing=()
+  for p in "${DEB_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    say "installing Debian packages: ${missing[*]}"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+  else
+    say "Debian packages present"
+  fi
+else
+  say "no dpkg here: assuming the system libraries (GoogleTest, CLI11, nlohmann-json, ...) exist"
+fi
+
+# --- torch --------------------------------------------------------------------------------
+system_torch_ok() {
+  python3 - <<PY 2>/dev/null
+import torch, sys
+ok = torch.__version__.startswith("${TORCH_VERSION}") and torch.version.cuda is not None
+sys.exit(0 if ok else 1)
+PY
+}
+if [ -z "${TANDEM_FORCE_VENV:-}" ] && system_torch_ok; then
+  PY=python3
+  say "using the system python3's torch ($(python3 -c 'import torch;print(torch.__version__)'))"
+else
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating venv $VENV"
+    mkdir -p "$(dirname "$VENV")"
+    python3 -m venv "$VENV"
+  fi
+  PY="$VENV/bin/python"
+  if ! "$PY" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('${TORCH_VERSION}') else 1)" 2>/dev/null; then
+    say "installing torch==${TORCH_VERSION} into $VENV (a few GB, once per machine)"
+    "$PY" -m pip install -q --upgrade pip >&2
+    "$PY" -m pip install -q "torch==${TORCH_VERSION}" numpy >&2
+  fi
+  if ! "$PY" -c "import cmake" 2>/dev/null; then
+    say "installing a recent cmake into the venv (LibTorch + CUDA 13 want cmake >= 3.27)"
+    "$PY" -m pip install -q "cmake>=3.27" >&2
+  fi
+  say "torch $("$PY" -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda)') ready"
+fi
+"$PY" -c "import torch; print(torch.utils.cmake_prefix_path)" 2>/dev/null

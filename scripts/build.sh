@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Bootstraps (if needed) and builds tandem into ./build (or $TANDEM_BUILD_DIR).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/scripts/env.sh"
+build=${TANDEM_BUILD_DIR:-$root/build}
+echo "[build] LibTorch from $TANDEM_TORCH_PREFIX" >&2
+"$TANDEM_CMAKE" -S "$root" -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$TANDEM_TORCH_PREFIX" \
+  -DCMAKE_BUILD_TYPE=Release >/dev/null
+"$TANDEM_CMAKE" --build "$build" -j "$(nproc)"

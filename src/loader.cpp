@@ -1,0 +1,167 @@
+// The threaded loader: workers fill a ring of host slots in batch order; see loader.h.
+#include "tandem/loader.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+std::string describe(const std::exception& e) {
+  if (auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
+  return e.what();
+}
+}  // namespace
+
+Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
+    : dataset_(std::move(dataset)), options_(options) {
+  TORCH_CHECK(dataset_, "the loader needs a dataset");
+  TANDEM_CHECK_ARG(options_.batch_size > 0, "batch size ", options_.batch_size,
+                   " is not valid: expected a positive number of samples");
+  TANDEM_CHECK_ARG(options_.workers > 0, "worker count ", options_.workers,
+                   " is not valid: expected at least 1 worker thread");
+  TANDEM_CHECK_ARG(options_.depth > 0, "loader depth ", options_.depth,
+                   " is not valid: expected at least 1 host slot");
+  fields_ = dataset_->fields();
+  const int64_t n = dataset_->size();
+  num_batches_ = options_.drop_last ? n / options_.batch_size
+                                    : (n + options_.batch_size - 1) / options_.batch_size;
+  if (options_.shuffle) {
+    order_.resize(n);
+    std::iota(order_.begin(), order_.end(), 0);
+    std::mt19937_64 rng(options_.seed);
+    std::shuffle(order_.begin(), order_.end(), rng);
+  }
+
+  const bool pin = options_.pin_memory && c10::cuda::device_count() > 0;
+  slots_.resize(options_.depth);
+  for (auto& slot : slots_) {
+    for (const auto& field : fields_) {
+      std::vector<int64_t> shape{options_.batch_size};
+      shape.insert(shape.end(), field.shape.begin(), field.shape.end());
+      slot.fields.push_back(
+          at::empty(shape, at::TensorOptions().dtype(field.dtype).pinned_memory(pin)));
+    }
+  }
+  for (int s = 0; s < options_.depth; ++s) slots_[s].number = s - options_.depth;  // "released"
+  for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this] { worker_loop(); });
+}
+
+Loader::~Loader() { stop(); }
+
+void Loader::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  for (auto& w : workers_)
+    if (w.joinable()) w.join();
+  workers_.clear();
+}
+
+int64_t Loader::index_at(int64_t position) const {
+  return order_.empty() ? position : order_[position];
+}
+
+void Loader::worker_loop() {
+  const int D = options_.depth;
+  const int64_t n = dataset_->size();
+  for (;;) {
+    int64_t number;
+    Slot* slot;
+    bool wait_copy;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (stopping_ || next_to_claim_ >= num_batches_) return;
+      number = next_to_claim_++;
+      slot = &slots_[number % D];
+      // The slot is ours once its previous batch (number - D) has been released.
+      changed_.wait(lock, [&] {
+        return stopping_ || (slot->state == SlotState::kFree && slot->number == number - D);
+      });
+      if (stopping_) return;
+      slot->state = SlotState::kFilling;
+      slot->number = number;
+      wait_copy = slot->copied_pending;
+      slot->copied_pending = false;
+    }
+    // Nobody else touches a slot while it is kFilling, so this runs without the lock.
+    if (wait_copy) slot->copied->synchronize();
+    std::string error;
+    const int64_t first = number * options_.batch_size;
+    const int64_t count = std::min<int64_t>(options_.batch_size, n - first);
+    slot->indices.resize(count);
+    std::vector<at::Tensor> views(fields_.size());
+    for (int64_t i = 0; i < count && error.empty(); ++i) {
+      const int64_t index = index_at(first + i);
+      slot->indices[i] = index;
+      try {
+        for (size_t f = 0; f < fields_.size(); ++f) views[f] = slot->fields[f].select(0, i);
+        dataset_->get(index, views);
+      } catch (const std::exception& e) {
+        error = detail::concat("loader worker failed on sample ", index, " (batch ", number,
+                               "): ", describe(e));
+      } catch (...) {
+        error = detail::concat("loader worker failed on sample ", index, " (batch ", number,
+                               "): unknown exception");
+      }
+      if (stopping_) break;  // a racy read is fine: it only shortens the fill
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      slot->error = std::move(error);
+      slot->state = slot->error.empty() ? SlotState::kReady : SlotState::kFailed;
+    }
+    changed_.notify_all();
+  }
+}
+
+std::optional<HostBatch> Loader::next() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (stopping_ || next_to_deliver_ >= num_batches_) return std::nullopt;
+  const int64_t number = next_to_deliver_;
+  Slot& slot = slots_[number % options_.depth];
+  changed_.wait(lock, [&] {
+    return stopping_ || (slot.number == number && (slot.state == SlotState::kReady ||
+                                                   slot.state == SlotState::kFailed));
+  });
+  if (stopping_) return std::nullopt;
+  if (slot.state == SlotState::kFailed) throw LoaderError(slot.error);  // stays failed
+  slot.state = SlotState::kInUse;
+  ++next_to_deliver_;
+  HostBatch batch;
+  batch.number = number;
+  batch.slot = static_cast<int>(number % options_.depth);
+  batch.indices = slot.indices;
+  batch.fields = slot.fields;
+  if (static_cast<int64_t>(slot.indices.size()) < options_.batch_size)  // short last batch
+    for (auto& f : batch.fields) f = f.narrow(0, 0, static_cast<int64_t>(slot.indices.size()));
+  return batch;
+}
+
+void Loader::release(const HostBatch& batch, const Lane* lane) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(batch.slot >= 0 && batch.slot < options_.depth, "release of an invalid slot ",
+                batch.slot);
+    Slot& slot = slots_[batch.slot];
+    TORCH_CHECK(slot.state == SlotState::kInUse && slot.number == batch.number,
+                "release of batch ", batch.number, " which is not in use");
+    if (lane && lane->is_cuda()) {
+      if (!slot.copied) slot.copied.emplace();
+      slot.copied->record(lane->stream());
+      slot.copied_pending = true;
+    }
+    slot.state = SlotState::kFree;
+  }
+  changed_.notify_all();
+}
+
+}  // namespace tandem

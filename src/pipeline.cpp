@@ -1,0 +1,92 @@
+// The pipeline's tick loop: fill, steady state and drain over a ring of batch slots.
+#include "tandem/pipeline.h"
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+const char* to_string(PipelineMode mode) {
+  return mode == PipelineMode::kSerial ? "serial" : "pipelined";
+}
+
+Pipeline::Pipeline(std::vector<Stage> stages, PipelineMode mode, Lane serial_lane)
+    : stages_(std::move(stages)), mode_(mode), serial_lane_(std::move(serial_lane)) {
+  TORCH_CHECK(!stages_.empty(), "a pipeline needs at least one stage");
+  for (const auto& s : stages_) {
+    TORCH_CHECK(s.fn, "stage '", s.name, "' has no function");
+    TORCH_CHECK(s.lane.device() == serial_lane_.device(), "stage '", s.name, "' runs on ",
+                s.lane.device(), " but the pipeline runs on ", serial_lane_.device());
+  }
+  slots_ = depth() + 1;
+  ring_.resize(slots_);
+  for (int i = 0; i + 1 < num_stages(); ++i) handoffs_.emplace_back(lane_of(i), lane_of(i + 1), slots_);
+  if (serial_lane_.is_cuda()) done_.resize(slots_);
+  done_recorded_.assign(slots_, false);
+}
+
+int Pipeline::depth() const { return mode_ == PipelineMode::kPipelined ? num_stages() : 1; }
+
+const Lane& Pipeline::lane_of(int i) const {
+  return mode_ == PipelineMode::kSerial ? serial_lane_ : stages_.at(i).lane;
+}
+
+void Pipeline::run_stage(int i, int slot) {
+  const Lane& lane = lane_of(i);
+  LaneGuard guard(lane, stages_[i].name.c_str());
+  stages_[i].fn(ring_[slot], lane);
+}
+
+void Pipeline::run(int64_t num_items, const TickHook& on_tick) {
+  TORCH_CHECK(num_items >= 0, "a pipeline cannot run a negative number of items: ", num_items);
+  const Lane caller = Lane::current("caller", serial_lane_.device());
+  for (int i = 0; i < num_stages(); ++i) lane_of(i).wait_for(caller);
+
+  // A slot is handed to a new item only after the last stage of its previous item finished on
+  // the device: this bounds host run-ahead and the memory of batches in flight.
+  auto begin_item = [&](int64_t item, int slot) {
+    if (done_recorded_[slot]) done_[slot].synchronize();
+    ring_[slot].clear();
+    ring_[slot].index = item;
+  };
+  auto end_item = [&](int slot) {
+    if (!done_.empty()) {
+      done_[slot].record(lane_of(num_stages() - 1).stream());
+      done_recorded_[slot] = true;
+    }
+    // Dropping the tensors now returns their memory to the allocator, which will not reuse it
+    // before every lane that recorded a use of it (Handoff::receive) has passed that point.
+    const int64_t index = ring_[slot].index;
+    ring_[slot].clear();
+    ring_[slot].index = index;
+  };
+
+  const int K = num_stages();
+  const int64_t ticks = num_items == 0 ? 0 : num_items + depth() - 1;
+  for (int64_t t = 0; t < ticks; ++t) {
+    if (on_tick) on_tick(t);
+    if (mode_ == PipelineMode::kSerial) {
+      const int slot = static_cast<int>(t % slots_);
+      begin_item(t, slot);
+      for (int i = 0; i < K; ++i) run_stage(i, slot);
+      end_item(slot);
+      continue;
+    }
+    // Downstream stages first: their inputs are ready from the previous tick, so the device
+    // gets the long training work queued before the host may block in the load stage.
+    for (int i = K - 1; i >= 0; --i) {
+      const int64_t item = t - i;
+      if (item < 0 || item >= num_items) continue;
+      const int slot = static_cast<int>(item % slots_);
+      if (i == 0) begin_item(item, slot);
+      if (i > 0) handoffs_[i - 1].receive(ring_[slot], slot);
+      run_stage(i, slot);
+      if (i + 1 < K)
+        handoffs_[i].send(ring_[slot], slot);
+      else
+        end_item(slot);
+    }
+  }
+  for (int i = 0; i < num_stages(); ++i) caller.wait_for(lane_of(i));
+}
+
+}  // namespace tandem

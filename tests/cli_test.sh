@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# CLI contract: bad input gives exactly one line on stderr naming the value, and exit code 2;
+# --help documents every flag; a tiny CPU run succeeds and writes JSON.
+set -u
+tandem=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+
+# expect_fail <expected exit code> <pattern in stderr> -- args...
+expect_fail() {
+  local code=$1 pattern=$2
+  shift 3
+  "$tandem" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$tmp/err")
+  if [ "$rc" -eq "$code" ] && grep -qF -- "$pattern" "$tmp/err" && [ "$lines" -eq 1 ]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: tandem $* -> exit $rc (want $code), stderr ($lines lines, want 1 with '$pattern'):"
+    cat "$tmp/err"
+  fi
+}
+
+expect_fail 2 "scenario 'nope' is not known: expected seg" -- bench --scenario nope
+expect_fail 2 "mode 'fast' is not valid for scenario seg: expected serial or pipelined" -- bench --mode fast
+expect_fail 2 "batch size 0 is not valid" -- bench --batch-size 0
+expect_fail 2 "step count -5 is not valid" -- bench --steps -5
+expect_fail 2 "warm-up count -1" -- bench --warmup -1 --device cpu
+expect_fail 2 "worker count -2" -- bench --workers -2
+expect_fail 2 "JSON path '/nonexistent-dir/x.json' cannot be written" -- bench --json /nonexistent-dir/x.json
+expect_fail 2 "device 'tpu' is not valid" -- bench --device tpu
+expect_fail 2 "--batch-size" -- bench --batch-size many
+expect_fail 2 "--frobnicate" -- bench --frobnicate
+expect_fail 2 "subcommand" --
+
+if "$tandem" bench --help >"$tmp/help" 2>&1 &&
+   for flag in --scenario --mode --batch-size --steps --warmup --workers --seed --device --json; do
+     grep -qF -- "$flag" "$tmp/help" || exit 1
+   done; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)); echo "FAIL: bench --help does not document every flag"; cat "$tmp/help"
+fi
+
+if "$tandem" bench --device cpu --batch-size 1 --steps 1 --warmup 0 --workers 1 \
+     --json "$tmp/r.json" >"$tmp/out" 2>"$tmp/err" &&
+   grep -q '"steps_per_s"' "$tmp/r.json" && grep -q '"first_loss"' "$tmp/r.json" &&
+   grep -q 'steps/s' "$tmp/out"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)); echo "FAIL: a tiny CPU run"; cat "$tmp/out" "$tmp/err"
+fi
+
+echo "cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
