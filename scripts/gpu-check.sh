@@ -48,10 +48,10 @@ if has_phase test; then
 fi
 
 if has_phase sanitize; then
-  for tool in racecheck synccheck memcheck; do
+  for tool in ${TANDEM_SANITIZERS:-racecheck synccheck memcheck}; do
     say "compute-sanitizer --tool $tool on a short pipelined seg run"
-    timeout 240 compute-sanitizer --tool "$tool" --print-limit 20 \
-      "$TANDEM" bench --scenario seg --mode pipelined --batch-size 2 --steps 3 --warmup 1 \
+    timeout ${TANDEM_SANITIZER_TIMEOUT:-240} compute-sanitizer --tool "$tool" --print-limit 20 \
+      "$TANDEM" bench --scenario seg --mode pipelined --batch-size 2 --steps 2 --warmup 1 \
       --workers 2 >"$RAW/sanitizer-$tool.log" 2>&1
     rc=$?
     tail -4 "$RAW/sanitizer-$tool.log" | tee -a "$LOG"
@@ -69,6 +69,11 @@ if has_phase bench; then
       "$TANDEM" bench --scenario seg --mode "$mode" --batch-size "$bs" --steps 100 --warmup 10 \
         --workers 8 --json "$RAW/tandem-seg-$mode-$bs.json" >>"$LOG" 2>&1 || status=1
     done
+  done
+  say "tandem bench seg pipelined without cuDNN autotuning (for comparison)"
+  for bs in $BS_LIST; do
+    "$TANDEM" bench --scenario seg --mode pipelined --batch-size "$bs" --no-cudnn-benchmark \
+      --workers 8 --json "$RAW/nobench-seg-pipelined-$bs.json" 2>&1 | tail -1 | tee -a "$LOG"
   done
   say "python seed_reference.py seg --bs $bs_csv --modes serial,pipelined"
   python3 "$REF/seed_reference.py" seg --bs "$bs_csv" --modes serial,pipelined \

@@ -1,12 +1,14 @@
 // The benchmark runner: resolve options, build the scenario, time the steady state, report.
 #include "tandem/bench.h"
 
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -39,6 +41,7 @@ BenchOptions resolve(BenchOptions o) {
   o.steps = o.steps.value_or(d.steps);
   o.warmup = o.warmup.value_or(d.warmup);
   o.workers = o.workers.value_or(d.workers);
+  o.cudnn_benchmark = o.cudnn_benchmark.value_or(device.is_cuda());
   TANDEM_CHECK_ARG(*o.batch_size > 0, "batch size ", *o.batch_size,
                    " is not valid: expected a positive number of samples");
   TANDEM_CHECK_ARG(*o.steps > 0, "step count ", *o.steps,
@@ -60,6 +63,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   result.device_name = device_name(device);
   result.torch_version = TORCH_VERSION;
 
+  at::globalContext().setBenchmarkCuDNN(*options.cudnn_benchmark);
   ScenarioOptions so;
   so.batch_size = batch_size;
   so.workers = *options.workers;
@@ -71,6 +75,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   // The clock starts when the last stage is about to train step `warmup`: then exactly `steps`
   // training steps remain, and the stages ahead of it are already in their steady state.
   const int64_t start_tick = warmup + pipeline->depth() - 1;
+  pipeline->set_timing(warmup);
   using Clock = std::chrono::steady_clock;
   Clock::time_point start;
   pipeline->run(warmup + steps, [&](int64_t tick) {
@@ -84,6 +89,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   result.steps_per_s = static_cast<double>(steps) / result.seconds;
   result.samples_per_s = result.steps_per_s * static_cast<double>(batch_size);
   result.losses = scenario->losses();
+  result.timing = pipeline->timing();
   return result;
 }
 
@@ -96,7 +102,8 @@ std::string describe_config(const BenchOptions& o) {
      << "steps      " << o.steps.value_or(0) << " timed after " << o.warmup.value_or(0)
      << " warm-up\n"
      << "workers    " << o.workers.value_or(0) << "\n"
-     << "seed       " << o.seed << "\n";
+     << "seed       " << o.seed << "\n"
+     << "cudnn      benchmark " << (o.cudnn_benchmark.value_or(false) ? "on" : "off") << "\n";
   return os.str();
 }
 
@@ -112,11 +119,28 @@ std::string describe_result(const BenchResult& r) {
                 1000.0 / r.steps_per_s, r.losses.empty() ? 0.0 : r.losses.front(),
                 r.losses.empty() ? 0.0 : r.losses.back());
   os << line;
+  os << "\nper step    " << "host enqueue ms   device ms   (lane)\n";
+  for (const auto& st : r.timing.stages) {
+    std::snprintf(line, sizeof line, "  %-10s %15.3f %11.3f   (%s)\n", st.name.c_str(),
+                  st.host_ms_per_item, st.device_ms_per_item, st.lane.c_str());
+    os << line;
+  }
+  std::snprintf(line, sizeof line, "  %-10s %15.3f   (host blocked on a ring slot: device behind)\n",
+                "slot wait", r.timing.slot_wait_ms_per_item);
+  os << line;
   return os.str();
 }
 
 nlohmann::json to_json(const BenchResult& r) {
   const auto& o = r.options;
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& st : r.timing.stages)
+    stages.push_back({{"name", st.name},
+                      {"lane", st.lane},
+                      {"host_ms_per_step", st.host_ms_per_item},
+                      {"device_ms_per_step", std::isnan(st.device_ms_per_item)
+                                                 ? nlohmann::json(nullptr)
+                                                 : nlohmann::json(st.device_ms_per_item)}});
   return {{"impl", "tandem"},
           {"scenario", o.scenario},
           {"mode", o.mode},
@@ -125,6 +149,7 @@ nlohmann::json to_json(const BenchResult& r) {
           {"warmup", o.warmup.value_or(0)},
           {"workers", o.workers.value_or(0)},
           {"seed", o.seed},
+          {"cudnn_benchmark", o.cudnn_benchmark.value_or(false)},
           {"device", o.device},
           {"device_name", r.device_name},
           {"torch", r.torch_version},
@@ -134,7 +159,9 @@ nlohmann::json to_json(const BenchResult& r) {
           {"ms_per_step", 1000.0 / r.steps_per_s},
           {"first_loss", r.losses.empty() ? 0.0 : r.losses.front()},
           {"last_loss", r.losses.empty() ? 0.0 : r.losses.back()},
-          {"losses", r.losses}};
+          {"losses", r.losses},
+          {"stages", stages},
+          {"slot_wait_ms_per_step", r.timing.slot_wait_ms_per_item}};
 }
 
 }  // namespace tandem

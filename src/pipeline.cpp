@@ -1,6 +1,11 @@
 // The pipeline's tick loop: fill, steady state and drain over a ring of batch slots.
 #include "tandem/pipeline.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
 #include "tandem/error.h"
 
 namespace tandem {
@@ -30,21 +35,73 @@ const Lane& Pipeline::lane_of(int i) const {
   return mode_ == PipelineMode::kSerial ? serial_lane_ : stages_.at(i).lane;
 }
 
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+}  // namespace
+
 void Pipeline::run_stage(int i, int slot) {
   const Lane& lane = lane_of(i);
+  const bool timed = first_timed_item_ >= 0 && ring_[slot].index >= first_timed_item_;
   LaneGuard guard(lane, stages_[i].name.c_str());
+  if (!timed) {
+    stages_[i].fn(ring_[slot], lane);
+    return;
+  }
+  const auto start = Clock::now();
+  if (lane.is_cuda()) {
+    stage_events_[i].emplace_back(at::cuda::CUDAEvent(cudaEventDefault),
+                                  at::cuda::CUDAEvent(cudaEventDefault));
+    stage_events_[i].back().first.record(lane.stream());
+  }
   stages_[i].fn(ring_[slot], lane);
+  if (lane.is_cuda()) stage_events_[i].back().second.record(lane.stream());
+  host_seconds_[i] += seconds_since(start);
+}
+
+Pipeline::Timing Pipeline::timing() const {
+  Timing t;
+  t.items = timed_items_;
+  const double n = timed_items_ > 0 ? static_cast<double>(timed_items_) : 1.0;
+  t.slot_wait_ms_per_item = 1e3 * slot_wait_seconds_ / n;
+  for (int i = 0; i < num_stages(); ++i) {
+    StageTimes st;
+    st.name = stages_[i].name;
+    st.lane = lane_of(i).name();
+    st.host_ms_per_item = 1e3 * host_seconds_[i] / n;
+    if (lane_of(i).is_cuda()) {
+      double ms = 0;
+      for (const auto& [start, end] : stage_events_[i]) ms += start.elapsed_time(end);
+      st.device_ms_per_item = ms / n;
+    } else {
+      st.device_ms_per_item = std::numeric_limits<double>::quiet_NaN();
+    }
+    t.stages.push_back(st);
+  }
+  return t;
 }
 
 void Pipeline::run(int64_t num_items, const TickHook& on_tick) {
   TORCH_CHECK(num_items >= 0, "a pipeline cannot run a negative number of items: ", num_items);
   const Lane caller = Lane::current("caller", serial_lane_.device());
+  host_seconds_.assign(num_stages(), 0.0);
+  stage_events_.clear();
+  stage_events_.resize(num_stages());
+  slot_wait_seconds_ = 0;
+  timed_items_ = first_timed_item_ >= 0 ? std::max<int64_t>(0, num_items - first_timed_item_) : 0;
   for (int i = 0; i < num_stages(); ++i) lane_of(i).wait_for(caller);
 
   // A slot is handed to a new item only after the last stage of its previous item finished on
   // the device: this bounds host run-ahead and the memory of batches in flight.
   auto begin_item = [&](int64_t item, int slot) {
-    if (done_recorded_[slot]) done_[slot].synchronize();
+    if (done_recorded_[slot]) {
+      const auto start = Clock::now();
+      done_[slot].synchronize();
+      if (first_timed_item_ >= 0 && item >= first_timed_item_)
+        slot_wait_seconds_ += seconds_since(start);
+    }
     ring_[slot].clear();
     ring_[slot].index = item;
   };

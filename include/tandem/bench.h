@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/pipeline.h"
+
 namespace tandem {
 
 struct BenchOptions {
@@ -20,6 +22,9 @@ struct BenchOptions {
   std::optional<int64_t> steps;   ///< timed steps
   std::optional<int64_t> warmup;  ///< untimed steps before them
   std::optional<int> workers;     ///< loader worker threads
+  /// Let cuDNN time its algorithms on the first steps and keep the fastest (PyTorch's
+  /// cudnn.benchmark). Default: on with CUDA. Tests that need bitwise repeatability turn it off.
+  std::optional<bool> cudnn_benchmark;
   uint64_t seed = 0;
 };
 
@@ -43,6 +48,7 @@ struct BenchResult {
   double steps_per_s = 0;
   double samples_per_s = 0;
   std::vector<float> losses;    ///< every step, warm-up included
+  Pipeline::Timing timing;      ///< per stage, over the timed steps
 };
 
 /// Runs options.warmup + options.steps training steps and times the last options.steps.

@@ -65,6 +65,27 @@ class Pipeline {
   /// The lane stage i actually runs on in this mode.
   const Lane& lane_of(int i) const;
 
+  /// Where the time went in the last run(), per stage, over the items from `first_timed_item`
+  /// on (set_timing): host seconds spent enqueuing the stage, and device milliseconds between
+  /// the stage's start and end events on its lane (CUDA only; the start event fires once the
+  /// lane is free and the handoff's wait is satisfied). Also the host seconds spent blocked
+  /// waiting for a ring slot (the device is behind: the host is not the bottleneck).
+  struct StageTimes {
+    std::string name;
+    std::string lane;
+    double host_ms_per_item = 0;
+    double device_ms_per_item = 0;  // NaN without CUDA
+  };
+  struct Timing {
+    std::vector<StageTimes> stages;
+    double slot_wait_ms_per_item = 0;
+    int64_t items = 0;
+  };
+  /// Time items >= first_timed_item of later runs (a negative value turns timing off).
+  void set_timing(int64_t first_timed_item) { first_timed_item_ = first_timed_item; }
+  /// The timing of the last run (synchronizes with the timing events).
+  Timing timing() const;
+
  private:
   void run_stage(int i, int slot);
 
@@ -76,6 +97,13 @@ class Pipeline {
   std::vector<Handoff> handoffs_;            // handoffs_[i]: stage i -> stage i+1
   std::vector<at::cuda::CUDAEvent> done_;    // per slot, recorded after the last stage
   std::vector<bool> done_recorded_;
+
+  // Timing (optional): per stage, host seconds and one (start, end) event pair per timed item.
+  int64_t first_timed_item_ = -1;
+  std::vector<double> host_seconds_;
+  double slot_wait_seconds_ = 0;
+  int64_t timed_items_ = 0;
+  std::vector<std::vector<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>> stage_events_;
 };
 
 }  // namespace tandem

@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
                     "loader worker threads [default: 8 on a GPU, 2 on the CPU]");
   bench->add_option("--seed", options.seed, "seed for models and data")->capture_default_str();
   bench->add_option("--device", options.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  bool cudnn_benchmark = false;
+  CLI::Option* cudnn_opt = bench->add_flag(
+      "--cudnn-benchmark,!--no-cudnn-benchmark", cudnn_benchmark,
+      "let cuDNN autotune convolution algorithms [default: on with CUDA]");
   bench->add_option("--json", json_path, "also write the result as JSON to this file");
 
   try {
@@ -85,6 +89,7 @@ int main(int argc, char** argv) {
   if (steps_opt->count()) options.steps = steps;
   if (warmup_opt->count()) options.warmup = warmup;
   if (workers_opt->count()) options.workers = workers;
+  if (cudnn_opt->count()) options.cudnn_benchmark = cudnn_benchmark;
 
   try {
     if (bench->parsed()) return run_bench_command(options, json_path);
