@@ -52,7 +52,7 @@ if has_phase sanitize; then
     say "compute-sanitizer --tool $tool on a short pipelined seg run"
     timeout ${TANDEM_SANITIZER_TIMEOUT:-240} compute-sanitizer --tool "$tool" --print-limit 20 \
       "$TANDEM" bench --scenario seg --mode pipelined --batch-size 2 --steps 2 --warmup 1 \
-      --workers 2 >"$RAW/sanitizer-$tool.log" 2>&1
+      --workers 2 --no-cudnn-benchmark >"$RAW/sanitizer-$tool.log" 2>&1
     rc=$?
     tail -4 "$RAW/sanitizer-$tool.log" | tee -a "$LOG"
     say "$tool exit $rc"
@@ -70,10 +70,12 @@ if has_phase bench; then
         --workers 8 --json "$RAW/tandem-seg-$mode-$bs.json" >>"$LOG" 2>&1 || status=1
     done
   done
-  say "tandem bench seg pipelined without cuDNN autotuning (for comparison)"
+  say "tandem bench seg pipelined, variants for comparison (not in seg.json)"
   for bs in $BS_LIST; do
     "$TANDEM" bench --scenario seg --mode pipelined --batch-size "$bs" --no-cudnn-benchmark \
-      --workers 8 --json "$RAW/nobench-seg-pipelined-$bs.json" 2>&1 | tail -1 | tee -a "$LOG"
+      --workers 8 --json "$RAW/variant-nocudnnbench-$bs.json" 2>&1 | grep -A1 "^scenario  mode" | tail -1 | sed 's/$/  (no cuDNN autotuning)/' | tee -a "$LOG"
+    "$TANDEM" bench --scenario seg --mode pipelined --batch-size "$bs" --train-priority normal \
+      --workers 8 --json "$RAW/variant-normalprio-$bs.json" 2>&1 | grep -A1 "^scenario  mode" | tail -1 | sed 's/$/  (train lane normal priority)/' | tee -a "$LOG"
   done
   say "python seed_reference.py seg --bs $bs_csv --modes serial,pipelined"
   python3 "$REF/seed_reference.py" seg --bs "$bs_csv" --modes serial,pipelined \

@@ -42,6 +42,8 @@ BenchOptions resolve(BenchOptions o) {
   o.warmup = o.warmup.value_or(d.warmup);
   o.workers = o.workers.value_or(d.workers);
   o.cudnn_benchmark = o.cudnn_benchmark.value_or(device.is_cuda());
+  TANDEM_CHECK_ARG(o.train_priority == "high" || o.train_priority == "normal",
+                   "train priority '", o.train_priority, "' is not valid: expected high or normal");
   TANDEM_CHECK_ARG(*o.batch_size > 0, "batch size ", *o.batch_size,
                    " is not valid: expected a positive number of samples");
   TANDEM_CHECK_ARG(*o.steps > 0, "step count ", *o.steps,
@@ -69,6 +71,8 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   so.workers = *options.workers;
   so.seed = options.seed;
   so.device = device;
+  so.train_priority =
+      options.train_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
   auto scenario = make_scenario(options.scenario, so);
   auto pipeline = scenario->prepare(options.mode, warmup + steps);
 
@@ -103,7 +107,8 @@ std::string describe_config(const BenchOptions& o) {
      << " warm-up\n"
      << "workers    " << o.workers.value_or(0) << "\n"
      << "seed       " << o.seed << "\n"
-     << "cudnn      benchmark " << (o.cudnn_benchmark.value_or(false) ? "on" : "off") << "\n";
+     << "cudnn      benchmark " << (o.cudnn_benchmark.value_or(false) ? "on" : "off") << "\n"
+     << "train lane priority " << o.train_priority << "\n";
   return os.str();
 }
 
@@ -150,6 +155,7 @@ nlohmann::json to_json(const BenchResult& r) {
           {"workers", o.workers.value_or(0)},
           {"seed", o.seed},
           {"cudnn_benchmark", o.cudnn_benchmark.value_or(false)},
+          {"train_priority", o.train_priority},
           {"device", o.device},
           {"device_name", r.device_name},
           {"torch", r.torch_version},

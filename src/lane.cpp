@@ -45,10 +45,10 @@ c10::Device parse_device(const std::string& text) {
       detail::concat("device '", text, "' is not valid: expected auto, cpu, cuda or cuda:N"));
 }
 
-Lane Lane::create(std::string name, c10::Device device) {
+Lane Lane::create(std::string name, c10::Device device, LanePriority priority) {
   if (!device.is_cuda()) return Lane(std::move(name), device, std::nullopt);
   return Lane(std::move(name), device,
-              c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()));
+              c10::cuda::getStreamFromPool(priority == LanePriority::kHigh, device.index()));
 }
 
 Lane Lane::current(std::string name, c10::Device device) {

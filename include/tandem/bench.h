@@ -25,6 +25,8 @@ struct BenchOptions {
   /// Let cuDNN time its algorithms on the first steps and keep the fastest (PyTorch's
   /// cudnn.benchmark). Default: on with CUDA. Tests that need bitwise repeatability turn it off.
   std::optional<bool> cudnn_benchmark;
+  /// Priority of the training lane: "high" (default) or "normal".
+  std::string train_priority = "high";
   uint64_t seed = 0;
 };
 

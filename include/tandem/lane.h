@@ -17,12 +17,18 @@ c10::Device default_device();
 /// Parses "auto", "cpu", "cuda" or "cuda:N"; throws InvalidArgument naming the bad value.
 c10::Device parse_device(const std::string& text);
 
+/// Scheduling priority of a lane's stream. When two lanes' kernels compete for the GPU, blocks
+/// of the high-priority lane are dispatched first: give it to the critical path (the training
+/// step) so the lanes that feed it fill the gaps instead of stretching it.
+enum class LanePriority { kNormal, kHigh };
+
 class Lane {
  public:
   /// A lane with its own stream from LibTorch's pool on `device` (CUDA), or the calling thread
   /// (CPU). Note: the pool hands out 32 streams per priority round-robin, so lanes created far
   /// apart may share a stream; that only loses overlap, never correctness.
-  static Lane create(std::string name, c10::Device device);
+  static Lane create(std::string name, c10::Device device,
+                     LanePriority priority = LanePriority::kNormal);
   /// The device's current stream (the default stream unless a guard changed it) as a lane.
   static Lane current(std::string name, c10::Device device);
 

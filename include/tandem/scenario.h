@@ -20,6 +20,8 @@ struct ScenarioOptions {
   int loader_depth = 4;   ///< host slots filled ahead of the copy lane
   uint64_t seed = 0;      ///< models, data and anything random derive from it
   c10::Device device = c10::Device(c10::kCPU);
+  /// Priority of the training lane in pipelined modes (see LanePriority).
+  LanePriority train_priority = LanePriority::kHigh;
 };
 
 class Scenario {

@@ -95,7 +95,7 @@ std::unique_ptr<Pipeline> SegScenario::prepare(const std::string& mode, int64_t 
                     [this](Batch& b, const Lane& l) { load(b, l); }});
   stages.push_back({"encode", Lane::create("encoder", dev),
                     [this](Batch& b, const Lane& l) { encode(b, l); }});
-  stages.push_back({"train", Lane::create("decoder", dev),
+  stages.push_back({"train", Lane::create("decoder", dev, options_.train_priority),
                     [this](Batch& b, const Lane& l) { train(b, l); }});
   const PipelineMode pm = mode == "serial" ? PipelineMode::kSerial : PipelineMode::kPipelined;
   return std::make_unique<Pipeline>(std::move(stages), pm, Lane::create("serial", dev));

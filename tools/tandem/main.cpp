@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   CLI::Option* cudnn_opt = bench->add_flag(
       "--cudnn-benchmark,!--no-cudnn-benchmark", cudnn_benchmark,
       "let cuDNN autotune convolution algorithms [default: on with CUDA]");
+  bench->add_option("--train-priority", options.train_priority,
+                    "stream priority of the training lane: high or normal")
+      ->capture_default_str();
   bench->add_option("--json", json_path, "also write the result as JSON to this file");
 
   try {
