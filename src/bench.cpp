@@ -76,14 +76,16 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   auto scenario = make_scenario(options.scenario, so);
   auto pipeline = scenario->prepare(options.mode, warmup + steps);
 
-  // The clock starts when the last stage is about to train step `warmup`: then exactly `steps`
-  // training steps remain, and the stages ahead of it are already in their steady state.
-  const int64_t start_tick = warmup + pipeline->depth() - 1;
+  // The clock starts when step `warmup` begins its exclusive work: in serial mode when it
+  // enters the first stage; pipelined, when it enters the last (training) stage, so exactly
+  // `steps` training steps remain and the stages ahead of it are in their steady state.
+  const int clock_stage =
+      pipeline->mode() == PipelineMode::kSerial ? 0 : pipeline->num_stages() - 1;
   pipeline->set_timing(warmup);
   using Clock = std::chrono::steady_clock;
-  Clock::time_point start;
-  pipeline->run(warmup + steps, [&](int64_t tick) {
-    if (tick == start_tick) {
+  Clock::time_point start = Clock::now();
+  pipeline->run(warmup + steps, [&](int stage, int64_t item) {
+    if (stage == clock_stage && item == warmup) {
       synchronize(device);
       start = Clock::now();
     }

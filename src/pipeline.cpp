@@ -3,6 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <limits>
 
@@ -26,7 +31,7 @@ Pipeline::Pipeline(std::vector<Stage> stages, PipelineMode mode, Lane serial_lan
   ring_.resize(slots_);
   for (int i = 0; i + 1 < num_stages(); ++i) handoffs_.emplace_back(lane_of(i), lane_of(i + 1), slots_);
   if (serial_lane_.is_cuda()) done_.resize(slots_);
-  done_recorded_.assign(slots_, false);
+  done_recorded_.assign(slots_, 0);
 }
 
 int Pipeline::depth() const { return mode_ == PipelineMode::kPipelined ? num_stages() : 1; }
@@ -83,7 +88,32 @@ Pipeline::Timing Pipeline::timing() const {
   return t;
 }
 
-void Pipeline::run(int64_t num_items, const TickHook& on_tick) {
+void Pipeline::begin_item(int64_t item, int slot) {
+  // A slot is handed to a new item only after the last stage of its previous item finished on
+  // the device: this bounds host run-ahead and the memory of batches in flight.
+  if (done_recorded_[slot]) {
+    const auto start = Clock::now();
+    done_[slot].synchronize();
+    if (first_timed_item_ >= 0 && item >= first_timed_item_)
+      slot_wait_seconds_ += seconds_since(start);
+  }
+  ring_[slot].clear();
+  ring_[slot].index = item;
+}
+
+void Pipeline::end_item(int slot) {
+  if (!done_.empty()) {
+    done_[slot].record(lane_of(num_stages() - 1).stream());
+    done_recorded_[slot] = 1;
+  }
+  // Dropping the tensors now returns their memory to the allocator, which will not reuse it
+  // before every lane that recorded a use of it (Handoff::receive) has passed that point.
+  const int64_t index = ring_[slot].index;
+  ring_[slot].clear();
+  ring_[slot].index = index;
+}
+
+void Pipeline::run(int64_t num_items, const ItemHook& on_item) {
   TORCH_CHECK(num_items >= 0, "a pipeline cannot run a negative number of items: ", num_items);
   const Lane caller = Lane::current("caller", serial_lane_.device());
   host_seconds_.assign(num_stages(), 0.0);
@@ -92,58 +122,105 @@ void Pipeline::run(int64_t num_items, const TickHook& on_tick) {
   slot_wait_seconds_ = 0;
   timed_items_ = first_timed_item_ >= 0 ? std::max<int64_t>(0, num_items - first_timed_item_) : 0;
   for (int i = 0; i < num_stages(); ++i) lane_of(i).wait_for(caller);
-
-  // A slot is handed to a new item only after the last stage of its previous item finished on
-  // the device: this bounds host run-ahead and the memory of batches in flight.
-  auto begin_item = [&](int64_t item, int slot) {
-    if (done_recorded_[slot]) {
-      const auto start = Clock::now();
-      done_[slot].synchronize();
-      if (first_timed_item_ >= 0 && item >= first_timed_item_)
-        slot_wait_seconds_ += seconds_since(start);
-    }
-    ring_[slot].clear();
-    ring_[slot].index = item;
-  };
-  auto end_item = [&](int slot) {
-    if (!done_.empty()) {
-      done_[slot].record(lane_of(num_stages() - 1).stream());
-      done_recorded_[slot] = true;
-    }
-    // Dropping the tensors now returns their memory to the allocator, which will not reuse it
-    // before every lane that recorded a use of it (Handoff::receive) has passed that point.
-    const int64_t index = ring_[slot].index;
-    ring_[slot].clear();
-    ring_[slot].index = index;
-  };
-
-  const int K = num_stages();
-  const int64_t ticks = num_items == 0 ? 0 : num_items + depth() - 1;
-  for (int64_t t = 0; t < ticks; ++t) {
-    if (on_tick) on_tick(t);
-    if (mode_ == PipelineMode::kSerial) {
-      const int slot = static_cast<int>(t % slots_);
-      begin_item(t, slot);
-      for (int i = 0; i < K; ++i) run_stage(i, slot);
-      end_item(slot);
-      continue;
-    }
-    // Downstream stages first: their inputs are ready from the previous tick, so the device
-    // gets the long training work queued before the host may block in the load stage.
-    for (int i = K - 1; i >= 0; --i) {
-      const int64_t item = t - i;
-      if (item < 0 || item >= num_items) continue;
-      const int slot = static_cast<int>(item % slots_);
-      if (i == 0) begin_item(item, slot);
-      if (i > 0) handoffs_[i - 1].receive(ring_[slot], slot);
-      run_stage(i, slot);
-      if (i + 1 < K)
-        handoffs_[i].send(ring_[slot], slot);
-      else
-        end_item(slot);
-    }
-  }
+  if (mode_ == PipelineMode::kSerial)
+    run_serial(num_items, on_item);
+  else
+    run_threaded(num_items, on_item);
   for (int i = 0; i < num_stages(); ++i) caller.wait_for(lane_of(i));
+}
+
+void Pipeline::run_serial(int64_t num_items, const ItemHook& on_item) {
+  for (int64_t item = 0; item < num_items; ++item) {
+    const int slot = static_cast<int>(item % slots_);
+    begin_item(item, slot);
+    for (int i = 0; i < num_stages(); ++i) {
+      if (on_item) on_item(i, item);
+      run_stage(i, slot);
+    }
+    end_item(slot);
+  }
+}
+
+namespace {
+// A blocking queue of ring slots between two stage threads; close() wakes every waiter.
+class SlotQueue {
+ public:
+  void push(int slot) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      slots_.push_back(slot);
+    }
+    cv_.notify_one();
+  }
+  /// The next slot, or -1 once closed.
+  int pop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return closed_ || !slots_.empty(); });
+    if (closed_) return -1;
+    const int slot = slots_.front();
+    slots_.pop_front();
+    return slot;
+  }
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<int> slots_;
+  bool closed_ = false;
+};
+}  // namespace
+
+void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
+  const int K = num_stages();
+  // inbox[0] holds free slots; inbox[i] the slots stage i-1 has finished with.
+  std::vector<SlotQueue> inbox(K);
+  for (int s = 0; s < slots_; ++s) inbox[0].push(s);
+  std::mutex error_mutex;
+  std::exception_ptr error;
+
+  auto stage_loop = [&](int i) {
+    try {
+      for (int64_t item = 0; item < num_items; ++item) {
+        const int slot = inbox[i].pop();
+        if (slot < 0) return;  // another stage failed
+        if (i == 0) {
+          begin_item(item, slot);
+        } else {
+          TORCH_INTERNAL_ASSERT(ring_[slot].index == item, "stage ", stages_[i].name,
+                                " expected item ", item, " but got ", ring_[slot].index);
+          handoffs_[i - 1].receive(ring_[slot], slot);
+        }
+        if (on_item) on_item(i, item);
+        run_stage(i, slot);
+        if (i + 1 < K) {
+          handoffs_[i].send(ring_[slot], slot);
+          inbox[i + 1].push(slot);
+        } else {
+          end_item(slot);
+          inbox[0].push(slot);
+        }
+      }
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+      for (auto& q : inbox) q.close();
+    }
+  };
+
+  std::vector<std::thread> threads;
+  for (int i = 1; i < K; ++i) threads.emplace_back(stage_loop, i);
+  stage_loop(0);  // the caller's thread drives the first stage
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace tandem

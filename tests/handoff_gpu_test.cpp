@@ -6,6 +6,8 @@
 #include <ATen/cuda/Sleep.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "tandem/pipeline.h"
 #include "test_util.h"
 
@@ -52,19 +54,19 @@ TEST(HandoffGpuTest, ThousandsOfHandoffsWithReallocationStayIntact) {
 TEST(HandoffGpuTest, PipelinedStagesRunOnTheirOwnStreams) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
-  std::vector<c10::cuda::CUDAStream> seen;
+  std::vector<std::optional<c10::cuda::CUDAStream>> seen(3);  // one entry per stage thread
   std::vector<Stage> stages;
   for (int i = 0; i < 3; ++i)
     stages.push_back({"s", Lane::create("lane" + std::to_string(i), cuda),
-                      [&](Batch&, const Lane& lane) {
+                      [&seen, i](Batch&, const Lane& lane) {
                         EXPECT_EQ(c10::cuda::getCurrentCUDAStream(0), lane.stream());
-                        seen.push_back(lane.stream());
+                        seen[i] = lane.stream();
                       }});
   Pipeline p(std::move(stages), PipelineMode::kPipelined, Lane::create("serial", cuda));
   p.run(1);
-  ASSERT_EQ(seen.size(), 3u);
-  EXPECT_NE(seen[0], seen[1]);
-  EXPECT_NE(seen[1], seen[2]);
+  ASSERT_TRUE(seen[0] && seen[1] && seen[2]);
+  EXPECT_NE(*seen[0], *seen[1]);
+  EXPECT_NE(*seen[1], *seen[2]);
 }
 
 }  // namespace

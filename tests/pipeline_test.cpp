@@ -4,7 +4,11 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <tuple>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "tandem/pipeline.h"
@@ -12,53 +16,96 @@
 namespace tandem {
 namespace {
 
+// What each stage did, in the global order the host threads did it.
 struct Event {
-  int64_t tick;
   int stage;
   int64_t item;
-  bool operator==(const Event& o) const {
-    return std::tie(tick, stage, item) == std::tie(o.tick, o.stage, o.item);
-  }
+  bool end;  // false: stage starts the item; true: it finished enqueueing it
 };
 
 std::vector<Event> trace(PipelineMode mode, int stages, int64_t items) {
   const c10::Device cpu(c10::kCPU);
+  std::mutex mutex;
   std::vector<Event> events;
-  int64_t tick = -1;
+  auto log = [&](Event e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    events.push_back(e);
+  };
   std::vector<Stage> s;
   for (int i = 0; i < stages; ++i)
     s.push_back({"s" + std::to_string(i), Lane::create("lane", cpu),
-                 [&events, &tick, i](Batch& b, const Lane&) {
-                   events.push_back({tick, i, b.index});
+                 [&log, i](Batch& b, const Lane&) {
+                   log({i, b.index, false});
                    // Each stage adds 10^i, so the last one sees the sum of every earlier stage.
                    at::Tensor prev = b.has("v") ? b.get("v") : at::zeros({1}, at::kLong);
                    b.set("v", prev + static_cast<int64_t>(std::pow(10, i)));
+                   std::this_thread::sleep_for(std::chrono::microseconds(100 * (b.index % 3)));
+                   log({i, b.index, true});
                  }});
   Pipeline p(std::move(s), mode, Lane::create("serial", cpu));
-  p.run(items, [&](int64_t t) { tick = t; });
+  p.run(items);
   return events;
 }
 
 TEST(PipelineTest, SerialRunsEveryStageOfAnItemBeforeTheNext) {
   const auto ev = trace(PipelineMode::kSerial, 3, 4);
-  ASSERT_EQ(ev.size(), 12u);
+  ASSERT_EQ(ev.size(), 24u);
   for (int64_t item = 0; item < 4; ++item)
-    for (int s = 0; s < 3; ++s) EXPECT_EQ(ev[item * 3 + s], (Event{item, s, item}));
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_EQ(ev[item * 6 + s * 2].stage, s);
+      EXPECT_EQ(ev[item * 6 + s * 2].item, item);
+    }
 }
 
-TEST(PipelineTest, PipelinedStageIWorksOnItemTMinusI) {
+TEST(PipelineTest, PipelinedStagesTakeItemsInOrderAfterTheirProducer) {
   const int K = 3;
-  const int64_t n = 5;
+  const int64_t n = 40;
   const auto ev = trace(PipelineMode::kPipelined, K, n);
-  ASSERT_EQ(ev.size(), static_cast<size_t>(K * n));
-  for (const auto& e : ev) EXPECT_EQ(e.item, e.tick - e.stage) << "stage " << e.stage;
-  // Ticks: fill (0..K-2), steady state, drain; n + K - 1 in all.
-  EXPECT_EQ(ev.back().tick, n + K - 2);
-  // Within a tick, downstream stages are enqueued first.
-  for (size_t i = 1; i < ev.size(); ++i)
-    if (ev[i].tick == ev[i - 1].tick) {
-      EXPECT_LT(ev[i].stage, ev[i - 1].stage);
+  ASSERT_EQ(ev.size(), static_cast<size_t>(2 * K * n));
+  std::vector<int64_t> next(K, 0);
+  std::vector<std::vector<bool>> finished(K, std::vector<bool>(n, false));
+  int64_t started_first = 0, finished_last = 0;
+  for (const auto& e : ev) {
+    if (!e.end) {
+      EXPECT_EQ(e.item, next[e.stage]++) << "stage " << e.stage << " out of order";
+      if (e.stage > 0) {
+        EXPECT_TRUE(finished[e.stage - 1][e.item])
+            << "stage " << e.stage << " started item " << e.item << " before its producer";
+      }
+      if (e.stage == 0) ++started_first;
+    } else {
+      finished[e.stage][e.item] = true;
+      if (e.stage == K - 1) ++finished_last;
     }
+    // The ring bounds the items in flight: depth() + 1 = K + 1 slots.
+    EXPECT_LE(started_first - finished_last, K + 1);
+  }
+  for (int s = 0; s < K; ++s) EXPECT_EQ(next[s], n);
+}
+
+TEST(PipelineTest, PipelinedStagesReallyOverlap) {
+  // Stage 1 on item 0 waits until stage 0 has started item 1: possible only if the stages run
+  // concurrently. Serial execution would time out here.
+  const c10::Device cpu(c10::kCPU);
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool second_item_started = false;
+  bool overlapped = false;
+  std::vector<Stage> s;
+  s.push_back({"first", Lane::create("a", cpu), [&](Batch& b, const Lane&) {
+                 std::lock_guard<std::mutex> lock(mutex);
+                 if (b.index == 1) second_item_started = true;
+                 cv.notify_all();
+               }});
+  s.push_back({"second", Lane::create("b", cpu), [&](Batch& b, const Lane&) {
+                 if (b.index != 0) return;
+                 std::unique_lock<std::mutex> lock(mutex);
+                 overlapped = cv.wait_for(lock, std::chrono::seconds(10),
+                                          [&] { return second_item_started; });
+               }});
+  Pipeline p(std::move(s), PipelineMode::kPipelined, Lane::create("serial", cpu));
+  p.run(3);
+  EXPECT_TRUE(overlapped);
 }
 
 TEST(PipelineTest, BatchesCarryDataThroughEveryStageInBothModes) {

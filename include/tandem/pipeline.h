@@ -17,8 +17,8 @@
 namespace tandem {
 
 enum class PipelineMode {
-  kSerial,     ///< every stage of item n, in order, on one lane; then item n+1
-  kPipelined,  ///< at tick t stage i works on item t-i, each stage on its own lane
+  kSerial,     ///< every stage of item n, in order, on one lane and one host thread
+  kPipelined,  ///< each stage on its own lane, driven by its own host thread
 };
 
 const char* to_string(PipelineMode mode);
@@ -33,31 +33,36 @@ struct Stage {
 
 /// Runs items through stages. Lanes and events (pipelined mode, CUDA):
 ///
-///   load lane:    [load 0][load 1][load 2]...                    (stage 0)
+///   load lane:    [load 0][load 1][load 2]...                    (stage 0, host thread 0)
 ///                      └─ready─┐ └─ready─┐
-///   encode lane:          [enc 0]     [enc 1]     ...            (stage 1)
+///   encode lane:          [enc 0]     [enc 1]     ...            (stage 1, host thread 1)
 ///                               └─ready─┐  └─ready─┐
-///   train lane:                      [train 0]   [train 1] ...   (stage K-1)
-///                                          └─done[slot]─► host waits before reusing the slot
+///   train lane:                      [train 0]   [train 1] ...   (stage K-1, host thread K-1)
+///                                          └─done[slot]─► stage 0 waits before reusing the slot
 ///
-/// Batches live in a ring of `depth()+1` slots; a slot is reused for item n only after the last
-/// stage's "done" event of item n-slots has completed, which bounds how far the host runs ahead
-/// and how much device memory batches in flight hold. Before the first tick every lane waits for
-/// the device's current stream (so work enqueued there, e.g. model initialization, is visible);
-/// after the last tick the current stream waits for every lane.
+/// In pipelined mode each stage is driven by its own host thread: enqueueing a training step
+/// through LibTorch costs milliseconds of host time, and one thread enqueueing every stage in
+/// turn would make the host, not the device, the bottleneck. Stage i takes items in order from
+/// a queue fed by stage i-1 (device order through the Handoff's events, host order through the
+/// queue). Batches live in a ring of `depth()+1` slots; a slot is reused for a new item only
+/// after the last stage's "done" event of its previous item has completed, which bounds how far
+/// the host runs ahead and how much device memory batches in flight hold. Before the first item
+/// every lane waits for the caller's current stream (so work enqueued there, e.g. model
+/// initialization, is visible); at the end the caller's stream waits for every lane. A stage's
+/// exception stops every stage thread and is re-thrown by run().
 class Pipeline {
  public:
   /// In serial mode every stage runs on `serial_lane` (its Stage::lane is ignored).
   Pipeline(std::vector<Stage> stages, PipelineMode mode, Lane serial_lane);
 
-  /// Called on the host at the start of each tick (before any stage of that tick is enqueued).
-  using TickHook = std::function<void(int64_t tick)>;
+  /// Called on the host, on the stage's thread, just before `stage` enqueues `item`.
+  using ItemHook = std::function<void(int stage, int64_t item)>;
 
   /// Runs items 0..num_items-1 through every stage: fill, steady state, drain.
-  void run(int64_t num_items, const TickHook& on_tick = {});
+  void run(int64_t num_items, const ItemHook& on_item = {});
 
-  /// Ticks from an item entering stage 0 to its entering the last stage, plus one: K when
-  /// pipelined, 1 when serial. The last stage works on item t - (depth() - 1) at tick t.
+  /// Items in flight from the first stage to the last: K when pipelined, 1 when serial. The
+  /// ring holds depth() + 1 slots.
   int depth() const;
   int num_stages() const { return static_cast<int>(stages_.size()); }
   PipelineMode mode() const { return mode_; }
@@ -88,6 +93,10 @@ class Pipeline {
 
  private:
   void run_stage(int i, int slot);
+  void begin_item(int64_t item, int slot);
+  void end_item(int slot);
+  void run_serial(int64_t num_items, const ItemHook& on_item);
+  void run_threaded(int64_t num_items, const ItemHook& on_item);
 
   std::vector<Stage> stages_;
   PipelineMode mode_;
@@ -96,7 +105,7 @@ class Pipeline {
   std::vector<Batch> ring_;
   std::vector<Handoff> handoffs_;            // handoffs_[i]: stage i -> stage i+1
   std::vector<at::cuda::CUDAEvent> done_;    // per slot, recorded after the last stage
-  std::vector<bool> done_recorded_;
+  std::vector<uint8_t> done_recorded_;  // not vector<bool>: threads touch adjacent slots
 
   // Timing (optional): per stage, host seconds and one (start, end) event pair per timed item.
   int64_t first_timed_item_ = -1;
