@@ -69,8 +69,7 @@ SegScenario::SegScenario(const ScenarioOptions& options) : options_(options) {
   encoder_->eval();
   for (auto& p : encoder_->parameters()) p.set_requires_grad(false);
   decoder_->train();
-  optimizer_ = std::make_unique<torch::optim::SGD>(decoder_->parameters(),
-                                                   torch::optim::SGDOptions(kSegLearningRate));
+  optimizer_ = std::make_unique<optim::Sgd>(decoder_->parameters(), kSegLearningRate);
 }
 
 SegScenario::~SegScenario() = default;

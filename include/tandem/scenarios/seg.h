@@ -4,11 +4,11 @@
 #pragma once
 
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/optim/sgd.h>
 
 #include <memory>
 
 #include "tandem/loader.h"
+#include "tandem/optim.h"
 #include "tandem/scenario.h"
 
 namespace tandem {
@@ -65,7 +65,7 @@ class SegScenario : public Scenario {
   ScenarioOptions options_;
   torch::nn::Sequential encoder_{nullptr};
   torch::nn::Sequential decoder_{nullptr};
-  std::unique_ptr<torch::optim::SGD> optimizer_;
+  std::unique_ptr<optim::Sgd> optimizer_;
   std::unique_ptr<Loader> loader_;
   at::Tensor losses_;  // (num_steps,) float32 on the device, written by the train stage
 };
