@@ -128,8 +128,11 @@ std::string describe_result(const BenchResult& r) {
   os << line;
   os << "\nper step    " << "host enqueue ms   device ms   (lane)\n";
   for (const auto& st : r.timing.stages) {
-    std::snprintf(line, sizeof line, "  %-10s %15.3f %11.3f   (%s)\n", st.name.c_str(),
-                  st.host_ms_per_item, st.device_ms_per_item, st.lane.c_str());
+    char device_ms[32] = "n/a";  // no CUDA: no device timeline
+    if (!std::isnan(st.device_ms_per_item))
+      std::snprintf(device_ms, sizeof device_ms, "%.3f", st.device_ms_per_item);
+    std::snprintf(line, sizeof line, "  %-10s %15.3f %11s   (%s)\n", st.name.c_str(),
+                  st.host_ms_per_item, device_ms, st.lane.c_str());
     os << line;
   }
   std::snprintf(line, sizeof line, "  %-10s %15.3f   (host blocked on a ring slot: device behind)\n",
