@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "tandem/error.h"
+#include "tandem/gpu_monitor.h"
 #include "tandem/lane.h"
+#include "tandem/progress.h"
 #include "tandem/scenario.h"
 
 namespace tandem {
@@ -73,6 +76,11 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   so.device = device;
   so.train_priority =
       options.train_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
+  std::unique_ptr<Trace> trace;
+  if (!options.trace_path.empty()) {
+    trace = std::make_unique<Trace>();
+    so.trace = trace.get();
+  }
   auto scenario = make_scenario(options.scenario, so);
   auto pipeline = scenario->prepare(options.mode, warmup + steps);
 
@@ -82,20 +90,39 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   const int clock_stage =
       pipeline->mode() == PipelineMode::kSerial ? 0 : pipeline->num_stages() - 1;
   pipeline->set_timing(warmup);
+  pipeline->set_trace(trace.get());
+  GpuMonitor monitor(device);
+  Progress progress(options.scenario + " " + options.mode, warmup + steps, options.progress);
+  const int last_stage = pipeline->num_stages() - 1;
   using Clock = std::chrono::steady_clock;
   Clock::time_point start = Clock::now();
   pipeline->run(warmup + steps, [&](int stage, int64_t item) {
     if (stage == clock_stage && item == warmup) {
       synchronize(device);
       start = Clock::now();
+      monitor.start();
     }
+    if (stage == last_stage) progress.update(item);
   });
   synchronize(device);
+  monitor.stop();
+  progress.finish();
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   result.steps_per_s = static_cast<double>(steps) / result.seconds;
   result.samples_per_s = result.steps_per_s * static_cast<double>(batch_size);
   result.losses = scenario->losses();
   result.timing = pipeline->timing();
+  result.gpu_utilization = monitor.mean_utilization();
+  result.gpu_utilization_note = monitor.available() ? "NVML" : monitor.unavailable_reason();
+  for (const auto& st : result.timing.stages) {
+    const double ms = device.is_cuda() ? st.device_ms_per_item : st.host_ms_per_item;
+    if (ms > result.floor_ms) {
+      result.floor_ms = ms;
+      result.floor_stage = st.name;
+    }
+  }
+  if (result.floor_ms > 0) result.efficiency = result.steps_per_s * result.floor_ms / 1000.0;
+  if (trace) trace->write(options.trace_path);
   return result;
 }
 
@@ -138,6 +165,14 @@ std::string describe_result(const BenchResult& r) {
   std::snprintf(line, sizeof line, "  %-10s %15.3f   (host blocked on a ring slot: device behind)\n",
                 "slot wait", r.timing.slot_wait_ms_per_item);
   os << line;
+  std::snprintf(line, sizeof line,
+                "\nfloor      %.3f ms/step (slowest stage: %s; %.1f steps/s)\n"
+                "efficiency %.2f (achieved / floor rate)\n"
+                "GPU util   %s%s\n",
+                r.floor_ms, r.floor_stage.c_str(), r.floor_ms > 0 ? 1000.0 / r.floor_ms : 0.0,
+                r.efficiency, format_utilization(r.gpu_utilization).c_str(),
+                r.gpu_utilization ? "" : (" (" + r.gpu_utilization_note + ")").c_str());
+  os << line;
   return os.str();
 }
 
@@ -172,7 +207,13 @@ nlohmann::json to_json(const BenchResult& r) {
           {"last_loss", r.losses.empty() ? 0.0 : r.losses.back()},
           {"losses", r.losses},
           {"stages", stages},
-          {"slot_wait_ms_per_step", r.timing.slot_wait_ms_per_item}};
+          {"slot_wait_ms_per_step", r.timing.slot_wait_ms_per_item},
+          {"floor_ms", r.floor_ms},
+          {"floor_stage", r.floor_stage},
+          {"efficiency", r.efficiency},
+          {"gpu_utilization", r.gpu_utilization ? nlohmann::json(*r.gpu_utilization)
+                                                : nlohmann::json(nullptr)},
+          {"gpu_utilization_note", r.gpu_utilization_note}};
 }
 
 }  // namespace tandem

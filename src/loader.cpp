@@ -50,7 +50,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     }
   }
   for (int s = 0; s < options_.depth; ++s) slots_[s].number = s - options_.depth;  // "released"
-  for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this] { worker_loop(); });
+  for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
 }
 
 Loader::~Loader() { stop(); }
@@ -70,7 +70,8 @@ int64_t Loader::index_at(int64_t position) const {
   return order_.empty() ? position : order_[position];
 }
 
-void Loader::worker_loop() {
+void Loader::worker_loop(int worker) {
+  const std::string track = "loader worker " + std::to_string(worker);
   const int D = options_.depth;
   const int64_t n = dataset_->size();
   for (;;) {
@@ -93,6 +94,7 @@ void Loader::worker_loop() {
       slot->copied_pending = false;
     }
     // Nobody else touches a slot while it is kFilling, so this runs without the lock.
+    HostSpan span(options_.trace, track, "batch " + std::to_string(number), number);
     if (wait_copy) slot->copied->synchronize();
     std::string error;
     const int64_t first = number * options_.batch_size;
@@ -128,10 +130,15 @@ std::optional<HostBatch> Loader::next() {
   if (stopping_ || next_to_deliver_ >= num_batches_) return std::nullopt;
   const int64_t number = next_to_deliver_;
   Slot& slot = slots_[number % options_.depth];
-  changed_.wait(lock, [&] {
+  auto ready = [&] {
     return stopping_ || (slot.number == number && (slot.state == SlotState::kReady ||
                                                    slot.state == SlotState::kFailed));
-  });
+  };
+  if (!ready()) {  // the workers are behind: the consumer waits (a span in the trace)
+    HostSpan span(options_.trace, "loader consumer", "wait for batch " + std::to_string(number),
+                  number);
+    changed_.wait(lock, ready);
+  }
   if (stopping_) return std::nullopt;
   if (slot.state == SlotState::kFailed) throw LoaderError(slot.error);  // stays failed
   slot.state = SlotState::kInUse;

@@ -47,9 +47,14 @@ double seconds_since(Clock::time_point t) {
 }
 }  // namespace
 
+std::string Pipeline::host_track(int stage) const {
+  return mode_ == PipelineMode::kSerial ? "host: serial" : "host: " + stages_[stage].name;
+}
+
 void Pipeline::run_stage(int i, int slot) {
   const Lane& lane = lane_of(i);
-  const bool timed = first_timed_item_ >= 0 && ring_[slot].index >= first_timed_item_;
+  const int64_t item = ring_[slot].index;
+  const bool timed = first_timed_item_ >= 0 && item >= first_timed_item_;
   LaneGuard guard(lane, stages_[i].name.c_str());
   if (!timed) {
     stages_[i].fn(ring_[slot], lane);
@@ -57,13 +62,35 @@ void Pipeline::run_stage(int i, int slot) {
   }
   const auto start = Clock::now();
   if (lane.is_cuda()) {
-    stage_events_[i].emplace_back(at::cuda::CUDAEvent(cudaEventDefault),
-                                  at::cuda::CUDAEvent(cudaEventDefault));
-    stage_events_[i].back().first.record(lane.stream());
+    stage_events_[i].push_back({at::cuda::CUDAEvent(cudaEventDefault),
+                                at::cuda::CUDAEvent(cudaEventDefault), item});
+    stage_events_[i].back().start.record(lane.stream());
   }
   stages_[i].fn(ring_[slot], lane);
-  if (lane.is_cuda()) stage_events_[i].back().second.record(lane.stream());
-  host_seconds_[i] += seconds_since(start);
+  if (lane.is_cuda()) stage_events_[i].back().end.record(lane.stream());
+  const auto end = Clock::now();
+  host_seconds_[i] += std::chrono::duration<double>(end - start).count();
+  if (trace_) {
+    const double us = std::chrono::duration<double, std::micro>(end - start).count();
+    trace_->add({TraceSpan::Kind::kHost, host_track(i), stages_[i].name,
+                 trace_->us_since_origin(start), us, item});
+    // On the CPU the lane is the thread and the work runs inside the call: the same interval.
+    if (!lane.is_cuda())
+      trace_->add({TraceSpan::Kind::kLane, lane.name(), stages_[i].name,
+                   trace_->us_since_origin(start), us, item});
+  }
+}
+
+void Pipeline::emit_lane_spans() {
+  if (!trace_ || !origin_event_) return;
+  const double origin_us = trace_->us_since_origin(origin_host_);
+  for (int i = 0; i < num_stages(); ++i)
+    for (auto& e : stage_events_[i]) {
+      e.end.synchronize();
+      const double start_us = origin_us + 1e3 * origin_event_->elapsed_time(e.start);
+      trace_->add({TraceSpan::Kind::kLane, lane_of(i).name(), stages_[i].name, start_us,
+                   1e3 * e.start.elapsed_time(e.end), e.item});
+    }
 }
 
 Pipeline::Timing Pipeline::timing() const {
@@ -78,7 +105,7 @@ Pipeline::Timing Pipeline::timing() const {
     st.host_ms_per_item = 1e3 * host_seconds_[i] / n;
     if (lane_of(i).is_cuda()) {
       double ms = 0;
-      for (const auto& [start, end] : stage_events_[i]) ms += start.elapsed_time(end);
+      for (const auto& e : stage_events_[i]) ms += e.start.elapsed_time(e.end);
       st.device_ms_per_item = ms / n;
     } else {
       st.device_ms_per_item = std::numeric_limits<double>::quiet_NaN();
@@ -94,8 +121,12 @@ void Pipeline::begin_item(int64_t item, int slot) {
   if (done_recorded_[slot]) {
     const auto start = Clock::now();
     done_[slot].synchronize();
-    if (first_timed_item_ >= 0 && item >= first_timed_item_)
+    if (first_timed_item_ >= 0 && item >= first_timed_item_) {
       slot_wait_seconds_ += seconds_since(start);
+      if (trace_)
+        trace_->add({TraceSpan::Kind::kHost, host_track(0), "slot wait",
+                     trace_->us_since_origin(start), 1e6 * seconds_since(start), item});
+    }
   }
   ring_[slot].clear();
   ring_[slot].index = item;
@@ -122,11 +153,22 @@ void Pipeline::run(int64_t num_items, const ItemHook& on_item) {
   slot_wait_seconds_ = 0;
   timed_items_ = first_timed_item_ >= 0 ? std::max<int64_t>(0, num_items - first_timed_item_) : 0;
   for (int i = 0; i < num_stages(); ++i) lane_of(i).wait_for(caller);
+  origin_event_.reset();
+  if (trace_ && caller.is_cuda()) {
+    // An idle device processes the origin event as soon as it is recorded, so its timestamp
+    // and the host clock read here name the same instant (to a few microseconds).
+    caller.synchronize();
+    for (int i = 0; i < num_stages(); ++i) lane_of(i).synchronize();
+    origin_event_.emplace(cudaEventDefault);
+    origin_host_ = Clock::now();
+    origin_event_->record(caller.stream());
+  }
   if (mode_ == PipelineMode::kSerial)
     run_serial(num_items, on_item);
   else
     run_threaded(num_items, on_item);
   for (int i = 0; i < num_stages(); ++i) caller.wait_for(lane_of(i));
+  emit_lane_spans();
 }
 
 void Pipeline::run_serial(int64_t num_items, const ItemHook& on_item) {

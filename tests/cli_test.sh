@@ -33,13 +33,14 @@ expect_fail 2 "warm-up count -1" -- bench --warmup -1 --device cpu
 expect_fail 2 "worker count -2" -- bench --workers -2
 expect_fail 2 "JSON path '/nonexistent-dir/x.json' cannot be written" -- bench --json /nonexistent-dir/x.json
 expect_fail 2 "device 'tpu' is not valid" -- bench --device tpu
+expect_fail 2 "trace path '/nonexistent-dir/t.json' cannot be written" -- bench --trace /nonexistent-dir/t.json
 expect_fail 2 "train priority 'max' is not valid: expected high or normal" -- bench --train-priority max
 expect_fail 2 "--batch-size" -- bench --batch-size many
 expect_fail 2 "--frobnicate" -- bench --frobnicate
 expect_fail 2 "subcommand" --
 
 if "$tandem" bench --help >"$tmp/help" 2>&1 &&
-   for flag in --scenario --mode --batch-size --steps --warmup --workers --seed --device --json; do
+   for flag in --scenario --mode --batch-size --steps --warmup --workers --seed --device --json --trace --cudnn-benchmark --train-priority; do
      grep -qF -- "$flag" "$tmp/help" || exit 1
    done; then
   passed=$((passed + 1))

@@ -27,6 +27,10 @@ struct BenchOptions {
   std::optional<bool> cudnn_benchmark;
   /// Priority of the training lane: "high" (default) or "normal".
   std::string train_priority = "high";
+  /// If not empty: write a Chrome-trace timeline of the timed steps to this file.
+  std::string trace_path;
+  /// Draw a progress line on stderr when it is a terminal.
+  bool progress = true;
   uint64_t seed = 0;
 };
 
@@ -51,6 +55,15 @@ struct BenchResult {
   double samples_per_s = 0;
   std::vector<float> losses;    ///< every step, warm-up included
   Pipeline::Timing timing;      ///< per stage, over the timed steps
+  /// NVML's mean GPU utilization over the timed steps, or nullopt (see gpu_utilization_note).
+  std::optional<double> gpu_utilization;
+  std::string gpu_utilization_note;
+  /// The slowest stage of this run, ms per step: device time on a GPU, host time on the CPU.
+  /// Its rate, 1000 / floor_ms, is what perfect overlap of the stages would reach.
+  double floor_ms = 0;
+  std::string floor_stage;
+  /// steps_per_s / (1000 / floor_ms).
+  double efficiency = 0;
 };
 
 /// Runs options.warmup + options.steps training steps and times the last options.steps.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tandem/lane.h"
+#include "tandem/trace.h"
 
 namespace tandem {
 
@@ -47,6 +48,7 @@ struct LoaderOptions {
   bool shuffle = false;    ///< visit the indices in a seeded random permutation
   bool drop_last = true;   ///< drop a final short batch
   uint64_t seed = 0;
+  Trace* trace = nullptr;  ///< if set: each worker's fills, and the consumer's waits
 };
 
 /// A filled slot handed to the consumer: fields[f] is (B, ...shape) on the host.
@@ -96,7 +98,7 @@ class Loader {
     std::string error;
   };
 
-  void worker_loop();
+  void worker_loop(int worker);
   int64_t index_at(int64_t position) const;
 
   std::shared_ptr<const Dataset> dataset_;

@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tandem/batch.h"
 #include "tandem/handoff.h"
 #include "tandem/lane.h"
+#include "tandem/trace.h"
 
 namespace tandem {
 
@@ -90,6 +92,11 @@ class Pipeline {
   void set_timing(int64_t first_timed_item) { first_timed_item_ = first_timed_item; }
   /// The timing of the last run (synchronizes with the timing events).
   Timing timing() const;
+  /// Record the timed items of later runs into `trace` (nullptr: stop). Lane tracks get each
+  /// stage's device interval (CUDA; aligned to host time through an origin event recorded on an
+  /// idle device) or, on the CPU, its host interval; host tracks get each stage thread's enqueue
+  /// intervals and its waits for ring slots.
+  void set_trace(Trace* trace) { trace_ = trace; }
 
  private:
   void run_stage(int i, int slot);
@@ -112,7 +119,16 @@ class Pipeline {
   std::vector<double> host_seconds_;
   double slot_wait_seconds_ = 0;
   int64_t timed_items_ = 0;
-  std::vector<std::vector<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>> stage_events_;
+  struct StageEvents {
+    at::cuda::CUDAEvent start{cudaEventDefault}, end{cudaEventDefault};
+    int64_t item;
+  };
+  std::vector<std::vector<StageEvents>> stage_events_;
+  Trace* trace_ = nullptr;
+  Trace::Clock::time_point origin_host_;
+  std::optional<at::cuda::CUDAEvent> origin_event_;
+  void emit_lane_spans();
+  std::string host_track(int stage) const;
 };
 
 }  // namespace tandem

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tandem/pipeline.h"
+#include "tandem/trace.h"
 
 namespace tandem {
 
@@ -22,6 +23,8 @@ struct ScenarioOptions {
   c10::Device device = c10::Device(c10::kCPU);
   /// Priority of the training lane in pipelined modes (see LanePriority).
   LanePriority train_priority = LanePriority::kHigh;
+  /// If set, the loader records its workers' fills and the consumer's waits here.
+  Trace* trace = nullptr;
 };
 
 class Scenario {

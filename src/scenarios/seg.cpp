@@ -84,6 +84,7 @@ std::unique_ptr<Pipeline> SegScenario::prepare(const std::string& mode, int64_t 
   lo.workers = options_.workers;
   lo.depth = options_.loader_depth;
   lo.seed = options_.seed;
+  lo.trace = options_.trace;
   loader_ = std::make_unique<Loader>(
       std::make_shared<SegDataset>(num_steps * options_.batch_size, options_.seed), lo);
   losses_ = at::zeros({num_steps}, at::TensorOptions().dtype(at::kFloat).device(options_.device));

@@ -28,6 +28,9 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
       throw tandem::InvalidArgument("JSON path '" + json_path +
                                     "' cannot be written: " + std::strerror(errno));
   }
+  if (!options.trace_path.empty() && !std::ofstream(options.trace_path))
+    throw tandem::InvalidArgument("trace path '" + options.trace_path +
+                                  "' cannot be written: " + std::strerror(errno));
   std::cout << tandem::describe_config(options) << std::flush;
   const tandem::BenchResult result = tandem::run_bench(options);
   std::cout << "\n" << tandem::describe_result(result) << std::flush;
@@ -74,6 +77,9 @@ int main(int argc, char** argv) {
   bench->add_option("--train-priority", options.train_priority,
                     "stream priority of the training lane: high or normal")
       ->capture_default_str();
+  bench->add_option("--trace", options.trace_path,
+                    "write a Chrome-trace timeline of the timed steps to this file "
+                    "(open in ui.perfetto.dev or chrome://tracing)");
   bench->add_option("--json", json_path, "also write the result as JSON to this file");
 
   try {
