@@ -36,7 +36,8 @@ BenchOptions resolve(BenchOptions o) {
   const c10::Device device = parse_device(o.device);
   o.device = device.str();
   const BenchDefaults& d = device.is_cuda() ? kGpuBenchDefaults : kCpuBenchDefaults;
-  const auto modes = scenario_modes(o.scenario);  // throws for an unknown scenario
+  auto modes = scenario_modes(o.scenario);  // throws for an unknown scenario
+  modes.push_back("auto");
   TANDEM_CHECK_ARG(std::find(modes.begin(), modes.end(), o.mode) != modes.end(), "mode '",
                    o.mode, "' is not valid for scenario ", o.scenario, ": expected ",
                    join_choices(modes));
@@ -60,6 +61,7 @@ BenchOptions resolve(BenchOptions o) {
 
 BenchResult run_bench(const BenchOptions& unresolved) {
   const BenchOptions options = resolve(unresolved);
+  TANDEM_CHECK_ARG(options.mode != "auto", "mode 'auto' runs through run_auto(), not run_bench()");
   const int64_t batch_size = *options.batch_size, steps = *options.steps,
                 warmup = *options.warmup;
   const c10::Device device = parse_device(options.device);

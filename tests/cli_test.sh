@@ -26,7 +26,7 @@ expect_fail() {
 }
 
 expect_fail 2 "scenario 'nope' is not known: expected seg" -- bench --scenario nope
-expect_fail 2 "mode 'fast' is not valid for scenario seg: expected serial or pipelined" -- bench --mode fast
+expect_fail 2 "mode 'fast' is not valid for scenario seg: expected serial, pipelined or auto" -- bench --mode fast
 expect_fail 2 "batch size 0 is not valid" -- bench --batch-size 0
 expect_fail 2 "step count -5 is not valid" -- bench --steps -5
 expect_fail 2 "warm-up count -1" -- bench --warmup -1 --device cpu
@@ -38,6 +38,10 @@ expect_fail 2 "train priority 'max' is not valid: expected high or normal" -- be
 expect_fail 2 "--batch-size" -- bench --batch-size many
 expect_fail 2 "--frobnicate" -- bench --frobnicate
 expect_fail 2 "subcommand" --
+expect_fail 2 "--batch-sizes is required" -- sweep --device cpu
+expect_fail 2 "batch size 0 is not valid" -- sweep --device cpu --batch-sizes 4,0
+expect_fail 2 "mode 'warp' is not valid for scenario seg" -- sweep --device cpu --modes serial,warp --batch-sizes 1
+expect_fail 2 "SVG path '/nonexistent-dir/s.svg' cannot be written" -- sweep --device cpu --batch-sizes 1 --svg /nonexistent-dir/s.svg
 
 if "$tandem" bench --help >"$tmp/help" 2>&1 &&
    for flag in --scenario --mode --batch-size --steps --warmup --workers --seed --device --json --trace --cudnn-benchmark --train-priority; do
@@ -55,6 +59,25 @@ if "$tandem" bench --device cpu --batch-size 1 --steps 1 --warmup 0 --workers 1 
   passed=$((passed + 1))
 else
   failed=$((failed + 1)); echo "FAIL: a tiny CPU run"; cat "$tmp/out" "$tmp/err"
+fi
+
+if "$tandem" sweep --device cpu --batch-sizes 1 --steps 1 --warmup 0 --workers 1 \
+     --csv "$tmp/s.csv" --svg "$tmp/s.svg" --json "$tmp/s.json" >"$tmp/out" 2>"$tmp/err" &&
+   head -1 "$tmp/s.csv" | grep -q '^mode,batch_size,steps_per_s' &&
+   [ "$(wc -l <"$tmp/s.csv")" -eq 3 ] && grep -q 'data-mode="pipelined"' "$tmp/s.svg" &&
+   grep -q '"speedup"' "$tmp/s.json" && grep -q 'samples/s' "$tmp/out"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)); echo "FAIL: a tiny CPU sweep"; cat "$tmp/out" "$tmp/err"
+fi
+
+if "$tandem" bench --device cpu --mode auto --batch-size 1 --steps 1 --warmup 0 --workers 1 \
+     --json "$tmp/a.json" >"$tmp/out" 2>"$tmp/err" &&
+   grep -q 'auto: picked' "$tmp/out" && grep -q '"picked"' "$tmp/a.json" &&
+   grep -q '"trials"' "$tmp/a.json"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)); echo "FAIL: --mode auto on the CPU"; cat "$tmp/out" "$tmp/err"
 fi
 
 echo "cli: $passed passed, $failed failed"

@@ -4,13 +4,16 @@
 #include <c10/util/Exception.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 
+#include "tandem/auto_mode.h"
 #include "tandem/bench.h"
 #include "tandem/error.h"
 #include "tandem/scenario.h"
+#include "tandem/sweep.h"
 
 namespace {
 
@@ -19,26 +22,128 @@ constexpr int kExitUsage = 2;
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+/// Opens `path` for writing now, so a bad path fails before a long run, not after it.
+std::ofstream open_output(const std::string& path, const std::string& what) {
+  std::ofstream out;
+  if (path.empty()) return out;
+  out.open(path);
+  if (!out)
+    throw tandem::InvalidArgument(what + " path '" + path + "' cannot be written: " +
+                                  std::strerror(errno));
+  return out;
+}
+
+void write_output(std::ofstream& out, const std::string& text, const std::string& path) {
+  if (!out.is_open()) return;
+  out << text;
+  out.flush();
+  if (!out) throw std::runtime_error("writing '" + path + "' failed");
+  std::cout << "wrote " << path << "\n";
+}
+
+/// The flags `bench` and `sweep` share; values land in `options` once parsed (see apply()).
+struct RunFlags {
+  int64_t batch_size = 0, steps = 0, warmup = 0;
+  int workers = 0;
+  bool cudnn_benchmark = false;
+  CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *batch_size_opt = nullptr;
+
+  void add(CLI::App* app, tandem::BenchOptions& options) {
+    app->add_option("--scenario", options.scenario,
+                    "workload: " + tandem::join_choices(tandem::scenario_names()))
+        ->capture_default_str();
+    steps_opt = app->add_option("--steps", steps,
+                                "timed steps [default: 100 on a GPU, 4 on the CPU]");
+    warmup_opt = app->add_option("--warmup", warmup,
+                                 "untimed warm-up steps [default: 10 on a GPU, 1 on the CPU]");
+    workers_opt = app->add_option("--workers", workers,
+                                  "loader worker threads [default: 8 on a GPU, 2 on the CPU]");
+    app->add_option("--seed", options.seed, "seed for models and data")->capture_default_str();
+    app->add_option("--device", options.device, "auto, cpu, cuda or cuda:N")
+        ->capture_default_str();
+    cudnn_opt = app->add_flag("--cudnn-benchmark,!--no-cudnn-benchmark", cudnn_benchmark,
+                              "let cuDNN autotune convolution algorithms [default: on with CUDA]");
+    app->add_option("--train-priority", options.train_priority,
+                    "stream priority of the training lane: high or normal")
+        ->capture_default_str();
+  }
+  // Flags not given stay unset, so the library picks the device's defaults.
+  void apply(tandem::BenchOptions& options) const {
+    if (batch_size_opt && batch_size_opt->count()) options.batch_size = batch_size;
+    if (steps_opt->count()) options.steps = steps;
+    if (warmup_opt->count()) options.warmup = warmup;
+    if (workers_opt->count()) options.workers = workers;
+    if (cudnn_opt->count()) options.cudnn_benchmark = cudnn_benchmark;
+  }
+};
+
 int run_bench_command(tandem::BenchOptions options, const std::string& json_path) {
   options = tandem::resolve(options);
-  std::ofstream json;
-  if (!json_path.empty()) {  // fail now, not after a long run
-    json.open(json_path);
-    if (!json)
-      throw tandem::InvalidArgument("JSON path '" + json_path +
-                                    "' cannot be written: " + std::strerror(errno));
-  }
-  if (!options.trace_path.empty() && !std::ofstream(options.trace_path))
-    throw tandem::InvalidArgument("trace path '" + options.trace_path +
-                                  "' cannot be written: " + std::strerror(errno));
+  std::ofstream json = open_output(json_path, "JSON");
+  std::ofstream trace_probe = open_output(options.trace_path, "trace");
+  trace_probe.close();
   std::cout << tandem::describe_config(options) << std::flush;
-  const tandem::BenchResult result = tandem::run_bench(options);
-  std::cout << "\n" << tandem::describe_result(result) << std::flush;
-  if (json.is_open()) {
-    json << tandem::to_json(result).dump(2) << "\n";
-    if (!json) throw std::runtime_error("writing JSON to '" + json_path + "' failed");
-    std::cout << "wrote " << json_path << "\n";
+  nlohmann::json out;
+  tandem::BenchResult result;
+  if (options.mode == "auto") {
+    std::cout << "\nauto: trials of " << tandem::kAutoTrialWarmup << " warm-up + "
+              << tandem::kAutoTrialSteps << " timed steps (at most) per mode\n"
+              << std::flush;
+    tandem::AutoResult a = tandem::run_auto(options);
+    for (const auto& t : a.trials) {
+      if (t.steps_per_s)
+        std::printf("  trial %-12s %10.2f steps/s\n", t.mode.c_str(), *t.steps_per_s);
+      else
+        std::printf("  trial %-12s failed: %s\n", t.mode.c_str(), t.error.c_str());
+    }
+    std::printf("auto: picked %s (%s); trials took %.1f s\n", a.decision.mode.c_str(),
+                a.decision.reason.c_str(), a.trial_seconds);
+    std::fflush(stdout);
+    result = a.result;
+    out = tandem::to_json(result);
+    out["mode"] = "auto";
+    out["picked"] = a.decision.mode;
+    out["reason"] = a.decision.reason;
+    out["trial_seconds"] = a.trial_seconds;
+    out["trials"] = nlohmann::json::array();
+    for (const auto& t : a.trials)
+      out["trials"].push_back({{"mode", t.mode},
+                               {"steps_per_s", t.steps_per_s ? nlohmann::json(*t.steps_per_s)
+                                                             : nlohmann::json(nullptr)},
+                               {"error", t.error}});
+  } else {
+    result = tandem::run_bench(options);
+    out = tandem::to_json(result);
   }
+  std::cout << "\n" << tandem::describe_result(result) << std::flush;
+  write_output(json, out.dump(2) + "\n", json_path);
+  if (!options.trace_path.empty()) std::cout << "wrote " << options.trace_path << "\n";
+  return 0;
+}
+
+int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
+                      const std::string& json_path, const std::string& svg_path) {
+  options.base.mode = options.modes.empty() ? "auto" : options.modes.front();
+  options.base = tandem::resolve(options.base);  // validates device, scenario, counts
+  options.base.batch_size.reset();
+  std::ofstream csv = open_output(csv_path, "CSV");
+  std::ofstream json = open_output(json_path, "JSON");
+  std::ofstream svg = open_output(svg_path, "SVG");
+  std::cout << "sweep " << options.base.scenario << " on " << options.base.device << ": "
+            << *options.base.steps << " timed steps after " << *options.base.warmup
+            << " warm-up per point\n"
+            << std::flush;
+  const auto rows = tandem::run_sweep(options, [](const tandem::SweepRow& r) {
+    std::cerr << "  done: " << r.mode << " at batch " << r.batch_size
+              << (r.error.empty() ? "" : " (failed)") << "\n";
+  });
+  std::cout << "\n" << tandem::sweep_table(rows) << std::flush;
+  write_output(csv, tandem::sweep_csv(rows), csv_path);
+  write_output(json, tandem::sweep_json(rows, options).dump(2) + "\n", json_path);
+  write_output(svg,
+               tandem::sweep_svg(rows, "tandem " + options.base.scenario + " on " +
+                                           options.base.device + ": steps/s by batch size"),
+               svg_path);
   return 0;
 }
 
@@ -49,38 +154,40 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("Exit codes: 0 success, 1 the run failed, 2 bad command-line input.");
 
-  tandem::BenchOptions options;
-  std::string json_path;
-  int64_t batch_size = 0, steps = 0, warmup = 0;
-  int workers = 0;
+  tandem::BenchOptions bench_options;
+  std::string bench_json;
+  RunFlags bench_flags;
   CLI::App* bench = app.add_subcommand(
       "bench", "Train a reference workload in one mode and report steps/s (SPEC's method: "
                "warm-up steps, then timed steps between device synchronizations).");
-  bench->add_option("--scenario", options.scenario,
-                    "workload: " + tandem::join_choices(tandem::scenario_names()))
+  bench_flags.add(bench, bench_options);
+  bench->add_option("--mode", bench_options.mode,
+                    "mode of the scenario (seg: serial or pipelined), or auto: short trials "
+                    "of every mode, then the fastest")
       ->capture_default_str();
-  bench->add_option("--mode", options.mode, "mode of the scenario (seg: serial or pipelined)")
-      ->capture_default_str();
-  CLI::Option* batch_size_opt = bench->add_option("--batch-size", batch_size,
-                    "samples per step [default: 8 on a GPU, 2 on the CPU]");
-  CLI::Option* steps_opt = bench->add_option("--steps", steps, "timed steps [default: 100 on a GPU, 4 on the CPU]");
-  CLI::Option* warmup_opt = bench->add_option("--warmup", warmup,
-                    "untimed warm-up steps [default: 10 on a GPU, 1 on the CPU]");
-  CLI::Option* workers_opt = bench->add_option("--workers", workers,
-                    "loader worker threads [default: 8 on a GPU, 2 on the CPU]");
-  bench->add_option("--seed", options.seed, "seed for models and data")->capture_default_str();
-  bench->add_option("--device", options.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  bool cudnn_benchmark = false;
-  CLI::Option* cudnn_opt = bench->add_flag(
-      "--cudnn-benchmark,!--no-cudnn-benchmark", cudnn_benchmark,
-      "let cuDNN autotune convolution algorithms [default: on with CUDA]");
-  bench->add_option("--train-priority", options.train_priority,
-                    "stream priority of the training lane: high or normal")
-      ->capture_default_str();
-  bench->add_option("--trace", options.trace_path,
+  bench_flags.batch_size_opt = bench->add_option(
+      "--batch-size", bench_flags.batch_size, "samples per step [default: 8 on a GPU, 2 on the CPU]");
+  bench->add_option("--trace", bench_options.trace_path,
                     "write a Chrome-trace timeline of the timed steps to this file "
                     "(open in ui.perfetto.dev or chrome://tracing)");
-  bench->add_option("--json", json_path, "also write the result as JSON to this file");
+  bench->add_option("--json", bench_json, "also write the result as JSON to this file");
+
+  tandem::SweepOptions sweep_options;
+  std::string sweep_csv, sweep_json, sweep_svg;
+  RunFlags sweep_flags;
+  CLI::App* sweep = app.add_subcommand(
+      "sweep", "Run every mode at every batch size; print a table, write CSV, JSON and an SVG "
+               "chart.");
+  sweep_flags.add(sweep, sweep_options.base);
+  sweep->add_option("--modes", sweep_options.modes,
+                    "comma-separated modes, auto allowed [default: all of the scenario's]")
+      ->delimiter(',');
+  sweep->add_option("--batch-sizes", sweep_options.batch_sizes, "comma-separated batch sizes")
+      ->delimiter(',')
+      ->required();
+  sweep->add_option("--csv", sweep_csv, "write the rows as CSV to this file");
+  sweep->add_option("--json", sweep_json, "write the rows as JSON to this file");
+  sweep->add_option("--svg", sweep_svg, "write a chart of steps/s by batch size to this file");
 
   try {
     app.parse(argc, argv);
@@ -92,16 +199,12 @@ int main(int argc, char** argv) {
     std::cerr << "tandem: error: " << first_line(e.what()) << " (see tandem --help)\n";
     return kExitUsage;
   }
-
-  // Flags not given stay unset, so the library picks the device's defaults.
-  if (batch_size_opt->count()) options.batch_size = batch_size;
-  if (steps_opt->count()) options.steps = steps;
-  if (warmup_opt->count()) options.warmup = warmup;
-  if (workers_opt->count()) options.workers = workers;
-  if (cudnn_opt->count()) options.cudnn_benchmark = cudnn_benchmark;
+  bench_flags.apply(bench_options);
+  sweep_flags.apply(sweep_options.base);
 
   try {
-    if (bench->parsed()) return run_bench_command(options, json_path);
+    if (bench->parsed()) return run_bench_command(bench_options, bench_json);
+    if (sweep->parsed()) return run_sweep_command(sweep_options, sweep_csv, sweep_json, sweep_svg);
   } catch (const tandem::InvalidArgument& e) {
     std::cerr << "tandem: error: " << first_line(e.what()) << "\n";
     return kExitUsage;

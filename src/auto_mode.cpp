@@ -1,0 +1,67 @@
+// Trials and the choice behind `--mode auto`.
+#include "tandem/auto_mode.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <stdexcept>
+
+#include "tandem/scenario.h"
+
+namespace tandem {
+
+AutoDecision choose_mode(const std::vector<Trial>& trials, double margin) {
+  const Trial* best = nullptr;
+  for (const auto& t : trials)
+    if (t.steps_per_s && (!best || *t.steps_per_s > *best->steps_per_s)) best = &t;
+  if (!best) {
+    std::string why;
+    for (const auto& t : trials) why += (why.empty() ? "" : "; ") + t.mode + ": " + t.error;
+    throw std::runtime_error("auto: every mode failed its trial (" + why + ")");
+  }
+  char text[256];
+  for (const auto& t : trials) {
+    if (!t.steps_per_s || *t.steps_per_s < *best->steps_per_s * (1.0 - margin)) continue;
+    if (&t == best) {
+      std::snprintf(text, sizeof text, "%s was fastest in the trials (%.1f steps/s)",
+                    t.mode.c_str(), *t.steps_per_s);
+    } else {
+      std::snprintf(text, sizeof text,
+                    "%s (%.1f steps/s) is within %.1f%% of the fastest, %s (%.1f), and simpler",
+                    t.mode.c_str(), *t.steps_per_s, margin * 100, best->mode.c_str(),
+                    *best->steps_per_s);
+    }
+    return {t.mode, text};
+  }
+  return {best->mode, "fastest"};  // unreachable: best is within its own margin
+}
+
+AutoResult run_auto(const BenchOptions& unresolved) {
+  BenchOptions options = resolve(unresolved);
+  AutoResult out;
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& mode : scenario_modes(options.scenario)) {
+    BenchOptions trial = options;
+    trial.mode = mode;
+    trial.steps = std::min(*options.steps, kAutoTrialSteps);
+    trial.warmup = std::min(*options.warmup, kAutoTrialWarmup);
+    trial.trace_path.clear();
+    trial.progress = false;
+    Trial t{mode, std::nullopt, ""};
+    try {
+      t.steps_per_s = run_bench(trial).steps_per_s;
+    } catch (const std::exception& e) {
+      t.error = e.what();
+      t.error = t.error.substr(0, t.error.find('\n'));
+    }
+    out.trials.push_back(t);
+  }
+  out.trial_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.decision = choose_mode(out.trials);
+  options.mode = out.decision.mode;
+  out.result = run_bench(options);
+  return out;
+}
+
+}  // namespace tandem

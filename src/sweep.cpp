@@ -1,0 +1,244 @@
+// The sweep runner and its four outputs.
+#include "tandem/sweep.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "tandem/auto_mode.h"
+#include "tandem/error.h"
+#include "tandem/scenario.h"
+
+namespace tandem {
+
+namespace {
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string fmt(const std::optional<double>& v, const char* spec) {
+  if (!v) return "";
+  char text[64];
+  std::snprintf(text, sizeof text, spec, *v);
+  return text;
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+}  // namespace
+
+std::vector<SweepRow> run_sweep(const SweepOptions& options,
+                                const std::function<void(const SweepRow&)>& on_row) {
+  const auto scenario_modes_list = scenario_modes(options.base.scenario);
+  const std::string baseline = scenario_modes_list.front();
+  std::vector<std::string> modes = options.modes.empty() ? scenario_modes_list : options.modes;
+  TANDEM_CHECK_ARG(!options.batch_sizes.empty(), "a sweep needs at least one batch size");
+  for (const auto& m : modes) {
+    BenchOptions probe = options.base;
+    probe.mode = m;
+    resolve(probe);  // throws InvalidArgument naming a bad mode before anything runs
+  }
+  for (int64_t bs : options.batch_sizes)
+    TANDEM_CHECK_ARG(bs > 0, "batch size ", bs, " is not valid: expected a positive number");
+  modes.erase(std::remove(modes.begin(), modes.end(), baseline), modes.end());
+  modes.insert(modes.begin(), baseline);
+
+  std::vector<SweepRow> rows;
+  for (int64_t bs : options.batch_sizes) {
+    std::optional<double> baseline_rate, floor_ms;
+    for (const auto& mode : modes) {
+      SweepRow row;
+      row.mode = mode;
+      row.batch_size = bs;
+      BenchOptions o = options.base;
+      o.mode = mode;
+      o.batch_size = bs;
+      o.progress = false;
+      try {
+        BenchResult r;
+        if (mode == "auto") {
+          AutoResult a = run_auto(o);
+          row.picked = a.decision.mode;
+          r = std::move(a.result);
+        } else {
+          r = run_bench(o);
+        }
+        row.steps_per_s = r.steps_per_s;
+        row.samples_per_s = r.samples_per_s;
+        row.gpu_utilization = r.gpu_utilization;
+        if (mode == baseline) {
+          baseline_rate = r.steps_per_s;
+          if (r.floor_ms > 0) floor_ms = r.floor_ms;
+        }
+        if (baseline_rate) row.speedup = r.steps_per_s / *baseline_rate;
+        if (floor_ms) row.efficiency = r.steps_per_s * *floor_ms / 1000.0;
+      } catch (const std::exception& e) {
+        row.error = first_line(e.what());
+      }
+      rows.push_back(row);
+      if (on_row) on_row(row);
+    }
+  }
+  return rows;
+}
+
+std::string sweep_table(const std::vector<SweepRow>& rows) {
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-18s %6s %10s %11s %8s %6s %8s\n", "mode", "batch",
+                "steps/s", "samples/s", "speedup", "eff", "GPU util");
+  os << line;
+  for (const auto& r : rows) {
+    std::string mode = r.picked.empty() ? r.mode : r.mode + " (" + r.picked + ")";
+    if (!r.error.empty()) {
+      std::snprintf(line, sizeof line, "%-18s %6lld  failed: %s\n", mode.c_str(),
+                    static_cast<long long>(r.batch_size), r.error.c_str());
+    } else {
+      std::snprintf(line, sizeof line, "%-18s %6lld %10s %11s %8s %6s %8s\n", mode.c_str(),
+                    static_cast<long long>(r.batch_size), fmt(r.steps_per_s, "%.2f").c_str(),
+                    fmt(r.samples_per_s, "%.1f").c_str(), fmt(r.speedup, "%.2fx").c_str(),
+                    fmt(r.efficiency, "%.2f").c_str(),
+                    r.gpu_utilization ? fmt(r.gpu_utilization, "%.0f%%").c_str() : "n/a");
+    }
+    os << line;
+  }
+  return os.str();
+}
+
+std::string sweep_csv(const std::vector<SweepRow>& rows) {
+  std::ostringstream os;
+  os << "mode,batch_size,steps_per_s,samples_per_s,speedup,efficiency,gpu_utilization,picked,"
+        "error\n";
+  for (const auto& r : rows)
+    os << csv_field(r.mode) << ',' << r.batch_size << ',' << fmt(r.steps_per_s, "%.4f") << ','
+       << fmt(r.samples_per_s, "%.4f") << ',' << fmt(r.speedup, "%.4f") << ','
+       << fmt(r.efficiency, "%.4f") << ',' << fmt(r.gpu_utilization, "%.2f") << ','
+       << csv_field(r.picked) << ',' << csv_field(r.error) << '\n';
+  return os.str();
+}
+
+nlohmann::json sweep_json(const std::vector<SweepRow>& rows, const SweepOptions& options) {
+  auto opt = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  nlohmann::json out = {{"scenario", options.base.scenario}, {"rows", nlohmann::json::array()}};
+  for (const auto& r : rows) {
+    nlohmann::json j = {{"impl", "tandem"},
+                        {"scenario", options.base.scenario},
+                        {"mode", r.mode},
+                        {"batch_size", r.batch_size},
+                        {"steps_per_s", opt(r.steps_per_s)},
+                        {"samples_per_s", opt(r.samples_per_s)},
+                        {"speedup", opt(r.speedup)},
+                        {"efficiency", opt(r.efficiency)},
+                        {"gpu_utilization", opt(r.gpu_utilization)}};
+    if (!r.picked.empty()) j["picked"] = r.picked;
+    if (!r.error.empty()) j["error"] = r.error;
+    out["rows"].push_back(std::move(j));
+  }
+  return out;
+}
+
+std::string sweep_svg(const std::vector<SweepRow>& rows, const std::string& title, bool speedup) {
+  constexpr double kW = 720, kH = 420, kLeft = 70, kRight = 150, kTop = 40, kBottom = 50;
+  const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
+  std::vector<int64_t> sizes;
+  std::vector<std::string> modes;
+  double ymax = 0;
+  for (const auto& r : rows) {
+    if (std::find(sizes.begin(), sizes.end(), r.batch_size) == sizes.end())
+      sizes.push_back(r.batch_size);
+    if (std::find(modes.begin(), modes.end(), r.mode) == modes.end()) modes.push_back(r.mode);
+    const auto& v = speedup ? r.speedup : r.steps_per_s;
+    if (v) ymax = std::max(ymax, *v);
+  }
+  std::sort(sizes.begin(), sizes.end());
+  if (ymax <= 0) ymax = 1;
+  ymax *= 1.1;
+  const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
+  // Batch sizes are spread evenly (they are usually powers of two): the axis is categorical.
+  auto x_of = [&](int64_t bs) {
+    const auto i = std::find(sizes.begin(), sizes.end(), bs) - sizes.begin();
+    return kLeft + (sizes.size() == 1 ? pw / 2 : pw * i / (sizes.size() - 1));
+  };
+  auto y_of = [&](double v) { return kTop + ph * (1 - v / ymax); };
+  std::ostringstream os;
+  char buf[512];
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\"" << kH
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  os << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  os << "<text x=\"" << kW / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">"
+     << xml_escape(title) << "</text>\n";
+  for (int i = 0; i <= 5; ++i) {  // horizontal grid and y labels
+    const double v = ymax * i / 5, y = y_of(v);
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#ddd\"/>"
+                  "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%.*f</text>\n",
+                  kLeft, y, kLeft + pw, y, kLeft - 6, y + 4, speedup ? 2 : 0, v);
+    os << buf;
+  }
+  for (int64_t bs : sizes) {
+    std::snprintf(buf, sizeof buf, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%lld</text>\n",
+                  x_of(bs), kTop + ph + 18, static_cast<long long>(bs));
+    os << buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">batch size</text>\n"
+                "<text x=\"16\" y=\"%g\" text-anchor=\"middle\" transform=\"rotate(-90 16 %g)\">"
+                "%s</text>\n"
+                "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#888\"/>\n",
+                kLeft + pw / 2, kH - 10, kTop + ph / 2, kTop + ph / 2,
+                speedup ? "speedup over serial" : "steps/s", kLeft, kTop, pw, ph);
+  os << buf;
+  for (size_t m = 0; m < modes.size(); ++m) {
+    const char* color = kColors[m % 6];
+    std::string points;
+    std::string marks;
+    for (int64_t bs : sizes)
+      for (const auto& r : rows) {
+        const auto& v = speedup ? r.speedup : r.steps_per_s;
+        if (r.mode != modes[m] || r.batch_size != bs || !v) continue;
+        std::snprintf(buf, sizeof buf, "%.1f,%.1f ", x_of(bs), y_of(*v));
+        points += buf;
+        std::snprintf(buf, sizeof buf,
+                      "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"><title>%s, batch "
+                      "%lld: %.2f</title></circle>\n",
+                      x_of(bs), y_of(*v), color, xml_escape(modes[m]).c_str(),
+                      static_cast<long long>(bs), *v);
+        marks += buf;
+      }
+    os << "<g class=\"series\" data-mode=\"" << xml_escape(modes[m]) << "\">\n"
+       << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\" points=\""
+       << points << "\"/>\n"
+       << marks;
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"%s\" stroke-width=\"2\"/>"
+                  "<text x=\"%g\" y=\"%g\">%s</text>\n",
+                  kLeft + pw + 15, kTop + 10 + 20.0 * m, kLeft + pw + 40, kTop + 10 + 20.0 * m,
+                  color, kLeft + pw + 46, kTop + 14 + 20.0 * m, xml_escape(modes[m]).c_str());
+    os << buf << "</g>\n";
+  }
+  os << "</svg>\n";
+  return os.str();
+}
+
+}  // namespace tandem

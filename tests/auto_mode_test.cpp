@@ -1,0 +1,48 @@
+// The choice behind --mode auto, on injected trial timings: fastest wins, noise favours the
+// simpler mode, failures are skipped, all-failed is an error.
+#include <gtest/gtest.h>
+
+#include "tandem/auto_mode.h"
+
+namespace tandem {
+namespace {
+
+TEST(AutoModeTest, PicksTheFastestWhenItWinsByMoreThanTheMargin) {
+  const auto d = choose_mode({{"serial", 100.0, ""}, {"pipelined", 120.0, ""}}, 0.015);
+  EXPECT_EQ(d.mode, "pipelined");
+  EXPECT_NE(d.reason.find("fastest"), std::string::npos);
+}
+
+TEST(AutoModeTest, PrefersTheSimplerModeWithinTheNoiseMargin) {
+  const auto d = choose_mode({{"serial", 100.0, ""}, {"pipelined", 101.0, ""}}, 0.015);
+  EXPECT_EQ(d.mode, "serial");
+  EXPECT_NE(d.reason.find("simpler"), std::string::npos);
+}
+
+TEST(AutoModeTest, AnExactTieGoesToTheSimplerMode) {
+  EXPECT_EQ(choose_mode({{"serial", 50.0, ""}, {"pipelined", 50.0, ""}}).mode, "serial");
+}
+
+TEST(AutoModeTest, JustOutsideTheMarginTheFasterModeWins) {
+  EXPECT_EQ(choose_mode({{"serial", 100.0, ""}, {"pipelined", 102.0, ""}}, 0.015).mode,
+            "pipelined");
+}
+
+TEST(AutoModeTest, SkipsAFailedMode) {
+  const auto d =
+      choose_mode({{"serial", std::nullopt, "out of memory"}, {"pipelined", 80.0, ""}});
+  EXPECT_EQ(d.mode, "pipelined");
+}
+
+TEST(AutoModeTest, AllModesFailingIsAnErrorThatSaysWhy) {
+  try {
+    choose_mode({{"serial", std::nullopt, "boom"}, {"pipelined", std::nullopt, "bang"}});
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("serial: boom"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("pipelined: bang"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tandem
