@@ -1,0 +1,66 @@
+// Per-sample image augmentation for workload "cls" (SPEC.md): random crop -> resize -> random
+// rotation -> Gaussian blur with a per-sample sigma -> normalize, as torchvision's pipeline does
+// it, but with crop, resize and rotation composed into one sampling pass and the blur and
+// normalize fused after it. One CUDA kernel augments a whole batch; a plain C++ twin computes
+// the same function on the CPU (cpu_aug mode and the parity tests).
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace tandem {
+
+/// What to do; the defaults are SPEC's cls pipeline. Rotation is sampled nearest-neighbour in
+/// the resized grid (torchvision's RandomRotation default, and the reference's), bilinear for
+/// the resize; both paths (CPU, GPU) run the same arithmetic (src/kernels/augment_math.h).
+struct AugmentSpec {
+  int64_t crop_h = 128, crop_w = 128;  ///< random crop, inside the source image
+  int64_t out_h = 256, out_w = 256;    ///< resize target (rotation keeps the size)
+  double max_rotation_deg = 45.0;      ///< angle uniform in [-max, max]
+  int64_t blur_kernel = 7;             ///< odd, >= 1; 1 means no blur
+  double sigma_min = 0.1, sigma_max = 2.0;  ///< blur sigma uniform in [min, max], per sample
+  std::vector<double> mean{0.0, 0.0, 0.0};  ///< per channel
+  std::vector<double> std{1.0, 1.0, 1.0};   ///< per channel, non-zero
+  double hflip_probability = 0.0;           ///< mirror the output with this probability
+
+  /// Throws InvalidArgument naming the first bad value for an image of `channels` x in_h x in_w.
+  void validate(int64_t channels, int64_t in_h, int64_t in_w) const;
+};
+
+/// Per-sample parameters, one entry per sample (on the device that drew them):
+struct AugmentParams {
+  at::Tensor top, left;      ///< (B,) int32: crop offset
+  at::Tensor angle_deg;      ///< (B,) float32: rotation, counter-clockwise
+  at::Tensor cos_a, sin_a;   ///< (B,) float32: of the angle, computed once for both paths
+  at::Tensor sigma;          ///< (B,) float32
+  at::Tensor blur_weights;   ///< (B, blur_kernel) float32, each row sums to 1
+  at::Tensor flip;           ///< (B,) int32, 0 or 1
+
+  int64_t batch_size() const { return top.defined() ? top.size(0) : 0; }
+  AugmentParams to(c10::Device device) const;
+};
+
+/// Draws the parameters of `batch_size` samples on `device` from `generator` (a generator of
+/// that device; reproducible for a seed, no host round trip, so a CUDA graph can capture it).
+AugmentParams draw_augment_params(const AugmentSpec& spec, int64_t batch_size, int64_t in_h,
+                                  int64_t in_w, c10::Device device, at::Generator generator);
+
+/// Draws one sample's parameters on the host from (seed, index), as a loader worker does in
+/// cpu_aug mode: tensors of batch size 1 on the CPU.
+AugmentParams draw_augment_params_host(const AugmentSpec& spec, int64_t in_h, int64_t in_w,
+                                       uint64_t seed, int64_t index);
+
+/// Augments `images` (B, C, H, W) uint8 with `params` (on the same device) into a new
+/// (B, C, out_h, out_w) float32 tensor: one CUDA kernel on the current stream for CUDA inputs,
+/// the C++ reference for CPU inputs.
+at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec);
+
+/// The C++ reference for one sample: `image` (C, H, W) uint8 contiguous CPU, parameters row
+/// `row` of CPU `params`, written into `out` (C, out_h, out_w) float32 contiguous CPU.
+void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, int64_t row,
+                        const AugmentSpec& spec, at::Tensor& out);
+
+}  // namespace tandem

@@ -1,0 +1,200 @@
+// Augmentation: validation, parameter draws (device and host), dispatch, and the C++ reference.
+#include "tandem/augment.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/augment_launch.h"
+#include "kernels/augment_math.h"
+#include "tandem/error.h"
+#include "tandem/sample_rng.h"
+
+namespace tandem {
+
+namespace {
+constexpr double kPi = 3.14159265358979323846;
+
+augment_math::Geometry geometry_of(const AugmentSpec& s, int64_t in_h, int64_t in_w) {
+  return {static_cast<int>(in_h),    static_cast<int>(in_w),    static_cast<int>(s.crop_h),
+          static_cast<int>(s.crop_w), static_cast<int>(s.out_h), static_cast<int>(s.out_w)};
+}
+}  // namespace
+
+void AugmentSpec::validate(int64_t channels, int64_t in_h, int64_t in_w) const {
+  TANDEM_CHECK_ARG(crop_h > 0 && crop_w > 0, "crop ", crop_h, "x", crop_w,
+                   " is not valid: expected positive sizes");
+  TANDEM_CHECK_ARG(crop_h <= in_h && crop_w <= in_w, "crop ", crop_h, "x", crop_w,
+                   " is larger than the image ", in_h, "x", in_w);
+  TANDEM_CHECK_ARG(out_h > 0 && out_w > 0, "output size ", out_h, "x", out_w,
+                   " is not valid: expected positive sizes");
+  TANDEM_CHECK_ARG(max_rotation_deg >= 0 && max_rotation_deg <= 180, "max rotation ",
+                   max_rotation_deg, " degrees is not valid: expected 0..180");
+  TANDEM_CHECK_ARG(blur_kernel >= 1 && blur_kernel % 2 == 1, "blur kernel size ", blur_kernel,
+                   " is not valid: expected an odd number >= 1");
+  TANDEM_CHECK_ARG(blur_kernel / 2 < std::min(out_h, out_w), "blur kernel size ", blur_kernel,
+                   " is too large for a ", out_h, "x", out_w, " output (reflect padding needs ",
+                   "the radius below the size)");
+  TANDEM_CHECK_ARG(sigma_min > 0 && sigma_max >= sigma_min, "sigma range [", sigma_min, ", ",
+                   sigma_max, "] is not valid: expected 0 < min <= max");
+  TANDEM_CHECK_ARG(channels >= 1 && channels <= kAugmentMaxChannels, "channel count ", channels,
+                   " is not valid: expected 1..", kAugmentMaxChannels);
+  TANDEM_CHECK_ARG(static_cast<int64_t>(mean.size()) == channels, "mean has ", mean.size(),
+                   " values for ", channels, " channels");
+  TANDEM_CHECK_ARG(static_cast<int64_t>(std.size()) == channels, "std has ", std.size(),
+                   " values for ", channels, " channels");
+  for (size_t c = 0; c < std.size(); ++c)
+    TANDEM_CHECK_ARG(std[c] != 0.0, "std[", c, "] is 0: expected a non-zero value");
+  TANDEM_CHECK_ARG(hflip_probability >= 0 && hflip_probability <= 1, "flip probability ",
+                   hflip_probability, " is not valid: expected 0..1");
+}
+
+AugmentParams AugmentParams::to(c10::Device device) const {
+  return {top.to(device),   left.to(device),  angle_deg.to(device),    cos_a.to(device),
+          sin_a.to(device), sigma.to(device), blur_weights.to(device), flip.to(device)};
+}
+
+namespace {
+// Normalized Gaussian taps for each sigma: x = -(k-1)/2 .. (k-1)/2, exp(-x^2 / (2 sigma^2)).
+at::Tensor gaussian_weights(const at::Tensor& sigma, int64_t taps) {
+  const at::Tensor x =
+      at::arange(taps, sigma.options()).sub_(static_cast<double>(taps - 1) / 2.0).unsqueeze(0);
+  const at::Tensor w = at::exp(x.div(sigma.unsqueeze(1)).pow(2).mul_(-0.5));
+  return w.div(w.sum(1, /*keepdim=*/true)).contiguous();
+}
+}  // namespace
+
+AugmentParams draw_augment_params(const AugmentSpec& spec, int64_t batch_size, int64_t in_h,
+                                  int64_t in_w, c10::Device device, at::Generator generator) {
+  spec.validate(static_cast<int64_t>(spec.mean.size()), in_h, in_w);
+  TANDEM_CHECK_ARG(batch_size >= 0, "batch size ", batch_size, " is not valid");
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  const auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
+  AugmentParams p;
+  p.top = at::randint(0, in_h - spec.crop_h + 1, {batch_size}, generator, i64).to(at::kInt);
+  p.left = at::randint(0, in_w - spec.crop_w + 1, {batch_size}, generator, i64).to(at::kInt);
+  p.angle_deg = at::rand({batch_size}, generator, f32).mul_(2.0).sub_(1.0).mul_(spec.max_rotation_deg);
+  const at::Tensor radians = p.angle_deg * (kPi / 180.0);
+  p.cos_a = at::cos(radians);
+  p.sin_a = at::sin(radians);
+  p.sigma = at::rand({batch_size}, generator, f32)
+                .mul_(spec.sigma_max - spec.sigma_min)
+                .add_(spec.sigma_min);
+  p.blur_weights = gaussian_weights(p.sigma, spec.blur_kernel);
+  p.flip = at::rand({batch_size}, generator, f32).lt(spec.hflip_probability).to(at::kInt);
+  return p;
+}
+
+AugmentParams draw_augment_params_host(const AugmentSpec& spec, int64_t in_h, int64_t in_w,
+                                       uint64_t seed, int64_t index) {
+  SampleRng rng(seed ^ 0xA5A5A5A5A5A5A5A5ull, static_cast<uint64_t>(index));
+  auto uniform = [&] { return static_cast<double>(rng.next() >> 11) * 0x1.0p-53; };  // [0, 1)
+  auto below = [&](int64_t n) { return static_cast<int32_t>(uniform() * static_cast<double>(n)); };
+  const int32_t top = below(in_h - spec.crop_h + 1);
+  const int32_t left = below(in_w - spec.crop_w + 1);
+  const float angle = static_cast<float>((uniform() * 2.0 - 1.0) * spec.max_rotation_deg);
+  const float sigma =
+      static_cast<float>(spec.sigma_min + uniform() * (spec.sigma_max - spec.sigma_min));
+  const int32_t flip = uniform() < spec.hflip_probability ? 1 : 0;
+  AugmentParams p;
+  p.top = at::full({1}, top, at::kInt);
+  p.left = at::full({1}, left, at::kInt);
+  p.angle_deg = at::full({1}, angle, at::kFloat);
+  const double radians = static_cast<double>(angle) * (kPi / 180.0);
+  p.cos_a = at::full({1}, static_cast<float>(std::cos(radians)), at::kFloat);
+  p.sin_a = at::full({1}, static_cast<float>(std::sin(radians)), at::kFloat);
+  p.sigma = at::full({1}, sigma, at::kFloat);
+  p.blur_weights = gaussian_weights(p.sigma, spec.blur_kernel);
+  p.flip = at::full({1}, flip, at::kInt);
+  return p;
+}
+
+void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, int64_t row,
+                        const AugmentSpec& spec, at::Tensor& out) {
+  namespace am = augment_math;
+  const int64_t C = image.size(0), H = image.size(1), W = image.size(2);
+  const am::Geometry g = geometry_of(spec, H, W);
+  const am::SampleParams p{params.top.data_ptr<int32_t>()[row],
+                           params.left.data_ptr<int32_t>()[row],
+                           params.cos_a.data_ptr<float>()[row],
+                           params.sin_a.data_ptr<float>()[row],
+                           params.flip.data_ptr<int32_t>()[row]};
+  const int taps = static_cast<int>(spec.blur_kernel), radius = taps / 2;
+  const float* w = params.blur_weights.data_ptr<float>() + row * taps;
+  const uint8_t* src = image.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  std::vector<float> rot(g.out_h * g.out_w), rows(g.out_h * g.out_w);
+  for (int64_t c = 0; c < C; ++c) {
+    const uint8_t* plane = src + c * H * W;
+    for (int i = 0; i < g.out_h; ++i)
+      for (int j = 0; j < g.out_w; ++j) rot[i * g.out_w + j] = am::sample(plane, g, p, i, j);
+    for (int i = 0; i < g.out_h; ++i)
+      for (int j = 0; j < g.out_w; ++j)
+        rows[i * g.out_w + j] = am::blur_taps(w, taps, [&](int k) {
+          return rot[i * g.out_w + am::reflect(j + k - radius, g.out_w)];
+        });
+    const float mean = static_cast<float>(spec.mean[c]), sd = static_cast<float>(spec.std[c]);
+    float* o = dst + c * g.out_h * g.out_w;
+    for (int i = 0; i < g.out_h; ++i)
+      for (int j = 0; j < g.out_w; ++j) {
+        const float v = am::blur_taps(w, taps, [&](int k) {
+          return rows[am::reflect(i + k - radius, g.out_h) * g.out_w + j];
+        });
+        o[i * g.out_w + j] = (v - mean) / sd;
+      }
+  }
+}
+
+at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec) {
+  TANDEM_CHECK_ARG(images.scalar_type() == at::kByte, "augment expects uint8 images, got ",
+                   images.scalar_type());
+  TANDEM_CHECK_ARG(images.dim() == 4, "augment expects (B, C, H, W) images, got ", images.dim(),
+                   " dimensions");
+  const int64_t B = images.size(0), C = images.size(1), H = images.size(2), W = images.size(3);
+  spec.validate(C, H, W);
+  TANDEM_CHECK_ARG(params.batch_size() == B, "parameters for ", params.batch_size(),
+                   " samples given for a batch of ", B);
+  TANDEM_CHECK_ARG(params.top.device() == images.device(), "parameters on ",
+                   params.top.device(), " but images on ", images.device());
+  TANDEM_CHECK_ARG(params.blur_weights.size(1) == spec.blur_kernel, "blur weights have ",
+                   params.blur_weights.size(1), " taps but the kernel size is ", spec.blur_kernel);
+  const at::Tensor src = images.contiguous();
+  at::Tensor out = at::empty({B, C, spec.out_h, spec.out_w}, images.options().dtype(at::kFloat));
+  if (images.is_cuda()) {
+    AugmentLaunch a{};
+    a.images = src.data_ptr<uint8_t>();
+    a.out = out.data_ptr<float>();
+    a.batch = static_cast<int>(B);
+    a.channels = static_cast<int>(C);
+    a.geometry = geometry_of(spec, H, W);
+    const at::Tensor top = params.top.contiguous(), left = params.left.contiguous(),
+                     cs = params.cos_a.contiguous(), sn = params.sin_a.contiguous(),
+                     flip = params.flip.contiguous(), w = params.blur_weights.contiguous();
+    a.top = top.data_ptr<int32_t>();
+    a.left = left.data_ptr<int32_t>();
+    a.cos_a = cs.data_ptr<float>();
+    a.sin_a = sn.data_ptr<float>();
+    a.flip = flip.data_ptr<int32_t>();
+    a.weights = w.data_ptr<float>();
+    a.taps = static_cast<int>(spec.blur_kernel);
+    for (int64_t c = 0; c < C; ++c) {
+      a.mean[c] = static_cast<float>(spec.mean[c]);
+      a.std[c] = static_cast<float>(spec.std[c]);
+    }
+    launch_augment(a, c10::cuda::getCurrentCUDAStream(images.device().index()).stream());
+    return out;
+  }
+  const AugmentParams p = params.to(c10::Device(c10::kCPU));
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      at::Tensor o = out[b];
+      augment_sample_cpu(src[b], p, b, spec, o);
+    }
+  });
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,266 @@
+// Augmentation: known answers (identity, no-blur, 90-degree rotation, torch's own resize and
+// blur), per-sample parameters and their ranges, determinism, input validation, and CPU/GPU
+// parity (GPU tests carry the label gpu).
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "tandem/augment.h"
+#include "tandem/error.h"
+#include "test_util.h"
+
+namespace tandem {
+namespace {
+
+at::Tensor random_images(int64_t b, int64_t c, int64_t h, int64_t w, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(0, 256, {b, c, h, w}, gen, at::TensorOptions().dtype(at::kByte));
+}
+
+AugmentSpec spec_for(int64_t crop, int64_t out, int64_t taps) {
+  AugmentSpec s;
+  s.crop_h = s.crop_w = crop;
+  s.out_h = s.out_w = out;
+  s.blur_kernel = taps;
+  return s;
+}
+
+// Parameters chosen by the test, not drawn: every sample gets the same values.
+AugmentParams fixed_params(int64_t b, int top, int left, float cos_a, float sin_a, int flip,
+                           float sigma, int64_t taps) {
+  AugmentParams p;
+  p.top = at::full({b}, top, at::kInt);
+  p.left = at::full({b}, left, at::kInt);
+  p.angle_deg = at::zeros({b}, at::kFloat);
+  p.cos_a = at::full({b}, cos_a, at::kFloat);
+  p.sin_a = at::full({b}, sin_a, at::kFloat);
+  p.flip = at::full({b}, flip, at::kInt);
+  p.sigma = at::full({b}, sigma, at::kFloat);
+  const at::Tensor x = at::arange(taps, at::kFloat).sub_((taps - 1) / 2.0);
+  at::Tensor w = at::exp(x.div(sigma).pow(2).mul(-0.5));
+  p.blur_weights = (w / w.sum()).unsqueeze(0).expand({b, taps}).contiguous();
+  return p;
+}
+
+// "first mismatch at (b, c, i, j): got x, want y" or "" when within tolerance.
+std::string first_mismatch(const at::Tensor& got, const at::Tensor& want, double tol) {
+  const at::Tensor bad = (got - want).abs().gt(tol) | got.isnan();
+  if (!bad.any().item<bool>()) return "";
+  const at::Tensor idx = bad.nonzero()[0];
+  const at::Tensor flat_bad = bad.reshape(-1).nonzero()[0];
+  const int64_t flat = flat_bad.item<int64_t>();
+  std::ostringstream os;
+  os << "first mismatch at (";
+  for (int64_t d = 0; d < idx.numel(); ++d) os << (d ? ", " : "") << idx[d].item<int64_t>();
+  os << "): got " << got.reshape(-1)[flat].item<float>() << ", want "
+     << want.reshape(-1)[flat].item<float>();
+  return os.str();
+}
+
+TEST(AugmentTest, IdentityWithoutCropRotationOrBlurIsTheImageNormalized) {
+  const at::Tensor img = random_images(1, 3, 24, 24, 1);
+  AugmentSpec s = spec_for(24, 24, 1);
+  s.mean = {10, 20, 30};
+  s.std = {2, 4, 8};
+  const at::Tensor out = augment(img, fixed_params(1, 0, 0, 1.f, 0.f, 0, 1.f, 1), s);
+  const at::Tensor mean = at::tensor({10.f, 20.f, 30.f}).view({1, 3, 1, 1});
+  const at::Tensor sd = at::tensor({2.f, 4.f, 8.f}).view({1, 3, 1, 1});
+  const at::Tensor want = (img.to(at::kFloat) - mean) / sd;
+  EXPECT_EQ(first_mismatch(out, want, 0.0), "");
+}
+
+TEST(AugmentTest, NinetyDegreesOfASquareCropIsATransposeFlip) {
+  const at::Tensor img = random_images(2, 3, 16, 16, 2);
+  const AugmentSpec s = spec_for(16, 16, 1);
+  const at::Tensor out = augment(img, fixed_params(2, 0, 0, 0.f, 1.f, 0, 1.f, 1), s);
+  // Counter-clockwise on the displayed image: out[i][j] = in[j][W-1-i], torch.rot90(k=1).
+  EXPECT_EQ(first_mismatch(out, at::rot90(img, 1, {2, 3}).to(at::kFloat), 0.0), "");
+  // And a flip mirrors the columns of that.
+  const at::Tensor flipped = augment(img, fixed_params(2, 0, 0, 0.f, 1.f, 1, 1.f, 1), s);
+  EXPECT_EQ(first_mismatch(flipped, at::rot90(img, 1, {2, 3}).flip({3}).to(at::kFloat), 0.0), "");
+}
+
+TEST(AugmentTest, CropResizeAndBlurMatchTorchsOwnOps) {
+  // Odd sizes everywhere; angle 0 so the comparison needs no rotation.
+  const at::Tensor img = random_images(1, 3, 37, 29, 3);
+  AugmentSpec s;
+  s.crop_h = 17;
+  s.crop_w = 23;
+  s.out_h = 31;
+  s.out_w = 19;
+  s.blur_kernel = 5;
+  const int top = 9, left = 4;
+  const float sigma = 1.3f;
+  const auto p = fixed_params(1, top, left, 1.f, 0.f, 0, sigma, 5);
+  const at::Tensor got = augment(img, p, s);
+  const at::Tensor crop = img.to(at::kFloat).slice(2, top, top + 17).slice(3, left, left + 23);
+  const at::Tensor resized = at::upsample_bilinear2d(crop, {31, 19}, /*align_corners=*/false);
+  const at::Tensor k1 = p.blur_weights[0];
+  const at::Tensor k2 = at::outer(k1, k1).expand({3, 1, 5, 5}).contiguous();
+  const at::Tensor want = at::conv2d(at::reflection_pad2d(resized, {2, 2, 2, 2}), k2,
+                                     /*bias=*/std::nullopt, /*stride=*/at::IntArrayRef{1},
+                                     /*padding=*/at::IntArrayRef{0}, /*dilation=*/at::IntArrayRef{1},
+                                     /*groups=*/3);
+  EXPECT_EQ(first_mismatch(got, want, 1e-3), "");
+}
+
+TEST(AugmentTest, BlurKernelOneMeansNoBlur) {
+  const at::Tensor img = random_images(1, 1, 20, 20, 4);
+  AugmentSpec s = spec_for(10, 20, 1);
+  s.mean = {0};
+  s.std = {1};
+  const float c = std::cos(0.3f), sn = std::sin(0.3f);
+  const at::Tensor sharp = augment(img, fixed_params(1, 3, 5, c, sn, 0, 1.f, 1), s);
+  // A 3-tap blur whose weights are a delta (0, 1, 0) is the identity: kernel 1 must equal it.
+  AugmentSpec three = s;
+  three.blur_kernel = 3;
+  auto delta = fixed_params(1, 3, 5, c, sn, 0, 1.f, 3);
+  delta.blur_weights = at::tensor({0.f, 1.f, 0.f}).unsqueeze(0);
+  EXPECT_EQ(first_mismatch(sharp, augment(img, delta, three), 0.0), "");
+  // And a real 3-tap blur changes the image.
+  const at::Tensor soft = augment(img, fixed_params(1, 3, 5, c, sn, 0, 1.f, 3), three);
+  EXPECT_LT(soft.var().item<double>(), sharp.var().item<double>());
+}
+
+TEST(AugmentTest, ParametersAreDrawnPerSampleWithinTheirRanges) {
+  const AugmentSpec s;  // SPEC's defaults
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const auto p = draw_augment_params(s, 4000, 256, 256, c10::Device(c10::kCPU), gen);
+  EXPECT_EQ(p.top.min().item<int>(), 0);
+  EXPECT_EQ(p.top.max().item<int>(), 128);
+  EXPECT_EQ(p.left.min().item<int>(), 0);
+  EXPECT_EQ(p.left.max().item<int>(), 128);
+  EXPECT_GE(p.angle_deg.min().item<float>(), -45.f);
+  EXPECT_LE(p.angle_deg.max().item<float>(), 45.f);
+  EXPECT_LT(p.angle_deg.min().item<float>(), -44.f);
+  EXPECT_GT(p.angle_deg.max().item<float>(), 44.f);
+  EXPECT_GE(p.sigma.min().item<float>(), 0.1f);
+  EXPECT_LE(p.sigma.max().item<float>(), 2.0f);
+  EXPECT_LT(p.sigma.min().item<float>(), 0.15f);
+  EXPECT_GT(p.sigma.max().item<float>(), 1.95f);
+  EXPECT_TRUE(at::allclose(p.blur_weights.sum(1), at::ones({4000})));
+  EXPECT_EQ(p.flip.sum().item<int>(), 0);  // probability 0 by default
+  EXPECT_TRUE(at::allclose(p.cos_a.pow(2) + p.sin_a.pow(2), at::ones({4000}), 1e-5, 1e-5));
+}
+
+TEST(AugmentTest, TwoSamplesOfABatchGetDifferentParametersAndOutputs) {
+  const at::Tensor one = random_images(1, 3, 64, 64, 5);
+  const at::Tensor img = at::cat({one, one});  // the same image twice
+  const AugmentSpec s = spec_for(32, 48, 7);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
+  const auto p = draw_augment_params(s, 2, 64, 64, c10::Device(c10::kCPU), gen);
+  EXPECT_NE(p.angle_deg[0].item<float>(), p.angle_deg[1].item<float>());
+  EXPECT_NE(p.sigma[0].item<float>(), p.sigma[1].item<float>());
+  const at::Tensor out = augment(img, p, s);
+  EXPECT_FALSE(out[0].equal(out[1]));
+}
+
+TEST(AugmentTest, SameSeedSameParametersAndOutputs) {
+  const at::Tensor img = random_images(3, 3, 64, 64, 6);
+  const AugmentSpec s = spec_for(32, 48, 7);
+  auto run = [&](uint64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    const auto p = draw_augment_params(s, 3, 64, 64, c10::Device(c10::kCPU), gen);
+    return std::make_pair(p.angle_deg, augment(img, p, s));
+  };
+  const auto a = run(11), b = run(11), c = run(12);
+  EXPECT_TRUE(a.first.equal(b.first));
+  EXPECT_TRUE(a.second.equal(b.second));
+  EXPECT_FALSE(a.first.equal(c.first));
+}
+
+TEST(AugmentTest, HostDrawsAreAFunctionOfSeedAndIndex) {
+  const AugmentSpec s;
+  const auto a = draw_augment_params_host(s, 256, 256, 3, 10);
+  const auto b = draw_augment_params_host(s, 256, 256, 3, 10);
+  const auto c = draw_augment_params_host(s, 256, 256, 3, 11);
+  EXPECT_TRUE(a.angle_deg.equal(b.angle_deg) && a.top.equal(b.top) && a.sigma.equal(b.sigma));
+  EXPECT_FALSE(a.angle_deg.equal(c.angle_deg));
+  float lo = 1e9, hi = -1e9;
+  for (int i = 0; i < 2000; ++i) {
+    const float angle = draw_augment_params_host(s, 256, 256, 3, i).angle_deg.item<float>();
+    lo = std::min(lo, angle);
+    hi = std::max(hi, angle);
+  }
+  EXPECT_GE(lo, -45.f);
+  EXPECT_LE(hi, 45.f);
+  EXPECT_LT(lo, -44.f);
+  EXPECT_GT(hi, 44.f);
+}
+
+TEST(AugmentTest, RejectsBadInputNamingTheValue) {
+  const at::Tensor img = random_images(1, 3, 32, 32, 9);
+  const auto p = fixed_params(1, 0, 0, 1.f, 0.f, 0, 1.f, 7);
+  auto expect_error = [&](AugmentSpec s, const at::Tensor& images, const std::string& text) {
+    try {
+      augment(images, p, s);
+      ADD_FAILURE() << "no error; expected one mentioning '" << text << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  AugmentSpec s = spec_for(16, 32, 7);
+  AugmentSpec bad = s;
+  bad.crop_h = bad.crop_w = 40;
+  expect_error(bad, img, "crop 40x40 is larger than the image 32x32");
+  bad = s;
+  bad.blur_kernel = 6;
+  expect_error(bad, img, "blur kernel size 6 is not valid");
+  bad.blur_kernel = 0;
+  expect_error(bad, img, "blur kernel size 0 is not valid");
+  bad = s;
+  bad.sigma_min = 2.0;
+  bad.sigma_max = 0.1;
+  expect_error(bad, img, "sigma range [2, 0.1] is not valid");
+  bad = s;
+  bad.mean = {0, 0};
+  expect_error(bad, img, "mean has 2 values for 3 channels");
+  bad = s;
+  bad.std = {1, 0, 1};
+  expect_error(bad, img, "std[1] is 0");
+  expect_error(s, img.to(at::kFloat), "augment expects uint8 images");
+  expect_error(s, img[0], "augment expects (B, C, H, W) images, got 3 dimensions");
+}
+
+// --- GPU: the kernel against the C++ reference, on the same parameters ---
+
+void expect_gpu_matches_cpu(const AugmentSpec& s, int64_t b, int64_t c, int64_t h, int64_t w,
+                            uint64_t seed) {
+  const at::Tensor img = random_images(b, c, h, w, seed);
+  auto gen = at::cuda::detail::createCUDAGenerator(0);
+  gen.set_current_seed(seed);
+  const c10::Device cuda(c10::kCUDA, 0);
+  const auto p = draw_augment_params(s, b, h, w, cuda, gen);
+  at::Tensor dev = augment(img.to(cuda), p, s).cpu();
+  at::Tensor host = augment(img, p.to(c10::Device(c10::kCPU)), s);
+  EXPECT_EQ(first_mismatch(dev, host, 1e-5), "") << "max |gpu - cpu| = "
+                                                  << (dev - host).abs().max().item<float>();
+}
+
+TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnSpecSizes) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  AugmentSpec s;
+  s.hflip_probability = 0.5;
+  expect_gpu_matches_cpu(s, 6, 3, 256, 256, 21);
+}
+
+TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnOddSizesAndABatchOfOne) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  AugmentSpec s;
+  s.crop_h = 17;
+  s.crop_w = 23;
+  s.out_h = 45;
+  s.out_w = 37;
+  s.blur_kernel = 5;
+  s.mean = {1, 2};
+  s.std = {3, 4};
+  expect_gpu_matches_cpu(s, 1, 2, 37, 29, 22);
+  expect_gpu_matches_cpu(s, 5, 2, 37, 29, 23);
+}
+
+}  // namespace
+}  // namespace tandem
