@@ -171,4 +171,16 @@ void Loader::release(const HostBatch& batch, const Lane* lane) {
   changed_.notify_all();
 }
 
+void load_next_batch(Loader& loader, Batch& batch, const Lane& lane) {
+  std::optional<HostBatch> host = loader.next();
+  TORCH_CHECK(host.has_value(), "the loader ran out of batches at step ", batch.index);
+  const auto& fields = loader.fields();
+  for (size_t f = 0; f < fields.size(); ++f) {
+    at::Tensor t = lane.is_cuda() ? host->fields[f].to(lane.device(), /*non_blocking=*/true)
+                                  : host->fields[f].clone();
+    batch.set(fields[f].name, std::move(t));
+  }
+  loader.release(*host, &lane);
+}
+
 }  // namespace tandem

@@ -2,11 +2,12 @@
 #include "tandem/scenario.h"
 
 #include "tandem/error.h"
+#include "tandem/scenarios/cls.h"
 #include "tandem/scenarios/seg.h"
 
 namespace tandem {
 
-std::vector<std::string> scenario_names() { return {"seg"}; }
+std::vector<std::string> scenario_names() { return {"seg", "cls"}; }
 
 namespace {
 [[noreturn]] void unknown_scenario(const std::string& name) {
@@ -17,11 +18,13 @@ namespace {
 
 std::vector<std::string> scenario_modes(const std::string& name) {
   if (name == "seg") return SegScenario::kModes;
+  if (name == "cls") return ClsScenario::kModes;
   unknown_scenario(name);
 }
 
 std::unique_ptr<Scenario> make_scenario(const std::string& name, const ScenarioOptions& options) {
   if (name == "seg") return std::make_unique<SegScenario>(options);
+  if (name == "cls") return std::make_unique<ClsScenario>(options);
   unknown_scenario(name);
 }
 

@@ -80,5 +80,13 @@ else
   failed=$((failed + 1)); echo "FAIL: --mode auto on the CPU"; cat "$tmp/out" "$tmp/err"
 fi
 
+if "$tandem" bench --scenario cls --mode cpu_aug --device cpu --batch-size 1 --steps 1 \
+     --warmup 0 --workers 1 >"$tmp/out" 2>"$tmp/err" && grep -q '^cls *cpu_aug' "$tmp/out"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)); echo "FAIL: cls cpu_aug on the CPU"; cat "$tmp/out" "$tmp/err"
+fi
+expect_fail 2 "mode 'serial' is not valid for scenario cls: expected cpu_aug, gpu_aug, pipelined or auto" -- bench --scenario cls --mode serial
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

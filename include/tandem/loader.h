@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tandem/batch.h"
 #include "tandem/lane.h"
 #include "tandem/trace.h"
 
@@ -115,5 +116,11 @@ class Loader {
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };
+
+/// The load stage every scenario shares: takes the loader's next batch, copies each field to
+/// `lane`'s device on that lane (asynchronously from pinned memory; a copy on the CPU, where the
+/// slot's memory is refilled once released), sets it in `batch` under the field's name, and
+/// releases the slot behind the copy. Throws if the loader has no batch left.
+void load_next_batch(Loader& loader, Batch& batch, const Lane& lane);
 
 }  // namespace tandem

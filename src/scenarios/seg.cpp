@@ -102,16 +102,7 @@ std::unique_ptr<Pipeline> SegScenario::prepare(const std::string& mode, int64_t 
 }
 
 void SegScenario::load(Batch& batch, const Lane& lane) {
-  std::optional<HostBatch> host = loader_->next();
-  TORCH_CHECK(host.has_value(), "the loader ran out of batches at step ", batch.index);
-  const auto& fields = loader_->fields();
-  for (size_t f = 0; f < fields.size(); ++f) {
-    // On the CPU the slot's memory is reused by the workers once released: copy it out.
-    at::Tensor t = lane.is_cuda() ? host->fields[f].to(options_.device, /*non_blocking=*/true)
-                                  : host->fields[f].clone();
-    batch.set(fields[f].name, std::move(t));
-  }
-  loader_->release(*host, &lane);
+  load_next_batch(*loader_, batch, lane);
 }
 
 void SegScenario::encode(Batch& batch, const Lane& lane) {
