@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -122,29 +123,54 @@ void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, in
                            params.cos_a.data_ptr<float>()[row],
                            params.sin_a.data_ptr<float>()[row],
                            params.flip.data_ptr<int32_t>()[row]};
-  const int taps = static_cast<int>(spec.blur_kernel), radius = taps / 2;
+  const int taps = static_cast<int>(spec.blur_kernel), r = taps / 2;
   const float* w = params.blur_weights.data_ptr<float>() + row * taps;
   const uint8_t* src = image.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
-  std::vector<float> rot(g.out_h * g.out_w), rows(g.out_h * g.out_w);
+  const int oh = g.out_h, ow = g.out_w;
+  // Where each output pixel reads the source: once, for all channels.
+  std::vector<am::Tap> where(static_cast<size_t>(oh) * ow);
+  for (int i = 0; i < oh; ++i)
+    for (int j = 0; j < ow; ++j) where[i * ow + j] = am::locate(g, p, i, j);
+  std::vector<float> rot(static_cast<size_t>(oh) * ow), rows(static_cast<size_t>(oh) * ow);
+  // Blur taps in the same order as the kernel's (augment_math::blur_taps): the interior loops
+  // index directly so the compiler can vectorize across j; only the borders reflect.
+  auto h_pass = [&](int i, int j) {
+    return am::blur_taps(w, taps, [&](int k) { return rot[i * ow + am::reflect(j + k - r, ow)]; });
+  };
+  auto v_pass = [&](int i, int j) {
+    return am::blur_taps(w, taps, [&](int k) { return rows[am::reflect(i + k - r, oh) * ow + j]; });
+  };
   for (int64_t c = 0; c < C; ++c) {
     const uint8_t* plane = src + c * H * W;
-    for (int i = 0; i < g.out_h; ++i)
-      for (int j = 0; j < g.out_w; ++j) rot[i * g.out_w + j] = am::sample(plane, g, p, i, j);
-    for (int i = 0; i < g.out_h; ++i)
-      for (int j = 0; j < g.out_w; ++j)
-        rows[i * g.out_w + j] = am::blur_taps(w, taps, [&](int k) {
-          return rot[i * g.out_w + am::reflect(j + k - radius, g.out_w)];
-        });
-    const float mean = static_cast<float>(spec.mean[c]), sd = static_cast<float>(spec.std[c]);
-    float* o = dst + c * g.out_h * g.out_w;
-    for (int i = 0; i < g.out_h; ++i)
-      for (int j = 0; j < g.out_w; ++j) {
-        const float v = am::blur_taps(w, taps, [&](int k) {
-          return rows[am::reflect(i + k - radius, g.out_h) * g.out_w + j];
-        });
-        o[i * g.out_w + j] = (v - mean) / sd;
+    for (size_t q = 0; q < where.size(); ++q) rot[q] = am::read(plane, where[q]);
+    for (int i = 0; i < oh; ++i) {
+      const float* in = rot.data() + i * ow;
+      float* o = rows.data() + i * ow;
+      for (int j = 0; j < std::min(r, ow); ++j) o[j] = h_pass(i, j);
+      for (int j = r; j < ow - r; ++j) {
+        float acc = 0.0f;
+        for (int k = 0; k < taps; ++k) acc = acc + w[k] * in[j + k - r];
+        o[j] = acc;
       }
+      for (int j = std::max(r, ow - r); j < ow; ++j) o[j] = h_pass(i, j);
+    }
+    const float mean = static_cast<float>(spec.mean[c]), sd = static_cast<float>(spec.std[c]);
+    float* o = dst + c * oh * ow;
+    for (int i = 0; i < oh; ++i) {
+      if (i < r || i >= oh - r) {
+        for (int j = 0; j < ow; ++j) o[i * ow + j] = (v_pass(i, j) - mean) / sd;
+        continue;
+      }
+      float* line = o + i * ow;
+      for (int j = 0; j < ow; ++j) line[j] = 0.0f;
+      for (int k = 0; k < taps; ++k) {  // k outermost: each output still adds k = 0, 1, ...
+        const float* in = rows.data() + (i + k - r) * ow;
+        const float wk = w[k];
+        for (int j = 0; j < ow; ++j) line[j] = line[j] + wk * in[j];
+      }
+      for (int j = 0; j < ow; ++j) line[j] = (line[j] - mean) / sd;
+    }
   }
 }
 

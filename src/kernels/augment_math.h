@@ -40,16 +40,23 @@ TANDEM_HD int reflect(int i, int n) {
   return i;
 }
 
-/// The value, before blur and normalize, of output pixel (i, j) of one channel: the composition
+/// Where output pixel (i, j) reads the source: the composition
 ///   crop (top, left, crop_h x crop_w)
 ///   -> resize to out_h x out_w, bilinear, align_corners=false (PyTorch's upsample_bilinear2d)
 ///   -> rotate about the centre, same size, nearest neighbour in the resized grid, fill 0
 ///      (torchvision's RandomRotation default)
 ///   -> optional horizontal flip
 /// evaluated in one step: the rotation picks a resized pixel, whose value is a bilinear read of
-/// the crop. `plane` is one channel of the source, in_h x in_w uint8, row-major.
-TANDEM_HD float sample(const uint8_t* plane, const Geometry& g, const SampleParams& p, int i,
-                       int j) {
+/// the crop. The same for every channel, so it is computed once per pixel.
+struct Tap {
+  bool inside;          ///< false: the rotation looked outside the image (fill 0)
+  int64_t row0, row1;   ///< source row offsets (row * in_w), top and bottom
+  int x0, x1;           ///< source columns, left and right
+  float lx, ly;         ///< bilinear weights of the right column and the bottom row
+};
+
+TANDEM_HD Tap locate(const Geometry& g, const SampleParams& p, int i, int j) {
+  Tap t{false, 0, 0, 0, 0, 0.0f, 0.0f};
   float u = (static_cast<float>(j) + 0.5f) - 0.5f * static_cast<float>(g.out_w);
   const float v = (static_cast<float>(i) + 0.5f) - 0.5f * static_cast<float>(g.out_h);
   if (p.flip) u = -u;
@@ -59,23 +66,40 @@ TANDEM_HD float sample(const uint8_t* plane, const Geometry& g, const SamplePara
   const float col = qu + 0.5f * static_cast<float>(g.out_w) - 0.5f;
   const float row = qv + 0.5f * static_cast<float>(g.out_h) - 0.5f;
   const float fc = col + 0.5f, fr = row + 0.5f;  // nearest: round half up
-  if (fc < 0.0f || fr < 0.0f) return 0.0f;
+  if (fc < 0.0f || fr < 0.0f) return t;
   const int ci = static_cast<int>(fc), ri = static_cast<int>(fr);
-  if (ci >= g.out_w || ri >= g.out_h) return 0.0f;
+  if (ci >= g.out_w || ri >= g.out_h) return t;
   // Bilinear read of the crop at resized pixel (ri, ci).
   const float scale_x = static_cast<float>(g.crop_w) / static_cast<float>(g.out_w);
   const float scale_y = static_cast<float>(g.crop_h) / static_cast<float>(g.out_h);
   const float sx = max_f((static_cast<float>(ci) + 0.5f) * scale_x - 0.5f, 0.0f);
   const float sy = max_f((static_cast<float>(ri) + 0.5f) * scale_y - 0.5f, 0.0f);
   const int x0 = static_cast<int>(sx), y0 = static_cast<int>(sy);
-  const int x1 = min_i(x0 + 1, g.crop_w - 1), y1 = min_i(y0 + 1, g.crop_h - 1);
-  const float lx = sx - static_cast<float>(x0), ly = sy - static_cast<float>(y0);
-  const uint8_t* r0 = plane + static_cast<int64_t>(p.top + y0) * g.in_w + p.left;
-  const uint8_t* r1 = plane + static_cast<int64_t>(p.top + y1) * g.in_w + p.left;
-  const float top_row = (1.0f - lx) * static_cast<float>(r0[x0]) + lx * static_cast<float>(r0[x1]);
-  const float bottom_row =
-      (1.0f - lx) * static_cast<float>(r1[x0]) + lx * static_cast<float>(r1[x1]);
-  return (1.0f - ly) * top_row + ly * bottom_row;
+  t.inside = true;
+  t.x0 = p.left + x0;
+  t.x1 = p.left + min_i(x0 + 1, g.crop_w - 1);
+  t.row0 = static_cast<int64_t>(p.top + y0) * g.in_w;
+  t.row1 = static_cast<int64_t>(p.top + min_i(y0 + 1, g.crop_h - 1)) * g.in_w;
+  t.lx = sx - static_cast<float>(x0);
+  t.ly = sy - static_cast<float>(y0);
+  return t;
+}
+
+/// The value, before blur and normalize, of a located pixel in one channel `plane` (in_h x in_w
+/// uint8, row-major).
+TANDEM_HD float read(const uint8_t* plane, const Tap& t) {
+  if (!t.inside) return 0.0f;
+  const float top_row = (1.0f - t.lx) * static_cast<float>(plane[t.row0 + t.x0]) +
+                        t.lx * static_cast<float>(plane[t.row0 + t.x1]);
+  const float bottom_row = (1.0f - t.lx) * static_cast<float>(plane[t.row1 + t.x0]) +
+                           t.lx * static_cast<float>(plane[t.row1 + t.x1]);
+  return (1.0f - t.ly) * top_row + t.ly * bottom_row;
+}
+
+/// locate + read: output pixel (i, j) of one channel, before blur and normalize.
+TANDEM_HD float sample(const uint8_t* plane, const Geometry& g, const SampleParams& p, int i,
+                       int j) {
+  return read(plane, locate(g, p, i, j));
 }
 
 /// One tap-ordered pass of the separable blur: sum_k w[k] * x(k), k ascending, no fused

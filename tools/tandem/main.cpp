@@ -9,9 +9,11 @@
 #include <fstream>
 #include <iostream>
 
+#include "tandem/augment_bench.h"
 #include "tandem/auto_mode.h"
 #include "tandem/bench.h"
 #include "tandem/error.h"
+#include "tandem/lane.h"
 #include "tandem/scenario.h"
 #include "tandem/sweep.h"
 
@@ -147,6 +149,19 @@ int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
   return 0;
 }
 
+int run_augment_bench_command(const std::vector<int64_t>& batch_sizes, const std::string& device,
+                              int repeats, const std::string& json_path) {
+  const c10::Device dev = tandem::parse_device(device);
+  std::ofstream json = open_output(json_path, "JSON");
+  std::cout << "augment-bench on " << dev << ": SPEC's cls augmentation, (B, 3, 256, 256) uint8 "
+            << "-> float32, median of " << repeats << " timings\n"
+            << std::flush;
+  const auto rows = tandem::run_augment_bench(batch_sizes, dev, repeats);
+  std::cout << "\n" << tandem::describe_augment_bench(rows) << std::flush;
+  write_output(json, tandem::augment_bench_json(rows).dump(2) + "\n", json_path);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,6 +204,20 @@ int main(int argc, char** argv) {
   sweep->add_option("--json", sweep_json, "write the rows as JSON to this file");
   sweep->add_option("--svg", sweep_svg, "write a chart of steps/s by batch size to this file");
 
+  std::vector<int64_t> aug_batch_sizes{32, 128};
+  std::string aug_device = "auto", aug_json;
+  int aug_repeats = 50;
+  CLI::App* aug = app.add_subcommand(
+      "augment-bench", "Time the fused augmentation kernel alone (and a device copy of as many "
+                       "bytes, its ceiling).");
+  aug->add_option("--batch-sizes", aug_batch_sizes, "comma-separated batch sizes")
+      ->delimiter(',')
+      ->capture_default_str();
+  aug->add_option("--device", aug_device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  aug->add_option("--repeats", aug_repeats, "timings per batch size (median reported)")
+      ->capture_default_str();
+  aug->add_option("--json", aug_json, "write the rows as JSON to this file");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -205,6 +234,8 @@ int main(int argc, char** argv) {
   try {
     if (bench->parsed()) return run_bench_command(bench_options, bench_json);
     if (sweep->parsed()) return run_sweep_command(sweep_options, sweep_csv, sweep_json, sweep_svg);
+    if (aug->parsed())
+      return run_augment_bench_command(aug_batch_sizes, aug_device, aug_repeats, aug_json);
   } catch (const tandem::InvalidArgument& e) {
     std::cerr << "tandem: error: " << first_line(e.what()) << "\n";
     return kExitUsage;
