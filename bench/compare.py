@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Merges tandem's and the Python reference's measurements from one GPU run into the committed
-result format (bench/results/<scenario>.json), prints a side-by-side table and the acceptance
-checks of the seg issue. Usage:
-  compare.py --scenario seg --tandem t1.json t2.json ... --python ref.json --floor floor.json \
+result format (bench/results/<name>.json), prints a side-by-side table and the acceptance checks
+of the issues. Usage:
+  compare.py --scenario seg|cls --tandem t1.json ... --python ref.json --floor floor.json \\
              --command "..." --out seg.json
+  compare.py --scenario augment --tandem augment-bench.json --floor floor.json --out augment.json
 """
 import argparse
 import datetime
@@ -16,35 +17,53 @@ def load(path):
         return json.load(f)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="seg")
-    ap.add_argument("--tandem", nargs="+", required=True, help="tandem bench --json outputs")
-    ap.add_argument("--python", required=True, help="seed_reference.py --json output")
-    ap.add_argument("--floor", required=True, help="seed_reference.py floor --json output")
-    ap.add_argument("--command", default="", help="the command that produced the inputs")
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+def fmt(v, w, p=1):
+    return f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"
 
+
+class Checks:
+    def __init__(self):
+        self.items = []
+
+    def at_least(self, name, value, target):
+        ok = value is not None and target is not None and value >= target
+        self.items.append({"check": name, "value": value, "target": target, "pass": ok})
+
+    def print(self):
+        for c in self.items:
+            v = f"{c['value']:.2f}" if c["value"] is not None else "-"
+            t = f"{c['target']:.2f}" if c["target"] is not None else "-"
+            print(f"{'PASS' if c['pass'] else 'MISS'}  {c['check']}: {v} vs {t}")
+
+
+def training(a, checks):
     rows, device, torch = [], None, None
     for path in a.tandem:
         r = load(path)
         device, torch = r["device_name"], r["torch"]
-        rows.append({"impl": "tandem", "scenario": r["scenario"], "mode": r["mode"],
-                     "batch_size": r["batch_size"], "steps_per_s": r["steps_per_s"],
-                     "first_loss": r["first_loss"], "last_loss": r["last_loss"]})
+        row = {"impl": "tandem", "scenario": r["scenario"], "mode": r["mode"],
+               "batch_size": r["batch_size"], "steps_per_s": r["steps_per_s"],
+               "first_loss": r["first_loss"], "last_loss": r["last_loss"],
+               "gpu_utilization": r.get("gpu_utilization")}
+        if "picked" in r:
+            row["picked"] = r["picked"]
+        rows.append(row)
     for r in load(a.python):
         if r.get("exp") == a.scenario and "steps_s" in r:
             rows.append({"impl": "python", "scenario": a.scenario, "mode": r["mode"],
                          "batch_size": r["bs"], "steps_per_s": r["steps_s"]})
     floors = []
     for r in load(a.floor):
-        if r.get("exp") == f"{a.scenario}_floor":
-            stages = {k: v for k, v in r.items() if k.endswith("_ms") and k != "floor_ms"}
-            floors.append({"scenario": a.scenario, "batch_size": r["bs"],
-                           "floor_ms": r["floor_ms"],
-                           "serial_gpu_ms": r.get("serial_step_graph_ms"),
-                           "stages": stages, "measured_by": "python (seed_reference.py floor)"})
+        if r.get("exp") != f"{a.scenario}_floor":
+            continue
+        stages = {k: v for k, v in r.items() if k.endswith("_ms") and k != "floor_ms"}
+        if a.scenario == "seg":
+            floor_ms, serial = r["floor_ms"], r.get("serial_step_graph_ms")
+        else:  # cls: the model's train step on GPU-resident data, as a graph replay
+            floor_ms, serial = r["step_graph_ms"], None
+        floors.append({"scenario": a.scenario, "batch_size": r["bs"], "floor_ms": floor_ms,
+                       "serial_gpu_ms": serial, "stages": stages,
+                       "measured_by": "python (seed_reference.py floor)"})
 
     def rate(impl, mode, bs):
         for r in rows:
@@ -52,39 +71,88 @@ def main():
                 return r["steps_per_s"]
         return None
 
-    checks = []
-
-    def check(name, value, target):
-        ok = value is not None and target is not None and value >= target
-        checks.append({"check": name, "value": value, "target": target, "pass": ok})
-
-    print(f"{'bs':>4} {'py serial':>10} {'py pipe':>9} {'t serial':>9} {'t pipe':>9} "
-          f"{'t/py pipe':>9} {'floor/s':>8} {'eff':>6} {'serialGPU/s':>11}")
+    modes = sorted({r["mode"] for r in rows},
+                   key=lambda m: ["serial", "cpu_aug", "gpu_aug", "pipelined", "auto"].index(m)
+                   if m in ["serial", "cpu_aug", "gpu_aug", "pipelined", "auto"] else 9)
+    header = f"{'bs':>4} " + " ".join(f"{'py ' + m:>13} {'t ' + m:>13}" for m in modes)
+    print(header + f" {'floor/s':>8} {'t pipe/floor':>12}")
     for f in sorted(floors, key=lambda f: f["batch_size"]):
         bs = f["batch_size"]
-        ps, pp = rate("python", "serial", bs), rate("python", "pipelined", bs)
-        ts, tp = rate("tandem", "serial", bs), rate("tandem", "pipelined", bs)
         floor_rate = 1000.0 / f["floor_ms"]
-        serial_rate = 1000.0 / f["serial_gpu_ms"] if f["serial_gpu_ms"] else None
-        fmt = lambda v, w, p=1: f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"
-        print(f"{bs:>4} {fmt(ps,10)} {fmt(pp,9)} {fmt(ts,9)} {fmt(tp,9)} "
-              f"{fmt(tp / pp if tp and pp else None, 9, 2)} {fmt(floor_rate, 8)} "
-              f"{fmt(tp / floor_rate if tp else None, 6, 2)} {fmt(serial_rate, 11)}")
+        cells = " ".join(f"{fmt(rate('python', m, bs), 13)} {fmt(rate('tandem', m, bs), 13)}"
+                         for m in modes)
+        tp = rate("tandem", "pipelined", bs)
+        print(f"{bs:>4} {cells} {fmt(floor_rate, 8)} {fmt(tp / floor_rate if tp else None, 12, 2)}")
+        pp = rate("python", "pipelined", bs)
         if a.scenario == "seg":
+            ts = rate("tandem", "serial", bs)
+            serial_rate = 1000.0 / f["serial_gpu_ms"] if f["serial_gpu_ms"] else None
             if bs <= 8:
-                check(f"bs {bs}: tandem pipelined >= 2.0x python pipelined", tp,
-                      2.0 * pp if pp else None)
-                check(f"bs {bs}: tandem pipelined >= 0.9x floor rate", tp, 0.9 * floor_rate)
+                checks.at_least(f"bs {bs}: tandem pipelined / python pipelined >= 2.0",
+                                tp / pp if tp and pp else None, 2.0)
+                checks.at_least(f"bs {bs}: tandem pipelined / floor rate >= 0.9",
+                                tp / floor_rate if tp else None, 0.9)
             else:
-                check(f"bs {bs}: tandem pipelined >= serial GPU rate", tp, serial_rate)
-            check(f"bs {bs}: tandem pipelined >= tandem serial", tp, ts)
-    for c in checks:
-        v = f"{c['value']:.1f}" if c["value"] is not None else "-"
-        t = f"{c['target']:.1f}" if c["target"] is not None else "-"
-        print(f"{'PASS' if c['pass'] else 'MISS'}  {c['check']}: {v} vs {t}")
+                checks.at_least(f"bs {bs}: tandem pipelined >= serial GPU rate", tp, serial_rate)
+            checks.at_least(f"bs {bs}: tandem pipelined >= tandem serial", tp, ts)
+        elif a.scenario == "cls" and bs in (32, 128):
+            need = 2.5 if bs == 32 else 3.0
+            checks.at_least(f"bs {bs}: tandem pipelined / python pipelined >= {need}",
+                            tp / pp if tp and pp else None, need)
+            checks.at_least(f"bs {bs}: tandem pipelined / floor rate >= 0.85",
+                            tp / floor_rate if tp else None, 0.85)
+            tc, pc = rate("tandem", "cpu_aug", bs), rate("python", "cpu_aug", bs)
+            checks.at_least(f"bs {bs}: tandem cpu_aug / python cpu_aug >= 2.0",
+                            tc / pc if tc and pc else None, 2.0)
+    return {"device": device, "torch": torch, "rows": rows, "floors": floors}
 
-    out = {"device": device, "date": datetime.date.today().isoformat(), "torch": torch,
-           "command": a.command, "rows": rows, "floors": floors, "checks": checks}
+
+def augment(a, checks):
+    rows, tv = [], {}
+    for r in load(a.floor):
+        if r.get("exp") == "cls_floor":
+            tv[r["bs"]] = r["tv_gpu_aug_ms"]
+    mine = load(a.tandem[0])
+    print(f"{'bs':>4} {'tandem img/s':>13} {'tv img/s':>10} {'ratio':>8} {'GB/s':>8} {'copy GB/s':>10}")
+    for r in mine:
+        rows.append(r)
+        bs = r["batch_size"]
+        if bs not in tv:
+            continue
+        bytes_ = bs * 3 * 256 * 256 * (1 + 4)
+        t = {"impl": "torchvision", "scenario": "augment", "mode": "gpu", "batch_size": bs,
+             "ms_per_batch": tv[bs], "steps_per_s": 1000.0 / tv[bs],
+             "images_per_s": 1000.0 / tv[bs] * bs, "gb_per_s": bytes_ / (tv[bs] * 1e-3) / 1e9,
+             "copy_gb_per_s": r["copy_gb_per_s"]}
+        rows.append(t)
+        ratio = r["steps_per_s"] / t["steps_per_s"]
+        print(f"{bs:>4} {r['images_per_s']:>13.0f} {t['images_per_s']:>10.0f} {ratio:>8.1f} "
+              f"{r['gb_per_s']:>8.1f} {r['copy_gb_per_s']:>10.1f}")
+        if bs in (32, 128):
+            checks.at_least(f"bs {bs}: tandem / torchvision throughput >= 100", ratio, 100.0)
+            checks.at_least(f"bs {bs}: gb_per_s / copy_gb_per_s >= 0.4",
+                            r["gb_per_s"] / r["copy_gb_per_s"], 0.4)
+    return {"rows": rows}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="seg", choices=["seg", "cls", "augment"])
+    ap.add_argument("--tandem", nargs="+", required=True, help="tandem --json outputs")
+    ap.add_argument("--python", help="seed_reference.py --json output (seg, cls)")
+    ap.add_argument("--floor", required=True, help="seed_reference.py floor --json output")
+    ap.add_argument("--device", default=None, help="device name, where the inputs lack it")
+    ap.add_argument("--command", default="", help="the command that produced the inputs")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    checks = Checks()
+    body = augment(a, checks) if a.scenario == "augment" else training(a, checks)
+    checks.print()
+    out = {"device": body.get("device") or a.device, "date": datetime.date.today().isoformat(),
+           "torch": body.get("torch"), "command": a.command, "rows": body["rows"]}
+    if "floors" in body:
+        out["floors"] = body["floors"]
+    out["checks"] = checks.items
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
     print("wrote", a.out)

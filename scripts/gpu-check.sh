@@ -2,12 +2,16 @@
 # The one GPU-machine check: build against that machine's torch, run the tests (gpu-labelled
 # ones included), compute-sanitizer on a short pipelined run, and the seg benchmark beside the
 # Python reference loops in the same run. Logs and JSON go to OUT.
-# Usage: scripts/gpu-check.sh OUT [phase...]   phases: build test sanitize bench (default: all)
+# Usage: scripts/gpu-check.sh OUT [phase...]
+#   phases: build test sanitize seg cls augment (default: all; "bench" means seg)
+#   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
+#        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
 # The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
 set -uo pipefail
-OUT=${1:?usage: scripts/gpu-check.sh OUT [build test sanitize bench]}
+OUT=${1:?usage: scripts/gpu-check.sh OUT [build test sanitize seg cls augment]}
 shift
-PHASES=${*:-build test sanitize bench}
+PHASES=${*:-build test sanitize seg cls augment}
+PHASES=${PHASES//bench/seg}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -15,6 +19,7 @@ BUILD=${TANDEM_BUILD_DIR:-build-gpu}
 LOG="$OUT/gpu-check.log"
 RAW=$(mktemp -d)
 BS_LIST=${TANDEM_BENCH_BS:-8 32 128}
+CLS_BS_LIST=${TANDEM_CLS_BS:-32 128}
 export PYTHONUNBUFFERED=1
 
 REF=${TANDEM_REFERENCE_DIR:-}
@@ -60,34 +65,74 @@ if has_phase sanitize; then
   done
 fi
 
-if has_phase bench; then
+# One floor run serves every phase: seed_reference.py floor measures seg and cls per batch size.
+floor() {
+  [ -f "$RAW/python-floor.json" ] && return 0
+  local all
+  all=$(echo $BS_LIST $CLS_BS_LIST | tr ' ' '\n' | sort -n | uniq | paste -sd, -)
+  say "python seed_reference.py floor --bs $all"
+  python3 "$REF/seed_reference.py" floor --bs "$all" --json "$RAW/python-floor.json" \
+    >>"$LOG" 2>&1 || status=1
+}
+need_reference() {
   [ -f "$REF/seed_reference.py" ] || { say "no reference loops found (set TANDEM_REFERENCE_DIR)"; exit 1; }
-  bs_csv=$(echo $BS_LIST | tr ' ' ',')
-  say "tandem bench seg, bs $bs_csv"
-  for bs in $BS_LIST; do
-    for mode in serial pipelined; do
-      "$TANDEM" bench --scenario seg --mode "$mode" --batch-size "$bs" --steps 100 --warmup 10 \
-        --workers 8 --json "$RAW/tandem-seg-$mode-$bs.json" >>"$LOG" 2>&1 || status=1
+}
+
+# bench_scenario NAME "MODES" "BATCH SIZES": tandem and the Python loops, then compare.py.
+bench_scenario() {
+  local scenario=$1 modes=$2 sizes=$3
+  need_reference
+  local bs_csv modes_csv
+  bs_csv=$(echo $sizes | tr ' ' ',')
+  modes_csv=$(echo $modes | tr ' ' ',')
+  say "tandem bench $scenario, modes $modes_csv, bs $bs_csv"
+  for bs in $sizes; do
+    for mode in $modes; do
+      "$TANDEM" bench --scenario "$scenario" --mode "$mode" --batch-size "$bs" --steps 100 \
+        --warmup 10 --workers 8 --json "$RAW/tandem-$scenario-$mode-$bs.json" >>"$LOG" 2>&1 ||
+        status=1
     done
   done
-  say "tandem bench seg pipelined, variants for comparison (not in seg.json)"
-  for bs in $BS_LIST; do
-    "$TANDEM" bench --scenario seg --mode pipelined --batch-size "$bs" --no-cudnn-benchmark \
-      --workers 8 --json "$RAW/variant-nocudnnbench-$bs.json" 2>&1 | grep -A1 "^scenario  mode" | tail -1 | sed 's/$/  (no cuDNN autotuning)/' | tee -a "$LOG"
-    "$TANDEM" bench --scenario seg --mode pipelined --batch-size "$bs" --train-priority normal \
-      --workers 8 --json "$RAW/variant-normalprio-$bs.json" 2>&1 | grep -A1 "^scenario  mode" | tail -1 | sed 's/$/  (train lane normal priority)/' | tee -a "$LOG"
-  done
-  say "python seed_reference.py seg --bs $bs_csv --modes serial,pipelined"
-  python3 "$REF/seed_reference.py" seg --bs "$bs_csv" --modes serial,pipelined \
-    --json "$RAW/python-seg.json" >>"$LOG" 2>&1 || status=1
-  say "python seed_reference.py floor --bs $bs_csv"
-  python3 "$REF/seed_reference.py" floor --bs "$bs_csv" --json "$RAW/python-floor.json" \
-    >>"$LOG" 2>&1 || status=1
-  say "compare"
-  python3 bench/compare.py --scenario seg --tandem "$RAW"/tandem-seg-*.json \
-    --python "$RAW/python-seg.json" --floor "$RAW/python-floor.json" \
-    --command "scripts/gpu-check.sh OUT bench (tandem bench --scenario seg --mode {serial,pipelined} --batch-size {$bs_csv} --steps 100 --warmup 10 --workers 8; seed_reference.py seg --bs $bs_csv --modes serial,pipelined; seed_reference.py floor --bs $bs_csv)" \
-    --out "$OUT/seg.json" 2>&1 | tee -a "$LOG" || status=1
+  say "python seed_reference.py $scenario --bs $bs_csv --modes $modes_csv"
+  python3 "$REF/seed_reference.py" "$scenario" --bs "$bs_csv" --modes "$modes_csv" \
+    --json "$RAW/python-$scenario.json" >>"$LOG" 2>&1 || status=1
+  floor
+  say "compare $scenario"
+  python3 bench/compare.py --scenario "$scenario" --tandem "$RAW"/tandem-"$scenario"-*.json \
+    --python "$RAW/python-$scenario.json" --floor "$RAW/python-floor.json" \
+    --command "scripts/gpu-check.sh OUT $scenario (tandem bench --scenario $scenario --mode {$modes_csv} --batch-size {$bs_csv} --steps 100 --warmup 10 --workers 8; seed_reference.py $scenario --bs $bs_csv --modes $modes_csv; seed_reference.py floor)" \
+    --out "$OUT/$scenario.json" 2>&1 | tee -a "$LOG" || status=1
+}
+
+if has_phase seg; then
+  bench_scenario seg "serial pipelined" "$BS_LIST"
+  if [ -n "${TANDEM_VARIANTS:-}" ]; then
+    say "tandem bench seg pipelined, variants for comparison (not in seg.json)"
+    for bs in $BS_LIST; do
+      "$TANDEM" bench --scenario seg --mode pipelined --batch-size "$bs" --no-cudnn-benchmark \
+        --workers 8 --json "$RAW/variant-nocudnnbench-$bs.json" 2>&1 | grep -A1 "^scenario  mode" | tail -1 | sed 's/$/  (no cuDNN autotuning)/' | tee -a "$LOG"
+      "$TANDEM" bench --scenario seg --mode pipelined --batch-size "$bs" --train-priority normal \
+        --workers 8 --json "$RAW/variant-normalprio-$bs.json" 2>&1 | grep -A1 "^scenario  mode" | tail -1 | sed 's/$/  (train lane normal priority)/' | tee -a "$LOG"
+    done
+  fi
+fi
+
+if has_phase cls; then
+  bench_scenario cls "cpu_aug gpu_aug pipelined" "$CLS_BS_LIST"
+fi
+
+if has_phase augment; then
+  need_reference
+  bs_csv=$(echo $CLS_BS_LIST | tr ' ' ',')
+  say "tandem augment-bench --batch-sizes $bs_csv"
+  "$TANDEM" augment-bench --batch-sizes "$bs_csv" --json "$RAW/augment-bench.json" 2>&1 |
+    tee -a "$LOG" || status=1
+  floor
+  say "compare augment (torchvision's GPU batch transform from seed_reference.py floor)"
+  python3 bench/compare.py --scenario augment --tandem "$RAW/augment-bench.json" \
+    --floor "$RAW/python-floor.json" --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    --command "scripts/gpu-check.sh OUT augment (tandem augment-bench --batch-sizes $bs_csv; seed_reference.py floor)" \
+    --out "$OUT/augment.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
 tar -C "$RAW" -czf "$OUT/raw.tar.gz" . 2>/dev/null
