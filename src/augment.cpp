@@ -34,8 +34,8 @@ void AugmentSpec::validate(int64_t channels, int64_t in_h, int64_t in_w) const {
                    " is not valid: expected positive sizes");
   TANDEM_CHECK_ARG(max_rotation_deg >= 0 && max_rotation_deg <= 180, "max rotation ",
                    max_rotation_deg, " degrees is not valid: expected 0..180");
-  TANDEM_CHECK_ARG(blur_kernel >= 1 && blur_kernel % 2 == 1, "blur kernel size ", blur_kernel,
-                   " is not valid: expected an odd number >= 1");
+  TANDEM_CHECK_ARG(blur_kernel >= 1 && blur_kernel % 2 == 1 && blur_kernel <= 63,
+                   "blur kernel size ", blur_kernel, " is not valid: expected an odd number 1..63");
   TANDEM_CHECK_ARG(blur_kernel / 2 < std::min(out_h, out_w), "blur kernel size ", blur_kernel,
                    " is too large for a ", out_h, "x", out_w, " output (reflect padding needs ",
                    "the radius below the size)");
