@@ -135,9 +135,36 @@ def augment(a, checks):
     return {"rows": rows}
 
 
+def mlp(a, checks):
+    rows, device, torch = [], None, None
+    for path in a.tandem:
+        r = load(path)
+        device, torch = r["device_name"], r["torch"]
+        rows.append({"impl": "tandem", "scenario": "mlp", "mode": r["mode"],
+                     "batch_size": r["batch_size"], "steps_per_s": r["steps_per_s"],
+                     "ms_per_step": r["ms_per_step"], "notes": r.get("notes", [])})
+    for r in load(a.python):
+        if r.get("exp") == "mlp":
+            for mode, key in (("eager", "eager_ms"), ("graphed", "graph_ms")):
+                rows.append({"impl": "python", "scenario": "mlp", "mode": mode,
+                             "batch_size": 640, "ms_per_step": r[key],
+                             "steps_per_s": 1000.0 / r[key]})
+    ms = {(r["impl"], r["mode"]): r["ms_per_step"] for r in rows}
+    print(f"{'mode':>10} {'tandem ms':>10} {'python ms':>10}")
+    for mode in ("eager", "graphed", "graphed_k"):
+        print(f"{mode:>10} {fmt(ms.get(('tandem', mode)), 10, 3)} {fmt(ms.get(('python', mode)), 10, 3)}")
+    t, p = ms.get(("tandem", "graphed")), ms.get(("python", "graphed"))
+    # "graphed ms/step <= the Python graph replay's": as a ratio python / tandem >= 1.
+    checks.at_least("mlp: python graph ms / tandem graphed ms >= 1", p / t if p and t else None, 1.0)
+    te = ms.get(("tandem", "eager"))
+    if te and t:
+        print(f"tandem graphed gain over tandem eager: {100 * (te - t) / te:.1f}%")
+    return {"device": device, "torch": torch, "rows": rows}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="seg", choices=["seg", "cls", "augment"])
+    ap.add_argument("--scenario", default="seg", choices=["seg", "cls", "augment", "mlp"])
     ap.add_argument("--tandem", nargs="+", required=True, help="tandem --json outputs")
     ap.add_argument("--python", help="seed_reference.py --json output (seg, cls)")
     ap.add_argument("--floor", required=True, help="seed_reference.py floor --json output")
@@ -146,7 +173,7 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     checks = Checks()
-    body = augment(a, checks) if a.scenario == "augment" else training(a, checks)
+    body = {"augment": augment, "mlp": mlp}.get(a.scenario, training)(a, checks)
     checks.print()
     out = {"device": body.get("device") or a.device, "date": datetime.date.today().isoformat(),
            "torch": body.get("torch"), "command": a.command, "rows": body["rows"]}

@@ -3,14 +3,14 @@
 # ones included), compute-sanitizer on a short pipelined run, and the seg benchmark beside the
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
-#   phases: build test sanitize seg cls augment (default: all; "bench" means seg)
+#   phases: build test sanitize seg cls augment mlp (default: all; "bench" means seg)
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
 #        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
 # The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUT [build test sanitize seg cls augment]}
 shift
-PHASES=${*:-build test sanitize seg cls augment}
+PHASES=${*:-build test sanitize seg cls augment mlp}
 PHASES=${PHASES//bench/seg}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -133,6 +133,20 @@ if has_phase augment; then
     --floor "$RAW/python-floor.json" --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
     --command "scripts/gpu-check.sh OUT augment (tandem augment-bench --batch-sizes $bs_csv; seed_reference.py floor)" \
     --out "$OUT/augment.json" 2>&1 | tee -a "$LOG" || status=1
+fi
+
+if has_phase mlp; then
+  need_reference
+  say "tandem bench mlp (eager, graphed, graphed_k) and seed_reference.py mlp"
+  for mode in eager graphed graphed_k; do
+    "$TANDEM" bench --scenario mlp --mode "$mode" --steps 200 --warmup 10 \
+      --json "$RAW/tandem-mlp-$mode.json" >>"$LOG" 2>&1 || status=1
+  done
+  python3 "$REF/seed_reference.py" mlp --json "$RAW/python-mlp.json" >>"$LOG" 2>&1 || status=1
+  python3 bench/compare.py --scenario mlp --tandem "$RAW"/tandem-mlp-*.json \
+    --python "$RAW/python-mlp.json" --floor /dev/null \
+    --command "scripts/gpu-check.sh OUT mlp (tandem bench --scenario mlp --mode {eager,graphed,graphed_k} --steps 200 --warmup 10; seed_reference.py mlp)" \
+    --out "$OUT/graphs.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
 tar -C "$RAW" -czf "$OUT/raw.tar.gz" . 2>/dev/null

@@ -41,7 +41,7 @@ BenchOptions resolve(BenchOptions o) {
   TANDEM_CHECK_ARG(std::find(modes.begin(), modes.end(), o.mode) != modes.end(), "mode '",
                    o.mode, "' is not valid for scenario ", o.scenario, ": expected ",
                    join_choices(modes));
-  o.batch_size = o.batch_size.value_or(d.batch_size);
+  o.batch_size = o.batch_size.value_or(scenario_default_batch_size(o.scenario, device.is_cuda()));
   o.steps = o.steps.value_or(d.steps);
   o.warmup = o.warmup.value_or(d.warmup);
   o.workers = o.workers.value_or(d.workers);
@@ -114,6 +114,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   result.samples_per_s = result.steps_per_s * static_cast<double>(batch_size);
   result.losses = scenario->losses();
   result.timing = pipeline->timing();
+  result.notes = scenario->notes();
   result.gpu_utilization = monitor.mean_utilization();
   result.gpu_utilization_note = monitor.available() ? "NVML" : monitor.unavailable_reason();
   for (const auto& st : result.timing.stages) {
@@ -175,6 +176,7 @@ std::string describe_result(const BenchResult& r) {
                 r.efficiency, format_utilization(r.gpu_utilization).c_str(),
                 r.gpu_utilization ? "" : (" (" + r.gpu_utilization_note + ")").c_str());
   os << line;
+  for (const auto& note : r.notes) os << "note       " << note << "\n";
   return os.str();
 }
 
@@ -215,7 +217,8 @@ nlohmann::json to_json(const BenchResult& r) {
           {"efficiency", r.efficiency},
           {"gpu_utilization", r.gpu_utilization ? nlohmann::json(*r.gpu_utilization)
                                                 : nlohmann::json(nullptr)},
-          {"gpu_utilization_note", r.gpu_utilization_note}};
+          {"gpu_utilization_note", r.gpu_utilization_note},
+          {"notes", r.notes}};
 }
 
 }  // namespace tandem

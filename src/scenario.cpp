@@ -3,11 +3,12 @@
 
 #include "tandem/error.h"
 #include "tandem/scenarios/cls.h"
+#include "tandem/scenarios/mlp.h"
 #include "tandem/scenarios/seg.h"
 
 namespace tandem {
 
-std::vector<std::string> scenario_names() { return {"seg", "cls"}; }
+std::vector<std::string> scenario_names() { return {"seg", "cls", "mlp"}; }
 
 namespace {
 [[noreturn]] void unknown_scenario(const std::string& name) {
@@ -19,13 +20,22 @@ namespace {
 std::vector<std::string> scenario_modes(const std::string& name) {
   if (name == "seg") return SegScenario::kModes;
   if (name == "cls") return ClsScenario::kModes;
+  if (name == "mlp") return MlpScenario::kModes;
   unknown_scenario(name);
 }
 
 std::unique_ptr<Scenario> make_scenario(const std::string& name, const ScenarioOptions& options) {
   if (name == "seg") return std::make_unique<SegScenario>(options);
   if (name == "cls") return std::make_unique<ClsScenario>(options);
+  if (name == "mlp") return std::make_unique<MlpScenario>(options);
   unknown_scenario(name);
+}
+
+int64_t scenario_default_batch_size(const std::string& name, bool cuda) {
+  scenario_modes(name);  // throws for an unknown name
+  if (name == "mlp") return cuda ? 640 : 16;  // SPEC's (640, 4096) input
+  if (name == "cls") return cuda ? 32 : 2;
+  return cuda ? 8 : 2;
 }
 
 std::string join_choices(const std::vector<std::string>& choices) {

@@ -35,12 +35,13 @@ struct BenchOptions {
 };
 
 /// Defaults: SPEC's sizes on a GPU; small ones on the CPU so a laptop finishes in seconds.
+/// (The batch size is the scenario's: scenario_default_batch_size.)
 struct BenchDefaults {
-  int64_t batch_size, steps, warmup;
+  int64_t steps, warmup;
   int workers;
 };
-constexpr BenchDefaults kGpuBenchDefaults{8, 100, 10, 8};
-constexpr BenchDefaults kCpuBenchDefaults{2, 4, 1, 2};
+constexpr BenchDefaults kGpuBenchDefaults{100, 10, 8};
+constexpr BenchDefaults kCpuBenchDefaults{4, 1, 2};
 
 /// Fills the defaults for the chosen device and validates everything; throws InvalidArgument
 /// naming the first bad value and what was expected.
@@ -64,6 +65,7 @@ struct BenchResult {
   std::string floor_stage;
   /// steps_per_s / (1000 / floor_ms).
   double efficiency = 0;
+  std::vector<std::string> notes;  ///< the scenario's (Scenario::notes)
 };
 
 /// Runs options.warmup + options.steps training steps and times the last options.steps.

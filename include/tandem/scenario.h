@@ -38,6 +38,9 @@ class Scenario {
   virtual std::unique_ptr<Pipeline> prepare(const std::string& mode, int64_t num_steps) = 0;
   /// The per-step training losses of the last prepared run, in step order (synchronizes).
   virtual std::vector<float> losses() const = 0;
+  /// What the last run did that a reader should know (e.g. which parts were captured into CUDA
+  /// graphs, what fell back to eager execution and why). Printed after the result.
+  virtual std::vector<std::string> notes() const { return {}; }
 };
 
 /// Names of every registered scenario, for help texts and validation.
@@ -45,6 +48,8 @@ std::vector<std::string> scenario_names();
 /// The modes of scenario `name` (the first is its serial baseline), without building it;
 /// throws InvalidArgument for an unknown name.
 std::vector<std::string> scenario_modes(const std::string& name);
+/// The default batch size of scenario `name` on a GPU (`cuda`) or the CPU.
+int64_t scenario_default_batch_size(const std::string& name, bool cuda);
 /// The scenario called `name`; throws InvalidArgument naming it and the known ones.
 std::unique_ptr<Scenario> make_scenario(const std::string& name, const ScenarioOptions& options);
 

@@ -1,0 +1,60 @@
+// Workload "mlp" (SPEC.md): Linear(4096->2048), Dropout(0.2), Linear(2048->1024), Dropout(0.1),
+// MSE, SGD lr 0.1 — a launch-bound step. Modes: eager (every kernel launched each step),
+// graphed (the whole step captured once, replayed per step), graphed_k (K steps per graph).
+#pragma once
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <memory>
+#include <optional>
+
+#include "tandem/graph.h"
+#include "tandem/optim.h"
+#include "tandem/scenario.h"
+
+namespace tandem {
+
+constexpr int64_t kMlpIn = 4096, kMlpHidden = 2048, kMlpOut = 1024;
+constexpr double kMlpLearningRate = 0.1;
+constexpr int kMlpGraphWarmup = 3;    ///< eager steps on a side lane before capture
+constexpr int kMlpStepsPerGraph = 4;  ///< K of graphed_k
+constexpr int kMlpDistinctBatches = 8;  ///< the run cycles through this many device batches
+
+torch::nn::Sequential make_mlp_model();
+
+class MlpScenario : public Scenario {
+ public:
+  explicit MlpScenario(const ScenarioOptions& options);
+  ~MlpScenario() override;
+
+  std::string name() const override { return "mlp"; }
+  inline static const std::vector<std::string> kModes{"eager", "graphed", "graphed_k"};
+  std::vector<std::string> modes() const override { return kModes; }
+  std::unique_ptr<Pipeline> prepare(const std::string& mode, int64_t num_steps) override;
+  std::vector<float> losses() const override;
+  std::vector<std::string> notes() const override;
+
+  torch::nn::Sequential& model() { return model_; }
+
+ private:
+  /// Enqueues one training step on the current stream; writes its loss into `loss_out` (0-dim).
+  void enqueue_step(const at::Tensor& x, const at::Tensor& y, at::Tensor loss_out);
+  void train_eager(Batch& batch, const Lane& lane);
+  void train_graphed(Batch& batch, const Lane& lane);
+
+  ScenarioOptions options_;
+  torch::nn::Sequential model_{nullptr};
+  std::unique_ptr<optim::Sgd> optimizer_;
+  std::vector<at::Tensor> inputs_, targets_;  // kMlpDistinctBatches of (B, 4096) / (B, 1024)
+  at::Tensor losses_;                         // (num_steps,) float32
+
+  // Graphed modes.
+  int steps_per_graph_ = 1;
+  int64_t num_steps_ = 0;
+  std::unique_ptr<GraphedStep> graph_;
+  at::Tensor static_x_, static_y_, static_loss_;  // (K, B, 4096), (K, B, 1024), (K,)
+  int64_t replays_ = 0, eager_tail_ = 0;
+  std::string capture_note_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,141 @@
+// Workload "mlp": the model, and its step run eagerly or as replays of a captured graph.
+#include "tandem/scenarios/mlp.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace nn = torch::nn;
+
+torch::nn::Sequential make_mlp_model() {
+  return nn::Sequential(nn::Linear(kMlpIn, kMlpHidden), nn::Dropout(0.2),
+                        nn::Linear(kMlpHidden, kMlpOut), nn::Dropout(0.1));
+}
+
+MlpScenario::MlpScenario(const ScenarioOptions& options) : options_(options) {
+  TANDEM_CHECK_ARG(options.batch_size > 0, "batch size ", options.batch_size,
+                   " is not valid: expected a positive number of rows");
+  torch::manual_seed(options.seed);
+  model_ = make_mlp_model();
+  model_->to(options.device);
+  model_->train();
+  optimizer_ = std::make_unique<optim::Sgd>(model_->parameters(), kMlpLearningRate);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device);
+  for (int i = 0; i < kMlpDistinctBatches; ++i) {  // GPU-resident data, as the reference's
+    inputs_.push_back(at::randn({options.batch_size, kMlpIn}, f32));
+    targets_.push_back(at::randn({options.batch_size, kMlpOut}, f32));
+  }
+}
+
+MlpScenario::~MlpScenario() = default;
+
+std::unique_ptr<Pipeline> MlpScenario::prepare(const std::string& mode, int64_t num_steps) {
+  TANDEM_CHECK_ARG(std::find(kModes.begin(), kModes.end(), mode) != kModes.end(), "mode '", mode,
+                   "' is not valid for scenario mlp: expected ", join_choices(kModes));
+  TANDEM_CHECK_ARG(num_steps >= 0, "step count ", num_steps, " is not valid: expected >= 0");
+  const c10::Device dev = options_.device;
+  losses_ = at::zeros({num_steps}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  num_steps_ = num_steps;
+  graph_.reset();
+  replays_ = eager_tail_ = 0;
+  capture_note_.clear();
+  const bool graphed = mode != "eager" && dev.is_cuda();
+  if (mode != "eager" && !dev.is_cuda())
+    capture_note_ = "CUDA graphs need a CUDA device: mode " + mode + " ran eagerly on the CPU";
+  steps_per_graph_ = mode == "graphed_k" ? kMlpStepsPerGraph : 1;
+  std::vector<Stage> stages;
+  if (graphed) {
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
+    static_x_ = at::zeros({steps_per_graph_, options_.batch_size, kMlpIn}, f32);
+    static_y_ = at::zeros({steps_per_graph_, options_.batch_size, kMlpOut}, f32);
+    static_loss_ = at::zeros({steps_per_graph_}, f32);
+    stages.push_back({"train", Lane::create("train", dev),
+                      [this](Batch& b, const Lane& l) { train_graphed(b, l); }});
+  } else {
+    stages.push_back({"train", Lane::create("train", dev),
+                      [this](Batch& b, const Lane& l) { train_eager(b, l); }});
+  }
+  return std::make_unique<Pipeline>(std::move(stages), PipelineMode::kSerial,
+                                    Lane::create("train", dev));
+}
+
+void MlpScenario::enqueue_step(const at::Tensor& x, const at::Tensor& y, at::Tensor loss_out) {
+  optimizer_->zero_grad();  // host-only: backward then writes fresh gradients
+  at::Tensor loss = at::mse_loss(model_->forward(x), y);
+  loss.backward();
+  optimizer_->step();
+  loss_out.copy_(loss.detach());
+}
+
+void MlpScenario::train_eager(Batch& batch, const Lane& lane) {
+  const int64_t i = batch.index;
+  enqueue_step(inputs_[i % kMlpDistinctBatches], targets_[i % kMlpDistinctBatches],
+               losses_.select(0, i));
+}
+
+// Steps 0..warmup-1 run eagerly on a side lane (they are real steps: their losses count); the
+// capture at step `warmup` records K steps without running them; from then on each group of K
+// steps is staged into the K static slots and replayed once. A final group shorter than K runs
+// eagerly (the graph's shapes and step count are fixed).
+void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
+  const int64_t i = batch.index;
+  const int K = steps_per_graph_;
+  const at::Tensor& x = inputs_[i % kMlpDistinctBatches];
+  const at::Tensor& y = targets_[i % kMlpDistinctBatches];
+  const int64_t graphed_until = kMlpGraphWarmup + (num_steps_ - kMlpGraphWarmup) / K * K;
+  if (i < kMlpGraphWarmup || i >= graphed_until) {
+    if (i < kMlpGraphWarmup) {
+      warm_up_on_side_lane(lane, 1, [&](int) { enqueue_step(x, y, losses_.select(0, i)); });
+    } else {
+      enqueue_step(x, y, losses_.select(0, i));
+      ++eager_tail_;
+    }
+    return;
+  }
+  if (!graph_) {
+    GraphOptions go;
+    go.name = "mlp train";
+    go.static_tensors = {static_x_, static_y_, static_loss_};
+    graph_ = std::make_unique<GraphedStep>(go);
+    optimizer_->zero_grad();
+    graph_->capture(lane, [&] {
+      for (int k = 0; k < K; ++k) enqueue_step(static_x_[k], static_y_[k], static_loss_[k]);
+    });
+  }
+  const int slot = static_cast<int>((i - kMlpGraphWarmup) % K);
+  at::Tensor sx = static_x_[slot], sy = static_y_[slot];
+  copy_into_static(sx, x);
+  copy_into_static(sy, y);
+  if (slot == K - 1) {
+    graph_->replay(lane);
+    ++replays_;
+    losses_.narrow(0, i - (K - 1), K).copy_(static_loss_);
+  }
+}
+
+std::vector<float> MlpScenario::losses() const {
+  at::Tensor host = losses_.to(at::kCPU);
+  return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+}
+
+std::vector<std::string> MlpScenario::notes() const {
+  std::vector<std::string> out;
+  if (!capture_note_.empty()) out.push_back(capture_note_);
+  if (graph_ && graph_->captured())
+    out.push_back(detail::concat("captured: ", steps_per_graph_,
+                                 " whole training step(s) (forward, MSE, backward, SGD) per "
+                                 "graph after ", kMlpGraphWarmup,
+                                 " eager warm-up steps on a side lane; ", replays_,
+                                 " replays"));
+  if (eager_tail_ > 0)
+    out.push_back(detail::concat("the last ", eager_tail_, " step(s) ran eagerly: fewer than ",
+                                 steps_per_graph_, " were left for a replay"));
+  return out;
+}
+
+}  // namespace tandem
