@@ -1,6 +1,9 @@
-// tandem's optimizers. Today: plain SGD (no momentum), whose step is one multi-tensor
-// `_foreach_add_` over all parameters instead of one kernel launch per parameter, because in a
-// launch-bound training step the host cost of the update matters. Captured into graphs later.
+// tandem's optimizers. Sgd: plain SGD as one multi-tensor `_foreach_add_` per step (in a
+// launch-bound step the host cost of the update matters). Adam/AdamW: capturable — the step
+// count, bias corrections and learning rate live in device tensors, so a step captured into a
+// CUDA graph applies at every replay exactly what an eager step would. (LibTorch's
+// torch::optim::Adam keeps the step count on the host and computes the bias corrections with
+// std::pow when the step is *captured*: every replay then repeats the first step's corrections.)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -27,5 +30,42 @@ class Sgd {
   std::vector<at::Tensor> params_;
   double lr_;
 };
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  /// false: Adam (weight decay added to the gradient); true: AdamW (decoupled: p *= 1 - lr*wd).
+  bool decoupled_weight_decay = false;
+};
+
+/// Adam / AdamW with all state on the parameters' device. step() is capture-safe once every
+/// parameter has a gradient (the state is created at construction, not at the first step).
+class Adam {
+ public:
+  Adam(std::vector<at::Tensor> params, AdamOptions options);
+
+  void zero_grad();
+  void step();
+  /// Enqueues an update of the learning-rate tensor on the current stream: replays of a graph
+  /// captured earlier use the new value (a schedule that works under replay).
+  void set_lr(double lr);
+  const at::Tensor& lr() const { return lr_; }     ///< 0-dim float32 on the device
+  const at::Tensor& steps() const { return step_; }  ///< 0-dim float32: steps taken
+
+ private:
+  std::vector<at::Tensor> params_;
+  AdamOptions options_;
+  at::Tensor lr_, step_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+};
+
+/// AdamW: Adam with decoupled weight decay (default 1e-2, as torch.optim.AdamW).
+inline Adam make_adamw(std::vector<at::Tensor> params, AdamOptions options = {1e-3, 0.9, 0.999,
+                                                                              1e-8, 1e-2, true}) {
+  options.decoupled_weight_decay = true;
+  return Adam(std::move(params), options);
+}
 
 }  // namespace tandem::optim
