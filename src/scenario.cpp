@@ -1,7 +1,12 @@
 // The scenario registry: the one place that knows every workload by name.
 #include "tandem/scenario.h"
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
 #include "tandem/error.h"
+#include "tandem/loader.h"
 #include "tandem/scenarios/cls.h"
 #include "tandem/scenarios/mlp.h"
 #include "tandem/scenarios/seg.h"
@@ -36,6 +41,28 @@ int64_t scenario_default_batch_size(const std::string& name, bool cuda) {
   if (name == "mlp") return cuda ? 640 : 16;  // SPEC's (640, 4096) input
   if (name == "cls") return cuda ? 32 : 2;
   return cuda ? 8 : 2;
+}
+
+void check_prepare(const std::string& scenario, const std::vector<std::string>& modes,
+                   const std::string& mode, int64_t num_steps) {
+  TANDEM_CHECK_ARG(std::find(modes.begin(), modes.end(), mode) != modes.end(), "mode '", mode,
+                   "' is not valid for scenario ", scenario, ": expected ", join_choices(modes));
+  TANDEM_CHECK_ARG(num_steps >= 0, "step count ", num_steps, " is not valid: expected >= 0");
+}
+
+LoaderOptions loader_options(const ScenarioOptions& options) {
+  LoaderOptions lo;
+  lo.batch_size = options.batch_size;
+  lo.workers = options.workers;
+  lo.depth = options.loader_depth;
+  lo.seed = options.seed;
+  lo.trace = options.trace;
+  return lo;
+}
+
+std::vector<float> losses_to_host(const at::Tensor& losses) {
+  const at::Tensor host = losses.to(at::kCPU).contiguous();  // synchronizes with the device
+  return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
 }
 
 std::string join_choices(const std::vector<std::string>& choices) {

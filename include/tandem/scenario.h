@@ -3,6 +3,7 @@
 // runner know scenarios only through this interface and the registry below.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
@@ -52,6 +53,16 @@ std::vector<std::string> scenario_modes(const std::string& name);
 int64_t scenario_default_batch_size(const std::string& name, bool cuda);
 /// The scenario called `name`; throws InvalidArgument naming it and the known ones.
 std::unique_ptr<Scenario> make_scenario(const std::string& name, const ScenarioOptions& options);
+
+/// Helpers every scenario's prepare() uses.
+/// Throws InvalidArgument unless `mode` is one of `modes` and num_steps >= 0.
+void check_prepare(const std::string& scenario, const std::vector<std::string>& modes,
+                   const std::string& mode, int64_t num_steps);
+/// The loader settings a scenario's options imply (batch size, workers, depth, seed, trace).
+struct LoaderOptions;
+LoaderOptions loader_options(const ScenarioOptions& options);
+/// A (n,) float32 tensor of per-step losses on any device, as a host vector (synchronizes).
+std::vector<float> losses_to_host(const at::Tensor& losses);
 
 /// "a, b or c": for error messages that list what was expected.
 std::string join_choices(const std::vector<std::string>& choices);

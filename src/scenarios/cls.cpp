@@ -4,27 +4,19 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <torch/nn/modules/activation.h>
-#include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
 #include "tandem/error.h"
 #include "tandem/sample_rng.h"
+#include "tandem/scenarios/seg.h"
 
 namespace tandem {
 
 namespace nn = torch::nn;
 
 torch::nn::Sequential make_cls_model() {
-  nn::Sequential seq;
-  seq->push_back(nn::Conv2d(nn::Conv2dOptions(3, 16, 1)));
-  seq->push_back(nn::ReLU(nn::ReLUOptions().inplace(true)));
-  int64_t c = 16;
-  for (int i = 0; i < 8; ++i, c *= 2) {
-    seq->push_back(nn::Conv2d(nn::Conv2dOptions(c, c * 2, 2).stride(2)));
-    if (i < 7) seq->push_back(nn::ReLU(nn::ReLUOptions().inplace(true)));
-  }
+  nn::Sequential seq = make_seg_encoder();  // SPEC: the same 9-conv stack
   seq->push_back(nn::Flatten());
   seq->push_back(nn::Linear(4096, kClsClasses));
   return seq;
@@ -99,9 +91,7 @@ ClsScenario::ClsScenario(const ScenarioOptions& options, ClsOptions cls)
 ClsScenario::~ClsScenario() = default;
 
 std::unique_ptr<Pipeline> ClsScenario::prepare(const std::string& mode, int64_t num_steps) {
-  TANDEM_CHECK_ARG(std::find(kModes.begin(), kModes.end(), mode) != kModes.end(), "mode '", mode,
-                   "' is not valid for scenario cls: expected ", join_choices(kModes));
-  TANDEM_CHECK_ARG(num_steps >= 0, "step count ", num_steps, " is not valid: expected >= 0");
+  check_prepare("cls", kModes, mode, num_steps);
   loader_.reset();
   const c10::Device dev = options_.device;
   // The augmentation parameters of a run are drawn from a generator seeded per run, in step
@@ -111,12 +101,7 @@ std::unique_ptr<Pipeline> ClsScenario::prepare(const std::string& mode, int64_t 
   generator_.set_current_seed(options_.seed);
   auto source = std::make_shared<ClsDataset>(num_steps * options_.batch_size, options_.seed,
                                              cls_.learnable);
-  LoaderOptions lo;
-  lo.batch_size = options_.batch_size;
-  lo.workers = options_.workers;
-  lo.depth = options_.loader_depth;
-  lo.seed = options_.seed;
-  lo.trace = options_.trace;
+  const LoaderOptions lo = loader_options(options_);
   std::shared_ptr<const Dataset> data = source;
   if (mode == "cpu_aug") data = std::make_shared<AugmentedDataset>(source, cls_.augment, options_.seed);
   loader_ = std::make_unique<Loader>(data, lo);
@@ -154,8 +139,7 @@ void ClsScenario::train(Batch& batch, const Lane& lane) {
 }
 
 std::vector<float> ClsScenario::losses() const {
-  at::Tensor host = losses_.to(at::kCPU);
-  return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+  return losses_to_host(losses_);
 }
 
 }  // namespace tandem

@@ -35,9 +35,7 @@ MlpScenario::MlpScenario(const ScenarioOptions& options) : options_(options) {
 MlpScenario::~MlpScenario() = default;
 
 std::unique_ptr<Pipeline> MlpScenario::prepare(const std::string& mode, int64_t num_steps) {
-  TANDEM_CHECK_ARG(std::find(kModes.begin(), kModes.end(), mode) != kModes.end(), "mode '", mode,
-                   "' is not valid for scenario mlp: expected ", join_choices(kModes));
-  TANDEM_CHECK_ARG(num_steps >= 0, "step count ", num_steps, " is not valid: expected >= 0");
+  check_prepare("mlp", kModes, mode, num_steps);
   const c10::Device dev = options_.device;
   losses_ = at::zeros({num_steps}, at::TensorOptions().dtype(at::kFloat).device(dev));
   num_steps_ = num_steps;
@@ -119,8 +117,7 @@ void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
 }
 
 std::vector<float> MlpScenario::losses() const {
-  at::Tensor host = losses_.to(at::kCPU);
-  return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+  return losses_to_host(losses_);
 }
 
 std::vector<std::string> MlpScenario::notes() const {

@@ -75,16 +75,9 @@ SegScenario::SegScenario(const ScenarioOptions& options) : options_(options) {
 SegScenario::~SegScenario() = default;
 
 std::unique_ptr<Pipeline> SegScenario::prepare(const std::string& mode, int64_t num_steps) {
-  TANDEM_CHECK_ARG(mode == "serial" || mode == "pipelined", "mode '", mode,
-                   "' is not valid for scenario seg: expected ", join_choices(modes()));
-  TANDEM_CHECK_ARG(num_steps >= 0, "step count ", num_steps, " is not valid: expected >= 0");
+  check_prepare("seg", kModes, mode, num_steps);
   loader_.reset();  // stop the previous run's workers before starting new ones
-  LoaderOptions lo;
-  lo.batch_size = options_.batch_size;
-  lo.workers = options_.workers;
-  lo.depth = options_.loader_depth;
-  lo.seed = options_.seed;
-  lo.trace = options_.trace;
+  const LoaderOptions lo = loader_options(options_);
   loader_ = std::make_unique<Loader>(
       std::make_shared<SegDataset>(num_steps * options_.batch_size, options_.seed), lo);
   losses_ = at::zeros({num_steps}, at::TensorOptions().dtype(at::kFloat).device(options_.device));
@@ -125,8 +118,7 @@ void SegScenario::train(Batch& batch, const Lane& lane) {
 }
 
 std::vector<float> SegScenario::losses() const {
-  at::Tensor host = losses_.to(at::kCPU);  // synchronizes with the default stream
-  return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+  return losses_to_host(losses_);
 }
 
 }  // namespace tandem
