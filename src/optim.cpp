@@ -8,10 +8,21 @@
 
 namespace tandem::optim {
 
-Sgd::Sgd(std::vector<at::Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
-  TANDEM_CHECK_ARG(lr > 0, "learning rate ", lr, " is not valid: expected a positive number");
+Sgd::Sgd(std::vector<at::Tensor> params, double lr) : Sgd(std::move(params), SgdOptions{lr}) {}
+
+Sgd::Sgd(std::vector<at::Tensor> params, SgdOptions options)
+    : params_(std::move(params)), options_(options) {
+  TANDEM_CHECK_ARG(options.lr > 0, "learning rate ", options.lr,
+                   " is not valid: expected a positive number");
+  TANDEM_CHECK_ARG(options.momentum >= 0, "momentum ", options.momentum,
+                   " is not valid: expected >= 0");
+  TANDEM_CHECK_ARG(options.weight_decay >= 0, "weight decay ", options.weight_decay,
+                   " is not valid: expected >= 0");
+  TANDEM_CHECK_ARG(!options.nesterov || (options.momentum > 0 && options.dampening == 0),
+                   "nesterov momentum needs momentum > 0 and dampening 0");
   for (const auto& p : params_)
     TANDEM_CHECK_ARG(p.requires_grad(), "SGD was given a parameter that does not require grad");
+  momentum_buffers_.resize(params_.size());
 }
 
 void Sgd::zero_grad() {
@@ -20,15 +31,34 @@ void Sgd::zero_grad() {
 
 void Sgd::step() {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> params, grads;
-  params.reserve(params_.size());
-  grads.reserve(params_.size());
-  for (const auto& p : params_) {
-    if (!p.grad().defined()) continue;
-    params.push_back(p);
-    grads.push_back(p.grad());
+  const double lr = options_.lr, m = options_.momentum, wd = options_.weight_decay;
+  if (m == 0 && wd == 0) {
+    std::vector<at::Tensor> params, grads;
+    params.reserve(params_.size());
+    grads.reserve(params_.size());
+    for (const auto& p : params_) {
+      if (!p.grad().defined()) continue;
+      params.push_back(p);
+      grads.push_back(p.grad());
+    }
+    if (!params.empty()) at::_foreach_add_(params, grads, -lr);
+    return;
   }
-  if (!params.empty()) at::_foreach_add_(params, grads, -lr_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    at::Tensor d = p.grad();
+    if (wd != 0) d = d.add(p, wd);
+    if (m != 0) {
+      at::Tensor& buf = momentum_buffers_[i];
+      if (!buf.defined())
+        buf = d.clone();
+      else
+        buf.mul_(m).add_(d, 1 - options_.dampening);
+      d = options_.nesterov ? d.add(buf, m) : buf;
+    }
+    p.add_(d, -lr);
+  }
 }
 
 Adam::Adam(std::vector<at::Tensor> params, AdamOptions options)

@@ -44,6 +44,47 @@ TEST(SgdTest, MatchesTorchSgdOverManySteps) {
   }
 }
 
+TEST(SgdTest, MomentumDampeningNesterovAndWeightDecayMatchTorchSgd) {
+  struct Case {
+    double momentum, dampening;
+    bool nesterov;
+    double wd;
+  };
+  for (const Case c : {Case{0.9, 0, false, 0}, Case{0.9, 0.1, false, 0.01},
+                       Case{0.8, 0, true, 0.05}, Case{0, 0, false, 0.1}}) {
+    at::manual_seed(4);
+    std::vector<at::Tensor> ours, theirs;
+    for (auto shape : {std::vector<int64_t>{5, 4}, {33}}) {
+      at::Tensor p = at::randn(shape);
+      ours.push_back(p.clone().set_requires_grad(true));
+      theirs.push_back(p.clone().set_requires_grad(true));
+    }
+    optim::Sgd sgd(ours, optim::SgdOptions{0.05, c.momentum, c.dampening, c.nesterov, c.wd});
+    torch::optim::SGD reference(theirs, torch::optim::SGDOptions(0.05)
+                                            .momentum(c.momentum)
+                                            .dampening(c.dampening)
+                                            .nesterov(c.nesterov)
+                                            .weight_decay(c.wd));
+    for (int step = 0; step < 12; ++step) {
+      sgd.zero_grad();
+      reference.zero_grad();
+      auto loss = [&](const std::vector<at::Tensor>& ps) {
+        at::Tensor sum = at::zeros({1});
+        for (const auto& p : ps) sum = sum + (p * p).sum() * 0.5 + (p + step * 0.3).sin().sum();
+        return sum.sum();
+      };
+      loss(ours).backward();
+      loss(theirs).backward();
+      sgd.step();
+      reference.step();
+      for (size_t i = 0; i < ours.size(); ++i)
+        ASSERT_TRUE(at::allclose(ours[i], theirs[i], 1e-6, 1e-6))
+            << "momentum " << c.momentum << " nesterov " << c.nesterov << " wd " << c.wd
+            << ": parameter " << i << " differs after step " << step;
+    }
+  }
+}
+
 TEST(SgdTest, ZeroGradClearsAndStepSkipsParametersWithoutGrad) {
   at::Tensor a = at::ones({3}).set_requires_grad(true);
   at::Tensor b = at::ones({3}).set_requires_grad(true);
@@ -56,8 +97,11 @@ TEST(SgdTest, ZeroGradClearsAndStepSkipsParametersWithoutGrad) {
   EXPECT_FALSE(a.grad().defined());
 }
 
-TEST(SgdTest, RejectsBadLearningRate) {
+TEST(SgdTest, RejectsBadOptions) {
   EXPECT_THROW(optim::Sgd({at::ones({1}).set_requires_grad(true)}, 0.0), InvalidArgument);
+  EXPECT_THROW(optim::Sgd({at::ones({1}).set_requires_grad(true)},
+                          optim::SgdOptions{0.1, 0.0, 0.0, /*nesterov=*/true, 0.0}),
+               InvalidArgument);
 }
 
 // Three parameters and a loss whose gradient changes from step to step.

@@ -12,23 +12,35 @@
 
 namespace tandem::optim {
 
-/// p <- p - lr * grad(p) for every parameter with a gradient: the update of
-/// torch::optim::SGD(params, lr) without momentum, dampening or weight decay.
-/// Runs on the current stream; no host sync.
+struct SgdOptions {
+  double lr = 1e-3;
+  double momentum = 0;
+  double dampening = 0;
+  bool nesterov = false;
+  double weight_decay = 0;
+};
+
+/// SGD with torch::optim::SGD's update: d = grad (+ weight_decay * p); with momentum,
+/// buf = d on a parameter's first step, then buf = momentum * buf + (1 - dampening) * d, and
+/// d = nesterov ? d + momentum * buf : buf; finally p -= lr * d. Without momentum and weight
+/// decay the whole update is one multi-tensor `_foreach_add_`. Runs on the current stream, no
+/// host sync; capture-safe once every momentum buffer exists (after one eager step: warm-up).
 class Sgd {
  public:
   Sgd(std::vector<at::Tensor> params, double lr);
+  Sgd(std::vector<at::Tensor> params, SgdOptions options);
 
   /// Sets every gradient to undefined ("set to none"), so backward writes fresh ones instead of
   /// accumulating: no zeroing kernels.
   void zero_grad();
   void step();
 
-  double lr() const { return lr_; }
+  double lr() const { return options_.lr; }
 
  private:
   std::vector<at::Tensor> params_;
-  double lr_;
+  SgdOptions options_;
+  std::vector<at::Tensor> momentum_buffers_;  // undefined until a parameter's first step
 };
 
 struct AdamOptions {
