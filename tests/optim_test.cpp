@@ -14,101 +14,11 @@
 namespace tandem {
 namespace {
 
-TEST(SgdTest, MatchesTorchSgdOverManySteps) {
-  at::manual_seed(5);
-  std::vector<at::Tensor> ours, theirs;
-  for (auto shape : {std::vector<int64_t>{7, 3}, {129}, {2, 2, 5}}) {
-    at::Tensor p = at::randn(shape);
-    ours.push_back(p.clone().set_requires_grad(true));
-    theirs.push_back(p.clone().set_requires_grad(true));
-  }
-  optim::Sgd sgd(ours, 0.05);
-  torch::optim::SGD reference(theirs, torch::optim::SGDOptions(0.05));
-  for (int step = 0; step < 10; ++step) {
-    sgd.zero_grad();
-    reference.zero_grad();
-    const double phase = step * 0.3;  // the gradient changes from step to step
-    auto loss = [&](const std::vector<at::Tensor>& ps) {
-      at::Tensor sum = at::zeros({1});
-      for (const auto& p : ps) sum = sum + (p * p).sum() * 0.5 + (p + phase).sin().sum();
-      return sum.sum();
-    };
-    loss(ours).backward();
-    loss(theirs).backward();
-    sgd.step();
-    reference.step();
-    for (size_t i = 0; i < ours.size(); ++i)
-      ASSERT_TRUE(at::allclose(ours[i], theirs[i], 1e-6, 1e-6))
-          << "parameter " << i << " differs after step " << step << " by "
-          << (ours[i] - theirs[i]).abs().max().item<float>();
-  }
-}
-
-TEST(SgdTest, MomentumDampeningNesterovAndWeightDecayMatchTorchSgd) {
-  struct Case {
-    double momentum, dampening;
-    bool nesterov;
-    double wd;
-  };
-  for (const Case c : {Case{0.9, 0, false, 0}, Case{0.9, 0.1, false, 0.01},
-                       Case{0.8, 0, true, 0.05}, Case{0, 0, false, 0.1}}) {
-    at::manual_seed(4);
-    std::vector<at::Tensor> ours, theirs;
-    for (auto shape : {std::vector<int64_t>{5, 4}, {33}}) {
-      at::Tensor p = at::randn(shape);
-      ours.push_back(p.clone().set_requires_grad(true));
-      theirs.push_back(p.clone().set_requires_grad(true));
-    }
-    optim::Sgd sgd(ours, optim::SgdOptions{0.05, c.momentum, c.dampening, c.nesterov, c.wd});
-    torch::optim::SGD reference(theirs, torch::optim::SGDOptions(0.05)
-                                            .momentum(c.momentum)
-                                            .dampening(c.dampening)
-                                            .nesterov(c.nesterov)
-                                            .weight_decay(c.wd));
-    for (int step = 0; step < 12; ++step) {
-      sgd.zero_grad();
-      reference.zero_grad();
-      auto loss = [&](const std::vector<at::Tensor>& ps) {
-        at::Tensor sum = at::zeros({1});
-        for (const auto& p : ps) sum = sum + (p * p).sum() * 0.5 + (p + step * 0.3).sin().sum();
-        return sum.sum();
-      };
-      loss(ours).backward();
-      loss(theirs).backward();
-      sgd.step();
-      reference.step();
-      for (size_t i = 0; i < ours.size(); ++i)
-        ASSERT_TRUE(at::allclose(ours[i], theirs[i], 1e-6, 1e-6))
-            << "momentum " << c.momentum << " nesterov " << c.nesterov << " wd " << c.wd
-            << ": parameter " << i << " differs after step " << step;
-    }
-  }
-}
-
-TEST(SgdTest, ZeroGradClearsAndStepSkipsParametersWithoutGrad) {
-  at::Tensor a = at::ones({3}).set_requires_grad(true);
-  at::Tensor b = at::ones({3}).set_requires_grad(true);
-  optim::Sgd sgd({a, b}, 0.5);
-  (a * 2).sum().backward();
-  sgd.step();
-  EXPECT_TRUE(a.detach().equal(at::zeros({3})));  // 1 - 0.5 * 2
-  EXPECT_TRUE(b.detach().equal(at::ones({3})));   // no grad: untouched
-  sgd.zero_grad();
-  EXPECT_FALSE(a.grad().defined());
-}
-
-TEST(SgdTest, RejectsBadOptions) {
-  EXPECT_THROW(optim::Sgd({at::ones({1}).set_requires_grad(true)}, 0.0), InvalidArgument);
-  EXPECT_THROW(optim::Sgd({at::ones({1}).set_requires_grad(true)},
-                          optim::SgdOptions{0.1, 0.0, 0.0, /*nesterov=*/true, 0.0}),
-               InvalidArgument);
-}
-
 // Three parameters and a loss whose gradient changes from step to step.
 struct Problem {
   std::vector<at::Tensor> ours, theirs;
-  explicit Problem(c10::Device device = c10::Device(c10::kCPU)) {
-    at::manual_seed(9);
+  explicit Problem(c10::Device device = c10::Device(c10::kCPU), uint64_t seed = 9) {
+    at::manual_seed(seed);
     for (auto shape : {std::vector<int64_t>{7, 3}, {129}, {2, 2, 5}}) {
       at::Tensor p = at::randn(shape).to(device);
       ours.push_back(p.clone().set_requires_grad(true));
@@ -130,8 +40,10 @@ void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor
         << (a[i] - b[i]).abs().max().item<float>();
 }
 
-template <typename Reference>
-void compare_with_torch(optim::Adam& ours, Reference& theirs, Problem& pr, int steps) {
+// Steps `ours` and LibTorch's `theirs` side by side on the problem's two copies of the
+// parameters and checks they stay within `tol` after every step.
+template <typename Ours, typename Reference>
+void compare_with_torch(Ours& ours, Reference& theirs, Problem& pr, int steps, double tol = 1e-5) {
   for (int step = 0; step < steps; ++step) {
     ours.zero_grad();
     theirs.zero_grad();
@@ -140,8 +52,56 @@ void compare_with_torch(optim::Adam& ours, Reference& theirs, Problem& pr, int s
     Problem::loss(pr.theirs, phase).backward();
     ours.step();
     theirs.step();
-    expect_close(pr.ours, pr.theirs, step, 1e-5);
+    expect_close(pr.ours, pr.theirs, step, tol);
   }
+}
+
+TEST(SgdTest, MatchesTorchSgdOverManySteps) {
+  Problem pr;
+  optim::Sgd sgd(pr.ours, 0.05);
+  torch::optim::SGD reference(pr.theirs, torch::optim::SGDOptions(0.05));
+  compare_with_torch(sgd, reference, pr, 10, 1e-6);
+}
+
+TEST(SgdTest, MomentumDampeningNesterovAndWeightDecayMatchTorchSgd) {
+  struct Case {
+    double momentum, dampening;
+    bool nesterov;
+    double wd;
+  };
+  for (const Case c : {Case{0.9, 0, false, 0}, Case{0.9, 0.1, false, 0.01},
+                       Case{0.8, 0, true, 0.05}, Case{0, 0, false, 0.1}}) {
+    SCOPED_TRACE(::testing::Message() << "momentum " << c.momentum << " dampening "
+                                      << c.dampening << " nesterov " << c.nesterov << " wd "
+                                      << c.wd);
+    Problem pr(c10::Device(c10::kCPU), 4);
+    optim::Sgd sgd(pr.ours, optim::SgdOptions{0.05, c.momentum, c.dampening, c.nesterov, c.wd});
+    torch::optim::SGD reference(pr.theirs, torch::optim::SGDOptions(0.05)
+                                               .momentum(c.momentum)
+                                               .dampening(c.dampening)
+                                               .nesterov(c.nesterov)
+                                               .weight_decay(c.wd));
+    compare_with_torch(sgd, reference, pr, 12, 1e-6);
+  }
+}
+
+TEST(SgdTest, ZeroGradClearsAndStepSkipsParametersWithoutGrad) {
+  at::Tensor a = at::ones({3}).set_requires_grad(true);
+  at::Tensor b = at::ones({3}).set_requires_grad(true);
+  optim::Sgd sgd({a, b}, 0.5);
+  (a * 2).sum().backward();
+  sgd.step();
+  EXPECT_TRUE(a.detach().equal(at::zeros({3})));  // 1 - 0.5 * 2
+  EXPECT_TRUE(b.detach().equal(at::ones({3})));   // no grad: untouched
+  sgd.zero_grad();
+  EXPECT_FALSE(a.grad().defined());
+}
+
+TEST(SgdTest, RejectsBadOptions) {
+  EXPECT_THROW(optim::Sgd({at::ones({1}).set_requires_grad(true)}, 0.0), InvalidArgument);
+  EXPECT_THROW(optim::Sgd({at::ones({1}).set_requires_grad(true)},
+                          optim::SgdOptions{0.1, 0.0, 0.0, /*nesterov=*/true, 0.0}),
+               InvalidArgument);
 }
 
 TEST(AdamTest, MatchesTorchAdamWithAndWithoutWeightDecay) {
