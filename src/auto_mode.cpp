@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "tandem/error.h"
 #include "tandem/scenario.h"
 
 namespace tandem {
@@ -51,8 +52,7 @@ AutoResult run_auto(const BenchOptions& unresolved) {
     try {
       t.steps_per_s = run_bench(trial).steps_per_s;
     } catch (const std::exception& e) {
-      t.error = e.what();
-      t.error = t.error.substr(0, t.error.find('\n'));
+      t.error = first_line(e.what());
     }
     out.trials.push_back(t);
   }

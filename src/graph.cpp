@@ -9,7 +9,6 @@
 namespace tandem {
 
 namespace {
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 // The usual reasons a capture fails, keyed by what CUDA or LibTorch says.
 std::string likely_cause(const std::string& what) {
@@ -42,6 +41,13 @@ void GraphedStep::capture(const Lane& lane, const std::function<void()>& body) {
   captured_ = false;
   LaneGuard guard(lane, "capture");
   graph_->capture_begin(options_.pool, options_.mode);
+  // Drops the half-made graph and reports which stage failed, where, and the likely cause.
+  auto fail = [&](const char* where, const std::string& what) {
+    graph_.reset();
+    cudaGetLastError();  // clear the capture error, if any, for the next caller
+    return GraphCaptureError("stage '" + options_.name + "': capture failed" + where + ": " +
+                             first_line(what) + " — likely cause: " + likely_cause(what));
+  };
   try {
     body();
   } catch (const std::exception& e) {
@@ -50,19 +56,12 @@ void GraphedStep::capture(const Lane& lane, const std::function<void()>& body) {
       graph_->capture_end();  // ends the stream capture and the allocator's routing
     } catch (...) {
     }
-    graph_.reset();
-    cudaGetLastError();  // clear the sticky capture error, if any, for the next caller
-    throw GraphCaptureError("stage '" + options_.name + "': capture failed: " +
-                            first_line(what) + " — likely cause: " + likely_cause(what));
+    throw fail("", what);
   }
   try {
     graph_->capture_end();
   } catch (const std::exception& e) {
-    const std::string what = e.what();
-    graph_.reset();
-    cudaGetLastError();
-    throw GraphCaptureError("stage '" + options_.name + "': capture failed at its end: " +
-                            first_line(what) + " — likely cause: " + likely_cause(what));
+    throw fail(" at its end", e.what());
   }
   captured_ = true;
 }

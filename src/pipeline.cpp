@@ -62,8 +62,8 @@ void Pipeline::run_stage(int i, int slot) {
   }
   const auto start = Clock::now();
   if (lane.is_cuda()) {
-    stage_events_[i].push_back({at::cuda::CUDAEvent(cudaEventDefault),
-                                at::cuda::CUDAEvent(cudaEventDefault), item});
+    stage_events_[i].emplace_back();  // a timing-enabled start/end pair
+    stage_events_[i].back().item = item;
     stage_events_[i].back().start.record(lane.stream());
   }
   stages_[i].fn(ring_[slot], lane);
@@ -122,10 +122,11 @@ void Pipeline::begin_item(int64_t item, int slot) {
     const auto start = Clock::now();
     done_[slot].synchronize();
     if (first_timed_item_ >= 0 && item >= first_timed_item_) {
-      slot_wait_seconds_ += seconds_since(start);
+      const double waited = seconds_since(start);
+      slot_wait_seconds_ += waited;
       if (trace_)
         trace_->add({TraceSpan::Kind::kHost, host_track(0), "slot wait",
-                     trace_->us_since_origin(start), 1e6 * seconds_since(start), item});
+                     trace_->us_since_origin(start), 1e6 * waited, item});
     }
   }
   ring_[slot].clear();

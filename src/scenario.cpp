@@ -60,6 +60,10 @@ LoaderOptions loader_options(const ScenarioOptions& options) {
   return lo;
 }
 
+at::Tensor deterministic_cross_entropy(const at::Tensor& logits, const at::Tensor& labels) {
+  return at::cross_entropy_loss(logits, labels, {}, at::Reduction::None).mean();
+}
+
 std::vector<float> losses_to_host(const at::Tensor& losses) {
   const at::Tensor host = losses.to(at::kCPU).contiguous();  // synchronizes with the device
   return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());

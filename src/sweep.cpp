@@ -15,7 +15,6 @@
 namespace tandem {
 
 namespace {
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 std::string fmt(const std::optional<double>& v, const char* spec) {
   if (!v) return "";

@@ -17,7 +17,8 @@ struct BenchOptions {
   std::string scenario = "seg";
   std::string mode = "serial";
   std::string device = "auto";  ///< auto, cpu, cuda, cuda:N
-  // Unset: the device's default (kGpuBenchDefaults / kCpuBenchDefaults); resolve() sets them.
+  // Unset: resolve() fills the defaults: the scenario's batch size for the device
+  // (scenario_default_batch_size) and kGpuBenchDefaults / kCpuBenchDefaults for the rest.
   std::optional<int64_t> batch_size;
   std::optional<int64_t> steps;   ///< timed steps
   std::optional<int64_t> warmup;  ///< untimed steps before them

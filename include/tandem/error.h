@@ -26,6 +26,10 @@ class InvalidArgument : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// The first line of `text`: error messages are reported as one line (LibTorch's carry a
+/// backtrace after it).
+inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 namespace detail {
 [[noreturn]] void throw_cuda_error(int code, const char* expr, const char* file, int line);
 }  // namespace detail

@@ -121,7 +121,7 @@ class Pipeline {
   int64_t timed_items_ = 0;
   struct StageEvents {
     at::cuda::CUDAEvent start{cudaEventDefault}, end{cudaEventDefault};
-    int64_t item;
+    int64_t item = -1;
   };
   std::vector<std::vector<StageEvents>> stage_events_;
   Trace* trace_ = nullptr;

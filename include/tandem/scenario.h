@@ -61,6 +61,10 @@ void check_prepare(const std::string& scenario, const std::vector<std::string>& 
 /// The loader settings a scenario's options imply (batch size, workers, depth, seed, trace).
 struct LoaderOptions;
 LoaderOptions loader_options(const ScenarioOptions& options);
+/// Mean cross-entropy of `logits` (B, C, ...) against int64 `labels` (B, ...): the value of
+/// CrossEntropyLoss(), computed as per-element losses then a mean, which is deterministic on
+/// CUDA (the fused mean reductions of nll_loss/nll_loss2d accumulate with atomics).
+at::Tensor deterministic_cross_entropy(const at::Tensor& logits, const at::Tensor& labels);
 /// A (n,) float32 tensor of per-step losses on any device, as a host vector (synchronizes).
 std::vector<float> losses_to_host(const at::Tensor& losses);
 

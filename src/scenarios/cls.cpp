@@ -128,11 +128,9 @@ void ClsScenario::augment_stage(Batch& batch, const Lane& lane) {
 
 void ClsScenario::train(Batch& batch, const Lane& lane) {
   optimizer_->zero_grad();
-  at::Tensor x = batch.get("image");
-  if (x.scalar_type() != at::kFloat) x = x.to(at::kFloat);
-  const at::Tensor logits = model_->forward(x);  // (B, 10)
-  at::Tensor loss =
-      at::cross_entropy_loss(logits, batch.get("label"), {}, at::Reduction::None).mean();
+  // (B, 3, 256, 256) float32: augmented by the loader's workers (cpu_aug) or the augment stage.
+  const at::Tensor logits = model_->forward(batch.get("image"));  // (B, 10)
+  at::Tensor loss = deterministic_cross_entropy(logits, batch.get("label"));
   loss.backward();
   optimizer_->step();
   losses_.select(0, batch.index).copy_(loss.detach());

@@ -108,10 +108,7 @@ void SegScenario::encode(Batch& batch, const Lane& lane) {
 void SegScenario::train(Batch& batch, const Lane& lane) {
   optimizer_->zero_grad();
   at::Tensor logits = decoder_->forward(batch.get("features"));  // (B, 10, 256, 256)
-  // Per-pixel losses then a mean: the same value as CrossEntropyLoss(mean), but deterministic
-  // (nll_loss2d's fused mean reduction on CUDA accumulates with atomics).
-  at::Tensor loss = at::cross_entropy_loss(logits, batch.get("label"), {}, at::Reduction::None)
-                        .mean();
+  at::Tensor loss = deterministic_cross_entropy(logits, batch.get("label"));
   loss.backward();
   optimizer_->step();
   losses_.select(0, batch.index).copy_(loss.detach());

@@ -22,8 +22,6 @@ namespace {
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 /// Opens `path` for writing now, so a bad path fails before a long run, not after it.
 std::ofstream open_output(const std::string& path, const std::string& what) {
   std::ofstream out;
@@ -225,7 +223,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "tandem: error: " << first_line(e.what()) << " (see tandem --help)\n";
+    std::cerr << "tandem: error: " << tandem::first_line(e.what()) << " (see tandem --help)\n";
     return kExitUsage;
   }
   bench_flags.apply(bench_options);
@@ -237,13 +235,13 @@ int main(int argc, char** argv) {
     if (aug->parsed())
       return run_augment_bench_command(aug_batch_sizes, aug_device, aug_repeats, aug_json);
   } catch (const tandem::InvalidArgument& e) {
-    std::cerr << "tandem: error: " << first_line(e.what()) << "\n";
+    std::cerr << "tandem: error: " << tandem::first_line(e.what()) << "\n";
     return kExitUsage;
   } catch (const c10::Error& e) {
-    std::cerr << "tandem: error: " << first_line(e.what_without_backtrace()) << "\n";
+    std::cerr << "tandem: error: " << tandem::first_line(e.what_without_backtrace()) << "\n";
     return kExitFailure;
   } catch (const std::exception& e) {
-    std::cerr << "tandem: error: " << first_line(e.what()) << "\n";
+    std::cerr << "tandem: error: " << tandem::first_line(e.what()) << "\n";
     return kExitFailure;
   }
   return 0;
