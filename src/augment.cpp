@@ -2,23 +2,23 @@
 #include "tandem/augment.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <cmath>
+#include <mutex>
 #include <vector>
 
+#include "kernels/augment_draw.h"
 #include "kernels/augment_launch.h"
 #include "kernels/augment_math.h"
 #include "tandem/error.h"
-#include "tandem/sample_rng.h"
 
 namespace tandem {
 
 namespace {
-constexpr double kPi = 3.14159265358979323846;
-
 augment_math::Geometry geometry_of(const AugmentSpec& s, int64_t in_h, int64_t in_w) {
   return {static_cast<int>(in_h),    static_cast<int>(in_w),    static_cast<int>(s.crop_h),
           static_cast<int>(s.crop_w), static_cast<int>(s.out_h), static_cast<int>(s.out_w)};
@@ -59,12 +59,42 @@ AugmentParams AugmentParams::to(c10::Device device) const {
 }
 
 namespace {
-// Normalized Gaussian taps for each sigma: x = -(k-1)/2 .. (k-1)/2, exp(-x^2 / (2 sigma^2)).
-at::Tensor gaussian_weights(const at::Tensor& sigma, int64_t taps) {
-  const at::Tensor x =
-      at::arange(taps, sigma.options()).sub_(static_cast<double>(taps - 1) / 2.0).unsqueeze(0);
-  const at::Tensor w = at::exp(x.div(sigma.unsqueeze(1)).pow(2).mul_(-0.5));
-  return w.div(w.sum(1, /*keepdim=*/true)).contiguous();
+augment_math::DrawSpec draw_spec_of(const AugmentSpec& s, int64_t in_h, int64_t in_w) {
+  return {static_cast<int>(in_h),     static_cast<int>(in_w), static_cast<int>(s.crop_h),
+          static_cast<int>(s.crop_w), s.max_rotation_deg,     s.sigma_min,
+          s.sigma_max,                s.hflip_probability,    static_cast<int>(s.blur_kernel)};
+}
+
+AugmentParams empty_params(int64_t batch_size, int64_t taps, c10::Device device) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  const auto i32 = at::TensorOptions().dtype(at::kInt).device(device);
+  AugmentParams p;
+  p.top = at::empty({batch_size}, i32);
+  p.left = at::empty({batch_size}, i32);
+  p.flip = at::empty({batch_size}, i32);
+  p.angle_deg = at::empty({batch_size}, f32);
+  p.cos_a = at::empty({batch_size}, f32);
+  p.sin_a = at::empty({batch_size}, f32);
+  p.sigma = at::empty({batch_size}, f32);
+  p.blur_weights = at::empty({batch_size, taps}, f32);
+  return p;
+}
+
+// Draws on the host into CPU tensors: sample `first + b` of the draw keyed by (seed, offset).
+void draw_on_host(const augment_math::DrawSpec& ds, uint64_t seed, uint64_t offset,
+                  uint64_t first, AugmentParams& p) {
+  for (int64_t b = 0; b < p.batch_size(); ++b) {
+    const augment_math::Drawn d = augment_math::draw_sample(
+        ds, seed, offset, first + static_cast<uint64_t>(b),
+        p.blur_weights.data_ptr<float>() + b * ds.taps);
+    p.top.data_ptr<int32_t>()[b] = d.top;
+    p.left.data_ptr<int32_t>()[b] = d.left;
+    p.flip.data_ptr<int32_t>()[b] = d.flip;
+    p.angle_deg.data_ptr<float>()[b] = d.angle_deg;
+    p.cos_a.data_ptr<float>()[b] = d.cos_a;
+    p.sin_a.data_ptr<float>()[b] = d.sin_a;
+    p.sigma.data_ptr<float>()[b] = d.sigma;
+  }
 }
 }  // namespace
 
@@ -72,44 +102,57 @@ AugmentParams draw_augment_params(const AugmentSpec& spec, int64_t batch_size, i
                                   int64_t in_w, c10::Device device, at::Generator generator) {
   spec.validate(static_cast<int64_t>(spec.mean.size()), in_h, in_w);
   TANDEM_CHECK_ARG(batch_size >= 0, "batch size ", batch_size, " is not valid");
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-  const auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
-  AugmentParams p;
-  p.top = at::randint(0, in_h - spec.crop_h + 1, {batch_size}, generator, i64).to(at::kInt);
-  p.left = at::randint(0, in_w - spec.crop_w + 1, {batch_size}, generator, i64).to(at::kInt);
-  p.angle_deg = at::rand({batch_size}, generator, f32).mul_(2.0).sub_(1.0).mul_(spec.max_rotation_deg);
-  const at::Tensor radians = p.angle_deg * (kPi / 180.0);
-  p.cos_a = at::cos(radians);
-  p.sin_a = at::sin(radians);
-  p.sigma = at::rand({batch_size}, generator, f32)
-                .mul_(spec.sigma_max - spec.sigma_min)
-                .add_(spec.sigma_min);
-  p.blur_weights = gaussian_weights(p.sigma, spec.blur_kernel);
-  p.flip = at::rand({batch_size}, generator, f32).lt(spec.hflip_probability).to(at::kInt);
+  const augment_math::DrawSpec ds = draw_spec_of(spec, in_h, in_w);
+  AugmentParams p = empty_params(batch_size, spec.blur_kernel, device);
+  if (!device.is_cuda()) {
+    auto* gen = at::get_generator_or_default<at::CPUGeneratorImpl>(
+        generator, at::detail::getDefaultCPUGenerator());
+    uint64_t seed;
+    {
+      std::lock_guard<std::mutex> lock(gen->mutex_);
+      seed = gen->random64();
+    }
+    draw_on_host(ds, seed, 0, 0, p);
+    return p;
+  }
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+      generator, at::cuda::detail::getDefaultCUDAGenerator(device.index()));
+  at::PhiloxCudaState state;
+  {
+    // Each draw takes the next offset, eagerly or inside a capture (then the offset is read
+    // from device memory at replay, and a registered generator advances it per replay).
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    state = gen->philox_cuda_state(4);
+  }
+  DrawLaunch d{};
+  d.spec = ds;
+  d.rng.captured = state.captured_;
+  if (state.captured_) {
+    d.rng.seed_ptr = state.seed_.ptr;
+    d.rng.offset_ptr = state.offset_.ptr;
+    d.rng.offset_intragraph = state.offset_intragraph_;
+  } else {
+    d.rng.seed = state.seed_.val;
+    d.rng.offset = state.offset_.val;
+  }
+  d.batch = static_cast<int>(batch_size);
+  d.top = p.top.data_ptr<int32_t>();
+  d.left = p.left.data_ptr<int32_t>();
+  d.flip = p.flip.data_ptr<int32_t>();
+  d.angle_deg = p.angle_deg.data_ptr<float>();
+  d.cos_a = p.cos_a.data_ptr<float>();
+  d.sin_a = p.sin_a.data_ptr<float>();
+  d.sigma = p.sigma.data_ptr<float>();
+  d.weights = p.blur_weights.data_ptr<float>();
+  launch_draw(d, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   return p;
 }
 
 AugmentParams draw_augment_params_host(const AugmentSpec& spec, int64_t in_h, int64_t in_w,
                                        uint64_t seed, int64_t index) {
-  SampleRng rng(seed ^ 0xA5A5A5A5A5A5A5A5ull, static_cast<uint64_t>(index));
-  auto uniform = [&] { return static_cast<double>(rng.next() >> 11) * 0x1.0p-53; };  // [0, 1)
-  auto below = [&](int64_t n) { return static_cast<int32_t>(uniform() * static_cast<double>(n)); };
-  const int32_t top = below(in_h - spec.crop_h + 1);
-  const int32_t left = below(in_w - spec.crop_w + 1);
-  const float angle = static_cast<float>((uniform() * 2.0 - 1.0) * spec.max_rotation_deg);
-  const float sigma =
-      static_cast<float>(spec.sigma_min + uniform() * (spec.sigma_max - spec.sigma_min));
-  const int32_t flip = uniform() < spec.hflip_probability ? 1 : 0;
-  AugmentParams p;
-  p.top = at::full({1}, top, at::kInt);
-  p.left = at::full({1}, left, at::kInt);
-  p.angle_deg = at::full({1}, angle, at::kFloat);
-  const double radians = static_cast<double>(angle) * (kPi / 180.0);
-  p.cos_a = at::full({1}, static_cast<float>(std::cos(radians)), at::kFloat);
-  p.sin_a = at::full({1}, static_cast<float>(std::sin(radians)), at::kFloat);
-  p.sigma = at::full({1}, sigma, at::kFloat);
-  p.blur_weights = gaussian_weights(p.sigma, spec.blur_kernel);
-  p.flip = at::full({1}, flip, at::kInt);
+  AugmentParams p = empty_params(1, spec.blur_kernel, c10::Device(c10::kCPU));
+  draw_on_host(draw_spec_of(spec, in_h, in_w), seed ^ 0xA5A5A5A5A5A5A5A5ull, 0,
+               static_cast<uint64_t>(index), p);
   return p;
 }
 
@@ -155,11 +198,12 @@ void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, in
       }
       for (int j = std::max(r, ow - r); j < ow; ++j) o[j] = h_pass(i, j);
     }
-    const float mean = static_cast<float>(spec.mean[c]), sd = static_cast<float>(spec.std[c]);
+    const float mean = static_cast<float>(spec.mean[c]);
+    const float inv_std = static_cast<float>(1.0 / spec.std[c]);
     float* o = dst + c * oh * ow;
     for (int i = 0; i < oh; ++i) {
       if (i < r || i >= oh - r) {
-        for (int j = 0; j < ow; ++j) o[i * ow + j] = (v_pass(i, j) - mean) / sd;
+        for (int j = 0; j < ow; ++j) o[i * ow + j] = am::normalize(v_pass(i, j), mean, inv_std);
         continue;
       }
       float* line = o + i * ow;
@@ -169,7 +213,7 @@ void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, in
         const float wk = w[k];
         for (int j = 0; j < ow; ++j) line[j] = line[j] + wk * in[j];
       }
-      for (int j = 0; j < ow; ++j) line[j] = (line[j] - mean) / sd;
+      for (int j = 0; j < ow; ++j) line[j] = am::normalize(line[j], mean, inv_std);
     }
   }
 }
@@ -208,7 +252,7 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
     a.taps = static_cast<int>(spec.blur_kernel);
     for (int64_t c = 0; c < C; ++c) {
       a.mean[c] = static_cast<float>(spec.mean[c]);
-      a.std[c] = static_cast<float>(spec.std[c]);
+      a.inv_std[c] = static_cast<float>(1.0 / spec.std[c]);
     }
     launch_augment(a, c10::cuda::getCurrentCUDAStream(images.device().index()).stream());
     return out;

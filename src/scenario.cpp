@@ -54,7 +54,7 @@ LoaderOptions loader_options(const ScenarioOptions& options) {
   LoaderOptions lo;
   lo.batch_size = options.batch_size;
   lo.workers = options.workers;
-  lo.depth = options.loader_depth;
+  lo.depth = options.loader_depth > 0 ? options.loader_depth : options.workers + 2;
   lo.seed = options.seed;
   lo.trace = options.trace;
   return lo;

@@ -262,5 +262,49 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnOddSizesAndABatchOfOne) {
   expect_gpu_matches_cpu(s, 5, 2, 37, 29, 23);
 }
 
+TEST(AugmentGpuTest, KernelMatchesTheCppReferenceForEveryBlurSizePath) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  // 1..9 are compiled for their size; 11 and 15 take the run-time-size path.
+  for (int taps : {1, 3, 9, 11, 15}) {
+    SCOPED_TRACE("blur kernel " + std::to_string(taps));
+    AugmentSpec s;
+    s.crop_h = s.crop_w = 40;
+    s.out_h = 70;
+    s.out_w = 66;
+    s.blur_kernel = taps;
+    s.hflip_probability = 0.5;
+    expect_gpu_matches_cpu(s, 3, 3, 64, 64, 30 + taps);
+  }
+}
+
+TEST(AugmentGpuTest, DeviceDrawsAreReproduciblePerSampleAndWithinTheirRanges) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const AugmentSpec s;  // SPEC's defaults
+  const c10::Device cuda(c10::kCUDA, 0);
+  auto draw = [&](uint64_t seed) {
+    auto gen = at::cuda::detail::createCUDAGenerator(0);
+    gen.set_current_seed(seed);
+    return std::make_pair(draw_augment_params(s, 4000, 256, 256, cuda, gen).to(c10::kCPU),
+                          draw_augment_params(s, 4000, 256, 256, cuda, gen).to(c10::kCPU));
+  };
+  const auto [a, a_next] = draw(5);
+  const auto [b, b_next] = draw(5);
+  EXPECT_TRUE(a.angle_deg.equal(b.angle_deg) && a.top.equal(b.top) &&
+              a.blur_weights.equal(b.blur_weights) && a_next.sigma.equal(b_next.sigma));
+  EXPECT_FALSE(a.angle_deg.equal(a_next.angle_deg));  // the next draw takes a new offset
+  EXPECT_EQ(a.top.min().item<int>(), 0);
+  EXPECT_EQ(a.top.max().item<int>(), 128);
+  EXPECT_EQ(a.left.min().item<int>(), 0);
+  EXPECT_EQ(a.left.max().item<int>(), 128);
+  EXPECT_GE(a.angle_deg.min().item<float>(), -45.f);
+  EXPECT_LE(a.angle_deg.max().item<float>(), 45.f);
+  EXPECT_LT(a.angle_deg.min().item<float>(), -44.f);
+  EXPECT_GT(a.angle_deg.max().item<float>(), 44.f);
+  EXPECT_GE(a.sigma.min().item<float>(), 0.1f);
+  EXPECT_LE(a.sigma.max().item<float>(), 2.0f);
+  EXPECT_TRUE(at::allclose(a.blur_weights.sum(1), at::ones({4000})));
+  EXPECT_TRUE(at::allclose(a.cos_a.pow(2) + a.sin_a.pow(2), at::ones({4000}), 1e-5, 1e-5));
+}
+
 }  // namespace
 }  // namespace tandem

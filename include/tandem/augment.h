@@ -44,7 +44,11 @@ struct AugmentParams {
 };
 
 /// Draws the parameters of `batch_size` samples on `device` from `generator` (a generator of
-/// that device; reproducible for a seed, no host round trip, so a CUDA graph can capture it).
+/// that device, or undefined for the default one). On a GPU: one kernel launch for the batch,
+/// keyed by the generator's seed and the next Philox offset (PyTorch's graph-safe bookkeeping):
+/// reproducible for a seed, no host round trip, and capturable — register the generator with
+/// the graph (GraphOptions::generators) and every replay draws fresh parameters, the same ones
+/// the eager draws would have made. On the CPU: the same per-sample function, on the host.
 AugmentParams draw_augment_params(const AugmentSpec& spec, int64_t batch_size, int64_t in_h,
                                   int64_t in_w, c10::Device device, at::Generator generator);
 

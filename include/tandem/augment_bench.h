@@ -20,6 +20,8 @@ struct AugmentBenchRow {
   double images_per_s = 0;
   double gb_per_s = 0;         ///< (uint8 bytes read + float32 bytes written) / time
   double copy_gb_per_s = 0;    ///< a copy of the output's size: (read + written) / time; 0 on CPU
+  /// The whole per-batch transform: drawing the parameters (one more launch) and augmenting.
+  double ms_per_batch_with_draw = 0;
 };
 
 /// Times `augment` on random (B, 3, 256, 256) uint8 batches already on `device`, for each batch

@@ -5,15 +5,22 @@
 #include <cstdint>
 #include <cstring>
 
+#ifdef __CUDACC__
+#define TANDEM_RNG_HD __host__ __device__
+#else
+#define TANDEM_RNG_HD
+#endif
+
 namespace tandem {
 
 /// SplitMix64 (Steele, Lea, Flood 2014): one add and three xor-shift-multiplies per 64 bits;
-/// passes BigCrush, and seeding from (seed, index) needs no warm-up.
+/// passes BigCrush, and seeding from (seed, index) needs no warm-up. Usable in CUDA kernels too
+/// (the augmentation draws its per-sample parameters with it on either side).
 class SampleRng {
  public:
-  SampleRng(uint64_t seed, uint64_t index) : state_(mix(seed ^ mix(index + 0x9E3779B97F4A7C15ull))) {}
+  TANDEM_RNG_HD SampleRng(uint64_t seed, uint64_t index) : state_(mix(seed ^ mix(index + 0x9E3779B97F4A7C15ull))) {}
 
-  uint64_t next() { return mix(state_ += 0x9E3779B97F4A7C15ull); }
+  TANDEM_RNG_HD uint64_t next() { return mix(state_ += 0x9E3779B97F4A7C15ull); }
 
   /// n uniform random bytes.
   void fill_bytes(uint8_t* out, int64_t n) {
@@ -41,7 +48,7 @@ class SampleRng {
   }
 
  private:
-  static uint64_t mix(uint64_t z) {
+  TANDEM_RNG_HD static uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);

@@ -1,11 +1,12 @@
-// The launcher of the fused augmentation kernel: plain pointers and sizes, no LibTorch types,
-// so augment.cu compiles without LibTorch's headers.
+// The launchers of the augmentation kernels: plain pointers and sizes, no LibTorch types, so
+// augment.cu compiles without LibTorch's headers.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
+#include "augment_draw.h"
 #include "augment_math.h"
 
 namespace tandem {
@@ -25,10 +26,33 @@ struct AugmentLaunch {
   const float* weights;   // (B, taps)
   int taps;               // odd
   float mean[kAugmentMaxChannels];
-  float std[kAugmentMaxChannels];
+  float inv_std[kAugmentMaxChannels];  // 1 / std, rounded to float once
 };
 
 /// One launch for the whole batch on `stream`; checks the launch. Capture-safe.
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream);
+
+/// Where the draw's (seed, offset) come from: PyTorch's at::PhiloxCudaState, unpacked the same
+/// way (during graph capture seed and offset are read from device memory when the kernel runs,
+/// so each replay draws anew).
+struct RngSource {
+  bool captured;
+  uint64_t seed, offset;                      // not captured
+  const int64_t* seed_ptr;                    // captured
+  const int64_t* offset_ptr;                  // captured
+  uint64_t offset_intragraph;                 // captured
+};
+
+struct DrawLaunch {
+  augment_math::DrawSpec spec;
+  RngSource rng;
+  int batch;
+  int32_t *top, *left, *flip;             // (B,)
+  float *angle_deg, *cos_a, *sin_a, *sigma;  // (B,)
+  float* weights;                            // (B, taps)
+};
+
+/// Draws every sample's parameters in one launch on `stream`. Capture-safe.
+void launch_draw(const DrawLaunch& args, cudaStream_t stream);
 
 }  // namespace tandem
