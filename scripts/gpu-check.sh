@@ -137,15 +137,18 @@ fi
 
 if has_phase mlp; then
   need_reference
-  say "tandem bench mlp (eager, graphed, graphed_k) and seed_reference.py mlp"
-  for mode in eager graphed graphed_k; do
-    "$TANDEM" bench --scenario mlp --mode "$mode" --steps 200 --warmup 10 \
-      --json "$RAW/tandem-mlp-$mode.json" >>"$LOG" 2>&1 || status=1
+  rounds=${TANDEM_MLP_ROUNDS:-3}
+  say "tandem bench mlp (eager, graphed, graphed_k; 1000 steps) and seed_reference.py mlp, $rounds rounds"
+  for round in $(seq "$rounds"); do
+    for mode in eager graphed graphed_k; do
+      "$TANDEM" bench --scenario mlp --mode "$mode" --steps 1000 --warmup 100 \
+        --json "$RAW/tandem-mlp-$mode-$round.json" >>"$LOG" 2>&1 || status=1
+    done
+    python3 "$REF/seed_reference.py" mlp --json "$RAW/python-mlp-$round.json" >>"$LOG" 2>&1 || status=1
   done
-  python3 "$REF/seed_reference.py" mlp --json "$RAW/python-mlp.json" >>"$LOG" 2>&1 || status=1
   python3 bench/compare.py --scenario mlp --tandem "$RAW"/tandem-mlp-*.json \
-    --python "$RAW/python-mlp.json" --floor /dev/null \
-    --command "scripts/gpu-check.sh OUT mlp (tandem bench --scenario mlp --mode {eager,graphed,graphed_k} --steps 200 --warmup 10; seed_reference.py mlp)" \
+    --python-rounds "$RAW"/python-mlp-*.json --floor /dev/null \
+    --command "scripts/gpu-check.sh OUT mlp ($rounds rounds of: tandem bench --scenario mlp --mode {eager,graphed,graphed_k} --steps 1000 --warmup 100; seed_reference.py mlp)" \
     --out "$OUT/graphs.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
