@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <vector>
 
@@ -20,8 +21,9 @@ namespace tandem {
 
 namespace {
 augment_math::Geometry geometry_of(const AugmentSpec& s, int64_t in_h, int64_t in_w) {
-  return {static_cast<int>(in_h),    static_cast<int>(in_w),    static_cast<int>(s.crop_h),
-          static_cast<int>(s.crop_w), static_cast<int>(s.out_h), static_cast<int>(s.out_w)};
+  return augment_math::make_geometry(static_cast<int>(in_h), static_cast<int>(in_w),
+                                     static_cast<int>(s.crop_h), static_cast<int>(s.crop_w),
+                                     static_cast<int>(s.out_h), static_cast<int>(s.out_w));
 }
 }  // namespace
 
@@ -186,7 +188,7 @@ void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, in
   };
   for (int64_t c = 0; c < C; ++c) {
     const uint8_t* plane = src + c * H * W;
-    for (size_t q = 0; q < where.size(); ++q) rot[q] = am::read(plane, where[q]);
+    for (size_t q = 0; q < where.size(); ++q) rot[q] = am::read(plane, g.in_w, where[q]);
     for (int i = 0; i < oh; ++i) {
       const float* in = rot.data() + i * ow;
       float* o = rows.data() + i * ow;
@@ -225,6 +227,9 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
                    " dimensions");
   const int64_t B = images.size(0), C = images.size(1), H = images.size(2), W = images.size(3);
   spec.validate(C, H, W);
+  TANDEM_CHECK_ARG(H * W <= INT32_MAX && spec.out_h * spec.out_w <= INT32_MAX, "image ", H, "x",
+                   W, " or output ", spec.out_h, "x", spec.out_w,
+                   " is too large: expected fewer than 2^31 pixels per channel");
   TANDEM_CHECK_ARG(params.batch_size() == B, "parameters for ", params.batch_size(),
                    " samples given for a batch of ", B);
   TANDEM_CHECK_ARG(params.top.device() == images.device(), "parameters on ",

@@ -277,6 +277,17 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceForEveryBlurSizePath) {
   }
 }
 
+TEST(AugmentGpuTest, KernelMatchesTheCppReferenceWhenTheSourceWindowIsTooLargeToStage) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  // A 6x downscale: a 32x32 output tile reads a ~200x200 source window, more than the kernel
+  // stages in shared memory, so its reads go to global memory.
+  AugmentSpec s;
+  s.crop_h = s.crop_w = 192;
+  s.out_h = s.out_w = 32;
+  s.blur_kernel = 3;
+  expect_gpu_matches_cpu(s, 2, 3, 256, 256, 40);
+}
+
 TEST(AugmentGpuTest, DeviceDrawsAreReproduciblePerSampleAndWithinTheirRanges) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const AugmentSpec s;  // SPEC's defaults

@@ -14,12 +14,19 @@
 
 namespace tandem::augment_math {
 
-/// Sizes shared by every sample of a batch.
+/// Sizes shared by every sample of a batch (make_geometry fills the scales).
 struct Geometry {
   int in_h, in_w;      ///< source image
   int crop_h, crop_w;  ///< random crop
   int out_h, out_w;    ///< after resize (and rotation, which keeps the size)
+  float scale_y, scale_x;  ///< crop / out, the resize's source step per output pixel
 };
+
+inline Geometry make_geometry(int in_h, int in_w, int crop_h, int crop_w, int out_h, int out_w) {
+  return {in_h,  in_w,  crop_h, crop_w, out_h, out_w,
+          static_cast<float>(crop_h) / static_cast<float>(out_h),
+          static_cast<float>(crop_w) / static_cast<float>(out_w)};
+}
 
 /// One sample's drawn parameters, as the math consumes them.
 struct SampleParams {
@@ -50,15 +57,20 @@ TANDEM_HD int reflect(int i, int n) {
 /// the crop. The same for every channel, so it is computed once per pixel.
 struct Tap {
   bool inside;          ///< false: the rotation looked outside the image (fill 0)
-  int64_t row0, row1;   ///< source row offsets (row * in_w), top and bottom
+  int row0, row1;       ///< source rows, top and bottom
   int x0, x1;           ///< source columns, left and right
   float lx, ly;         ///< bilinear weights of the right column and the bottom row
 };
 
-TANDEM_HD Tap locate(const Geometry& g, const SampleParams& p, int i, int j) {
+/// Pixel `index` of a row or column of `size`: its centre relative to the image's centre.
+TANDEM_HD float centre_offset(int index, int size) {
+  return (static_cast<float>(index) + 0.5f) - 0.5f * static_cast<float>(size);
+}
+
+/// locate() for the output pixel whose centre is (u, v) from the image centre (before the
+/// flip), as centre_offset gives them: the kernel computes those once per tile row and column.
+TANDEM_HD Tap locate_centred(const Geometry& g, const SampleParams& p, float u, float v) {
   Tap t{false, 0, 0, 0, 0, 0.0f, 0.0f};
-  float u = (static_cast<float>(j) + 0.5f) - 0.5f * static_cast<float>(g.out_w);
-  const float v = (static_cast<float>(i) + 0.5f) - 0.5f * static_cast<float>(g.out_h);
   if (p.flip) u = -u;
   // Inverse rotation: where in the unrotated (resized) image this output pixel comes from.
   const float qu = p.cos_a * u - p.sin_a * v;
@@ -70,19 +82,21 @@ TANDEM_HD Tap locate(const Geometry& g, const SampleParams& p, int i, int j) {
   const int ci = static_cast<int>(fc), ri = static_cast<int>(fr);
   if (ci >= g.out_w || ri >= g.out_h) return t;
   // Bilinear read of the crop at resized pixel (ri, ci).
-  const float scale_x = static_cast<float>(g.crop_w) / static_cast<float>(g.out_w);
-  const float scale_y = static_cast<float>(g.crop_h) / static_cast<float>(g.out_h);
-  const float sx = max_f((static_cast<float>(ci) + 0.5f) * scale_x - 0.5f, 0.0f);
-  const float sy = max_f((static_cast<float>(ri) + 0.5f) * scale_y - 0.5f, 0.0f);
+  const float sx = max_f((static_cast<float>(ci) + 0.5f) * g.scale_x - 0.5f, 0.0f);
+  const float sy = max_f((static_cast<float>(ri) + 0.5f) * g.scale_y - 0.5f, 0.0f);
   const int x0 = static_cast<int>(sx), y0 = static_cast<int>(sy);
   t.inside = true;
   t.x0 = p.left + x0;
   t.x1 = p.left + min_i(x0 + 1, g.crop_w - 1);
-  t.row0 = static_cast<int64_t>(p.top + y0) * g.in_w;
-  t.row1 = static_cast<int64_t>(p.top + min_i(y0 + 1, g.crop_h - 1)) * g.in_w;
+  t.row0 = p.top + y0;
+  t.row1 = p.top + min_i(y0 + 1, g.crop_h - 1);
   t.lx = sx - static_cast<float>(x0);
   t.ly = sy - static_cast<float>(y0);
   return t;
+}
+
+TANDEM_HD Tap locate(const Geometry& g, const SampleParams& p, int i, int j) {
+  return locate_centred(g, p, centre_offset(j, g.out_w), centre_offset(i, g.out_h));
 }
 
 /// A byte as a float, exactly. On the GPU, 2^23 + v assembled as a float's bit pattern, minus
@@ -96,26 +110,26 @@ TANDEM_HD float byte_to_float(uint8_t v) {
 #endif
 }
 
+/// Bilinear interpolation of four source values: a b on the top row, c d on the bottom one.
+TANDEM_HD float bilerp(float a, float b, float c, float d, float lx, float ly) {
+  const float top_row = (1.0f - lx) * a + lx * b;
+  const float bottom_row = (1.0f - lx) * c + lx * d;
+  return (1.0f - ly) * top_row + ly * bottom_row;
+}
+
 /// The value, before blur and normalize, of a located pixel in one channel `plane` (in_h x in_w
-/// uint8, row-major).
-TANDEM_HD float read(const uint8_t* plane, const Tap& t) {
+/// uint8, row-major; fewer than 2^31 bytes).
+TANDEM_HD float read(const uint8_t* plane, int in_w, const Tap& t) {
   if (!t.inside) return 0.0f;
-  const float top_row = (1.0f - t.lx) * byte_to_float(plane[t.row0 + t.x0]) +
-                        t.lx * byte_to_float(plane[t.row0 + t.x1]);
-  const float bottom_row = (1.0f - t.lx) * byte_to_float(plane[t.row1 + t.x0]) +
-                           t.lx * byte_to_float(plane[t.row1 + t.x1]);
-  return (1.0f - t.ly) * top_row + t.ly * bottom_row;
+  const uint8_t* top = plane + t.row0 * in_w;
+  const uint8_t* bottom = plane + t.row1 * in_w;
+  return bilerp(byte_to_float(top[t.x0]), byte_to_float(top[t.x1]), byte_to_float(bottom[t.x0]),
+                byte_to_float(bottom[t.x1]), t.lx, t.ly);
 }
 
 /// Normalize with the reciprocal of std, computed once per channel on the host: a multiply per
 /// pixel instead of an IEEE division (both paths use this, so they still agree to the bit).
 TANDEM_HD float normalize(float v, float mean, float inv_std) { return (v - mean) * inv_std; }
-
-/// locate + read: output pixel (i, j) of one channel, before blur and normalize.
-TANDEM_HD float sample(const uint8_t* plane, const Geometry& g, const SampleParams& p, int i,
-                       int j) {
-  return read(plane, locate(g, p, i, j));
-}
 
 /// One tap-ordered pass of the separable blur: sum_k w[k] * x(k), k ascending, no fused
 /// multiply-add, so every implementation adds in the same order.
