@@ -5,6 +5,10 @@ of the issues. Usage:
   compare.py --scenario seg|cls --tandem t1.json ... --python ref.json --floor floor.json \\
              --command "..." --out seg.json
   compare.py --scenario augment --tandem augment-bench.json --floor floor.json --out augment.json
+  compare.py --scenario mlp --tandem tandem-mlp-*.json --python-rounds python-mlp-*.json --out graphs.json
+  compare.py --scenario graphs --tandem (mlp and seg bs 1, 2 runs) --python-rounds ... \
+             --python seg.json --floor floor.json --sweep sweep-seg.json sweep-cls.json --out graphs.json
+  compare.py --scenario auto --sweep sweep-seg.json sweep-cls.json --out auto.json
 """
 import argparse
 import datetime
@@ -15,7 +19,8 @@ import sys
 
 def load(path):
     with open(path) as f:
-        return json.load(f)
+        text = f.read()
+    return json.loads(text) if text.strip() else []
 
 
 def fmt(v, w, p=1):
@@ -144,6 +149,8 @@ def mlp(a, checks):
     rows, device, torch = [], None, None
     for path in a.tandem:
         r = load(path)
+        if r.get("scenario") != "mlp":
+            continue
         device, torch = r["device_name"], r["torch"]
         rows.append({"impl": "tandem", "scenario": "mlp", "mode": r["mode"],
                      "batch_size": r["batch_size"], "steps_per_s": r["steps_per_s"],
@@ -171,19 +178,110 @@ def mlp(a, checks):
     return {"device": device, "torch": torch, "rows": rows}
 
 
+def sweep_rows(paths):
+    rows = []
+    for path in paths or []:
+        rows += [r for r in load(path)["rows"] if r.get("steps_per_s") is not None]
+    return rows
+
+
+def graphs(a, checks):
+    """Issue 4: mlp (see mlp()), seg's launch-bound regime at batch sizes 1 and 2, and
+    pipelined+graphed against pipelined at 8/32/128 from the sweeps of the same run."""
+    body = mlp(a, checks)
+    rows = body["rows"]
+    for path in a.tandem:
+        r = load(path)
+        if r.get("scenario") == "seg":
+            rows.append({"impl": "tandem", "scenario": "seg", "mode": r["mode"],
+                         "batch_size": r["batch_size"], "steps_per_s": r["steps_per_s"],
+                         "ms_per_step": r["ms_per_step"], "notes": r.get("notes", []),
+                         "first_loss": r["first_loss"], "last_loss": r["last_loss"]})
+    for r in load(a.python) if a.python else []:
+        if r.get("exp") == "seg" and "steps_s" in r:
+            rows.append({"impl": "python", "scenario": "seg", "mode": r["mode"],
+                         "batch_size": r["bs"], "steps_per_s": r["steps_s"]})
+    floors = []
+    for r in load(a.floor):
+        if r.get("exp") == "seg_floor":
+            floors.append({"scenario": "seg", "batch_size": r["bs"], "floor_ms": r["floor_ms"],
+                           "measured_by": "python (seed_reference.py floor)"})
+
+    def rate(impl, scenario, mode, bs, among=rows):
+        for r in among:
+            if (r["impl"], r["scenario"], r["mode"], r["batch_size"]) == (impl, scenario, mode, bs):
+                return r["steps_per_s"]
+        return None
+
+    print(f"\n{'seg bs':>6} {'py serial':>10} {'t pipelined':>12} {'t pipe+graph':>13} {'floor/s':>8}"
+          f" {'x py serial':>11} {'of floor':>9} {'gain':>7}")
+    for f in sorted(floors, key=lambda f: f["batch_size"]):
+        bs = f["batch_size"]
+        if bs > 2:
+            continue
+        fr = 1000.0 / f["floor_ms"]
+        py, tp, tg = (rate("python", "seg", "serial", bs), rate("tandem", "seg", "pipelined", bs),
+                      rate("tandem", "seg", "pipelined+graphed", bs))
+        x = tg / py if tg and py else None
+        gain = (tg - tp) / tp if tg and tp else None
+        print(f"{bs:>6} {fmt(py, 10)} {fmt(tp, 12)} {fmt(tg, 13)} {fmt(fr, 8)} {fmt(x, 11, 2)}"
+              f" {fmt(tg / fr if tg else None, 9, 2)} {fmt(100 * gain if gain is not None else None, 6)}%")
+        checks.at_least(f"seg bs {bs}: tandem pipelined+graphed / python serial >= 2.5", x, 2.5)
+        checks.at_least(f"seg bs {bs}: tandem pipelined+graphed / floor rate >= 0.85",
+                        tg / fr if tg else None, 0.85)
+    swept = sweep_rows(a.sweep)
+    print(f"\n{'scenario':>8} {'bs':>4} {'pipelined':>10} {'pipe+graph':>11} {'ratio':>6}")
+    for scenario in ("seg", "cls"):
+        for bs in sorted({r["batch_size"] for r in swept if r["scenario"] == scenario}):
+            tp = rate("tandem", scenario, "pipelined", bs, swept)
+            tg = rate("tandem", scenario, "pipelined+graphed", bs, swept)
+            print(f"{scenario:>8} {bs:>4} {fmt(tp, 10)} {fmt(tg, 11)} {fmt(tg / tp if tg and tp else None, 6, 3)}")
+            if bs in (8, 32, 128):
+                checks.at_least(f"{scenario} bs {bs}: pipelined+graphed / pipelined >= 0.98",
+                                tg / tp if tg and tp else None, 0.98)
+                rows += [dict(r, source="sweep") for r in swept if r["scenario"] == scenario
+                         and r["batch_size"] == bs and r["mode"] in ("pipelined", "pipelined+graphed")]
+    body["floors"] = floors
+    return body
+
+
+def auto(a, checks):
+    """Issue 5: per (scenario, batch size), every mode's rate and auto's, from sweeps that ran
+    them all in one process (auto's rate excludes its trials)."""
+    rows, device = sweep_rows(a.sweep), None
+    print(f"{'scenario':>8} {'bs':>4} {'best mode':>18} {'best':>8} {'auto picked':>18} {'auto':>8} {'ratio':>6}")
+    for scenario in sorted({r["scenario"] for r in rows}):
+        for bs in sorted({r["batch_size"] for r in rows if r["scenario"] == scenario}):
+            mine = [r for r in rows if (r["scenario"], r["batch_size"]) == (scenario, bs)]
+            modes = [r for r in mine if r["mode"] != "auto"]
+            autos = [r for r in mine if r["mode"] == "auto"]
+            if not modes or not autos:
+                continue
+            best = max(modes, key=lambda r: r["steps_per_s"])
+            au = autos[0]
+            ratio = au["steps_per_s"] / best["steps_per_s"]
+            print(f"{scenario:>8} {bs:>4} {best['mode']:>18} {best['steps_per_s']:>8.1f} "
+                  f"{au.get('picked', '?'):>18} {au['steps_per_s']:>8.1f} {ratio:>6.3f}")
+            checks.at_least(f"{scenario} bs {bs}: auto ({au.get('picked')}) / best ({best['mode']}) >= 0.97",
+                            ratio, 0.97)
+    return {"device": a.device, "rows": rows}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="seg", choices=["seg", "cls", "augment", "mlp"])
-    ap.add_argument("--tandem", nargs="+", required=True, help="tandem --json outputs")
+    ap.add_argument("--scenario", default="seg", choices=["seg", "cls", "augment", "mlp", "graphs", "auto"])
+    ap.add_argument("--tandem", nargs="+", default=[], help="tandem --json outputs")
     ap.add_argument("--python", help="seed_reference.py --json output (seg, cls)")
+    ap.add_argument("--sweep", nargs="+", help="graphs, auto: tandem sweep --json outputs")
     ap.add_argument("--python-rounds", nargs="+", help="mlp: one seed_reference.py mlp output per round")
-    ap.add_argument("--floor", required=True, help="seed_reference.py floor --json output")
+    ap.add_argument("--floor", default="/dev/null", help="seed_reference.py floor --json output")
     ap.add_argument("--device", default=None, help="device name, where the inputs lack it")
     ap.add_argument("--command", default="", help="the command that produced the inputs")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     checks = Checks()
-    body = {"augment": augment, "mlp": mlp}.get(a.scenario, training)(a, checks)
+    body = {"augment": augment, "mlp": mlp, "graphs": graphs, "auto": auto}.get(
+        a.scenario, training)(a, checks)
     checks.print()
     out = {"device": body.get("device") or a.device, "date": datetime.date.today().isoformat(),
            "torch": body.get("torch"), "command": a.command, "rows": body["rows"]}

@@ -3,14 +3,16 @@
 # ones included), compute-sanitizer on a short pipelined run, and the seg benchmark beside the
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
-#   phases: build test sanitize seg cls augment mlp (default: all; "bench" means seg)
+#   phases: build test gputest sanitize seg cls augment mlp graphs sweep
+#   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
+#   only the gpu-labelled tests; graphs includes mlp)
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
 #        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
 # The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUT [build test sanitize seg cls augment]}
 shift
-PHASES=${*:-build test sanitize seg cls augment mlp}
+PHASES=${*:-build test sanitize seg cls augment graphs sweep}
 PHASES=${PHASES//bench/seg}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +20,7 @@ cd "$ROOT"
 BUILD=${TANDEM_BUILD_DIR:-build-gpu}
 LOG="$OUT/gpu-check.log"
 RAW=$(mktemp -d)
+LAUNCH_BS_LIST=${TANDEM_LAUNCH_BS:-1 2}   # seg's launch-bound regime (graphs phase)
 BS_LIST=${TANDEM_BENCH_BS:-8 32 128}
 CLS_BS_LIST=${TANDEM_CLS_BS:-32 128}
 export PYTHONUNBUFFERED=1
@@ -27,6 +30,14 @@ for d in "$REF" ../shared/reference .ref; do
   if [ -n "$d" ] && [ -f "$d/seed_reference.py" ]; then REF=$d; break; fi
 done
 
+# A scenario's modes, comma-separated, as the CLI lists them ("modes:" line of bench --help).
+scenario_modes() {
+  case $1 in
+    seg) echo "serial,pipelined,graphed,pipelined+graphed" ;;
+    cls) echo "cpu_aug,gpu_aug,pipelined,graphed,pipelined+graphed" ;;
+    mlp) echo "eager,graphed,graphed_k" ;;
+  esac
+}
 say() { echo "== $(date +%H:%M:%S) $*" | tee -a "$LOG"; }
 status=0
 
@@ -50,6 +61,10 @@ if has_phase test; then
   say "tests (all labels, gpu included)"
   (cd "$BUILD" && ctest --output-on-failure -j 2) >>"$LOG" 2>&1 || { status=1; say "TESTS FAILED"; }
   tail -5 "$LOG" | grep -E "tests passed|tests failed" || true
+elif has_phase gputest; then
+  say "tests labelled gpu"
+  (cd "$BUILD" && ctest --output-on-failure -L gpu) >>"$LOG" 2>&1 || { status=1; say "TESTS FAILED"; }
+  grep -E "tests passed|tests failed|\(Failed\)" "$LOG" | tail -12 || true
 fi
 
 if has_phase sanitize; then
@@ -69,7 +84,9 @@ fi
 floor() {
   [ -f "$RAW/python-floor.json" ] && return 0
   local all
-  all=$(echo $BS_LIST $CLS_BS_LIST | tr ' ' '\n' | sort -n | uniq | paste -sd, -)
+  local sizes="$BS_LIST $CLS_BS_LIST"
+  has_phase graphs && sizes="$sizes $LAUNCH_BS_LIST"
+  all=$(echo $sizes | tr ' ' '\n' | sort -n | uniq | paste -sd, -)
   say "python seed_reference.py floor --bs $all"
   python3 "$REF/seed_reference.py" floor --bs "$all" --json "$RAW/python-floor.json" \
     >>"$LOG" 2>&1 || status=1
@@ -135,9 +152,8 @@ if has_phase augment; then
     --out "$OUT/augment.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
-if has_phase mlp; then
-  need_reference
-  rounds=${TANDEM_MLP_ROUNDS:-3}
+mlp_rounds() {
+  local rounds=${TANDEM_MLP_ROUNDS:-3}
   say "tandem bench mlp (eager, graphed, graphed_k; 1000 steps) and seed_reference.py mlp, $rounds rounds"
   for round in $(seq "$rounds"); do
     for mode in eager graphed graphed_k; do
@@ -146,9 +162,61 @@ if has_phase mlp; then
     done
     python3 "$REF/seed_reference.py" mlp --json "$RAW/python-mlp-$round.json" >>"$LOG" 2>&1 || status=1
   done
+  MLP_COMMAND="$rounds rounds of: tandem bench --scenario mlp --mode {eager,graphed,graphed_k} --steps 1000 --warmup 100; seed_reference.py mlp"
+}
+
+if has_phase mlp && ! has_phase graphs; then
+  need_reference
+  mlp_rounds
   python3 bench/compare.py --scenario mlp --tandem "$RAW"/tandem-mlp-*.json \
-    --python-rounds "$RAW"/python-mlp-*.json --floor /dev/null \
-    --command "scripts/gpu-check.sh OUT mlp ($rounds rounds of: tandem bench --scenario mlp --mode {eager,graphed,graphed_k} --steps 1000 --warmup 100; seed_reference.py mlp)" \
+    --python-rounds "$RAW"/python-mlp-*.json \
+    --command "scripts/gpu-check.sh OUT mlp ($MLP_COMMAND)" \
+    --out "$OUT/graphs.json" 2>&1 | tee -a "$LOG" || status=1
+fi
+
+# One sweep per scenario: every mode and auto at each batch size, in one process. It serves the
+# graphs comparison (pipelined+graphed vs pipelined) and auto.json (auto vs the best mode).
+SWEEP_BS=${TANDEM_SWEEP_BS:-8,32,128}
+if has_phase sweep; then
+  for scenario in seg cls; do
+    say "tandem sweep --scenario $scenario --batch-sizes $SWEEP_BS (every mode, then auto)"
+    "$TANDEM" sweep --scenario "$scenario" --batch-sizes "$SWEEP_BS" --modes "$(scenario_modes "$scenario"),auto" \
+      --workers 8 --json "$RAW/sweep-$scenario.json" --csv "$RAW/sweep-$scenario.csv" \
+      --svg "$OUT/sweep-$scenario.svg" 2>&1 | tee -a "$LOG" | tail -25 || status=1
+  done
+  say "compare auto"
+  python3 bench/compare.py --scenario auto --sweep "$RAW"/sweep-seg.json "$RAW"/sweep-cls.json \
+    --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    --command "scripts/gpu-check.sh OUT sweep (tandem sweep --scenario {seg,cls} --batch-sizes $SWEEP_BS --modes <all>,auto --workers 8)" \
+    --out "$OUT/auto.json" 2>&1 | tee -a "$LOG" || status=1
+  say "a Chrome trace of seg pipelined+graphed, bs 8 (in raw.tar.gz)"
+  "$TANDEM" bench --scenario seg --mode pipelined+graphed --batch-size 8 --steps 20 --warmup 10 \
+    --trace "$RAW/trace-seg-pipelined-graphed-8.json" >>"$LOG" 2>&1 || status=1
+  "$TANDEM" bench --scenario cls --mode pipelined --batch-size 32 --steps 20 --warmup 10 \
+    --trace "$RAW/trace-cls-pipelined-32.json" >>"$LOG" 2>&1 || status=1
+fi
+
+if has_phase graphs; then
+  need_reference
+  launch_csv=$(echo $LAUNCH_BS_LIST | tr ' ' ',')
+  say "tandem bench seg at bs $launch_csv: serial, pipelined, pipelined+graphed"
+  for bs in $LAUNCH_BS_LIST; do
+    for mode in serial pipelined pipelined+graphed; do
+      "$TANDEM" bench --scenario seg --mode "$mode" --batch-size "$bs" --steps 300 --warmup 20 \
+        --workers 8 --json "$RAW/tandem-seg-$mode-$bs.json" >>"$LOG" 2>&1 || status=1
+    done
+  done
+  say "python seed_reference.py seg --bs $launch_csv --modes serial"
+  python3 "$REF/seed_reference.py" seg --bs "$launch_csv" --modes serial \
+    --json "$RAW/python-seg-launch.json" >>"$LOG" 2>&1 || status=1
+  floor
+  mlp_rounds
+  say "compare graphs"
+  sweeps=$(ls "$RAW"/sweep-seg.json "$RAW"/sweep-cls.json 2>/dev/null)
+  python3 bench/compare.py --scenario graphs --tandem "$RAW"/tandem-mlp-*.json "$RAW"/tandem-seg-*.json \
+    --python-rounds "$RAW"/python-mlp-*.json --python "$RAW/python-seg-launch.json" \
+    --floor "$RAW/python-floor.json" ${sweeps:+--sweep $sweeps} \
+    --command "scripts/gpu-check.sh OUT sweep graphs ($MLP_COMMAND; tandem bench --scenario seg --mode {serial,pipelined,pipelined+graphed} --batch-size {$launch_csv} --steps 300 --warmup 20; seed_reference.py seg --bs $launch_csv --modes serial; seed_reference.py floor; the sweeps of the sweep phase)" \
     --out "$OUT/graphs.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
