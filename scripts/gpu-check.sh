@@ -7,6 +7,8 @@
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
+#        TANDEM_SANITIZERS (default "racecheck synccheck memcheck"), TANDEM_SANITIZE_ARGS,
+#        TANDEM_MLP_ROUNDS (3), TANDEM_SWEEP_BS ("8,32,128"), TANDEM_LAUNCH_BS ("1 2"),
 #        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
 # The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
 set -uo pipefail
@@ -67,12 +69,13 @@ elif has_phase gputest; then
   grep -E "tests passed|tests failed|\(Failed\)" "$LOG" | tail -12 || true
 fi
 
+# A short pipelined run by default; TANDEM_SANITIZE_ARGS picks another (e.g. a graphed mode).
+SANITIZE_ARGS=${TANDEM_SANITIZE_ARGS:---scenario seg --mode pipelined --batch-size 2 --steps 2 --warmup 1 --workers 2 --no-cudnn-benchmark}
 if has_phase sanitize; then
   for tool in ${TANDEM_SANITIZERS:-racecheck synccheck memcheck}; do
-    say "compute-sanitizer --tool $tool on a short pipelined seg run"
+    say "compute-sanitizer --tool $tool on: tandem bench $SANITIZE_ARGS"
     timeout ${TANDEM_SANITIZER_TIMEOUT:-240} compute-sanitizer --tool "$tool" --print-limit 20 \
-      "$TANDEM" bench --scenario seg --mode pipelined --batch-size 2 --steps 2 --warmup 1 \
-      --workers 2 --no-cudnn-benchmark >"$RAW/sanitizer-$tool.log" 2>&1
+      "$TANDEM" bench $SANITIZE_ARGS >"$RAW/sanitizer-$tool.log" 2>&1
     rc=$?
     tail -4 "$RAW/sanitizer-$tool.log" | tee -a "$LOG"
     say "$tool exit $rc"
