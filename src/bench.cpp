@@ -147,10 +147,10 @@ std::string describe_config(const BenchOptions& o) {
 std::string describe_result(const BenchResult& r) {
   char line[256];
   std::ostringstream os;
-  std::snprintf(line, sizeof line, "%-9s %-10s %6s %10s %11s %9s %11s %11s\n", "scenario",
+  std::snprintf(line, sizeof line, "%-9s %-17s %6s %10s %11s %9s %11s %11s\n", "scenario",
                 "mode", "batch", "steps/s", "samples/s", "ms/step", "first loss", "last loss");
   os << line;
-  std::snprintf(line, sizeof line, "%-9s %-10s %6lld %10.2f %11.1f %9.3f %11.5f %11.5f\n",
+  std::snprintf(line, sizeof line, "%-9s %-17s %6lld %10.2f %11.1f %9.3f %11.5f %11.5f\n",
                 r.options.scenario.c_str(), r.options.mode.c_str(),
                 static_cast<long long>(r.options.batch_size.value_or(0)), r.steps_per_s, r.samples_per_s,
                 1000.0 / r.steps_per_s, r.losses.empty() ? 0.0 : r.losses.front(),

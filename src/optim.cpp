@@ -1,8 +1,12 @@
-// tandem::optim::Sgd: one multi-tensor update per step.
+// tandem::optim: Sgd and Adam with their learning rate (and Adam's step count) in device
+// tensors, and the learning-rate schedules that set them between replays.
 #include "tandem/optim.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <utility>
 
 #include "tandem/error.h"
 
@@ -20,8 +24,14 @@ Sgd::Sgd(std::vector<at::Tensor> params, SgdOptions options)
                    " is not valid: expected >= 0");
   TANDEM_CHECK_ARG(!options.nesterov || (options.momentum > 0 && options.dampening == 0),
                    "nesterov momentum needs momentum > 0 and dampening 0");
-  for (const auto& p : params_)
+  const c10::Device device = params_.empty() ? c10::Device(c10::kCPU) : params_[0].device();
+  for (const auto& p : params_) {
     TANDEM_CHECK_ARG(p.requires_grad(), "SGD was given a parameter that does not require grad");
+    // The lr tensor lives on one device, and a CUDA kernel cannot read another GPU's lr.
+    TANDEM_CHECK_ARG(p.device() == device, "SGD was given parameters on ", device, " and on ",
+                     p.device(), ": expected one device");
+  }
+  lr_ = at::full({}, options.lr, at::TensorOptions().dtype(at::kFloat).device(device));
   momentum_buffers_.resize(params_.size());
 }
 
@@ -29,36 +39,95 @@ void Sgd::zero_grad() {
   for (auto& p : params_) p.mutable_grad().reset();
 }
 
-void Sgd::step() {
-  at::NoGradGuard no_grad;
-  const double lr = options_.lr, m = options_.momentum, wd = options_.weight_decay;
-  if (m == 0 && wd == 0) {
-    std::vector<at::Tensor> params, grads;
-    params.reserve(params_.size());
-    grads.reserve(params_.size());
-    for (const auto& p : params_) {
-      if (!p.grad().defined()) continue;
-      params.push_back(p);
-      grads.push_back(p.grad());
-    }
-    if (!params.empty()) at::_foreach_add_(params, grads, -lr);
+void Sgd::set_lr(double lr) {
+  TANDEM_CHECK_ARG(lr >= 0, "learning rate ", lr, " is not valid: expected >= 0");
+  lr_.fill_(lr);
+}
+
+namespace {
+
+// The parameters one step updates with one call, their gradients and (with momentum) their
+// momentum buffers, index-aligned.
+struct SgdLists {
+  std::vector<at::Tensor> params, grads, buffers;
+};
+
+// Whether LibTorch's fused SGD kernel takes these lists: its CUDA kernel checks (and its CPU
+// kernel assumes) one floating dtype and one device, dense tensors, and every gradient and
+// buffer laid out like its parameter. Stricter than LibTorch's own check (strides of size-1
+// dimensions must match too): a list it would take that this refuses only takes the slow path.
+bool fused_kernel_takes(const SgdLists& l) {
+  const at::ScalarType dtype = l.params[0].scalar_type();
+  if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16)
+    return false;
+  const c10::Device device = l.params[0].device();
+  for (size_t i = 0; i < l.params.size(); ++i) {
+    const at::Tensor& p = l.params[i];
+    auto like_p = [&](const at::Tensor& t) {
+      return t.scalar_type() == dtype && t.device() == device && t.layout() == at::kStrided &&
+             t.sizes() == p.sizes() && t.strides() == p.strides();
+    };
+    if (!p.is_non_overlapping_and_dense() || !like_p(p) || !like_p(l.grads[i]) ||
+        (!l.buffers.empty() && !like_p(l.buffers[i])))
+      return false;
+  }
+  return true;
+}
+
+// One SGD update of the lists, p -= lr * d, with lr read from the device tensor `lr` (a host lr
+// would be baked into a captured graph). `first_step`: the buffers were just made and are set
+// to d, not decayed.
+void sgd_update(const SgdLists& l, const SgdOptions& o, const at::Tensor& lr, bool first_step) {
+  if (l.params.empty()) return;
+  if (fused_kernel_takes(l)) {
+    // One multi-tensor kernel for the whole update (weight decay, momentum, nesterov, p -= lr*d),
+    // reading lr from device memory.
+    at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay, o.momentum, lr, o.dampening,
+                    o.nesterov, /*maximize=*/false, first_step);
     return;
   }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i];
-    if (!p.grad().defined()) continue;
-    at::Tensor d = p.grad();
-    if (wd != 0) d = d.add(p, wd);
-    if (m != 0) {
-      at::Tensor& buf = momentum_buffers_[i];
-      if (!buf.defined())
-        buf = d.clone();
+  // Mixed dtypes or layouts: the same update, op by op.
+  std::vector<at::Tensor> updates;
+  updates.reserve(l.params.size());
+  for (size_t i = 0; i < l.params.size(); ++i) {
+    at::Tensor d = l.grads[i];
+    if (o.weight_decay != 0) d = d.add(l.params[i], o.weight_decay);
+    if (o.momentum != 0) {
+      const at::Tensor& buf = l.buffers[i];
+      if (first_step)
+        buf.copy_(d);
       else
-        buf.mul_(m).add_(d, 1 - options_.dampening);
-      d = options_.nesterov ? d.add(buf, m) : buf;
+        buf.mul_(o.momentum).add_(d, 1 - o.dampening);
+      d = o.nesterov ? d.add(buf, o.momentum) : buf;
     }
-    p.add_(d, -lr);
+    updates.push_back(std::move(d));
   }
+  // No multi-tensor op takes a device scalar as alpha: d * lr into fresh tensors (gradients and
+  // buffers must not change), then p -= that.
+  at::_foreach_sub_(l.params, at::_foreach_mul(updates, lr));
+}
+
+}  // namespace
+
+void Sgd::step() {
+  at::NoGradGuard no_grad;
+  const bool momentum = options_.momentum != 0;
+  // Parameters whose momentum buffer this step creates take a separate call (first_step): in
+  // eager steps only, since capture comes after a warm-up step made every buffer.
+  SgdLists later, first;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    at::Tensor& buf = momentum_buffers_[i];
+    const bool new_buffer = momentum && !buf.defined();
+    if (new_buffer) buf = at::empty_like(p);  // a first step writes it without reading it
+    SgdLists& l = new_buffer ? first : later;
+    l.params.push_back(p);
+    l.grads.push_back(p.grad());
+    if (momentum) l.buffers.push_back(buf);
+  }
+  sgd_update(first, options_, lr_, /*first_step=*/true);
+  sgd_update(later, options_, lr_, /*first_step=*/false);
 }
 
 Adam::Adam(std::vector<at::Tensor> params, AdamOptions options)
@@ -86,7 +155,7 @@ void Adam::zero_grad() {
 }
 
 void Adam::set_lr(double lr) {
-  TANDEM_CHECK_ARG(lr > 0, "learning rate ", lr, " is not valid: expected > 0");
+  TANDEM_CHECK_ARG(lr >= 0, "learning rate ", lr, " is not valid: expected >= 0");
   lr_.fill_(lr);
 }
 
@@ -113,6 +182,60 @@ void Adam::step() {
     const at::Tensor denom = (exp_avg_sq_[i].sqrt() / bias_correction2_sqrt).add_(options_.eps);
     p.sub_(exp_avg_[i] / denom * step_size);
   }
+}
+
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+void check_step(int64_t step) {
+  TANDEM_CHECK_ARG(step >= 0, "learning-rate schedule asked for step ", step, ": expected >= 0");
+}
+
+}  // namespace
+
+LrSchedule constant_lr(double lr) {
+  TANDEM_CHECK_ARG(lr >= 0, "learning rate ", lr, " is not valid: expected >= 0");
+  return [lr](int64_t step) {
+    check_step(step);
+    return lr;
+  };
+}
+
+LrSchedule step_decay(double lr, int64_t step_size, double gamma) {
+  TANDEM_CHECK_ARG(lr >= 0, "learning rate ", lr, " is not valid: expected >= 0");
+  TANDEM_CHECK_ARG(step_size > 0, "step decay step_size ", step_size,
+                   " is not valid: expected > 0");
+  TANDEM_CHECK_ARG(gamma >= 0, "step decay gamma ", gamma, " is not valid: expected >= 0");
+  return [=](int64_t step) {
+    check_step(step);
+    return lr * std::pow(gamma, static_cast<double>(step / step_size));
+  };
+}
+
+LrSchedule cosine(double lr, int64_t total_steps, double min_lr) {
+  TANDEM_CHECK_ARG(lr >= 0, "learning rate ", lr, " is not valid: expected >= 0");
+  TANDEM_CHECK_ARG(total_steps > 0, "cosine schedule total_steps ", total_steps,
+                   " is not valid: expected > 0");
+  TANDEM_CHECK_ARG(min_lr >= 0 && min_lr <= lr, "cosine schedule min_lr ", min_lr,
+                   " is not valid: expected in [0, ", lr, "]");
+  return [=](int64_t step) {
+    check_step(step);
+    if (step >= total_steps) return min_lr;
+    const double t = static_cast<double>(step) / static_cast<double>(total_steps);
+    return min_lr + (lr - min_lr) * (1 + std::cos(kPi * t)) / 2;
+  };
+}
+
+LrSchedule linear_warmup(int64_t warmup_steps, LrSchedule after) {
+  TANDEM_CHECK_ARG(warmup_steps >= 0, "warm-up steps ", warmup_steps,
+                   " is not valid: expected >= 0");
+  TANDEM_CHECK_ARG(static_cast<bool>(after), "linear_warmup was given an empty schedule");
+  return [warmup_steps, after = std::move(after)](int64_t step) {
+    check_step(step);
+    if (step >= warmup_steps) return after(step - warmup_steps);
+    return after(0) * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
+  };
 }
 
 }  // namespace tandem::optim

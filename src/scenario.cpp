@@ -57,7 +57,21 @@ LoaderOptions loader_options(const ScenarioOptions& options) {
   lo.depth = options.loader_depth > 0 ? options.loader_depth : options.workers + 2;
   lo.seed = options.seed;
   lo.trace = options.trace;
+  lo.drop_last = false;  // run_samples() sizes the dataset: a short last batch is wanted
   return lo;
+}
+
+int64_t run_samples(const ScenarioOptions& options, int64_t num_steps) {
+  const int64_t b = options.batch_size, last = options.last_batch_size;
+  TANDEM_CHECK_ARG(last >= 0 && last < b, "last batch size ", last,
+                   " is not valid: expected 0 (every batch full) or a size below the batch "
+                   "size ", b);
+  if (num_steps <= 0) return 0;
+  return last == 0 ? num_steps * b : (num_steps - 1) * b + last;
+}
+
+std::string cpu_graph_note(const std::string& mode) {
+  return "CUDA graphs need a CUDA device: mode " + mode + " ran eagerly on the CPU";
 }
 
 at::Tensor deterministic_cross_entropy(const at::Tensor& logits, const at::Tensor& labels) {

@@ -26,7 +26,7 @@ expect_fail() {
 }
 
 expect_fail 2 "scenario 'nope' is not known: expected seg" -- bench --scenario nope
-expect_fail 2 "mode 'fast' is not valid for scenario seg: expected serial, pipelined or auto" -- bench --mode fast
+expect_fail 2 "mode 'fast' is not valid for scenario seg: expected serial, pipelined, graphed, pipelined+graphed or auto" -- bench --mode fast
 expect_fail 2 "batch size 0 is not valid" -- bench --batch-size 0
 expect_fail 2 "step count -5 is not valid" -- bench --steps -5
 expect_fail 2 "warm-up count -1" -- bench --warmup -1 --device cpu
@@ -64,7 +64,8 @@ fi
 if "$tandem" sweep --device cpu --batch-sizes 1 --steps 1 --warmup 0 --workers 1 \
      --csv "$tmp/s.csv" --svg "$tmp/s.svg" --json "$tmp/s.json" >"$tmp/out" 2>"$tmp/err" &&
    head -1 "$tmp/s.csv" | grep -q '^mode,batch_size,steps_per_s' &&
-   [ "$(wc -l <"$tmp/s.csv")" -eq 3 ] && grep -q 'data-mode="pipelined"' "$tmp/s.svg" &&
+   [ "$(wc -l <"$tmp/s.csv")" -eq 5 ] && grep -q 'data-mode="pipelined"' "$tmp/s.svg" &&
+   grep -q '^pipelined+graphed,' "$tmp/s.csv" &&
    grep -q '"speedup"' "$tmp/s.json" && grep -q 'samples/s' "$tmp/out"; then
   passed=$((passed + 1))
 else
@@ -86,7 +87,16 @@ if "$tandem" bench --scenario cls --mode cpu_aug --device cpu --batch-size 1 --s
 else
   failed=$((failed + 1)); echo "FAIL: cls cpu_aug on the CPU"; cat "$tmp/out" "$tmp/err"
 fi
-expect_fail 2 "mode 'serial' is not valid for scenario cls: expected cpu_aug, gpu_aug, pipelined or auto" -- bench --scenario cls --mode serial
+for scenario in seg cls; do
+  if "$tandem" bench --scenario $scenario --mode pipelined+graphed --device cpu --batch-size 1 \
+       --steps 1 --warmup 0 --workers 1 >"$tmp/out" 2>"$tmp/err" &&
+     grep -q 'note .*mode pipelined+graphed ran eagerly on the CPU' "$tmp/out"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1)); echo "FAIL: $scenario pipelined+graphed on the CPU"; cat "$tmp/out" "$tmp/err"
+  fi
+done
+expect_fail 2 "mode 'serial' is not valid for scenario cls: expected cpu_aug, gpu_aug, pipelined, graphed, pipelined+graphed or auto" -- bench --scenario cls --mode serial
 
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

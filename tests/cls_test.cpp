@@ -1,8 +1,11 @@
-// The cls workload: model as SPEC defines it, datasets, and every mode training; gpu_aug and
-// pipelined compute the same losses for the same seed (CPU here, GPU with the label gpu).
+// The cls workload: model as SPEC defines it, datasets, and every mode training; gpu_aug,
+// pipelined, graphed and pipelined+graphed compute the same losses for the same seed (CPU here,
+// GPU with the label gpu): the graphs draw the augmentation parameters from the run's generator
+// exactly as eager steps do. A short last batch runs eagerly in the graphed modes.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <numeric>
 #include <set>
 
@@ -58,8 +61,13 @@ TEST(ClsTest, AugmentedDatasetAppliesTheReferenceWithPerIndexParameters) {
   EXPECT_EQ(out[1].item<int64_t>(), raw[1].item<int64_t>());
 }
 
-std::vector<float> train(const std::string& mode, c10::Device device, bool learnable,
-                         int64_t batch_size, int64_t steps) {
+struct Run {
+  std::vector<float> losses;
+  std::string notes;  // joined with " | "
+};
+
+Run run(const std::string& mode, c10::Device device, bool learnable, int64_t batch_size,
+        int64_t steps, int64_t last_batch_size = 0) {
   // The toy task trains with inputs normalized to about [-2, 2] and a larger step than SPEC's
   // default, so a few dozen steps show learning; SPEC's settings are what the benchmark uses.
   ScenarioOptions o;
@@ -67,6 +75,7 @@ std::vector<float> train(const std::string& mode, c10::Device device, bool learn
   o.workers = 2;
   o.seed = 77;
   o.device = device;
+  o.last_batch_size = last_batch_size;
   ClsOptions c;
   c.learnable = learnable;
   if (learnable) {
@@ -76,7 +85,24 @@ std::vector<float> train(const std::string& mode, c10::Device device, bool learn
   }
   ClsScenario scenario(o, c);
   scenario.prepare(mode, steps)->run(steps);
-  return scenario.losses();
+  Run r{scenario.losses(), ""};
+  for (const auto& note : scenario.notes()) r.notes += note + " | ";
+  return r;
+}
+
+std::vector<float> train(const std::string& mode, c10::Device device, bool learnable,
+                         int64_t batch_size, int64_t steps) {
+  return run(mode, device, learnable, batch_size, steps).losses;
+}
+
+void expect_same_losses(const std::vector<float>& want, const std::vector<float>& got) {
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_EQ(want[i], got[i]) << "first differing step " << i;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 TEST(ClsTest, GpuAugAndPipelinedComputeTheSameLossesOnCpu) {
@@ -85,6 +111,20 @@ TEST(ClsTest, GpuAugAndPipelinedComputeTheSameLossesOnCpu) {
   const auto b = train("pipelined", c10::Device(c10::kCPU), false, 2, 6);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "first differing step " << i;
+}
+
+TEST(ClsTest, GraphedModesRunEagerlyOnTheCpuAndComputeGpuAugsLosses) {
+  testing::use_deterministic_algorithms();
+  const c10::Device cpu(c10::kCPU);
+  const auto want = run("gpu_aug", cpu, false, 2, 5, /*last_batch_size=*/1);
+  EXPECT_EQ(want.notes, "");
+  for (const std::string mode : {"graphed", "pipelined+graphed"}) {
+    SCOPED_TRACE(mode);
+    const auto got = run(mode, cpu, false, 2, 5, 1);
+    expect_same_losses(want.losses, got.losses);
+    EXPECT_EQ(got.notes, "CUDA graphs need a CUDA device: mode " + mode +
+                             " ran eagerly on the CPU | ");
+  }
 }
 
 double mean(const std::vector<float>& v, size_t from, size_t to) {
@@ -107,6 +147,51 @@ TEST(ClsGpuTest, GpuAugAndPipelinedComputeTheSameLosses) {
   const auto b = train("pipelined", cuda, false, 8, 24);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "first differing step " << i;
+}
+
+// Bitwise: the graphs replay the eager kernels, and the generator registered with the graph
+// that draws the parameters advances by the same Philox increment per replay as per eager draw.
+TEST(ClsGpuTest, GraphedModesComputeGpuAugsLosses) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);  // deterministic cuBLAS (before first use)
+  testing::use_deterministic_algorithms();
+  const c10::Device cuda(c10::kCUDA, 0);
+  const auto want = run("gpu_aug", cuda, false, 8, 24);
+  const auto graphed = run("graphed", cuda, false, 8, 24);
+  expect_same_losses(want.losses, graphed.losses);
+  EXPECT_TRUE(has(graphed.notes, "captured: step (augmentation parameters drawn from the run's "
+                                 "generator, the fused augment kernel, forward, loss, backward, "
+                                 "SGD) as one graph after 3 eager warm-up steps"))
+      << graphed.notes;
+  EXPECT_TRUE(has(graphed.notes, "; 21 replays, each drawing new parameters;")) << graphed.notes;
+  EXPECT_FALSE(has(graphed.notes, "ran eagerly")) << graphed.notes;
+
+  const auto both = run("pipelined+graphed", cuda, false, 8, 24);
+  expect_same_losses(want.losses, both.losses);
+  EXPECT_TRUE(has(both.notes, "captured: augment (parameters drawn from the run's generator, "
+                              "fused kernel) and train (forward, loss, backward, SGD) as one "
+                              "graph each"))
+      << both.notes;
+  EXPECT_TRUE(has(both.notes, "; 21 and 21 replays;")) << both.notes;
+  EXPECT_FALSE(has(both.notes, "ran eagerly")) << both.notes;
+}
+
+TEST(ClsGpuTest, AShortLastBatchRunsEagerlyInTheGraphedModes) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);
+  testing::use_deterministic_algorithms();
+  const c10::Device cuda(c10::kCUDA, 0);
+  const auto want = run("gpu_aug", cuda, false, 8, 8, /*last_batch_size=*/5);
+  for (const std::string mode : {"graphed", "pipelined+graphed"}) {
+    SCOPED_TRACE(mode);
+    const auto got = run(mode, cuda, false, 8, 8, 5);
+    expect_same_losses(want.losses, got.losses);
+    EXPECT_TRUE(has(got.notes, "step 7 ran eagerly")) << got.notes;
+    EXPECT_TRUE(has(got.notes, "input 0 is [5, 3, 256, 256], captured [8, 3, 256, 256]"))
+        << got.notes;
+    EXPECT_TRUE(has(got.notes, mode == "graphed" ? "; 4 replays," : "; 4 and 4 replays;"))
+        << got.notes;
+  }
 }
 
 TEST(ClsGpuTest, EveryModeLearnsTheToyTask) {

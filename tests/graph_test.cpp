@@ -1,10 +1,16 @@
 // CUDA graphs: capture records and does not execute; replays run only what was captured; a
 // K-iteration capture advances K per replay; bad captures fail clearly; the mlp workload's
-// graphed modes compute the eager losses; dropout under replay draws new masks.
+// graphed modes compute the eager losses; dropout under replay draws new masks; a registered
+// generator draws the eager sequence under replay; one thread may capture while another
+// replays; GraphedStage warms up, captures, replays and falls back to eager on another shape.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <thread>
 
 #include "tandem/error.h"
 #include "tandem/graph.h"
@@ -142,6 +148,193 @@ TEST(GraphGpuTest, DropoutDrawsNewMasksOnEveryReplayAndASeedReproducesThem) {
   const auto a = masks(3), b = masks(3);
   EXPECT_FALSE(a[0].equal(a[1])) << "two replays drew the same dropout mask";
   EXPECT_TRUE(a[0].equal(b[0]) && a[1].equal(b[1])) << "a seeded run did not reproduce";
+}
+
+TEST(GraphGpuTest, ARegisteredGeneratorDrawsTheEagerSequenceOneDrawPerReplay) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const auto f32 = at::TensorOptions().device(kCuda);
+  const Lane lane = Lane::create("graph", kCuda);
+  LaneGuard guard(lane);  // every draw, eager or replayed, on one stream
+  auto generator = [] {
+    at::Generator g = at::cuda::detail::createCUDAGenerator(0);
+    g.set_current_seed(11);
+    return g;
+  };
+  // The reference: five eager draws.
+  at::Generator eager_gen = generator();
+  std::vector<at::Tensor> eager;
+  for (int i = 0; i < 5; ++i) eager.push_back(at::rand({4096}, eager_gen, f32));
+  // The same five, interleaving eager draws and replays: eager, (capture), replay, replay,
+  // eager, replay. Capture draws nothing; each replay draws once, from the offset at replay.
+  at::Generator gen = generator();
+  GraphOptions o;
+  o.generators = {gen};
+  GraphedStep g(o);
+  at::Tensor out = at::zeros({4096}, f32);
+  std::vector<at::Tensor> seen;
+  seen.push_back(at::rand({4096}, gen, f32));
+  g.capture(lane, [&] { out.copy_(at::rand({4096}, gen, f32)); });
+  for (int i = 0; i < 2; ++i) {
+    g.replay(lane);
+    seen.push_back(out.clone());
+  }
+  seen.push_back(at::rand({4096}, gen, f32));
+  g.replay(lane);
+  seen.push_back(out.clone());
+  lane.synchronize();
+  EXPECT_FALSE(seen[1].equal(seen[2])) << "two replays drew the same numbers";
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(seen[i].equal(eager[i])) << "draw " << i;
+}
+
+TEST(GraphGpuTest, AnUnregisteredGeneratorFailsTheCaptureAndSaysWhichOption) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  at::Generator gen = at::cuda::detail::createCUDAGenerator(0);
+  GraphOptions o;
+  o.name = "augment";
+  GraphedStep g(o);
+  try {
+    g.capture(Lane::create("graph", kCuda), [&] {
+      at::rand({16}, gen, at::TensorOptions().device(kCuda));
+    });
+    FAIL() << "a draw from an unregistered generator was captured";
+  } catch (const GraphCaptureError& e) {
+    EXPECT_NE(std::string(e.what()).find("GraphOptions::generators"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(GraphGpuTest, ACpuGeneratorIsRejectedBeforeCapture) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  GraphOptions o;
+  o.generators = {at::detail::createCPUGenerator()};
+  GraphedStep g(o);
+  try {
+    g.capture(Lane::create("graph", kCuda), [] {});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("generator 0 is cpu"), std::string::npos) << e.what();
+  }
+}
+
+// LibTorch marks the default CUDA generator "capturing" for the length of any capture; without
+// GraphedStep's mutex a replay on another thread in that window throws ("Offset increment
+// outside graph capture encountered unexpectedly"). pipelined+graphed does exactly this: one
+// stage replays while the next captures.
+TEST(GraphGpuTest, OneThreadCapturesWhileAnotherReplays) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const Lane replay_lane = Lane::create("replay", kCuda);
+  const Lane capture_lane = Lane::create("capture", kCuda);
+  at::Tensor replayed = counter(), captured = counter();
+  c10::cuda::device_synchronize();  // the counters' zeros ran on the default stream
+  GraphedStep first;
+  first.capture(replay_lane, [&] { replayed.add_(1); });
+  std::atomic<bool> go{false};
+  std::string error;
+  std::thread replayer([&] {
+    try {
+      while (!go) std::this_thread::yield();
+      for (int i = 0; i < 2000; ++i) first.replay(replay_lane);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  std::vector<std::unique_ptr<GraphedStep>> graphs;
+  go = true;
+  for (int k = 0; k < 20; ++k) {  // captures long enough to overlap the replays
+    graphs.push_back(std::make_unique<GraphedStep>());
+    graphs.back()->capture(capture_lane, [&] {
+      for (int i = 0; i < 200; ++i) captured.add_(1);
+    });
+  }
+  replayer.join();
+  ASSERT_EQ(error, "") << "a replay failed while another thread captured";
+  for (auto& g : graphs) g->replay(capture_lane);
+  replay_lane.synchronize();
+  capture_lane.synchronize();
+  EXPECT_EQ(replayed.item<int64_t>(), 2000);
+  EXPECT_EQ(captured.item<int64_t>(), 20 * 200);
+}
+
+TEST(GraphGpuTest, AFailedCaptureLeavesRandomDrawsAndLaterGraphsWorking) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const Lane lane = Lane::create("graph", kCuda);
+  at::Tensor c = counter();
+  c10::cuda::device_synchronize();
+  GraphedStep bad;
+  EXPECT_THROW(bad.capture(lane, [&] { c.add_(c.item<int64_t>()); }), GraphCaptureError);
+  LaneGuard guard(lane);
+  const at::Tensor ones = at::ones({1024}, at::TensorOptions().device(kCuda));
+  EXPECT_NO_THROW(at::dropout(ones, 0.5, /*train=*/true)) << "the default generator is stuck";
+  GraphedStep good;
+  good.capture(lane, [&] { c.add_(1); });
+  good.replay(lane);
+  lane.synchronize();
+  EXPECT_EQ(c.item<int64_t>(), 1);
+}
+
+// Work of a GraphedStage in the tests below: out = 2 x + 1.
+std::vector<at::Tensor> twice_plus_one(const std::vector<at::Tensor>& in) {
+  return {in[0].mul(2).add_(1)};
+}
+
+TEST(GraphTest, AGraphedStageOnTheCpuRunsEveryItemEagerly) {
+  GraphedStage stage(GraphOptions{}, twice_plus_one);
+  const Lane lane = Lane::create("cpu", c10::Device(c10::kCPU));
+  for (int64_t i = 0; i < 6; ++i) {
+    const at::Tensor x = at::full({3}, static_cast<double>(i));
+    EXPECT_TRUE(stage.run(lane, i, {x})[0].equal(x * 2 + 1)) << "item " << i;
+  }
+  EXPECT_FALSE(stage.captured());
+  EXPECT_EQ(stage.replays(), 0);
+  EXPECT_TRUE(stage.notes().empty());
+}
+
+TEST(GraphGpuTest, AGraphedStageWarmsUpCapturesReplaysAndRunsAnotherShapeEagerly) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  for (const GraphOutputs outputs : {GraphOutputs::kStatic, GraphOutputs::kCloned}) {
+    GraphOptions o;
+    o.name = "double";
+    GraphedStage stage(o, twice_plus_one, outputs);
+    const Lane lane = Lane::create("graph", kCuda);
+    LaneGuard guard(lane);
+    std::vector<at::Tensor> got;
+    for (int64_t i = 0; i < 7; ++i) {
+      const int64_t n = i == 6 ? 3 : 5;  // item 6: a short last batch
+      const at::Tensor x = at::full({n}, static_cast<double>(i), at::TensorOptions().device(kCuda));
+      got.push_back(stage.run(lane, i, {x})[0]);
+      EXPECT_EQ(stage.captured(), i >= kGraphWarmupSteps) << "item " << i;
+      // Checked at once: a static output is rewritten by the next replay.
+      EXPECT_TRUE(got.back().equal(x * 2 + 1)) << "item " << i;
+    }
+    EXPECT_EQ(stage.replays(), 3);  // items 3, 4, 5
+    EXPECT_EQ(stage.eager_items(), std::vector<int64_t>{6});
+    ASSERT_EQ(stage.notes().size(), 1u);
+    EXPECT_NE(stage.notes()[0].find("double: step 6 ran eagerly"), std::string::npos)
+        << stage.notes()[0];
+    EXPECT_NE(stage.notes()[0].find("input 0 is [3], captured [5]"), std::string::npos)
+        << stage.notes()[0];
+    // Replays write the graph's own output; kCloned hands out copies that keep their values.
+    const bool same_memory = got[3].data_ptr() == got[4].data_ptr();
+    EXPECT_EQ(same_memory, outputs == GraphOutputs::kStatic);
+    if (outputs == GraphOutputs::kCloned) {
+      EXPECT_TRUE(got[3].equal(at::full({5}, 7.0, at::TensorOptions().device(kCuda))));
+    }
+  }
+}
+
+TEST(GraphGpuTest, AGraphedStageWithFewerItemsThanItsWarmUpSaysItNeverCaptured) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  GraphOptions o;
+  o.name = "double";
+  GraphedStage stage(o, twice_plus_one);
+  const Lane lane = Lane::create("graph", kCuda);
+  LaneGuard guard(lane);
+  for (int64_t i = 0; i < 2; ++i)
+    stage.run(lane, i, {at::ones({4}, at::TensorOptions().device(kCuda))});
+  EXPECT_FALSE(stage.captured());
+  ASSERT_EQ(stage.notes().size(), 1u);
+  EXPECT_NE(stage.notes()[0].find("all 2 step(s) ran eagerly"), std::string::npos)
+      << stage.notes()[0];
 }
 
 std::vector<float> mlp_losses(const std::string& mode, c10::Device device, int64_t steps) {

@@ -1,5 +1,6 @@
-// The seg workload: model definitions as SPEC states them, and pipelined training computing
-// exactly what serial training computes (losses and final weights), on the CPU and the GPU.
+// The seg workload: model definitions as SPEC states them, and pipelined and graphed training
+// computing exactly what serial training computes (losses and final weights), on the CPU and the
+// GPU; a short last batch runs eagerly in the graphed modes, and the notes say what happened.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -36,20 +37,35 @@ TEST(SegTest, ShapesFlowFromImageToPerPixelLogits) {
 struct Trained {
   std::vector<float> losses;
   std::vector<at::Tensor> weights;
+  std::vector<std::string> notes;
 };
 
-Trained train(const std::string& mode, c10::Device device, int64_t batch_size, int64_t steps) {
+Trained train(const std::string& mode, c10::Device device, int64_t batch_size, int64_t steps,
+              int64_t last_batch_size = 0) {
   ScenarioOptions o;
   o.batch_size = batch_size;
   o.workers = 3;
   o.seed = 1234;
   o.device = device;
+  o.last_batch_size = last_batch_size;
   SegScenario scenario(o);
   scenario.prepare(mode, steps)->run(steps);
   Trained t;
   t.losses = scenario.losses();
   for (const auto& p : scenario.decoder()->parameters()) t.weights.push_back(p.detach().cpu());
+  t.notes = scenario.notes();
   return t;
+}
+
+/// The notes joined into one line, for searching and for failure messages.
+std::string joined(const std::vector<std::string>& notes) {
+  std::string out;
+  for (const auto& n : notes) out += n + " | ";
+  return out;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 void expect_same_training(const Trained& serial, const Trained& pipelined) {
@@ -78,6 +94,88 @@ TEST(SegGpuTest, PipelinedTrainsExactlyLikeSerial) {
   const auto serial = train("serial", cuda, 4, 24);
   const auto pipelined = train("pipelined", cuda, 4, 24);
   expect_same_training(serial, pipelined);
+}
+
+TEST(SegTest, GraphedModesRunEagerlyOnTheCpuAndTrainLikeSerial) {
+  testing::use_deterministic_algorithms();
+  const c10::Device cpu(c10::kCPU);
+  // A short last batch (1 of 2) too: the CPU runs it like every other batch.
+  const auto serial = train("serial", cpu, 2, 4, /*last_batch_size=*/1);
+  for (const std::string mode : {"graphed", "pipelined+graphed"}) {
+    SCOPED_TRACE(mode);
+    const auto graphed = train(mode, cpu, 2, 4, 1);
+    expect_same_training(serial, graphed);
+    ASSERT_EQ(graphed.notes.size(), 1u) << joined(graphed.notes);
+    EXPECT_EQ(graphed.notes[0], "CUDA graphs need a CUDA device: mode " + mode +
+                                    " ran eagerly on the CPU");
+  }
+  EXPECT_TRUE(serial.notes.empty()) << joined(serial.notes);
+}
+
+// Bitwise, losses and final weights: the graphs replay the very kernels of the eager step (the
+// statics take the eager tensors' shapes and strides, cuDNN's plan cache is filled by the warm-up
+// steps, deterministic algorithms are on), and the inputs are copied, not recomputed.
+TEST(SegGpuTest, GraphedModesTrainExactlyLikeSerial) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  testing::use_deterministic_algorithms();
+  const c10::Device cuda(c10::kCUDA, 0);
+  const auto serial = train("serial", cuda, 4, 24);
+  const auto graphed = train("graphed", cuda, 4, 24);
+  expect_same_training(serial, graphed);
+  const std::string notes = joined(graphed.notes);
+  EXPECT_TRUE(has(notes, "captured: step (uint8->float, frozen encoder, decoder forward, loss, "
+                         "backward, SGD) as one graph after 3 eager warm-up steps"))
+      << notes;
+  EXPECT_TRUE(has(notes, "; 21 replays;")) << notes;  // steps 3..23
+  EXPECT_FALSE(has(notes, "ran eagerly")) << notes;
+
+  const auto both = train("pipelined+graphed", cuda, 4, 24);
+  expect_same_training(serial, both);
+  const std::string both_notes = joined(both.notes);
+  EXPECT_TRUE(has(both_notes, "captured: encode (uint8->float, frozen encoder) and train "
+                              "(decoder forward, loss, backward, SGD) as one graph each"))
+      << both_notes;
+  EXPECT_TRUE(has(both_notes, "; 21 and 21 replays;")) << both_notes;
+  EXPECT_FALSE(has(both_notes, "ran eagerly")) << both_notes;
+}
+
+TEST(SegGpuTest, AShortLastBatchRunsEagerlyInTheGraphedModes) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  testing::use_deterministic_algorithms();
+  const c10::Device cuda(c10::kCUDA, 0);
+  const auto serial = train("serial", cuda, 4, 8, /*last_batch_size=*/3);
+  for (const std::string mode : {"graphed", "pipelined+graphed"}) {
+    SCOPED_TRACE(mode);
+    const auto graphed = train(mode, cuda, 4, 8, 3);
+    expect_same_training(serial, graphed);
+    const std::string notes = joined(graphed.notes);
+    EXPECT_TRUE(has(notes, "step 7 ran eagerly")) << notes;
+    EXPECT_TRUE(has(notes, "input 0 is [3, 3, 256, 256], captured [4, 3, 256, 256]")) << notes;
+    EXPECT_TRUE(has(notes, mode == "graphed" ? "; 4 replays;" : "; 4 and 4 replays;")) << notes;
+  }
+}
+
+TEST(SegGpuTest, ARunShorterThanTheWarmUpRunsEagerlyAndSaysSo) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const auto t = train("graphed", c10::Device(c10::kCUDA, 0), 2, 2);
+  const std::string notes = joined(t.notes);
+  EXPECT_TRUE(has(notes, "seg step: all 2 step(s) ran eagerly: a graph is captured only after 3 "
+                         "warm-up steps"))
+      << notes;
+  EXPECT_FALSE(has(notes, "captured:")) << notes;
+}
+
+TEST(SegTest, RejectsALastBatchSizeThatIsNotShort) {
+  ScenarioOptions o;
+  o.batch_size = 2;
+  o.last_batch_size = 2;
+  SegScenario scenario(o);
+  try {
+    scenario.prepare("serial", 3);
+    FAIL() << "a last batch as large as the batch size was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(has(e.what(), "last batch size 2 is not valid")) << e.what();
+  }
 }
 
 TEST(SegTest, RejectsUnknownMode) {

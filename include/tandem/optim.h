@@ -1,13 +1,16 @@
-// tandem's optimizers. Sgd: plain SGD as one multi-tensor `_foreach_add_` per step (in a
-// launch-bound step the host cost of the update matters). Adam/AdamW: capturable — the step
-// count, bias corrections and learning rate live in device tensors, so a step captured into a
-// CUDA graph applies at every replay exactly what an eager step would. (LibTorch's
-// torch::optim::Adam keeps the step count on the host and computes the bias corrections with
-// std::pow when the step is *captured*: every replay then repeats the first step's corrections.)
+// tandem's optimizers, capturable: every value a step reads that may change between steps (the
+// learning rate; Adam's step count and bias corrections) lives in a device tensor, so a step
+// captured into a CUDA graph applies at every replay exactly what an eager step would, and a
+// learning-rate schedule set between replays takes effect. (LibTorch's torch::optim::SGD bakes
+// the host lr into the captured kernels; torch::optim::Adam also keeps its step count on the host
+// and computes the bias corrections with std::pow when the step is *captured*: every replay then
+// repeats the first step's corrections.) Sgd's whole step is one multi-tensor kernel.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace tandem::optim {
@@ -22,9 +25,13 @@ struct SgdOptions {
 
 /// SGD with torch::optim::SGD's update: d = grad (+ weight_decay * p); with momentum,
 /// buf = d on a parameter's first step, then buf = momentum * buf + (1 - dampening) * d, and
-/// d = nesterov ? d + momentum * buf : buf; finally p -= lr * d. Without momentum and weight
-/// decay the whole update is one multi-tensor `_foreach_add_`. Runs on the current stream, no
-/// host sync; capture-safe once every momentum buffer exists (after one eager step: warm-up).
+/// d = nesterov ? d + momentum * buf : buf; finally p -= lr * d, with lr read from the device
+/// tensor lr(). The whole update, momentum and weight decay included, is one call of LibTorch's
+/// fused SGD kernel (`at::_fused_sgd_`, multi-tensor, lr taken as a device tensor) when the
+/// parameters share one floating dtype and each gradient is laid out like its parameter;
+/// otherwise the same update runs op by op (a few ops per parameter, then two multi-tensor ops).
+/// Runs on the current stream, no host sync; capture-safe once every momentum buffer exists
+/// (after one eager step: warm-up). Parameters must share one device (the lr tensor's).
 class Sgd {
  public:
   Sgd(std::vector<at::Tensor> params, double lr);
@@ -33,13 +40,19 @@ class Sgd {
   /// Sets every gradient to undefined ("set to none"), so backward writes fresh ones instead of
   /// accumulating: no zeroing kernels.
   void zero_grad();
+  /// Current stream; capture-safe after the first step (see the class comment).
   void step();
-
-  double lr() const { return options_.lr; }
+  /// Enqueues an update of the learning-rate tensor on the current stream (lr >= 0): eager
+  /// steps and replays of a graph captured earlier that run after it on that stream use the new
+  /// value. Call it outside the captured body (inside, the fill would be recorded and every
+  /// replay would write the same value again).
+  void set_lr(double lr);
+  const at::Tensor& lr() const { return lr_; }  ///< 0-dim float32 on the params' device
 
  private:
   std::vector<at::Tensor> params_;
-  SgdOptions options_;
+  SgdOptions options_;  // options_.lr is the initial learning rate; lr_ holds the current one
+  at::Tensor lr_;       // () float32 on the params' device
   std::vector<at::Tensor> momentum_buffers_;  // undefined until a parameter's first step
 };
 
@@ -60,8 +73,8 @@ class Adam {
 
   void zero_grad();
   void step();
-  /// Enqueues an update of the learning-rate tensor on the current stream: replays of a graph
-  /// captured earlier use the new value (a schedule that works under replay).
+  /// Enqueues an update of the learning-rate tensor on the current stream (lr >= 0): replays of
+  /// a graph captured earlier use the new value (a schedule that works under replay).
   void set_lr(double lr);
   const at::Tensor& lr() const { return lr_; }     ///< 0-dim float32 on the device
   const at::Tensor& steps() const { return step_; }  ///< 0-dim float32: steps taken
@@ -79,5 +92,41 @@ inline Adam make_adamw(std::vector<at::Tensor> params, AdamOptions options = {1e
   options.decoupled_weight_decay = true;
   return Adam(std::move(params), options);
 }
+
+// ---- Learning-rate schedules that work under CUDA-graph replay ----
+//
+// A captured step does not contain the learning rate: Sgd and Adam multiply by their lr()
+// tensor, and the captured kernels read that tensor's memory at every replay. So the host
+// evaluates the schedule between replays and calls set_lr, which enqueues a fill of that memory
+// on the current stream:
+//
+//   train lane:  [set_lr(s(0))]──[replay]──[set_lr(s(1))]──[replay]──[set_lr(s(2))]── ...
+//
+// Stream order makes each replay see the value set just before it, with no host sync. What the
+// user must do: call set_lr on the lane that replays (under its LaneGuard), before that replay
+// and outside the captured body. On another stream the fill races with a replay still reading
+// the lr; inside the captured body the fill would be recorded, and every replay would write the
+// same value again. A graph that captures K steps applies one lr to all K of them.
+//
+//   const optim::LrSchedule s = optim::linear_warmup(100, optim::cosine(0.1, 10'000));
+//   for (int64_t i = 0; i < steps; ++i) {
+//     { LaneGuard guard(lane); opt.set_lr(s(i)); }
+//     graph.replay(lane);
+//   }
+
+/// The learning rate for 0-based step `step`: any callable works; the factories below build
+/// the common ones. They throw tandem::InvalidArgument for a negative step.
+using LrSchedule = std::function<double(int64_t step)>;
+
+/// lr at every step.
+LrSchedule constant_lr(double lr);
+/// torch.optim.lr_scheduler.StepLR: lr * gamma^floor(step / step_size).
+LrSchedule step_decay(double lr, int64_t step_size, double gamma);
+/// torch.optim.lr_scheduler.CosineAnnealingLR's closed form: min_lr + (lr - min_lr) *
+/// (1 + cos(pi * step / total_steps)) / 2, held at min_lr after total_steps (no restart).
+LrSchedule cosine(double lr, int64_t total_steps, double min_lr = 0);
+/// A linear ramp into `after`: step s < warmup_steps gets after(0) * (s + 1) / (warmup_steps + 1)
+/// (never 0), then step s gets after(s - warmup_steps), so `after` starts at its own step 0.
+LrSchedule linear_warmup(int64_t warmup_steps, LrSchedule after);
 
 }  // namespace tandem::optim

@@ -29,6 +29,10 @@ struct ScenarioOptions {
   LanePriority train_priority = LanePriority::kHigh;
   /// If set, the loader records its workers' fills and the consumer's waits here.
   Trace* trace = nullptr;
+  /// 0: every batch of a run is full. 1..batch_size-1: the run's last batch has this many
+  /// samples, as when a dataset's size is not a multiple of the batch size (seg and cls; a
+  /// graphed mode runs that batch eagerly, since a graph's shapes are fixed).
+  int64_t last_batch_size = 0;
 };
 
 class Scenario {
@@ -61,9 +65,15 @@ std::unique_ptr<Scenario> make_scenario(const std::string& name, const ScenarioO
 /// Throws InvalidArgument unless `mode` is one of `modes` and num_steps >= 0.
 void check_prepare(const std::string& scenario, const std::vector<std::string>& modes,
                    const std::string& mode, int64_t num_steps);
-/// The loader settings a scenario's options imply (batch size, workers, depth, seed, trace).
+/// The loader settings a scenario's options imply (batch size, workers, depth, seed, trace;
+/// a short last batch is kept).
 struct LoaderOptions;
 LoaderOptions loader_options(const ScenarioOptions& options);
+/// The samples in a run of `num_steps` batches: num_steps × batch_size, less what a short last
+/// batch lacks. Throws InvalidArgument unless 0 <= last_batch_size < batch_size.
+int64_t run_samples(const ScenarioOptions& options, int64_t num_steps);
+/// The note a graphed mode leaves when it ran on the CPU, where there are no CUDA graphs.
+std::string cpu_graph_note(const std::string& mode);
 /// Mean cross-entropy of `logits` (B, C, ...) against int64 `labels` (B, ...): the value of
 /// CrossEntropyLoss(), computed as per-element losses then a mean, which is deterministic on
 /// CUDA (the fused mean reductions of nll_loss/nll_loss2d accumulate with atomics).

@@ -20,6 +20,9 @@ torch::nn::Sequential make_mlp_model() {
 MlpScenario::MlpScenario(const ScenarioOptions& options) : options_(options) {
   TANDEM_CHECK_ARG(options.batch_size > 0, "batch size ", options.batch_size,
                    " is not valid: expected a positive number of rows");
+  TANDEM_CHECK_ARG(options.last_batch_size == 0, "last batch size ", options.last_batch_size,
+                   " is not valid for scenario mlp: its batches are device tensors of one size, "
+                   "expected 0");
   torch::manual_seed(options.seed);
   model_ = make_mlp_model();
   model_->to(options.device);
@@ -44,7 +47,7 @@ std::unique_ptr<Pipeline> MlpScenario::prepare(const std::string& mode, int64_t 
   capture_note_.clear();
   const bool graphed = mode != "eager" && dev.is_cuda();
   if (mode != "eager" && !dev.is_cuda())
-    capture_note_ = "CUDA graphs need a CUDA device: mode " + mode + " ran eagerly on the CPU";
+    capture_note_ = cpu_graph_note(mode);
   steps_per_graph_ = mode == "graphed_k" ? kMlpStepsPerGraph : 1;
   std::vector<Stage> stages;
   if (graphed) {

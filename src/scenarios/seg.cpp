@@ -76,21 +76,60 @@ SegScenario::~SegScenario() = default;
 
 std::unique_ptr<Pipeline> SegScenario::prepare(const std::string& mode, int64_t num_steps) {
   check_prepare("seg", kModes, mode, num_steps);
+  const int64_t samples = run_samples(options_, num_steps);
+  // Drop the previous run's graphs. Safe with replays still in flight: CUDA frees an executable
+  // graph once its launches complete, and the statics' memory is reused only in stream order.
+  step_.reset();
+  encode_.reset();
+  train_.reset();
   loader_.reset();  // stop the previous run's workers before starting new ones
   const LoaderOptions lo = loader_options(options_);
-  loader_ = std::make_unique<Loader>(
-      std::make_shared<SegDataset>(num_steps * options_.batch_size, options_.seed), lo);
+  loader_ = std::make_unique<Loader>(std::make_shared<SegDataset>(samples, options_.seed), lo);
   losses_ = at::zeros({num_steps}, at::TensorOptions().dtype(at::kFloat).device(options_.device));
+  mode_ = mode;
 
   const c10::Device dev = options_.device;
   std::vector<Stage> stages;
   stages.push_back({"load", Lane::create("copy", dev),
                     [this](Batch& b, const Lane& l) { load(b, l); }});
-  stages.push_back({"encode", Lane::create("encoder", dev),
-                    [this](Batch& b, const Lane& l) { encode(b, l); }});
-  stages.push_back({"train", Lane::create("decoder", dev, options_.train_priority),
-                    [this](Batch& b, const Lane& l) { train(b, l); }});
-  const PipelineMode pm = mode == "serial" ? PipelineMode::kSerial : PipelineMode::kPipelined;
+  using Inputs = std::vector<at::Tensor>;
+  auto graph_options = [](const char* name) {
+    GraphOptions o;
+    o.name = name;
+    return o;
+  };
+  if (mode == "graphed") {
+    // Everything after the load in one graph: one launch per step instead of hundreds.
+    step_ = std::make_unique<GraphedStage>(graph_options("seg step"), [this](const Inputs& in) {
+      return Inputs{train_step(encode_features(in[0]), in[1])};
+    });
+    stages.push_back({"step", Lane::create("train", dev),
+                      [this](Batch& b, const Lane& l) { step_graphed(b, l); }});
+  } else if (mode == "pipelined+graphed") {
+    // One graph per stage, each with a private memory pool: the two replay concurrently on
+    // their lanes, so a shared pool would let their intermediates alias. The encoder's
+    // features are cloned after each replay (GraphOutputs::kCloned): its next replay rewrites
+    // them while the decoder lane may still read the previous ones. They are (B, 4096) floats,
+    // so the clone is one tiny copy; the Handoff then guards the clone like any stage output.
+    encode_ = std::make_unique<GraphedStage>(
+        graph_options("seg encode"),
+        [this](const Inputs& in) { return Inputs{encode_features(in[0])}; },
+        GraphOutputs::kCloned);
+    train_ = std::make_unique<GraphedStage>(graph_options("seg train"), [this](const Inputs& in) {
+      return Inputs{train_step(in[0], in[1])};
+    });
+    stages.push_back({"encode", Lane::create("encoder", dev),
+                      [this](Batch& b, const Lane& l) { encode_graphed(b, l); }});
+    stages.push_back({"train", Lane::create("decoder", dev, options_.train_priority),
+                      [this](Batch& b, const Lane& l) { train_graphed(b, l); }});
+  } else {
+    stages.push_back({"encode", Lane::create("encoder", dev),
+                      [this](Batch& b, const Lane& l) { encode(b, l); }});
+    stages.push_back({"train", Lane::create("decoder", dev, options_.train_priority),
+                      [this](Batch& b, const Lane& l) { train(b, l); }});
+  }
+  const PipelineMode pm = mode == "serial" || mode == "graphed" ? PipelineMode::kSerial
+                                                                : PipelineMode::kPipelined;
   return std::make_unique<Pipeline>(std::move(stages), pm, Lane::create("serial", dev));
 }
 
@@ -98,24 +137,72 @@ void SegScenario::load(Batch& batch, const Lane& lane) {
   load_next_batch(*loader_, batch, lane);
 }
 
-void SegScenario::encode(Batch& batch, const Lane& lane) {
+at::Tensor SegScenario::encode_features(const at::Tensor& image) {
   at::NoGradGuard no_grad;
-  at::Tensor x = batch.get("image").to(at::kFloat);  // (B, 3, 256, 256) float, no rescale
-  batch.set("features", encoder_->forward(x));       // (B, 4096, 1, 1) float
+  return encoder_->forward(image.to(at::kFloat));  // no rescale, as SPEC's reference
+}
+
+at::Tensor SegScenario::train_step(const at::Tensor& features, const at::Tensor& label) {
+  optimizer_->zero_grad();  // host-only: backward writes fresh gradients (see GraphedStep)
+  at::Tensor logits = decoder_->forward(features);  // (B, 10, 256, 256)
+  at::Tensor loss = deterministic_cross_entropy(logits, label);
+  loss.backward();
+  optimizer_->step();
+  return loss.detach();
+}
+
+void SegScenario::encode(Batch& batch, const Lane& lane) {
+  batch.set("features", encode_features(batch.get("image")));  // (B, 4096, 1, 1) float
   batch.erase("image");
 }
 
 void SegScenario::train(Batch& batch, const Lane& lane) {
-  optimizer_->zero_grad();
-  at::Tensor logits = decoder_->forward(batch.get("features"));  // (B, 10, 256, 256)
-  at::Tensor loss = deterministic_cross_entropy(logits, batch.get("label"));
-  loss.backward();
-  optimizer_->step();
-  losses_.select(0, batch.index).copy_(loss.detach());
+  const at::Tensor loss = train_step(batch.get("features"), batch.get("label"));
+  losses_.select(0, batch.index).copy_(loss);
+}
+
+// The graphed stages copy their inputs into the graph's statics, replay on their lane and copy
+// the loss out on that lane, before the next replay can rewrite it (GraphOutputs::kStatic).
+void SegScenario::step_graphed(Batch& batch, const Lane& lane) {
+  const at::Tensor loss =
+      step_->run(lane, batch.index, {batch.get("image"), batch.get("label")})[0];
+  losses_.select(0, batch.index).copy_(loss);
+}
+
+void SegScenario::encode_graphed(Batch& batch, const Lane& lane) {
+  batch.set("features", encode_->run(lane, batch.index, {batch.get("image")})[0]);
+  batch.erase("image");
+}
+
+void SegScenario::train_graphed(Batch& batch, const Lane& lane) {
+  const at::Tensor loss =
+      train_->run(lane, batch.index, {batch.get("features"), batch.get("label")})[0];
+  losses_.select(0, batch.index).copy_(loss);
 }
 
 std::vector<float> SegScenario::losses() const {
   return losses_to_host(losses_);
+}
+
+std::vector<std::string> SegScenario::notes() const {
+  std::vector<std::string> out;
+  if (mode_ != "graphed" && mode_ != "pipelined+graphed") return out;
+  if (!options_.device.is_cuda()) return {cpu_graph_note(mode_)};
+  if (step_ && step_->captured())
+    out.push_back(detail::concat(
+        "captured: step (uint8->float, frozen encoder, decoder forward, loss, backward, SGD) as "
+        "one graph after ", step_->warmup_steps(), " eager warm-up steps on a side lane; ",
+        step_->replays(), " replays; load (loader and H2D copy) stays eager"));
+  if (encode_ && train_ && (encode_->captured() || train_->captured()))
+    out.push_back(detail::concat(
+        "captured: encode (uint8->float, frozen encoder) and train (decoder forward, loss, "
+        "backward, SGD) as one graph each, replayed on its own lane, after ",
+        train_->warmup_steps(), " eager warm-up steps on a side lane; ", encode_->replays(),
+        " and ", train_->replays(), " replays; load (loader and H2D copy) stays eager"));
+  for (const GraphedStage* g : {step_.get(), encode_.get(), train_.get()})
+    if (g)
+      for (auto& note : g->notes()) out.push_back(note);
+  return out;
 }
 
 }  // namespace tandem

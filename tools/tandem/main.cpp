@@ -92,9 +92,9 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
     tandem::AutoResult a = tandem::run_auto(options);
     for (const auto& t : a.trials) {
       if (t.steps_per_s)
-        std::printf("  trial %-12s %10.2f steps/s\n", t.mode.c_str(), *t.steps_per_s);
+        std::printf("  trial %-17s %10.2f steps/s\n", t.mode.c_str(), *t.steps_per_s);
       else
-        std::printf("  trial %-12s failed: %s\n", t.mode.c_str(), t.error.c_str());
+        std::printf("  trial %-17s failed: %s\n", t.mode.c_str(), t.error.c_str());
     }
     std::printf("auto: picked %s (%s); trials took %.1f s\n", a.decision.mode.c_str(),
                 a.decision.reason.c_str(), a.trial_seconds);
@@ -175,8 +175,9 @@ int main(int argc, char** argv) {
                "warm-up steps, then timed steps between device synchronizations).");
   bench_flags.add(bench, bench_options);
   bench->add_option("--mode", bench_options.mode,
-                    "mode of the scenario (seg: serial or pipelined), or auto: short trials "
-                    "of every mode, then the fastest")
+                    "mode of the scenario (seg: serial, pipelined, graphed or pipelined+graphed; "
+                    "cls: cpu_aug, gpu_aug, pipelined, graphed or pipelined+graphed; mlp: eager, "
+                    "graphed or graphed_k), or auto: short trials of every mode, then the fastest")
       ->capture_default_str();
   bench_flags.batch_size_opt = bench->add_option(
       "--batch-size", bench_flags.batch_size, "samples per step [default: 8 on a GPU, 2 on the CPU]");

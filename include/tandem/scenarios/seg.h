@@ -1,12 +1,14 @@
 // Workload "seg" (SPEC.md): a frozen 9-conv encoder feeding a trainable 9-layer decoder, trained
 // for 10-class segmentation of 256x256 images. Modes: serial, pipelined (the encoder works on
-// batch n+1 on its lane while the decoder trains on batch n on another).
+// batch n+1 on its lane while the decoder trains on batch n on another), graphed (everything
+// after the load as one CUDA graph) and pipelined+graphed (pipelined, each GPU stage a graph).
 #pragma once
 
 #include <torch/nn/modules/container/sequential.h>
 
 #include <memory>
 
+#include "tandem/graph.h"
 #include "tandem/loader.h"
 #include "tandem/optim.h"
 #include "tandem/scenario.h"
@@ -41,26 +43,47 @@ class SegDataset : public Dataset {
   int64_t classes_;
 };
 
-/// The seg scenario. Stages: load (H2D on the copy lane) -> encode (uint8->float and the frozen
-/// encoder, no grad) -> train (decoder forward, cross-entropy, backward, SGD step).
+/// The seg scenario. Stages by mode (the load stage — loader and H2D copy on the copy lane — is
+/// host-driven and stays eager in every mode):
+///
+///   serial, pipelined:  load -> encode (uint8->float, frozen encoder, no grad)
+///                            -> train (decoder forward, cross-entropy, backward, SGD step)
+///   graphed:            load -> step (encode and train as one graph), one lane
+///   pipelined+graphed:  load -> encode (a graph on the encoder lane)
+///                            -> train (a graph on the decoder lane)
+///
+/// Graphed stages warm up eagerly for kGraphWarmupSteps steps, then capture and replay
+/// (GraphedStage); a short last batch runs eagerly. The frozen encoder makes pipelining exact,
+/// and the graphs replay the eager kernels: every mode computes serial's losses.
 class SegScenario : public Scenario {
  public:
   explicit SegScenario(const ScenarioOptions& options);
   ~SegScenario() override;
 
   std::string name() const override { return "seg"; }
-  inline static const std::vector<std::string> kModes{"serial", "pipelined"};
+  inline static const std::vector<std::string> kModes{"serial", "pipelined", "graphed",
+                                                      "pipelined+graphed"};
   std::vector<std::string> modes() const override { return kModes; }
   std::unique_ptr<Pipeline> prepare(const std::string& mode, int64_t num_steps) override;
   std::vector<float> losses() const override;
+  std::vector<std::string> notes() const override;
 
   torch::nn::Sequential& encoder() { return encoder_; }
   torch::nn::Sequential& decoder() { return decoder_; }
 
  private:
+  /// (B, 3, 256, 256) uint8 -> (B, 4096, 1, 1) float features, no grad. Capture-safe.
+  at::Tensor encode_features(const at::Tensor& image);
+  /// One decoder training step on (B, 4096, 1, 1) features and (B, 256, 256) int64 labels;
+  /// returns the loss, 0-dim float. Capture-safe (after one eager step).
+  at::Tensor train_step(const at::Tensor& features, const at::Tensor& label);
+
   void load(Batch& batch, const Lane& lane);
   void encode(Batch& batch, const Lane& lane);
   void train(Batch& batch, const Lane& lane);
+  void step_graphed(Batch& batch, const Lane& lane);
+  void encode_graphed(Batch& batch, const Lane& lane);
+  void train_graphed(Batch& batch, const Lane& lane);
 
   ScenarioOptions options_;
   torch::nn::Sequential encoder_{nullptr};
@@ -68,6 +91,11 @@ class SegScenario : public Scenario {
   std::unique_ptr<optim::Sgd> optimizer_;
   std::unique_ptr<Loader> loader_;
   at::Tensor losses_;  // (num_steps,) float32 on the device, written by the train stage
+
+  // Graphed modes: `step_` (graphed) or `encode_` and `train_` (pipelined+graphed), rebuilt by
+  // each prepare(); each is used by its stage's thread only.
+  std::string mode_;
+  std::unique_ptr<GraphedStage> step_, encode_, train_;
 };
 
 }  // namespace tandem
