@@ -65,7 +65,7 @@ if has_phase test; then
   tail -5 "$LOG" | grep -E "tests passed|tests failed" || true
 elif has_phase gputest; then
   say "tests labelled gpu"
-  (cd "$BUILD" && ctest --output-on-failure -L gpu) >>"$LOG" 2>&1 || { status=1; say "TESTS FAILED"; }
+  (cd "$BUILD" && ctest --output-on-failure -L gpu --timeout 180) >>"$LOG" 2>&1 || { status=1; say "TESTS FAILED"; }
   grep -E "tests passed|tests failed|\(Failed\)" "$LOG" | tail -12 || true
 fi
 
@@ -183,9 +183,9 @@ SWEEP_BS=${TANDEM_SWEEP_BS:-8,32,128}
 if has_phase sweep; then
   for scenario in seg cls; do
     say "tandem sweep --scenario $scenario --batch-sizes $SWEEP_BS (every mode, then auto)"
-    "$TANDEM" sweep --scenario "$scenario" --batch-sizes "$SWEEP_BS" --modes "$(scenario_modes "$scenario"),auto" \
+    TANDEM_DEBUG=1 TORCH_SHOW_CPP_STACKTRACES=1 timeout 300 "$TANDEM" sweep --scenario "$scenario" --batch-sizes "$SWEEP_BS" --modes "$(scenario_modes "$scenario"),auto" \
       --workers 8 --json "$RAW/sweep-$scenario.json" --csv "$RAW/sweep-$scenario.csv" \
-      --svg "$OUT/sweep-$scenario.svg" 2>&1 | tee -a "$LOG" | tail -25 || status=1
+      --svg "$OUT/sweep-$scenario.svg" 2>&1 | tee -a "$LOG" | grep -v "^  done:" | head -40 || status=1
   done
   say "compare auto"
   python3 bench/compare.py --scenario auto --sweep "$RAW"/sweep-seg.json "$RAW"/sweep-cls.json \

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <chrono>
 #include <mutex>
 #include <sstream>
 
@@ -183,6 +184,29 @@ bool copy_into_static(at::Tensor& dst, const at::Tensor& src) {
   return true;
 }
 
+void WarmupBarrier::join() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++pending_;
+}
+
+void WarmupBarrier::arrive() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --pending_;
+  }
+  done_.notify_all();
+}
+
+void WarmupBarrier::wait(const std::string& stage) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // Bounded: a stage that died in its warm-up without arriving must not hang the pipeline (its
+  // own error, recorded first, is what the pipeline reports).
+  if (!done_.wait_for(lock, std::chrono::minutes(5), [&] { return pending_ <= 0; }))
+    throw std::runtime_error("stage '" + stage +
+                             "' waited 5 minutes for the other graphed stages to finish their "
+                             "warm-up: did one of them fail?");
+}
+
 GraphedStage::GraphedStage(GraphOptions options, Work work, GraphOutputs outputs,
                            int warmup_steps)
     : options_(std::move(options)),
@@ -192,6 +216,14 @@ GraphedStage::GraphedStage(GraphOptions options, Work work, GraphOutputs outputs
   TANDEM_CHECK_ARG(warmup_steps >= 0, "stage '", options_.name, "': warm-up step count ",
                    warmup_steps, " is not valid: expected >= 0");
   TORCH_CHECK(work_, "stage '", options_.name, "' has no work");
+  if (options_.warmup_barrier && warmup_ > 0) {
+    options_.warmup_barrier->join();
+    barrier_pending_ = true;
+  }
+}
+
+GraphedStage::~GraphedStage() {
+  if (barrier_pending_) options_.warmup_barrier->arrive();  // never wait for a stage that is gone
 }
 
 std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
@@ -207,11 +239,21 @@ std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
     if (!side_) side_ = Lane::create(lane.name() + "-warmup", lane.device());
     side_->wait_for(lane);
     std::vector<at::Tensor> out;
-    {
+    try {
       LaneGuard guard(*side_, "warm-up");
       out = work_(inputs);
+    } catch (...) {
+      if (barrier_pending_) {  // this stage will not finish its warm-up: release the others
+        options_.warmup_barrier->arrive();
+        barrier_pending_ = false;
+      }
+      throw;
     }
     lane.wait_for(*side_);
+    if (barrier_pending_ && call + 1 == warmup_) {
+      options_.warmup_barrier->arrive();
+      barrier_pending_ = false;
+    }
     // The outputs were allocated on the side lane and are read next on `lane` (and handed on
     // from there): without this the allocator could recycle them for the side lane's next
     // allocation while `lane` still reads them.
@@ -246,6 +288,7 @@ std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
   }
   for (size_t i = 0; i < inputs.size(); ++i) copy_into_static(static_inputs_[i], inputs[i]);
   if (!captured()) {
+    if (options_.warmup_barrier) options_.warmup_barrier->wait(options_.name);
     GraphOptions o = options_;
     o.static_tensors.insert(o.static_tensors.end(), static_inputs_.begin(), static_inputs_.end());
     graph_ = std::make_unique<GraphedStep>(std::move(o));

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <sstream>
@@ -91,7 +92,9 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
         if (baseline_rate) row.speedup = r.steps_per_s / *baseline_rate;
         if (floor_ms) row.efficiency = r.steps_per_s * *floor_ms / 1000.0;
       } catch (const std::exception& e) {
-        row.error = first_line(e.what());
+        // TANDEM_DEBUG=1 keeps the whole message (with TORCH_SHOW_CPP_STACKTRACES=1, where
+        // LibTorch threw it), as the CLI does for a failed bench.
+        row.error = std::getenv("TANDEM_DEBUG") ? std::string(e.what()) : first_line(e.what());
       }
       rows.push_back(row);
       if (on_row) on_row(row);

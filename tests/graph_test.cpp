@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <thread>
 
@@ -37,6 +38,40 @@ TEST(GraphTest, CopyIntoStaticRefusesAnotherShape) {
   EXPECT_TRUE(dst.equal(at::ones({4, 3})));
   EXPECT_FALSE(copy_into_static(dst, at::full({2, 3}, 7.0)));  // a short last batch
   EXPECT_TRUE(dst.equal(at::ones({4, 3})));
+}
+
+TEST(GraphTest, AWarmupBarrierHoldsCapturesUntilEveryStageHasWarmedUp) {
+  WarmupBarrier barrier;
+  barrier.join();
+  barrier.join();
+  barrier.arrive();  // the capturing stage itself
+  std::atomic<bool> passed{false};
+  std::thread capturer([&] {
+    barrier.wait("capturer");
+    passed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(passed.load()) << "a capture went ahead while a stage was still warming up";
+  barrier.arrive();  // the other stage finished its warm-up
+  capturer.join();
+  EXPECT_TRUE(passed.load());
+}
+
+TEST(GraphTest, StagesThatGoAwayBeforeTheirWarmUpEndsReleaseTheBarrier) {
+  auto barrier = std::make_shared<WarmupBarrier>();
+  GraphOptions o;
+  o.name = "failing";
+  o.warmup_barrier = barrier;
+  {
+    GraphedStage failing(o, [](const std::vector<at::Tensor>&) -> std::vector<at::Tensor> {
+      throw std::runtime_error("boom");
+    });
+    GraphOptions other = o;
+    other.name = "other";
+    GraphedStage waiting(other, [](const std::vector<at::Tensor>& in) { return in; });
+  }  // both gone without finishing their warm-up: neither may leave the barrier pending
+  barrier->wait("after");  // returns at once
+  SUCCEED();
 }
 
 TEST(GraphGpuTest, CaptureDoesNotExecuteReplayDoes) {

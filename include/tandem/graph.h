@@ -8,9 +8,11 @@
 #include <ATen/core/Generator.h>
 #include <ATen/cuda/CUDAGraph.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -28,6 +30,26 @@ struct CapturedGraph;  // at::cuda::CUDAGraph, able to unwind a capture whose en
 class GraphCaptureError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+/// Shared by the graphed stages of one pipeline, which capture on different host threads: no
+/// stage captures before every stage has finished its eager warm-up steps. Why: eager first
+/// steps may autotune cuDNN convolutions — LibTorch keeps its cuDNN benchmark cache per thread,
+/// so each stage thread autotunes its own convolutions on its first steps — and autotuning
+/// synchronizes the device, which CUDA refuses while any thread captures on that device
+/// ("operation not permitted when stream is capturing"; seg's pipelined+graphed failed so at
+/// batch 32 and 128 on the H200 before this barrier). No deadlock in a pipeline: a stage waiting
+/// here has already handed its warm-up items downstream, and upstream stages are past theirs.
+class WarmupBarrier {
+ public:
+  void join();     ///< a stage that will warm up before it captures
+  void arrive();   ///< that stage finished its warm-up (or will never finish it)
+  /// Blocks until every joined stage has arrived; throws after 5 minutes naming `stage`.
+  void wait(const std::string& stage);
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  int pending_ = 0;
 };
 
 struct GraphOptions {
@@ -50,6 +72,8 @@ struct GraphOptions {
   /// listed here fails the capture. While a graph that lists a generator captures, no other
   /// thread may draw from it (its draws would be taken for the graph's).
   std::vector<at::Generator> generators;
+  /// GraphedStage only: the barrier of the pipeline's graphed stages (see WarmupBarrier).
+  std::shared_ptr<WarmupBarrier> warmup_barrier;
 };
 
 ///   lane:   ... ──[capture: records body, runs nothing]── ... ──[replay]──[replay]── ...
@@ -136,6 +160,9 @@ class GraphedStage {
 
   GraphedStage(GraphOptions options, Work work, GraphOutputs outputs = GraphOutputs::kStatic,
                int warmup_steps = kGraphWarmupSteps);
+  ~GraphedStage();
+  GraphedStage(const GraphedStage&) = delete;
+  GraphedStage& operator=(const GraphedStage&) = delete;
 
   /// Runs item `item` (for notes) of the stage on `lane`, as the table above says, and returns
   /// the outputs: work's own after an eager step, else as GraphOutputs says.
@@ -161,6 +188,7 @@ class GraphedStage {
   std::vector<at::Tensor> static_inputs_, static_outputs_;
   int64_t calls_ = 0, replays_ = 0;
   bool on_cpu_ = false;
+  bool barrier_pending_ = false;  // joined options_.warmup_barrier and not yet arrived
   std::vector<int64_t> eager_items_;
   std::string eager_reason_;  // the first mismatch: "input 0 is [3, ...], captured [8, ...]"
 };

@@ -118,9 +118,13 @@ std::unique_ptr<Pipeline> ClsScenario::prepare(const std::string& mode, int64_t 
   using Inputs = std::vector<at::Tensor>;
   // Only the graph that draws the parameters registers the generator: registering it with the
   // train graph too would mark it "capturing" while the augment thread draws from it.
-  auto graph_options = [this](const char* name, bool draws) {
+  // The graphed stages of a run share one warm-up barrier: none captures while another may
+  // still autotune cuDNN in its eager first steps (see WarmupBarrier).
+  auto barrier = std::make_shared<WarmupBarrier>();
+  auto graph_options = [this, barrier](const char* name, bool draws) {
     GraphOptions o;
     o.name = name;
+    o.warmup_barrier = barrier;
     if (draws && generator_.device().is_cuda()) o.generators = {generator_};
     return o;
   };

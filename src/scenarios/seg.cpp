@@ -93,9 +93,13 @@ std::unique_ptr<Pipeline> SegScenario::prepare(const std::string& mode, int64_t 
   stages.push_back({"load", Lane::create("copy", dev),
                     [this](Batch& b, const Lane& l) { load(b, l); }});
   using Inputs = std::vector<at::Tensor>;
-  auto graph_options = [](const char* name) {
+  // The graphed stages of a run share one warm-up barrier: none captures while another may
+  // still autotune cuDNN in its eager first steps (see WarmupBarrier).
+  auto barrier = std::make_shared<WarmupBarrier>();
+  auto graph_options = [barrier](const char* name) {
     GraphOptions o;
     o.name = name;
+    o.warmup_barrier = barrier;
     return o;
   };
   if (mode == "graphed") {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <cstdlib>
 #include <iostream>
 
 #include "tandem/augment_bench.h"
@@ -165,7 +166,8 @@ int run_augment_bench_command(const std::vector<int64_t>& batch_sizes, const std
 int main(int argc, char** argv) {
   CLI::App app{"tandem: faster GPU training steps by overlapping their parts on CUDA streams."};
   app.require_subcommand(1);
-  app.footer("Exit codes: 0 success, 1 the run failed, 2 bad command-line input.");
+  app.footer("Exit codes: 0 success, 1 the run failed, 2 bad command-line input. TANDEM_DEBUG=1 prints\n"
+             "whole error messages (with TORCH_SHOW_CPP_STACKTRACES=1, where they were thrown).");
 
   tandem::BenchOptions bench_options;
   std::string bench_json;
@@ -239,10 +241,17 @@ int main(int argc, char** argv) {
     std::cerr << "tandem: error: " << tandem::first_line(e.what()) << "\n";
     return kExitUsage;
   } catch (const c10::Error& e) {
-    std::cerr << "tandem: error: " << tandem::first_line(e.what_without_backtrace()) << "\n";
+    // TANDEM_DEBUG=1: the whole message, with LibTorch's C++ backtrace of where it was thrown
+    // (stage threads included) when TORCH_SHOW_CPP_STACKTRACES=1 is set too.
+    std::cerr << "tandem: error: "
+              << (std::getenv("TANDEM_DEBUG") ? std::string(e.what())
+                                              : tandem::first_line(e.what_without_backtrace()))
+              << "\n";
     return kExitFailure;
   } catch (const std::exception& e) {
-    std::cerr << "tandem: error: " << tandem::first_line(e.what()) << "\n";
+    std::cerr << "tandem: error: "
+              << (std::getenv("TANDEM_DEBUG") ? std::string(e.what()) : tandem::first_line(e.what()))
+              << "\n";
     return kExitFailure;
   }
   return 0;
