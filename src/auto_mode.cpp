@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -37,6 +38,14 @@ AutoDecision choose_mode(const std::vector<Trial>& trials, double margin) {
   return {best->mode, "fastest"};  // unreachable: best is within its own margin
 }
 
+int64_t second_trial_steps(int64_t steps, double steps_per_s, int64_t cap) {
+  if (!(steps_per_s > 0) || static_cast<double>(steps) >= kAutoTrialSeconds * steps_per_s)
+    return 0;
+  const auto wanted = static_cast<int64_t>(std::ceil(kAutoTrialSeconds * steps_per_s));
+  const int64_t longer = std::min({wanted, kAutoTrialMaxSteps, cap});
+  return longer > steps ? longer : 0;
+}
+
 AutoResult run_auto(const BenchOptions& unresolved) {
   BenchOptions options = resolve(unresolved);
   AutoResult out;
@@ -51,6 +60,11 @@ AutoResult run_auto(const BenchOptions& unresolved) {
     Trial t{mode, std::nullopt, ""};
     try {
       t.steps_per_s = run_bench(trial).steps_per_s;
+      const int64_t longer = second_trial_steps(*trial.steps, *t.steps_per_s, *options.steps);
+      if (longer > 0) {
+        trial.steps = longer;
+        t.steps_per_s = run_bench(trial).steps_per_s;
+      }
     } catch (const std::exception& e) {
       t.error = first_line(e.what());
     }

@@ -34,6 +34,15 @@ TEST(AutoModeTest, SkipsAFailedMode) {
   EXPECT_EQ(d.mode, "pipelined");
 }
 
+TEST(AutoModeTest, ATrialShorterThanItsTimeTargetRunsAgainLonger) {
+  // 20 steps at 1000 steps/s took 20 ms: a second trial of 0.6 s worth, capped.
+  EXPECT_EQ(second_trial_steps(20, 1000.0, 10000), kAutoTrialMaxSteps);
+  EXPECT_EQ(second_trial_steps(20, 100.0, 10000), 60);
+  EXPECT_EQ(second_trial_steps(20, 100.0, 45), 45);  // never more than the run itself
+  EXPECT_EQ(second_trial_steps(20, 10.0, 10000), 0);  // 2 s already: long enough
+  EXPECT_EQ(second_trial_steps(20, 100.0, 20), 0);   // the cap leaves nothing longer
+}
+
 TEST(AutoModeTest, AllModesFailingIsAnErrorThatSaysWhy) {
   try {
     choose_mode({{"serial", std::nullopt, "boom"}, {"pipelined", std::nullopt, "bang"}});

@@ -26,10 +26,22 @@ struct AutoDecision {
 /// noise to be chosen. Failed trials are skipped; throws std::runtime_error if all failed.
 AutoDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015);
 
-/// Trial length: at most this many warm-up and timed steps per mode (fewer if the run asks
-/// for fewer), so the trials of a scenario with M modes cost about M short runs.
+/// Trial length. Each mode first runs kAutoTrialWarmup + kAutoTrialSteps steps (fewer if the
+/// run asks for fewer); a mode whose timed steps took less than kAutoTrialSeconds then runs
+/// again with enough steps to fill that time (at most kAutoTrialMaxSteps), and that rate counts.
+/// Why: a pipeline's fill and drain fall inside a short timed window and cost a pipelined mode
+/// a few percent against a serial one; on the H200, 20-step trials made cls pick gpu_aug where
+/// pipelined+graphed ran 9% faster. The trials of a scenario with M modes take at most about
+/// M x (2 short runs + kAutoTrialSeconds), model set-up included.
 inline constexpr int64_t kAutoTrialWarmup = 5;
 inline constexpr int64_t kAutoTrialSteps = 20;
+inline constexpr double kAutoTrialSeconds = 0.6;
+inline constexpr int64_t kAutoTrialMaxSteps = 300;
+
+/// Timed steps of the second trial of a mode whose first, of `steps` steps, ran at
+/// `steps_per_s`: enough for kAutoTrialSeconds, at most kAutoTrialMaxSteps and at most `cap`
+/// (the run's own step count); 0 when the first trial already lasted long enough.
+int64_t second_trial_steps(int64_t steps, double steps_per_s, int64_t cap);
 
 struct AutoResult {
   std::vector<Trial> trials;

@@ -88,7 +88,9 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
   tandem::BenchResult result;
   if (options.mode == "auto") {
     std::cout << "\nauto: trials of " << tandem::kAutoTrialWarmup << " warm-up + "
-              << tandem::kAutoTrialSteps << " timed steps (at most) per mode\n"
+              << tandem::kAutoTrialSteps << " timed steps per mode, repeated with up to "
+              << tandem::kAutoTrialMaxSteps << " steps where they took under "
+              << tandem::kAutoTrialSeconds << " s\n"
               << std::flush;
     tandem::AutoResult a = tandem::run_auto(options);
     for (const auto& t : a.trials) {
