@@ -102,7 +102,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
     if (stage == clock_stage && item == warmup) {
       synchronize(device);
       start = Clock::now();
-      monitor.start();
+      if (options.gpu_monitor) monitor.start();
     }
     if (stage == last_stage) progress.update(item);
   });
@@ -116,7 +116,9 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   result.timing = pipeline->timing();
   result.notes = scenario->notes();
   result.gpu_utilization = monitor.mean_utilization();
-  result.gpu_utilization_note = monitor.available() ? "NVML" : monitor.unavailable_reason();
+  result.gpu_utilization_note = !options.gpu_monitor ? "off: --no-gpu-monitor"
+                                 : monitor.available() ? "NVML"
+                                                       : monitor.unavailable_reason();
   for (const auto& st : result.timing.stages) {
     const double ms = device.is_cuda() ? st.device_ms_per_item : st.host_ms_per_item;
     if (ms > result.floor_ms) {

@@ -32,6 +32,9 @@ struct BenchOptions {
   std::string trace_path;
   /// Draw a progress line on stderr when it is a terminal.
   bool progress = true;
+  /// Sample GPU utilization through NVML during the timed steps (a thread querying the driver
+  /// every 20 ms); off leaves the run without any thread of tandem's besides its stages.
+  bool gpu_monitor = true;
   uint64_t seed = 0;
 };
 

@@ -67,6 +67,8 @@ struct RunFlags {
     app->add_option("--train-priority", options.train_priority,
                     "stream priority of the training lane: high or normal")
         ->capture_default_str();
+    app->add_flag("--gpu-monitor,!--no-gpu-monitor", options.gpu_monitor,
+                  "sample GPU utilization through NVML during the timed steps [default: on]");
   }
   // Flags not given stay unset, so the library picks the device's defaults.
   void apply(tandem::BenchOptions& options) const {
