@@ -1,5 +1,4 @@
-// GraphedStep: warm-up, capture with a diagnosis of failures, replay; GraphedStage: a pipeline
-// stage's warm-up / capture / replay / eager-fallback life cycle.
+// GraphedStep: warm-up, capture with a diagnosis of failures, replay.
 #include "tandem/graph.h"
 
 #include <ATen/ATen.h>
@@ -7,9 +6,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
-#include <chrono>
 #include <mutex>
-#include <sstream>
 
 #include "tandem/error.h"
 
@@ -84,11 +81,6 @@ void end_generator_captures(const Lane& lane, const std::vector<at::Generator>& 
   }
 }
 
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
 }  // namespace
 
 GraphedStep::GraphedStep(GraphOptions options) : options_(std::move(options)) {}
@@ -182,143 +174,6 @@ bool copy_into_static(at::Tensor& dst, const at::Tensor& src) {
   if (!dst.sizes().equals(src.sizes())) return false;
   dst.copy_(src, /*non_blocking=*/true);
   return true;
-}
-
-void WarmupBarrier::join() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++pending_;
-}
-
-void WarmupBarrier::arrive() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    --pending_;
-  }
-  done_.notify_all();
-}
-
-void WarmupBarrier::wait(const std::string& stage) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  // Bounded: a stage that died in its warm-up without arriving must not hang the pipeline (its
-  // own error, recorded first, is what the pipeline reports).
-  if (!done_.wait_for(lock, std::chrono::minutes(5), [&] { return pending_ <= 0; }))
-    throw std::runtime_error("stage '" + stage +
-                             "' waited 5 minutes for the other graphed stages to finish their "
-                             "warm-up: did one of them fail?");
-}
-
-GraphedStage::GraphedStage(GraphOptions options, Work work, GraphOutputs outputs,
-                           int warmup_steps)
-    : options_(std::move(options)),
-      work_(std::move(work)),
-      outputs_(outputs),
-      warmup_(warmup_steps) {
-  TANDEM_CHECK_ARG(warmup_steps >= 0, "stage '", options_.name, "': warm-up step count ",
-                   warmup_steps, " is not valid: expected >= 0");
-  TORCH_CHECK(work_, "stage '", options_.name, "' has no work");
-  if (options_.warmup_barrier && warmup_ > 0) {
-    options_.warmup_barrier->join();
-    barrier_pending_ = true;
-  }
-}
-
-GraphedStage::~GraphedStage() {
-  if (barrier_pending_) options_.warmup_barrier->arrive();  // never wait for a stage that is gone
-}
-
-std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
-                                          const std::vector<at::Tensor>& inputs) {
-  const int64_t call = calls_++;
-  if (!lane.is_cuda()) {
-    on_cpu_ = true;
-    return work_(inputs);
-  }
-  if (call < warmup_) {
-    // PyTorch's recipe: warm up on a side lane, ordered between the lane's work before and
-    // after. One side lane for all warm-ups, so libraries set up per-stream state once.
-    if (!side_) side_ = Lane::create(lane.name() + "-warmup", lane.device());
-    side_->wait_for(lane);
-    std::vector<at::Tensor> out;
-    try {
-      LaneGuard guard(*side_, "warm-up");
-      out = work_(inputs);
-    } catch (...) {
-      if (barrier_pending_) {  // this stage will not finish its warm-up: release the others
-        options_.warmup_barrier->arrive();
-        barrier_pending_ = false;
-      }
-      throw;
-    }
-    lane.wait_for(*side_);
-    if (barrier_pending_ && call + 1 == warmup_) {
-      options_.warmup_barrier->arrive();
-      barrier_pending_ = false;
-    }
-    // The outputs were allocated on the side lane and are read next on `lane` (and handed on
-    // from there): without this the allocator could recycle them for the side lane's next
-    // allocation while `lane` still reads them.
-    for (const at::Tensor& t : out)
-      if (t.defined() && t.is_cuda() && t.has_storage() && t.storage().data_ptr().get())
-        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), lane.stream());
-    return out;
-  }
-  LaneGuard guard(lane, "graph inputs");
-  if (!captured()) {
-    // The statics take the shapes, dtypes and strides of the first item after warm-up, so the
-    // captured kernels see exactly the layouts the eager steps saw (and pick the same kernels).
-    static_inputs_.clear();
-    for (const at::Tensor& t : inputs) static_inputs_.push_back(at::empty_like(t));
-  }
-  bool same_shapes = inputs.size() == static_inputs_.size();
-  for (size_t i = 0; same_shapes && i < inputs.size(); ++i)
-    same_shapes = inputs[i].sizes().equals(static_inputs_[i].sizes());
-  if (!same_shapes) {
-    if (eager_items_.empty()) {
-      std::ostringstream os;
-      for (size_t i = 0; i < inputs.size(); ++i)
-        if (i >= static_inputs_.size() || !inputs[i].sizes().equals(static_inputs_[i].sizes())) {
-          os << "input " << i << " is " << shape_of(inputs[i]) << ", captured "
-             << (i < static_inputs_.size() ? shape_of(static_inputs_[i]) : "nothing");
-          break;
-        }
-      eager_reason_ = os.str();
-    }
-    eager_items_.push_back(item);
-    return work_(inputs);
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) copy_into_static(static_inputs_[i], inputs[i]);
-  if (!captured()) {
-    if (options_.warmup_barrier) options_.warmup_barrier->wait(options_.name);
-    GraphOptions o = options_;
-    o.static_tensors.insert(o.static_tensors.end(), static_inputs_.begin(), static_inputs_.end());
-    graph_ = std::make_unique<GraphedStep>(std::move(o));
-    graph_->capture(lane, [&] { static_outputs_ = work_(static_inputs_); });
-  }
-  graph_->replay(lane);
-  ++replays_;
-  if (outputs_ == GraphOutputs::kStatic) return static_outputs_;
-  std::vector<at::Tensor> out;
-  out.reserve(static_outputs_.size());
-  for (const at::Tensor& t : static_outputs_) out.push_back(t.clone());
-  return out;
-}
-
-std::vector<std::string> GraphedStage::notes() const {
-  std::vector<std::string> out;
-  if (on_cpu_) return out;  // the scenario says once that its graphed mode ran eagerly
-  if (!captured() && calls_ > 0 && calls_ <= warmup_)
-    out.push_back(detail::concat(options_.name, ": all ", calls_,
-                                 " step(s) ran eagerly: a graph is captured only after ", warmup_,
-                                 " warm-up steps"));
-  if (!eager_items_.empty()) {
-    std::string items;
-    for (size_t i = 0; i < eager_items_.size(); ++i)
-      items += (i ? ", " : "") + std::to_string(eager_items_[i]);
-    out.push_back(detail::concat(options_.name, ": step ", items,
-                                 " ran eagerly: its shapes differ from the captured ones (",
-                                 eager_reason_, "; a short last batch)"));
-  }
-  return out;
 }
 
 }  // namespace tandem

@@ -15,6 +15,7 @@
 
 #include "tandem/error.h"
 #include "tandem/graph.h"
+#include "tandem/graphed_stage.h"
 #include "tandem/scenarios/mlp.h"
 #include "test_util.h"
 
@@ -61,14 +62,18 @@ TEST(GraphTest, StagesThatGoAwayBeforeTheirWarmUpEndsReleaseTheBarrier) {
   auto barrier = std::make_shared<WarmupBarrier>();
   GraphOptions o;
   o.name = "failing";
-  o.warmup_barrier = barrier;
   {
-    GraphedStage failing(o, [](const std::vector<at::Tensor>&) -> std::vector<at::Tensor> {
-      throw std::runtime_error("boom");
-    });
+    GraphedStage failing(
+        o,
+        [](const std::vector<at::Tensor>&) -> std::vector<at::Tensor> {
+          throw std::runtime_error("boom");
+        },
+        GraphOutputs::kStatic, barrier);
     GraphOptions other = o;
     other.name = "other";
-    GraphedStage waiting(other, [](const std::vector<at::Tensor>& in) { return in; });
+    GraphedStage waiting(
+        other, [](const std::vector<at::Tensor>& in) { return in; }, GraphOutputs::kStatic,
+        barrier);
   }  // both gone without finishing their warm-up: neither may leave the barrier pending
   barrier->wait("after");  // returns at once
   SUCCEED();

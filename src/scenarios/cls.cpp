@@ -121,17 +121,17 @@ std::unique_ptr<Pipeline> ClsScenario::prepare(const std::string& mode, int64_t 
   // The graphed stages of a run share one warm-up barrier: none captures while another may
   // still autotune cuDNN in its eager first steps (see WarmupBarrier).
   auto barrier = std::make_shared<WarmupBarrier>();
-  auto graph_options = [this, barrier](const char* name, bool draws) {
+  auto graph_options = [this](const char* name, bool draws) {
     GraphOptions o;
     o.name = name;
-    o.warmup_barrier = barrier;
     if (draws && generator_.device().is_cuda()) o.generators = {generator_};
     return o;
   };
   if (mode == "graphed") {
     step_ = std::make_unique<GraphedStage>(
         graph_options("cls step", true),
-        [this](const Inputs& in) { return Inputs{train_step(augment_images(in[0]), in[1])}; });
+        [this](const Inputs& in) { return Inputs{train_step(augment_images(in[0]), in[1])}; },
+        GraphOutputs::kStatic, barrier);
     stages.push_back({"step", Lane::create("train", dev),
                       [this](Batch& b, const Lane& l) { step_graphed(b, l); }});
   } else if (mode == "pipelined+graphed") {
@@ -143,11 +143,11 @@ std::unique_ptr<Pipeline> ClsScenario::prepare(const std::string& mode, int64_t 
     augment_ = std::make_unique<GraphedStage>(
         graph_options("cls augment", true),
         [this](const Inputs& in) { return Inputs{augment_images(in[0])}; },
-        GraphOutputs::kCloned);
-    train_ = std::make_unique<GraphedStage>(graph_options("cls train", false),
-                                            [this](const Inputs& in) {
-                                              return Inputs{train_step(in[0], in[1])};
-                                            });
+        GraphOutputs::kCloned, barrier);
+    train_ = std::make_unique<GraphedStage>(
+        graph_options("cls train", false),
+        [this](const Inputs& in) { return Inputs{train_step(in[0], in[1])}; },
+        GraphOutputs::kStatic, barrier);
     stages.push_back({"augment", Lane::create("augment", dev),
                       [this](Batch& b, const Lane& l) { augment_graphed(b, l); }});
     stages.push_back({"train", Lane::create("train", dev, options_.train_priority),

@@ -96,17 +96,17 @@ std::unique_ptr<Pipeline> SegScenario::prepare(const std::string& mode, int64_t 
   // The graphed stages of a run share one warm-up barrier: none captures while another may
   // still autotune cuDNN in its eager first steps (see WarmupBarrier).
   auto barrier = std::make_shared<WarmupBarrier>();
-  auto graph_options = [barrier](const char* name) {
+  auto graph_options = [](const char* name) {
     GraphOptions o;
     o.name = name;
-    o.warmup_barrier = barrier;
     return o;
   };
   if (mode == "graphed") {
     // Everything after the load in one graph: one launch per step instead of hundreds.
-    step_ = std::make_unique<GraphedStage>(graph_options("seg step"), [this](const Inputs& in) {
-      return Inputs{train_step(encode_features(in[0]), in[1])};
-    });
+    step_ = std::make_unique<GraphedStage>(
+        graph_options("seg step"),
+        [this](const Inputs& in) { return Inputs{train_step(encode_features(in[0]), in[1])}; },
+        GraphOutputs::kStatic, barrier);
     stages.push_back({"step", Lane::create("train", dev),
                       [this](Batch& b, const Lane& l) { step_graphed(b, l); }});
   } else if (mode == "pipelined+graphed") {
@@ -118,10 +118,11 @@ std::unique_ptr<Pipeline> SegScenario::prepare(const std::string& mode, int64_t 
     encode_ = std::make_unique<GraphedStage>(
         graph_options("seg encode"),
         [this](const Inputs& in) { return Inputs{encode_features(in[0])}; },
-        GraphOutputs::kCloned);
-    train_ = std::make_unique<GraphedStage>(graph_options("seg train"), [this](const Inputs& in) {
-      return Inputs{train_step(in[0], in[1])};
-    });
+        GraphOutputs::kCloned, barrier);
+    train_ = std::make_unique<GraphedStage>(
+        graph_options("seg train"),
+        [this](const Inputs& in) { return Inputs{train_step(in[0], in[1])}; },
+        GraphOutputs::kStatic, barrier);
     stages.push_back({"encode", Lane::create("encoder", dev),
                       [this](Batch& b, const Lane& l) { encode_graphed(b, l); }});
     stages.push_back({"train", Lane::create("decoder", dev, options_.train_priority),

@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "tandem/augment.h"
-#include "tandem/graph.h"
+#include "tandem/graphed_stage.h"
 #include "tandem/loader.h"
 #include "tandem/optim.h"
 #include "tandem/scenario.h"

@@ -8,7 +8,7 @@
 
 #include <memory>
 
-#include "tandem/graph.h"
+#include "tandem/graphed_stage.h"
 #include "tandem/loader.h"
 #include "tandem/optim.h"
 #include "tandem/scenario.h"
