@@ -32,14 +32,6 @@ for d in "$REF" ../shared/reference .ref; do
   if [ -n "$d" ] && [ -f "$d/seed_reference.py" ]; then REF=$d; break; fi
 done
 
-# A scenario's modes, comma-separated, as the CLI lists them ("modes:" line of bench --help).
-scenario_modes() {
-  case $1 in
-    seg) echo "serial,pipelined,graphed,pipelined+graphed" ;;
-    cls) echo "cpu_aug,gpu_aug,pipelined,graphed,pipelined+graphed" ;;
-    mlp) echo "eager,graphed,graphed_k" ;;
-  esac
-}
 say() { echo "== $(date +%H:%M:%S) $*" | tee -a "$LOG"; }
 status=0
 
@@ -183,14 +175,14 @@ SWEEP_BS=${TANDEM_SWEEP_BS:-8,32,128}
 if has_phase sweep; then
   for scenario in seg cls; do
     say "tandem sweep --scenario $scenario --batch-sizes $SWEEP_BS (every mode, then auto)"
-    TANDEM_DEBUG=1 TORCH_SHOW_CPP_STACKTRACES=1 timeout 300 "$TANDEM" sweep --scenario "$scenario" --batch-sizes "$SWEEP_BS" --modes "$(scenario_modes "$scenario"),auto" \
+    TANDEM_DEBUG=1 TORCH_SHOW_CPP_STACKTRACES=1 timeout 300 "$TANDEM" sweep --scenario "$scenario" --batch-sizes "$SWEEP_BS" --modes all,auto \
       --workers 8 --json "$RAW/sweep-$scenario.json" --csv "$RAW/sweep-$scenario.csv" \
       --svg "$OUT/sweep-$scenario.svg" 2>&1 | tee -a "$LOG" | grep -v "^  done:" | head -40 || status=1
   done
   say "compare auto"
   python3 bench/compare.py --scenario auto --sweep "$RAW"/sweep-seg.json "$RAW"/sweep-cls.json \
     --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-    --command "scripts/gpu-check.sh OUT sweep (tandem sweep --scenario {seg,cls} --batch-sizes $SWEEP_BS --modes <all>,auto --workers 8)" \
+    --command "scripts/gpu-check.sh OUT sweep (tandem sweep --scenario {seg,cls} --batch-sizes $SWEEP_BS --modes all,auto --workers 8)" \
     --out "$OUT/auto.json" 2>&1 | tee -a "$LOG" || status=1
   say "a Chrome trace of seg pipelined+graphed, bs 8 (in raw.tar.gz)"
   "$TANDEM" bench --scenario seg --mode pipelined+graphed --batch-size 8 --steps 20 --warmup 10 \

@@ -50,7 +50,11 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
                                 const std::function<void(const SweepRow&)>& on_row) {
   const auto scenario_modes_list = scenario_modes(options.base.scenario);
   const std::string baseline = scenario_modes_list.front();
-  std::vector<std::string> modes = options.modes.empty() ? scenario_modes_list : options.modes;
+  // "all" (or no list) stands for every mode of the scenario, in its order; duplicates run once.
+  std::vector<std::string> modes;
+  for (const auto& m : options.modes.empty() ? std::vector<std::string>{"all"} : options.modes)
+    for (const auto& mode : m == "all" ? scenario_modes_list : std::vector<std::string>{m})
+      if (std::find(modes.begin(), modes.end(), mode) == modes.end()) modes.push_back(mode);
   TANDEM_CHECK_ARG(!options.batch_sizes.empty(), "a sweep needs at least one batch size");
   for (const auto& m : modes) {
     BenchOptions probe = options.base;

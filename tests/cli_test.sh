@@ -72,6 +72,15 @@ else
   failed=$((failed + 1)); echo "FAIL: a tiny CPU sweep"; cat "$tmp/out" "$tmp/err"
 fi
 
+# "all" expands to the scenario's modes; a mode named twice runs once; the baseline runs first.
+if "$tandem" sweep --scenario mlp --device cpu --batch-sizes 1 --steps 1 --warmup 0 \
+     --modes graphed,all --csv "$tmp/m.csv" >"$tmp/out" 2>"$tmp/err" &&
+   [ "$(cut -d, -f1 "$tmp/m.csv" | tail -n +2 | paste -sd' ')" = "eager graphed graphed_k" ]; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)); echo "FAIL: sweep --modes graphed,all"; cat "$tmp/out" "$tmp/err" "$tmp/m.csv"
+fi
+
 if "$tandem" bench --device cpu --mode auto --batch-size 1 --steps 1 --warmup 0 --workers 1 \
      --json "$tmp/a.json" >"$tmp/out" 2>"$tmp/err" &&
    grep -q 'auto: picked' "$tmp/out" && grep -q '"picked"' "$tmp/a.json" &&

@@ -14,7 +14,7 @@
 namespace tandem {
 
 struct SweepOptions {
-  std::vector<std::string> modes;    ///< may include "auto"; empty: all of the scenario's
+  std::vector<std::string> modes;    ///< may include "auto"; "all" or empty: the scenario's
   std::vector<int64_t> batch_sizes;  ///< at least one, each > 0
   BenchOptions base;                 ///< scenario, device, steps, warm-up, workers, seed, ...
 };

@@ -200,7 +200,8 @@ int main(int argc, char** argv) {
                "chart.");
   sweep_flags.add(sweep, sweep_options.base);
   sweep->add_option("--modes", sweep_options.modes,
-                    "comma-separated modes, auto allowed [default: all of the scenario's]")
+                    "comma-separated modes; all = every mode of the scenario; auto allowed "
+                    "[default: all]")
       ->delimiter(',');
   sweep->add_option("--batch-sizes", sweep_options.batch_sizes, "comma-separated batch sizes")
       ->delimiter(',')
