@@ -54,7 +54,7 @@ LoaderOptions loader_options(const ScenarioOptions& options) {
   LoaderOptions lo;
   lo.batch_size = options.batch_size;
   lo.workers = options.workers;
-  lo.depth = options.loader_depth > 0 ? options.loader_depth : options.workers + 2;
+  lo.depth = options.loader_depth > 0 ? options.loader_depth : ring_slots_for(options.workers);
   lo.seed = options.seed;
   lo.trace = options.trace;
   lo.drop_last = false;  // run_samples() sizes the dataset: a short last batch is wanted

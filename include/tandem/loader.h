@@ -41,6 +41,12 @@ class Dataset {
   virtual void get(int64_t index, const std::vector<at::Tensor>& out) const = 0;
 };
 
+/// The ring a pool of `workers` needs to keep every worker busy: a worker fills a whole batch
+/// in a slot of its own, so one slot per worker, plus the batch the copy lane is reading and the
+/// next one ready for it. (With fewer slots workers idle: on the H200, 4 slots for 8 workers ran
+/// cls's cpu_aug at half speed.)
+inline int ring_slots_for(int workers) { return workers + 2; }
+
 struct LoaderOptions {
   int64_t batch_size = 8;
   int workers = 4;      ///< worker threads

@@ -19,9 +19,7 @@ namespace tandem {
 struct ScenarioOptions {
   int64_t batch_size = 8;
   int workers = 8;        ///< loader worker threads
-  /// Host batch slots in the loader's ring; 0: workers + 2. A worker fills a whole batch, so
-  /// every worker needs a free slot to work in, besides the batch the copy lane is reading and
-  /// the next one ready for it (with fewer slots, workers idle: cpu_aug ran at half speed).
+  /// Host batch slots in the loader's ring; 0: ring_slots_for(workers) (loader.h).
   int loader_depth = 0;
   uint64_t seed = 0;      ///< models, data and anything random derive from it
   c10::Device device = c10::Device(c10::kCPU);
