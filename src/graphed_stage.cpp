@@ -61,7 +61,13 @@ GraphedStage::GraphedStage(GraphOptions options, Work work, GraphOutputs outputs
 }
 
 GraphedStage::~GraphedStage() {
-  if (barrier_pending_) barrier_->arrive();  // never wait for a stage that is gone
+  release_barrier();  // never wait for a stage that is gone
+}
+
+void GraphedStage::release_barrier() {
+  if (!barrier_pending_) return;
+  barrier_->arrive();
+  barrier_pending_ = false;
 }
 
 std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
@@ -81,17 +87,11 @@ std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
       LaneGuard guard(*side_, "warm-up");
       out = work_(inputs);
     } catch (...) {
-      if (barrier_pending_) {  // this stage will not finish its warm-up: release the others
-        barrier_->arrive();
-        barrier_pending_ = false;
-      }
+      release_barrier();  // this stage will not finish its warm-up: release the others
       throw;
     }
     lane.wait_for(*side_);
-    if (barrier_pending_ && call + 1 == warmup_) {
-      barrier_->arrive();
-      barrier_pending_ = false;
-    }
+    if (call + 1 == warmup_) release_barrier();
     // The outputs were allocated on the side lane and are read next on `lane` (and handed on
     // from there): without this the allocator could recycle them for the side lane's next
     // allocation while `lane` still reads them.

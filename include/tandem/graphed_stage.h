@@ -95,6 +95,8 @@ class GraphedStage {
   std::vector<std::string> notes() const;
 
  private:
+  void release_barrier();  // arrives at barrier_ once: warm-up done, failed, or stage gone
+
   GraphOptions options_;
   Work work_;
   GraphOutputs outputs_;
