@@ -27,6 +27,14 @@ def fmt(v, w, p=1):
     return f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"
 
 
+def steps_per_s(rows, impl, scenario, mode, bs):
+    """The rate of the first row with these keys, or None."""
+    for r in rows:
+        if (r["impl"], r["scenario"], r["mode"], r["batch_size"]) == (impl, scenario, mode, bs):
+            return r["steps_per_s"]
+    return None
+
+
 class Checks:
     def __init__(self):
         self.items = []
@@ -72,10 +80,7 @@ def training(a, checks):
                        "measured_by": "python (seed_reference.py floor)"})
 
     def rate(impl, mode, bs):
-        for r in rows:
-            if (r["impl"], r["mode"], r["batch_size"]) == (impl, mode, bs):
-                return r["steps_per_s"]
-        return None
+        return steps_per_s(rows, impl, a.scenario, mode, bs)
 
     modes = sorted({r["mode"] for r in rows},
                    key=lambda m: ["serial", "cpu_aug", "gpu_aug", "pipelined", "auto"].index(m)
@@ -208,10 +213,7 @@ def graphs(a, checks):
                            "measured_by": "python (seed_reference.py floor)"})
 
     def rate(impl, scenario, mode, bs, among=rows):
-        for r in among:
-            if (r["impl"], r["scenario"], r["mode"], r["batch_size"]) == (impl, scenario, mode, bs):
-                return r["steps_per_s"]
-        return None
+        return steps_per_s(among, impl, scenario, mode, bs)
 
     print(f"\n{'seg bs':>6} {'py serial':>10} {'t pipelined':>12} {'t pipe+graph':>13} {'floor/s':>8}"
           f" {'x py serial':>11} {'of floor':>9} {'gain':>7}")
