@@ -3,13 +3,15 @@
 # ones included), compute-sanitizer on a short pipelined run, and the seg benchmark beside the
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
-#   phases: build test gputest sanitize seg cls augment mlp graphs sweep
+#   phases: build test gputest sanitize seg cls augment mlp graphs sweep profile
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
 #        TANDEM_SANITIZERS (default "racecheck synccheck memcheck"), TANDEM_SANITIZE_ARGS,
 #        TANDEM_MLP_ROUNDS (3), TANDEM_SWEEP_BS ("8,32,128"), TANDEM_LAUNCH_BS ("1 2"),
 #        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
+#   profile: ncu of the augment kernel (full set, source counters) and per-kernel GPU times of
+#   the mlp step, tandem beside Python (profile-*.txt in OUT)
 # The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUT [build test sanitize seg cls augment]}
@@ -213,6 +215,29 @@ if has_phase graphs; then
     --floor "$RAW/python-floor.json" ${sweeps:+--sweep $sweeps} \
     --command "scripts/gpu-check.sh OUT sweep graphs ($MLP_COMMAND; tandem bench --scenario seg --mode {serial,pipelined,pipelined+graphed} --batch-size {$launch_csv} --steps 300 --warmup 20; seed_reference.py seg --bs $launch_csv --modes serial; seed_reference.py floor; the sweeps of the sweep phase)" \
     --out "$OUT/graphs.json" 2>&1 | tee -a "$LOG" || status=1
+fi
+
+if has_phase profile; then
+  need_reference
+  say "ncu: augment kernel, batch 32 (--set full, source counters)"
+  ncu --clock-control none --kernel-name regex:augment_kernel --launch-skip 3 --launch-count 1 \
+    --set full --import-source yes -o "$RAW/augment" -f \
+    "$TANDEM" augment-bench --batch-sizes 32 --repeats 2 >>"$LOG" 2>&1 || status=1
+  { ncu -i "$RAW/augment.ncu-rep" --print-details all
+    ncu -i "$RAW/augment.ncu-rep" --page source --print-source sass --csv; } \
+    >"$OUT/profile-augment.txt" 2>&1
+  say "ncu: per-kernel GPU time of mlp steps (tandem eager, Python eager), 60 launches each"
+  ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 60 \
+    --csv "$TANDEM" bench --scenario mlp --mode eager --steps 400 --warmup 10 --no-gpu-monitor \
+    >"$OUT/profile-mlp.txt" 2>&1 || status=1
+  ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 60 \
+    --csv python3 "$REF/seed_reference.py" mlp >>"$OUT/profile-mlp.txt" 2>&1 || status=1
+  say "mlp timing without the GPU monitor, tandem graphed beside Python, 2 rounds"
+  for round in 1 2; do
+    "$TANDEM" bench --scenario mlp --mode graphed --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
+      grep -E "^mlp " | tee -a "$LOG"
+    python3 "$REF/seed_reference.py" mlp 2>&1 | tail -2 | tee -a "$LOG"
+  done
 fi
 
 tar -C "$RAW" -czf "$OUT/raw.tar.gz" . 2>/dev/null
