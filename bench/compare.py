@@ -28,11 +28,18 @@ def fmt(v, w, p=1):
 
 
 def steps_per_s(rows, impl, scenario, mode, bs):
-    """The rate of the first row with these keys, or None."""
-    for r in rows:
-        if (r["impl"], r["scenario"], r["mode"], r["batch_size"]) == (impl, scenario, mode, bs):
-            return r["steps_per_s"]
-    return None
+    """The median rate of the rows with these keys (one per round), or None."""
+    rates = [r["steps_per_s"] for r in rows
+             if (r["impl"], r["scenario"], r["mode"], r["batch_size"]) == (impl, scenario, mode, bs)]
+    return statistics.median(rates) if rates else None
+
+
+def load_all(paths):
+    """The rows of several seed_reference.py --json outputs (rounds), concatenated."""
+    rows = []
+    for path in paths or []:
+        rows += load(path)
+    return rows
 
 
 class Checks:
@@ -62,7 +69,7 @@ def training(a, checks):
         if "picked" in r:
             row["picked"] = r["picked"]
         rows.append(row)
-    for r in load(a.python):
+    for r in load_all(a.python):
         if r.get("exp") == a.scenario and "steps_s" in r:
             rows.append({"impl": "python", "scenario": a.scenario, "mode": r["mode"],
                          "batch_size": r["bs"], "steps_per_s": r["steps_s"]})
@@ -160,7 +167,7 @@ def mlp(a, checks):
         rows.append({"impl": "tandem", "scenario": "mlp", "mode": r["mode"],
                      "batch_size": r["batch_size"], "steps_per_s": r["steps_per_s"],
                      "ms_per_step": r["ms_per_step"], "notes": r.get("notes", [])})
-    for path in a.python_rounds or [a.python]:
+    for path in a.python_rounds or a.python or []:
         for r in load(path):
             if r.get("exp") == "mlp":
                 for mode, key in (("eager", "eager_ms"), ("graphed", "graph_ms")):
@@ -202,7 +209,7 @@ def graphs(a, checks):
                          "batch_size": r["batch_size"], "steps_per_s": r["steps_per_s"],
                          "ms_per_step": r["ms_per_step"], "notes": r.get("notes", []),
                          "first_loss": r["first_loss"], "last_loss": r["last_loss"]})
-    for r in load(a.python) if a.python else []:
+    for r in load_all(a.python):
         if r.get("exp") == "seg" and "steps_s" in r:
             rows.append({"impl": "python", "scenario": "seg", "mode": r["mode"],
                          "batch_size": r["bs"], "steps_per_s": r["steps_s"]})
@@ -215,7 +222,10 @@ def graphs(a, checks):
     def rate(impl, scenario, mode, bs, among=rows):
         return steps_per_s(among, impl, scenario, mode, bs)
 
-    print(f"\n{'seg bs':>6} {'py serial':>10} {'t pipelined':>12} {'t pipe+graph':>13} {'floor/s':>8}"
+    rounds = sum(1 for r in rows if (r["impl"], r["scenario"], r["mode"], r["batch_size"])
+                 == ("python", "seg", "serial", 1))
+    print(f"\nseg's launch-bound regime (medians of {rounds} round(s))")
+    print(f"{'seg bs':>6} {'py serial':>10} {'t pipelined':>12} {'t pipe+graph':>13} {'floor/s':>8}"
           f" {'x py serial':>11} {'of floor':>9} {'gain':>7}")
     for f in sorted(floors, key=lambda f: f["batch_size"]):
         bs = f["batch_size"]
@@ -273,7 +283,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="seg", choices=["seg", "cls", "augment", "mlp", "graphs", "auto"])
     ap.add_argument("--tandem", nargs="+", default=[], help="tandem --json outputs")
-    ap.add_argument("--python", help="seed_reference.py --json output (seg, cls)")
+    ap.add_argument("--python", nargs="+", help="seed_reference.py --json outputs (seg, cls; "
+                    "several rounds: medians compared)")
     ap.add_argument("--sweep", nargs="+", help="graphs, auto: tandem sweep --json outputs")
     ap.add_argument("--python-rounds", nargs="+", help="mlp: one seed_reference.py mlp output per round")
     ap.add_argument("--floor", default="/dev/null", help="seed_reference.py floor --json output")

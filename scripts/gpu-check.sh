@@ -9,6 +9,7 @@
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
 #        TANDEM_SANITIZERS (default "racecheck synccheck memcheck"), TANDEM_SANITIZE_ARGS,
 #        TANDEM_MLP_ROUNDS (3), TANDEM_SWEEP_BS ("8,32,128"), TANDEM_LAUNCH_BS ("1 2"),
+#        TANDEM_LAUNCH_ROUNDS (3),
 #        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
 #   profile: ncu of the augment kernel (full set, source counters) and per-kernel GPU times of
 #   the mlp step, tandem beside Python (profile-*.txt in OUT)
@@ -158,6 +159,9 @@ mlp_rounds() {
         --json "$RAW/tandem-mlp-$mode-$round.json" >>"$LOG" 2>&1 || status=1
     done
     python3 "$REF/seed_reference.py" mlp --json "$RAW/python-mlp-$round.json" >>"$LOG" 2>&1 || status=1
+    # The same graphed run without the NVML sampling thread, for the log only (not in graphs.json).
+    "$TANDEM" bench --scenario mlp --mode graphed --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
+      grep -E "^mlp " | sed 's/$/  (--no-gpu-monitor)/' | tee -a "$LOG"
   done
   MLP_COMMAND="$rounds rounds of: tandem bench --scenario mlp --mode {eager,graphed,graphed_k} --steps 1000 --warmup 100; seed_reference.py mlp"
 }
@@ -196,24 +200,28 @@ fi
 if has_phase graphs; then
   need_reference
   launch_csv=$(echo $LAUNCH_BS_LIST | tr ' ' ',')
-  say "tandem bench seg at bs $launch_csv: serial, pipelined, pipelined+graphed"
-  for bs in $LAUNCH_BS_LIST; do
-    for mode in serial pipelined pipelined+graphed; do
-      "$TANDEM" bench --scenario seg --mode "$mode" --batch-size "$bs" --steps 300 --warmup 20 \
-        --workers 8 --json "$RAW/tandem-seg-$mode-$bs.json" >>"$LOG" 2>&1 || status=1
+  # Python's serial loop at these sizes varies by up to 25% between calls: rounds, alternating
+  # tandem and Python, and medians (compare.py).
+  launch_rounds=${TANDEM_LAUNCH_ROUNDS:-3}
+  say "seg at bs $launch_csv, $launch_rounds rounds: tandem serial, pipelined, pipelined+graphed; python serial"
+  for round in $(seq "$launch_rounds"); do
+    for bs in $LAUNCH_BS_LIST; do
+      for mode in serial pipelined pipelined+graphed; do
+        "$TANDEM" bench --scenario seg --mode "$mode" --batch-size "$bs" --steps 300 --warmup 20 \
+          --workers 8 --json "$RAW/tandem-seg-$mode-$bs-$round.json" >>"$LOG" 2>&1 || status=1
+      done
     done
+    python3 "$REF/seed_reference.py" seg --bs "$launch_csv" --modes serial \
+      --json "$RAW/python-seg-launch-$round.json" >>"$LOG" 2>&1 || status=1
   done
-  say "python seed_reference.py seg --bs $launch_csv --modes serial"
-  python3 "$REF/seed_reference.py" seg --bs "$launch_csv" --modes serial \
-    --json "$RAW/python-seg-launch.json" >>"$LOG" 2>&1 || status=1
   floor
   mlp_rounds
   say "compare graphs"
   sweeps=$(ls "$RAW"/sweep-seg.json "$RAW"/sweep-cls.json 2>/dev/null)
   python3 bench/compare.py --scenario graphs --tandem "$RAW"/tandem-mlp-*.json "$RAW"/tandem-seg-*.json \
-    --python-rounds "$RAW"/python-mlp-*.json --python "$RAW/python-seg-launch.json" \
+    --python-rounds "$RAW"/python-mlp-*.json --python "$RAW"/python-seg-launch-*.json \
     --floor "$RAW/python-floor.json" ${sweeps:+--sweep $sweeps} \
-    --command "scripts/gpu-check.sh OUT sweep graphs ($MLP_COMMAND; tandem bench --scenario seg --mode {serial,pipelined,pipelined+graphed} --batch-size {$launch_csv} --steps 300 --warmup 20; seed_reference.py seg --bs $launch_csv --modes serial; seed_reference.py floor; the sweeps of the sweep phase)" \
+    --command "scripts/gpu-check.sh OUT sweep graphs ($MLP_COMMAND; $launch_rounds rounds of: tandem bench --scenario seg --mode {serial,pipelined,pipelined+graphed} --batch-size {$launch_csv} --steps 300 --warmup 20, seed_reference.py seg --bs $launch_csv --modes serial; seed_reference.py floor; the sweeps of the sweep phase)" \
     --out "$OUT/graphs.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
