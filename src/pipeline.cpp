@@ -31,7 +31,7 @@ Pipeline::Pipeline(std::vector<Stage> stages, PipelineMode mode, Lane serial_lan
   ring_.resize(slots_);
   for (int i = 0; i + 1 < num_stages(); ++i) handoffs_.emplace_back(lane_of(i), lane_of(i + 1), slots_);
   if (serial_lane_.is_cuda()) done_.resize(slots_);
-  done_recorded_.assign(slots_, 0);
+  done_marker_.assign(slots_, nullptr);
 }
 
 int Pipeline::depth() const { return mode_ == PipelineMode::kPipelined ? num_stages() : 1; }
@@ -118,9 +118,9 @@ Pipeline::Timing Pipeline::timing() const {
 void Pipeline::begin_item(int64_t item, int slot) {
   // A slot is handed to a new item only after the last stage of its previous item finished on
   // the device: this bounds host run-ahead and the memory of batches in flight.
-  if (done_recorded_[slot]) {
+  if (done_marker_[slot]) {
     const auto start = Clock::now();
-    done_[slot].synchronize();
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(done_marker_[slot]));
     if (first_timed_item_ >= 0 && item >= first_timed_item_) {
       const double waited = seconds_since(start);
       slot_wait_seconds_ += waited;
@@ -133,10 +133,22 @@ void Pipeline::begin_item(int64_t item, int slot) {
   ring_[slot].index = item;
 }
 
+void Pipeline::record_done(int slot) {
+  done_[slot].record(lane_of(num_stages() - 1).stream());
+  done_marker_[slot] = done_[slot].event();  // created by its first record
+}
+
 void Pipeline::end_item(int slot) {
   if (!done_.empty()) {
-    done_[slot].record(lane_of(num_stages() - 1).stream());
-    done_recorded_[slot] = 1;
+    // run_stage() of the last stage, on this thread, just recorded the timing events of a timed
+    // item; the end event's handle exists once recorded and survives the vector's growth (a
+    // moved CUDAEvent keeps its cudaEvent_t).
+    const auto& timed = stage_events_[num_stages() - 1];
+    if (!timed.empty() && timed.back().item == ring_[slot].index) {
+      done_marker_[slot] = timed.back().end.event();
+    } else {
+      record_done(slot);
+    }
   }
   // Dropping the tensors now returns their memory to the allocator, which will not reuse it
   // before every lane that recorded a use of it (Handoff::receive) has passed that point.
@@ -149,6 +161,11 @@ void Pipeline::run(int64_t num_items, const ItemHook& on_item) {
   TORCH_CHECK(num_items >= 0, "a pipeline cannot run a negative number of items: ", num_items);
   const Lane caller = Lane::current("caller", serial_lane_.device());
   host_seconds_.assign(num_stages(), 0.0);
+  // A marker that is a timing event of the last run is destroyed below: mark its slot with
+  // done_[slot] instead, recorded now on the last lane, after that item (a later point, so
+  // waiting for it still bounds the host's run-ahead into this run).
+  for (int slot = 0; slot < slots_; ++slot)
+    if (done_marker_[slot] && done_marker_[slot] != done_[slot].event()) record_done(slot);
   stage_events_.clear();
   stage_events_.resize(num_stages());
   slot_wait_seconds_ = 0;

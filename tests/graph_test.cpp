@@ -400,11 +400,22 @@ TEST(MlpTest, ModelAndCpuFallbackOfTheGraphedModes) {
   EXPECT_NE(s.notes()[0].find("ran eagerly on the CPU"), std::string::npos);
 }
 
+TEST(MlpTest, EveryModeLogsOneLossPerStepOnCpu) {
+  const auto eager = mlp_losses("eager", c10::Device(c10::kCPU), 6);
+  ASSERT_EQ(eager.size(), 6u);
+  for (size_t i = 0; i < eager.size(); ++i) EXPECT_GT(eager[i], 0.f) << "step " << i;
+  for (const std::string mode : {"graphed", "graphed_k"})
+    EXPECT_EQ(mlp_losses(mode, c10::Device(c10::kCPU), 6), eager) << mode;
+}
+
+// 24 steps: 3 warm-up steps, then 21 replays (graphed) or 5 replays of 4 and a 1-step eager
+// tail (graphed_k): every loss comes from the log, appended in step order by each path.
 TEST(MlpGpuTest, GraphedModesComputeTheEagerLosses) {
   TANDEM_SKIP_WITHOUT_CUDA();
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);  // deterministic cuBLAS (before first use)
   testing::use_deterministic_algorithms();
   const auto eager = mlp_losses("eager", kCuda, 24);
+  ASSERT_EQ(eager.size(), 24u);
   for (const std::string mode : {"graphed", "graphed_k"}) {
     const auto graphed = mlp_losses(mode, kCuda, 24);
     ASSERT_EQ(graphed.size(), eager.size());

@@ -1,7 +1,8 @@
 // Handoff safety on the GPU: a producer lane and a consumer lane pass >= 1000 batches while
 // memory is freed and reallocated between them; the consumer verifies each batch's checksum.
 // A missing event wait (consumer reads before the producer wrote) or a missing recordStream
-// (the allocator recycles a block the consumer still reads) shows up as a mismatch.
+// (the allocator recycles a block the consumer still reads) shows up as a mismatch. The ring's
+// slots are reused only after their previous item is done, timed or not, across runs too.
 #include <ATen/ATen.h>
 #include <ATen/cuda/Sleep.h>
 #include <gtest/gtest.h>
@@ -67,6 +68,44 @@ TEST(HandoffGpuTest, PipelinedStagesRunOnTheirOwnStreams) {
   ASSERT_TRUE(seen[0] && seen[1] && seen[2]);
   EXPECT_NE(*seen[0], *seen[1]);
   EXPECT_NE(*seen[1], *seen[2]);
+}
+
+// A slot is reused only once the last stage of its previous item is done on the device: for a
+// timed item the marker is the stage's timing end event, for an untimed one an event of its own,
+// and across runs (whose start destroys the timing events) one recorded when the run begins.
+// The last stage counts finished items into pinned host memory; when stage 0 starts item n,
+// item n - slots must be counted. A slot handed out early shows up as a count that lags.
+TEST(PipelineGpuTest, ASlotWaitsForTheEndOfItsPreviousItemTimedOrNot) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const PipelineMode mode : {PipelineMode::kSerial, PipelineMode::kPipelined}) {
+    at::Tensor count = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(cuda));
+    at::Tensor seen = at::zeros({1}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    const volatile int64_t* seen_ptr = seen.data_ptr<int64_t>();
+    const int stages = 2;
+    std::vector<Stage> s;
+    for (int i = 0; i < stages; ++i)
+      s.push_back({"s" + std::to_string(i), Lane::create("lane" + std::to_string(i), cuda),
+                   [&, i](Batch&, const Lane&) {
+                     at::cuda::sleep(1000000);  // about a millisecond: the host runs ahead
+                     if (i + 1 < stages) return;
+                     count.add_(1);
+                     seen.copy_(count, /*non_blocking=*/true);
+                   }});
+    Pipeline p(std::move(s), mode, Lane::create("serial", cuda));
+    const int64_t slots = p.depth() + 1, items = 12;
+    p.set_timing(3);  // items 0..2 untimed, the rest timed
+    for (int64_t run = 0; run < 2; ++run) {
+      p.run(items, [&](int stage, int64_t item) {
+        if (stage != 0) return;
+        const int64_t done_before = run * items + item - slots + 1;  // items before n - slots + 1
+        EXPECT_GE(*seen_ptr, done_before)
+            << to_string(mode) << " run " << run << " item " << item << ": slot reused early";
+      });
+      EXPECT_GT(p.timing().slot_wait_ms_per_item, 0.0) << to_string(mode);
+    }
+    EXPECT_EQ(count.item<int64_t>(), 2 * items);
+  }
 }
 
 }  // namespace

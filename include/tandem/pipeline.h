@@ -47,8 +47,9 @@ struct Stage {
 /// turn would make the host, not the device, the bottleneck. Stage i takes items in order from
 /// a queue fed by stage i-1 (device order through the Handoff's events, host order through the
 /// queue). Batches live in a ring of `depth()+1` slots; a slot is reused for a new item only
-/// after the last stage's "done" event of its previous item has completed, which bounds how far
-/// the host runs ahead and how much device memory batches in flight hold. Before the first item
+/// after the last stage's "done" event of its previous item has completed (for a timed item, the
+/// last stage's timing end event serves as that marker), which bounds how far the host runs
+/// ahead and how much device memory batches in flight hold. Before the first item
 /// every lane waits for the caller's current stream (so work enqueued there, e.g. model
 /// initialization, is visible); at the end the caller's stream waits for every lane. A stage's
 /// exception stops every stage thread and is re-thrown by run().
@@ -102,6 +103,7 @@ class Pipeline {
   void run_stage(int i, int slot);
   void begin_item(int64_t item, int slot);
   void end_item(int slot);
+  void record_done(int slot);  // done_[slot] on the last stage's lane becomes the slot's marker
   void run_serial(int64_t num_items, const ItemHook& on_item);
   void run_threaded(int64_t num_items, const ItemHook& on_item);
 
@@ -111,8 +113,12 @@ class Pipeline {
   int slots_;
   std::vector<Batch> ring_;
   std::vector<Handoff> handoffs_;            // handoffs_[i]: stage i -> stage i+1
-  std::vector<at::cuda::CUDAEvent> done_;    // per slot, recorded after the last stage
-  std::vector<uint8_t> done_recorded_;  // not vector<bool>: threads touch adjacent slots
+  // A slot's item is done on the device when its done marker has completed: the last stage's
+  // timing end event for a timed item (recorded right after the stage on the same lane: a
+  // second event there would only cost device time), else done_[slot] recorded by end_item.
+  // Markers point into stage_events_, so run() retires them before it clears those.
+  std::vector<at::cuda::CUDAEvent> done_;  // per slot (CUDA), for untimed items
+  std::vector<cudaEvent_t> done_marker_;   // per slot; nullptr: nothing to wait for
 
   // Timing (optional): per stage, host seconds and one (start, end) event pair per timed item.
   int64_t first_timed_item_ = -1;

@@ -7,6 +7,7 @@
 #include <torch/utils.h>
 
 #include "tandem/error.h"
+#include "tandem/loss_log.h"
 
 namespace tandem {
 
@@ -40,9 +41,9 @@ MlpScenario::~MlpScenario() = default;
 std::unique_ptr<Pipeline> MlpScenario::prepare(const std::string& mode, int64_t num_steps) {
   check_prepare("mlp", kModes, mode, num_steps);
   const c10::Device dev = options_.device;
-  losses_ = at::zeros({num_steps}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  graph_.reset();  // before the log its replays append to
+  loss_log_ = std::make_unique<LossLog>(num_steps, dev);
   num_steps_ = num_steps;
-  graph_.reset();
   replays_ = eager_tail_ = 0;
   capture_note_.clear();
   const bool graphed = mode != "eager" && dev.is_cuda();
@@ -54,7 +55,6 @@ std::unique_ptr<Pipeline> MlpScenario::prepare(const std::string& mode, int64_t 
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
     static_x_ = at::zeros({steps_per_graph_, options_.batch_size, kMlpIn}, f32);
     static_y_ = at::zeros({steps_per_graph_, options_.batch_size, kMlpOut}, f32);
-    static_loss_ = at::zeros({steps_per_graph_}, f32);
     stages.push_back({"train", Lane::create("train", dev),
                       [this](Batch& b, const Lane& l) { train_graphed(b, l); }});
   } else {
@@ -65,24 +65,24 @@ std::unique_ptr<Pipeline> MlpScenario::prepare(const std::string& mode, int64_t 
                                     Lane::create("train", dev));
 }
 
-void MlpScenario::enqueue_step(const at::Tensor& x, const at::Tensor& y, at::Tensor loss_out) {
+void MlpScenario::enqueue_step(const at::Tensor& x, const at::Tensor& y) {
   optimizer_->zero_grad();  // host-only: backward then writes fresh gradients
   at::Tensor loss = at::mse_loss(model_->forward(x), y);
   loss.backward();
   optimizer_->step();
-  loss_out.copy_(loss.detach());
+  loss_log_->record(loss.detach());
 }
 
 void MlpScenario::train_eager(Batch& batch, const Lane& lane) {
   const int64_t i = batch.index;
-  enqueue_step(inputs_[i % kMlpDistinctBatches], targets_[i % kMlpDistinctBatches],
-               losses_.select(0, i));
+  enqueue_step(inputs_[i % kMlpDistinctBatches], targets_[i % kMlpDistinctBatches]);
 }
 
 // Steps 0..warmup-1 run eagerly on a side lane (they are real steps: their losses count); the
 // capture at step `warmup` records K steps without running them; from then on each group of K
 // steps is staged into the K static slots and replayed once. A final group shorter than K runs
-// eagerly (the graph's shapes and step count are fixed).
+// eagerly (the graph's shapes and step count are fixed). Every step appends its loss to the log
+// in step order: warm-up and tail steps eagerly, graphed steps by the appends each replay runs.
 void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
   const int64_t i = batch.index;
   const int K = steps_per_graph_;
@@ -91,9 +91,9 @@ void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
   const int64_t graphed_until = kMlpGraphWarmup + (num_steps_ - kMlpGraphWarmup) / K * K;
   if (i < kMlpGraphWarmup || i >= graphed_until) {
     if (i < kMlpGraphWarmup) {
-      warm_up_on_side_lane(lane, 1, [&](int) { enqueue_step(x, y, losses_.select(0, i)); });
+      warm_up_on_side_lane(lane, 1, [&](int) { enqueue_step(x, y); });
     } else {
-      enqueue_step(x, y, losses_.select(0, i));
+      enqueue_step(x, y);
       ++eager_tail_;
     }
     return;
@@ -101,11 +101,11 @@ void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
   if (!graph_) {
     GraphOptions go;
     go.name = "mlp train";
-    go.static_tensors = {static_x_, static_y_, static_loss_};
+    go.static_tensors = {static_x_, static_y_};
     graph_ = std::make_unique<GraphedStep>(go);
     optimizer_->zero_grad();
     graph_->capture(lane, [&] {
-      for (int k = 0; k < K; ++k) enqueue_step(static_x_[k], static_y_[k], static_loss_[k]);
+      for (int k = 0; k < K; ++k) enqueue_step(static_x_[k], static_y_[k]);
     });
   }
   const int slot = static_cast<int>((i - kMlpGraphWarmup) % K);
@@ -115,12 +115,11 @@ void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
   if (slot == K - 1) {
     graph_->replay(lane);
     ++replays_;
-    losses_.narrow(0, i - (K - 1), K).copy_(static_loss_);
   }
 }
 
 std::vector<float> MlpScenario::losses() const {
-  return losses_to_host(losses_);
+  return loss_log_ ? loss_log_->values() : std::vector<float>{};
 }
 
 std::vector<std::string> MlpScenario::notes() const {
@@ -128,8 +127,8 @@ std::vector<std::string> MlpScenario::notes() const {
   if (!capture_note_.empty()) out.push_back(capture_note_);
   if (graph_ && graph_->captured())
     out.push_back(detail::concat("captured: ", steps_per_graph_,
-                                 " whole training step(s) (forward, MSE, backward, SGD) per "
-                                 "graph after ", kMlpGraphWarmup,
+                                 " whole training step(s) (forward, MSE, backward, SGD, loss "
+                                 "appended to the device log) per graph after ", kMlpGraphWarmup,
                                  " eager warm-up steps on a side lane; ", replays_,
                                  " replays"));
   if (eager_tail_ > 0)

@@ -14,6 +14,8 @@
 
 namespace tandem {
 
+class LossLog;
+
 constexpr int64_t kMlpIn = 4096, kMlpHidden = 2048, kMlpOut = 1024;
 constexpr double kMlpLearningRate = 0.1;
 constexpr int kMlpGraphWarmup = 3;    ///< eager steps on a side lane before capture
@@ -37,8 +39,9 @@ class MlpScenario : public Scenario {
   torch::nn::Sequential& model() { return model_; }
 
  private:
-  /// Enqueues one training step on the current stream; writes its loss into `loss_out` (0-dim).
-  void enqueue_step(const at::Tensor& x, const at::Tensor& y, at::Tensor loss_out);
+  /// Enqueues one training step on the current stream and appends its loss to the log
+  /// (capture-safe: a captured step appends on every replay).
+  void enqueue_step(const at::Tensor& x, const at::Tensor& y);
   void train_eager(Batch& batch, const Lane& lane);
   void train_graphed(Batch& batch, const Lane& lane);
 
@@ -46,13 +49,13 @@ class MlpScenario : public Scenario {
   torch::nn::Sequential model_{nullptr};
   std::unique_ptr<optim::Sgd> optimizer_;
   std::vector<at::Tensor> inputs_, targets_;  // kMlpDistinctBatches of (B, 4096) / (B, 1024)
-  at::Tensor losses_;                         // (num_steps,) float32
+  std::unique_ptr<LossLog> loss_log_;         // num_steps entries, appended in step order
 
   // Graphed modes.
   int steps_per_graph_ = 1;
   int64_t num_steps_ = 0;
   std::unique_ptr<GraphedStep> graph_;
-  at::Tensor static_x_, static_y_, static_loss_;  // (K, B, 4096), (K, B, 1024), (K,)
+  at::Tensor static_x_, static_y_;  // (K, B, 4096), (K, B, 1024) float32
   int64_t replays_ = 0, eager_tail_ = 0;
   std::string capture_note_;
 };
