@@ -105,7 +105,10 @@ Pipeline::Timing Pipeline::timing() const {
     st.host_ms_per_item = 1e3 * host_seconds_[i] / n;
     if (lane_of(i).is_cuda()) {
       double ms = 0;
-      for (const auto& e : stage_events_[i]) ms += e.start.elapsed_time(e.end);
+      for (const auto& e : stage_events_[i]) {
+        e.end.synchronize();  // run() returns once the caller's stream waits, not the host
+        ms += e.start.elapsed_time(e.end);
+      }
       st.device_ms_per_item = ms / n;
     } else {
       st.device_ms_per_item = std::numeric_limits<double>::quiet_NaN();
