@@ -158,20 +158,21 @@ AugmentParams draw_augment_params_host(const AugmentSpec& spec, int64_t in_h, in
   return p;
 }
 
-void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, int64_t row,
-                        const AugmentSpec& spec, at::Tensor& out) {
+namespace {
+
+// The reference's arithmetic for one sample. Built twice: for x86-64-v3 (AVX2 and FMA, where
+// augment_math::fmadd is one instruction and the loops vectorize) and for any x86-64 (fmadd is
+// std::fma, exact but slower); the loader picks the first the CPU supports. Both give the same
+// bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
+void augment_one(const uint8_t* src, int64_t C, int64_t H, int64_t W,
+                 const augment_math::SampleParams& p, const float* w, const AugmentSpec& spec,
+                 float* dst) {
   namespace am = augment_math;
-  const int64_t C = image.size(0), H = image.size(1), W = image.size(2);
   const am::Geometry g = geometry_of(spec, H, W);
-  const am::SampleParams p{params.top.data_ptr<int32_t>()[row],
-                           params.left.data_ptr<int32_t>()[row],
-                           params.cos_a.data_ptr<float>()[row],
-                           params.sin_a.data_ptr<float>()[row],
-                           params.flip.data_ptr<int32_t>()[row]};
   const int taps = static_cast<int>(spec.blur_kernel), r = taps / 2;
-  const float* w = params.blur_weights.data_ptr<float>() + row * taps;
-  const uint8_t* src = image.data_ptr<uint8_t>();
-  float* dst = out.data_ptr<float>();
   const int oh = g.out_h, ow = g.out_w;
   // Where each output pixel reads the source: once, for all channels.
   std::vector<am::Tap> where(static_cast<size_t>(oh) * ow);
@@ -195,7 +196,7 @@ void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, in
       for (int j = 0; j < std::min(r, ow); ++j) o[j] = h_pass(i, j);
       for (int j = r; j < ow - r; ++j) {
         float acc = 0.0f;
-        for (int k = 0; k < taps; ++k) acc = acc + w[k] * in[j + k - r];
+        for (int k = 0; k < taps; ++k) acc = am::fmadd(w[k], in[j + k - r], acc);
         o[j] = acc;
       }
       for (int j = std::max(r, ow - r); j < ow; ++j) o[j] = h_pass(i, j);
@@ -213,11 +214,25 @@ void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, in
       for (int k = 0; k < taps; ++k) {  // k outermost: each output still adds k = 0, 1, ...
         const float* in = rows.data() + (i + k - r) * ow;
         const float wk = w[k];
-        for (int j = 0; j < ow; ++j) line[j] = line[j] + wk * in[j];
+        for (int j = 0; j < ow; ++j) line[j] = am::fmadd(wk, in[j], line[j]);
       }
       for (int j = 0; j < ow; ++j) line[j] = am::normalize(line[j], mean, inv_std);
     }
   }
+}
+
+}  // namespace
+
+void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, int64_t row,
+                        const AugmentSpec& spec, at::Tensor& out) {
+  const augment_math::SampleParams p{params.top.data_ptr<int32_t>()[row],
+                                     params.left.data_ptr<int32_t>()[row],
+                                     params.cos_a.data_ptr<float>()[row],
+                                     params.sin_a.data_ptr<float>()[row],
+                                     params.flip.data_ptr<int32_t>()[row]};
+  const int64_t taps = spec.blur_kernel;
+  augment_one(image.data_ptr<uint8_t>(), image.size(0), image.size(1), image.size(2), p,
+              params.blur_weights.data_ptr<float>() + row * taps, spec, out.data_ptr<float>());
 }
 
 at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec) {

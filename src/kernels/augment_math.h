@@ -1,10 +1,14 @@
 // The per-pixel arithmetic of the fused augmentation, shared verbatim by the CPU reference
 // (augment.cpp) and the CUDA kernel (augment.cu): the same code on both sides is what makes CPU
-// and GPU outputs agree to the bit (the .cu is compiled with -fmad=false so nvcc does not fuse
-// the multiply-adds the CPU does separately).
+// and GPU outputs agree to the bit. Every multiply-add that may fuse is written as fmadd() (one
+// rounding on both sides); everything else must not fuse: augment.cu is compiled with
+// -fmad=false and augment.cpp with -ffp-contract=off.
 #pragma once
 
 #include <cstdint>
+#ifndef __CUDA_ARCH__
+#include <cmath>
+#endif
 
 #ifdef __CUDACC__
 #define TANDEM_HD __host__ __device__ __forceinline__
@@ -39,6 +43,16 @@ TANDEM_HD float min_f(float a, float b) { return a < b ? a : b; }
 TANDEM_HD float max_f(float a, float b) { return a > b ? a : b; }
 TANDEM_HD int min_i(int a, int b) { return a < b ? a : b; }
 
+/// a * b + c with one rounding: one instruction on the GPU and on an x86 CPU with FMA (the CPU
+/// reference is built for those as a separate clone), std::fma's exact result elsewhere.
+TANDEM_HD float fmadd(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
 /// Index i of a row or column of length n, with PyTorch's "reflect" padding (edge not
 /// repeated): -1 -> 1, n -> n - 2. Requires n > the padding.
 TANDEM_HD int reflect(int i, int n) {
@@ -54,12 +68,49 @@ TANDEM_HD int reflect(int i, int n) {
 ///      (torchvision's RandomRotation default)
 ///   -> optional horizontal flip
 /// evaluated in one step: the rotation picks a resized pixel, whose value is a bilinear read of
-/// the crop. The same for every channel, so it is computed once per pixel.
+/// the crop. The same for every channel, so it is computed once per pixel. The resize's part
+/// depends on the resized row alone (for the rows) and column alone (for the columns), so the
+/// kernel tabulates it per tile (AxisTap) and looks it up.
+
+/// One axis of the resize: resized index i reads source indices i0 and i1 (= i0 or i0 + 1)
+/// with weight l on i1 (one_minus_l = 1 - l on i0).
+struct AxisTap {
+  int i0, i1;
+  float l, one_minus_l;
+};
+
+/// Resized index `i` along an axis with source step `scale`, in a crop of `crop` pixels that
+/// starts at `offset` in the source.
+TANDEM_HD AxisTap axis_tap(int i, float scale, int crop, int offset) {
+  const float s = max_f((static_cast<float>(i) + 0.5f) * scale - 0.5f, 0.0f);
+  const int i0 = static_cast<int>(s);
+  const float l = s - static_cast<float>(i0);
+  return {offset + i0, offset + min_i(i0 + 1, crop - 1), l, 1.0f - l};
+}
+
+/// The resized pixel an output pixel's centre (u, v) (from the image centre, u already
+/// mirrored when the sample is flipped) rotates back to; inside == false: outside the image.
+struct Resized {
+  bool inside;
+  int ci, ri;
+};
+
+TANDEM_HD Resized rotate_back(const Geometry& g, float cos_a, float sin_a, float u, float v) {
+  // Inverse rotation, then nearest (round half up) in the resized grid, whose pixel k spans
+  // [k, k + 1) measured from its left (top) edge: fc = qu + out_w / 2.
+  const float fc = fmadd(cos_a, u, -(sin_a * v)) + 0.5f * static_cast<float>(g.out_w);
+  const float fr = fmadd(sin_a, u, cos_a * v) + 0.5f * static_cast<float>(g.out_h);
+  Resized r{false, 0, 0};
+  if (fc < 0.0f || fr < 0.0f) return r;
+  r.ci = static_cast<int>(fc);
+  r.ri = static_cast<int>(fr);
+  r.inside = r.ci < g.out_w && r.ri < g.out_h;
+  return r;
+}
+
 struct Tap {
-  bool inside;          ///< false: the rotation looked outside the image (fill 0)
-  int row0, row1;       ///< source rows, top and bottom
-  int x0, x1;           ///< source columns, left and right
-  float lx, ly;         ///< bilinear weights of the right column and the bottom row
+  bool inside;  ///< false: the rotation looked outside the image (fill 0)
+  AxisTap x, y;  ///< source columns and rows with their bilinear weights
 };
 
 /// Pixel `index` of a row or column of `size`: its centre relative to the image's centre.
@@ -70,28 +121,12 @@ TANDEM_HD float centre_offset(int index, int size) {
 /// locate() for the output pixel whose centre is (u, v) from the image centre (before the
 /// flip), as centre_offset gives them: the kernel computes those once per tile row and column.
 TANDEM_HD Tap locate_centred(const Geometry& g, const SampleParams& p, float u, float v) {
-  Tap t{false, 0, 0, 0, 0, 0.0f, 0.0f};
-  if (p.flip) u = -u;
-  // Inverse rotation: where in the unrotated (resized) image this output pixel comes from.
-  const float qu = p.cos_a * u - p.sin_a * v;
-  const float qv = p.sin_a * u + p.cos_a * v;
-  const float col = qu + 0.5f * static_cast<float>(g.out_w) - 0.5f;
-  const float row = qv + 0.5f * static_cast<float>(g.out_h) - 0.5f;
-  const float fc = col + 0.5f, fr = row + 0.5f;  // nearest: round half up
-  if (fc < 0.0f || fr < 0.0f) return t;
-  const int ci = static_cast<int>(fc), ri = static_cast<int>(fr);
-  if (ci >= g.out_w || ri >= g.out_h) return t;
-  // Bilinear read of the crop at resized pixel (ri, ci).
-  const float sx = max_f((static_cast<float>(ci) + 0.5f) * g.scale_x - 0.5f, 0.0f);
-  const float sy = max_f((static_cast<float>(ri) + 0.5f) * g.scale_y - 0.5f, 0.0f);
-  const int x0 = static_cast<int>(sx), y0 = static_cast<int>(sy);
+  Tap t{false, {0, 0, 0.0f, 0.0f}, {0, 0, 0.0f, 0.0f}};
+  const Resized r = rotate_back(g, p.cos_a, p.sin_a, p.flip ? -u : u, v);
+  if (!r.inside) return t;
   t.inside = true;
-  t.x0 = p.left + x0;
-  t.x1 = p.left + min_i(x0 + 1, g.crop_w - 1);
-  t.row0 = p.top + y0;
-  t.row1 = p.top + min_i(y0 + 1, g.crop_h - 1);
-  t.lx = sx - static_cast<float>(x0);
-  t.ly = sy - static_cast<float>(y0);
+  t.x = axis_tap(r.ci, g.scale_x, g.crop_w, p.left);
+  t.y = axis_tap(r.ri, g.scale_y, g.crop_h, p.top);
   return t;
 }
 
@@ -111,32 +146,32 @@ TANDEM_HD float byte_to_float(uint8_t v) {
 }
 
 /// Bilinear interpolation of four source values: a b on the top row, c d on the bottom one.
-TANDEM_HD float bilerp(float a, float b, float c, float d, float lx, float ly) {
-  const float top_row = (1.0f - lx) * a + lx * b;
-  const float bottom_row = (1.0f - lx) * c + lx * d;
-  return (1.0f - ly) * top_row + ly * bottom_row;
+TANDEM_HD float bilerp(float a, float b, float c, float d, const AxisTap& x, const AxisTap& y) {
+  const float top_row = fmadd(x.l, b, x.one_minus_l * a);
+  const float bottom_row = fmadd(x.l, d, x.one_minus_l * c);
+  return fmadd(y.l, bottom_row, y.one_minus_l * top_row);
 }
 
 /// The value, before blur and normalize, of a located pixel in one channel `plane` (in_h x in_w
 /// uint8, row-major; fewer than 2^31 bytes).
 TANDEM_HD float read(const uint8_t* plane, int in_w, const Tap& t) {
   if (!t.inside) return 0.0f;
-  const uint8_t* top = plane + t.row0 * in_w;
-  const uint8_t* bottom = plane + t.row1 * in_w;
-  return bilerp(byte_to_float(top[t.x0]), byte_to_float(top[t.x1]), byte_to_float(bottom[t.x0]),
-                byte_to_float(bottom[t.x1]), t.lx, t.ly);
+  const uint8_t* top = plane + t.y.i0 * in_w;
+  const uint8_t* bottom = plane + t.y.i1 * in_w;
+  return bilerp(byte_to_float(top[t.x.i0]), byte_to_float(top[t.x.i1]),
+                byte_to_float(bottom[t.x.i0]), byte_to_float(bottom[t.x.i1]), t.x, t.y);
 }
 
 /// Normalize with the reciprocal of std, computed once per channel on the host: a multiply per
 /// pixel instead of an IEEE division (both paths use this, so they still agree to the bit).
 TANDEM_HD float normalize(float v, float mean, float inv_std) { return (v - mean) * inv_std; }
 
-/// One tap-ordered pass of the separable blur: sum_k w[k] * x(k), k ascending, no fused
-/// multiply-add, so every implementation adds in the same order.
+/// One tap-ordered pass of the separable blur: sum_k w[k] * x(k), k ascending, one fused
+/// multiply-add per tap, so every implementation rounds the same way.
 template <typename Read>
 TANDEM_HD float blur_taps(const float* w, int taps, Read read) {
   float acc = 0.0f;
-  for (int k = 0; k < taps; ++k) acc = acc + w[k] * read(k);
+  for (int k = 0; k < taps; ++k) acc = fmadd(w[k], read(k), acc);
   return acc;
 }
 
