@@ -72,13 +72,14 @@ else
   failed=$((failed + 1)); echo "FAIL: a tiny CPU sweep"; cat "$tmp/out" "$tmp/err"
 fi
 
-# "all" expands to the scenario's modes; a mode named twice runs once; the baseline runs first.
+# "all" (first, as gpu-check passes it) expands to the scenario's modes; a mode named twice runs
+# once; the baseline runs first.
 if "$tandem" sweep --scenario mlp --device cpu --batch-sizes 1 --steps 1 --warmup 0 \
-     --modes graphed,all --csv "$tmp/m.csv" >"$tmp/out" 2>"$tmp/err" &&
+     --modes all,graphed --csv "$tmp/m.csv" >"$tmp/out" 2>"$tmp/err" &&
    [ "$(cut -d, -f1 "$tmp/m.csv" | tail -n +2 | paste -sd' ')" = "eager graphed graphed_k" ]; then
   passed=$((passed + 1))
 else
-  failed=$((failed + 1)); echo "FAIL: sweep --modes graphed,all"; cat "$tmp/out" "$tmp/err" "$tmp/m.csv"
+  failed=$((failed + 1)); echo "FAIL: sweep --modes all,graphed"; cat "$tmp/out" "$tmp/err" "$tmp/m.csv"
 fi
 
 if "$tandem" bench --device cpu --mode auto --batch-size 1 --steps 1 --warmup 0 --workers 1 \

@@ -128,7 +128,8 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
 
 int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
                       const std::string& json_path, const std::string& svg_path) {
-  options.base.mode = options.modes.empty() ? "auto" : options.modes.front();
+  // The rows' modes ("all" among them) are checked by run_sweep; any valid mode resolves the rest.
+  options.base.mode = "auto";
   options.base = tandem::resolve(options.base);  // validates device, scenario, counts
   options.base.batch_size.reset();
   std::ofstream csv = open_output(csv_path, "CSV");
