@@ -68,8 +68,8 @@ __device__ Window tile_window(const am::Geometry& g, const am::SampleParams& p, 
   float cmin = 3e38f, cmax = -3e38f, rmin = 3e38f, rmax = -3e38f;
   for (int k = 0; k < 4; ++k) {  // the extremes of an affine map are at the corners
     const float u = (k & 2) ? u_hi : u_lo, v = (k & 1) ? v_hi : v_lo;
-    const float fc = am::fmadd(p.cos_a, u, -(p.sin_a * v)) + 0.5f * g.out_w;  // rotate_back's
-    const float fr = am::fmadd(p.sin_a, u, p.cos_a * v) + 0.5f * g.out_h;
+    const float fc = am::fmadd(p.cos_a, u, -(p.sin_a * v)) + g.half_w;  // rotate_back's
+    const float fr = am::fmadd(p.sin_a, u, p.cos_a * v) + g.half_h;
     cmin = fminf(cmin, fc);
     cmax = fmaxf(cmax, fc);
     rmin = fminf(rmin, fr);
@@ -179,23 +179,42 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
                         (t.i1 - t.i0) * win.cols * pixel_floats, t.l, t.one_minus_l};
       }
     }
-    // 1. Stage the window: a warp per row, coalesced byte loads, all channels of a pixel.
+    // 1. Stage the window: a warp per row, coalesced byte loads, all channels of a pixel. The
+    // channel planes' window origins are computed once; the loop only adds 32-bit offsets.
+    const uint8_t* origin = image + win.row0 * g.in_w + win.col0;
+    if constexpr (kChannels == 3) {
+      const uint8_t *p0 = origin, *p1 = origin + in_plane, *p2 = origin + 2 * in_plane;
+      float4* staged4 = reinterpret_cast<float4*>(staged);
+      constexpr int kRowsInFlight = 2;  // a warp's loads of 2 rows issued before either is used
 #pragma unroll 1
-    for (int r = ty; r < win.rows; r += kWarpsPerTile) {
-      const uint8_t* src_row = image + (win.row0 + r) * g.in_w + win.col0;
-      float* dst_row = staged + r * win.cols * pixel_floats;
+      for (int col = tx; col < win.cols; col += kTileW)
 #pragma unroll 1
-      for (int col = tx; col < win.cols; col += kTileW) {
-        const uint8_t* s = src_row + col;
-        if constexpr (kChannels == 3) {
-          reinterpret_cast<float4*>(dst_row)[col] =
-              make_float4(am::byte_to_float(s[0]), am::byte_to_float(s[in_plane]),
-                          am::byte_to_float(s[2 * in_plane]), 0.0f);
-        } else {
-          for (int c = 0; c < C; ++c)
-            dst_row[col * C + c] = am::byte_to_float(s[c * in_plane]);
+        for (int r0 = ty; r0 < win.rows; r0 += kRowsInFlight * kWarpsPerTile) {
+          uint8_t v[kRowsInFlight][3];
+#pragma unroll
+          for (int k = 0; k < kRowsInFlight; ++k) {
+            const int r = min(r0 + k * kWarpsPerTile, win.rows - 1), o = r * g.in_w + col;
+            v[k][0] = p0[o];
+            v[k][1] = p1[o];
+            v[k][2] = p2[o];
+          }
+#pragma unroll
+          for (int k = 0; k < kRowsInFlight; ++k) {
+            const int r = r0 + k * kWarpsPerTile;
+            if (r < win.rows)
+              staged4[r * win.cols + col] =
+                  make_float4(am::byte_to_float(v[k][0]), am::byte_to_float(v[k][1]),
+                              am::byte_to_float(v[k][2]), 0.0f);
+          }
         }
-      }
+    } else {
+#pragma unroll 1
+      for (int r = ty; r < win.rows; r += kWarpsPerTile)
+#pragma unroll 1
+        for (int col = tx; col < win.cols; col += kTileW)
+          for (int c = 0; c < C; ++c)
+            staged[(r * win.cols + col) * C + c] =
+                am::byte_to_float(origin[c * in_plane + r * g.in_w + col]);
     }
   }
   __syncthreads();
@@ -208,9 +227,8 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, v);
     const unsigned tc = static_cast<unsigned>(r.ci - win.ci0);
     const unsigned tr = static_cast<unsigned>(r.ri - win.ri0);
-    if (!r.inside) {
-      for (int c = 0; c < C; ++c) sampled[c * halo + idx] = 0.0f;
-    } else if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
+    // The tables cover resized pixels inside the image only: a hit is inside.
+    if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
       const TableEntry ce = column_table[tc], re = row_table[tr];
       const am::AxisTap x{0, 0, ce.l, ce.one_minus_l}, y{0, 0, re.l, re.one_minus_l};
       const float* s00 = staged + re.offset + ce.offset;
@@ -228,6 +246,8 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
           sampled[c * halo + idx] =
               am::bilerp(s00[c], s00[ce.step + c], s10[c], s10[ce.step + c], x, y);
       }
+    } else if (!r.inside) {
+      for (int c = 0; c < C; ++c) sampled[c * halo + idx] = 0.0f;
     } else {
       const am::Tap t = am::locate_centred(g, unflipped, u, v);
       for (int c = 0; c < C; ++c) sampled[c * halo + idx] = am::read(image + c * in_plane, g.in_w, t);
@@ -270,26 +290,35 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
   // 4. Blur along columns, normalize, write: a warp writes 32 consecutive floats of one row.
   const int x = x0 + tx, y_first = y0 + ty * kRowsPerThread;
   if (x >= g.out_w) return;
+  const int rows_here = min(kRowsPerThread, g.out_h - y_first);  // < kRowsPerThread: last tile
   const int64_t out_plane = static_cast<int64_t>(g.out_h) * g.out_w;
-  for (int c = 0; c < C; ++c) {
+  float* dst = a.out + static_cast<int64_t>(b) * C * out_plane +
+               static_cast<int64_t>(y_first) * g.out_w + x;
+  for (int c = 0; c < C; ++c, dst += out_plane) {
     const float* col = rows + (c * halo_h + ty * kRowsPerThread) * kTileW + tx;
-    float* dst = a.out + (static_cast<int64_t>(b) * C + c) * out_plane +
-                 static_cast<int64_t>(y_first) * g.out_w + x;
     const float mean = a.mean[c], inv_std = a.inv_std[c];
+    float out[kRowsPerThread];
     if constexpr (kTaps > 0) {
       float window_values[kRowsPerThread + kTaps - 1];
 #pragma unroll
       for (int j = 0; j < kRowsPerThread + kTaps - 1; ++j) window_values[j] = col[j * kTileW];
 #pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        const float v = am::blur_taps(w, kTaps, [&](int k) { return window_values[r + k]; });
-        if (y_first + r < g.out_h) dst[r * g.out_w] = am::normalize(v, mean, inv_std);
-      }
+      for (int r = 0; r < kRowsPerThread; ++r)
+        out[r] = am::normalize(am::blur_taps(w, kTaps, [&](int k) { return window_values[r + k]; }),
+                               mean, inv_std);
     } else {
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        const float v = am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * kTileW]; });
-        if (y_first + r < g.out_h) dst[r * g.out_w] = am::normalize(v, mean, inv_std);
-      }
+      for (int r = 0; r < kRowsPerThread; ++r)
+        out[r] = am::normalize(
+            am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * kTileW]; }), mean,
+            inv_std);
+    }
+    if (rows_here == kRowsPerThread) {  // every tile but a partial last row of tiles
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) dst[r * g.out_w] = out[r];
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r)
+        if (r < rows_here) dst[r * g.out_w] = out[r];
     }
   }
 }

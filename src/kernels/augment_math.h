@@ -24,12 +24,14 @@ struct Geometry {
   int crop_h, crop_w;  ///< random crop
   int out_h, out_w;    ///< after resize (and rotation, which keeps the size)
   float scale_y, scale_x;  ///< crop / out, the resize's source step per output pixel
+  float half_h, half_w;    ///< out / 2: the image centre, from a pixel edge
 };
 
 inline Geometry make_geometry(int in_h, int in_w, int crop_h, int crop_w, int out_h, int out_w) {
   return {in_h,  in_w,  crop_h, crop_w, out_h, out_w,
           static_cast<float>(crop_h) / static_cast<float>(out_h),
-          static_cast<float>(crop_w) / static_cast<float>(out_w)};
+          static_cast<float>(crop_w) / static_cast<float>(out_w),
+          0.5f * static_cast<float>(out_h), 0.5f * static_cast<float>(out_w)};
 }
 
 /// One sample's drawn parameters, as the math consumes them.
@@ -88,6 +90,15 @@ TANDEM_HD AxisTap axis_tap(int i, float scale, int crop, int offset) {
   return {offset + i0, offset + min_i(i0 + 1, crop - 1), l, 1.0f - l};
 }
 
+/// floor(x) as an int, for |x| far below 2^31 (one instruction on the GPU).
+TANDEM_HD int floor_to_int(float x) {
+#ifdef __CUDA_ARCH__
+  return __float2int_rd(x);
+#else
+  return static_cast<int>(std::floor(x));
+#endif
+}
+
 /// The resized pixel an output pixel's centre (u, v) (from the image centre, u already
 /// mirrored when the sample is flipped) rotates back to; inside == false: outside the image.
 struct Resized {
@@ -98,13 +109,11 @@ struct Resized {
 TANDEM_HD Resized rotate_back(const Geometry& g, float cos_a, float sin_a, float u, float v) {
   // Inverse rotation, then nearest (round half up) in the resized grid, whose pixel k spans
   // [k, k + 1) measured from its left (top) edge: fc = qu + out_w / 2.
-  const float fc = fmadd(cos_a, u, -(sin_a * v)) + 0.5f * static_cast<float>(g.out_w);
-  const float fr = fmadd(sin_a, u, cos_a * v) + 0.5f * static_cast<float>(g.out_h);
-  Resized r{false, 0, 0};
-  if (fc < 0.0f || fr < 0.0f) return r;
-  r.ci = static_cast<int>(fc);
-  r.ri = static_cast<int>(fr);
-  r.inside = r.ci < g.out_w && r.ri < g.out_h;
+  const float fc = fmadd(cos_a, u, -(sin_a * v)) + g.half_w;
+  const float fr = fmadd(sin_a, u, cos_a * v) + g.half_h;
+  Resized r{false, floor_to_int(fc), floor_to_int(fr)};
+  r.inside = static_cast<unsigned>(r.ci) < static_cast<unsigned>(g.out_w) &&
+             static_cast<unsigned>(r.ri) < static_cast<unsigned>(g.out_h);
   return r;
 }
 
