@@ -159,9 +159,12 @@ mlp_rounds() {
         --json "$RAW/tandem-mlp-$mode-$round.json" >>"$LOG" 2>&1 || status=1
     done
     python3 "$REF/seed_reference.py" mlp --json "$RAW/python-mlp-$round.json" >>"$LOG" 2>&1 || status=1
-    # The same graphed run without the NVML sampling thread, for the log only (not in graphs.json).
+    # The same graphed run without the NVML sampling thread, and with device timing events on
+    # every step instead of every 4th: what each costs, for the log only (not in graphs.json).
     "$TANDEM" bench --scenario mlp --mode graphed --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
       grep -E "^mlp " | sed 's/$/  (--no-gpu-monitor)/' | tee -a "$LOG"
+    "$TANDEM" bench --scenario mlp --mode graphed --steps 1000 --warmup 100 --device-timing-every 1 2>&1 |
+      grep -E "^mlp " | sed 's/$/  (--device-timing-every 1)/' | tee -a "$LOG"
   done
   MLP_COMMAND="$rounds rounds of: tandem bench --scenario mlp --mode {eager,graphed,graphed_k} --steps 1000 --warmup 100; seed_reference.py mlp"
 }

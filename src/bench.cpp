@@ -91,7 +91,9 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   // `steps` training steps remain and the stages ahead of it are in their steady state.
   const int clock_stage =
       pipeline->mode() == PipelineMode::kSerial ? 0 : pipeline->num_stages() - 1;
-  pipeline->set_timing(warmup);
+  TANDEM_CHECK_ARG(options.device_timing_every >= 1, "--device-timing-every ",
+                   options.device_timing_every, " is not valid: expected a positive number of steps");
+  pipeline->set_timing(warmup, options.device_timing_every);
   pipeline->set_trace(trace.get());
   GpuMonitor monitor(device);
   Progress progress(options.scenario + " " + options.mode, warmup + steps, options.progress);
@@ -158,7 +160,10 @@ std::string describe_result(const BenchResult& r) {
                 1000.0 / r.steps_per_s, r.losses.empty() ? 0.0 : r.losses.front(),
                 r.losses.empty() ? 0.0 : r.losses.back());
   os << line;
-  os << "\nper step    " << "host enqueue ms   device ms   (lane)\n";
+  os << "\nper step    " << "host enqueue ms   device ms   (lane)";
+  if (r.timing.device_timing_every > 1)
+    os << "   device: mean of every " << r.timing.device_timing_every << "th step";
+  os << "\n";
   for (const auto& st : r.timing.stages) {
     char device_ms[32] = "n/a";  // no CUDA: no device timeline
     if (!std::isnan(st.device_ms_per_item))
@@ -214,6 +219,7 @@ nlohmann::json to_json(const BenchResult& r) {
           {"losses", r.losses},
           {"stages", stages},
           {"slot_wait_ms_per_step", r.timing.slot_wait_ms_per_item},
+          {"device_timing_every", r.timing.device_timing_every},
           {"floor_ms", r.floor_ms},
           {"floor_stage", r.floor_stage},
           {"efficiency", r.efficiency},

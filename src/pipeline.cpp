@@ -61,13 +61,15 @@ void Pipeline::run_stage(int i, int slot) {
     return;
   }
   const auto start = Clock::now();
-  if (lane.is_cuda()) {
+  const bool device_timed =
+      lane.is_cuda() && (trace_ || (item - first_timed_item_) % device_timing_every_ == 0);
+  if (device_timed) {
     stage_events_[i].emplace_back();  // a timing-enabled start/end pair
     stage_events_[i].back().item = item;
     stage_events_[i].back().start.record(lane.stream());
   }
   stages_[i].fn(ring_[slot], lane);
-  if (lane.is_cuda()) stage_events_[i].back().end.record(lane.stream());
+  if (device_timed) stage_events_[i].back().end.record(lane.stream());
   const auto end = Clock::now();
   host_seconds_[i] += std::chrono::duration<double>(end - start).count();
   if (trace_) {
@@ -98,6 +100,7 @@ Pipeline::Timing Pipeline::timing() const {
   t.items = timed_items_;
   const double n = timed_items_ > 0 ? static_cast<double>(timed_items_) : 1.0;
   t.slot_wait_ms_per_item = 1e3 * slot_wait_seconds_ / n;
+  t.device_timing_every = trace_ ? 1 : device_timing_every_;
   for (int i = 0; i < num_stages(); ++i) {
     StageTimes st;
     st.name = stages_[i].name;
@@ -109,7 +112,9 @@ Pipeline::Timing Pipeline::timing() const {
         e.end.synchronize();  // run() returns once the caller's stream waits, not the host
         ms += e.start.elapsed_time(e.end);
       }
-      st.device_ms_per_item = ms / n;
+      st.device_ms_per_item = stage_events_[i].empty()
+                                  ? std::numeric_limits<double>::quiet_NaN()
+                                  : ms / static_cast<double>(stage_events_[i].size());
     } else {
       st.device_ms_per_item = std::numeric_limits<double>::quiet_NaN();
     }

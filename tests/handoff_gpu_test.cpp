@@ -108,5 +108,25 @@ TEST(PipelineGpuTest, ASlotWaitsForTheEndOfItsPreviousItemTimedOrNot) {
   }
 }
 
+// Device time is sampled on every n-th timed item (no trace): the sampled items' mean, n in the
+// report; host time still counts every item.
+TEST(PipelineGpuTest, DeviceTimingSamplesEveryNthTimedItem) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  std::vector<Stage> s;
+  s.push_back({"work", Lane::create("work", cuda),
+               [](Batch&, const Lane&) { at::cuda::sleep(200000); }});
+  Pipeline p(std::move(s), PipelineMode::kSerial, Lane::create("serial", cuda));
+  EXPECT_THROW(p.set_timing(0, 0), c10::Error);
+  p.set_timing(2, 3);
+  p.run(14);
+  const Pipeline::Timing t = p.timing();
+  EXPECT_EQ(t.items, 12);
+  EXPECT_EQ(t.device_timing_every, 3);
+  ASSERT_EQ(t.stages.size(), 1u);
+  EXPECT_GT(t.stages[0].device_ms_per_item, 0.0);
+  EXPECT_GT(t.stages[0].host_ms_per_item, 0.0);
+}
+
 }  // namespace
 }  // namespace tandem

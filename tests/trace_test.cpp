@@ -31,7 +31,7 @@ nlohmann::json traced_run(c10::Device device, PipelineMode mode, int64_t items) 
                           std::this_thread::sleep_for(std::chrono::microseconds(300));
                       }});
   Pipeline p(std::move(stages), mode, Lane::create("serial", device));
-  p.set_timing(2);
+  p.set_timing(2, /*device_timing_every=*/3);  // a trace times every item all the same
   p.set_trace(&trace);
   p.run(items);
   // Round-trip through text, as a viewer would read it.

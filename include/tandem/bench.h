@@ -35,6 +35,9 @@ struct BenchOptions {
   /// Sample GPU utilization through NVML during the timed steps (a thread querying the driver
   /// every 20 ms); off leaves the run without any thread of tandem's besides its stages.
   bool gpu_monitor = true;
+  /// Device time per stage from CUDA events on every n-th timed step (every step with a
+  /// trace): each event pair is a little work on the lane between the stage's kernels.
+  int64_t device_timing_every = 4;
   uint64_t seed = 0;
 };
 

@@ -82,15 +82,25 @@ class Pipeline {
     std::string name;
     std::string lane;
     double host_ms_per_item = 0;
-    double device_ms_per_item = 0;  // NaN without CUDA
+    double device_ms_per_item = 0;  // NaN without CUDA; the mean over the sampled items
   };
   struct Timing {
     std::vector<StageTimes> stages;
     double slot_wait_ms_per_item = 0;
     int64_t items = 0;
+    int64_t device_timing_every = 1;  ///< device time sampled on every n-th timed item
   };
-  /// Time items >= first_timed_item of later runs (a negative value turns timing off).
-  void set_timing(int64_t first_timed_item) { first_timed_item_ = first_timed_item; }
+  /// Time items >= first_timed_item of later runs (a negative value turns timing off): host
+  /// time for each, device time (a pair of CUDA events per stage) for every
+  /// `device_timing_every`-th of them, or for each while a trace is recorded. Each event pair
+  /// is work on the lane's stream between the stage's kernels; sampling keeps the measurement
+  /// from adding to what it measures where a step is a fraction of a millisecond.
+  void set_timing(int64_t first_timed_item, int64_t device_timing_every = 1) {
+    TORCH_CHECK(device_timing_every >= 1, "device timing must sample every n-th item, n >= 1; got ",
+                device_timing_every);
+    first_timed_item_ = first_timed_item;
+    device_timing_every_ = device_timing_every;
+  }
   /// The timing of the last run (synchronizes with the timing events).
   Timing timing() const;
   /// Record the timed items of later runs into `trace` (nullptr: stop). Lane tracks get each
@@ -122,6 +132,7 @@ class Pipeline {
 
   // Timing (optional): per stage, host seconds and one (start, end) event pair per timed item.
   int64_t first_timed_item_ = -1;
+  int64_t device_timing_every_ = 1;
   std::vector<double> host_seconds_;
   double slot_wait_seconds_ = 0;
   int64_t timed_items_ = 0;
