@@ -38,6 +38,10 @@ AutoDecision choose_mode(const std::vector<Trial>& trials, double margin) {
   return {best->mode, "fastest"};  // unreachable: best is within its own margin
 }
 
+double trial_rate(const std::vector<double>& runs) {
+  return runs.empty() ? 0.0 : *std::min_element(runs.begin(), runs.end());
+}
+
 int64_t second_trial_steps(int64_t steps, double steps_per_s, int64_t cap) {
   if (!(steps_per_s > 0) || static_cast<double>(steps) >= kAutoTrialSeconds * steps_per_s)
     return 0;
@@ -59,12 +63,15 @@ AutoResult run_auto(const BenchOptions& unresolved) {
     trial.progress = false;
     Trial t{mode, std::nullopt, ""};
     try {
-      t.steps_per_s = run_bench(trial).steps_per_s;
-      const int64_t longer = second_trial_steps(*trial.steps, *t.steps_per_s, *options.steps);
-      if (longer > 0) {
+      const double first = run_bench(trial).steps_per_s;  // sizes the measured runs
+      const int64_t longer = second_trial_steps(*trial.steps, first, *options.steps);
+      if (longer > 0)
         trial.steps = longer;
-        t.steps_per_s = run_bench(trial).steps_per_s;
-      }
+      else
+        t.runs.push_back(first);  // already long enough: it counts as a run
+      while (static_cast<int>(t.runs.size()) < kAutoTrialRuns)
+        t.runs.push_back(run_bench(trial).steps_per_s);
+      t.steps_per_s = trial_rate(t.runs);
     } catch (const std::exception& e) {
       t.error = first_line(e.what());
     }

@@ -53,5 +53,15 @@ TEST(AutoModeTest, AllModesFailingIsAnErrorThatSaysWhy) {
   }
 }
 
+TEST(AutoModeTest, AModeIsRankedByItsSlowestRun) {
+  EXPECT_EQ(trial_rate({328.0, 289.0}), 289.0);
+  EXPECT_EQ(trial_rate({327.0}), 327.0);
+  EXPECT_EQ(trial_rate({}), 0.0);
+  // An unsteady mode that was once the fastest loses to a steady one.
+  const auto d = choose_mode({{"pipelined", trial_rate({330.0, 290.0}), ""},
+                              {"pipelined+graphed", trial_rate({326.0, 327.0}), ""}});
+  EXPECT_EQ(d.mode, "pipelined+graphed");
+}
+
 }  // namespace
 }  // namespace tandem

@@ -12,8 +12,9 @@ namespace tandem {
 
 struct Trial {
   std::string mode;
-  std::optional<double> steps_per_s;  ///< nullopt when the trial failed
+  std::optional<double> steps_per_s;  ///< trial_rate(runs); nullopt when the trial failed
   std::string error;                  ///< why it failed
+  std::vector<double> runs;           ///< steps/s of each measured run (a fresh instance each)
 };
 
 struct AutoDecision {
@@ -28,15 +29,25 @@ AutoDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015
 
 /// Trial length. Each mode first runs kAutoTrialWarmup + kAutoTrialSteps steps (fewer if the
 /// run asks for fewer); a mode whose timed steps took less than kAutoTrialSeconds then runs
-/// again with enough steps to fill that time (at most kAutoTrialMaxSteps), and that rate counts.
-/// Why: a pipeline's fill and drain fall inside a short timed window and cost a pipelined mode
-/// a few percent against a serial one; on the H200, 20-step trials made cls pick gpu_aug where
-/// pipelined+graphed ran 9% faster. The trials of a scenario with M modes take at most about
-/// M x (2 short runs + kAutoTrialSeconds), model set-up included.
+/// with enough steps to fill that time (at most kAutoTrialMaxSteps). Why: a pipeline's fill and
+/// drain fall inside a short timed window and cost a pipelined mode a few percent against a
+/// serial one; on the H200, 20-step trials made cls pick gpu_aug where pipelined+graphed ran 9%
+/// faster.
+/// Each mode is measured kAutoTrialRuns times, each run a fresh instance (models, threads,
+/// cuDNN's choices, graphs), and ranked by its slowest run (trial_rate): on the H200, seg's eager
+/// pipelined mode at batch 8 ran anywhere from 289 to 328 steps/s from one instance to the next
+/// while pipelined+graphed held 327, and a single trial picked the unsteady mode. The trials
+/// of a scenario with M modes take about M x (1 short + kAutoTrialRuns sized runs), model
+/// set-up included.
 inline constexpr int64_t kAutoTrialWarmup = 5;
 inline constexpr int64_t kAutoTrialSteps = 20;
 inline constexpr double kAutoTrialSeconds = 0.6;
 inline constexpr int64_t kAutoTrialMaxSteps = 300;
+inline constexpr int kAutoTrialRuns = 2;
+
+/// A mode's trial rate from its runs: the slowest, so a mode is ranked by what it can be
+/// counted on for, not by its luckiest instance. 0 for no runs.
+double trial_rate(const std::vector<double>& runs);
 
 /// Timed steps of the second trial of a mode whose first, of `steps` steps, ran at
 /// `steps_per_s`: enough for kAutoTrialSeconds, at most kAutoTrialMaxSteps and at most `cap`

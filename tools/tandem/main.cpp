@@ -95,15 +95,19 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
   tandem::BenchResult result;
   if (options.mode == "auto") {
     std::cout << "\nauto: trials of " << tandem::kAutoTrialWarmup << " warm-up + "
-              << tandem::kAutoTrialSteps << " timed steps per mode, repeated with up to "
-              << tandem::kAutoTrialMaxSteps << " steps where they took under "
-              << tandem::kAutoTrialSeconds << " s\n"
+              << tandem::kAutoTrialSteps << " timed steps per mode (up to "
+              << tandem::kAutoTrialMaxSteps << " where that took under "
+              << tandem::kAutoTrialSeconds << " s), " << tandem::kAutoTrialRuns
+              << " runs each, ranked by the slower\n"
               << std::flush;
     tandem::AutoResult a = tandem::run_auto(options);
     for (const auto& t : a.trials) {
-      if (t.steps_per_s)
-        std::printf("  trial %-17s %10.2f steps/s\n", t.mode.c_str(), *t.steps_per_s);
-      else
+      if (t.steps_per_s) {
+        std::string runs;
+        for (double r : t.runs) runs += (runs.empty() ? "" : ", ") + std::to_string(r).substr(0, 6);
+        std::printf("  trial %-17s %10.2f steps/s   (runs: %s)\n", t.mode.c_str(), *t.steps_per_s,
+                    runs.c_str());
+      } else
         std::printf("  trial %-17s failed: %s\n", t.mode.c_str(), t.error.c_str());
     }
     std::printf("auto: picked %s (%s); trials took %.1f s\n", a.decision.mode.c_str(),
@@ -120,6 +124,7 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
       out["trials"].push_back({{"mode", t.mode},
                                {"steps_per_s", t.steps_per_s ? nlohmann::json(*t.steps_per_s)
                                                              : nlohmann::json(nullptr)},
+                               {"runs", t.runs},
                                {"error", t.error}});
   } else {
     result = tandem::run_bench(options);
