@@ -82,26 +82,19 @@ void GpuMonitor::start() {
   sum_ = 0;
   samples_ = 0;
   sampler_ = std::thread([this] {
-    std::unique_lock<std::mutex> lock(mutex_);
     while (running_.load()) {
-      lock.unlock();
       NvmlUtilization u{};
       if (nvml_->utilization(device_handle_, &u) == 0) {
         sum_ += u.gpu;
         ++samples_;
       }
-      lock.lock();
-      wake_.wait_for(lock, std::chrono::milliseconds(period_ms_), [this] { return !running_.load(); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(period_ms_));
     }
   });
 }
 
 void GpuMonitor::stop() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!running_.exchange(false)) return;
-  }
-  wake_.notify_all();
+  if (!running_.exchange(false)) return;
   if (sampler_.joinable()) sampler_.join();
 }
 

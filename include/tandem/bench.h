@@ -33,7 +33,7 @@ struct BenchOptions {
   /// Draw a progress line on stderr when it is a terminal.
   bool progress = true;
   /// Sample GPU utilization through NVML during the timed steps (a thread querying the driver
-  /// every 100 ms); off leaves the run without any thread of tandem's besides its stages.
+  /// every 20 ms); off leaves the run without any thread of tandem's besides its stages.
   bool gpu_monitor = true;
   /// Device time per stage from CUDA events on every n-th timed step (every step with a
   /// trace): each event pair is a little work on the lane between the stage's kernels.
