@@ -61,7 +61,7 @@ AutoResult run_auto(const BenchOptions& unresolved) {
     trial.warmup = std::min(*options.warmup, kAutoTrialWarmup);
     trial.trace_path.clear();
     trial.progress = false;
-    Trial t{mode, std::nullopt, ""};
+    Trial t{mode, std::nullopt, "", {}};
     try {
       const double first = run_bench(trial).steps_per_s;  // sizes the measured runs
       const int64_t longer = second_trial_steps(*trial.steps, first, *options.steps);

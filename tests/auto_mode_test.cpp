@@ -7,30 +7,36 @@
 namespace tandem {
 namespace {
 
+Trial ok(const char* mode, double steps_per_s) { return {mode, steps_per_s, "", {steps_per_s}}; }
+Trial failed(const char* mode, const char* error) { return {mode, std::nullopt, error, {}}; }
+Trial runs(const char* mode, std::vector<double> rates) {
+  return {mode, trial_rate(rates), "", rates};
+}
+
 TEST(AutoModeTest, PicksTheFastestWhenItWinsByMoreThanTheMargin) {
-  const auto d = choose_mode({{"serial", 100.0, ""}, {"pipelined", 120.0, ""}}, 0.015);
+  const auto d = choose_mode({ok("serial", 100.0), ok("pipelined", 120.0)}, 0.015);
   EXPECT_EQ(d.mode, "pipelined");
   EXPECT_NE(d.reason.find("fastest"), std::string::npos);
 }
 
 TEST(AutoModeTest, PrefersTheSimplerModeWithinTheNoiseMargin) {
-  const auto d = choose_mode({{"serial", 100.0, ""}, {"pipelined", 101.0, ""}}, 0.015);
+  const auto d = choose_mode({ok("serial", 100.0), ok("pipelined", 101.0)}, 0.015);
   EXPECT_EQ(d.mode, "serial");
   EXPECT_NE(d.reason.find("simpler"), std::string::npos);
 }
 
 TEST(AutoModeTest, AnExactTieGoesToTheSimplerMode) {
-  EXPECT_EQ(choose_mode({{"serial", 50.0, ""}, {"pipelined", 50.0, ""}}).mode, "serial");
+  EXPECT_EQ(choose_mode({ok("serial", 50.0), ok("pipelined", 50.0)}).mode, "serial");
 }
 
 TEST(AutoModeTest, JustOutsideTheMarginTheFasterModeWins) {
-  EXPECT_EQ(choose_mode({{"serial", 100.0, ""}, {"pipelined", 102.0, ""}}, 0.015).mode,
+  EXPECT_EQ(choose_mode({ok("serial", 100.0), ok("pipelined", 102.0)}, 0.015).mode,
             "pipelined");
 }
 
 TEST(AutoModeTest, SkipsAFailedMode) {
   const auto d =
-      choose_mode({{"serial", std::nullopt, "out of memory"}, {"pipelined", 80.0, ""}});
+      choose_mode({failed("serial", "out of memory"), ok("pipelined", 80.0)});
   EXPECT_EQ(d.mode, "pipelined");
 }
 
@@ -45,7 +51,7 @@ TEST(AutoModeTest, ATrialShorterThanItsTimeTargetRunsAgainLonger) {
 
 TEST(AutoModeTest, AllModesFailingIsAnErrorThatSaysWhy) {
   try {
-    choose_mode({{"serial", std::nullopt, "boom"}, {"pipelined", std::nullopt, "bang"}});
+    choose_mode({failed("serial", "boom"), failed("pipelined", "bang")});
     FAIL();
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("serial: boom"), std::string::npos);
@@ -58,8 +64,8 @@ TEST(AutoModeTest, AModeIsRankedByItsSlowestRun) {
   EXPECT_EQ(trial_rate({327.0}), 327.0);
   EXPECT_EQ(trial_rate({}), 0.0);
   // An unsteady mode that was once the fastest loses to a steady one.
-  const auto d = choose_mode({{"pipelined", trial_rate({330.0, 290.0}), ""},
-                              {"pipelined+graphed", trial_rate({326.0, 327.0}), ""}});
+  const auto d = choose_mode({runs("pipelined", {330.0, 290.0}),
+                              runs("pipelined+graphed", {326.0, 327.0})});
   EXPECT_EQ(d.mode, "pipelined+graphed");
 }
 
