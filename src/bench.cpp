@@ -56,6 +56,8 @@ BenchOptions resolve(BenchOptions o) {
                    " is not valid: expected 0 or more warm-up steps");
   TANDEM_CHECK_ARG(*o.workers > 0, "worker count ", *o.workers,
                    " is not valid: expected at least 1 loader worker");
+  TANDEM_CHECK_ARG(o.device_timing_every >= 1, "device timing interval ", o.device_timing_every,
+                   " is not valid: expected a positive number of steps");
   return o;
 }
 
@@ -91,8 +93,6 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   // `steps` training steps remain and the stages ahead of it are in their steady state.
   const int clock_stage =
       pipeline->mode() == PipelineMode::kSerial ? 0 : pipeline->num_stages() - 1;
-  TANDEM_CHECK_ARG(options.device_timing_every >= 1, "--device-timing-every ",
-                   options.device_timing_every, " is not valid: expected a positive number of steps");
   pipeline->set_timing(warmup, options.device_timing_every);
   pipeline->set_trace(trace.get());
   GpuMonitor monitor(device);

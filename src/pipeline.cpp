@@ -62,7 +62,7 @@ void Pipeline::run_stage(int i, int slot) {
   }
   const auto start = Clock::now();
   const bool device_timed =
-      lane.is_cuda() && (trace_ || (item - first_timed_item_) % device_timing_every_ == 0);
+      lane.is_cuda() && (item - first_timed_item_) % device_timing_stride() == 0;
   if (device_timed) {
     stage_events_[i].emplace_back();  // a timing-enabled start/end pair
     stage_events_[i].back().item = item;
@@ -100,7 +100,7 @@ Pipeline::Timing Pipeline::timing() const {
   t.items = timed_items_;
   const double n = timed_items_ > 0 ? static_cast<double>(timed_items_) : 1.0;
   t.slot_wait_ms_per_item = 1e3 * slot_wait_seconds_ / n;
-  t.device_timing_every = trace_ ? 1 : device_timing_every_;
+  t.device_timing_every = device_timing_stride();
   for (int i = 0; i < num_stages(); ++i) {
     StageTimes st;
     st.name = stages_[i].name;

@@ -35,6 +35,7 @@ expect_fail 2 "JSON path '/nonexistent-dir/x.json' cannot be written" -- bench -
 expect_fail 2 "device 'tpu' is not valid" -- bench --device tpu
 expect_fail 2 "trace path '/nonexistent-dir/t.json' cannot be written" -- bench --trace /nonexistent-dir/t.json
 expect_fail 2 "train priority 'max' is not valid: expected high or normal" -- bench --train-priority max
+expect_fail 2 "device timing interval 0 is not valid: expected a positive number of steps" -- bench --device-timing-every 0
 expect_fail 2 "--batch-size" -- bench --batch-size many
 expect_fail 2 "--frobnicate" -- bench --frobnicate
 expect_fail 2 "subcommand" --

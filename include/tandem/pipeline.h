@@ -114,6 +114,8 @@ class Pipeline {
   void begin_item(int64_t item, int slot);
   void end_item(int slot);
   void record_done(int slot);  // done_[slot] on the last stage's lane becomes the slot's marker
+  // Device timing samples every this many timed items: every one while a trace is recorded.
+  int64_t device_timing_stride() const { return trace_ ? 1 : device_timing_every_; }
   void run_serial(int64_t num_items, const ItemHook& on_item);
   void run_threaded(int64_t num_items, const ItemHook& on_item);
 

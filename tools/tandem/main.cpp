@@ -72,7 +72,6 @@ struct RunFlags {
     app->add_option("--device-timing-every", options.device_timing_every,
                     "time each stage on the device (a CUDA event pair) every N-th timed step; "
                     "1: every step (always so with --trace)")
-        ->check(CLI::PositiveNumber)
         ->capture_default_str();
   }
   // Flags not given stay unset, so the library picks the device's defaults.
@@ -104,7 +103,11 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
     for (const auto& t : a.trials) {
       if (t.steps_per_s) {
         std::string runs;
-        for (double r : t.runs) runs += (runs.empty() ? "" : ", ") + std::to_string(r).substr(0, 6);
+        for (double r : t.runs) {
+          char run[32];
+          std::snprintf(run, sizeof run, "%s%.2f", runs.empty() ? "" : ", ", r);
+          runs += run;
+        }
         std::printf("  trial %-17s %10.2f steps/s   (runs: %s)\n", t.mode.c_str(), *t.steps_per_s,
                     runs.c_str());
       } else
