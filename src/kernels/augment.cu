@@ -68,12 +68,11 @@ __device__ Window tile_window(const am::Geometry& g, const am::SampleParams& p, 
   float cmin = 3e38f, cmax = -3e38f, rmin = 3e38f, rmax = -3e38f;
   for (int k = 0; k < 4; ++k) {  // the extremes of an affine map are at the corners
     const float u = (k & 2) ? u_hi : u_lo, v = (k & 1) ? v_hi : v_lo;
-    const float fc = am::fmadd(p.cos_a, u, -(p.sin_a * v)) + g.half_w;  // rotate_back's
-    const float fr = am::fmadd(p.sin_a, u, p.cos_a * v) + g.half_h;
-    cmin = fminf(cmin, fc);
-    cmax = fmaxf(cmax, fc);
-    rmin = fminf(rmin, fr);
-    rmax = fmaxf(rmax, fr);
+    const am::Rotated q = am::rotate_to_grid(g, p.cos_a, p.sin_a, u, v);  // rotate_back's
+    cmin = fminf(cmin, q.fc);
+    cmax = fmaxf(cmax, q.fc);
+    rmin = fminf(rmin, q.fr);
+    rmax = fmaxf(rmax, q.fr);
   }
   Window w{0, 0, 0, 0, 0, 0, 0, 0};
   const Window none = w;

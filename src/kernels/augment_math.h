@@ -106,12 +106,20 @@ struct Resized {
   int ci, ri;
 };
 
+/// The inverse rotation of (u, v), measured from the resized grid's top-left corner, whose pixel
+/// k spans [k, k + 1): fc = qu + out_w / 2.
+struct Rotated {
+  float fc, fr;
+};
+
+TANDEM_HD Rotated rotate_to_grid(const Geometry& g, float cos_a, float sin_a, float u, float v) {
+  return {fmadd(cos_a, u, -(sin_a * v)) + g.half_w, fmadd(sin_a, u, cos_a * v) + g.half_h};
+}
+
 TANDEM_HD Resized rotate_back(const Geometry& g, float cos_a, float sin_a, float u, float v) {
-  // Inverse rotation, then nearest (round half up) in the resized grid, whose pixel k spans
-  // [k, k + 1) measured from its left (top) edge: fc = qu + out_w / 2.
-  const float fc = fmadd(cos_a, u, -(sin_a * v)) + g.half_w;
-  const float fr = fmadd(sin_a, u, cos_a * v) + g.half_h;
-  Resized r{false, floor_to_int(fc), floor_to_int(fr)};
+  // Nearest (round half up) in the resized grid.
+  const Rotated q = rotate_to_grid(g, cos_a, sin_a, u, v);
+  Resized r{false, floor_to_int(q.fc), floor_to_int(q.fr)};
   r.inside = static_cast<unsigned>(r.ci) < static_cast<unsigned>(g.out_w) &&
              static_cast<unsigned>(r.ri) < static_cast<unsigned>(g.out_h);
   return r;
