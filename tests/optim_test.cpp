@@ -49,6 +49,15 @@ void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor
         << (a[i] - b[i]).abs().max().item<float>();
 }
 
+// LibTorch's SGD options for the same hyper-parameters as ours.
+torch::optim::SGDOptions torch_options(const optim::SgdOptions& o) {
+  return torch::optim::SGDOptions(o.lr)
+      .momentum(o.momentum)
+      .dampening(o.dampening)
+      .nesterov(o.nesterov)
+      .weight_decay(o.weight_decay);
+}
+
 // Steps `ours` and LibTorch's `theirs` side by side on the problem's two copies of the
 // parameters and checks they stay within `tol` after every step. `before_step(step)`, if given,
 // runs before each step (to change both learning rates).
@@ -87,12 +96,9 @@ TEST(SgdTest, MomentumDampeningNesterovAndWeightDecayMatchTorchSgd) {
                                       << c.dampening << " nesterov " << c.nesterov << " wd "
                                       << c.wd);
     Problem pr(c10::Device(c10::kCPU), 4);
-    optim::Sgd sgd(pr.ours, optim::SgdOptions{0.05, c.momentum, c.dampening, c.nesterov, c.wd});
-    torch::optim::SGD reference(pr.theirs, torch::optim::SGDOptions(0.05)
-                                               .momentum(c.momentum)
-                                               .dampening(c.dampening)
-                                               .nesterov(c.nesterov)
-                                               .weight_decay(c.wd));
+    const optim::SgdOptions o{0.05, c.momentum, c.dampening, c.nesterov, c.wd};
+    optim::Sgd sgd(pr.ours, o);
+    torch::optim::SGD reference(pr.theirs, torch_options(o));
     compare_with_torch(sgd, reference, pr, 12, 1e-6);
   }
 }
@@ -105,11 +111,7 @@ TEST(SgdTest, MixedDtypesTakeTheOpByOpPathAndStillMatchTorchSgd) {
     Problem pr(c10::Device(c10::kCPU), 5);
     pr.make_double(1);
     optim::Sgd ours(pr.ours, o);
-    torch::optim::SGD theirs(pr.theirs, torch::optim::SGDOptions(o.lr)
-                                            .momentum(o.momentum)
-                                            .dampening(o.dampening)
-                                            .nesterov(o.nesterov)
-                                            .weight_decay(o.weight_decay));
+    torch::optim::SGD theirs(pr.theirs, torch_options(o));
     compare_with_torch(ours, theirs, pr, 12, 1e-6, [&](int step) {
       ours.set_lr(0.05 / (1 + step));
       theirs.param_groups()[0].options().set_lr(0.05 / (1 + step));
@@ -168,11 +170,7 @@ TEST(SgdTest, AScheduleMatchesTorchSgdWithTheSameLrChanges) {
     SCOPED_TRACE(::testing::Message() << "momentum " << o.momentum << " nesterov " << o.nesterov);
     Problem pr(c10::Device(c10::kCPU), 6);
     optim::Sgd ours(pr.ours, o);
-    torch::optim::SGD theirs(pr.theirs, torch::optim::SGDOptions(o.lr)
-                                            .momentum(o.momentum)
-                                            .dampening(o.dampening)
-                                            .nesterov(o.nesterov)
-                                            .weight_decay(o.weight_decay));
+    torch::optim::SGD theirs(pr.theirs, torch_options(o));
     compare_with_torch(ours, theirs, pr, 20, 1e-6, [&](int step) {
       ours.set_lr(schedule(step));
       theirs.param_groups()[0].options().set_lr(schedule(step));
