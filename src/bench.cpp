@@ -118,9 +118,12 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   result.timing = pipeline->timing();
   result.notes = scenario->notes();
   result.gpu_utilization = monitor.mean_utilization();
-  result.gpu_utilization_note = !options.gpu_monitor ? "off: --no-gpu-monitor"
-                                 : monitor.available() ? "NVML"
-                                                       : monitor.unavailable_reason();
+  result.gpu_utilization_note =
+      !options.gpu_monitor ? "off: --no-gpu-monitor"
+      : monitor.available()
+          ? detail::concat("NVML, ", monitor.samples(),
+                           monitor.from_driver_buffer() ? " driver samples" : " readings")
+          : monitor.unavailable_reason();
   for (const auto& st : result.timing.stages) {
     const double ms = device.is_cuda() ? st.device_ms_per_item : st.host_ms_per_item;
     if (ms > result.floor_ms) {

@@ -4,19 +4,42 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <vector>
 
 namespace tandem {
 
 namespace {
-// NVML's C types, as its public header defines them (an opaque handle; two unsigned ints).
-using NvmlReturn = int;  // NVML_SUCCESS == 0
+// NVML's C types and constants, as its public header defines them.
+using NvmlReturn = int;
+constexpr NvmlReturn kNvmlSuccess = 0;
+constexpr NvmlReturn kNvmlNotFound = 6;  // NVML_ERROR_NOT_FOUND: no sample newer than asked
 using NvmlDevice = void*;
 struct NvmlUtilization {
   unsigned int gpu;
   unsigned int memory;
 };
+constexpr int kNvmlGpuUtilizationSamples = 1;  // nvmlSamplingType_t
+enum NvmlValueType : int { kDouble = 0, kUnsignedInt = 1 };
+union NvmlValue {
+  double d;
+  unsigned int ui;
+  unsigned long ul;
+  unsigned long long ull;
+  signed long long sll;
+};
+struct NvmlSample {
+  unsigned long long timestamp_us;
+  NvmlValue value;
+};
+
+uint64_t now_us() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
 }  // namespace
 
 struct GpuMonitor::Nvml {
@@ -25,6 +48,9 @@ struct GpuMonitor::Nvml {
   NvmlReturn (*shutdown)() = nullptr;
   NvmlReturn (*by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
   NvmlReturn (*utilization)(NvmlDevice, NvmlUtilization*) = nullptr;
+  // Optional: without it (or where the driver keeps no samples) the reader falls back.
+  NvmlReturn (*samples)(NvmlDevice, int, unsigned long long, int*, unsigned int*,
+                        NvmlSample*) = nullptr;
   ~Nvml() {
     if (shutdown) shutdown();
     if (library) dlclose(library);
@@ -50,11 +76,14 @@ GpuMonitor::GpuMonitor(c10::Device device, std::string library, int period_ms)
       dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
   nvml_->utilization = reinterpret_cast<NvmlReturn (*)(NvmlDevice, NvmlUtilization*)>(
       dlsym(lib, "nvmlDeviceGetUtilizationRates"));
+  nvml_->samples = reinterpret_cast<NvmlReturn (*)(NvmlDevice, int, unsigned long long, int*,
+                                                   unsigned int*, NvmlSample*)>(
+      dlsym(lib, "nvmlDeviceGetSamples"));
   if (!nvml_->init || !nvml_->by_pci_bus_id || !nvml_->utilization) {
     reason_ = "NVML lacks the functions tandem needs";
     return;
   }
-  if (nvml_->init() != 0) {
+  if (nvml_->init() != kNvmlSuccess) {
     reason_ = "nvmlInit failed";
     return;
   }
@@ -65,7 +94,7 @@ GpuMonitor::GpuMonitor(c10::Device device, std::string library, int period_ms)
     reason_ = "no PCI bus id for " + device.str();
     return;
   }
-  if (nvml_->by_pci_bus_id(bus_id, &device_handle_) != 0) {
+  if (nvml_->by_pci_bus_id(bus_id, &device_handle_) != kNvmlSuccess) {
     reason_ = std::string("NVML does not know device ") + bus_id;
     return;
   }
@@ -78,28 +107,75 @@ GpuMonitor::~GpuMonitor() {
 }
 
 void GpuMonitor::start() {
-  if (!available_ || running_.exchange(true)) return;
+  if (!available_ || running_) return;
+  running_ = true;
+  stop_requested_ = false;
   sum_ = 0;
   samples_ = 0;
-  sampler_ = std::thread([this] {
-    while (running_.load()) {
-      NvmlUtilization u{};
-      if (nvml_->utilization(device_handle_, &u) == 0) {
-        sum_ += u.gpu;
-        ++samples_;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(period_ms_));
-    }
+  last_seen_us_ = now_us();
+  from_buffer_ = nvml_->samples != nullptr;
+  reader_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(period_ms_),
+                           [this] { return stop_requested_; }))
+      collect();
   });
 }
 
 void GpuMonitor::stop() {
-  if (!running_.exchange(false)) return;
-  if (sampler_.joinable()) sampler_.join();
+  if (!running_) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_requested_ = true;
+  }
+  wake_.notify_all();
+  if (reader_.joinable()) reader_.join();
+  collect();                            // what the driver sampled since the last wake-up
+  if (samples_ == 0) read_current();    // a run shorter than one sample period
+  running_ = false;
+}
+
+void GpuMonitor::collect() {
+  if (!from_buffer_) {
+    read_current();
+    return;
+  }
+  unsigned int capacity = 0;
+  int value_type = kUnsignedInt;
+  NvmlReturn rc = nvml_->samples(device_handle_, kNvmlGpuUtilizationSamples, last_seen_us_,
+                                 &value_type, &capacity, nullptr);
+  if (rc == kNvmlSuccess && capacity > 0) {
+    std::vector<NvmlSample> buffer(capacity);
+    unsigned int count = capacity;
+    rc = nvml_->samples(device_handle_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type,
+                        &count, buffer.data());
+    if (rc == kNvmlSuccess) {
+      for (unsigned int i = 0; i < count && i < capacity; ++i) {
+        const NvmlSample& s = buffer[i];
+        if (s.timestamp_us <= last_seen_us_) continue;
+        sum_ += value_type == kDouble ? s.value.d : static_cast<double>(s.value.ui);
+        ++samples_;
+      }
+      for (unsigned int i = 0; i < count && i < capacity; ++i)
+        last_seen_us_ = std::max<uint64_t>(last_seen_us_, buffer[i].timestamp_us);
+      return;
+    }
+  }
+  if (rc == kNvmlNotFound || (rc == kNvmlSuccess && capacity == 0)) return;  // nothing new yet
+  from_buffer_ = false;  // the driver keeps no samples here: read the current figure instead
+  read_current();
+}
+
+void GpuMonitor::read_current() {
+  NvmlUtilization u{};
+  if (nvml_->utilization(device_handle_, &u) == kNvmlSuccess) {
+    sum_ += u.gpu;
+    ++samples_;
+  }
 }
 
 std::optional<double> GpuMonitor::mean_utilization() const {
-  if (!available_ || samples_ == 0 || running_.load()) return std::nullopt;
+  if (!available_ || samples_ == 0 || running_) return std::nullopt;
   return sum_ / static_cast<double>(samples_);
 }
 
