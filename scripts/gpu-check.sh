@@ -7,7 +7,8 @@
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
-#        TANDEM_SANITIZERS (default "racecheck synccheck memcheck"), TANDEM_SANITIZE_ARGS,
+#        TANDEM_SANITIZERS (default "racecheck synccheck memcheck"), TANDEM_SANITIZE_ARGS (runs
+#        separated by ';'),
 #        TANDEM_MLP_ROUNDS (3), TANDEM_SWEEP_BS ("8,32,128"), TANDEM_LAUNCH_BS ("1 2"),
 #        TANDEM_LAUNCH_ROUNDS (3),
 #        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
@@ -64,17 +65,23 @@ elif has_phase gputest; then
   grep -E "tests passed|tests failed|\(Failed\)" "$LOG" | tail -12 || true
 fi
 
-# A short pipelined run by default; TANDEM_SANITIZE_ARGS picks another (e.g. a graphed mode).
+# A short pipelined run by default; TANDEM_SANITIZE_ARGS picks others (e.g. graphed modes),
+# several separated by ';'.
 SANITIZE_ARGS=${TANDEM_SANITIZE_ARGS:---scenario seg --mode pipelined --batch-size 2 --steps 2 --warmup 1 --workers 2 --no-cudnn-benchmark}
 if has_phase sanitize; then
-  for tool in ${TANDEM_SANITIZERS:-racecheck synccheck memcheck}; do
-    say "compute-sanitizer --tool $tool on: tandem bench $SANITIZE_ARGS"
-    timeout ${TANDEM_SANITIZER_TIMEOUT:-240} compute-sanitizer --tool "$tool" --print-limit 20 \
-      "$TANDEM" bench $SANITIZE_ARGS >"$RAW/sanitizer-$tool.log" 2>&1
-    rc=$?
-    tail -4 "$RAW/sanitizer-$tool.log" | tee -a "$LOG"
-    say "$tool exit $rc"
-    [ $rc -eq 0 ] || status=1
+  IFS=';' read -ra sanitize_runs <<<"$SANITIZE_ARGS"
+  run_index=0
+  for args in "${sanitize_runs[@]}"; do
+    run_index=$((run_index + 1))
+    for tool in ${TANDEM_SANITIZERS:-racecheck synccheck memcheck}; do
+      say "compute-sanitizer --tool $tool on: tandem bench $args"
+      timeout ${TANDEM_SANITIZER_TIMEOUT:-240} compute-sanitizer --tool "$tool" --print-limit 20 \
+        "$TANDEM" bench $args >"$RAW/sanitizer-$run_index-$tool.log" 2>&1
+      rc=$?
+      tail -4 "$RAW/sanitizer-$run_index-$tool.log" | tee -a "$LOG"
+      say "$tool exit $rc"
+      [ $rc -eq 0 ] || status=1
+    done
   done
 fi
 
@@ -152,21 +159,22 @@ fi
 
 mlp_rounds() {
   local rounds=${TANDEM_MLP_ROUNDS:-3}
-  say "tandem bench mlp (eager, graphed, graphed_k; 1000 steps) and seed_reference.py mlp, $rounds rounds"
+  local modes="eager graphed graphed_k pipelined+graphed"
+  say "tandem bench mlp ($modes; 1000 steps) and seed_reference.py mlp, $rounds rounds"
   for round in $(seq "$rounds"); do
-    for mode in eager graphed graphed_k; do
+    for mode in $modes; do
       "$TANDEM" bench --scenario mlp --mode "$mode" --steps 1000 --warmup 100 \
         --json "$RAW/tandem-mlp-$mode-$round.json" >>"$LOG" 2>&1 || status=1
     done
     python3 "$REF/seed_reference.py" mlp --json "$RAW/python-mlp-$round.json" >>"$LOG" 2>&1 || status=1
-    # The same graphed run without the NVML sampling thread, and with device timing events on
-    # every step instead of every 4th: what each costs, for the log only (not in graphs.json).
-    "$TANDEM" bench --scenario mlp --mode graphed --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
-      grep -E "^mlp " | sed 's/$/  (--no-gpu-monitor)/' | tee -a "$LOG"
-    "$TANDEM" bench --scenario mlp --mode graphed --steps 1000 --warmup 100 --device-timing-every 1 2>&1 |
-      grep -E "^mlp " | sed 's/$/  (--device-timing-every 1)/' | tee -a "$LOG"
+    # The graphed runs again without the NVML reader thread: what it costs, for the log only
+    # (not in graphs.json).
+    for mode in graphed pipelined+graphed; do
+      "$TANDEM" bench --scenario mlp --mode "$mode" --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
+        grep -E "^mlp " | sed 's/$/  (--no-gpu-monitor)/' | tee -a "$LOG"
+    done
   done
-  MLP_COMMAND="$rounds rounds of: tandem bench --scenario mlp --mode {eager,graphed,graphed_k} --steps 1000 --warmup 100; seed_reference.py mlp"
+  MLP_COMMAND="$rounds rounds of: tandem bench --scenario mlp --mode {${modes// /,}} --steps 1000 --warmup 100; seed_reference.py mlp"
 }
 
 if has_phase mlp && ! has_phase graphs; then

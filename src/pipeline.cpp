@@ -139,6 +139,7 @@ void Pipeline::begin_item(int64_t item, int slot) {
   }
   ring_[slot].clear();
   ring_[slot].index = item;
+  ring_[slot].ring_slot = slot;
 }
 
 void Pipeline::record_done(int slot) {

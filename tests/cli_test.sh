@@ -77,7 +77,7 @@ fi
 # once; the baseline runs first.
 if "$tandem" sweep --scenario mlp --device cpu --batch-sizes 1 --steps 1 --warmup 0 \
      --modes all,graphed --csv "$tmp/m.csv" >"$tmp/out" 2>"$tmp/err" &&
-   [ "$(cut -d, -f1 "$tmp/m.csv" | tail -n +2 | paste -sd' ')" = "eager graphed graphed_k" ]; then
+   [ "$(cut -d, -f1 "$tmp/m.csv" | tail -n +2 | paste -sd' ')" = "eager graphed graphed_k pipelined+graphed" ]; then
   passed=$((passed + 1))
 else
   failed=$((failed + 1)); echo "FAIL: sweep --modes all,graphed"; cat "$tmp/out" "$tmp/err" "$tmp/m.csv"

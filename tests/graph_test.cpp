@@ -404,24 +404,39 @@ TEST(MlpTest, EveryModeLogsOneLossPerStepOnCpu) {
   const auto eager = mlp_losses("eager", c10::Device(c10::kCPU), 6);
   ASSERT_EQ(eager.size(), 6u);
   for (size_t i = 0; i < eager.size(); ++i) EXPECT_GT(eager[i], 0.f) << "step " << i;
-  for (const std::string mode : {"graphed", "graphed_k"})
+  for (const std::string mode : {"graphed", "graphed_k", "pipelined+graphed"})
     EXPECT_EQ(mlp_losses(mode, c10::Device(c10::kCPU), 6), eager) << mode;
 }
 
-// 24 steps: 3 warm-up steps, then 21 replays (graphed) or 5 replays of 4 and a 1-step eager
-// tail (graphed_k): every loss comes from the log, appended in step order by each path.
+// 24 steps: 3 warm-up steps, then 21 replays (graphed; pipelined+graphed, of 3 graphs in turn,
+// each on inputs the copy lane staged) or 5 replays of 4 and a 1-step eager tail (graphed_k):
+// every loss comes from the log, appended in step order by each path.
 TEST(MlpGpuTest, GraphedModesComputeTheEagerLosses) {
   TANDEM_SKIP_WITHOUT_CUDA();
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);  // deterministic cuBLAS (before first use)
   testing::use_deterministic_algorithms();
   const auto eager = mlp_losses("eager", kCuda, 24);
   ASSERT_EQ(eager.size(), 24u);
-  for (const std::string mode : {"graphed", "graphed_k"}) {
+  for (const std::string mode : {"graphed", "graphed_k", "pipelined+graphed"}) {
     const auto graphed = mlp_losses(mode, kCuda, 24);
     ASSERT_EQ(graphed.size(), eager.size());
     for (size_t i = 0; i < eager.size(); ++i)
       ASSERT_NEAR(graphed[i], eager[i], 1e-6 * std::abs(eager[i])) << mode << " step " << i;
   }
+}
+
+// The copy lane runs up to two items ahead of the replays and reuses each set of static inputs
+// every third item: 150 steps cycle 8 batches through 3 sets many times. A copy that overtook
+// the replay still reading its set would change that step's loss.
+TEST(MlpGpuTest, StagedReplaysMatchEagerStepsOverManyItems) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);
+  testing::use_deterministic_algorithms();
+  const auto eager = mlp_losses("eager", kCuda, 150);
+  const auto staged = mlp_losses("pipelined+graphed", kCuda, 150);
+  ASSERT_EQ(staged.size(), eager.size());
+  for (size_t i = 0; i < eager.size(); ++i)
+    ASSERT_NEAR(staged[i], eager[i], 1e-6 * std::abs(eager[i])) << "step " << i;
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ struct Event {
   int stage;
   int64_t item;
   bool end;  // false: stage starts the item; true: it finished enqueueing it
+  int ring_slot = -1;
 };
 
 std::vector<Event> trace(PipelineMode mode, int stages, int64_t items) {
@@ -35,12 +36,12 @@ std::vector<Event> trace(PipelineMode mode, int stages, int64_t items) {
   for (int i = 0; i < stages; ++i)
     s.push_back({"s" + std::to_string(i), Lane::create("lane", cpu),
                  [&log, i](Batch& b, const Lane&) {
-                   log({i, b.index, false});
+                   log({i, b.index, false, b.ring_slot});
                    // Each stage adds 10^i, so the last one sees the sum of every earlier stage.
                    at::Tensor prev = b.has("v") ? b.get("v") : at::zeros({1}, at::kLong);
                    b.set("v", prev + static_cast<int64_t>(std::pow(10, i)));
                    std::this_thread::sleep_for(std::chrono::microseconds(100 * (b.index % 3)));
-                   log({i, b.index, true});
+                   log({i, b.index, true, b.ring_slot});
                  }});
   Pipeline p(std::move(s), mode, Lane::create("serial", cpu));
   p.run(items);
@@ -65,7 +66,22 @@ TEST(PipelineTest, PipelinedStagesTakeItemsInOrderAfterTheirProducer) {
   std::vector<int64_t> next(K, 0);
   std::vector<std::vector<bool>> finished(K, std::vector<bool>(n, false));
   int64_t started_first = 0, finished_last = 0;
+  std::vector<int64_t> slot_item(K + 1, -1);  // the item each ring slot holds
   for (const auto& e : ev) {
+    // Every stage of an item sees the slot it was given; a slot holds one item at a time, and
+    // goes to a new item only once the last stage has finished the one before.
+    ASSERT_GE(e.ring_slot, 0);
+    ASSERT_LE(e.ring_slot, K);
+    if (!e.end && e.stage == 0) {
+      const int64_t previous = slot_item[e.ring_slot];
+      if (previous >= 0) {
+        EXPECT_TRUE(finished[K - 1][previous])
+            << "slot " << e.ring_slot << " given to item " << e.item << " while item "
+            << previous << " held it";
+      }
+      slot_item[e.ring_slot] = e.item;
+    }
+    EXPECT_EQ(slot_item[e.ring_slot], e.item) << "stage " << e.stage << " item " << e.item;
     if (!e.end) {
       EXPECT_EQ(e.item, next[e.stage]++) << "stage " << e.stage << " out of order";
       if (e.stage > 0) {

@@ -17,6 +17,10 @@ class Batch {
   int64_t index = -1;
   /// The loader's host slot this batch's data came from, -1 if none (see Loader::release).
   int host_slot = -1;
+  /// The pipeline's ring slot holding this batch (0..depth()), -1 outside a pipeline. Buffers a
+  /// scenario keeps per ring slot are free for this item: the pipeline hands a slot to a new item
+  /// only after the last stage of its previous item has finished on the device.
+  int ring_slot = -1;
 
   /// The tensor called `name`; throws std::out_of_range naming it if absent.
   const at::Tensor& get(const std::string& name) const;

@@ -41,7 +41,8 @@ MlpScenario::~MlpScenario() = default;
 std::unique_ptr<Pipeline> MlpScenario::prepare(const std::string& mode, int64_t num_steps) {
   check_prepare("mlp", kModes, mode, num_steps);
   const c10::Device dev = options_.device;
-  graph_.reset();  // before the log its replays append to
+  graph_.reset();  // before the log their replays append to
+  staged_graphs_.clear();
   loss_log_ = std::make_unique<LossLog>(num_steps, dev);
   num_steps_ = num_steps;
   replays_ = eager_tail_ = 0;
@@ -50,6 +51,20 @@ std::unique_ptr<Pipeline> MlpScenario::prepare(const std::string& mode, int64_t 
   if (mode != "eager" && !dev.is_cuda())
     capture_note_ = cpu_graph_note(mode);
   steps_per_graph_ = mode == "graphed_k" ? kMlpStepsPerGraph : 1;
+  if (mode == "pipelined+graphed" && dev.is_cuda()) {
+    std::vector<Stage> stages{
+        {"stage", Lane::create("copy", dev),
+         [this](Batch& b, const Lane& l) { stage_inputs(b, l); }},
+        {"train", Lane::create("train", dev),
+         [this](Batch& b, const Lane& l) { replay_staged(b, l); }}};
+    auto pipeline = std::make_unique<Pipeline>(std::move(stages), PipelineMode::kPipelined,
+                                               Lane::create("train", dev));
+    const int64_t slots = pipeline->depth() + 1;
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
+    static_x_ = at::zeros({slots, options_.batch_size, kMlpIn}, f32);
+    static_y_ = at::zeros({slots, options_.batch_size, kMlpOut}, f32);
+    return pipeline;
+  }
   std::vector<Stage> stages;
   if (graphed) {
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
@@ -118,6 +133,47 @@ void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
   }
 }
 
+// The copy lane writes item i's batch into the static inputs of its ring slot while the train
+// lane replays the step before it; the pipeline's handoff orders the replay after the copy, and
+// its ring orders the copy after the last replay that read those inputs. Warm-up items train on
+// their batches directly (nothing to stage).
+void MlpScenario::stage_inputs(Batch& batch, const Lane&) {
+  const int64_t i = batch.index;
+  if (i < kMlpGraphWarmup) return;
+  at::Tensor sx = static_x_[batch.ring_slot], sy = static_y_[batch.ring_slot];
+  copy_into_static(sx, inputs_[i % kMlpDistinctBatches]);
+  copy_into_static(sy, targets_[i % kMlpDistinctBatches]);
+}
+
+// At the first item after warm-up, one graph per ring slot is captured (nothing runs); the
+// graphs replay in the order they were captured — slot 0, 1, 2, 0, ... on one lane — so they
+// share the first one's pool. Every replay appends its loss to the log, in step order.
+void MlpScenario::replay_staged(Batch& batch, const Lane& lane) {
+  const int64_t i = batch.index;
+  if (i < kMlpGraphWarmup) {
+    warm_up_on_side_lane(lane, 1, [&](int) {
+      enqueue_step(inputs_[i % kMlpDistinctBatches], targets_[i % kMlpDistinctBatches]);
+    });
+    return;
+  }
+  if (staged_graphs_.empty()) {
+    for (int64_t s = 0; s < static_x_.size(0); ++s) {
+      GraphOptions go;
+      go.name = detail::concat("mlp train (static inputs ", s, ")");
+      go.static_tensors = {static_x_[s], static_y_[s]};
+      if (s > 0) go.pool = staged_graphs_.front()->pool();
+      auto graph = std::make_unique<GraphedStep>(go);
+      optimizer_->zero_grad();
+      graph->capture(lane, [&] { enqueue_step(static_x_[s], static_y_[s]); });
+      staged_graphs_.push_back(std::move(graph));
+    }
+  }
+  TORCH_INTERNAL_ASSERT(batch.ring_slot >= 0 &&
+                        batch.ring_slot < static_cast<int>(staged_graphs_.size()));
+  staged_graphs_[batch.ring_slot]->replay(lane);
+  ++replays_;
+}
+
 std::vector<float> MlpScenario::losses() const {
   return loss_log_ ? loss_log_->values() : std::vector<float>{};
 }
@@ -125,6 +181,13 @@ std::vector<float> MlpScenario::losses() const {
 std::vector<std::string> MlpScenario::notes() const {
   std::vector<std::string> out;
   if (!capture_note_.empty()) out.push_back(capture_note_);
+  if (!staged_graphs_.empty())
+    out.push_back(detail::concat(
+        "captured: ", staged_graphs_.size(),
+        " graphs of one whole training step each, one per set of static inputs (sharing one "
+        "pool), after ", kMlpGraphWarmup, " eager warm-up steps on a side lane; the copy lane "
+        "stages each batch into the next set while the train lane replays; ", replays_,
+        " replays"));
   if (graph_ && graph_->captured())
     out.push_back(detail::concat("captured: ", steps_per_graph_,
                                  " whole training step(s) (forward, MSE, backward, SGD, loss "

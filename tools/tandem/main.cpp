@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   bench->add_option("--mode", bench_options.mode,
                     "mode of the scenario (seg: serial, pipelined, graphed or pipelined+graphed; "
                     "cls: cpu_aug, gpu_aug, pipelined, graphed or pipelined+graphed; mlp: eager, "
-                    "graphed or graphed_k), or auto: short trials of every mode, then the fastest")
+                    "graphed, graphed_k or pipelined+graphed), or auto: short trials of every mode, then the fastest")
       ->capture_default_str();
   bench_flags.batch_size_opt = bench->add_option(
       "--batch-size", bench_flags.batch_size, "samples per step [default: 8 on a GPU, 2 on the CPU]");

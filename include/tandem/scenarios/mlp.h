@@ -1,6 +1,8 @@
 // Workload "mlp" (SPEC.md): Linear(4096->2048), Dropout(0.2), Linear(2048->1024), Dropout(0.1),
 // MSE, SGD lr 0.1 — a launch-bound step. Modes: eager (every kernel launched each step),
-// graphed (the whole step captured once, replayed per step), graphed_k (K steps per graph).
+// graphed (the whole step captured once, replayed per step), graphed_k (K steps per graph),
+// pipelined+graphed (a copy lane stages batch n+1 into its own static inputs while the train
+// lane replays step n: one graph per set of static inputs, sharing one memory pool).
 #pragma once
 
 #include <torch/nn/modules/container/sequential.h>
@@ -30,7 +32,8 @@ class MlpScenario : public Scenario {
   ~MlpScenario() override;
 
   std::string name() const override { return "mlp"; }
-  inline static const std::vector<std::string> kModes{"eager", "graphed", "graphed_k"};
+  inline static const std::vector<std::string> kModes{"eager", "graphed", "graphed_k",
+                                                      "pipelined+graphed"};
   std::vector<std::string> modes() const override { return kModes; }
   std::unique_ptr<Pipeline> prepare(const std::string& mode, int64_t num_steps) override;
   std::vector<float> losses() const override;
@@ -44,6 +47,9 @@ class MlpScenario : public Scenario {
   void enqueue_step(const at::Tensor& x, const at::Tensor& y);
   void train_eager(Batch& batch, const Lane& lane);
   void train_graphed(Batch& batch, const Lane& lane);
+  // pipelined+graphed: stage_inputs on the copy lane, replay_staged on the train lane.
+  void stage_inputs(Batch& batch, const Lane& lane);
+  void replay_staged(Batch& batch, const Lane& lane);
 
   ScenarioOptions options_;
   torch::nn::Sequential model_{nullptr};
@@ -55,7 +61,9 @@ class MlpScenario : public Scenario {
   int steps_per_graph_ = 1;
   int64_t num_steps_ = 0;
   std::unique_ptr<GraphedStep> graph_;
-  at::Tensor static_x_, static_y_;  // (K, B, 4096), (K, B, 1024) float32
+  at::Tensor static_x_, static_y_;  // (K, B, 4096), (K, B, 1024) float32; (slots, ...) staged
+  // pipelined+graphed: graph s replays one step on static_x_[s], static_y_[s], s = ring slot.
+  std::vector<std::unique_ptr<GraphedStep>> staged_graphs_;
   int64_t replays_ = 0, eager_tail_ = 0;
   std::string capture_note_;
 };
