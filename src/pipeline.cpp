@@ -62,7 +62,7 @@ void Pipeline::run_stage(int i, int slot) {
   }
   const auto start = Clock::now();
   const bool device_timed =
-      lane.is_cuda() && (item - first_timed_item_) % device_timing_stride() == 0;
+      lane.is_cuda() && samples_device_time(item - first_timed_item_, device_timing_stride());
   if (device_timed) {
     stage_events_[i].emplace_back();  // a timing-enabled start/end pair
     stage_events_[i].back().item = item;

@@ -161,6 +161,27 @@ TEST(PipelineTest, StageErrorsPropagate) {
   EXPECT_THROW(p.run(10), std::runtime_error);
 }
 
+// One item in every n is sampled for device time, at a position that rotates block by block,
+// so work with any period dividing n (e.g. a graph replayed on every 4th item) is sampled in
+// every phase alike.
+TEST(PipelineTest, DeviceTimeSamplesRotateThroughEveryPhase) {
+  for (const int64_t n : {1, 2, 3, 4, 8}) {
+    std::vector<int> per_phase(n, 0);
+    int64_t sampled = 0;
+    for (int64_t k = 0; k < n * n; ++k) {
+      if (!Pipeline::samples_device_time(k, n)) continue;
+      ++sampled;
+      ++per_phase[k % n];
+    }
+    EXPECT_EQ(sampled, n) << "one per block of " << n;
+    for (int64_t phase = 0; phase < n; ++phase)
+      EXPECT_EQ(per_phase[phase], 1) << "every " << n << ", phase " << phase;
+  }
+  EXPECT_TRUE(Pipeline::samples_device_time(0, 4));  // the first timed item is always sampled
+  EXPECT_FALSE(Pipeline::samples_device_time(4, 4));  // the second block samples its 2nd item
+  EXPECT_TRUE(Pipeline::samples_device_time(5, 4));
+}
+
 TEST(PipelineTest, BatchGetNamesTheMissingTensor) {
   Batch b;
   b.index = 4;

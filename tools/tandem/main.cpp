@@ -70,8 +70,8 @@ struct RunFlags {
     app->add_flag("--gpu-monitor,!--no-gpu-monitor", options.gpu_monitor,
                   "sample GPU utilization through NVML during the timed steps [default: on]");
     app->add_option("--device-timing-every", options.device_timing_every,
-                    "time each stage on the device (a CUDA event pair) every N-th timed step; "
-                    "1: every step (always so with --trace)")
+                    "time each stage on the device (a CUDA event pair) on one timed step in every "
+                    "N (the position rotates); 1: every step (always so with --trace)")
         ->capture_default_str();
   }
   // Flags not given stay unset, so the library picks the device's defaults.
