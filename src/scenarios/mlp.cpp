@@ -63,6 +63,12 @@ std::unique_ptr<Pipeline> MlpScenario::prepare(const std::string& mode, int64_t 
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
     static_x_ = at::zeros({slots, options_.batch_size, kMlpIn}, f32);
     static_y_ = at::zeros({slots, options_.batch_size, kMlpOut}, f32);
+    staging_x_.clear();
+    staging_y_.clear();
+    for (int64_t s = 0; s < slots; ++s) {
+      staging_x_.push_back(static_x_[s].variable_data());
+      staging_y_.push_back(static_y_[s].variable_data());
+    }
     return pipeline;
   }
   std::vector<Stage> stages;
@@ -136,13 +142,16 @@ void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
 // The copy lane writes item i's batch into the static inputs of its ring slot while the train
 // lane replays the step before it; the pipeline's handoff orders the replay after the copy, and
 // its ring orders the copy after the last replay that read those inputs. Warm-up items train on
-// their batches directly (nothing to stage).
+// their batches directly (nothing to stage). The copy goes through an alias with its own version
+// counter: a write through the static tensor itself would bump the counter that the capture on
+// the train thread, at the same time, records with the input it saves for backward — and the
+// capture's backward would then refuse the input as "modified by an inplace operation" (it did,
+// in a GPU test). The counter guards eager autograd; here the events order the bytes.
 void MlpScenario::stage_inputs(Batch& batch, const Lane&) {
   const int64_t i = batch.index;
   if (i < kMlpGraphWarmup) return;
-  at::Tensor sx = static_x_[batch.ring_slot], sy = static_y_[batch.ring_slot];
-  copy_into_static(sx, inputs_[i % kMlpDistinctBatches]);
-  copy_into_static(sy, targets_[i % kMlpDistinctBatches]);
+  copy_into_static(staging_x_.at(batch.ring_slot), inputs_[i % kMlpDistinctBatches]);
+  copy_into_static(staging_y_.at(batch.ring_slot), targets_[i % kMlpDistinctBatches]);
 }
 
 // At the first item after warm-up, one graph per ring slot is captured (nothing runs); the

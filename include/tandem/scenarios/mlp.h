@@ -62,8 +62,11 @@ class MlpScenario : public Scenario {
   int64_t num_steps_ = 0;
   std::unique_ptr<GraphedStep> graph_;
   at::Tensor static_x_, static_y_;  // (K, B, 4096), (K, B, 1024) float32; (slots, ...) staged
-  // pipelined+graphed: graph s replays one step on static_x_[s], static_y_[s], s = ring slot.
+  // pipelined+graphed: graph s replays one step on static_x_[s], static_y_[s], s = ring slot;
+  // the copy lane writes them through aliases with version counters of their own (see
+  // stage_inputs).
   std::vector<std::unique_ptr<GraphedStep>> staged_graphs_;
+  std::vector<at::Tensor> staging_x_, staging_y_;
   int64_t replays_ = 0, eager_tail_ = 0;
   std::string capture_note_;
 };
