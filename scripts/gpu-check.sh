@@ -3,17 +3,17 @@
 # ones included), compute-sanitizer on a short pipelined run, and the seg benchmark beside the
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
-#   phases: build test gputest sanitize seg cls augment mlp graphs sweep profile
+#   phases: build test gputest sanitize seg cls augment mlp graphs sweep profile profile-mlp
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
 #        TANDEM_SANITIZERS (default "racecheck synccheck memcheck"), TANDEM_SANITIZE_ARGS (runs
-#        separated by ';'),
+#        separated by ';'), TANDEM_SANITIZER_FLAGS (e.g. "--kernel-regex kns=augment"),
 #        TANDEM_MLP_ROUNDS (3), TANDEM_SWEEP_BS ("8,32,128"), TANDEM_LAUNCH_BS ("1 2"),
 #        TANDEM_LAUNCH_ROUNDS (3),
 #        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
-#   profile: ncu of the augment kernel (full set, source counters) and per-kernel GPU times of
-#   the mlp step, tandem beside Python (profile-*.txt in OUT)
+#   profile: ncu of the augment kernel (full set, source counters; profile-augment.txt in OUT);
+#   profile-mlp: per-kernel GPU times of the mlp step, tandem beside Python (profile-mlp.txt)
 # The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUT [build test sanitize seg cls augment]}
@@ -76,6 +76,7 @@ if has_phase sanitize; then
     for tool in ${TANDEM_SANITIZERS:-racecheck synccheck memcheck}; do
       say "compute-sanitizer --tool $tool on: tandem bench $args"
       timeout ${TANDEM_SANITIZER_TIMEOUT:-240} compute-sanitizer --tool "$tool" --print-limit 20 \
+        ${TANDEM_SANITIZER_FLAGS:-} \
         "$TANDEM" bench $args >"$RAW/sanitizer-$run_index-$tool.log" 2>&1
       rc=$?
       tail -4 "$RAW/sanitizer-$run_index-$tool.log" | tee -a "$LOG"
@@ -245,6 +246,9 @@ if has_phase profile; then
   { ncu -i "$RAW/augment.ncu-rep" --print-details all
     ncu -i "$RAW/augment.ncu-rep" --page source --print-source sass --csv; } \
     >"$OUT/profile-augment.txt" 2>&1
+fi
+if has_phase profile-mlp; then
+  need_reference
   say "ncu: per-kernel GPU time of mlp steps (tandem eager, Python eager), 60 launches each"
   ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 60 \
     --csv "$TANDEM" bench --scenario mlp --mode eager --steps 400 --warmup 10 --no-gpu-monitor \
