@@ -4,11 +4,11 @@
 //   0. per tile: the blur weights, the centre offsets of the tile's (halo'd) rows and columns,
 //      the source window the tile reads, and tables of the resized rows and columns the tile's
 //      rotation can land on (their source offsets in the window and bilinear weights);
-//   1. stage the window (a few hundred source pixels) in shared memory as floats, all channels
-//      of a pixel side by side, with coalesced loads;
+//   1. stage the window (a few hundred source pixels) in shared memory with coalesced loads;
+//      three channels as one 32-bit word per pixel (its bytes), other counts as floats;
 //   2. sample the crop-resize-rotate composition for the tile plus a blur halo: rotate back to
-//      a resized pixel, look its row and column up, read four staged pixels (one 16-byte load
-//      each for three channels) and interpolate;
+//      a resized pixel, look its row and column up, read four staged pixels (one 4-byte load
+//      each for three channels), turn their bytes into floats and interpolate;
 //   3. blur rows (the halo rows too), two outputs per thread from 8-byte loads;
 //   4. blur columns, normalize, write; each thread slides down 4 consecutive rows of one column,
 //      so each value it loads serves up to `taps` outputs.
@@ -17,8 +17,10 @@
 // (weights in registers, loops unrolled); other values run the same code with the sizes read at
 // run time. A tile whose window or tables do not fit (only extreme downscaling makes them that
 // large) samples with the plain per-pixel arithmetic from global memory. The profiles of
-// earlier versions (NOTES.md) were bound by instruction issue: integer address work, byte
-// conversions and unfused multiply-adds, which this layout removes.
+// earlier versions (NOTES.md) were bound first by instruction issue (integer address work,
+// integer-to-float conversions, unfused multiply-adds), then by shared-memory wavefronts: a
+// window staged as 16-byte float pixels cost four 16-byte loads per sampled pixel, bytes cost
+// four 4-byte loads (a quarter of the wavefronts) and two cheap instructions per value.
 #include <algorithm>
 
 #include "augment_launch.h"
@@ -37,7 +39,7 @@ constexpr int kWarpsPerTile = kThreads / kTileW;        // thread rows of a tile
 constexpr int kRowsPerThread = kTileH / kWarpsPerTile;  // column-pass outputs per thread
 constexpr int kMaxRadius = 31;                          // AugmentSpec allows taps <= 63
 constexpr int kMaxHalo = kTileW + 2 * kMaxRadius;
-constexpr int kStageFloats = 4096;  // 16 KB: the SPEC's tiles read about 29x29 pixels
+constexpr int kStageFloats = 4096;  // 16 KB of 4-byte words: the SPEC's tiles read ~29x29 pixels
 constexpr int kMaxTable = 64;  // resized rows (columns) a tile can land on; SPEC: <= 60
 static_assert(kTileH % kWarpsPerTile == 0, "thread rows must divide the tile height");
 static_assert(kTileW == kTileH, "the halo arrays assume a square tile");
@@ -64,7 +66,7 @@ struct Window {
 };
 
 __device__ Window tile_window(const am::Geometry& g, const am::SampleParams& p, float u_lo,
-                              float u_hi, float v_lo, float v_hi, int pixel_floats) {
+                              float u_hi, float v_lo, float v_hi, int pixel_words) {
   float cmin = 3e38f, cmax = -3e38f, rmin = 3e38f, rmax = -3e38f;
   for (int k = 0; k < 4; ++k) {  // the extremes of an affine map are at the corners
     const float u = (k & 2) ? u_hi : u_lo, v = (k & 1) ? v_hi : v_lo;
@@ -93,28 +95,53 @@ __device__ Window tile_window(const am::Geometry& g, const am::SampleParams& p, 
   w.cols = c_hi.i1 - c_lo.i0 + 1;
   w.row0 = r_lo.i0;
   w.rows = r_hi.i1 - r_lo.i0 + 1;
-  return w.rows * w.cols * pixel_floats <= kStageFloats ? w : none;
+  return w.rows * w.cols * pixel_words <= kStageFloats ? w : none;
 }
 
-// A tabulated resized row or column: where its two source rows (columns) start in the staged
-// window, in floats, and its bilinear weights.
+// A tabulated resized row or column, 8 bytes (one load): where its two source rows (columns)
+// start in the staged window, in 4-byte words — i0 at `offset`, i1 at offset + step, both below
+// kStageFloats, packed as offset | step << 16 — and the bilinear weight l of i1 (1 - l of i0,
+// computed as axis_tap computes it, so the rounding is the same).
 struct TableEntry {
-  int offset, step;  // source i0 at `offset`; i1 at offset + step
-  float l, one_minus_l;
+  uint32_t offset_step;
+  float l;
+  __device__ int offset() const { return static_cast<int>(offset_step & 0xffffu); }
+  __device__ int step() const { return static_cast<int>(offset_step >> 16); }
 };
+static_assert(kStageFloats <= 0x10000, "table offsets are 16-bit");
+
+__device__ __forceinline__ TableEntry table_entry(const am::AxisTap& t, int origin, int stride) {
+  const int offset = (t.i0 - origin) * stride, step = (t.i1 - t.i0) * stride;
+  return {static_cast<uint32_t>(offset) | (static_cast<uint32_t>(step) << 16), t.l};
+}
+
+__device__ __forceinline__ am::AxisTap weights_of(const TableEntry& e) {
+  return {0, 0, e.l, 1.0f - e.l};
+}
+
+// A staged 3-channel pixel: its bytes R, G, B and, in the top byte, the exponent byte of 2^23,
+// so that channel(k) is two instructions with no constant to hold in a register — one byte
+// permute assembling 2^23 + v as a float's bit pattern (byte_to_float's trick) from byte k, two
+// zero bytes and the pixel's own top byte, and one add removing 2^23. Exact.
+__device__ __forceinline__ uint32_t staged_pixel(uint8_t r, uint8_t g, uint8_t b) {
+  return r | (static_cast<uint32_t>(g) << 8) | (static_cast<uint32_t>(b) << 16) | 0x4B000000u;
+}
+__device__ __forceinline__ float channel(uint32_t pixel, int k) {
+  return __uint_as_float(__byte_perm(pixel, 0u, 0x3440u | k)) - 8388608.0f;
+}
 
 template <int kChannels>
 struct Staging {
-  // Floats per staged pixel: three channels are padded to four, so one 16-byte load reads a
-  // pixel's channels; other counts are packed.
-  static __device__ __forceinline__ int pixel_floats(int C) { return kChannels == 3 ? 4 : C; }
+  // 4-byte words per staged pixel: three channels' bytes share one word (one load reads a
+  // pixel); other counts stage one float per channel.
+  static __device__ __forceinline__ int pixel_words(int C) { return kChannels == 3 ? 1 : C; }
 };
 
 template <int kTaps, int kChannels>  // 0: known only at run time (a.taps, a.channels)
 __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float u_of_column[kMaxHalo], v_of_row[kMaxHalo];
-  __shared__ __align__(16) TableEntry column_table[kMaxTable], row_table[kMaxTable];
+  __shared__ __align__(8) TableEntry column_table[kMaxTable], row_table[kMaxTable];
   __shared__ Window window;
   const int taps = kTaps > 0 ? kTaps : a.taps;
   const int C = kChannels > 0 ? kChannels : a.channels;
@@ -136,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
   const am::SampleParams p{a.top[b], a.left[b], a.cos_a[b], a.sin_a[b], a.flip[b]};
   const int in_plane = g.in_h * g.in_w;
   const uint8_t* image = a.images + static_cast<int64_t>(b) * C * in_plane;
-  const int pixel_floats = Staging<kChannels>::pixel_floats(C);
+  const int pixel_words = Staging<kChannels>::pixel_words(C);
 
   // 0. Per tile: weights, centre offsets (u mirrored for a flipped sample), the window.
   if (tid < taps) weights[tid] = a.weights[static_cast<int64_t>(b) * taps + tid];
@@ -158,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     float u_lo, u_hi, v_lo, v_hi;
     extreme(x0 - radius, x0 + kTileW - 1 + radius, g.out_w, p.flip != 0, u_lo, u_hi);
     extreme(y0 - radius, y0 + kTileH - 1 + radius, g.out_h, false, v_lo, v_hi);
-    window = tile_window(g, p, u_lo, u_hi, v_lo, v_hi, pixel_floats);
+    window = tile_window(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words);
   }
   __syncthreads();
   const Window win = window;
@@ -169,13 +196,11 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
       if (i < win.n_cols) {
         const am::AxisTap t = am::axis_tap(win.ci0 + i, g.scale_x, g.crop_w, p.left);
-        column_table[i] = {(t.i0 - win.col0) * pixel_floats, (t.i1 - t.i0) * pixel_floats, t.l,
-                           t.one_minus_l};
+        column_table[i] = table_entry(t, win.col0, pixel_words);
       } else {
         const int j = i - win.n_cols;
         const am::AxisTap t = am::axis_tap(win.ri0 + j, g.scale_y, g.crop_h, p.top);
-        row_table[j] = {(t.i0 - win.row0) * win.cols * pixel_floats,
-                        (t.i1 - t.i0) * win.cols * pixel_floats, t.l, t.one_minus_l};
+        row_table[j] = table_entry(t, win.row0, win.cols * pixel_words);
       }
     }
     // 1. Stage the window: a warp per row, coalesced byte loads, all channels of a pixel. The
@@ -183,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     const uint8_t* origin = image + win.row0 * g.in_w + win.col0;
     if constexpr (kChannels == 3) {
       const uint8_t *p0 = origin, *p1 = origin + in_plane, *p2 = origin + 2 * in_plane;
-      float4* staged4 = reinterpret_cast<float4*>(staged);
+      uint32_t* staged_pixels = reinterpret_cast<uint32_t*>(staged);
       constexpr int kRowsInFlight = 2;  // a warp's loads of 2 rows issued before either is used
 #pragma unroll 1
       for (int col = tx; col < win.cols; col += kTileW)
@@ -201,9 +226,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
           for (int k = 0; k < kRowsInFlight; ++k) {
             const int r = r0 + k * kWarpsPerTile;
             if (r < win.rows)
-              staged4[r * win.cols + col] =
-                  make_float4(am::byte_to_float(v[k][0]), am::byte_to_float(v[k][1]),
-                              am::byte_to_float(v[k][2]), 0.0f);
+              staged_pixels[r * win.cols + col] = staged_pixel(v[k][0], v[k][1], v[k][2]);
           }
         }
     } else {
@@ -229,21 +252,19 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     // The tables cover resized pixels inside the image only: a hit is inside.
     if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
       const TableEntry ce = column_table[tc], re = row_table[tr];
-      const am::AxisTap x{0, 0, ce.l, ce.one_minus_l}, y{0, 0, re.l, re.one_minus_l};
-      const float* s00 = staged + re.offset + ce.offset;
-      const float* s10 = s00 + re.step;
+      const am::AxisTap x = weights_of(ce), y = weights_of(re);
+      const int o00 = re.offset() + ce.offset(), o10 = o00 + re.step(), dc = ce.step();
       if constexpr (kChannels == 3) {
-        const float4 q00 = *reinterpret_cast<const float4*>(s00);
-        const float4 q01 = *reinterpret_cast<const float4*>(s00 + ce.step);
-        const float4 q10 = *reinterpret_cast<const float4*>(s10);
-        const float4 q11 = *reinterpret_cast<const float4*>(s10 + ce.step);
-        sampled[idx] = am::bilerp(q00.x, q01.x, q10.x, q11.x, x, y);
-        sampled[halo + idx] = am::bilerp(q00.y, q01.y, q10.y, q11.y, x, y);
-        sampled[2 * halo + idx] = am::bilerp(q00.z, q01.z, q10.z, q11.z, x, y);
+        const uint32_t* px = reinterpret_cast<const uint32_t*>(staged);
+        const uint32_t q00 = px[o00], q01 = px[o00 + dc], q10 = px[o10], q11 = px[o10 + dc];
+#pragma unroll
+        for (int c = 0; c < 3; ++c)
+          sampled[c * halo + idx] = am::bilerp(channel(q00, c), channel(q01, c), channel(q10, c),
+                                               channel(q11, c), x, y);
       } else {
+        const float *s00 = staged + o00, *s10 = staged + o10;
         for (int c = 0; c < C; ++c)
-          sampled[c * halo + idx] =
-              am::bilerp(s00[c], s00[ce.step + c], s10[c], s10[ce.step + c], x, y);
+          sampled[c * halo + idx] = am::bilerp(s00[c], s00[dc + c], s10[c], s10[dc + c], x, y);
       }
     } else if (!r.inside) {
       for (int c = 0; c < C; ++c) sampled[c * halo + idx] = 0.0f;
