@@ -5,10 +5,11 @@
 //      the source window the tile reads, and tables of the resized rows and columns the tile's
 //      rotation can land on (their source offsets in the window and bilinear weights);
 //   1. stage the window (a few hundred source pixels) in shared memory with coalesced loads;
-//      three channels as one 32-bit word per pixel (its bytes), other counts as floats;
+//      three channels as four halves per pixel (8 bytes; a byte is exact in a half), other
+//      counts as floats;
 //   2. sample the crop-resize-rotate composition for the tile plus a blur halo: rotate back to
-//      a resized pixel, look its row and column up, read four staged pixels (one 4-byte load
-//      each for three channels), turn their bytes into floats and interpolate;
+//      a resized pixel, look its row and column up, read four staged pixels (one 8-byte load
+//      each for three channels), widen their halves to floats and interpolate;
 //   3. blur rows (the halo rows too), two outputs per thread from 8-byte loads;
 //   4. blur columns, normalize, write; each thread slides down 4 consecutive rows of one column,
 //      so each value it loads serves up to `taps` outputs.
@@ -18,9 +19,12 @@
 // run time. A tile whose window or tables do not fit (only extreme downscaling makes them that
 // large) samples with the plain per-pixel arithmetic from global memory. The profiles of
 // earlier versions (NOTES.md) were bound first by instruction issue (integer address work,
-// integer-to-float conversions, unfused multiply-adds), then by shared-memory wavefronts: a
-// window staged as 16-byte float pixels cost four 16-byte loads per sampled pixel, bytes cost
-// four 4-byte loads (a quarter of the wavefronts) and two cheap instructions per value.
+// integer-to-float conversions, unfused multiply-adds), then by shared-memory wavefronts (a
+// window of 16-byte float pixels: four 16-byte loads per sampled pixel), then by the integer
+// pipe (a window of byte pixels: a byte permute per value); halves cost half the wavefronts of
+// floats and one floating-point instruction per value.
+#include <cuda_fp16.h>
+
 #include <algorithm>
 
 #include "augment_launch.h"
@@ -99,9 +103,9 @@ __device__ Window tile_window(const am::Geometry& g, const am::SampleParams& p, 
 }
 
 // A tabulated resized row or column, 8 bytes (one load): where its two source rows (columns)
-// start in the staged window, in 4-byte words — i0 at `offset`, i1 at offset + step, both below
-// kStageFloats, packed as offset | step << 16 — and the bilinear weight l of i1 (1 - l of i0,
-// computed as axis_tap computes it, so the rounding is the same).
+// start in the staged window, in Staging::offset_unit — i0 at `offset`, i1 at offset + step,
+// both below kStageFloats, packed as offset | step << 16 — and the bilinear weight l of i1
+// (1 - l of i0, computed as axis_tap computes it, so the rounding is the same).
 struct TableEntry {
   uint32_t offset_step;
   float l;
@@ -119,28 +123,38 @@ __device__ __forceinline__ am::AxisTap weights_of(const TableEntry& e) {
   return {0, 0, e.l, 1.0f - e.l};
 }
 
-// A staged 3-channel pixel: its bytes R, G, B and, in the top byte, the exponent byte of 2^23,
-// so that channel(k) is two instructions with no constant to hold in a register — one byte
-// permute assembling 2^23 + v as a float's bit pattern (byte_to_float's trick) from byte k, two
-// zero bytes and the pixel's own top byte, and one add removing 2^23. Exact.
-__device__ __forceinline__ uint32_t staged_pixel(uint8_t r, uint8_t g, uint8_t b) {
-  return r | (static_cast<uint32_t>(g) << 8) | (static_cast<uint32_t>(b) << 16) | 0x4B000000u;
+// A staged 3-channel pixel: halves (R, G) and (B, 0). A byte v becomes a half exactly as
+// byte_to_float makes a float: 1024 + v assembled as a half's bit pattern (0x6400 | v), minus
+// 1024 — two values per subtraction.
+__device__ __forceinline__ uint2 staged_pixel(uint8_t r, uint8_t g, uint8_t b) {
+  const __half2 k1024 = __float2half2_rn(1024.0f);
+  const __half2 rg = __hsub2(__halves2half2(__ushort_as_half(0x6400 | r), __ushort_as_half(0x6400 | g)), k1024);
+  const __half2 b0 = __hsub2(__halves2half2(__ushort_as_half(0x6400 | b), __ushort_as_half(0x6400)), k1024);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&rg), *reinterpret_cast<const uint32_t*>(&b0));
 }
-__device__ __forceinline__ float channel(uint32_t pixel, int k) {
-  return __uint_as_float(__byte_perm(pixel, 0u, 0x3440u | k)) - 8388608.0f;
+struct PixelFloats {
+  float c0, c1, c2;
+};
+__device__ __forceinline__ PixelFloats widen(uint2 pixel) {
+  const __half2 rg = *reinterpret_cast<const __half2*>(&pixel.x);
+  const __half2 b0 = *reinterpret_cast<const __half2*>(&pixel.y);
+  return {__low2float(rg), __high2float(rg), __low2float(b0)};
 }
 
 template <int kChannels>
 struct Staging {
-  // 4-byte words per staged pixel: three channels' bytes share one word (one load reads a
+  // 4-byte words per staged pixel: three channels as four halves (one 8-byte load reads a
   // pixel); other counts stage one float per channel.
-  static __device__ __forceinline__ int pixel_words(int C) { return kChannels == 3 ? 1 : C; }
+  static __device__ __forceinline__ int pixel_words(int C) { return kChannels == 3 ? 2 : C; }
+  // Table offsets count pixels for three channels (the loads are of whole pixels), floats else.
+  static __device__ __forceinline__ int offset_unit(int C) { return kChannels == 3 ? 1 : C; }
 };
 
 template <int kTaps, int kChannels>  // 0: known only at run time (a.taps, a.channels)
 __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float u_of_column[kMaxHalo], v_of_row[kMaxHalo];
+  __shared__ __align__(8) am::RowTerms row_terms[kMaxHalo];
   __shared__ __align__(8) TableEntry column_table[kMaxTable], row_table[kMaxTable];
   __shared__ Window window;
   const int taps = kTaps > 0 ? kTaps : a.taps;
@@ -164,6 +178,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
   const int in_plane = g.in_h * g.in_w;
   const uint8_t* image = a.images + static_cast<int64_t>(b) * C * in_plane;
   const int pixel_words = Staging<kChannels>::pixel_words(C);
+  const int offset_unit = Staging<kChannels>::offset_unit(C);
 
   // 0. Per tile: weights, centre offsets (u mirrored for a flipped sample), the window.
   if (tid < taps) weights[tid] = a.weights[static_cast<int64_t>(b) * taps + tid];
@@ -171,8 +186,11 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     const float u = am::centre_offset(halo_index(x0 + tid - 64 - radius, g.out_w, radius), g.out_w);
     u_of_column[tid - 64] = p.flip ? -u : u;
   }
-  if (tid >= 160 && tid - 160 < halo_h)
-    v_of_row[tid - 160] = am::centre_offset(halo_index(y0 + tid - 160 - radius, g.out_h, radius), g.out_h);
+  if (tid >= 160 && tid - 160 < halo_h) {
+    const float v = am::centre_offset(halo_index(y0 + tid - 160 - radius, g.out_h, radius), g.out_h);
+    v_of_row[tid - 160] = v;
+    row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
+  }
   if (tid == 0) {
     // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so
     // the rows and columns the tile reads lie between those of its clamped first and last.
@@ -196,11 +214,11 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
       if (i < win.n_cols) {
         const am::AxisTap t = am::axis_tap(win.ci0 + i, g.scale_x, g.crop_w, p.left);
-        column_table[i] = table_entry(t, win.col0, pixel_words);
+        column_table[i] = table_entry(t, win.col0, offset_unit);
       } else {
         const int j = i - win.n_cols;
         const am::AxisTap t = am::axis_tap(win.ri0 + j, g.scale_y, g.crop_h, p.top);
-        row_table[j] = table_entry(t, win.row0, win.cols * pixel_words);
+        row_table[j] = table_entry(t, win.row0, win.cols * offset_unit);
       }
     }
     // 1. Stage the window: a warp per row, coalesced byte loads, all channels of a pixel. The
@@ -208,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     const uint8_t* origin = image + win.row0 * g.in_w + win.col0;
     if constexpr (kChannels == 3) {
       const uint8_t *p0 = origin, *p1 = origin + in_plane, *p2 = origin + 2 * in_plane;
-      uint32_t* staged_pixels = reinterpret_cast<uint32_t*>(staged);
+      uint2* staged_pixels = reinterpret_cast<uint2*>(staged);
       constexpr int kRowsInFlight = 2;  // a warp's loads of 2 rows issued before either is used
 #pragma unroll 1
       for (int col = tx; col < win.cols; col += kTileW)
@@ -245,8 +263,8 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
   const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
   for (int idx = tid; idx < halo; idx += kThreads) {
     const int ly = idx / halo_w, lx = idx - ly * halo_w;
-    const float u = u_of_column[lx], v = v_of_row[ly];
-    const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, v);
+    const float u = u_of_column[lx];
+    const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, row_terms[ly]);
     const unsigned tc = static_cast<unsigned>(r.ci - win.ci0);
     const unsigned tr = static_cast<unsigned>(r.ri - win.ri0);
     // The tables cover resized pixels inside the image only: a hit is inside.
@@ -255,12 +273,12 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
       const am::AxisTap x = weights_of(ce), y = weights_of(re);
       const int o00 = re.offset() + ce.offset(), o10 = o00 + re.step(), dc = ce.step();
       if constexpr (kChannels == 3) {
-        const uint32_t* px = reinterpret_cast<const uint32_t*>(staged);
-        const uint32_t q00 = px[o00], q01 = px[o00 + dc], q10 = px[o10], q11 = px[o10 + dc];
-#pragma unroll
-        for (int c = 0; c < 3; ++c)
-          sampled[c * halo + idx] = am::bilerp(channel(q00, c), channel(q01, c), channel(q10, c),
-                                               channel(q11, c), x, y);
+        const uint2* px = reinterpret_cast<const uint2*>(staged);
+        const PixelFloats q00 = widen(px[o00]), q01 = widen(px[o00 + dc]), q10 = widen(px[o10]),
+                          q11 = widen(px[o10 + dc]);
+        sampled[idx] = am::bilerp(q00.c0, q01.c0, q10.c0, q11.c0, x, y);
+        sampled[halo + idx] = am::bilerp(q00.c1, q01.c1, q10.c1, q11.c1, x, y);
+        sampled[2 * halo + idx] = am::bilerp(q00.c2, q01.c2, q10.c2, q11.c2, x, y);
       } else {
         const float *s00 = staged + o00, *s10 = staged + o10;
         for (int c = 0; c < C; ++c)
@@ -269,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     } else if (!r.inside) {
       for (int c = 0; c < C; ++c) sampled[c * halo + idx] = 0.0f;
     } else {
-      const am::Tap t = am::locate_centred(g, unflipped, u, v);
+      const am::Tap t = am::locate_centred(g, unflipped, u, v_of_row[ly]);
       for (int c = 0; c < C; ++c) sampled[c * halo + idx] = am::read(image + c * in_plane, g.in_w, t);
     }
   }
