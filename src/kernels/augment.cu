@@ -43,7 +43,10 @@ constexpr int kWarpsPerTile = kThreads / kTileW;        // thread rows of a tile
 constexpr int kRowsPerThread = kTileH / kWarpsPerTile;  // column-pass outputs per thread
 constexpr int kMaxRadius = 31;                          // AugmentSpec allows taps <= 63
 constexpr int kMaxHalo = kTileW + 2 * kMaxRadius;
-constexpr int kStageFloats = 4096;  // 16 KB of 4-byte words: the SPEC's tiles read ~29x29 pixels
+// 14 KB: the SPEC's tiles read about 29x29 pixels (6.7 KB as halves); the row pass's output
+// (3 x 38 x 32 floats for a 7-tap blur) reuses the space. 6 blocks of 256 threads per SM fit the
+// H200's shared memory with this and the padded sampled rows, not with 16 KB.
+constexpr int kStageFloats = 3584;
 constexpr int kMaxTable = 64;  // resized rows (columns) a tile can land on; SPEC: <= 60
 static_assert(kTileH % kWarpsPerTile == 0, "thread rows must divide the tile height");
 static_assert(kTileW == kTileH, "the halo arrays assume a square tile");
@@ -69,17 +72,28 @@ struct Window {
   __device__ bool staged() const { return n_cols > 0; }
 };
 
-__device__ Window tile_window(const am::Geometry& g, const am::SampleParams& p, float u_lo,
-                              float u_hi, float v_lo, float v_hi, int pixel_words) {
-  float cmin = 3e38f, cmax = -3e38f, rmin = 3e38f, rmax = -3e38f;
-  for (int k = 0; k < 4; ++k) {  // the extremes of an affine map are at the corners
-    const float u = (k & 2) ? u_hi : u_lo, v = (k & 1) ? v_hi : v_lo;
-    const am::Rotated q = am::rotate_to_grid(g, p.cos_a, p.sin_a, u, v);  // rotate_back's
-    cmin = fminf(cmin, q.fc);
-    cmax = fmaxf(cmax, q.fc);
-    rmin = fminf(rmin, q.fr);
-    rmax = fmaxf(rmax, q.fr);
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Computed by one whole warp, every lane with the same arguments: lane k & 3 rotates corner k
+// (the extremes of an affine map are at the corners), two butterfly shuffles give every lane the
+// extremes, and lanes 0-3 each compute one of the four axis taps that bound the source read. One
+// thread doing it all was the block's longest serial chain — some 200 dependent instructions that
+// every warp of the tile waited for at the first barrier (11% of the kernel's warp samples on the
+// H200, at the instruction after that barrier).
+__device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams& p, float u_lo,
+                                   float u_hi, float v_lo, float v_hi, int pixel_words, int lane) {
+  const int k = lane & 3;
+  const am::Rotated q = am::rotate_to_grid(g, p.cos_a, p.sin_a, (k & 2) ? u_hi : u_lo,
+                                           (k & 1) ? v_hi : v_lo);  // rotate_back's
+  float cmin = q.fc, cmax = q.fc, rmin = q.fr, rmax = q.fr;
+#pragma unroll
+  for (int m = 1; m <= 2; m <<= 1) {
+    cmin = fminf(cmin, __shfl_xor_sync(kFullMask, cmin, m));
+    cmax = fmaxf(cmax, __shfl_xor_sync(kFullMask, cmax, m));
+    rmin = fminf(rmin, __shfl_xor_sync(kFullMask, rmin, m));
+    rmax = fmaxf(rmax, __shfl_xor_sync(kFullMask, rmax, m));
   }
+  // Every lane holds the same extremes from here on, so the early returns are warp-uniform.
   Window w{0, 0, 0, 0, 0, 0, 0, 0};
   const Window none = w;
   if (cmax < -1.0f || rmax < -1.0f || cmin > g.out_w + 1.0f || rmin > g.out_h + 1.0f) return w;
@@ -91,28 +105,29 @@ __device__ Window tile_window(const am::Geometry& g, const am::SampleParams& p, 
   w.n_rows = ri_hi - w.ri0 + 1;
   if (w.n_cols <= 0 || w.n_rows <= 0 || w.n_cols > kMaxTable || w.n_rows > kMaxTable) return none;
   // The resize is monotonic: the first and last resized row (column) bound the source read.
-  const am::AxisTap c_lo = am::axis_tap(w.ci0, g.scale_x, g.crop_w, p.left);
-  const am::AxisTap c_hi = am::axis_tap(ci_hi, g.scale_x, g.crop_w, p.left);
-  const am::AxisTap r_lo = am::axis_tap(w.ri0, g.scale_y, g.crop_h, p.top);
-  const am::AxisTap r_hi = am::axis_tap(ri_hi, g.scale_y, g.crop_h, p.top);
-  w.col0 = c_lo.i0;
-  w.cols = c_hi.i1 - c_lo.i0 + 1;
-  w.row0 = r_lo.i0;
-  w.rows = r_hi.i1 - r_lo.i0 + 1;
+  // Lane 0: the first column's i0, 1: the last column's i1, 2 and 3: the same for rows.
+  const am::AxisTap t = k < 2 ? am::axis_tap(k == 0 ? w.ci0 : ci_hi, g.scale_x, g.crop_w, p.left)
+                              : am::axis_tap(k == 2 ? w.ri0 : ri_hi, g.scale_y, g.crop_h, p.top);
+  const int bound = (k & 1) ? t.i1 : t.i0;
+  w.col0 = __shfl_sync(kFullMask, bound, 0);
+  w.cols = __shfl_sync(kFullMask, bound, 1) - w.col0 + 1;
+  w.row0 = __shfl_sync(kFullMask, bound, 2);
+  w.rows = __shfl_sync(kFullMask, bound, 3) - w.row0 + 1;
   return w.rows * w.cols * pixel_words <= kStageFloats ? w : none;
 }
 
 // A tabulated resized row or column, 8 bytes (one load): where its two source rows (columns)
-// start in the staged window, in Staging::offset_unit — i0 at `offset`, i1 at offset + step,
-// both below kStageFloats, packed as offset | step << 16 — and the bilinear weight l of i1
-// (1 - l of i0, computed as axis_tap computes it, so the rounding is the same).
+// start in the staged window, in bytes (so the sampling adds them to an address as they are) —
+// i0 at `offset`, i1 at offset + step, both below 4 * kStageFloats, packed as
+// offset | step << 16 — and the bilinear weight l of i1 (1 - l of i0, computed as axis_tap
+// computes it, so the rounding is the same).
 struct TableEntry {
   uint32_t offset_step;
   float l;
   __device__ int offset() const { return static_cast<int>(offset_step & 0xffffu); }
   __device__ int step() const { return static_cast<int>(offset_step >> 16); }
 };
-static_assert(kStageFloats <= 0x10000, "table offsets are 16-bit");
+static_assert(4 * kStageFloats <= 0x10000, "table offsets are 16-bit byte offsets");
 
 __device__ __forceinline__ TableEntry table_entry(const am::AxisTap& t, int origin, int stride) {
   const int offset = (t.i0 - origin) * stride, step = (t.i1 - t.i0) * stride;
@@ -146,26 +161,35 @@ struct Staging {
   // 4-byte words per staged pixel: three channels as four halves (one 8-byte load reads a
   // pixel); other counts stage one float per channel.
   static __device__ __forceinline__ int pixel_words(int C) { return kChannels == 3 ? 2 : C; }
-  // Table offsets count pixels for three channels (the loads are of whole pixels), floats else.
-  static __device__ __forceinline__ int offset_unit(int C) { return kChannels == 3 ? 1 : C; }
 };
 
+// Floats per row of a sampled plane: the halo's width rounded up to whole 16-byte groups.
+__host__ __device__ constexpr int padded_row(int halo_w) { return (halo_w + 3) & ~3; }
+
 template <int kTaps, int kChannels>  // 0: known only at run time (a.taps, a.channels)
-__global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
+// Six blocks per SM for the compiled blur sizes (40 registers; their shared memory allows six
+// too); five for a blur size known only at run time, whose extra index arithmetic would spill.
+__global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(AugmentLaunch a) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float u_of_column[kMaxHalo], v_of_row[kMaxHalo];
   __shared__ __align__(8) am::RowTerms row_terms[kMaxHalo];
-  __shared__ __align__(8) TableEntry column_table[kMaxTable], row_table[kMaxTable];
+  // The column table, then the row table: one array, so that one address register (and an
+  // immediate offset) reaches both in the sampling loop.
+  __shared__ __align__(8) TableEntry tables[2 * kMaxTable];
+  TableEntry* const column_table = tables;
+  TableEntry* const row_table = tables + kMaxTable;
   __shared__ Window window;
   const int taps = kTaps > 0 ? kTaps : a.taps;
   const int C = kChannels > 0 ? kChannels : a.channels;
   const int radius = taps / 2;
   const int halo_w = kTileW + 2 * radius, halo_h = kTileH + 2 * radius;
   const int halo = halo_h * halo_w;
-  // [C][halo_h][halo_w] sampled values; then the staged window, whose space the row pass
-  // reuses for its [C][halo_h][kTileW] output once sampling is done; then the weights.
+  // [C][halo_h][sampled_w] sampled values, rows padded to 16 bytes for the row pass's 16-byte
+  // loads; then the staged window, whose space the row pass reuses for its [C][halo_h][kTileW]
+  // output once sampling is done; then the weights.
+  const int sampled_w = padded_row(halo_w), plane = halo_h * sampled_w;
   float* sampled = smem;
-  float* staged = sampled + C * halo;
+  float* staged = sampled + C * plane;
   float* rows = staged;
   const int second_part = max(kStageFloats, C * halo_h * kTileW);
   float* weights = staged + second_part;
@@ -178,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
   const int in_plane = g.in_h * g.in_w;
   const uint8_t* image = a.images + static_cast<int64_t>(b) * C * in_plane;
   const int pixel_words = Staging<kChannels>::pixel_words(C);
-  const int offset_unit = Staging<kChannels>::offset_unit(C);
+  const int pixel_bytes = 4 * pixel_words;
 
   // 0. Per tile: weights, centre offsets (u mirrored for a flipped sample), the window.
   if (tid < taps) weights[tid] = a.weights[static_cast<int64_t>(b) * taps + tid];
@@ -191,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     v_of_row[tid - 160] = v;
     row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
   }
-  if (tid == 0) {
+  if (tid < 32) {  // warp 0, converged
     // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so
     // the rows and columns the tile reads lie between those of its clamped first and last.
     auto extreme = [&](int first, int last, int n, bool mirror, float& lo, float& hi) {
@@ -203,7 +227,8 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     float u_lo, u_hi, v_lo, v_hi;
     extreme(x0 - radius, x0 + kTileW - 1 + radius, g.out_w, p.flip != 0, u_lo, u_hi);
     extreme(y0 - radius, y0 + kTileH - 1 + radius, g.out_h, false, v_lo, v_hi);
-    window = tile_window(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words);
+    const Window w = warp_tile_window(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, tid);
+    if (tid == 0) window = w;
   }
   __syncthreads();
   const Window win = window;
@@ -214,11 +239,11 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
       if (i < win.n_cols) {
         const am::AxisTap t = am::axis_tap(win.ci0 + i, g.scale_x, g.crop_w, p.left);
-        column_table[i] = table_entry(t, win.col0, offset_unit);
+        column_table[i] = table_entry(t, win.col0, pixel_bytes);
       } else {
         const int j = i - win.n_cols;
         const am::AxisTap t = am::axis_tap(win.ri0 + j, g.scale_y, g.crop_h, p.top);
-        row_table[j] = table_entry(t, win.row0, win.cols * offset_unit);
+        row_table[j] = table_entry(t, win.row0, win.cols * pixel_bytes);
       }
     }
     // 1. Stage the window: a warp per row, coalesced byte loads, all channels of a pixel. The
@@ -227,7 +252,9 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     if constexpr (kChannels == 3) {
       const uint8_t *p0 = origin, *p1 = origin + in_plane, *p2 = origin + 2 * in_plane;
       uint2* staged_pixels = reinterpret_cast<uint2*>(staged);
-      constexpr int kRowsInFlight = 2;  // a warp's loads of 2 rows issued before either is used
+      // A warp's loads of 2 rows are issued before either is used (3 or 4 made the kernel
+      // spill at 40 registers).
+      constexpr int kRowsInFlight = 2;
 #pragma unroll 1
       for (int col = tx; col < win.cols; col += kTileW)
 #pragma unroll 1
@@ -262,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
   // 2. Sample the tile and its halo.
   const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
   for (int idx = tid; idx < halo; idx += kThreads) {
-    const int ly = idx / halo_w, lx = idx - ly * halo_w;
+    const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
     const float u = u_of_column[lx];
     const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, row_terms[ly]);
     const unsigned tc = static_cast<unsigned>(r.ci - win.ci0);
@@ -271,24 +298,27 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
       const TableEntry ce = column_table[tc], re = row_table[tr];
       const am::AxisTap x = weights_of(ce), y = weights_of(re);
-      const int o00 = re.offset() + ce.offset(), o10 = o00 + re.step(), dc = ce.step();
+      const char* s00 = reinterpret_cast<const char*>(staged) + re.offset() + ce.offset();
+      const char* s10 = s00 + re.step();
+      const int dc = ce.step();
       if constexpr (kChannels == 3) {
-        const uint2* px = reinterpret_cast<const uint2*>(staged);
-        const PixelFloats q00 = widen(px[o00]), q01 = widen(px[o00 + dc]), q10 = widen(px[o10]),
-                          q11 = widen(px[o10 + dc]);
-        sampled[idx] = am::bilerp(q00.c0, q01.c0, q10.c0, q11.c0, x, y);
-        sampled[halo + idx] = am::bilerp(q00.c1, q01.c1, q10.c1, q11.c1, x, y);
-        sampled[2 * halo + idx] = am::bilerp(q00.c2, q01.c2, q10.c2, q11.c2, x, y);
+        auto load = [](const char* q) { return widen(*reinterpret_cast<const uint2*>(q)); };
+        const PixelFloats q00 = load(s00), q01 = load(s00 + dc), q10 = load(s10),
+                          q11 = load(s10 + dc);
+        sampled[at] = am::bilerp(q00.c0, q01.c0, q10.c0, q11.c0, x, y);
+        sampled[plane + at] = am::bilerp(q00.c1, q01.c1, q10.c1, q11.c1, x, y);
+        sampled[2 * plane + at] = am::bilerp(q00.c2, q01.c2, q10.c2, q11.c2, x, y);
       } else {
-        const float *s00 = staged + o00, *s10 = staged + o10;
+        const float *f00 = reinterpret_cast<const float*>(s00), *f01 = reinterpret_cast<const float*>(s00 + dc);
+        const float *f10 = reinterpret_cast<const float*>(s10), *f11 = reinterpret_cast<const float*>(s10 + dc);
         for (int c = 0; c < C; ++c)
-          sampled[c * halo + idx] = am::bilerp(s00[c], s00[dc + c], s10[c], s10[dc + c], x, y);
+          sampled[c * plane + at] = am::bilerp(f00[c], f01[c], f10[c], f11[c], x, y);
       }
     } else if (!r.inside) {
-      for (int c = 0; c < C; ++c) sampled[c * halo + idx] = 0.0f;
+      for (int c = 0; c < C; ++c) sampled[c * plane + at] = 0.0f;
     } else {
       const am::Tap t = am::locate_centred(g, unflipped, u, v_of_row[ly]);
-      for (int c = 0; c < C; ++c) sampled[c * halo + idx] = am::read(image + c * in_plane, g.in_w, t);
+      for (int c = 0; c < C; ++c) sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t);
     }
   }
   __syncthreads();
@@ -299,27 +329,36 @@ __global__ void __launch_bounds__(kThreads, 6) augment_kernel(AugmentLaunch a) {
     for (int k = 0; k < kTaps; ++k) w[k] = weights[k];
   }
 
-  // 3. Blur along rows. Known size: a thread makes two neighbouring outputs of one row from
-  // (taps + 1) / 2 8-byte loads (half a warp per row: conflict-free); else one output per thread.
+  // 3. Blur along rows. Known size: a thread makes four neighbouring outputs of one row from
+  // (taps + 6) / 4 16-byte loads (a quarter warp per row); else one output per thread.
   if constexpr (kTaps > 0) {
-    constexpr int kPairsPerRow = kTileW / 2, kRowsPerPass = kThreads / kPairsPerRow;
-    const int pair = tid % kPairsPerRow;
-    for (int line = tid / kPairsPerRow; line < C * halo_h; line += kRowsPerPass) {
-      const float* src = sampled + line * halo_w + 2 * pair;  // line = c * halo_h + ly
-      float v[kTaps + 1];
+    constexpr int kQuadsPerRow = kTileW / 4, kRowsPerPass = kThreads / kQuadsPerRow;
+    constexpr int kLoads = (kTaps + 3 + 3) / 4;  // float4s covering the taps + 3 inputs
+    static_assert(kTileW - 4 + 4 * kLoads <= padded_row(kTileW + 2 * (kTaps / 2)),
+                  "the last quad's loads stay inside its padded row");
+    const int quad = tid % kQuadsPerRow;
+    for (int line = tid / kQuadsPerRow; line < C * halo_h; line += kRowsPerPass) {
+      // line = c * halo_h + ly; inputs past the halo's width (row padding) are loaded, never used
+      const float4* src = reinterpret_cast<const float4*>(sampled + line * sampled_w) + quad;
+      float v[4 * kLoads];
 #pragma unroll
-      for (int k = 0; k < kTaps + 1; k += 2) {
-        const float2 q = *reinterpret_cast<const float2*>(src + k);
-        v[k] = q.x;
-        v[k + 1] = q.y;
+      for (int j = 0; j < kLoads; ++j) {
+        const float4 q = src[j];
+        v[4 * j] = q.x;
+        v[4 * j + 1] = q.y;
+        v[4 * j + 2] = q.z;
+        v[4 * j + 3] = q.w;
       }
-      const float left = am::blur_taps(w, kTaps, [&](int k) { return v[k]; });
-      const float right = am::blur_taps(w, kTaps, [&](int k) { return v[k + 1]; });
-      *reinterpret_cast<float2*>(rows + line * kTileW + 2 * pair) = make_float2(left, right);
+      float4 out;
+      out.x = am::blur_taps(w, kTaps, [&](int k) { return v[k]; });
+      out.y = am::blur_taps(w, kTaps, [&](int k) { return v[k + 1]; });
+      out.z = am::blur_taps(w, kTaps, [&](int k) { return v[k + 2]; });
+      out.w = am::blur_taps(w, kTaps, [&](int k) { return v[k + 3]; });
+      reinterpret_cast<float4*>(rows + line * kTileW)[quad] = out;
     }
   } else {
     for (int line = ty; line < C * halo_h; line += kWarpsPerTile) {
-      const float* src = sampled + line * halo_w + tx;
+      const float* src = sampled + line * sampled_w + tx;
       rows[line * kTileW + tx] = am::blur_taps(weights, taps, [&](int k) { return src[k]; });
     }
   }
@@ -366,7 +405,7 @@ void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   const int radius = args.taps / 2;
   const int halo_h = kTileH + 2 * radius, halo_w = kTileW + 2 * radius;
   // As the kernel lays it out: sampled halo, then staged window / row-pass output, then weights.
-  const size_t floats = static_cast<size_t>(args.channels) * halo_h * halo_w +
+  const size_t floats = static_cast<size_t>(args.channels) * halo_h * padded_row(halo_w) +
                         std::max(kStageFloats, args.channels * halo_h * kTileW) + args.taps;
   const size_t smem = sizeof(float) * floats;
   const dim3 grid((args.geometry.out_w + kTileW - 1) / kTileW,
