@@ -248,6 +248,16 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnSpecSizes) {
   expect_gpu_matches_cpu(s, 6, 3, 256, 256, 21);
 }
 
+// 40 images of 256x256 are 2,560 tiles: more than the blocks a GPU holds at once (792 on an
+// H200), so each block loops over tiles of different samples, prefetching each next tile's
+// parameters while it works on the current one.
+TEST(AugmentGpuTest, KernelMatchesTheCppReferenceWhenBlocksLoopOverManyTiles) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  AugmentSpec s;
+  s.hflip_probability = 0.5;
+  expect_gpu_matches_cpu(s, 40, 3, 256, 256, 24);
+}
+
 TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnOddSizesAndABatchOfOne) {
   TANDEM_SKIP_WITHOUT_CUDA();
   AugmentSpec s;
