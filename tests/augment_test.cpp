@@ -249,9 +249,9 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnSpecSizes) {
 }
 
 // 40 images of 256x256 are 2,560 tiles: more than the blocks a GPU holds at once (792 on an
-// H200), so each block loops over tiles of different samples, prefetching each next tile's
-// parameters while it works on the current one.
-TEST(AugmentGpuTest, KernelMatchesTheCppReferenceWhenBlocksLoopOverManyTiles) {
+// H200), so blocks run in several waves (and a kernel that loops its blocks over tiles, as v9
+// did, loops over tiles of different samples).
+TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnMoreTilesThanTheGpuHoldsAtOnce) {
   TANDEM_SKIP_WITHOUT_CUDA();
   AugmentSpec s;
   s.hflip_probability = 0.5;

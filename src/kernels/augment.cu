@@ -1,11 +1,8 @@
 // The augmentation kernels: one draws every sample's parameters, one augments the whole batch.
 //
-// The augment kernel: a block makes 32x32 tiles of output pixels, all channels, one after the
-// other (as many blocks as fit on the GPU at once, each taking every gridDim-th tile; while a
-// block works on a tile, the next tile's sample parameters arrive in shared memory by cp.async,
-// so no tile but a block's first waits for them). Per tile:
-//   0. the centre offsets of the tile's (halo'd) rows and columns, the source window the tile
-//      reads (computed by one warp's lanes together), and tables of the resized rows and columns the tile's
+// The augment kernel: a block makes a 32x32 tile of output pixels of one sample, all channels:
+//   0. per tile: the blur weights, the centre offsets of the tile's (halo'd) rows and columns,
+//      the source window the tile reads, and tables of the resized rows and columns the tile's
 //      rotation can land on (their source offsets in the window and bilinear weights);
 //   1. stage the window (a few hundred source pixels) in shared memory with coalesced loads;
 //      three channels as four halves per pixel (8 bytes; a byte is exact in a half), other
@@ -13,7 +10,7 @@
 //   2. sample the crop-resize-rotate composition for the tile plus a blur halo: rotate back to
 //      a resized pixel, look its row and column up, read four staged pixels (one 8-byte load
 //      each for three channels), widen their halves to floats and interpolate;
-//   3. blur rows (the halo rows too), four outputs per thread from 8-byte loads;
+//   3. blur rows (the halo rows too), two outputs per thread from 8-byte loads;
 //   4. blur columns, normalize, write; each thread slides down 4 consecutive rows of one column,
 //      so each value it loads serves up to `taps` outputs.
 // The uint8 source is read once and the float output written once, with no intermediate image
@@ -27,7 +24,6 @@
 // pipe (a window of byte pixels: a byte permute per value); halves cost half the wavefronts of
 // floats and one floating-point instruction per value.
 #include <cuda_fp16.h>
-#include <cuda_pipeline.h>
 
 #include <algorithm>
 
@@ -48,7 +44,8 @@ constexpr int kRowsPerThread = kTileH / kWarpsPerTile;  // column-pass outputs p
 constexpr int kMaxRadius = 31;                          // AugmentSpec allows taps <= 63
 constexpr int kMaxHalo = kTileW + 2 * kMaxRadius;
 // 14 KB: the SPEC's tiles read about 29x29 pixels (6.7 KB as halves); the row pass's output
-// (3 x 38 x 32 floats for a 7-tap blur, 14.25 KB) reuses the space.
+// (3 x 38 x 32 floats for a 7-tap blur) reuses the space. 6 blocks of 256 threads per SM fit the
+// H200's shared memory with this and the padded sampled rows, not with 16 KB.
 constexpr int kStageFloats = 3584;
 constexpr int kMaxTable = 64;  // resized rows (columns) a tile can land on; SPEC: <= 60
 static_assert(kTileH % kWarpsPerTile == 0, "thread rows must divide the tile height");
@@ -166,32 +163,8 @@ struct Staging {
   static __device__ __forceinline__ int pixel_words(int C) { return kChannels == 3 ? 2 : C; }
 };
 
-// A tile's sample parameters, as the draw kernel wrote them: five 4-byte fields that cp.async
-// copies one by one.
-struct TileParams {
-  int32_t top, left;
-  float cos_a, sin_a;
-  int32_t flip;
-};
-static_assert(sizeof(TileParams) == 5 * sizeof(int32_t), "five 4-byte fields");
-
-// Starts copying the parameters and blur weights of sample b into `params` and `weights`
-// (shared memory) without waiting: a thread per 4-byte value.
-__device__ __forceinline__ void prefetch_params(const AugmentLaunch& a, int b, int taps,
-                                                TileParams* params, float* weights, int tid) {
-  if (tid < 5) {
-    const void* src = tid == 0   ? static_cast<const void*>(a.top + b)
-                      : tid == 1 ? static_cast<const void*>(a.left + b)
-                      : tid == 2 ? static_cast<const void*>(a.cos_a + b)
-                      : tid == 3 ? static_cast<const void*>(a.sin_a + b)
-                                 : static_cast<const void*>(a.flip + b);
-    __pipeline_memcpy_async(reinterpret_cast<int32_t*>(params) + tid, src, sizeof(int32_t));
-  } else if (tid >= 32 && tid - 32 < taps) {
-    __pipeline_memcpy_async(weights + (tid - 32),
-                            a.weights + static_cast<int64_t>(b) * taps + (tid - 32), sizeof(float));
-  }
-  __pipeline_commit();
-}
+// Floats per row of a sampled plane: the halo's width rounded up to whole 16-byte groups.
+__host__ __device__ constexpr int padded_row(int halo_w) { return (halo_w + 3) & ~3; }
 
 template <int kTaps, int kChannels>  // 0: known only at run time (a.taps, a.channels)
 // Six blocks per SM for the compiled blur sizes (40 registers; their shared memory allows six
@@ -206,265 +179,242 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   TableEntry* const column_table = tables;
   TableEntry* const row_table = tables + kMaxTable;
   __shared__ Window window;
-  __shared__ TileParams tile_params[2];  // this tile's and the next one's
   const int taps = kTaps > 0 ? kTaps : a.taps;
   const int C = kChannels > 0 ? kChannels : a.channels;
   const int radius = taps / 2;
   const int halo_w = kTileW + 2 * radius, halo_h = kTileH + 2 * radius;
-  const int halo = halo_h * halo_w, plane = halo;
-  // [C][halo_h][halo_w] sampled values; then the staged window, whose space the row pass
-  // reuses for its [C][halo_h][kTileW] output once sampling is done; then two sets of weights
-  // (this tile's and the next one's).
+  const int halo = halo_h * halo_w;
+  // [C][halo_h][sampled_w] sampled values, rows padded to 16 bytes for the row pass's 16-byte
+  // loads; then the staged window, whose space the row pass reuses for its [C][halo_h][kTileW]
+  // output once sampling is done; then the weights.
+  const int sampled_w = padded_row(halo_w), plane = halo_h * sampled_w;
   float* sampled = smem;
   float* staged = sampled + C * plane;
   float* rows = staged;
   const int second_part = max(kStageFloats, C * halo_h * kTileW);
-  float* weight_sets = staged + second_part;
+  float* weights = staged + second_part;
 
+  const int b = blockIdx.z;
+  const int x0 = blockIdx.x * kTileW, y0 = blockIdx.y * kTileH;
   const int tid = threadIdx.x, tx = tid % kTileW, ty = tid / kTileW;
   const am::Geometry g = a.geometry;
-  const int tiles_x = (g.out_w + kTileW - 1) / kTileW, tiles_y = (g.out_h + kTileH - 1) / kTileH;
-  const int tiles_per_image = tiles_x * tiles_y, tiles = tiles_per_image * a.batch;
+  const am::SampleParams p{a.top[b], a.left[b], a.cos_a[b], a.sin_a[b], a.flip[b]};
   const int in_plane = g.in_h * g.in_w;
+  const uint8_t* image = a.images + static_cast<int64_t>(b) * C * in_plane;
   const int pixel_words = Staging<kChannels>::pixel_words(C);
   const int pixel_bytes = 4 * pixel_words;
 
-  int set = 0;
-  if (static_cast<int>(blockIdx.x) < tiles)
-    prefetch_params(a, blockIdx.x / tiles_per_image, taps, &tile_params[0], weight_sets, tid);
-#pragma unroll 1
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, set ^= 1) {
-    // The previous tile is done with shared memory; this tile's parameters have landed.
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    const int next = tile + gridDim.x;
-    if (next < tiles)
-      prefetch_params(a, next / tiles_per_image, taps, &tile_params[set ^ 1],
-                      weight_sets + (set ^ 1) * taps, tid);
-    const int b = tile / tiles_per_image, in_image = tile - b * tiles_per_image;
-    const int y0 = in_image / tiles_x * kTileH, x0 = in_image % tiles_x * kTileW;
-    const TileParams& tp = tile_params[set];
-    const am::SampleParams p{tp.top, tp.left, tp.cos_a, tp.sin_a, tp.flip};
-    const float* weights = weight_sets + set * taps;
-    const uint8_t* image = a.images + static_cast<int64_t>(b) * C * in_plane;
+  // 0. Per tile: weights, centre offsets (u mirrored for a flipped sample), the window.
+  if (tid < taps) weights[tid] = a.weights[static_cast<int64_t>(b) * taps + tid];
+  if (tid >= 64 && tid - 64 < halo_w) {
+    const float u = am::centre_offset(halo_index(x0 + tid - 64 - radius, g.out_w, radius), g.out_w);
+    u_of_column[tid - 64] = p.flip ? -u : u;
+  }
+  if (tid >= 160 && tid - 160 < halo_h) {
+    const float v = am::centre_offset(halo_index(y0 + tid - 160 - radius, g.out_h, radius), g.out_h);
+    v_of_row[tid - 160] = v;
+    row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
+  }
+  if (tid < 32) {  // warp 0, converged
+    // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so
+    // the rows and columns the tile reads lie between those of its clamped first and last.
+    auto extreme = [&](int first, int last, int n, bool mirror, float& lo, float& hi) {
+      float a_ = am::centre_offset(max(0, first), n), b_ = am::centre_offset(min(n - 1, last), n);
+      if (mirror) { a_ = -a_; b_ = -b_; }
+      lo = fminf(a_, b_);
+      hi = fmaxf(a_, b_);
+    };
+    float u_lo, u_hi, v_lo, v_hi;
+    extreme(x0 - radius, x0 + kTileW - 1 + radius, g.out_w, p.flip != 0, u_lo, u_hi);
+    extreme(y0 - radius, y0 + kTileH - 1 + radius, g.out_h, false, v_lo, v_hi);
+    const Window w = warp_tile_window(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, tid);
+    if (tid == 0) window = w;
+  }
+  __syncthreads();
+  const Window win = window;
 
-    // 0. Per tile: centre offsets (u mirrored for a flipped sample), the window.
-    if (tid >= 64 && tid - 64 < halo_w) {
-      const float u = am::centre_offset(halo_index(x0 + tid - 64 - radius, g.out_w, radius), g.out_w);
-      u_of_column[tid - 64] = p.flip ? -u : u;
-    }
-    if (tid >= 160 && tid - 160 < halo_h) {
-      const float v = am::centre_offset(halo_index(y0 + tid - 160 - radius, g.out_h, radius), g.out_h);
-      v_of_row[tid - 160] = v;
-      row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
-    }
-    if (tid < 32) {  // warp 0, converged
-      // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so
-      // the rows and columns the tile reads lie between those of its clamped first and last.
-      auto extreme = [&](int first, int last, int n, bool mirror, float& lo, float& hi) {
-        float a_ = am::centre_offset(max(0, first), n), b_ = am::centre_offset(min(n - 1, last), n);
-        if (mirror) { a_ = -a_; b_ = -b_; }
-        lo = fminf(a_, b_);
-        hi = fmaxf(a_, b_);
-      };
-      float u_lo, u_hi, v_lo, v_hi;
-      extreme(x0 - radius, x0 + kTileW - 1 + radius, g.out_w, p.flip != 0, u_lo, u_hi);
-      extreme(y0 - radius, y0 + kTileH - 1 + radius, g.out_h, false, v_lo, v_hi);
-      const Window w = warp_tile_window(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, tid);
-      if (tid == 0) window = w;
-    }
-    __syncthreads();
-    const Window win = window;
-
-    if (win.staged()) {
-      // Tables of the resized columns and rows the tile can land on.
+  if (win.staged()) {
+    // Tables of the resized columns and rows the tile can land on.
 #pragma unroll 1
-      for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
-        if (i < win.n_cols) {
-          const am::AxisTap t = am::axis_tap(win.ci0 + i, g.scale_x, g.crop_w, p.left);
-          column_table[i] = table_entry(t, win.col0, pixel_bytes);
-        } else {
-          const int j = i - win.n_cols;
-          const am::AxisTap t = am::axis_tap(win.ri0 + j, g.scale_y, g.crop_h, p.top);
-          row_table[j] = table_entry(t, win.row0, win.cols * pixel_bytes);
-        }
+    for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
+      if (i < win.n_cols) {
+        const am::AxisTap t = am::axis_tap(win.ci0 + i, g.scale_x, g.crop_w, p.left);
+        column_table[i] = table_entry(t, win.col0, pixel_bytes);
+      } else {
+        const int j = i - win.n_cols;
+        const am::AxisTap t = am::axis_tap(win.ri0 + j, g.scale_y, g.crop_h, p.top);
+        row_table[j] = table_entry(t, win.row0, win.cols * pixel_bytes);
       }
-      // 1. Stage the window: a warp per row, coalesced byte loads, all channels of a pixel. The
-      // channel planes' window origins are computed once; the loop only adds 32-bit offsets.
-      const uint8_t* origin = image + win.row0 * g.in_w + win.col0;
-      if constexpr (kChannels == 3) {
-        const uint8_t *p0 = origin, *p1 = origin + in_plane, *p2 = origin + 2 * in_plane;
-        uint2* staged_pixels = reinterpret_cast<uint2*>(staged);
-        // A warp's loads of 2 rows are issued before either is used (3 or 4 made the kernel
-        // spill at 40 registers).
-        constexpr int kRowsInFlight = 2;
+    }
+    // 1. Stage the window: a warp per row, coalesced byte loads, all channels of a pixel. The
+    // channel planes' window origins are computed once; the loop only adds 32-bit offsets.
+    const uint8_t* origin = image + win.row0 * g.in_w + win.col0;
+    if constexpr (kChannels == 3) {
+      const uint8_t *p0 = origin, *p1 = origin + in_plane, *p2 = origin + 2 * in_plane;
+      uint2* staged_pixels = reinterpret_cast<uint2*>(staged);
+      // A warp's loads of 2 rows are issued before either is used (3 or 4 made the kernel
+      // spill at 40 registers).
+      constexpr int kRowsInFlight = 2;
+#pragma unroll 1
+      for (int col = tx; col < win.cols; col += kTileW)
+#pragma unroll 1
+        for (int r0 = ty; r0 < win.rows; r0 += kRowsInFlight * kWarpsPerTile) {
+          uint8_t v[kRowsInFlight][3];
+#pragma unroll
+          for (int k = 0; k < kRowsInFlight; ++k) {
+            const int r = min(r0 + k * kWarpsPerTile, win.rows - 1), o = r * g.in_w + col;
+            v[k][0] = p0[o];
+            v[k][1] = p1[o];
+            v[k][2] = p2[o];
+          }
+#pragma unroll
+          for (int k = 0; k < kRowsInFlight; ++k) {
+            const int r = r0 + k * kWarpsPerTile;
+            if (r < win.rows)
+              staged_pixels[r * win.cols + col] = staged_pixel(v[k][0], v[k][1], v[k][2]);
+          }
+        }
+    } else {
+#pragma unroll 1
+      for (int r = ty; r < win.rows; r += kWarpsPerTile)
 #pragma unroll 1
         for (int col = tx; col < win.cols; col += kTileW)
-#pragma unroll 1
-          for (int r0 = ty; r0 < win.rows; r0 += kRowsInFlight * kWarpsPerTile) {
-            uint8_t v[kRowsInFlight][3];
-#pragma unroll
-            for (int k = 0; k < kRowsInFlight; ++k) {
-              const int r = min(r0 + k * kWarpsPerTile, win.rows - 1), o = r * g.in_w + col;
-              v[k][0] = p0[o];
-              v[k][1] = p1[o];
-              v[k][2] = p2[o];
-            }
-#pragma unroll
-            for (int k = 0; k < kRowsInFlight; ++k) {
-              const int r = r0 + k * kWarpsPerTile;
-              if (r < win.rows)
-                staged_pixels[r * win.cols + col] = staged_pixel(v[k][0], v[k][1], v[k][2]);
-            }
-          }
-      } else {
-#pragma unroll 1
-        for (int r = ty; r < win.rows; r += kWarpsPerTile)
-#pragma unroll 1
-          for (int col = tx; col < win.cols; col += kTileW)
-            for (int c = 0; c < C; ++c)
-              staged[(r * win.cols + col) * C + c] =
-                  am::byte_to_float(origin[c * in_plane + r * g.in_w + col]);
-      }
-    }
-    __syncthreads();
-
-    // 2. Sample the tile and its halo.
-    const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
-    for (int idx = tid; idx < halo; idx += kThreads) {
-      const int ly = idx / halo_w, lx = idx - ly * halo_w, at = idx;
-      const float u = u_of_column[lx];
-      const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, row_terms[ly]);
-      const unsigned tc = static_cast<unsigned>(r.ci - win.ci0);
-      const unsigned tr = static_cast<unsigned>(r.ri - win.ri0);
-      // The tables cover resized pixels inside the image only: a hit is inside.
-      if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
-        const TableEntry ce = column_table[tc], re = row_table[tr];
-        const am::AxisTap x = weights_of(ce), y = weights_of(re);
-        const char* s00 = reinterpret_cast<const char*>(staged) + re.offset() + ce.offset();
-        const char* s10 = s00 + re.step();
-        const int dc = ce.step();
-        if constexpr (kChannels == 3) {
-          auto load = [](const char* q) { return widen(*reinterpret_cast<const uint2*>(q)); };
-          const PixelFloats q00 = load(s00), q01 = load(s00 + dc), q10 = load(s10),
-                            q11 = load(s10 + dc);
-          sampled[at] = am::bilerp(q00.c0, q01.c0, q10.c0, q11.c0, x, y);
-          sampled[plane + at] = am::bilerp(q00.c1, q01.c1, q10.c1, q11.c1, x, y);
-          sampled[2 * plane + at] = am::bilerp(q00.c2, q01.c2, q10.c2, q11.c2, x, y);
-        } else {
-          const float *f00 = reinterpret_cast<const float*>(s00), *f01 = reinterpret_cast<const float*>(s00 + dc);
-          const float *f10 = reinterpret_cast<const float*>(s10), *f11 = reinterpret_cast<const float*>(s10 + dc);
           for (int c = 0; c < C; ++c)
-            sampled[c * plane + at] = am::bilerp(f00[c], f01[c], f10[c], f11[c], x, y);
-        }
-      } else if (!r.inside) {
-        for (int c = 0; c < C; ++c) sampled[c * plane + at] = 0.0f;
+            staged[(r * win.cols + col) * C + c] =
+                am::byte_to_float(origin[c * in_plane + r * g.in_w + col]);
+    }
+  }
+  __syncthreads();
+
+  // 2. Sample the tile and its halo.
+  const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
+  for (int idx = tid; idx < halo; idx += kThreads) {
+    const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
+    const float u = u_of_column[lx];
+    const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, row_terms[ly]);
+    const unsigned tc = static_cast<unsigned>(r.ci - win.ci0);
+    const unsigned tr = static_cast<unsigned>(r.ri - win.ri0);
+    // The tables cover resized pixels inside the image only: a hit is inside.
+    if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
+      const TableEntry ce = column_table[tc], re = row_table[tr];
+      const am::AxisTap x = weights_of(ce), y = weights_of(re);
+      const char* s00 = reinterpret_cast<const char*>(staged) + re.offset() + ce.offset();
+      const char* s10 = s00 + re.step();
+      const int dc = ce.step();
+      if constexpr (kChannels == 3) {
+        auto load = [](const char* q) { return widen(*reinterpret_cast<const uint2*>(q)); };
+        const PixelFloats q00 = load(s00), q01 = load(s00 + dc), q10 = load(s10),
+                          q11 = load(s10 + dc);
+        sampled[at] = am::bilerp(q00.c0, q01.c0, q10.c0, q11.c0, x, y);
+        sampled[plane + at] = am::bilerp(q00.c1, q01.c1, q10.c1, q11.c1, x, y);
+        sampled[2 * plane + at] = am::bilerp(q00.c2, q01.c2, q10.c2, q11.c2, x, y);
       } else {
-        const am::Tap t = am::locate_centred(g, unflipped, u, v_of_row[ly]);
-        for (int c = 0; c < C; ++c) sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t);
+        const float *f00 = reinterpret_cast<const float*>(s00), *f01 = reinterpret_cast<const float*>(s00 + dc);
+        const float *f10 = reinterpret_cast<const float*>(s10), *f11 = reinterpret_cast<const float*>(s10 + dc);
+        for (int c = 0; c < C; ++c)
+          sampled[c * plane + at] = am::bilerp(f00[c], f01[c], f10[c], f11[c], x, y);
       }
-    }
-    __syncthreads();
-
-    float w[kTaps > 0 ? kTaps : 1];  // the weights in registers when the size is known
-    if constexpr (kTaps > 0) {
-#pragma unroll
-      for (int k = 0; k < kTaps; ++k) w[k] = weights[k];
-    }
-
-    // 3. Blur along rows. Known size: a thread makes four neighbouring outputs of one row from
-    // (taps + 4) / 2 8-byte loads (rows of the halo's odd-pair width keep 8-byte loads
-    // conflict-free, where rows padded for 16-byte loads made the sampling's stores conflict at
-    // each row's end) and one 16-byte store; else one output per thread.
-    if constexpr (kTaps > 0) {
-      constexpr int kQuadsPerRow = kTileW / 4, kRowsPerPass = kThreads / kQuadsPerRow;
-      constexpr int kLoads = (kTaps + 3 + 1) / 2;  // float2s covering the taps + 3 inputs
-      static_assert(kTileW - 4 + 2 * kLoads <= kTileW + 2 * (kTaps / 2),
-                    "the last quad's loads stay inside its row");
-      const int quad = tid % kQuadsPerRow;
-      for (int line = tid / kQuadsPerRow; line < C * halo_h; line += kRowsPerPass) {
-        const float2* src = reinterpret_cast<const float2*>(sampled + line * halo_w + 4 * quad);
-        float v[2 * kLoads];  // line = c * halo_h + ly
-#pragma unroll
-        for (int j = 0; j < kLoads; ++j) {
-          const float2 q = src[j];
-          v[2 * j] = q.x;
-          v[2 * j + 1] = q.y;
-        }
-        float4 out;
-        out.x = am::blur_taps(w, kTaps, [&](int k) { return v[k]; });
-        out.y = am::blur_taps(w, kTaps, [&](int k) { return v[k + 1]; });
-        out.z = am::blur_taps(w, kTaps, [&](int k) { return v[k + 2]; });
-        out.w = am::blur_taps(w, kTaps, [&](int k) { return v[k + 3]; });
-        reinterpret_cast<float4*>(rows + line * kTileW)[quad] = out;
-      }
+    } else if (!r.inside) {
+      for (int c = 0; c < C; ++c) sampled[c * plane + at] = 0.0f;
     } else {
-      for (int line = ty; line < C * halo_h; line += kWarpsPerTile) {
-        const float* src = sampled + line * halo_w + tx;
-        rows[line * kTileW + tx] = am::blur_taps(weights, taps, [&](int k) { return src[k]; });
-      }
+      const am::Tap t = am::locate_centred(g, unflipped, u, v_of_row[ly]);
+      for (int c = 0; c < C; ++c) sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t);
     }
-    __syncthreads();
+  }
+  __syncthreads();
 
-    // 4. Blur along columns, normalize, write: a warp writes 32 consecutive floats of one row.
-    const int x = x0 + tx, y_first = y0 + ty * kRowsPerThread;
-    if (x >= g.out_w) continue;  // a partial last column of tiles; the loop's barrier comes first
-    const int rows_here = min(kRowsPerThread, g.out_h - y_first);  // < kRowsPerThread: last tile
-    const int64_t out_plane = static_cast<int64_t>(g.out_h) * g.out_w;
-    float* dst = a.out + static_cast<int64_t>(b) * C * out_plane +
-                 static_cast<int64_t>(y_first) * g.out_w + x;
-    for (int c = 0; c < C; ++c, dst += out_plane) {
-      const float* col = rows + (c * halo_h + ty * kRowsPerThread) * kTileW + tx;
-      const float mean = a.mean[c], inv_std = a.inv_std[c];
-      float out[kRowsPerThread];
-      if constexpr (kTaps > 0) {
-        float window_values[kRowsPerThread + kTaps - 1];
+  float w[kTaps > 0 ? kTaps : 1];  // the weights in registers when the size is known
+  if constexpr (kTaps > 0) {
 #pragma unroll
-        for (int j = 0; j < kRowsPerThread + kTaps - 1; ++j) window_values[j] = col[j * kTileW];
+    for (int k = 0; k < kTaps; ++k) w[k] = weights[k];
+  }
+
+  // 3. Blur along rows. Known size: a thread makes four neighbouring outputs of one row from
+  // (taps + 6) / 4 16-byte loads (a quarter warp per row); else one output per thread.
+  if constexpr (kTaps > 0) {
+    constexpr int kQuadsPerRow = kTileW / 4, kRowsPerPass = kThreads / kQuadsPerRow;
+    constexpr int kLoads = (kTaps + 3 + 3) / 4;  // float4s covering the taps + 3 inputs
+    static_assert(kTileW - 4 + 4 * kLoads <= padded_row(kTileW + 2 * (kTaps / 2)),
+                  "the last quad's loads stay inside its padded row");
+    const int quad = tid % kQuadsPerRow;
+    for (int line = tid / kQuadsPerRow; line < C * halo_h; line += kRowsPerPass) {
+      // line = c * halo_h + ly; inputs past the halo's width (row padding) are loaded, never used
+      const float4* src = reinterpret_cast<const float4*>(sampled + line * sampled_w) + quad;
+      float v[4 * kLoads];
 #pragma unroll
-        for (int r = 0; r < kRowsPerThread; ++r)
-          out[r] = am::normalize(am::blur_taps(w, kTaps, [&](int k) { return window_values[r + k]; }),
-                                 mean, inv_std);
-      } else {
-        for (int r = 0; r < kRowsPerThread; ++r)
-          out[r] = am::normalize(
-              am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * kTileW]; }), mean,
-              inv_std);
+      for (int j = 0; j < kLoads; ++j) {
+        const float4 q = src[j];
+        v[4 * j] = q.x;
+        v[4 * j + 1] = q.y;
+        v[4 * j + 2] = q.z;
+        v[4 * j + 3] = q.w;
       }
-      if (rows_here == kRowsPerThread) {  // every tile but a partial last row of tiles
-#pragma unroll
-        for (int r = 0; r < kRowsPerThread; ++r) dst[r * g.out_w] = out[r];
-      } else {
-#pragma unroll
-        for (int r = 0; r < kRowsPerThread; ++r)
-          if (r < rows_here) dst[r * g.out_w] = out[r];
-      }
+      float4 out;
+      out.x = am::blur_taps(w, kTaps, [&](int k) { return v[k]; });
+      out.y = am::blur_taps(w, kTaps, [&](int k) { return v[k + 1]; });
+      out.z = am::blur_taps(w, kTaps, [&](int k) { return v[k + 2]; });
+      out.w = am::blur_taps(w, kTaps, [&](int k) { return v[k + 3]; });
+      reinterpret_cast<float4*>(rows + line * kTileW)[quad] = out;
     }
-  }  // tiles
+  } else {
+    for (int line = ty; line < C * halo_h; line += kWarpsPerTile) {
+      const float* src = sampled + line * sampled_w + tx;
+      rows[line * kTileW + tx] = am::blur_taps(weights, taps, [&](int k) { return src[k]; });
+    }
+  }
+  __syncthreads();
+
+  // 4. Blur along columns, normalize, write: a warp writes 32 consecutive floats of one row.
+  const int x = x0 + tx, y_first = y0 + ty * kRowsPerThread;
+  if (x >= g.out_w) return;
+  const int rows_here = min(kRowsPerThread, g.out_h - y_first);  // < kRowsPerThread: last tile
+  const int64_t out_plane = static_cast<int64_t>(g.out_h) * g.out_w;
+  float* dst = a.out + static_cast<int64_t>(b) * C * out_plane +
+               static_cast<int64_t>(y_first) * g.out_w + x;
+  for (int c = 0; c < C; ++c, dst += out_plane) {
+    const float* col = rows + (c * halo_h + ty * kRowsPerThread) * kTileW + tx;
+    const float mean = a.mean[c], inv_std = a.inv_std[c];
+    float out[kRowsPerThread];
+    if constexpr (kTaps > 0) {
+      float window_values[kRowsPerThread + kTaps - 1];
+#pragma unroll
+      for (int j = 0; j < kRowsPerThread + kTaps - 1; ++j) window_values[j] = col[j * kTileW];
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r)
+        out[r] = am::normalize(am::blur_taps(w, kTaps, [&](int k) { return window_values[r + k]; }),
+                               mean, inv_std);
+    } else {
+      for (int r = 0; r < kRowsPerThread; ++r)
+        out[r] = am::normalize(
+            am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * kTileW]; }), mean,
+            inv_std);
+    }
+    if (rows_here == kRowsPerThread) {  // every tile but a partial last row of tiles
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) dst[r * g.out_w] = out[r];
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r)
+        if (r < rows_here) dst[r * g.out_w] = out[r];
+    }
+  }
 }
 
 template <int kTaps, int kChannels>
 void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   const int radius = args.taps / 2;
   const int halo_h = kTileH + 2 * radius, halo_w = kTileW + 2 * radius;
-  // As the kernel lays it out: sampled halo, then staged window / row-pass output, then two
-  // sets of weights.
-  const size_t floats = static_cast<size_t>(args.channels) * halo_h * halo_w +
-                        std::max(kStageFloats, args.channels * halo_h * kTileW) + 2 * args.taps;
+  // As the kernel lays it out: sampled halo, then staged window / row-pass output, then weights.
+  const size_t floats = static_cast<size_t>(args.channels) * halo_h * padded_row(halo_w) +
+                        std::max(kStageFloats, args.channels * halo_h * kTileW) + args.taps;
   const size_t smem = sizeof(float) * floats;
-  auto* kernel = augment_kernel<kTaps, kChannels>;
+  const dim3 grid((args.geometry.out_w + kTileW - 1) / kTileW,
+                  (args.geometry.out_h + kTileH - 1) / kTileH, args.batch);
   if (smem > 40 * 1024)  // 48 KB less the static arrays: above that, opt in
-    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(augment_kernel<kTaps, kChannels>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
-  // As many blocks as the GPU holds at once (more would only queue), each looping over tiles.
-  const int64_t tiles = static_cast<int64_t>((args.geometry.out_w + kTileW - 1) / kTileW) *
-                        ((args.geometry.out_h + kTileH - 1) / kTileH) * args.batch;
-  int device = 0, sms = 0, per_sm = 0;
-  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  TANDEM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  const int64_t blocks = std::min<int64_t>(tiles, static_cast<int64_t>(std::max(per_sm, 1)) * sms);
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(args);
+  augment_kernel<kTaps, kChannels><<<grid, kThreads, smem, stream>>>(args);
   TANDEM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -503,12 +453,8 @@ __global__ void draw_kernel(DrawLaunch d) {
 
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream) {
   if (args.batch == 0) return;
-  TANDEM_CHECK_ARG(static_cast<int64_t>(args.batch) *
-                           ((args.geometry.out_w + kTileW - 1) / kTileW) *
-                           ((args.geometry.out_h + kTileH - 1) / kTileH) <= INT32_MAX,
-                   "batch of ", args.batch, " images of ", args.geometry.out_h, "x",
-                   args.geometry.out_w, " is too large for one augment launch: expected fewer "
-                   "than 2^31 tiles of ", kTileW, "x", kTileH);
+  TANDEM_CHECK_ARG(args.batch <= 65535, "batch of ", args.batch,
+                   " images is too large for one augment launch: expected at most 65535");
   if (args.channels == 3) return launch_augment_channels<3>(args, stream);
   launch_augment_channels<0>(args, stream);
 }
