@@ -165,7 +165,7 @@ std::string describe_result(const BenchResult& r) {
   os << line;
   os << "\nper step    " << "host enqueue ms   device ms   (lane)";
   if (r.timing.device_timing_every > 1)
-    os << "   device: mean of every " << r.timing.device_timing_every << "th step";
+    os << "   device: mean of one step in every " << r.timing.device_timing_every;
   os << "\n";
   for (const auto& st : r.timing.stages) {
     char device_ms[32] = "n/a";  // no CUDA: no device timeline

@@ -32,11 +32,12 @@ struct BenchOptions {
   std::string trace_path;
   /// Draw a progress line on stderr when it is a terminal.
   bool progress = true;
-  /// Sample GPU utilization through NVML during the timed steps (a thread querying the driver
-  /// every 20 ms); off leaves the run without any thread of tandem's besides its stages.
+  /// Read GPU utilization through NVML during the timed steps (a thread collecting the driver's
+  /// own samples once a second); off leaves the run without any thread of tandem's besides its
+  /// stages.
   bool gpu_monitor = true;
-  /// Device time per stage from CUDA events on every n-th timed step (every step with a
-  /// trace): each event pair is a little work on the lane between the stage's kernels.
+  /// Device time per stage from CUDA events on one timed step in every n, at a rotating
+  /// position (every step with a trace): each event pair is a little work on the lane between the stage's kernels.
   int64_t device_timing_every = 4;
   uint64_t seed = 0;
 };

@@ -88,7 +88,7 @@ class Pipeline {
     std::vector<StageTimes> stages;
     double slot_wait_ms_per_item = 0;
     int64_t items = 0;
-    int64_t device_timing_every = 1;  ///< device time sampled on every n-th timed item
+    int64_t device_timing_every = 1;  ///< device time sampled on one timed item in every n
   };
   /// Time items >= first_timed_item of later runs (a negative value turns timing off): host
   /// time for each, device time (a pair of CUDA events per stage) for every
@@ -96,7 +96,7 @@ class Pipeline {
   /// is work on the lane's stream between the stage's kernels; sampling keeps the measurement
   /// from adding to what it measures where a step is a fraction of a millisecond.
   void set_timing(int64_t first_timed_item, int64_t device_timing_every = 1) {
-    TORCH_CHECK(device_timing_every >= 1, "device timing must sample every n-th item, n >= 1; got ",
+    TORCH_CHECK(device_timing_every >= 1, "device timing must sample one item in every n, n >= 1; got ",
                 device_timing_every);
     first_timed_item_ = first_timed_item;
     device_timing_every_ = device_timing_every;
