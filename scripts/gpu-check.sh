@@ -9,7 +9,9 @@
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
 #        TANDEM_SANITIZERS (default "racecheck synccheck memcheck"), TANDEM_SANITIZE_ARGS (runs
 #        separated by ';'), TANDEM_SANITIZER_FLAGS (e.g. "--kernel-regex kns=augment"),
-#        TANDEM_MLP_ROUNDS (3), TANDEM_SWEEP_BS ("8,32,128"), TANDEM_LAUNCH_BS ("1 2"),
+#        TANDEM_MLP_ROUNDS (3), TANDEM_SWEEP_BS ("8,32,128"), TANDEM_SWEEP_ROUNDS (1: each
+#        point's median over that many runs), TANDEM_SWEEP_SCENARIOS ("seg cls"),
+#        TANDEM_LAUNCH_BS ("1 2"),
 #        TANDEM_LAUNCH_ROUNDS (3),
 #        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
 #   profile: ncu of the augment kernel (full set, source counters; profile-augment.txt in OUT);
@@ -190,17 +192,18 @@ fi
 # One sweep per scenario: every mode and auto at each batch size, in one process. It serves the
 # graphs comparison (pipelined+graphed vs pipelined) and auto.json (auto vs the best mode).
 SWEEP_BS=${TANDEM_SWEEP_BS:-8,32,128}
+SWEEP_ROUNDS=${TANDEM_SWEEP_ROUNDS:-1}
 if has_phase sweep; then
-  for scenario in seg cls; do
-    say "tandem sweep --scenario $scenario --batch-sizes $SWEEP_BS (every mode, then auto)"
-    TANDEM_DEBUG=1 TORCH_SHOW_CPP_STACKTRACES=1 timeout 300 "$TANDEM" sweep --scenario "$scenario" --batch-sizes "$SWEEP_BS" --modes all,auto \
+  for scenario in ${TANDEM_SWEEP_SCENARIOS:-seg cls}; do
+    say "tandem sweep --scenario $scenario --batch-sizes $SWEEP_BS --rounds $SWEEP_ROUNDS (every mode, then auto)"
+    TANDEM_DEBUG=1 TORCH_SHOW_CPP_STACKTRACES=1 timeout 540 "$TANDEM" sweep --scenario "$scenario" --batch-sizes "$SWEEP_BS" --modes all,auto --rounds "$SWEEP_ROUNDS" \
       --workers 8 --json "$RAW/sweep-$scenario.json" --csv "$RAW/sweep-$scenario.csv" \
       --svg "$OUT/sweep-$scenario.svg" 2>&1 | tee -a "$LOG" | grep -v "^  done:" | head -40 || status=1
   done
   say "compare auto"
-  python3 bench/compare.py --scenario auto --sweep "$RAW"/sweep-seg.json "$RAW"/sweep-cls.json \
+  python3 bench/compare.py --scenario auto --sweep $(ls "$RAW"/sweep-seg.json "$RAW"/sweep-cls.json 2>/dev/null) \
     --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-    --command "scripts/gpu-check.sh OUT sweep (tandem sweep --scenario {seg,cls} --batch-sizes $SWEEP_BS --modes all,auto --workers 8)" \
+    --command "scripts/gpu-check.sh OUT sweep (tandem sweep --scenario {${TANDEM_SWEEP_SCENARIOS:-seg cls}} --batch-sizes $SWEEP_BS --modes all,auto --rounds $SWEEP_ROUNDS --workers 8)" \
     --out "$OUT/auto.json" 2>&1 | tee -a "$LOG" || status=1
   say "a Chrome trace of seg pipelined+graphed, bs 8 (in raw.tar.gz)"
   "$TANDEM" bench --scenario seg --mode pipelined+graphed --batch-size 8 --steps 20 --warmup 10 \

@@ -66,52 +66,94 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
   modes.erase(std::remove(modes.begin(), modes.end(), baseline), modes.end());
   modes.insert(modes.begin(), baseline);
 
+  TANDEM_CHECK_ARG(options.rounds >= 1, "rounds ", options.rounds,
+                   " is not valid: expected at least 1 run of every point");
+
   std::vector<SweepRow> rows;
   for (int64_t bs : options.batch_sizes) {
-    std::optional<double> baseline_rate, floor_ms;
-    for (const auto& mode : modes) {
+    // One entry per mode: the rates, floors, utilizations and picks of its rounds.
+    struct Runs {
+      std::vector<double> rates, floors, utilizations;
+      std::vector<std::string> picks;
+      std::string error;
+    };
+    std::vector<Runs> runs(modes.size());
+    for (int round = 0; round < options.rounds; ++round)
+      for (size_t m = 0; m < modes.size(); ++m) {
+        Runs& run = runs[m];
+        if (!run.error.empty()) continue;  // a point that failed once is reported as failed
+        BenchOptions o = options.base;
+        o.mode = modes[m];
+        o.batch_size = bs;
+        o.progress = false;
+        try {
+          BenchResult r;
+          if (modes[m] == "auto") {
+            AutoResult a = run_auto(o);
+            run.picks.push_back(a.decision.mode);
+            r = std::move(a.result);
+          } else {
+            r = run_bench(o);
+          }
+          run.rates.push_back(r.steps_per_s);
+          if (r.floor_ms > 0) run.floors.push_back(r.floor_ms);
+          if (r.gpu_utilization) run.utilizations.push_back(*r.gpu_utilization);
+        } catch (const std::exception& e) {
+          // TANDEM_DEBUG=1 keeps the whole message (with TORCH_SHOW_CPP_STACKTRACES=1, where
+          // LibTorch threw it), as the CLI does for a failed bench.
+          run.error = std::getenv("TANDEM_DEBUG") ? std::string(e.what()) : first_line(e.what());
+        }
+        if (round + 1 == options.rounds && on_row) {
+          SweepRow partial;  // progress only: the row as far as it is known
+          partial.mode = modes[m];
+          partial.batch_size = bs;
+          partial.error = run.error;
+          on_row(partial);
+        }
+      }
+    const std::optional<double> baseline_rate = median(runs.front().rates);
+    const std::optional<double> floor_ms = median(runs.front().floors);
+    for (size_t m = 0; m < modes.size(); ++m) {
+      const Runs& run = runs[m];
       SweepRow row;
-      row.mode = mode;
+      row.mode = modes[m];
       row.batch_size = bs;
-      BenchOptions o = options.base;
-      o.mode = mode;
-      o.batch_size = bs;
-      o.progress = false;
-      try {
-        BenchResult r;
-        if (mode == "auto") {
-          AutoResult a = run_auto(o);
-          row.picked = a.decision.mode;
-          r = std::move(a.result);
-        } else {
-          r = run_bench(o);
-        }
-        row.steps_per_s = r.steps_per_s;
-        row.samples_per_s = r.samples_per_s;
-        row.gpu_utilization = r.gpu_utilization;
-        if (mode == baseline) {
-          baseline_rate = r.steps_per_s;
-          if (r.floor_ms > 0) floor_ms = r.floor_ms;
-        }
-        if (baseline_rate) row.speedup = r.steps_per_s / *baseline_rate;
-        if (floor_ms) row.efficiency = r.steps_per_s * *floor_ms / 1000.0;
-      } catch (const std::exception& e) {
-        // TANDEM_DEBUG=1 keeps the whole message (with TORCH_SHOW_CPP_STACKTRACES=1, where
-        // LibTorch threw it), as the CLI does for a failed bench.
-        row.error = std::getenv("TANDEM_DEBUG") ? std::string(e.what()) : first_line(e.what());
+      row.error = run.error;
+      if (run.error.empty()) {
+        row.round_rates = run.rates;
+        row.steps_per_s = median(run.rates);
+        row.samples_per_s = *row.steps_per_s * static_cast<double>(bs);
+        row.gpu_utilization = median(run.utilizations);
+        if (baseline_rate) row.speedup = *row.steps_per_s / *baseline_rate;
+        if (floor_ms) row.efficiency = *row.steps_per_s * *floor_ms / 1000.0;
+        // auto: its pick, or each round's where the rounds chose differently.
+        const bool one_pick = std::all_of(run.picks.begin(), run.picks.end(),
+                                          [&](const std::string& p) { return p == run.picks[0]; });
+        const size_t shown = one_pick ? std::min<size_t>(1, run.picks.size()) : run.picks.size();
+        for (size_t i = 0; i < shown; ++i) row.picked += (i ? ", " : "") + run.picks[i];
       }
       rows.push_back(row);
-      if (on_row) on_row(row);
     }
   }
   return rows;
 }
 
+std::optional<double> median(std::vector<double> values) {
+  if (values.empty()) return std::nullopt;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 std::string sweep_table(const std::vector<SweepRow>& rows) {
   std::ostringstream os;
   char line[256];
-  std::snprintf(line, sizeof line, "%-18s %6s %10s %11s %8s %6s %8s\n", "mode", "batch",
-                "steps/s", "samples/s", "speedup", "eff", "GPU util");
+  // With several rounds a point's steps/s is their median; its range says how much they varied.
+  const bool ranges = std::any_of(rows.begin(), rows.end(),
+                                  [](const SweepRow& r) { return r.round_rates.size() > 1; });
+  std::snprintf(line, sizeof line, "%-18s %6s %10s %11s %8s %6s %8s%s\n", "mode", "batch",
+                "steps/s", "samples/s", "speedup", "eff", "GPU util",
+                ranges ? "   rounds' range" : "");
   os << line;
   for (const auto& r : rows) {
     std::string mode = r.picked.empty() ? r.mode : r.mode + " (" + r.picked + ")";
@@ -119,11 +161,17 @@ std::string sweep_table(const std::vector<SweepRow>& rows) {
       std::snprintf(line, sizeof line, "%-18s %6lld  failed: %s\n", mode.c_str(),
                     static_cast<long long>(r.batch_size), r.error.c_str());
     } else {
-      std::snprintf(line, sizeof line, "%-18s %6lld %10s %11s %8s %6s %8s\n", mode.c_str(),
+      std::string range;
+      if (ranges && !r.round_rates.empty()) {
+        const auto [lo, hi] = std::minmax_element(r.round_rates.begin(), r.round_rates.end());
+        range = "   " + fmt(*lo, "%.2f") + " - " + fmt(*hi, "%.2f");
+      }
+      std::snprintf(line, sizeof line, "%-18s %6lld %10s %11s %8s %6s %8s%s\n", mode.c_str(),
                     static_cast<long long>(r.batch_size), fmt(r.steps_per_s, "%.2f").c_str(),
                     fmt(r.samples_per_s, "%.1f").c_str(), fmt(r.speedup, "%.2fx").c_str(),
                     fmt(r.efficiency, "%.2f").c_str(),
-                    r.gpu_utilization ? fmt(r.gpu_utilization, "%.0f%%").c_str() : "n/a");
+                    r.gpu_utilization ? fmt(r.gpu_utilization, "%.0f%%").c_str() : "n/a",
+                    range.c_str());
     }
     os << line;
   }
@@ -146,7 +194,9 @@ nlohmann::json sweep_json(const std::vector<SweepRow>& rows, const SweepOptions&
   auto opt = [](const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
   };
-  nlohmann::json out = {{"scenario", options.base.scenario}, {"rows", nlohmann::json::array()}};
+  nlohmann::json out = {{"scenario", options.base.scenario},
+                        {"rounds", options.rounds},
+                        {"rows", nlohmann::json::array()}};
   for (const auto& r : rows) {
     nlohmann::json j = {{"impl", "tandem"},
                         {"scenario", options.base.scenario},
@@ -156,7 +206,8 @@ nlohmann::json sweep_json(const std::vector<SweepRow>& rows, const SweepOptions&
                         {"samples_per_s", opt(r.samples_per_s)},
                         {"speedup", opt(r.speedup)},
                         {"efficiency", opt(r.efficiency)},
-                        {"gpu_utilization", opt(r.gpu_utilization)}};
+                        {"gpu_utilization", opt(r.gpu_utilization)},
+                        {"round_steps_per_s", r.round_rates}};
     if (!r.picked.empty()) j["picked"] = r.picked;
     if (!r.error.empty()) j["error"] = r.error;
     out["rows"].push_back(std::move(j));

@@ -41,6 +41,7 @@ expect_fail 2 "--frobnicate" -- bench --frobnicate
 expect_fail 2 "subcommand" --
 expect_fail 2 "--batch-sizes is required" -- sweep --device cpu
 expect_fail 2 "batch size 0 is not valid" -- sweep --device cpu --batch-sizes 4,0
+expect_fail 2 "rounds 0 is not valid" -- sweep --device cpu --batch-sizes 1 --rounds 0
 expect_fail 2 "mode 'warp' is not valid for scenario seg" -- sweep --device cpu --modes serial,warp --batch-sizes 1
 expect_fail 2 "SVG path '/nonexistent-dir/s.svg' cannot be written" -- sweep --device cpu --batch-sizes 1 --svg /nonexistent-dir/s.svg
 

@@ -5,6 +5,7 @@
 #include <regex>
 #include <sstream>
 
+#include "tandem/error.h"
 #include "tandem/sweep.h"
 
 namespace tandem {
@@ -13,9 +14,9 @@ namespace {
 std::vector<SweepRow> sample_rows() {
   std::vector<SweepRow> rows;
   for (int64_t bs : {8, 32, 128}) {
-    SweepRow serial{"serial", bs, 300.0 / bs * 8, 300.0 * 8, 1.0, 0.8, 90.0, "", ""};
+    SweepRow serial{"serial", bs, 300.0 / bs * 8, 300.0 * 8, 1.0, 0.8, 90.0, "", "", {}};
     SweepRow pipelined{"pipelined", bs, 360.0 / bs * 8, 360.0 * 8, 1.2, 0.97, std::nullopt, "",
-                       ""};
+                       "", {}};
     rows.push_back(serial);
     rows.push_back(pipelined);
   }
@@ -25,6 +26,57 @@ std::vector<SweepRow> sample_rows() {
   failed.error = "out of memory, \"really\"";
   rows.push_back(failed);
   return rows;
+}
+
+TEST(SweepTest, MedianOfOddAndEvenCounts) {
+  EXPECT_FALSE(median({}).has_value());
+  EXPECT_DOUBLE_EQ(*median({5.0}), 5.0);
+  EXPECT_DOUBLE_EQ(*median({3.0, 1.0, 2.0}), 2.0);
+  EXPECT_DOUBLE_EQ(*median({4.0, 1.0, 3.0, 2.0}), 2.5);
+}
+
+// Three rounds of two modes on the CPU (mlp, one row per step: fast): every point keeps each
+// round's rate and reports their median; speedups are against the baseline's median.
+TEST(SweepTest, RoundsReportTheMedianOfFreshRuns) {
+  SweepOptions o;
+  o.base.scenario = "mlp";
+  o.base.device = "cpu";
+  o.base.steps = 2;
+  o.base.warmup = 0;
+  o.base.gpu_monitor = false;
+  o.modes = {"eager", "graphed"};
+  o.batch_sizes = {1};
+  o.rounds = 3;
+  std::vector<std::string> done;
+  const auto rows = run_sweep(o, [&](const SweepRow& r) { done.push_back(r.mode); });
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(done, (std::vector<std::string>{"eager", "graphed"}));  // once per point
+  for (const auto& r : rows) {
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    ASSERT_EQ(r.round_rates.size(), 3u) << r.mode;
+    EXPECT_DOUBLE_EQ(*r.steps_per_s, *median(r.round_rates)) << r.mode;
+    EXPECT_DOUBLE_EQ(*r.samples_per_s, *r.steps_per_s) << r.mode;  // batch size 1
+  }
+  EXPECT_DOUBLE_EQ(*rows[0].speedup, 1.0);
+  EXPECT_DOUBLE_EQ(*rows[1].speedup, *rows[1].steps_per_s / *rows[0].steps_per_s);
+  EXPECT_NE(sweep_table(rows).find("rounds' range"), std::string::npos);
+  const auto j = sweep_json(rows, o);
+  EXPECT_EQ(j["rounds"], 3);
+  EXPECT_EQ(j["rows"][1]["round_steps_per_s"].size(), 3u);
+}
+
+TEST(SweepTest, ZeroRoundsIsANamedError) {
+  SweepOptions o;
+  o.base.scenario = "mlp";
+  o.base.device = "cpu";
+  o.batch_sizes = {1};
+  o.rounds = 0;
+  try {
+    run_sweep(o);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rounds 0 is not valid"), std::string::npos) << e.what();
+  }
 }
 
 TEST(SweepTest, CsvHasAHeaderAndOneLinePerRow) {

@@ -17,6 +17,11 @@ struct SweepOptions {
   std::vector<std::string> modes;    ///< may include "auto"; "all" or empty: the scenario's
   std::vector<int64_t> batch_sizes;  ///< at least one, each > 0
   BenchOptions base;                 ///< scenario, device, steps, warm-up, workers, seed, ...
+  /// Runs of every point, each on a fresh instance, the modes of a batch size taking turns
+  /// (round 1: every mode, round 2: every mode, ...); a point reports the median. Some modes'
+  /// rates differ by 15% between instances (seg's eager pipelined mode at batch 8 on the H200),
+  /// so one run decides little when two modes are within a few percent.
+  int rounds = 1;
 };
 
 struct SweepRow {
@@ -26,13 +31,20 @@ struct SweepRow {
   std::optional<double> speedup;          ///< over the scenario's serial baseline, same batch
   std::optional<double> efficiency;       ///< steps_per_s / floor rate (see run_sweep)
   std::optional<double> gpu_utilization;  ///< NVML mean over the timed steps, percent
-  std::string picked;                     ///< for mode "auto": the mode it ran
+  std::string picked;                     ///< for mode "auto": the mode it ran (each round's,
+                                          ///< comma-separated, where rounds chose differently)
   std::string error;                      ///< why this point failed (the sweep goes on)
+  std::vector<double> round_rates;        ///< steps/s of each round, in order
 };
 
-/// Runs every (batch size, mode). The scenario's baseline (its first mode) is run first at each
-/// batch size, added if the caller did not ask for it: speedups are relative to it, and its
-/// slowest stage's device time (no other lane competing) is the floor for that batch size.
+/// The median of `values` (the mean of the middle two for an even count); nullopt when empty.
+std::optional<double> median(std::vector<double> values);
+
+/// Runs every (batch size, mode), options.rounds times. The scenario's baseline (its first mode)
+/// is run first at each batch size in each round, added if the caller did not ask for it:
+/// speedups are relative to its median rate, and its slowest stage's device time (no other lane
+/// competing; the median over rounds) is the floor for that batch size. A point that fails in
+/// any round reports that round's error. on_row is called as each point's last round ends.
 std::vector<SweepRow> run_sweep(const SweepOptions& options,
                                 const std::function<void(const SweepRow&)>& on_row = {});
 

@@ -150,7 +150,11 @@ int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
   std::ofstream svg = open_output(svg_path, "SVG");
   std::cout << "sweep " << options.base.scenario << " on " << options.base.device << ": "
             << *options.base.steps << " timed steps after " << *options.base.warmup
-            << " warm-up per point\n"
+            << " warm-up per point"
+            << (options.rounds > 1 ? ", " + std::to_string(options.rounds) +
+                                         " rounds (medians)"
+                                   : std::string())
+            << "\n"
             << std::flush;
   const auto rows = tandem::run_sweep(options, [](const tandem::SweepRow& r) {
     std::cerr << "  done: " << r.mode << " at batch " << r.batch_size
@@ -220,6 +224,10 @@ int main(int argc, char** argv) {
   sweep->add_option("--batch-sizes", sweep_options.batch_sizes, "comma-separated batch sizes")
       ->delimiter(',')
       ->required();
+  sweep->add_option("--rounds", sweep_options.rounds,
+                    "runs of every point, each on a fresh instance, the modes taking turns; a "
+                    "point reports the median")
+      ->capture_default_str();
   sweep->add_option("--csv", sweep_csv, "write the rows as CSV to this file");
   sweep->add_option("--json", sweep_json, "write the rows as JSON to this file");
   sweep->add_option("--svg", sweep_svg, "write a chart of steps/s by batch size to this file");
