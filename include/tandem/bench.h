@@ -37,7 +37,8 @@ struct BenchOptions {
   /// stages.
   bool gpu_monitor = true;
   /// Device time per stage from CUDA events on one timed step in every n, at a rotating
-  /// position (every step with a trace): each event pair is a little work on the lane between the stage's kernels.
+  /// position (every step with a trace): each event pair is a little work on the lane between
+  /// the stage's kernels.
   int64_t device_timing_every = 4;
   uint64_t seed = 0;
 };

@@ -96,7 +96,8 @@ class Pipeline {
   /// is work on the lane's stream between the stage's kernels; sampling keeps the measurement
   /// from adding to what it measures where a step is a fraction of a millisecond.
   void set_timing(int64_t first_timed_item, int64_t device_timing_every = 1) {
-    TORCH_CHECK(device_timing_every >= 1, "device timing must sample one item in every n, n >= 1; got ",
+    TORCH_CHECK(device_timing_every >= 1,
+                "device timing must sample one item in every n, n >= 1; got ",
                 device_timing_every);
     first_timed_item_ = first_timed_item;
     device_timing_every_ = device_timing_every;

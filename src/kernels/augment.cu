@@ -142,10 +142,12 @@ __device__ __forceinline__ am::AxisTap weights_of(const TableEntry& e) {
 // byte_to_float makes a float: 1024 + v assembled as a half's bit pattern (0x6400 | v), minus
 // 1024 — two values per subtraction.
 __device__ __forceinline__ uint2 staged_pixel(uint8_t r, uint8_t g, uint8_t b) {
+  auto exact = [](uint8_t v) { return __ushort_as_half(static_cast<unsigned short>(0x6400 | v)); };
   const __half2 k1024 = __float2half2_rn(1024.0f);
-  const __half2 rg = __hsub2(__halves2half2(__ushort_as_half(0x6400 | r), __ushort_as_half(0x6400 | g)), k1024);
-  const __half2 b0 = __hsub2(__halves2half2(__ushort_as_half(0x6400 | b), __ushort_as_half(0x6400)), k1024);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&rg), *reinterpret_cast<const uint32_t*>(&b0));
+  const __half2 rg = __hsub2(__halves2half2(exact(r), exact(g)), k1024);
+  const __half2 b0 = __hsub2(__halves2half2(exact(b), exact(0)), k1024);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&rg),
+                    *reinterpret_cast<const uint32_t*>(&b0));
 }
 struct PixelFloats {
   float c0, c1, c2;
@@ -211,7 +213,8 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     u_of_column[tid - 64] = p.flip ? -u : u;
   }
   if (tid >= 160 && tid - 160 < halo_h) {
-    const float v = am::centre_offset(halo_index(y0 + tid - 160 - radius, g.out_h, radius), g.out_h);
+    const int row = halo_index(y0 + tid - 160 - radius, g.out_h, radius);
+    const float v = am::centre_offset(row, g.out_h);
     v_of_row[tid - 160] = v;
     row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
   }
@@ -309,8 +312,9 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
         sampled[plane + at] = am::bilerp(q00.c1, q01.c1, q10.c1, q11.c1, x, y);
         sampled[2 * plane + at] = am::bilerp(q00.c2, q01.c2, q10.c2, q11.c2, x, y);
       } else {
-        const float *f00 = reinterpret_cast<const float*>(s00), *f01 = reinterpret_cast<const float*>(s00 + dc);
-        const float *f10 = reinterpret_cast<const float*>(s10), *f11 = reinterpret_cast<const float*>(s10 + dc);
+        auto floats = [](const char* q) { return reinterpret_cast<const float*>(q); };
+        const float *f00 = floats(s00), *f01 = floats(s00 + dc);
+        const float *f10 = floats(s10), *f11 = floats(s10 + dc);
         for (int c = 0; c < C; ++c)
           sampled[c * plane + at] = am::bilerp(f00[c], f01[c], f10[c], f11[c], x, y);
       }
