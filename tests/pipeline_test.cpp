@@ -55,6 +55,8 @@ TEST(PipelineTest, SerialRunsEveryStageOfAnItemBeforeTheNext) {
     for (int s = 0; s < 3; ++s) {
       EXPECT_EQ(ev[item * 6 + s * 2].stage, s);
       EXPECT_EQ(ev[item * 6 + s * 2].item, item);
+      // One item in flight: a ring of 2 slots, taken in turn.
+      EXPECT_EQ(ev[item * 6 + s * 2].ring_slot, item % 2);
     }
 }
 
