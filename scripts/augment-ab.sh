@@ -26,7 +26,9 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 echo "== this tree: augment and cls GPU tests" >>"$LOG"
-(cd "$THIS_BUILD" && ctest -L gpu -R "Augment|Cls" --output-on-failure) 2>&1 | tail -4 >>"$LOG"
+# The summary line and any failure (a plain tail cut the summary off behind ctest's time lines).
+(cd "$THIS_BUILD" && ctest -L gpu -R "Augment|Cls" --output-on-failure) 2>&1 |
+  grep -E "tests passed|tests failed|\(Failed\)|Failure|Expected|Which is" >>"$LOG"
 for side in this:"$THIS_BUILD" other:"$OTHER_BUILD"; do
   for tool in racecheck memcheck; do
     echo "== $tool, ${side%%:*}: AugmentGpuTest.*, augment_kernel only" >>"$LOG"
