@@ -150,14 +150,15 @@ void GpuMonitor::collect() {
     rc = nvml_->samples(device_handle_, kNvmlGpuUtilizationSamples, last_seen_us_, &value_type,
                         &count, buffer.data());
     if (rc == kNvmlSuccess) {
+      uint64_t newest = last_seen_us_;
       for (unsigned int i = 0; i < count && i < capacity; ++i) {
         const NvmlSample& s = buffer[i];
         if (s.timestamp_us <= last_seen_us_) continue;
         sum_ += value_type == kDouble ? s.value.d : static_cast<double>(s.value.ui);
         ++samples_;
+        newest = std::max<uint64_t>(newest, s.timestamp_us);
       }
-      for (unsigned int i = 0; i < count && i < capacity; ++i)
-        last_seen_us_ = std::max<uint64_t>(last_seen_us_, buffer[i].timestamp_us);
+      last_seen_us_ = newest;
       return;
     }
   }

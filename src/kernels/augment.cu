@@ -2,7 +2,7 @@
 //
 // The augment kernel: a block makes a 32x32 tile of output pixels of one sample, all channels:
 //   0. per tile: the blur weights, the centre offsets of the tile's (halo'd) rows and columns,
-//      the source window the tile reads, and tables of the resized rows and columns the tile's
+//      the source window the tile reads (warp 0's lanes together), and tables of the resized rows and columns the tile's
 //      rotation can land on (their source offsets in the window and bilinear weights);
 //   1. stage the window (a few hundred source pixels) in shared memory with coalesced loads;
 //      three channels as four halves per pixel (8 bytes; a byte is exact in a half), other
@@ -10,7 +10,7 @@
 //   2. sample the crop-resize-rotate composition for the tile plus a blur halo: rotate back to
 //      a resized pixel, look its row and column up, read four staged pixels (one 8-byte load
 //      each for three channels), widen their halves to floats and interpolate;
-//   3. blur rows (the halo rows too), two outputs per thread from 8-byte loads;
+//   3. blur rows (the halo rows too), four outputs per thread from 16-byte loads;
 //   4. blur columns, normalize, write; each thread slides down 4 consecutive rows of one column,
 //      so each value it loads serves up to `taps` outputs.
 // The uint8 source is read once and the float output written once, with no intermediate image

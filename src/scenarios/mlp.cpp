@@ -96,7 +96,7 @@ void MlpScenario::enqueue_step(const at::Tensor& x, const at::Tensor& y) {
 
 void MlpScenario::train_eager(Batch& batch, const Lane& lane) {
   const int64_t i = batch.index;
-  enqueue_step(inputs_[i % kMlpDistinctBatches], targets_[i % kMlpDistinctBatches]);
+  enqueue_step(input(i), target(i));
 }
 
 // Steps 0..warmup-1 run eagerly on a side lane (they are real steps: their losses count); the
@@ -107,8 +107,8 @@ void MlpScenario::train_eager(Batch& batch, const Lane& lane) {
 void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
   const int64_t i = batch.index;
   const int K = steps_per_graph_;
-  const at::Tensor& x = inputs_[i % kMlpDistinctBatches];
-  const at::Tensor& y = targets_[i % kMlpDistinctBatches];
+  const at::Tensor& x = input(i);
+  const at::Tensor& y = target(i);
   const int64_t graphed_until = kMlpGraphWarmup + (num_steps_ - kMlpGraphWarmup) / K * K;
   if (i < kMlpGraphWarmup || i >= graphed_until) {
     if (i < kMlpGraphWarmup) {
@@ -150,8 +150,8 @@ void MlpScenario::train_graphed(Batch& batch, const Lane& lane) {
 void MlpScenario::stage_inputs(Batch& batch, const Lane&) {
   const int64_t i = batch.index;
   if (i < kMlpGraphWarmup) return;
-  copy_into_static(staging_x_.at(batch.ring_slot), inputs_[i % kMlpDistinctBatches]);
-  copy_into_static(staging_y_.at(batch.ring_slot), targets_[i % kMlpDistinctBatches]);
+  copy_into_static(staging_x_.at(batch.ring_slot), input(i));
+  copy_into_static(staging_y_.at(batch.ring_slot), target(i));
 }
 
 // At the first item after warm-up, one graph per ring slot is captured (nothing runs); the
@@ -160,9 +160,7 @@ void MlpScenario::stage_inputs(Batch& batch, const Lane&) {
 void MlpScenario::replay_staged(Batch& batch, const Lane& lane) {
   const int64_t i = batch.index;
   if (i < kMlpGraphWarmup) {
-    warm_up_on_side_lane(lane, 1, [&](int) {
-      enqueue_step(inputs_[i % kMlpDistinctBatches], targets_[i % kMlpDistinctBatches]);
-    });
+    warm_up_on_side_lane(lane, 1, [&](int) { enqueue_step(input(i), target(i)); });
     return;
   }
   if (staged_graphs_.empty()) {

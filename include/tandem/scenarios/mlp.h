@@ -55,6 +55,9 @@ class MlpScenario : public Scenario {
   torch::nn::Sequential model_{nullptr};
   std::unique_ptr<optim::Sgd> optimizer_;
   std::vector<at::Tensor> inputs_, targets_;  // kMlpDistinctBatches of (B, 4096) / (B, 1024)
+  // Step i's batch: the run cycles through the device batches.
+  const at::Tensor& input(int64_t i) const { return inputs_[i % kMlpDistinctBatches]; }
+  const at::Tensor& target(int64_t i) const { return targets_[i % kMlpDistinctBatches]; }
   std::unique_ptr<LossLog> loss_log_;         // num_steps entries, appended in step order
 
   // Graphed modes.
