@@ -3,7 +3,7 @@
 # ones included), compute-sanitizer on a short pipelined run, and the seg benchmark beside the
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
-#   phases: build test gputest sanitize seg cls augment mlp graphs sweep profile profile-mlp
+#   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
@@ -14,6 +14,10 @@
 #        TANDEM_LAUNCH_BS ("1 2"),
 #        TANDEM_LAUNCH_ROUNDS (3),
 #        TANDEM_VARIANTS=1 (extra seg runs without cuDNN autotuning / with a normal-priority lane)
+#   pair: pipelined vs pipelined+graphed of one scenario and batch size, alternating on fresh
+#        instances, with and without cuDNN autotuning and with a normal-priority train lane;
+#        medians and each run's stage device times (pair.txt in OUT). env TANDEM_PAIR_SCENARIO
+#        (seg), TANDEM_PAIR_BS (8), TANDEM_PAIR_ROUNDS (3)
 #   profile: ncu of the augment kernel (full set, source counters; profile-augment.txt in OUT);
 #   profile-mlp: per-kernel GPU times of the mlp step, tandem beside Python (profile-mlp.txt)
 # The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
@@ -210,6 +214,47 @@ if has_phase sweep; then
     --trace "$RAW/trace-seg-pipelined-graphed-8.json" >>"$LOG" 2>&1 || status=1
   "$TANDEM" bench --scenario cls --mode pipelined --batch-size 32 --steps 20 --warmup 10 \
     --trace "$RAW/trace-cls-pipelined-32.json" >>"$LOG" 2>&1 || status=1
+fi
+
+if has_phase pair; then
+  pair_scenario=${TANDEM_PAIR_SCENARIO:-seg}
+  pair_bs=${TANDEM_PAIR_BS:-8}
+  pair_rounds=${TANDEM_PAIR_ROUNDS:-3}
+  say "pair: $pair_scenario bs $pair_bs, pipelined vs pipelined+graphed, $pair_rounds rounds x {autotuned, not autotuned}, then normal priority"
+  for round in $(seq "$pair_rounds"); do
+    for variant in bench nobench; do
+      flag=""
+      [ "$variant" = nobench ] && flag="--no-cudnn-benchmark"
+      for mode in pipelined pipelined+graphed; do
+        "$TANDEM" bench --scenario "$pair_scenario" --mode "$mode" --batch-size "$pair_bs" \
+          --steps 300 --warmup 20 --workers 8 $flag \
+          --json "$RAW/pair-$variant-$mode-$round.json" >>"$LOG" 2>&1 || status=1
+      done
+    done
+  done
+  for mode in pipelined pipelined+graphed; do
+    "$TANDEM" bench --scenario "$pair_scenario" --mode "$mode" --batch-size "$pair_bs" \
+      --steps 300 --warmup 20 --workers 8 --train-priority normal \
+      --json "$RAW/pair-normalprio-$mode-1.json" >>"$LOG" 2>&1 || status=1
+  done
+  python3 - "$RAW" <<'PY' 2>&1 | tee "$OUT/pair.txt" | tee -a "$LOG"
+import glob, json, os, re, statistics, sys
+runs = {}
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "pair-*.json"))):
+    variant, mode, rnd = re.match(r"pair-(\w+)-(.+)-(\d+)\.json", os.path.basename(path)).groups()
+    r = json.load(open(path))
+    runs.setdefault((variant, mode), []).append(r)
+    stages = "  ".join(f"{s['name']} {s['device_ms_per_step']:.3f}" for s in r["stages"]
+                       if s["device_ms_per_step"] is not None)
+    print(f"{variant:10s} {mode:18s} round {rnd}: {r['steps_per_s']:8.2f} steps/s  "
+          f"device ms/step: {stages}  util {r['gpu_utilization']}")
+for variant in ("bench", "nobench", "normalprio"):
+    a, b = runs.get((variant, "pipelined")), runs.get((variant, "pipelined+graphed"))
+    if a and b:
+        ma = statistics.median(x["steps_per_s"] for x in a)
+        mb = statistics.median(x["steps_per_s"] for x in b)
+        print(f"{variant:10s} median pipelined {ma:.2f}, pipelined+graphed {mb:.2f}: ratio {mb / ma:.3f}")
+PY
 fi
 
 if has_phase graphs; then
