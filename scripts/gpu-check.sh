@@ -17,7 +17,8 @@
 #   pair: pipelined vs pipelined+graphed of one scenario and batch size, alternating on fresh
 #        instances, with and without cuDNN autotuning and with a normal-priority train lane;
 #        medians and each run's stage device times (pair.txt in OUT). env TANDEM_PAIR_SCENARIO
-#        (seg), TANDEM_PAIR_BS (8), TANDEM_PAIR_ROUNDS (3)
+#        (seg), TANDEM_PAIR_BS (8), TANDEM_PAIR_ROUNDS (3), TANDEM_PAIR_NCU=1 (also each mode's
+#        kernels under ncu, one at a time: names, counts and GPU times, pair-kernels.txt)
 #   profile: ncu of the augment kernel (full set, source counters; profile-augment.txt in OUT);
 #   profile-mlp: per-kernel GPU times of the mlp step, tandem beside Python (profile-mlp.txt)
 # The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
@@ -237,6 +238,44 @@ if has_phase pair; then
       --steps 300 --warmup 20 --workers 8 --train-priority normal \
       --json "$RAW/pair-normalprio-$mode-1.json" >>"$LOG" 2>&1 || status=1
   done
+  if [ -n "${TANDEM_PAIR_NCU:-}" ]; then
+    # Kernel by kernel, serialized by ncu: does a replayed step run the kernels its eager twin
+    # runs, for as long? 40 steps in, 4 steps' worth of launches (about 150 per step).
+    for mode in pipelined pipelined+graphed; do
+      say "ncu: $pair_scenario $mode bs $pair_bs, per-kernel GPU time"
+      ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 6000 \
+        --launch-count 600 --csv "$TANDEM" bench --scenario "$pair_scenario" --mode "$mode" \
+        --batch-size "$pair_bs" --steps 100 --warmup 20 --workers 8 --no-gpu-monitor \
+        >"$RAW/ncu-pair-$mode.csv" 2>&1 || status=1
+    done
+    python3 - "$RAW" <<'PY' 2>&1 | tee "$OUT/pair-kernels.txt" | tail -40 | tee -a "$LOG"
+import collections, csv, io, os, sys
+def load(mode):
+    text = open(os.path.join(sys.argv[1], f"ncu-pair-{mode}.csv")).read()
+    start = text.find('"ID"')
+    rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
+    stats = collections.defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        unit = r.get("Metric Unit", "")
+        v = float(r["Metric Value"].replace(",", ""))
+        us = v / 1000 if unit == "nsecond" else v * 1000 if unit == "msecond" else v
+        key = r["Kernel Name"][:90]
+        stats[key][0] += 1
+        stats[key][1] += us
+    return stats, sum(s[0] for s in stats.values())
+a, na = load("pipelined")
+b, nb = load("pipelined+graphed")
+print(f"kernels profiled: pipelined {na}, pipelined+graphed {nb}")
+print(f"{'kernel':90s} {'n eager':>8s} {'us/launch':>10s} {'n graph':>8s} {'us/launch':>10s}")
+for k in sorted(set(a) | set(b), key=lambda k: -(a.get(k, [0, 0])[1] + b.get(k, [0, 0])[1])):
+    ca, ta = a.get(k, [0, 0.0]); cb, tb = b.get(k, [0, 0.0])
+    print(f"{k:90s} {ca:8d} {ta / ca if ca else 0:10.2f} {cb:8d} {tb / cb if cb else 0:10.2f}")
+ta = sum(s[1] for s in a.values()) / max(na, 1); tb = sum(s[1] for s in b.values()) / max(nb, 1)
+print(f"mean us per launch: pipelined {ta:.2f}, pipelined+graphed {tb:.2f}")
+PY
+  fi
   python3 - "$RAW" <<'PY' 2>&1 | tee "$OUT/pair.txt" | tee -a "$LOG"
 import glob, json, os, re, statistics, sys
 runs = {}

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "tandem/error.h"
 #include "tandem/graph.h"
@@ -90,6 +91,42 @@ TEST(GraphGpuTest, CaptureDoesNotExecuteReplayDoes) {
   for (int i = 0; i < 3; ++i) g.replay(lane);
   lane.synchronize();
   EXPECT_EQ(c.item<int64_t>(), 3);
+}
+
+// LibTorch instantiates graphs to run each kernel at its node's priority, whatever the stream a
+// replay is launched into: a graph captured on a high-priority lane must keep that priority in
+// every kernel node, including those of cuBLAS and cuDNN.
+TEST(GraphGpuTest, EveryKernelNodeCarriesTheCapturingLanesPriority) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  std::vector<int> lane_priorities;
+  for (LanePriority priority : {LanePriority::kHigh, LanePriority::kNormal}) {
+    const Lane lane = Lane::create("graph", kCuda, priority);
+    int lane_priority = 0;
+    ASSERT_EQ(cudaStreamGetPriority(lane.stream().stream(), &lane_priority), cudaSuccess);
+    lane_priorities.push_back(lane_priority);
+    const auto options = at::TensorOptions().device(kCuda);
+    const at::Tensor a = at::rand({64, 64}, options), image = at::rand({2, 3, 16, 16}, options);
+    const at::Tensor weight = at::rand({4, 3, 3, 3}, options);
+    at::Tensor out;
+    {
+      LaneGuard guard(lane);  // warm-up: cuBLAS and cuDNN set up outside the capture
+      out = at::conv2d(image, weight).sum() + at::mm(a, a).relu().sum();
+    }
+    GraphedStep g;
+    g.capture(lane, [&] { out = at::conv2d(image, weight).sum() + at::mm(a, a).relu().sum(); });
+    const std::vector<int> priorities = g.kernel_node_priorities();
+    EXPECT_GE(priorities.size(), 4u);
+    EXPECT_EQ(g.node_priorities().kernel_nodes, static_cast<int64_t>(priorities.size()));
+    EXPECT_EQ(g.node_priorities().lane_priority, lane_priority);
+    for (size_t i = 0; i < priorities.size(); ++i)
+      EXPECT_EQ(priorities[i], lane_priority) << "kernel node " << i;
+    g.replay(lane);
+    lane.synchronize();
+    EXPECT_NEAR(out.item<float>(),
+                (at::conv2d(image, weight).sum() + at::mm(a, a).relu().sum()).item<float>(), 1e-2);
+  }
+  // High is a higher priority than normal: a lower number in CUDA's convention.
+  EXPECT_LT(lane_priorities[0], lane_priorities[1]);
 }
 
 TEST(GraphGpuTest, OnlyWhatWasCapturedReplays) {

@@ -24,6 +24,17 @@ namespace detail {
 struct CapturedGraph;  // at::cuda::CUDAGraph, able to unwind a capture whose end failed
 }  // namespace detail
 
+/// The priority of a captured graph's kernel nodes. LibTorch 2.11 instantiates graphs with
+/// cudaGraphInstantiateFlagUseNodePriority: a replay runs each kernel at the priority recorded
+/// in its node, not at the priority of the stream it is launched into. Capture records the
+/// capturing stream's priority only for some launches, so GraphedStep sets every kernel node to
+/// the capturing lane's priority before instantiating; this says what it found.
+struct NodePriorities {
+  int lane_priority = 0;  ///< CUDA's number: lower is higher priority (0 is the default)
+  int64_t kernel_nodes = 0;
+  int64_t set = 0;  ///< kernel nodes captured at another priority, now at the lane's
+};
+
 /// Capture failed; what() names the stage and the likely cause.
 class GraphCaptureError : public std::runtime_error {
  public:
@@ -86,11 +97,17 @@ class GraphedStep {
   bool captured() const { return captured_; }
   /// The pool, to share with a graph captured after this one.
   at::cuda::MempoolId_t pool();
+  /// The kernel nodes' priorities as captured, and how many capture() set to the lane's.
+  const NodePriorities& node_priorities() const { return priorities_; }
+  /// Each kernel node's priority as the graph now holds it (the executable graph was
+  /// instantiated from this one). Capture first.
+  std::vector<int> kernel_node_priorities() const;
 
  private:
   GraphOptions options_;
   std::unique_ptr<detail::CapturedGraph> graph_;
   bool captured_ = false;
+  NodePriorities priorities_;
 };
 
 /// Runs `body` eagerly `iterations` times on a side lane of `lane`'s device, ordered after the
