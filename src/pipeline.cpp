@@ -253,6 +253,18 @@ void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
   for (int s = 0; s < slots_; ++s) inbox[0].push(s);
   std::mutex error_mutex;
   std::exception_ptr error;
+  // Opened when the last stage has finished item 0 on the device (set_first_item_alone), or
+  // when a stage failed, so that no thread waits for an item that will never finish.
+  std::mutex gate_mutex;
+  std::condition_variable gate_cv;
+  bool gate_open = !first_item_alone_ || num_items == 0;
+  auto open_gate = [&] {
+    {
+      std::lock_guard<std::mutex> lock(gate_mutex);
+      gate_open = true;
+    }
+    gate_cv.notify_all();
+  };
 
   auto stage_loop = [&](int i) {
     try {
@@ -268,12 +280,22 @@ void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
         }
         if (on_item) on_item(i, item);
         run_stage(i, slot);
+        const bool alone = first_item_alone_ && item == 0;
+        if (alone) lane_of(i).synchronize();  // finished on the device before the next stage
         if (i + 1 < K) {
           handoffs_[i].send(ring_[slot], slot);
           inbox[i + 1].push(slot);
         } else {
           end_item(slot);
           inbox[0].push(slot);
+        }
+        if (alone) {
+          if (i + 1 == K) {
+            open_gate();
+          } else {
+            std::unique_lock<std::mutex> lock(gate_mutex);
+            gate_cv.wait(lock, [&] { return gate_open; });
+          }
         }
       }
     } catch (...) {
@@ -282,6 +304,7 @@ void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
         if (!error) error = std::current_exception();
       }
       for (auto& q : inbox) q.close();
+      open_gate();
     }
   };
 

@@ -102,8 +102,9 @@ TEST(PipelineTest, PipelinedStagesTakeItemsInOrderAfterTheirProducer) {
 }
 
 TEST(PipelineTest, PipelinedStagesReallyOverlap) {
-  // Stage 1 on item 0 waits until stage 0 has started item 1: possible only if the stages run
-  // concurrently. Serial execution would time out here.
+  // Stage 1 on item 1 waits until stage 0 has started item 2: possible only if the stages run
+  // concurrently. Serial execution would time out here. (Item 0 goes through alone: see
+  // TheFirstItemGoesThroughTheStagesAlone.)
   const c10::Device cpu(c10::kCPU);
   std::mutex mutex;
   std::condition_variable cv;
@@ -112,18 +113,60 @@ TEST(PipelineTest, PipelinedStagesReallyOverlap) {
   std::vector<Stage> s;
   s.push_back({"first", Lane::create("a", cpu), [&](Batch& b, const Lane&) {
                  std::lock_guard<std::mutex> lock(mutex);
-                 if (b.index == 1) second_item_started = true;
+                 if (b.index == 2) second_item_started = true;
                  cv.notify_all();
                }});
   s.push_back({"second", Lane::create("b", cpu), [&](Batch& b, const Lane&) {
-                 if (b.index != 0) return;
+                 if (b.index != 1) return;
                  std::unique_lock<std::mutex> lock(mutex);
                  overlapped = cv.wait_for(lock, std::chrono::seconds(10),
                                           [&] { return second_item_started; });
                }});
   Pipeline p(std::move(s), PipelineMode::kPipelined, Lane::create("serial", cpu));
-  p.run(3);
+  p.run(4);
   EXPECT_TRUE(overlapped);
+}
+
+// Item 0 runs through the stages one at a time (so that libraries tuning themselves on their
+// first call time their candidates on an idle device): no stage works on anything else while
+// a stage works on item 0, and every later item still overlaps as before.
+TEST(PipelineTest, TheFirstItemGoesThroughTheStagesAlone) {
+  for (const bool alone : {true, false}) {
+    SCOPED_TRACE(alone ? "first item alone" : "first item overlapped");
+    const c10::Device cpu(c10::kCPU);
+    std::mutex mutex;
+    std::vector<Event> events;
+    std::vector<Stage> s;
+    for (int i = 0; i < 3; ++i)
+      s.push_back({"s" + std::to_string(i), Lane::create("lane", cpu), [&, i](Batch& b, const Lane&) {
+                     {
+                       std::lock_guard<std::mutex> lock(mutex);
+                       events.push_back({i, b.index, false});
+                     }
+                     // Item 0 takes long enough for the other stages to start item 1 if allowed.
+                     if (b.index == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                     std::lock_guard<std::mutex> lock(mutex);
+                     events.push_back({i, b.index, true});
+                   }});
+    Pipeline p(std::move(s), PipelineMode::kPipelined, Lane::create("serial", cpu));
+    EXPECT_TRUE(p.first_item_alone());  // the default
+    p.set_first_item_alone(alone);
+    p.run(6);
+    ASSERT_EQ(events.size(), 36u);
+    // While item 0 is in a stage, nothing else starts; and item 1 starts only after the last
+    // stage has finished item 0.
+    int in_item0 = 0;
+    bool item0_done = false, overlapped = false;
+    for (const auto& e : events) {
+      if (e.item == 0) {
+        in_item0 += e.end ? -1 : 1;
+        if (e.end && e.stage == 2) item0_done = true;
+      } else if (!e.end && (in_item0 > 0 || !item0_done)) {
+        overlapped = true;
+      }
+    }
+    EXPECT_EQ(overlapped, !alone);
+  }
 }
 
 TEST(PipelineTest, BatchesCarryDataThroughEveryStageInBothModes) {
@@ -161,6 +204,16 @@ TEST(PipelineTest, StageErrorsPropagate) {
                }});
   Pipeline p(std::move(s), PipelineMode::kPipelined, Lane::create("serial", cpu));
   EXPECT_THROW(p.run(10), std::runtime_error);
+  // A failure on item 0, while the other stages wait for it to go through alone, must not
+  // leave them waiting.
+  std::vector<Stage> t;
+  t.push_back({"ok", Lane::create("a", cpu), [](Batch&, const Lane&) {}});
+  t.push_back({"boom", Lane::create("b", cpu), [](Batch& b, const Lane&) {
+                 if (b.index == 0) throw std::runtime_error("stage failed at 0");
+               }});
+  t.push_back({"after", Lane::create("c", cpu), [](Batch&, const Lane&) {}});
+  Pipeline q(std::move(t), PipelineMode::kPipelined, Lane::create("serial", cpu));
+  EXPECT_THROW(q.run(10), std::runtime_error);
 }
 
 // One item in every n is sampled for device time, at a position that rotates block by block,

@@ -114,6 +114,16 @@ class Pipeline {
     const int64_t block = offset / every;
     return offset % every == block % every;
   }
+  /// Pipelined mode: item 0 goes through the stages one at a time, each stage's work finished
+  /// on the device before the next stage starts it, and no stage starts item 1 before the last
+  /// has finished item 0 (on by default). Libraries that tune themselves on their first call —
+  /// cuDNN's benchmark mode times candidate algorithms per host thread — then time them on an
+  /// otherwise idle device, not against the other lanes' kernels, so one run's choices are the
+  /// next run's: with tuning under the other lanes' load, seg's pipelined mode at batch 8 ran
+  /// anywhere from 290 to 350 steps/s from one instance to the next (NOTES.md). The cost is one
+  /// item's fill latency.
+  void set_first_item_alone(bool alone) { first_item_alone_ = alone; }
+  bool first_item_alone() const { return first_item_alone_; }
   /// Record the timed items of later runs into `trace` (nullptr: stop). Lane tracks get each
   /// stage's device interval (CUDA; aligned to host time through an origin event recorded on an
   /// idle device) or, on the CPU, its host interval; host tracks get each stage thread's enqueue
@@ -154,6 +164,7 @@ class Pipeline {
     int64_t item = -1;
   };
   std::vector<std::vector<StageEvents>> stage_events_;
+  bool first_item_alone_ = true;
   Trace* trace_ = nullptr;
   Trace::Clock::time_point origin_host_;
   std::optional<at::cuda::CUDAEvent> origin_event_;
