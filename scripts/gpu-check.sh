@@ -17,7 +17,8 @@
 #   pair: pipelined vs pipelined+graphed of one scenario and batch size, alternating on fresh
 #        instances, with and without cuDNN autotuning and with a normal-priority train lane;
 #        medians and each run's stage device times (pair.txt in OUT). env TANDEM_PAIR_SCENARIO
-#        (seg), TANDEM_PAIR_BS (8), TANDEM_PAIR_ROUNDS (3), TANDEM_PAIR_NCU=1 (also each mode's
+#        (seg), TANDEM_PAIR_BS (8), TANDEM_PAIR_ROUNDS (3), TANDEM_PAIR_VARIANTS ("bench nobench
+#        normalprio"; also streamprio), TANDEM_PAIR_NCU=1 (also each mode's
 #        kernels under ncu, one at a time: names, counts and GPU times, pair-kernels.txt)
 #   profile: ncu of the augment kernel (full set, source counters; profile-augment.txt in OUT);
 #   profile-mlp: per-kernel GPU times of the mlp step, tandem beside Python (profile-mlp.txt)
@@ -221,22 +222,25 @@ if has_phase pair; then
   pair_scenario=${TANDEM_PAIR_SCENARIO:-seg}
   pair_bs=${TANDEM_PAIR_BS:-8}
   pair_rounds=${TANDEM_PAIR_ROUNDS:-3}
-  say "pair: $pair_scenario bs $pair_bs, pipelined vs pipelined+graphed, $pair_rounds rounds x {autotuned, not autotuned}, then normal priority"
+  # Variants: bench (cuDNN autotuning, the default), nobench (--no-cudnn-benchmark),
+  # normalprio (--train-priority normal), streamprio (graphs run at the priority of the stream
+  # they are launched into, not their nodes': CUDA_GRAPHS_USE_NODE_PRIORITY=0).
+  pair_variants=${TANDEM_PAIR_VARIANTS:-bench nobench normalprio}
+  say "pair: $pair_scenario bs $pair_bs, pipelined vs pipelined+graphed, $pair_rounds rounds of: $pair_variants"
   for round in $(seq "$pair_rounds"); do
-    for variant in bench nobench; do
-      flag=""
-      [ "$variant" = nobench ] && flag="--no-cudnn-benchmark"
+    for variant in $pair_variants; do
+      flags=() envs=()
+      case $variant in
+        nobench) flags=(--no-cudnn-benchmark) ;;
+        normalprio) flags=(--train-priority normal) ;;
+        streamprio) envs=(CUDA_GRAPHS_USE_NODE_PRIORITY=0) ;;
+      esac
       for mode in pipelined pipelined+graphed; do
-        "$TANDEM" bench --scenario "$pair_scenario" --mode "$mode" --batch-size "$pair_bs" \
-          --steps 300 --warmup 20 --workers 8 $flag \
+        env "${envs[@]}" "$TANDEM" bench --scenario "$pair_scenario" --mode "$mode" \
+          --batch-size "$pair_bs" --steps 300 --warmup 20 --workers 8 "${flags[@]}" \
           --json "$RAW/pair-$variant-$mode-$round.json" >>"$LOG" 2>&1 || status=1
       done
     done
-  done
-  for mode in pipelined pipelined+graphed; do
-    "$TANDEM" bench --scenario "$pair_scenario" --mode "$mode" --batch-size "$pair_bs" \
-      --steps 300 --warmup 20 --workers 8 --train-priority normal \
-      --json "$RAW/pair-normalprio-$mode-1.json" >>"$LOG" 2>&1 || status=1
   done
   if [ -n "${TANDEM_PAIR_NCU:-}" ]; then
     # Kernel by kernel, serialized by ncu: does a replayed step run the kernels its eager twin
@@ -287,7 +291,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "pair-*.json"))):
                        if s["device_ms_per_step"] is not None)
     print(f"{variant:10s} {mode:18s} round {rnd}: {r['steps_per_s']:8.2f} steps/s  "
           f"device ms/step: {stages}  util {r['gpu_utilization']}")
-for variant in ("bench", "nobench", "normalprio"):
+for variant in ("bench", "nobench", "normalprio", "streamprio"):
     a, b = runs.get((variant, "pipelined")), runs.get((variant, "pipelined+graphed"))
     if a and b:
         ma = statistics.median(x["steps_per_s"] for x in a)
