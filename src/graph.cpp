@@ -21,9 +21,20 @@ namespace detail {
 // used on another stream (all of a pipeline's handed-off batches). The pool id and device are
 // protected members of CUDAGraph, hence this subclass.
 struct CapturedGraph : at::cuda::CUDAGraph {
-  // Keeps the captured cudaGraph_t after capture_end, which then does not instantiate: its
-  // kernel nodes' priorities are set first (GraphedStep::capture).
+  // Keeps the captured cudaGraph_t after capture_end, which then does not instantiate:
+  // instantiate_at_stream_priority() does.
   CapturedGraph() : at::cuda::CUDAGraph(/*keep_graph=*/true) {}
+
+  /// CUDAGraph::instantiate() of LibTorch 2.11 without cudaGraphInstantiateFlagUseNodePriority:
+  /// replays run at the priority of the stream they are launched into (GraphedStep::capture).
+  /// AutoFreeOnLaunch as there: tensors not freed between replays keep the graph's bookkeeping
+  /// valid under the cudaMallocAsync allocator backend. Once, after a successful capture_end.
+  void instantiate_at_stream_priority() {
+    TORCH_INTERNAL_ASSERT(capture_ended_ && has_graph_ && !has_graph_exec_);
+    TANDEM_CUDA_CHECK(cudaGraphInstantiateWithFlags(&graph_exec_, graph_,
+                                                    cudaGraphInstantiateFlagAutoFreeOnLaunch));
+    has_graph_exec_ = true;
+  }
   /// After a failed capture_end: stop the routing and release the pool, as capture_end and
   /// reset() would have. Never throws (the original failure is what gets reported).
   void unwind_failed_end() {
@@ -83,43 +94,6 @@ void end_generator_captures(const Lane& lane, const std::vector<at::Generator>& 
   } catch (...) {
     cudaGetLastError();  // nothing more to do: the original failure is what gets reported
   }
-}
-
-std::vector<cudaGraphNode_t> kernel_nodes(cudaGraph_t graph) {
-  size_t count = 0;
-  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
-  std::vector<cudaGraphNode_t> nodes(count), kernels;
-  if (count > 0) TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type == cudaGraphNodeTypeKernel) kernels.push_back(node);
-  }
-  return kernels;
-}
-
-int node_priority(cudaGraphNode_t node) {
-  cudaKernelNodeAttrValue value{};
-  TANDEM_CUDA_CHECK(cudaGraphKernelNodeGetAttribute(node, cudaKernelNodeAttributePriority, &value));
-  return value.priority;
-}
-
-// Sets every kernel node of `graph` to `lane`'s stream priority. Kernels launched by libraries
-// through the driver's launch API (cuDNN's, cuBLAS's) may be captured at the default priority
-// while the graph is instantiated to honour node priorities (NodePriorities): a replay on a
-// high-priority lane would then run them at normal priority.
-NodePriorities set_node_priorities(cudaGraph_t graph, const Lane& lane) {
-  NodePriorities out;
-  TANDEM_CUDA_CHECK(cudaStreamGetPriority(lane.stream().stream(), &out.lane_priority));
-  for (cudaGraphNode_t node : kernel_nodes(graph)) {
-    ++out.kernel_nodes;
-    if (node_priority(node) == out.lane_priority) continue;
-    cudaKernelNodeAttrValue value{};
-    value.priority = out.lane_priority;
-    TANDEM_CUDA_CHECK(cudaGraphKernelNodeSetAttribute(node, cudaKernelNodeAttributePriority, &value));
-    ++out.set;
-  }
-  return out;
 }
 
 }  // namespace
@@ -187,8 +161,7 @@ void GraphedStep::capture(const Lane& lane, const std::function<void()>& body) {
     throw error;
   }
   try {
-    priorities_ = set_node_priorities(graph_->raw_cuda_graph(), lane);
-    graph_->instantiate();
+    graph_->instantiate_at_stream_priority();
   } catch (const std::exception& e) {
     throw fail(" at its instantiation", e.what());
   }
@@ -202,13 +175,11 @@ void GraphedStep::replay(const Lane& lane) {
   graph_->replay();
 }
 
-std::vector<int> GraphedStep::kernel_node_priorities() const {
-  TORCH_CHECK(captured_, "stage '", options_.name,
-              "': kernel_node_priorities() before a successful capture");
-  std::lock_guard<std::mutex> lock(graph_mutex());
-  std::vector<int> out;
-  for (cudaGraphNode_t node : kernel_nodes(graph_->raw_cuda_graph())) out.push_back(node_priority(node));
-  return out;
+unsigned long long GraphedStep::instantiate_flags() const {
+  TORCH_CHECK(captured_, "stage '", options_.name, "': instantiate_flags() before a successful capture");
+  unsigned long long flags = 0;
+  TANDEM_CUDA_CHECK(cudaGraphExecGetFlags(graph_->raw_cuda_graph_exec(), &flags));
+  return flags;
 }
 
 at::cuda::MempoolId_t GraphedStep::pool() {

@@ -148,12 +148,6 @@ std::vector<std::string> GraphedStage::notes() const {
     out.push_back(detail::concat(options_.name, ": all ", calls_,
                                  " step(s) ran eagerly: a graph is captured only after ", warmup_,
                                  " warm-up steps"));
-  if (captured() && graph_->node_priorities().set > 0) {
-    const NodePriorities& np = graph_->node_priorities();
-    out.push_back(detail::concat(options_.name, ": ", np.set, " of ", np.kernel_nodes,
-                                 " kernel nodes were captured at another priority than the "
-                                 "lane's (", np.lane_priority, "): set to the lane's"));
-  }
   if (!eager_items_.empty()) {
     std::string items;
     for (size_t i = 0; i < eager_items_.size(); ++i)

@@ -10,9 +10,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
-#include <vector>
 
 #include "tandem/error.h"
 #include "tandem/graph.h"
@@ -93,40 +93,37 @@ TEST(GraphGpuTest, CaptureDoesNotExecuteReplayDoes) {
   EXPECT_EQ(c.item<int64_t>(), 3);
 }
 
-// LibTorch instantiates graphs to run each kernel at its node's priority, whatever the stream a
-// replay is launched into: a graph captured on a high-priority lane must keep that priority in
-// every kernel node, including those of cuBLAS and cuDNN.
-TEST(GraphGpuTest, EveryKernelNodeCarriesTheCapturingLanesPriority) {
+// A replay runs at the priority of the stream it is launched into, as eager kernels do: the
+// graph is instantiated without cudaGraphInstantiateFlagUseNodePriority (LibTorch's choice),
+// whose per-node priorities CUDA honours only as a hint (seg's decoder graph on a high-priority
+// lane ran 7% slower with it, NOTES.md). Graphs with cuBLAS and cuDNN kernels replay correctly
+// on a high- and on a normal-priority lane.
+TEST(GraphGpuTest, GraphsRunAtTheirLanesPriorityNotTheirNodes) {
   TANDEM_SKIP_WITHOUT_CUDA();
-  std::vector<int> lane_priorities;
   for (LanePriority priority : {LanePriority::kHigh, LanePriority::kNormal}) {
     const Lane lane = Lane::create("graph", kCuda, priority);
-    int lane_priority = 0;
-    ASSERT_EQ(cudaStreamGetPriority(lane.stream().stream(), &lane_priority), cudaSuccess);
-    lane_priorities.push_back(lane_priority);
     const auto options = at::TensorOptions().device(kCuda);
     const at::Tensor a = at::rand({64, 64}, options), image = at::rand({2, 3, 16, 16}, options);
     const at::Tensor weight = at::rand({4, 3, 3, 3}, options);
+    auto work = [&] { return at::conv2d(image, weight).sum() + at::mm(a, a).relu().sum(); };
     at::Tensor out;
     {
       LaneGuard guard(lane);  // warm-up: cuBLAS and cuDNN set up outside the capture
-      out = at::conv2d(image, weight).sum() + at::mm(a, a).relu().sum();
+      out = work();
     }
     GraphedStep g;
-    g.capture(lane, [&] { out = at::conv2d(image, weight).sum() + at::mm(a, a).relu().sum(); });
-    const std::vector<int> priorities = g.kernel_node_priorities();
-    EXPECT_GE(priorities.size(), 4u);
-    EXPECT_EQ(g.node_priorities().kernel_nodes, static_cast<int64_t>(priorities.size()));
-    EXPECT_EQ(g.node_priorities().lane_priority, lane_priority);
-    for (size_t i = 0; i < priorities.size(); ++i)
-      EXPECT_EQ(priorities[i], lane_priority) << "kernel node " << i;
+    g.capture(lane, [&] { out = work(); });
+    const unsigned long long flags = g.instantiate_flags();
+    EXPECT_EQ(flags & cudaGraphInstantiateFlagUseNodePriority, 0u);
+    EXPECT_NE(flags & cudaGraphInstantiateFlagAutoFreeOnLaunch, 0u);
+    {
+      LaneGuard guard(lane);
+      out.zero_();
+    }
     g.replay(lane);
     lane.synchronize();
-    EXPECT_NEAR(out.item<float>(),
-                (at::conv2d(image, weight).sum() + at::mm(a, a).relu().sum()).item<float>(), 1e-2);
+    EXPECT_NEAR(out.item<float>(), work().item<float>(), 1e-2 * std::abs(work().item<float>()));
   }
-  // High is a higher priority than normal: a lower number in CUDA's convention.
-  EXPECT_LT(lane_priorities[0], lane_priorities[1]);
 }
 
 TEST(GraphGpuTest, OnlyWhatWasCapturedReplays) {

@@ -24,17 +24,6 @@ namespace detail {
 struct CapturedGraph;  // at::cuda::CUDAGraph, able to unwind a capture whose end failed
 }  // namespace detail
 
-/// The priority of a captured graph's kernel nodes. LibTorch 2.11 instantiates graphs with
-/// cudaGraphInstantiateFlagUseNodePriority: a replay runs each kernel at the priority recorded
-/// in its node, not at the priority of the stream it is launched into. Capture records the
-/// capturing stream's priority only for some launches, so GraphedStep sets every kernel node to
-/// the capturing lane's priority before instantiating; this says what it found.
-struct NodePriorities {
-  int lane_priority = 0;  ///< CUDA's number: lower is higher priority (0 is the default)
-  int64_t kernel_nodes = 0;
-  int64_t set = 0;  ///< kernel nodes captured at another priority, now at the lane's
-};
-
 /// Capture failed; what() names the stage and the likely cause.
 class GraphCaptureError : public std::runtime_error {
  public:
@@ -91,23 +80,29 @@ class GraphedStep {
   /// GraphCaptureError naming the stage and the likely cause, and leaves the lane — and the
   /// process's generators and caching allocators, which LibTorch leaves mid-capture when a host
   /// sync invalidated it — usable.
+  ///
+  /// The graph is instantiated to run at the priority of the stream each replay is launched
+  /// into, as eager kernels do. LibTorch 2.11 instantiates with
+  /// cudaGraphInstantiateFlagUseNodePriority instead: each kernel then runs at the priority
+  /// recorded in its node, which CUDA treats as a scheduling hint among the graph's ready nodes.
+  /// The nodes did carry the capturing lane's priority, yet on the H200 seg's decoder graph,
+  /// replayed on a high-priority lane beside the encoder's, ran 2.7% slower per step than its
+  /// eager twin (339–341 vs 347–351 steps/s at batch 8) and 7% faster at the stream's priority
+  /// (365–367; NOTES.md).
   void capture(const Lane& lane, const std::function<void()>& body);
   /// Enqueues the captured work on `lane` (after what is already there). Capture first.
   void replay(const Lane& lane);
   bool captured() const { return captured_; }
   /// The pool, to share with a graph captured after this one.
   at::cuda::MempoolId_t pool();
-  /// The kernel nodes' priorities as captured, and how many capture() set to the lane's.
-  const NodePriorities& node_priorities() const { return priorities_; }
-  /// Each kernel node's priority as the graph now holds it (the executable graph was
-  /// instantiated from this one). Capture first.
-  std::vector<int> kernel_node_priorities() const;
+  /// The flags the executable graph was instantiated with (cudaGraphExecGetFlags). Capture
+  /// first. See capture() on priorities.
+  unsigned long long instantiate_flags() const;
 
  private:
   GraphOptions options_;
   std::unique_ptr<detail::CapturedGraph> graph_;
   bool captured_ = false;
-  NodePriorities priorities_;
 };
 
 /// Runs `body` eagerly `iterations` times on a side lane of `lane`'s device, ordered after the
