@@ -86,9 +86,9 @@ class GraphedStep {
   /// cudaGraphInstantiateFlagUseNodePriority instead: each kernel then runs at the priority
   /// recorded in its node, which CUDA treats as a scheduling hint among the graph's ready nodes.
   /// The nodes did carry the capturing lane's priority, yet on the H200 seg's decoder graph,
-  /// replayed on a high-priority lane beside the encoder's, ran 2.7% slower per step than its
-  /// eager twin (339–341 vs 347–351 steps/s at batch 8) and 7% faster at the stream's priority
-  /// (365–367; NOTES.md).
+  /// replayed on a high-priority lane beside the encoder's, made pipelined+graphed 2.7% slower
+  /// than eager pipelined at batch 8 (339–341 vs 347–351 steps/s); at the stream's priority it
+  /// ran 365–367, 7.7% faster than at its nodes' (NOTES.md).
   void capture(const Lane& lane, const std::function<void()>& body);
   /// Enqueues the captured work on `lane` (after what is already there). Capture first.
   void replay(const Lane& lane);
