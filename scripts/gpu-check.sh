@@ -223,8 +223,9 @@ if has_phase pair; then
   pair_bs=${TANDEM_PAIR_BS:-8}
   pair_rounds=${TANDEM_PAIR_ROUNDS:-3}
   # Variants: bench (cuDNN autotuning, the default), nobench (--no-cudnn-benchmark),
-  # normalprio (--train-priority normal), streamprio (graphs run at the priority of the stream
-  # they are launched into, not their nodes': CUDA_GRAPHS_USE_NODE_PRIORITY=0).
+  # normalprio (--train-priority normal), streamprio (CUDA_GRAPHS_USE_NODE_PRIORITY=0: graphs
+  # run at the priority of the stream they are launched into, not their nodes'. How the fix was
+  # measured before it was made; since commit 902ddb2 GraphedStep instantiates graphs so.)
   pair_variants=${TANDEM_PAIR_VARIANTS:-bench nobench normalprio}
   say "pair: $pair_scenario bs $pair_bs, pipelined vs pipelined+graphed, $pair_rounds rounds of: $pair_variants"
   for round in $(seq "$pair_rounds"); do
