@@ -176,7 +176,8 @@ void GraphedStep::replay(const Lane& lane) {
 }
 
 unsigned long long GraphedStep::instantiate_flags() const {
-  TORCH_CHECK(captured_, "stage '", options_.name, "': instantiate_flags() before a successful capture");
+  TORCH_CHECK(captured_, "stage '", options_.name,
+              "': instantiate_flags() before a successful capture");
   unsigned long long flags = 0;
   TANDEM_CUDA_CHECK(cudaGraphExecGetFlags(graph_->raw_cuda_graph_exec(), &flags));
   return flags;

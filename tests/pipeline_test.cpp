@@ -138,16 +138,17 @@ TEST(PipelineTest, TheFirstItemGoesThroughTheStagesAlone) {
     std::vector<Event> events;
     std::vector<Stage> s;
     for (int i = 0; i < 3; ++i)
-      s.push_back({"s" + std::to_string(i), Lane::create("lane", cpu), [&, i](Batch& b, const Lane&) {
-                     {
-                       std::lock_guard<std::mutex> lock(mutex);
-                       events.push_back({i, b.index, false});
-                     }
-                     // Item 0 takes long enough for the other stages to start item 1 if allowed.
-                     if (b.index == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-                     std::lock_guard<std::mutex> lock(mutex);
-                     events.push_back({i, b.index, true});
-                   }});
+      s.push_back(
+          {"s" + std::to_string(i), Lane::create("lane", cpu), [&, i](Batch& b, const Lane&) {
+             {
+               std::lock_guard<std::mutex> lock(mutex);
+               events.push_back({i, b.index, false});
+             }
+             // Item 0 takes long enough for the other stages to start item 1 if allowed.
+             if (b.index == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+             std::lock_guard<std::mutex> lock(mutex);
+             events.push_back({i, b.index, true});
+           }});
     Pipeline p(std::move(s), PipelineMode::kPipelined, Lane::create("serial", cpu));
     EXPECT_TRUE(p.first_item_alone());  // the default
     p.set_first_item_alone(alone);

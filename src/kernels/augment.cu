@@ -2,8 +2,9 @@
 //
 // The augment kernel: a block makes a 32x32 tile of output pixels of one sample, all channels:
 //   0. per tile: the blur weights, the centre offsets of the tile's (halo'd) rows and columns,
-//      the source window the tile reads (warp 0's lanes together), and tables of the resized rows and columns the tile's
-//      rotation can land on (their source offsets in the window and bilinear weights);
+//      the source window the tile reads (warp 0's lanes together), and tables of the resized
+//      rows and columns the tile's rotation can land on (their source offsets in the window and
+//      bilinear weights);
 //   1. stage the window (a few hundred source pixels) in shared memory with coalesced loads;
 //      three channels as four halves per pixel (8 bytes; a byte is exact in a half), other
 //      counts as floats;
@@ -322,7 +323,8 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
       for (int c = 0; c < C; ++c) sampled[c * plane + at] = 0.0f;
     } else {
       const am::Tap t = am::locate_centred(g, unflipped, u, v_of_row[ly]);
-      for (int c = 0; c < C; ++c) sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t);
+      for (int c = 0; c < C; ++c)
+        sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t);
     }
   }
   __syncthreads();
@@ -442,8 +444,9 @@ __global__ void draw_kernel(DrawLaunch d) {
     seed = static_cast<uint64_t>(*d.rng.seed_ptr);
     offset = static_cast<uint64_t>(*d.rng.offset_ptr) + d.rng.offset_intragraph;
   }
-  const augment_math::Drawn s = augment_math::draw_sample(
-      d.spec, seed, offset, static_cast<uint64_t>(b), d.weights + static_cast<int64_t>(b) * d.spec.taps);
+  const augment_math::Drawn s =
+      augment_math::draw_sample(d.spec, seed, offset, static_cast<uint64_t>(b),
+                                d.weights + static_cast<int64_t>(b) * d.spec.taps);
   d.top[b] = s.top;
   d.left[b] = s.left;
   d.flip[b] = s.flip;

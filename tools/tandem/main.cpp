@@ -198,10 +198,12 @@ int main(int argc, char** argv) {
       "bench", "Train a reference workload in one mode and report steps/s (SPEC's method: "
                "warm-up steps, then timed steps between device synchronizations).");
   bench_flags.add(bench, bench_options);
-  bench->add_option("--mode", bench_options.mode,
-                    "mode of the scenario (seg: serial, pipelined, graphed or pipelined+graphed; "
-                    "cls: cpu_aug, gpu_aug, pipelined, graphed or pipelined+graphed; mlp: eager, "
-                    "graphed, graphed_k or pipelined+graphed), or auto: short trials of every mode, then the fastest")
+  bench
+      ->add_option("--mode", bench_options.mode,
+                   "mode of the scenario (seg: serial, pipelined, graphed or pipelined+graphed; "
+                   "cls: cpu_aug, gpu_aug, pipelined, graphed or pipelined+graphed; mlp: eager, "
+                   "graphed, graphed_k or pipelined+graphed), or auto: short trials of every mode, "
+                   "then the fastest")
       ->capture_default_str();
   bench_flags.batch_size_opt = bench->add_option(
       "--batch-size", bench_flags.batch_size, "samples per step [default: 8 on a GPU, 2 on the CPU]");
