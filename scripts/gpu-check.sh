@@ -265,7 +265,11 @@ def load(mode):
             continue
         unit = r.get("Metric Unit", "")
         v = float(r["Metric Value"].replace(",", ""))
-        us = v / 1000 if unit == "nsecond" else v * 1000 if unit == "msecond" else v
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
+                 "msecond": 1e3}
+        if unit not in scale:
+            sys.exit(f"ncu reported gpu__time_duration in '{unit}': expected ns, us or ms")
+        us = v * scale[unit]
         key = r["Kernel Name"][:90]
         stats[key][0] += 1
         stats[key][1] += us
