@@ -338,7 +338,8 @@ if has_phase profile; then
   say "ncu: augment kernel, batch 32 (--set full, source counters)"
   ncu --clock-control none --kernel-name regex:augment_kernel --launch-skip 3 --launch-count 1 \
     --set full --import-source yes -o "$RAW/augment" -f \
-    "$TANDEM" augment-bench --batch-sizes 32 --repeats 2 >>"$LOG" 2>&1 || status=1
+    "$TANDEM" augment-bench --batch-sizes 32 --repeats 2 --sampling "${TANDEM_PROFILE_SAMPLING:-auto}" \
+    >>"$LOG" 2>&1 || status=1
   { ncu -i "$RAW/augment.ncu-rep" --print-details all
     ncu -i "$RAW/augment.ncu-rep" --page source --print-source sass --csv; } \
     >"$OUT/profile-augment.txt" 2>&1

@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "kernels/augment_draw.h"
 #include "kernels/augment_launch.h"
 #include "kernels/augment_math.h"
+#include "plane_textures.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -235,7 +237,57 @@ void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, in
               params.blur_weights.data_ptr<float>() + row * taps, spec, out.data_ptr<float>());
 }
 
-at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec) {
+const char* to_string(AugmentSampling sampling) {
+  switch (sampling) {
+    case AugmentSampling::kAuto: return "auto";
+    case AugmentSampling::kTextureGather: return "gather";
+    case AugmentSampling::kStagedWindow: return "staged";
+  }
+  return "?";
+}
+
+AugmentSampling parse_augment_sampling(const std::string& name) {
+  for (AugmentSampling s : {AugmentSampling::kAuto, AugmentSampling::kTextureGather,
+                            AugmentSampling::kStagedWindow})
+    if (name == to_string(s)) return s;
+  TANDEM_CHECK_ARG(false, "sampling '", name, "' is not valid: expected auto, gather or staged");
+  return AugmentSampling::kAuto;
+}
+
+namespace {
+// Textures for a launch on `src` (contiguous, on the current device), or why not.
+std::string gather_textures(const at::Tensor& src, const AugmentSpec& spec, PlaneTextures& out) {
+  out = PlaneTextures{};
+  if (!augment_gathers(static_cast<int>(src.size(1)), static_cast<int>(spec.blur_kernel)))
+    return "the kernel gathers for 3 channels and blur sizes 1, 3, 5, 7, 9 only; got " +
+           std::to_string(src.size(1)) + " channels, blur " + std::to_string(spec.blur_kernel);
+  return plane_textures(src.data_ptr<uint8_t>(), src.size(0), src.size(1), src.size(2),
+                        src.size(3), out);
+}
+
+AugmentSampling resolve(const at::Tensor& src, const AugmentSpec& spec, AugmentSampling requested,
+                        PlaneTextures& textures) {
+  textures = PlaneTextures{};
+  if (requested == AugmentSampling::kStagedWindow) return requested;
+  const std::string why_not = gather_textures(src, spec, textures);
+  if (why_not.empty()) return AugmentSampling::kTextureGather;
+  TANDEM_CHECK_ARG(requested == AugmentSampling::kAuto, "texture gathers are not possible here: ",
+                   why_not);
+  return AugmentSampling::kStagedWindow;
+}
+}  // namespace
+
+AugmentSampling resolve_augment_sampling(const at::Tensor& images, const AugmentSpec& spec,
+                                         AugmentSampling requested) {
+  TANDEM_CHECK_ARG(images.is_cuda() && images.dim() == 4 && images.scalar_type() == at::kByte,
+                   "sampling applies to (B, C, H, W) uint8 CUDA images");
+  const c10::cuda::CUDAGuard guard(images.device());
+  PlaneTextures unused;
+  return resolve(images.contiguous(), spec, requested, unused);
+}
+
+at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec,
+                   AugmentSampling sampling) {
   TANDEM_CHECK_ARG(images.scalar_type() == at::kByte, "augment expects uint8 images, got ",
                    images.scalar_type());
   TANDEM_CHECK_ARG(images.dim() == 4, "augment expects (B, C, H, W) images, got ", images.dim(),
@@ -254,7 +306,9 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
   const at::Tensor src = images.contiguous();
   at::Tensor out = at::empty({B, C, spec.out_h, spec.out_w}, images.options().dtype(at::kFloat));
   if (images.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(images.device());
     AugmentLaunch a{};
+    resolve(src, spec, sampling, a.textures);
     a.images = src.data_ptr<uint8_t>();
     a.out = out.data_ptr<float>();
     a.batch = static_cast<int>(B);

@@ -229,13 +229,13 @@ TEST(AugmentTest, RejectsBadInputNamingTheValue) {
 // --- GPU: the kernel against the C++ reference, on the same parameters ---
 
 void expect_gpu_matches_cpu(const AugmentSpec& s, int64_t b, int64_t c, int64_t h, int64_t w,
-                            uint64_t seed) {
+                            uint64_t seed, AugmentSampling sampling = AugmentSampling::kAuto) {
   const at::Tensor img = random_images(b, c, h, w, seed);
   auto gen = at::cuda::detail::createCUDAGenerator(0);
   gen.set_current_seed(seed);
   const c10::Device cuda(c10::kCUDA, 0);
   const auto p = draw_augment_params(s, b, h, w, cuda, gen);
-  at::Tensor dev = augment(img.to(cuda), p, s).cpu();
+  at::Tensor dev = augment(img.to(cuda), p, s, sampling).cpu();
   at::Tensor host = augment(img, p.to(c10::Device(c10::kCPU)), s);
   EXPECT_EQ(first_mismatch(dev, host, 1e-5), "") << "max |gpu - cpu| = "
                                                   << (dev - host).abs().max().item<float>();
@@ -245,7 +245,110 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnSpecSizes) {
   TANDEM_SKIP_WITHOUT_CUDA();
   AugmentSpec s;
   s.hflip_probability = 0.5;
-  expect_gpu_matches_cpu(s, 6, 3, 256, 256, 21);
+  for (AugmentSampling sampling : {AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
+    SCOPED_TRACE(to_string(sampling));
+    expect_gpu_matches_cpu(s, 6, 3, 256, 256, 21, sampling);
+  }
+}
+
+// The texture path reads bytes as normalized floats (v / 255) and multiplies back by 255: exact
+// only if the texture unit rounds v / 255 correctly. An identity augmentation outputs every
+// byte value through it, unweighted.
+TEST(AugmentGpuTest, TextureGathersReadEveryByteExactly) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const at::Tensor column = at::arange(256, at::kInt);
+  const at::Tensor img = ((column.view({1, 1, 1, 256}) + at::arange(8, at::kInt).view({1, 1, 8, 1}) * 37 +
+                           at::arange(3, at::kInt).view({1, 3, 1, 1}) * 101) % 256)
+                             .to(at::kByte);
+  AugmentSpec s = spec_for(8, 8, 1);
+  s.crop_w = s.out_w = 256;
+  const c10::Device cuda(c10::kCUDA, 0);
+  const auto p = fixed_params(1, 0, 0, 1.f, 0.f, 0, 1.f, 1).to(cuda);
+  for (AugmentSampling sampling : {AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
+    SCOPED_TRACE(to_string(sampling));
+    const at::Tensor out = augment(img.to(cuda), p, s, sampling).cpu();
+    EXPECT_EQ(first_mismatch(out, img.to(at::kFloat), 0.0), "");
+  }
+}
+
+// More samples than one texture's rows hold (65,000 on current GPUs; 84 samples of 3 x 256
+// rows): the samples past the first texture read the next one.
+TEST(AugmentGpuTest, TextureGathersSpanSeveralTexturesInALargeBatch) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  AugmentSpec s;
+  s.hflip_probability = 0.5;
+  const int64_t b = 200;
+  const c10::Device cuda(c10::kCUDA, 0);
+  const at::Tensor img = random_images(b, 3, 256, 256, 50).to(cuda);
+  auto gen = at::cuda::detail::createCUDAGenerator(0);
+  gen.set_current_seed(50);
+  const auto p = draw_augment_params(s, b, 256, 256, cuda, gen);
+  ASSERT_EQ(resolve_augment_sampling(img, s, AugmentSampling::kAuto),
+            AugmentSampling::kTextureGather);
+  const at::Tensor gathered = augment(img, p, s, AugmentSampling::kTextureGather);
+  const at::Tensor staged = augment(img, p, s, AugmentSampling::kStagedWindow);
+  EXPECT_EQ(first_mismatch(gathered.cpu(), staged.cpu(), 0.0), "");
+  // And the last sample against the C++ reference (the staged path is checked against it above).
+  const at::Tensor host = augment(img[b - 1].unsqueeze(0).cpu(),
+                                  AugmentParams{p.top.slice(0, b - 1), p.left.slice(0, b - 1),
+                                                p.angle_deg.slice(0, b - 1),
+                                                p.cos_a.slice(0, b - 1), p.sin_a.slice(0, b - 1),
+                                                p.sigma.slice(0, b - 1),
+                                                p.blur_weights.slice(0, b - 1),
+                                                p.flip.slice(0, b - 1)}
+                                      .to(c10::Device(c10::kCPU)),
+                                  s);
+  EXPECT_EQ(first_mismatch(gathered[b - 1].unsqueeze(0).cpu(), host, 1e-5), "");
+}
+
+TEST(AugmentGpuTest, SamplingFallsBackToTheStagedWindowWhereGathersCannotRead) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  AugmentSpec s;
+  s.crop_h = s.crop_w = 20;
+  s.out_h = s.out_w = 24;
+  // A width no texture pitch alignment divides.
+  const at::Tensor odd = random_images(2, 3, 37, 29, 60).to(cuda);
+  EXPECT_EQ(resolve_augment_sampling(odd, s, AugmentSampling::kAuto),
+            AugmentSampling::kStagedWindow);
+  try {
+    resolve_augment_sampling(odd, s, AugmentSampling::kTextureGather);
+    ADD_FAILURE() << "no error for a width of 29";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("image width 29 is not a texture pitch"),
+              std::string::npos)
+        << e.what();
+  }
+  // Two channels: the kernel has no gather variant.
+  AugmentSpec two = s;
+  two.mean = {0, 0};
+  two.std = {1, 1};
+  const at::Tensor planes2 = random_images(2, 2, 64, 64, 61).to(cuda);
+  EXPECT_EQ(resolve_augment_sampling(planes2, two, AugmentSampling::kAuto),
+            AugmentSampling::kStagedWindow);
+  EXPECT_THROW(resolve_augment_sampling(planes2, two, AugmentSampling::kTextureGather),
+               InvalidArgument);
+  // Data off the texture alignment (a view one byte into its storage).
+  const at::Tensor shifted = random_images(1, 1, 1, 3 * 64 * 64 + 1, 62)
+                                 .to(cuda)
+                                 .view({-1})
+                                 .slice(0, 1)
+                                 .view({1, 3, 64, 64});
+  EXPECT_EQ(resolve_augment_sampling(shifted, s, AugmentSampling::kAuto),
+            AugmentSampling::kStagedWindow);
+  expect_gpu_matches_cpu(s, 2, 3, 37, 29, 63);  // kAuto: staged, still exact
+}
+
+TEST(AugmentTest, SamplingNamesParseAndBadOnesAreRejected) {
+  EXPECT_EQ(parse_augment_sampling("auto"), AugmentSampling::kAuto);
+  EXPECT_EQ(parse_augment_sampling("gather"), AugmentSampling::kTextureGather);
+  EXPECT_EQ(parse_augment_sampling("staged"), AugmentSampling::kStagedWindow);
+  try {
+    parse_augment_sampling("texture");
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("sampling 'texture' is not valid"), std::string::npos);
+  }
 }
 
 // 40 images of 256x256 are 2,560 tiles: more than the blocks a GPU holds at once (792 on an

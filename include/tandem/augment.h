@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace tandem {
@@ -57,10 +58,28 @@ AugmentParams draw_augment_params(const AugmentSpec& spec, int64_t batch_size, i
 AugmentParams draw_augment_params_host(const AugmentSpec& spec, int64_t in_h, int64_t in_w,
                                        uint64_t seed, int64_t index);
 
+/// How the CUDA kernel reads the source image. Both ways compute the same values (to the bit).
+enum class AugmentSampling {
+  kAuto,           ///< texture gathers where the batch allows them, else the staged window
+  kTextureGather,  ///< each bilinear read is three texture gathers (one per channel) of 2x2 bytes
+  kStagedWindow,   ///< each tile stages its source window in shared memory, then reads it
+};
+const char* to_string(AugmentSampling sampling);
+/// "auto", "gather" or "staged"; throws InvalidArgument naming the bad value otherwise.
+AugmentSampling parse_augment_sampling(const std::string& name);
+
+/// The sampling a CUDA launch on `images` takes for `requested`: kAuto resolves to
+/// kTextureGather when the kernel has a gather variant for the spec (three channels, blur size
+/// 1, 3, 5, 7 or 9) and the batch can be read as textures (see src/plane_textures.h: width a
+/// multiple of the device's pitch alignment, aligned data), else to kStagedWindow. kTextureGather throws InvalidArgument saying why it cannot.
+AugmentSampling resolve_augment_sampling(const at::Tensor& images, const AugmentSpec& spec,
+                                         AugmentSampling requested);
+
 /// Augments `images` (B, C, H, W) uint8 with `params` (on the same device) into a new
 /// (B, C, out_h, out_w) float32 tensor: one CUDA kernel on the current stream for CUDA inputs,
-/// the C++ reference for CPU inputs.
-at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec);
+/// the C++ reference for CPU inputs (which ignore `sampling`).
+at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec,
+                   AugmentSampling sampling = AugmentSampling::kAuto);
 
 /// The C++ reference for one sample: `image` (C, H, W) uint8 contiguous CPU, parameters row
 /// `row` of CPU `params`, written into `out` (C, out_h, out_w) float32 contiguous CPU.

@@ -81,6 +81,8 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // thread doing it all was the block's longest serial chain — some 200 dependent instructions that
 // every warp of the tile waited for at the first barrier (11% of the kernel's warp samples on the
 // H200, at the instruction after that barrier).
+// kGather: only the tables are needed (the texture reads the source), not the source rectangle.
+template <bool kGather>
 __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams& p, float u_lo,
                                    float u_hi, float v_lo, float v_hi, int pixel_words, int lane) {
   const int k = lane & 3;
@@ -105,6 +107,7 @@ __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams
   w.n_cols = ci_hi - w.ci0 + 1;
   w.n_rows = ri_hi - w.ri0 + 1;
   if (w.n_cols <= 0 || w.n_rows <= 0 || w.n_cols > kMaxTable || w.n_rows > kMaxTable) return none;
+  if (kGather) return w;
   // The resize is monotonic: the first and last resized row (column) bound the source read.
   // Lane 0: the first column's i0, 1: the last column's i1, 2 and 3: the same for rows.
   const am::AxisTap t = k < 2 ? am::axis_tap(k == 0 ? w.ci0 : ci_hi, g.scale_x, g.crop_w, p.left)
@@ -118,15 +121,18 @@ __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams
 }
 
 // A tabulated resized row or column, 8 bytes (one load): where its two source rows (columns)
-// start in the staged window, in bytes (so the sampling adds them to an address as they are) —
-// i0 at `offset`, i1 at offset + step, both below 4 * kStageFloats, packed as
-// offset | step << 16 — and the bilinear weight l of i1 (1 - l of i0, computed as axis_tap
-// computes it, so the rounding is the same).
+// are, and the bilinear weight l of i1 (1 - l of i0, computed as axis_tap computes it, so the
+// rounding is the same). Where: for a staged window, where they start in it, in bytes (so the
+// sampling adds them to an address as they are) — i0 at `offset`, i1 at offset + step, both
+// below 4 * kStageFloats, packed as offset | step << 16; for texture gathers, the bits of the
+// float coordinate whose 2x2 footprint starts at i0 (i0 + 1: the texel centres are at + 0.5),
+// counted in the texture's rows for a row.
 struct TableEntry {
-  uint32_t offset_step;
+  uint32_t where;
   float l;
-  __device__ int offset() const { return static_cast<int>(offset_step & 0xffffu); }
-  __device__ int step() const { return static_cast<int>(offset_step >> 16); }
+  __device__ int offset() const { return static_cast<int>(where & 0xffffu); }
+  __device__ int step() const { return static_cast<int>(where >> 16); }
+  __device__ float coordinate() const { return __uint_as_float(where); }
 };
 static_assert(4 * kStageFloats <= 0x10000, "table offsets are 16-bit byte offsets");
 
@@ -134,6 +140,17 @@ __device__ __forceinline__ TableEntry table_entry(const am::AxisTap& t, int orig
   const int offset = (t.i0 - origin) * stride, step = (t.i1 - t.i0) * stride;
   return {static_cast<uint32_t>(offset) | (static_cast<uint32_t>(step) << 16), t.l};
 }
+
+// `first`: the texture row (0 for a column) where the sample's channel-0 plane starts. Exact:
+// texture coordinates are below 2^24.
+__device__ __forceinline__ TableEntry gather_entry(const am::AxisTap& t, int first) {
+  return {__float_as_uint(static_cast<float>(first + t.i0 + 1)), t.l};
+}
+
+// A byte read through a normalized-float texture (v / 255, correctly rounded) back as the float
+// v, exactly: 255 * fl(v / 255) rounds to v for every byte (checked for all 256 on the host, and
+// through the texture unit by AugmentGpuTest.TextureGathersReadEveryByteExactly).
+__device__ __forceinline__ float unorm8(float x) { return x * 255.0f; }
 
 __device__ __forceinline__ am::AxisTap weights_of(const TableEntry& e) {
   return {0, 0, e.l, 1.0f - e.l};
@@ -169,10 +186,13 @@ struct Staging {
 // Floats per row of a sampled plane: the halo's width rounded up to whole 16-byte groups.
 __host__ __device__ constexpr int padded_row(int halo_w) { return (halo_w + 3) & ~3; }
 
-template <int kTaps, int kChannels>  // 0: known only at run time (a.taps, a.channels)
+// kTaps, kChannels: 0 when known only at run time (a.taps, a.channels). kGather: sample by
+// texture gathers (a.textures; three channels, a compiled blur size) instead of staging the window.
 // Six blocks per SM for the compiled blur sizes (40 registers; their shared memory allows six
 // too); five for a blur size known only at run time, whose extra index arithmetic would spill.
+template <int kTaps, int kChannels, bool kGather>
 __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(AugmentLaunch a) {
+  static_assert(!kGather || (kChannels == 3 && kTaps > 0), "gathers: 3 channels, a compiled blur");
   extern __shared__ __align__(16) float smem[];
   __shared__ float u_of_column[kMaxHalo], v_of_row[kMaxHalo];
   __shared__ __align__(8) am::RowTerms row_terms[kMaxHalo];
@@ -194,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   float* sampled = smem;
   float* staged = sampled + C * plane;
   float* rows = staged;
-  const int second_part = max(kStageFloats, C * halo_h * kTileW);
+  const int second_part = max(kGather ? 0 : kStageFloats, C * halo_h * kTileW);
   float* weights = staged + second_part;
 
   const int b = blockIdx.z;
@@ -219,7 +239,10 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     v_of_row[tid - 160] = v;
     row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
   }
-  if (tid < 32) {  // warp 0, converged
+  // Texture gathers: warps 0 and 1 both find the window (the same one) and tabulate, warp 0 the
+  // columns and warp 1 the rows, so one barrier follows. A staged window: warp 0 finds it, and
+  // after a barrier every thread tabulates and stages.
+  if (tid < (kGather ? 64 : 32)) {  // whole warps, converged
     // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so
     // the rows and columns the tile reads lie between those of its clamped first and last.
     auto extreme = [&](int first, int last, int n, bool mirror, float& lo, float& hi) {
@@ -231,13 +254,27 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     float u_lo, u_hi, v_lo, v_hi;
     extreme(x0 - radius, x0 + kTileW - 1 + radius, g.out_w, p.flip != 0, u_lo, u_hi);
     extreme(y0 - radius, y0 + kTileH - 1 + radius, g.out_h, false, v_lo, v_hi);
-    const Window w = warp_tile_window(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, tid);
+    const int lane = tid % 32;
+    const Window w = warp_tile_window<kGather>(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, lane);
     if (tid == 0) window = w;
+    if constexpr (kGather) {
+      if (w.staged() && tid < 32) {
+#pragma unroll 1
+        for (int i = lane; i < w.n_cols; i += 32)
+          column_table[i] = gather_entry(am::axis_tap(w.ci0 + i, g.scale_x, g.crop_w, p.left), 0);
+      } else if (w.staged()) {
+        const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
+#pragma unroll 1
+        for (int j = lane; j < w.n_rows; j += 32)
+          row_table[j] =
+              gather_entry(am::axis_tap(w.ri0 + j, g.scale_y, g.crop_h, p.top), first_row);
+      }
+    }
   }
   __syncthreads();
   const Window win = window;
 
-  if (win.staged()) {
+  if (!kGather && win.staged()) {
     // Tables of the resized columns and rows the tile can land on.
 #pragma unroll 1
     for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
@@ -288,10 +325,13 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
                 am::byte_to_float(origin[c * in_plane + r * g.in_w + col]);
     }
   }
-  __syncthreads();
+  if (!kGather) __syncthreads();
 
   // 2. Sample the tile and its halo.
   const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
+  cudaTextureObject_t planes = 0;
+  if constexpr (kGather) planes = a.textures.handles[b / a.textures.samples_per_texture];
+  const float plane_rows = static_cast<float>(g.in_h);  // a channel's rows in the texture
   for (int idx = tid; idx < halo; idx += kThreads) {
     const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
     const float u = u_of_column[lx];
@@ -302,6 +342,19 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
       const TableEntry ce = column_table[tc], re = row_table[tr];
       const am::AxisTap x = weights_of(ce), y = weights_of(re);
+      if constexpr (kGather) {
+        // A gather's texels: x bottom-left, y bottom-right, z top-right, w top-left.
+        const float gx = ce.coordinate(), gy = re.coordinate();
+        const float4 q0 = tex2Dgather<float4>(planes, gx, gy, 0);
+        const float4 q1 = tex2Dgather<float4>(planes, gx, gy + plane_rows, 0);
+        const float4 q2 = tex2Dgather<float4>(planes, gx, gy + 2.0f * plane_rows, 0);
+        sampled[at] = am::bilerp(unorm8(q0.w), unorm8(q0.z), unorm8(q0.x), unorm8(q0.y), x, y);
+        sampled[plane + at] =
+            am::bilerp(unorm8(q1.w), unorm8(q1.z), unorm8(q1.x), unorm8(q1.y), x, y);
+        sampled[2 * plane + at] =
+            am::bilerp(unorm8(q2.w), unorm8(q2.z), unorm8(q2.x), unorm8(q2.y), x, y);
+        continue;
+      }
       const char* s00 = reinterpret_cast<const char*>(staged) + re.offset() + ce.offset();
       const char* s10 = s00 + re.step();
       const int dc = ce.step();
@@ -406,22 +459,33 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   }
 }
 
-template <int kTaps, int kChannels>
+template <int kTaps, int kChannels, bool kGather = false>
 void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   const int radius = args.taps / 2;
   const int halo_h = kTileH + 2 * radius, halo_w = kTileW + 2 * radius;
   // As the kernel lays it out: sampled halo, then staged window / row-pass output, then weights.
   const size_t floats = static_cast<size_t>(args.channels) * halo_h * padded_row(halo_w) +
-                        std::max(kStageFloats, args.channels * halo_h * kTileW) + args.taps;
+                        std::max(kGather ? 0 : kStageFloats, args.channels * halo_h * kTileW) +
+                        args.taps;
   const size_t smem = sizeof(float) * floats;
   const dim3 grid((args.geometry.out_w + kTileW - 1) / kTileW,
                   (args.geometry.out_h + kTileH - 1) / kTileH, args.batch);
   if (smem > 40 * 1024)  // 48 KB less the static arrays: above that, opt in
-    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(augment_kernel<kTaps, kChannels>,
+    TANDEM_CUDA_CHECK(cudaFuncSetAttribute(augment_kernel<kTaps, kChannels, kGather>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
-  augment_kernel<kTaps, kChannels><<<grid, kThreads, smem, stream>>>(args);
+  augment_kernel<kTaps, kChannels, kGather><<<grid, kThreads, smem, stream>>>(args);
   TANDEM_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_augment_gathers(const AugmentLaunch& args, cudaStream_t stream) {
+  switch (args.taps) {
+    case 1: return launch_augment_for<1, 3, true>(args, stream);
+    case 3: return launch_augment_for<3, 3, true>(args, stream);
+    case 5: return launch_augment_for<5, 3, true>(args, stream);
+    case 7: return launch_augment_for<7, 3, true>(args, stream);
+    case 9: return launch_augment_for<9, 3, true>(args, stream);
+  }
 }
 
 template <int kChannels>
@@ -458,10 +522,24 @@ __global__ void draw_kernel(DrawLaunch d) {
 
 }  // namespace
 
+bool augment_gathers(int channels, int taps) {
+  return channels == 3 && (taps == 1 || taps == 3 || taps == 5 || taps == 7 || taps == 9);
+}
+
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream) {
   if (args.batch == 0) return;
   TANDEM_CHECK_ARG(args.batch <= 65535, "batch of ", args.batch,
                    " images is too large for one augment launch: expected at most 65535");
+  if (args.textures.count > 0) {
+    TANDEM_CHECK_ARG(augment_gathers(args.channels, args.taps), "texture gathers need 3 ",
+                     "channels and a blur size of 1, 3, 5, 7 or 9; got ", args.channels,
+                     " channels, blur ", args.taps);
+    TANDEM_CHECK_ARG(args.textures.samples_per_texture > 0 &&
+                         args.textures.count * args.textures.samples_per_texture >= args.batch,
+                     args.textures.count, " textures of ", args.textures.samples_per_texture,
+                     " samples do not cover a batch of ", args.batch);
+    return launch_augment_gathers(args, stream);
+  }
   if (args.channels == 3) return launch_augment_channels<3>(args, stream);
   launch_augment_channels<0>(args, stream);
 }

@@ -12,6 +12,17 @@
 namespace tandem {
 
 constexpr int kAugmentMaxChannels = 4;
+constexpr int kMaxPlaneTextures = 16;
+
+/// The batch (B, C, H, W) uint8 seen as texture objects of B·C·H rows of W bytes each (unsigned
+/// 8-bit, read as normalized floats, clamped at the edges, unnormalized coordinates): texture k
+/// holds samples [k * samples_per_texture, (k + 1) * samples_per_texture), as many as a texture's
+/// rows allow. count == 0: none; the kernel stages each tile's source window instead.
+struct PlaneTextures {
+  int count = 0;
+  int samples_per_texture = 0;
+  cudaTextureObject_t handles[kMaxPlaneTextures] = {};
+};
 
 struct AugmentLaunch {
   const uint8_t* images;  // (B, C, in_h, in_w) uint8, device
@@ -27,7 +38,12 @@ struct AugmentLaunch {
   int taps;               // odd
   float mean[kAugmentMaxChannels];
   float inv_std[kAugmentMaxChannels];  // 1 / std, rounded to float once
+  PlaneTextures textures;              // count > 0: sample by texture gathers
 };
+
+/// Whether the kernel has a texture-gather variant for these sizes (three channels, a blur size
+/// compiled in); the others stage the source window.
+bool augment_gathers(int channels, int taps);
 
 /// One launch for the whole batch on `stream`; checks the launch. Capture-safe.
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream);

@@ -43,7 +43,6 @@ struct SampleParams {
 
 TANDEM_HD float min_f(float a, float b) { return a < b ? a : b; }
 TANDEM_HD float max_f(float a, float b) { return a > b ? a : b; }
-TANDEM_HD int min_i(int a, int b) { return a < b ? a : b; }
 
 /// a * b + c with one rounding: one instruction on the GPU and on an x86 CPU with FMA (the CPU
 /// reference is built for those as a separate clone), std::fma's exact result elsewhere.
@@ -82,12 +81,18 @@ struct AxisTap {
 };
 
 /// Resized index `i` along an axis with source step `scale`, in a crop of `crop` pixels that
-/// starts at `offset` in the source.
+/// starts at `offset` in the source. Where the read passes the crop's last pixel (i0 = crop - 1)
+/// PyTorch reads that pixel twice, with weights 1 - l and l; here it gets weight 1 and its
+/// neighbour i0 + 1 weight 0 — the same value, exactly (1 * a + 0 * b = a), where PyTorch's
+/// rounds. The kernel's texture gathers always fetch i0 and i0 + 1 (the neighbour may lie outside
+/// the crop, even the image, where the texture clamps: finite, times 0); i1 stays i0, so the
+/// reads from memory stay inside the crop.
 TANDEM_HD AxisTap axis_tap(int i, float scale, int crop, int offset) {
   const float s = max_f((static_cast<float>(i) + 0.5f) * scale - 0.5f, 0.0f);
   const int i0 = static_cast<int>(s);
+  if (i0 >= crop - 1) return {offset + crop - 1, offset + crop - 1, 0.0f, 1.0f};
   const float l = s - static_cast<float>(i0);
-  return {offset + i0, offset + min_i(i0 + 1, crop - 1), l, 1.0f - l};
+  return {offset + i0, offset + i0 + 1, l, 1.0f - l};
 }
 
 /// floor(x) as an int, for |x| < 2^22 (image coordinates). On the GPU two full-rate

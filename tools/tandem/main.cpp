@@ -171,13 +171,16 @@ int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
 }
 
 int run_augment_bench_command(const std::vector<int64_t>& batch_sizes, const std::string& device,
-                              int repeats, const std::string& json_path) {
+                              int repeats, const std::vector<std::string>& sampling_names,
+                              const std::string& json_path) {
+  std::vector<tandem::AugmentSampling> samplings;
+  for (const auto& name : sampling_names) samplings.push_back(tandem::parse_augment_sampling(name));
   const c10::Device dev = tandem::parse_device(device);
   std::ofstream json = open_output(json_path, "JSON");
   std::cout << "augment-bench on " << dev << ": SPEC's cls augmentation, (B, 3, 256, 256) uint8 "
             << "-> float32, median of " << repeats << " timings\n"
             << std::flush;
-  const auto rows = tandem::run_augment_bench(batch_sizes, dev, repeats);
+  const auto rows = tandem::run_augment_bench(batch_sizes, dev, repeats, {}, samplings);
   std::cout << "\n" << tandem::describe_augment_bench(rows) << std::flush;
   write_output(json, tandem::augment_bench_json(rows).dump(2) + "\n", json_path);
   return 0;
@@ -237,6 +240,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> aug_batch_sizes{32, 128};
   std::string aug_device = "auto", aug_json;
   int aug_repeats = 50;
+  std::vector<std::string> aug_samplings{"auto"};
   CLI::App* aug = app.add_subcommand(
       "augment-bench", "Time the fused augmentation kernel alone (and a device copy of as many "
                        "bytes, its ceiling).");
@@ -245,6 +249,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   aug->add_option("--device", aug_device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   aug->add_option("--repeats", aug_repeats, "timings per batch size (median reported)")
+      ->capture_default_str();
+  aug->add_option("--sampling", aug_samplings,
+                  "how the kernel reads the source, comma-separated for one row each: auto "
+                  "(texture gathers where possible), gather, staged (the source window in shared "
+                  "memory)")
+      ->delimiter(',')
       ->capture_default_str();
   aug->add_option("--json", aug_json, "write the rows as JSON to this file");
 
@@ -265,7 +275,8 @@ int main(int argc, char** argv) {
     if (bench->parsed()) return run_bench_command(bench_options, bench_json);
     if (sweep->parsed()) return run_sweep_command(sweep_options, sweep_csv, sweep_json, sweep_svg);
     if (aug->parsed())
-      return run_augment_bench_command(aug_batch_sizes, aug_device, aug_repeats, aug_json);
+      return run_augment_bench_command(aug_batch_sizes, aug_device, aug_repeats, aug_samplings,
+                                       aug_json);
   } catch (const tandem::InvalidArgument& e) {
     std::cerr << "tandem: error: " << tandem::first_line(e.what()) << "\n";
     return kExitUsage;

@@ -1,0 +1,27 @@
+// Texture objects over a batch of uint8 images, for the augment kernel's texture gathers: a
+// process-wide cache, so that a texture is created once per image buffer and outlives any CUDA
+// graph that captured a launch using it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/augment_launch.h"
+
+namespace tandem {
+
+/// Fills `out` with textures over `images`, a (batch, channels, height, width) uint8 contiguous
+/// batch on the current CUDA device, and returns ""; or returns why it cannot (a width the
+/// device's texture pitch alignment does not divide, a base address off the texture alignment, a
+/// sample taller than a texture, more textures than a launch takes, the cache full), leaving
+/// `out` empty. Safe during a graph capture (a new texture is made outside the capture's
+/// bookkeeping) and from several threads.
+std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channels, int64_t height,
+                           int64_t width, PlaneTextures& out);
+
+/// Texture objects the cache holds now, over every device (for tests).
+int plane_textures_cached();
+
+}  // namespace tandem
