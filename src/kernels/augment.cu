@@ -120,16 +120,19 @@ __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams
   return w.rows * w.cols * pixel_words <= kStageFloats ? w : none;
 }
 
-// A tabulated resized row or column for a staged window, 8 bytes (one load): where its two
-// source rows (columns) start in the window, in bytes (so the sampling adds them to an address
-// as they are) — i0 at `offset`, i1 at offset + step, both below 4 * kStageFloats, packed as
-// offset | step << 16 — and the bilinear weight l of i1 (1 - l of i0, computed as axis_tap
-// computes it, so the rounding is the same).
+// A tabulated resized row or column, 8 bytes (one load): where its two source rows (columns)
+// are, and the bilinear weight l of i1 (1 - l of i0, computed as axis_tap computes it, so the
+// rounding is the same). Where: for a staged window, where they start in it, in bytes (so the
+// sampling adds them to an address as they are) — i0 at `offset`, i1 at offset + step, both
+// below 4 * kStageFloats, packed as offset | step << 16; for texture gathers, the bits of the
+// float coordinate whose 2x2 footprint starts at i0 (i0 + 1: the texel centres are at + 0.5),
+// counted in the texture's rows for a row.
 struct TableEntry {
-  uint32_t offset_step;
+  uint32_t where;
   float l;
-  __device__ int offset() const { return static_cast<int>(offset_step & 0xffffu); }
-  __device__ int step() const { return static_cast<int>(offset_step >> 16); }
+  __device__ int offset() const { return static_cast<int>(where & 0xffffu); }
+  __device__ int step() const { return static_cast<int>(where >> 16); }
+  __device__ float coordinate() const { return __uint_as_float(where); }
 };
 static_assert(4 * kStageFloats <= 0x10000, "table offsets are 16-bit byte offsets");
 
@@ -138,21 +141,16 @@ __device__ __forceinline__ TableEntry table_entry(const am::AxisTap& t, int orig
   return {static_cast<uint32_t>(offset) | (static_cast<uint32_t>(step) << 16), t.l};
 }
 
-// A tabulated resized row or column for texture gathers, 16 bytes (one load): x, the float
-// coordinate whose 2x2 footprint starts at i0 (i0 + 1: texel centres are at + 0.5; counted in
-// the texture's rows for a row, from `first`, where the sample's channel-0 plane starts; exact:
-// coordinates are below 2^24), then the bilinear weights l of i0 + 1 and 1 - l of i0, as
-// axis_tap computes them (w unused).
-__device__ __forceinline__ float4 gather_entry(const am::AxisTap& t, int first) {
-  return make_float4(static_cast<float>(first + t.i0 + 1), t.l, t.one_minus_l, 0.0f);
+// `first`: the texture row (0 for a column) where the sample's channel-0 plane starts. Exact:
+// texture coordinates are below 2^24.
+__device__ __forceinline__ TableEntry gather_entry(const am::AxisTap& t, int first) {
+  return {__float_as_uint(static_cast<float>(first + t.i0 + 1)), t.l};
 }
 
 // A byte read through a normalized-float texture (v / 255, correctly rounded) back as the float
 // v, exactly: 255 * fl(v / 255) rounds to v for every byte (checked for all 256 on the host, and
-// through the texture unit by AugmentGpuTest.TextureGathersReadEveryByteExactly). `zero` is
-// +0 (x * 255 + 0 is x * 255): the sampling passes one computed from work the compiler must
-// then schedule before this multiply (see sample_by_gathers).
-__device__ __forceinline__ float unorm8(float x, float zero) { return __fmaf_rn(x, 255.0f, zero); }
+// through the texture unit by AugmentGpuTest.TextureGathersReadEveryByteExactly).
+__device__ __forceinline__ float unorm8(float x) { return x * 255.0f; }
 
 __device__ __forceinline__ am::AxisTap weights_of(const TableEntry& e) {
   return {0, 0, e.l, 1.0f - e.l};
@@ -185,91 +183,6 @@ struct Staging {
   static __device__ __forceinline__ int pixel_words(int C) { return kChannels == 3 ? 2 : C; }
 };
 
-// One tabulated pixel for texture gathers: where it reads (x, and y of channel 0, in texture
-// coordinates), its bilinear weights, and where its values go in the sampled planes.
-struct GatherPixel {
-  float x, y;
-  am::AxisTap wx, wy;
-  int at;
-  float zero;  // +0, the row entry's unused w: available only once the lookups are done
-};
-
-// The texture-gather sampling of a tile's halo (three channels), software-pipelined: the next
-// pixel's three gathers are issued before this pixel's are interpolated, so each thread has a
-// pixel's gathers in flight while it computes (a gather's latency is several hundred cycles;
-// unpipelined, the first use of its result held a fifth of the kernel's warp samples). A pixel
-// that rotates outside the image gathers from a table entry like any other and gets weights 0,
-// so that every lane runs the same path and writes 0 (0 * finite texels; the gathers never
-// return NaN). A pixel inside the image that the tables miss is sampled plainly afterwards.
-template <typename Plain>
-__device__ __forceinline__ void sample_by_gathers(
-    cudaTextureObject_t planes, float plane_rows, const am::Geometry& g, const am::SampleParams& p,
-    const Window& win, const float* u_of_column, const am::RowTerms* row_terms,
-    const float4* gather_table, float* sampled, int plane, int halo_w, int sampled_w, int halo,
-    int tid, Plain sample_plainly) {
-  const float4* column_table = gather_table;
-  const float4* row_table = gather_table + kMaxTable;
-  bool missed = false;  // a pixel inside the image that the tables do not cover
-  auto prepare = [&](int idx) {
-    const int ly = idx / halo_w, lx = idx - ly * halo_w;
-    const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
-    const unsigned tc = static_cast<unsigned>(r.ci - win.ci0);
-    const unsigned tr = static_cast<unsigned>(r.ri - win.ri0);
-    const bool hit = tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows);
-    missed |= !hit && r.inside;
-    // Off the tables: any entry serves (its weights are zeroed).
-    const float4 ce = column_table[min(tc, static_cast<unsigned>(win.n_cols - 1))];
-    const float4 re = row_table[min(tr, static_cast<unsigned>(win.n_rows - 1))];
-    GatherPixel q{ce.x, re.x, {0, 0, ce.y, ce.z}, {0, 0, re.y, re.z}, ly * sampled_w + lx, re.w};
-    if (!hit) q.wy.l = q.wy.one_minus_l = 0.0f;
-    return q;
-  };
-  // A gather's texels: x bottom-left, y bottom-right, z top-right, w top-left.
-  auto interpolate = [](const float4& t, const GatherPixel& q, float zero) {
-    return am::bilerp(unorm8(t.w, zero), unorm8(t.z, zero), unorm8(t.x, zero),
-                      unorm8(t.y, zero), q.wx, q.wy);
-  };
-  auto gather = [&](const GatherPixel& q, float4& t0, float4& t1, float4& t2) {
-    t0 = tex2Dgather<float4>(planes, q.x, q.y, 0);
-    t1 = tex2Dgather<float4>(planes, q.x, q.y + plane_rows, 0);
-    t2 = tex2Dgather<float4>(planes, q.x, q.y + 2.0f * plane_rows, 0);
-  };
-  auto interpolate_all = [&](const GatherPixel& q, const float4& t0, const float4& t1,
-                             const float4& t2, float zero) {
-    sampled[q.at] = interpolate(t0, q, zero);
-    sampled[plane + q.at] = interpolate(t1, q, zero);
-    sampled[2 * plane + q.at] = interpolate(t2, q, zero);
-  };
-  int idx = tid;
-  if (idx < halo) {
-    GatherPixel cur = prepare(idx);
-    float4 t0, t1, t2;
-    gather(cur, t0, t1, t2);
-    for (;;) {
-      // The next pixel's table lookups run while this one's gathers are in flight (the last
-      // pixel prepares itself again, harmlessly). Left to itself the compiler schedules the
-      // arithmetic that waits for the gathers first; adding the +0 that the next pixel's row
-      // entry holds orders the lookups before it.
-      const bool more = idx + kThreads < halo;
-      const GatherPixel nxt = prepare(more ? idx + kThreads : idx);
-      interpolate_all(cur, t0, t1, t2, nxt.zero);
-      if (!more) break;
-      gather(nxt, t0, t1, t2);
-      cur = nxt;
-      idx += kThreads;
-    }
-  }
-  if (__builtin_expect(missed, 0)) {
-    for (int i = tid; i < halo; i += kThreads) {
-      const int ly = i / halo_w, lx = i - ly * halo_w;
-      const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
-      const bool hit = static_cast<unsigned>(r.ci - win.ci0) < static_cast<unsigned>(win.n_cols) &&
-                       static_cast<unsigned>(r.ri - win.ri0) < static_cast<unsigned>(win.n_rows);
-      if (!hit && r.inside) sample_plainly(i);
-    }
-  }
-}
-
 // Floats per row of a sampled plane: the halo's width rounded up to whole 16-byte groups.
 __host__ __device__ constexpr int padded_row(int halo_w) { return (halo_w + 3) & ~3; }
 
@@ -285,9 +198,7 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   __shared__ __align__(8) am::RowTerms row_terms[kMaxHalo];
   // The column table, then the row table: one array, so that one address register (and an
   // immediate offset) reaches both in the sampling loop.
-  __shared__ __align__(8) TableEntry tables[kGather ? 1 : 2 * kMaxTable];
-  // Texture gathers: the column table, then the row table, as GatherEntry.
-  __shared__ float4 gather_table[kGather ? 2 * kMaxTable : 1];
+  __shared__ __align__(8) TableEntry tables[2 * kMaxTable];
   TableEntry* const column_table = tables;
   TableEntry* const row_table = tables + kMaxTable;
   __shared__ Window window;
@@ -317,25 +228,21 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   const int pixel_bytes = 4 * pixel_words;
 
   // 0. Per tile: weights, centre offsets (u mirrored for a flipped sample), the window.
-  // Texture gathers: warps 0-3 each find the window (the same one) and tabulate a quarter of it
-  // (warps 0 and 1 the columns, 2 and 3 the rows: at most 32 entries each), so one barrier
-  // follows; warps 4-7 take the centre offsets. A staged window: warp 0 finds it, and after a
-  // barrier every thread tabulates and stages.
-  constexpr int kFirstColumnThread = kGather ? 128 : 64, kFirstRowThread = kGather ? 192 : 160;
-  static_assert(!kGather || 2 * (kTaps / 2) + kTileW <= 64, "gathers: halo rows fit two warps");
   if (tid < taps) weights[tid] = a.weights[static_cast<int64_t>(b) * taps + tid];
-  if (tid >= kFirstColumnThread && tid - kFirstColumnThread < halo_w) {
-    const int column = tid - kFirstColumnThread;
-    const float u = am::centre_offset(halo_index(x0 + column - radius, g.out_w, radius), g.out_w);
-    u_of_column[column] = p.flip ? -u : u;
+  if (tid >= 64 && tid - 64 < halo_w) {
+    const float u = am::centre_offset(halo_index(x0 + tid - 64 - radius, g.out_w, radius), g.out_w);
+    u_of_column[tid - 64] = p.flip ? -u : u;
   }
-  if (tid >= kFirstRowThread && tid - kFirstRowThread < halo_h) {
-    const int row = tid - kFirstRowThread;
-    const float v = am::centre_offset(halo_index(y0 + row - radius, g.out_h, radius), g.out_h);
-    v_of_row[row] = v;
-    row_terms[row] = am::row_terms(p.cos_a, p.sin_a, v);
+  if (tid >= 160 && tid - 160 < halo_h) {
+    const int row = halo_index(y0 + tid - 160 - radius, g.out_h, radius);
+    const float v = am::centre_offset(row, g.out_h);
+    v_of_row[tid - 160] = v;
+    row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
   }
-  if (tid < (kGather ? 128 : 32)) {  // whole warps, converged
+  // Texture gathers: warps 0 and 1 both find the window (the same one) and tabulate, warp 0 the
+  // columns and warp 1 the rows, so one barrier follows. A staged window: warp 0 finds it, and
+  // after a barrier every thread tabulates and stages.
+  if (tid < (kGather ? 64 : 32)) {  // whole warps, converged
     // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so
     // the rows and columns the tile reads lie between those of its clamped first and last.
     auto extreme = [&](int first, int last, int n, bool mirror, float& lo, float& hi) {
@@ -351,13 +258,16 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     const Window w = warp_tile_window<kGather>(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, lane);
     if (tid == 0) window = w;
     if constexpr (kGather) {
-      const int i = lane + 32 * (tid / 32 % 2);  // warps 0, 2: entries 0-31; 1, 3: 32-63
-      if (tid < 64 && i < w.n_cols) {
-        gather_table[i] = gather_entry(am::axis_tap(w.ci0 + i, g.scale_x, g.crop_w, p.left), 0);
-      } else if (tid >= 64 && i < w.n_rows) {
+      if (w.staged() && tid < 32) {
+#pragma unroll 1
+        for (int i = lane; i < w.n_cols; i += 32)
+          column_table[i] = gather_entry(am::axis_tap(w.ci0 + i, g.scale_x, g.crop_w, p.left), 0);
+      } else if (w.staged()) {
         const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
-        gather_table[kMaxTable + i] =
-            gather_entry(am::axis_tap(w.ri0 + i, g.scale_y, g.crop_h, p.top), first_row);
+#pragma unroll 1
+        for (int j = lane; j < w.n_rows; j += 32)
+          row_table[j] =
+              gather_entry(am::axis_tap(w.ri0 + j, g.scale_y, g.crop_h, p.top), first_row);
       }
     }
   }
@@ -419,55 +329,55 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
 
   // 2. Sample the tile and its halo.
   const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
-  // Where a tile's tables do not cover a pixel inside the image (or the tile has no tables), it
-  // is sampled plainly, from global memory (extreme downscaling only).
-  auto sample_plainly = [&](int idx) {
+  cudaTextureObject_t planes = 0;
+  if constexpr (kGather) planes = a.textures.handles[b / a.textures.samples_per_texture];
+  const float plane_rows = static_cast<float>(g.in_h);  // a channel's rows in the texture
+  for (int idx = tid; idx < halo; idx += kThreads) {
     const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
-    const am::Tap t = am::locate_centred(g, unflipped, u_of_column[lx], v_of_row[ly]);
-    for (int c = 0; c < C; ++c)
-      sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t);
-  };
-  if constexpr (kGather) {
-    if (win.staged()) {
-      sample_by_gathers(a.textures.handles[b / a.textures.samples_per_texture],
-                        static_cast<float>(g.in_h), g, p, win, u_of_column, row_terms,
-                        gather_table, sampled, plane, halo_w, sampled_w, halo, tid,
-                        sample_plainly);
-    } else {
-      for (int idx = tid; idx < halo; idx += kThreads) sample_plainly(idx);
-    }
-  } else {
-    for (int idx = tid; idx < halo; idx += kThreads) {
-      const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
-      const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
-      const unsigned tc = static_cast<unsigned>(r.ci - win.ci0);
-      const unsigned tr = static_cast<unsigned>(r.ri - win.ri0);
-      // The tables cover resized pixels inside the image only: a hit is inside.
-      if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
-        const TableEntry ce = column_table[tc], re = row_table[tr];
-        const am::AxisTap x = weights_of(ce), y = weights_of(re);
-        const char* s00 = reinterpret_cast<const char*>(staged) + re.offset() + ce.offset();
-        const char* s10 = s00 + re.step();
-        const int dc = ce.step();
-        if constexpr (kChannels == 3) {
-          auto load = [](const char* q) { return widen(*reinterpret_cast<const uint2*>(q)); };
-          const PixelFloats q00 = load(s00), q01 = load(s00 + dc), q10 = load(s10),
-                            q11 = load(s10 + dc);
-          sampled[at] = am::bilerp(q00.c0, q01.c0, q10.c0, q11.c0, x, y);
-          sampled[plane + at] = am::bilerp(q00.c1, q01.c1, q10.c1, q11.c1, x, y);
-          sampled[2 * plane + at] = am::bilerp(q00.c2, q01.c2, q10.c2, q11.c2, x, y);
-        } else {
-          auto floats = [](const char* q) { return reinterpret_cast<const float*>(q); };
-          const float *f00 = floats(s00), *f01 = floats(s00 + dc);
-          const float *f10 = floats(s10), *f11 = floats(s10 + dc);
-          for (int c = 0; c < C; ++c)
-            sampled[c * plane + at] = am::bilerp(f00[c], f01[c], f10[c], f11[c], x, y);
-        }
-      } else if (!r.inside) {
-        for (int c = 0; c < C; ++c) sampled[c * plane + at] = 0.0f;
-      } else {
-        sample_plainly(idx);
+    const float u = u_of_column[lx];
+    const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, row_terms[ly]);
+    const unsigned tc = static_cast<unsigned>(r.ci - win.ci0);
+    const unsigned tr = static_cast<unsigned>(r.ri - win.ri0);
+    // The tables cover resized pixels inside the image only: a hit is inside.
+    if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
+      const TableEntry ce = column_table[tc], re = row_table[tr];
+      const am::AxisTap x = weights_of(ce), y = weights_of(re);
+      if constexpr (kGather) {
+        // A gather's texels: x bottom-left, y bottom-right, z top-right, w top-left.
+        const float gx = ce.coordinate(), gy = re.coordinate();
+        const float4 q0 = tex2Dgather<float4>(planes, gx, gy, 0);
+        const float4 q1 = tex2Dgather<float4>(planes, gx, gy + plane_rows, 0);
+        const float4 q2 = tex2Dgather<float4>(planes, gx, gy + 2.0f * plane_rows, 0);
+        sampled[at] = am::bilerp(unorm8(q0.w), unorm8(q0.z), unorm8(q0.x), unorm8(q0.y), x, y);
+        sampled[plane + at] =
+            am::bilerp(unorm8(q1.w), unorm8(q1.z), unorm8(q1.x), unorm8(q1.y), x, y);
+        sampled[2 * plane + at] =
+            am::bilerp(unorm8(q2.w), unorm8(q2.z), unorm8(q2.x), unorm8(q2.y), x, y);
+        continue;
       }
+      const char* s00 = reinterpret_cast<const char*>(staged) + re.offset() + ce.offset();
+      const char* s10 = s00 + re.step();
+      const int dc = ce.step();
+      if constexpr (kChannels == 3) {
+        auto load = [](const char* q) { return widen(*reinterpret_cast<const uint2*>(q)); };
+        const PixelFloats q00 = load(s00), q01 = load(s00 + dc), q10 = load(s10),
+                          q11 = load(s10 + dc);
+        sampled[at] = am::bilerp(q00.c0, q01.c0, q10.c0, q11.c0, x, y);
+        sampled[plane + at] = am::bilerp(q00.c1, q01.c1, q10.c1, q11.c1, x, y);
+        sampled[2 * plane + at] = am::bilerp(q00.c2, q01.c2, q10.c2, q11.c2, x, y);
+      } else {
+        auto floats = [](const char* q) { return reinterpret_cast<const float*>(q); };
+        const float *f00 = floats(s00), *f01 = floats(s00 + dc);
+        const float *f10 = floats(s10), *f11 = floats(s10 + dc);
+        for (int c = 0; c < C; ++c)
+          sampled[c * plane + at] = am::bilerp(f00[c], f01[c], f10[c], f11[c], x, y);
+      }
+    } else if (!r.inside) {
+      for (int c = 0; c < C; ++c) sampled[c * plane + at] = 0.0f;
+    } else {
+      const am::Tap t = am::locate_centred(g, unflipped, u, v_of_row[ly]);
+      for (int c = 0; c < C; ++c)
+        sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t);
     }
   }
   __syncthreads();
