@@ -81,7 +81,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // thread doing it all was the block's longest serial chain — some 200 dependent instructions that
 // every warp of the tile waited for at the first barrier (11% of the kernel's warp samples on the
 // H200, at the instruction after that barrier).
-// kGather: the source rectangle has no size limit (nothing is staged; it is only prefetched).
+// kGather: only the tables are needed (the texture reads the source), not the source rectangle.
 template <bool kGather>
 __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams& p, float u_lo,
                                    float u_hi, float v_lo, float v_hi, int pixel_words, int lane) {
@@ -107,6 +107,7 @@ __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams
   w.n_cols = ci_hi - w.ci0 + 1;
   w.n_rows = ri_hi - w.ri0 + 1;
   if (w.n_cols <= 0 || w.n_rows <= 0 || w.n_cols > kMaxTable || w.n_rows > kMaxTable) return none;
+  if (kGather) return w;
   // The resize is monotonic: the first and last resized row (column) bound the source read.
   // Lane 0: the first column's i0, 1: the last column's i1, 2 and 3: the same for rows.
   const am::AxisTap t = k < 2 ? am::axis_tap(k == 0 ? w.ci0 : ci_hi, g.scale_x, g.crop_w, p.left)
@@ -116,7 +117,7 @@ __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams
   w.cols = __shfl_sync(kFullMask, bound, 1) - w.col0 + 1;
   w.row0 = __shfl_sync(kFullMask, bound, 2);
   w.rows = __shfl_sync(kFullMask, bound, 3) - w.row0 + 1;
-  return kGather || w.rows * w.cols * pixel_words <= kStageFloats ? w : none;
+  return w.rows * w.cols * pixel_words <= kStageFloats ? w : none;
 }
 
 // A tabulated resized row or column, 8 bytes (one load): where its two source rows (columns)
@@ -257,20 +258,6 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     const Window w = warp_tile_window<kGather>(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, lane);
     if (tid == 0) window = w;
     if constexpr (kGather) {
-      // The source rectangle's cache lines, into L1 (which the texture path shares), while the
-      // tables are made and the block waits at the barrier: unprefetched, the first gathers of
-      // each line went to L2 and their wait held a fifth of the kernel's warp samples.
-      if (w.staged()) {
-        for (int c = 0; c < C; ++c)
-#pragma unroll 1
-          for (int row = tid; row < w.rows; row += 64) {
-            const uint8_t* from = image + c * in_plane + (w.row0 + row) * g.in_w + w.col0;
-            const uint8_t* to = from + w.cols - 1;
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(from));
-            if ((reinterpret_cast<uintptr_t>(from) ^ reinterpret_cast<uintptr_t>(to)) >> 7)
-              asm volatile("prefetch.global.L1 [%0];" ::"l"(to));
-          }
-      }
       if (w.staged() && tid < 32) {
 #pragma unroll 1
         for (int i = lane; i < w.n_cols; i += 32)
