@@ -131,8 +131,12 @@ def augment(a, checks):
         if r.get("exp") == "cls_floor":
             tv[r["bs"]] = r["tv_gpu_aug_ms"]
     mine = load(a.tandem[0])
-    print(f"{'bs':>4} {'tandem img/s':>13} {'tv img/s':>10} {'ratio':>8} {'GB/s':>8} {'copy GB/s':>10}"
-          f" {'ratio incl. draw':>17}")
+    print(f"{'bs':>4} {'sampling':>8} {'tandem img/s':>13} {'tv img/s':>10} {'ratio':>8} {'GB/s':>8}"
+          f" {'copy GB/s':>10} {'ratio incl. draw':>17}")
+    # A batch size's first tandem row is the kernel's default sampling (augment-bench lists
+    # the requested samplings in order; gpu-check asks for the default first): the checks apply
+    # to it; other rows (e.g. the staged window beside texture gathers) are for the record.
+    checked = set()
     for r in mine:
         rows.append(r)
         bs = r["batch_size"]
@@ -143,12 +147,15 @@ def augment(a, checks):
              "ms_per_batch": tv[bs], "steps_per_s": 1000.0 / tv[bs],
              "images_per_s": 1000.0 / tv[bs] * bs, "gb_per_s": bytes_ / (tv[bs] * 1e-3) / 1e9,
              "copy_gb_per_s": r["copy_gb_per_s"]}
-        rows.append(t)
+        if bs not in checked:
+            rows.append(t)
         ratio = r["steps_per_s"] / t["steps_per_s"]
-        print(f"{bs:>4} {r['images_per_s']:>13.0f} {t['images_per_s']:>10.0f} {ratio:>8.1f} "
+        print(f"{bs:>4} {r.get('sampling', '-'):>8} {r['images_per_s']:>13.0f} "
+              f"{t['images_per_s']:>10.0f} {ratio:>8.1f} "
               f"{r['gb_per_s']:>8.1f} {r['copy_gb_per_s']:>10.1f} "
               f"{tv[bs] / r.get('ms_per_batch_with_draw', float('nan')):>17.1f}")
-        if bs in (32, 128):
+        if bs in (32, 128) and bs not in checked:
+            checked.add(bs)
             checks.at_least(f"bs {bs}: tandem / torchvision throughput >= 100", ratio, 100.0)
             checks.at_least(f"bs {bs}: gb_per_s / copy_gb_per_s >= 0.4",
                             r["gb_per_s"] / r["copy_gb_per_s"], 0.4)

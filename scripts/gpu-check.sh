@@ -155,14 +155,14 @@ fi
 if has_phase augment; then
   need_reference
   bs_csv=$(echo $CLS_BS_LIST | tr ' ' ',')
-  say "tandem augment-bench --batch-sizes $bs_csv"
-  "$TANDEM" augment-bench --batch-sizes "$bs_csv" --json "$RAW/augment-bench.json" 2>&1 |
-    tee -a "$LOG" || status=1
+  say "tandem augment-bench --batch-sizes $bs_csv --sampling auto,staged"
+  "$TANDEM" augment-bench --batch-sizes "$bs_csv" --sampling auto,staged \
+    --json "$RAW/augment-bench.json" 2>&1 | tee -a "$LOG" || status=1
   floor
   say "compare augment (torchvision's GPU batch transform from seed_reference.py floor)"
   python3 bench/compare.py --scenario augment --tandem "$RAW/augment-bench.json" \
     --floor "$RAW/python-floor.json" --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-    --command "scripts/gpu-check.sh OUT augment (tandem augment-bench --batch-sizes $bs_csv; seed_reference.py floor)" \
+    --command "scripts/gpu-check.sh OUT augment (tandem augment-bench --batch-sizes $bs_csv --sampling auto,staged; seed_reference.py floor)" \
     --out "$OUT/augment.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 

@@ -14,17 +14,13 @@
 #include <sstream>
 
 #include "tandem/error.h"
+#include "tandem/sweep.h"
 
 namespace tandem {
 
 namespace {
 constexpr int kLaunchesPerTiming = 10;
 constexpr int kInputSets = 4;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Milliseconds per call of `fn`, median over `repeats` timings of kLaunchesPerTiming calls.
 template <typename Fn>
@@ -51,7 +47,7 @@ double time_ms(c10::Device device, int repeats, Fn fn) {
               .count());
     }
   }
-  return median(samples);
+  return median(samples).value_or(0.0);  // repeats > 0: never empty
 }
 }  // namespace
 
