@@ -239,16 +239,19 @@ void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, in
 
 const char* to_string(AugmentSampling sampling) {
   switch (sampling) {
-    case AugmentSampling::kAuto: return "auto";
-    case AugmentSampling::kTextureGather: return "gather";
-    case AugmentSampling::kStagedWindow: return "staged";
+    case AugmentSampling::kAuto:
+      return "auto";
+    case AugmentSampling::kTextureGather:
+      return "gather";
+    case AugmentSampling::kStagedWindow:
+      return "staged";
   }
   return "?";
 }
 
 AugmentSampling parse_augment_sampling(const std::string& name) {
-  for (AugmentSampling s : {AugmentSampling::kAuto, AugmentSampling::kTextureGather,
-                            AugmentSampling::kStagedWindow})
+  for (AugmentSampling s :
+       {AugmentSampling::kAuto, AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow})
     if (name == to_string(s)) return s;
   TANDEM_CHECK_ARG(false, "sampling '", name, "' is not valid: expected auto, gather or staged");
   return AugmentSampling::kAuto;
@@ -261,8 +264,8 @@ std::string gather_textures(const at::Tensor& src, const AugmentSpec& spec, Plan
   if (!augment_gathers(static_cast<int>(src.size(1)), static_cast<int>(spec.blur_kernel)))
     return "the kernel gathers for 3 channels and blur sizes 1, 3, 5, 7, 9 only; got " +
            std::to_string(src.size(1)) + " channels, blur " + std::to_string(spec.blur_kernel);
-  return plane_textures(src.data_ptr<uint8_t>(), src.size(0), src.size(1), src.size(2),
-                        src.size(3), out);
+  return plane_textures(src.data_ptr<uint8_t>(), src.size(0), src.size(1), src.size(2), src.size(3),
+                        out);
 }
 
 AugmentSampling resolve(const at::Tensor& src, const AugmentSpec& spec, AugmentSampling requested,
@@ -271,8 +274,8 @@ AugmentSampling resolve(const at::Tensor& src, const AugmentSpec& spec, AugmentS
   if (requested == AugmentSampling::kStagedWindow) return requested;
   const std::string why_not = gather_textures(src, spec, textures);
   if (why_not.empty()) return AugmentSampling::kTextureGather;
-  TANDEM_CHECK_ARG(requested == AugmentSampling::kAuto, "texture gathers are not possible here: ",
-                   why_not);
+  TANDEM_CHECK_ARG(requested == AugmentSampling::kAuto,
+                   "texture gathers are not possible here: ", why_not);
   return AugmentSampling::kStagedWindow;
 }
 }  // namespace

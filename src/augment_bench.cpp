@@ -91,9 +91,8 @@ std::vector<AugmentBenchRow> run_augment_bench(const std::vector<int64_t>& batch
       if (device.is_cuda()) row.sampling = to_string(sampling);
       row.batch_size = bs;
       const int timings = device.is_cuda() ? repeats : std::max(1, repeats / 10);
-      row.ms_per_batch = time_ms(device, timings, [&](int i) {
-        augment(inputs[i % kInputSets], params, spec, sampling);
-      });
+      row.ms_per_batch = time_ms(
+          device, timings, [&](int i) { augment(inputs[i % kInputSets], params, spec, sampling); });
       row.ms_per_batch_with_draw = time_ms(device, timings, [&](int i) {
         augment(inputs[i % kInputSets], draw_augment_params(spec, bs, 256, 256, device, gen), spec,
                 sampling);
@@ -116,12 +115,10 @@ std::string describe_augment_bench(const std::vector<AugmentBenchRow>& rows) {
                 "ms with draw");
   os << line;
   for (const auto& r : rows) {
-    std::snprintf(line, sizeof line,
-                  "%-5s %-8s %6lld %12.4f %10.1f %12.0f %9.1f %10.1f %14.4f\n", r.mode.c_str(),
-                  r.sampling.empty() ? "-" : r.sampling.c_str(),
-                  static_cast<long long>(r.batch_size), r.ms_per_batch,
-                  r.steps_per_s, r.images_per_s, r.gb_per_s, r.copy_gb_per_s,
-                  r.ms_per_batch_with_draw);
+    std::snprintf(line, sizeof line, "%-5s %-8s %6lld %12.4f %10.1f %12.0f %9.1f %10.1f %14.4f\n",
+                  r.mode.c_str(), r.sampling.empty() ? "-" : r.sampling.c_str(),
+                  static_cast<long long>(r.batch_size), r.ms_per_batch, r.steps_per_s,
+                  r.images_per_s, r.gb_per_s, r.copy_gb_per_s, r.ms_per_batch_with_draw);
     os << line;
   }
   return os.str();

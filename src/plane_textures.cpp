@@ -73,8 +73,8 @@ cudaTextureObject_t create(const uint8_t* base, int64_t rows, int64_t width) {
   resource.res.pitch2D.pitchInBytes = static_cast<size_t>(width);
   cudaTextureDesc texture{};
   texture.addressMode[0] = texture.addressMode[1] = cudaAddressModeClamp;
-  texture.filterMode = cudaFilterModePoint;          // gathers ignore it; no filtering wanted
-  texture.readMode = cudaReadModeNormalizedFloat;    // v / 255: the kernel multiplies back
+  texture.filterMode = cudaFilterModePoint;        // gathers ignore it; no filtering wanted
+  texture.readMode = cudaReadModeNormalizedFloat;  // v / 255: the kernel multiplies back
   texture.normalizedCoords = 0;
   cudaTextureObject_t handle = 0;
   TANDEM_CUDA_CHECK(cudaCreateTextureObject(&handle, &resource, &texture, nullptr));

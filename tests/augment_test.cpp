@@ -245,7 +245,8 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnSpecSizes) {
   TANDEM_SKIP_WITHOUT_CUDA();
   AugmentSpec s;
   s.hflip_probability = 0.5;
-  for (AugmentSampling sampling : {AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
+  for (AugmentSampling sampling :
+       {AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
     SCOPED_TRACE(to_string(sampling));
     expect_gpu_matches_cpu(s, 6, 3, 256, 256, 21, sampling);
   }
@@ -257,14 +258,17 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnSpecSizes) {
 TEST(AugmentGpuTest, TextureGathersReadEveryByteExactly) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const at::Tensor column = at::arange(256, at::kInt);
-  const at::Tensor img = ((column.view({1, 1, 1, 256}) + at::arange(8, at::kInt).view({1, 1, 8, 1}) * 37 +
-                           at::arange(3, at::kInt).view({1, 3, 1, 1}) * 101) % 256)
-                             .to(at::kByte);
+  const at::Tensor img =
+      ((column.view({1, 1, 1, 256}) + at::arange(8, at::kInt).view({1, 1, 8, 1}) * 37 +
+        at::arange(3, at::kInt).view({1, 3, 1, 1}) * 101) %
+       256)
+          .to(at::kByte);
   AugmentSpec s = spec_for(8, 8, 1);
   s.crop_w = s.out_w = 256;
   const c10::Device cuda(c10::kCUDA, 0);
   const auto p = fixed_params(1, 0, 0, 1.f, 0.f, 0, 1.f, 1).to(cuda);
-  for (AugmentSampling sampling : {AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
+  for (AugmentSampling sampling :
+       {AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
     SCOPED_TRACE(to_string(sampling));
     const at::Tensor out = augment(img.to(cuda), p, s, sampling).cpu();
     EXPECT_EQ(first_mismatch(out, img.to(at::kFloat), 0.0), "");
@@ -289,15 +293,13 @@ TEST(AugmentGpuTest, TextureGathersSpanSeveralTexturesInALargeBatch) {
   const at::Tensor staged = augment(img, p, s, AugmentSampling::kStagedWindow);
   EXPECT_EQ(first_mismatch(gathered.cpu(), staged.cpu(), 0.0), "");
   // And the last sample against the C++ reference (the staged path is checked against it above).
-  const at::Tensor host = augment(img[b - 1].unsqueeze(0).cpu(),
-                                  AugmentParams{p.top.slice(0, b - 1), p.left.slice(0, b - 1),
-                                                p.angle_deg.slice(0, b - 1),
-                                                p.cos_a.slice(0, b - 1), p.sin_a.slice(0, b - 1),
-                                                p.sigma.slice(0, b - 1),
-                                                p.blur_weights.slice(0, b - 1),
-                                                p.flip.slice(0, b - 1)}
-                                      .to(c10::Device(c10::kCPU)),
-                                  s);
+  const at::Tensor host = augment(
+      img[b - 1].unsqueeze(0).cpu(),
+      AugmentParams{p.top.slice(0, b - 1), p.left.slice(0, b - 1), p.angle_deg.slice(0, b - 1),
+                    p.cos_a.slice(0, b - 1), p.sin_a.slice(0, b - 1), p.sigma.slice(0, b - 1),
+                    p.blur_weights.slice(0, b - 1), p.flip.slice(0, b - 1)}
+          .to(c10::Device(c10::kCPU)),
+      s);
   EXPECT_EQ(first_mismatch(gathered[b - 1].unsqueeze(0).cpu(), host, 1e-5), "");
 }
 

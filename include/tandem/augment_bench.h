@@ -29,10 +29,11 @@ struct AugmentBenchRow {
 /// size: warm-up, then `repeats` timings of 10 launches each (CUDA events), rotating among four
 /// input batches so the L2 cache does not hold the input; the median per batch is reported. On a
 /// GPU, one row per batch size and entry of `samplings` (the same inputs, one after another).
-std::vector<AugmentBenchRow> run_augment_bench(
-    const std::vector<int64_t>& batch_sizes, c10::Device device, int repeats,
-    const AugmentSpec& spec = {},
-    const std::vector<AugmentSampling>& samplings = {AugmentSampling::kAuto});
+std::vector<AugmentBenchRow> run_augment_bench(const std::vector<int64_t>& batch_sizes,
+                                               c10::Device device, int repeats,
+                                               const AugmentSpec& spec = {},
+                                               const std::vector<AugmentSampling>& samplings = {
+                                                   AugmentSampling::kAuto});
 
 std::string describe_augment_bench(const std::vector<AugmentBenchRow>& rows);
 /// Rows in the committed results' shape: impl "tandem", scenario "augment", mode, batch_size,
