@@ -44,6 +44,7 @@ expect_fail 2 "batch size 0 is not valid" -- sweep --device cpu --batch-sizes 4,
 expect_fail 2 "rounds 0 is not valid" -- sweep --device cpu --batch-sizes 1 --rounds 0
 expect_fail 2 "mode 'warp' is not valid for scenario seg" -- sweep --device cpu --modes serial,warp --batch-sizes 1
 expect_fail 2 "SVG path '/nonexistent-dir/s.svg' cannot be written" -- sweep --device cpu --batch-sizes 1 --svg /nonexistent-dir/s.svg
+expect_fail 2 "sampling 'texture' is not valid: expected auto, gather or staged" -- augment-bench --device cpu --batch-sizes 1 --sampling auto,texture
 
 if "$tandem" bench --help >"$tmp/help" 2>&1 &&
    for flag in --scenario --mode --batch-size --steps --warmup --workers --seed --device --json --trace --cudnn-benchmark --train-priority; do
