@@ -1,16 +1,20 @@
 // The augmentation kernels: one draws every sample's parameters, one augments the whole batch.
 //
-// The augment kernel: a block makes a 32x32 tile of output pixels of one sample, all channels:
+// The augment kernel: a block makes a 32x32 tile of output pixels of one sample, all channels.
+// It reads the source one of two ways (kGather; the same values to the bit): texture gathers
+// (three channels, a compiled blur size, the batch readable as textures: AugmentLaunch's
+// textures) or a staged window (any case):
 //   0. per tile: the blur weights, the centre offsets of the tile's (halo'd) rows and columns,
-//      the source window the tile reads (warp 0's lanes together), and tables of the resized
-//      rows and columns the tile's rotation can land on (their source offsets in the window and
-//      bilinear weights);
-//   1. stage the window (a few hundred source pixels) in shared memory with coalesced loads;
-//      three channels as four halves per pixel (8 bytes; a byte is exact in a half), other
-//      counts as floats;
+//      the window the tile reads (a warp's lanes together), and tables of the resized rows and
+//      columns the tile's rotation can land on (where they are — texture coordinates, or
+//      offsets in the staged window — and their bilinear weights);
+//   1. staged window only: stage the window (a few hundred source pixels) in shared memory with
+//      coalesced loads; three channels as four halves per pixel (8 bytes; a byte is exact in a
+//      half), other counts as floats;
 //   2. sample the crop-resize-rotate composition for the tile plus a blur halo: rotate back to
-//      a resized pixel, look its row and column up, read four staged pixels (one 8-byte load
-//      each for three channels), widen their halves to floats and interpolate;
+//      a resized pixel, look its row and column up, then either gather each channel's 2x2 bytes
+//      (three gathers, normalized floats multiplied back to bytes) or read four staged pixels
+//      (one 8-byte load each for three channels) and widen their halves to floats; interpolate;
 //   3. blur rows (the halo rows too), four outputs per thread from 16-byte loads;
 //   4. blur columns, normalize, write; each thread slides down 4 consecutive rows of one column,
 //      so each value it loads serves up to `taps` outputs.
@@ -70,7 +74,7 @@ __device__ __forceinline__ int halo_index(int pos, int n, int radius) {
 struct Window {
   int row0, col0, rows, cols;    // source rectangle
   int ri0, n_rows, ci0, n_cols;  // resized rows and columns
-  __device__ bool staged() const { return n_cols > 0; }
+  __device__ bool tabulated() const { return n_cols > 0; }
 };
 
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -258,11 +262,11 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     const Window w = warp_tile_window<kGather>(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, lane);
     if (tid == 0) window = w;
     if constexpr (kGather) {
-      if (w.staged() && tid < 32) {
+      if (w.tabulated() && tid < 32) {
 #pragma unroll 1
         for (int i = lane; i < w.n_cols; i += 32)
           column_table[i] = gather_entry(am::axis_tap(w.ci0 + i, g.scale_x, g.crop_w, p.left), 0);
-      } else if (w.staged()) {
+      } else if (w.tabulated()) {
         const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
 #pragma unroll 1
         for (int j = lane; j < w.n_rows; j += 32)
@@ -274,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   __syncthreads();
   const Window win = window;
 
-  if (!kGather && win.staged()) {
+  if (!kGather && win.tabulated()) {
     // Tables of the resized columns and rows the tile can land on.
 #pragma unroll 1
     for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
