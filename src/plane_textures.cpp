@@ -86,6 +86,7 @@ cudaTextureObject_t create(const uint8_t* base, int64_t rows, int64_t width) {
 std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channels, int64_t height,
                            int64_t width, PlaneTextures& out) {
   out = PlaneTextures{};
+  if (batch == 0) return "";  // nothing to read, nothing launched
   int device = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&device));
   Cache& c = cache();

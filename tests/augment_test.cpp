@@ -341,6 +341,21 @@ TEST(AugmentGpuTest, SamplingFallsBackToTheStagedWindowWhereGathersCannotRead) {
   expect_gpu_matches_cpu(s, 2, 3, 37, 29, 63);  // kAuto: staged, still exact
 }
 
+TEST(AugmentGpuTest, AnEmptyBatchGivesAnEmptyOutputEitherWay) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  const AugmentSpec s;
+  const at::Tensor none = random_images(0, 3, 256, 256, 70).to(cuda);
+  auto gen = at::cuda::detail::createCUDAGenerator(0);
+  const auto p = draw_augment_params(s, 0, 256, 256, cuda, gen);
+  for (AugmentSampling sampling : {AugmentSampling::kAuto, AugmentSampling::kTextureGather,
+                                   AugmentSampling::kStagedWindow}) {
+    SCOPED_TRACE(to_string(sampling));
+    const at::Tensor out = augment(none, p, s, sampling);
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{0, 3, 256, 256}));
+  }
+}
+
 TEST(AugmentTest, SamplingNamesParseAndBadOnesAreRejected) {
   EXPECT_EQ(parse_augment_sampling("auto"), AugmentSampling::kAuto);
   EXPECT_EQ(parse_augment_sampling("gather"), AugmentSampling::kTextureGather);
