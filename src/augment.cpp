@@ -258,9 +258,9 @@ AugmentSampling parse_augment_sampling(const std::string& name) {
 }
 
 namespace {
-// Textures for a launch on `src` (contiguous, on the current device), or why not.
+// Textures for a launch on `src` (contiguous, on the current device), or why not (`out` then
+// stays as the caller left it: empty).
 std::string gather_textures(const at::Tensor& src, const AugmentSpec& spec, PlaneTextures& out) {
-  out = PlaneTextures{};
   if (!augment_gathers(static_cast<int>(src.size(1)), static_cast<int>(spec.blur_kernel)))
     return "the kernel gathers for 3 channels and blur sizes 1, 3, 5, 7, 9 only; got " +
            std::to_string(src.size(1)) + " channels, blur " + std::to_string(spec.blur_kernel);

@@ -144,10 +144,4 @@ std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channel
   return "";
 }
 
-int plane_textures_cached() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  return static_cast<int>(c.textures.size());
-}
-
 }  // namespace tandem

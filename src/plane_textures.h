@@ -21,7 +21,4 @@ namespace tandem {
 std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channels, int64_t height,
                            int64_t width, PlaneTextures& out);
 
-/// Texture objects the cache holds now, over every device (for tests).
-int plane_textures_cached();
-
 }  // namespace tandem

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -275,13 +276,17 @@ TEST(AugmentGpuTest, TextureGathersReadEveryByteExactly) {
   }
 }
 
-// More samples than one texture's rows hold (65,000 on current GPUs; 84 samples of 3 x 256
-// rows): the samples past the first texture read the next one.
+// Two textures' worth of samples and one more (a texture holds as many samples of 3 x 256 rows
+// as the device's 2D texture height allows: 84 on an H200, so 169 samples, three textures, the
+// last with one sample): the samples past the first texture read the next ones.
 TEST(AugmentGpuTest, TextureGathersSpanSeveralTexturesInALargeBatch) {
   TANDEM_SKIP_WITHOUT_CUDA();
   AugmentSpec s;
   s.hflip_probability = 0.5;
-  const int64_t b = 200;
+  int max_rows = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&max_rows, cudaDevAttrMaxTexture2DLinearHeight, 0),
+            cudaSuccess);
+  const int64_t b = 2 * (max_rows / (3 * 256)) + 1;
   const c10::Device cuda(c10::kCUDA, 0);
   const at::Tensor img = random_images(b, 3, 256, 256, 50).to(cuda);
   auto gen = at::cuda::detail::createCUDAGenerator(0);
