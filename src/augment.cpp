@@ -203,12 +203,11 @@ void augment_one(const uint8_t* src, int64_t C, int64_t H, int64_t W,
       }
       for (int j = std::max(r, ow - r); j < ow; ++j) o[j] = h_pass(i, j);
     }
-    const float mean = static_cast<float>(spec.mean[c]);
-    const float inv_std = static_cast<float>(1.0 / spec.std[c]);
+    const am::Normalization n = am::normalization(spec.mean[c], spec.std[c]);
     float* o = dst + c * oh * ow;
     for (int i = 0; i < oh; ++i) {
       if (i < r || i >= oh - r) {
-        for (int j = 0; j < ow; ++j) o[i * ow + j] = am::normalize(v_pass(i, j), mean, inv_std);
+        for (int j = 0; j < ow; ++j) o[i * ow + j] = am::normalize(v_pass(i, j), n);
         continue;
       }
       float* line = o + i * ow;
@@ -218,7 +217,7 @@ void augment_one(const uint8_t* src, int64_t C, int64_t H, int64_t W,
         const float wk = w[k];
         for (int j = 0; j < ow; ++j) line[j] = am::fmadd(wk, in[j], line[j]);
       }
-      for (int j = 0; j < ow; ++j) line[j] = am::normalize(line[j], mean, inv_std);
+      for (int j = 0; j < ow; ++j) line[j] = am::normalize(line[j], n);
     }
   }
 }
@@ -327,10 +326,8 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
     a.flip = flip.data_ptr<int32_t>();
     a.weights = w.data_ptr<float>();
     a.taps = static_cast<int>(spec.blur_kernel);
-    for (int64_t c = 0; c < C; ++c) {
-      a.mean[c] = static_cast<float>(spec.mean[c]);
-      a.inv_std[c] = static_cast<float>(1.0 / spec.std[c]);
-    }
+    for (int64_t c = 0; c < C; ++c)
+      a.normalization[c] = augment_math::normalization(spec.mean[c], spec.std[c]);
     launch_augment(a, c10::cuda::getCurrentCUDAStream(images.device().index()).stream());
     return out;
   }

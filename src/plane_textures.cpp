@@ -74,7 +74,7 @@ cudaTextureObject_t create(const uint8_t* base, int64_t rows, int64_t width) {
   cudaTextureDesc texture{};
   texture.addressMode[0] = texture.addressMode[1] = cudaAddressModeClamp;
   texture.filterMode = cudaFilterModePoint;        // gathers ignore it; no filtering wanted
-  texture.readMode = cudaReadModeNormalizedFloat;  // v / 255: the kernel multiplies back
+  texture.readMode = cudaReadModeNormalizedFloat;  // v / 255: augment_math::unit_byte
   texture.normalizedCoords = 0;
   cudaTextureObject_t handle = 0;
   TANDEM_CUDA_CHECK(cudaCreateTextureObject(&handle, &resource, &texture, nullptr));
@@ -95,6 +95,10 @@ std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channel
   if (known == c.limits.end()) known = c.limits.emplace(device, limits_of(device)).first;
   const Limits& lim = known->second;
   std::ostringstream why;
+  if (channels != kGatherChannels) {
+    why << "texture gathers read " << kGatherChannels << " channels; got " << channels;
+    return why.str();
+  }
   const int64_t sample_rows = channels * height, sample_bytes = sample_rows * width;
   if (width % lim.pitch_alignment != 0 || width > lim.max_width || width > lim.max_pitch) {
     why << "image width " << width << " is not a texture pitch (a multiple of "
@@ -104,6 +108,11 @@ std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channel
   if (reinterpret_cast<uintptr_t>(images) % static_cast<uintptr_t>(lim.base_alignment) != 0) {
     why << "image data at " << static_cast<const void*>(images) << " is not aligned to "
         << lim.base_alignment << " bytes";
+    return why.str();
+  }
+  if ((height * width) % lim.base_alignment != 0) {
+    why << "a channel plane of " << height << "x" << width << " bytes does not start its own "
+        << "texture: not a multiple of the texture alignment (" << lim.base_alignment << " bytes)";
     return why.str();
   }
   // Samples per texture: as many as its rows allow, fewer while the next texture's base would
@@ -126,20 +135,22 @@ std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channel
   PlaneTextures t;
   t.count = static_cast<int>(count);
   t.samples_per_texture = static_cast<int>(per);
-  for (int64_t k = 0; k < count; ++k) {
-    const uint8_t* base = images + k * per * sample_bytes;
-    const int64_t rows = std::min(per, batch - k * per) * sample_rows;
-    const Key key{device, reinterpret_cast<uintptr_t>(base), rows, width};
-    auto found = c.textures.find(key);
-    if (found == c.textures.end()) {
-      if (c.textures.size() >= kMaxCachedTextures) {
-        why << "the texture cache is full (" << kMaxCachedTextures << " textures)";
-        return why.str();
+  for (int64_t k = 0; k < count; ++k)
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      // Channel ch's plane of the group's first sample, through the group's last sample's.
+      const uint8_t* base = images + k * per * sample_bytes + ch * height * width;
+      const int64_t rows = std::min(per, batch - k * per) * sample_rows - ch * height;
+      const Key key{device, reinterpret_cast<uintptr_t>(base), rows, width};
+      auto found = c.textures.find(key);
+      if (found == c.textures.end()) {
+        if (c.textures.size() >= kMaxCachedTextures) {
+          why << "the texture cache is full (" << kMaxCachedTextures << " textures)";
+          return why.str();
+        }
+        found = c.textures.emplace(key, create(base, rows, width)).first;
       }
-      found = c.textures.emplace(key, create(base, rows, width)).first;
+      t.handles[k][ch] = found->second;
     }
-    t.handles[k] = found->second;
-  }
   out = t;
   return "";
 }

@@ -12,10 +12,11 @@
 
 namespace tandem {
 
-/// Fills `out` with textures over `images`, a (batch, channels, height, width) uint8 contiguous
-/// batch on the current CUDA device, and returns ""; or returns why it cannot (a width the
-/// device's texture pitch alignment does not divide, a base address off the texture alignment, a
-/// sample taller than a texture, more textures than a launch takes, the cache full), leaving
+/// Fills `out` with textures over `images`, a (batch, 3, height, width) uint8 contiguous batch on
+/// the current CUDA device (PlaneTextures: three per group of samples), and returns ""; or
+/// returns why it cannot (not 3 channels, a width the device's texture pitch alignment does not
+/// divide, a base address or a channel plane's size off the texture alignment, a sample taller
+/// than a texture, more textures than a launch takes, the cache full), leaving
 /// `out` empty. Safe during a graph capture (a new texture is made outside the capture's
 /// bookkeeping) and from several threads.
 std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channels, int64_t height,

@@ -71,7 +71,36 @@ TEST(AugmentTest, IdentityWithoutCropRotationOrBlurIsTheImageNormalized) {
   const at::Tensor mean = at::tensor({10.f, 20.f, 30.f}).view({1, 3, 1, 1});
   const at::Tensor sd = at::tensor({2.f, 4.f, 8.f}).view({1, 3, 1, 1});
   const at::Tensor want = (img.to(at::kFloat) - mean) / sd;
-  EXPECT_EQ(first_mismatch(out, want, 0.0), "");
+  // Up to rounding: sampling works in units of 1/255 and normalize scales back (|want| < 128).
+  EXPECT_EQ(first_mismatch(out, want, 1e-4), "");
+}
+
+// Every byte value in each channel: row y, column x of channel c holds (x + 37 y + 101 c) % 256.
+at::Tensor every_byte_image() {
+  const at::Tensor column = at::arange(256, at::kInt);
+  return ((column.view({1, 1, 1, 256}) + at::arange(8, at::kInt).view({1, 1, 8, 1}) * 37 +
+           at::arange(3, at::kInt).view({1, 3, 1, 1}) * 101) %
+          256)
+      .to(at::kByte);
+}
+
+// The identity augmentation of every_byte_image(), normalized with mean 0 and std `std`.
+AugmentSpec every_byte_identity(double std) {
+  AugmentSpec s = spec_for(8, 8, 1);
+  s.crop_w = s.out_w = 256;
+  s.std = {std, std, std};
+  return s;
+}
+
+// Sampling reads a byte v as v / 255 correctly rounded (augment_math::unit_byte): std 255 makes
+// normalize's scale 1 and shows those values; std 1 multiplies them back to v, exactly.
+TEST(AugmentTest, SamplingReadsEveryByteAsItsCorrectlyRoundedQuotientBy255) {
+  const at::Tensor img = every_byte_image();
+  const auto p = fixed_params(1, 0, 0, 1.f, 0.f, 0, 1.f, 1);
+  EXPECT_EQ(first_mismatch(augment(img, p, every_byte_identity(255)), img.to(at::kFloat) / 255.f,
+                           0.0),
+            "");
+  EXPECT_EQ(first_mismatch(augment(img, p, every_byte_identity(1)), img.to(at::kFloat), 0.0), "");
 }
 
 TEST(AugmentTest, NinetyDegreesOfASquareCropIsATransposeFlip) {
@@ -253,26 +282,23 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnSpecSizes) {
   }
 }
 
-// The texture path reads bytes as normalized floats (v / 255) and multiplies back by 255: exact
-// only if the texture unit rounds v / 255 correctly. An identity augmentation outputs every
-// byte value through it, unweighted.
+// The texture path uses the normalized floats the texture unit returns as they are: the same
+// values as the C++ reference only if the unit rounds v / 255 correctly, for every byte. The
+// identity augmentation of SamplingReadsEveryByteAsItsCorrectlyRoundedQuotientBy255 shows them.
 TEST(AugmentGpuTest, TextureGathersReadEveryByteExactly) {
   TANDEM_SKIP_WITHOUT_CUDA();
-  const at::Tensor column = at::arange(256, at::kInt);
-  const at::Tensor img =
-      ((column.view({1, 1, 1, 256}) + at::arange(8, at::kInt).view({1, 1, 8, 1}) * 37 +
-        at::arange(3, at::kInt).view({1, 3, 1, 1}) * 101) %
-       256)
-          .to(at::kByte);
-  AugmentSpec s = spec_for(8, 8, 1);
-  s.crop_w = s.out_w = 256;
+  const at::Tensor img = every_byte_image();
   const c10::Device cuda(c10::kCUDA, 0);
-  const auto p = fixed_params(1, 0, 0, 1.f, 0.f, 0, 1.f, 1).to(cuda);
-  for (AugmentSampling sampling :
-       {AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
-    SCOPED_TRACE(to_string(sampling));
-    const at::Tensor out = augment(img.to(cuda), p, s, sampling).cpu();
-    EXPECT_EQ(first_mismatch(out, img.to(at::kFloat), 0.0), "");
+  const auto p = fixed_params(1, 0, 0, 1.f, 0.f, 0, 1.f, 1);
+  for (double std : {255.0, 1.0}) {
+    const AugmentSpec s = every_byte_identity(std);
+    const at::Tensor want = augment(img, p, s);
+    for (AugmentSampling sampling :
+         {AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
+      SCOPED_TRACE(std::string(to_string(sampling)) + ", std " + std::to_string(std));
+      const at::Tensor out = augment(img.to(cuda), p.to(cuda), s, sampling).cpu();
+      EXPECT_EQ(first_mismatch(out, want, 0.0), "");
+    }
   }
 }
 

@@ -9,12 +9,12 @@
 //      columns the tile's rotation can land on (where they are — texture coordinates, or
 //      offsets in the staged window — and their bilinear weights);
 //   1. staged window only: stage the window (a few hundred source pixels) in shared memory with
-//      coalesced loads; three channels as four halves per pixel (8 bytes; a byte is exact in a
-//      half), other counts as floats;
+//      coalesced loads, a pixel's channels as consecutive floats in units of 1/255
+//      (augment_math::unit_byte);
 //   2. sample the crop-resize-rotate composition for the tile plus a blur halo: rotate back to
 //      a resized pixel, look its row and column up, then either gather each channel's 2x2 bytes
-//      (three gathers, normalized floats multiplied back to bytes) or read four staged pixels
-//      (one 8-byte load each for three channels) and widen their halves to floats; interpolate;
+//      (three gathers at one coordinate, one texture per channel, whose normalized floats are
+//      already those units) or read four staged pixels; interpolate;
 //   3. blur rows (the halo rows too), four outputs per thread from 16-byte loads;
 //   4. blur columns, normalize, write; each thread slides down 4 consecutive rows of one column,
 //      so each value it loads serves up to `taps` outputs.
@@ -26,10 +26,8 @@
 // earlier versions (NOTES.md) were bound first by instruction issue (integer address work,
 // integer-to-float conversions, unfused multiply-adds), then by shared-memory wavefronts (a
 // window of 16-byte float pixels: four 16-byte loads per sampled pixel), then by the integer
-// pipe (a window of byte pixels: a byte permute per value); halves cost half the wavefronts of
-// floats and one floating-point instruction per value.
-#include <cuda_fp16.h>
-
+// pipe (a window of byte pixels: a byte permute per value), then — with texture gathers — by
+// the instructions of each sampled pixel and the latency of its gathers.
 #include <algorithm>
 
 #include "augment_launch.h"
@@ -48,9 +46,10 @@ constexpr int kWarpsPerTile = kThreads / kTileW;        // thread rows of a tile
 constexpr int kRowsPerThread = kTileH / kWarpsPerTile;  // column-pass outputs per thread
 constexpr int kMaxRadius = 31;                          // AugmentSpec allows taps <= 63
 constexpr int kMaxHalo = kTileW + 2 * kMaxRadius;
-// 14 KB: the SPEC's tiles read about 29x29 pixels (6.7 KB as halves); the row pass's output
-// (3 x 38 x 32 floats for a 7-tap blur) reuses the space. 6 blocks of 256 threads per SM fit the
-// H200's shared memory with this and the padded sampled rows, not with 16 KB.
+// 14 KB: the SPEC's tiles read about 29x29 pixels (10 KB as three floats each; up to 1,194
+// pixels fit); the row pass's output (3 x 38 x 32 floats for a 7-tap blur) reuses the space. 6
+// blocks of 256 threads per SM fit the H200's shared memory with this and the padded sampled
+// rows, not with 16 KB.
 constexpr int kStageFloats = 3584;
 constexpr int kMaxTable = 64;  // resized rows (columns) a tile can land on; SPEC: <= 60
 static_assert(kTileH % kWarpsPerTile == 0, "thread rows must divide the tile height");
@@ -151,41 +150,9 @@ __device__ __forceinline__ TableEntry gather_entry(const am::AxisTap& t, int fir
   return {__float_as_uint(static_cast<float>(first + t.i0 + 1)), t.l};
 }
 
-// A byte read through a normalized-float texture (v / 255, correctly rounded) back as the float
-// v, exactly: 255 * fl(v / 255) rounds to v for every byte (checked for all 256 on the host, and
-// through the texture unit by AugmentGpuTest.TextureGathersReadEveryByteExactly).
-__device__ __forceinline__ float unorm8(float x) { return x * 255.0f; }
-
 __device__ __forceinline__ am::AxisTap weights_of(const TableEntry& e) {
   return {0, 0, e.l, 1.0f - e.l};
 }
-
-// A staged 3-channel pixel: halves (R, G) and (B, 0). A byte v becomes a half exactly as
-// byte_to_float makes a float: 1024 + v assembled as a half's bit pattern (0x6400 | v), minus
-// 1024 — two values per subtraction.
-__device__ __forceinline__ uint2 staged_pixel(uint8_t r, uint8_t g, uint8_t b) {
-  auto exact = [](uint8_t v) { return __ushort_as_half(static_cast<unsigned short>(0x6400 | v)); };
-  const __half2 k1024 = __float2half2_rn(1024.0f);
-  const __half2 rg = __hsub2(__halves2half2(exact(r), exact(g)), k1024);
-  const __half2 b0 = __hsub2(__halves2half2(exact(b), exact(0)), k1024);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&rg),
-                    *reinterpret_cast<const uint32_t*>(&b0));
-}
-struct PixelFloats {
-  float c0, c1, c2;
-};
-__device__ __forceinline__ PixelFloats widen(uint2 pixel) {
-  const __half2 rg = *reinterpret_cast<const __half2*>(&pixel.x);
-  const __half2 b0 = *reinterpret_cast<const __half2*>(&pixel.y);
-  return {__low2float(rg), __high2float(rg), __low2float(b0)};
-}
-
-template <int kChannels>
-struct Staging {
-  // 4-byte words per staged pixel: three channels as four halves (one 8-byte load reads a
-  // pixel); other counts stage one float per channel.
-  static __device__ __forceinline__ int pixel_words(int C) { return kChannels == 3 ? 2 : C; }
-};
 
 // Floats per row of a sampled plane: the halo's width rounded up to whole 16-byte groups.
 __host__ __device__ constexpr int padded_row(int halo_w) { return (halo_w + 3) & ~3; }
@@ -228,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   const am::SampleParams p{a.top[b], a.left[b], a.cos_a[b], a.sin_a[b], a.flip[b]};
   const int in_plane = g.in_h * g.in_w;
   const uint8_t* image = a.images + static_cast<int64_t>(b) * C * in_plane;
-  const int pixel_words = Staging<kChannels>::pixel_words(C);
+  const int pixel_words = C;  // a staged pixel: its channels' floats
   const int pixel_bytes = 4 * pixel_words;
 
   // 0. Per tile: weights, centre offsets (u mirrored for a flipped sample), the window.
@@ -296,7 +263,6 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     const uint8_t* origin = image + win.row0 * g.in_w + win.col0;
     if constexpr (kChannels == 3) {
       const uint8_t *p0 = origin, *p1 = origin + in_plane, *p2 = origin + 2 * in_plane;
-      uint2* staged_pixels = reinterpret_cast<uint2*>(staged);
       // A warp's loads of 2 rows are issued before either is used (3 or 4 made the kernel
       // spill at 40 registers).
       constexpr int kRowsInFlight = 2;
@@ -315,8 +281,12 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
 #pragma unroll
           for (int k = 0; k < kRowsInFlight; ++k) {
             const int r = r0 + k * kWarpsPerTile;
-            if (r < win.rows)
-              staged_pixels[r * win.cols + col] = staged_pixel(v[k][0], v[k][1], v[k][2]);
+            if (r < win.rows) {
+              float* pixel = staged + 3 * (r * win.cols + col);
+              pixel[0] = am::unit_byte(v[k][0]);
+              pixel[1] = am::unit_byte(v[k][1]);
+              pixel[2] = am::unit_byte(v[k][2]);
+            }
           }
         }
     } else {
@@ -326,16 +296,17 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
         for (int col = tx; col < win.cols; col += kTileW)
           for (int c = 0; c < C; ++c)
             staged[(r * win.cols + col) * C + c] =
-                am::byte_to_float(origin[c * in_plane + r * g.in_w + col]);
+                am::unit_byte(origin[c * in_plane + r * g.in_w + col]);
     }
   }
   if (!kGather) __syncthreads();
 
   // 2. Sample the tile and its halo.
   const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
-  cudaTextureObject_t planes = 0;
-  if constexpr (kGather) planes = a.textures.handles[b / a.textures.samples_per_texture];
-  const float plane_rows = static_cast<float>(g.in_h);  // a channel's rows in the texture
+  cudaTextureObject_t planes[kGatherChannels] = {};
+  if constexpr (kGather)
+    for (int c = 0; c < kGatherChannels; ++c)
+      planes[c] = a.textures.handles[b / a.textures.samples_per_texture][c];
   for (int idx = tid; idx < halo; idx += kThreads) {
     const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
     const float u = u_of_column[lx];
@@ -349,33 +320,22 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
       if constexpr (kGather) {
         // A gather's texels: x bottom-left, y bottom-right, z top-right, w top-left.
         const float gx = ce.coordinate(), gy = re.coordinate();
-        const float4 q0 = tex2Dgather<float4>(planes, gx, gy, 0);
-        const float4 q1 = tex2Dgather<float4>(planes, gx, gy + plane_rows, 0);
-        const float4 q2 = tex2Dgather<float4>(planes, gx, gy + 2.0f * plane_rows, 0);
-        sampled[at] = am::bilerp(unorm8(q0.w), unorm8(q0.z), unorm8(q0.x), unorm8(q0.y), x, y);
-        sampled[plane + at] =
-            am::bilerp(unorm8(q1.w), unorm8(q1.z), unorm8(q1.x), unorm8(q1.y), x, y);
-        sampled[2 * plane + at] =
-            am::bilerp(unorm8(q2.w), unorm8(q2.z), unorm8(q2.x), unorm8(q2.y), x, y);
+        const float4 q0 = tex2Dgather<float4>(planes[0], gx, gy, 0);
+        const float4 q1 = tex2Dgather<float4>(planes[1], gx, gy, 0);
+        const float4 q2 = tex2Dgather<float4>(planes[2], gx, gy, 0);
+        sampled[at] = am::bilerp(q0.w, q0.z, q0.x, q0.y, x, y);
+        sampled[plane + at] = am::bilerp(q1.w, q1.z, q1.x, q1.y, x, y);
+        sampled[2 * plane + at] = am::bilerp(q2.w, q2.z, q2.x, q2.y, x, y);
         continue;
       }
       const char* s00 = reinterpret_cast<const char*>(staged) + re.offset() + ce.offset();
       const char* s10 = s00 + re.step();
       const int dc = ce.step();
-      if constexpr (kChannels == 3) {
-        auto load = [](const char* q) { return widen(*reinterpret_cast<const uint2*>(q)); };
-        const PixelFloats q00 = load(s00), q01 = load(s00 + dc), q10 = load(s10),
-                          q11 = load(s10 + dc);
-        sampled[at] = am::bilerp(q00.c0, q01.c0, q10.c0, q11.c0, x, y);
-        sampled[plane + at] = am::bilerp(q00.c1, q01.c1, q10.c1, q11.c1, x, y);
-        sampled[2 * plane + at] = am::bilerp(q00.c2, q01.c2, q10.c2, q11.c2, x, y);
-      } else {
-        auto floats = [](const char* q) { return reinterpret_cast<const float*>(q); };
-        const float *f00 = floats(s00), *f01 = floats(s00 + dc);
-        const float *f10 = floats(s10), *f11 = floats(s10 + dc);
-        for (int c = 0; c < C; ++c)
-          sampled[c * plane + at] = am::bilerp(f00[c], f01[c], f10[c], f11[c], x, y);
-      }
+      auto floats = [](const char* q) { return reinterpret_cast<const float*>(q); };
+      const float *f00 = floats(s00), *f01 = floats(s00 + dc);
+      const float *f10 = floats(s10), *f11 = floats(s10 + dc);
+      for (int c = 0; c < C; ++c)
+        sampled[c * plane + at] = am::bilerp(f00[c], f01[c], f10[c], f11[c], x, y);
     } else if (!r.inside) {
       for (int c = 0; c < C; ++c) sampled[c * plane + at] = 0.0f;
     } else {
@@ -436,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
                static_cast<int64_t>(y_first) * g.out_w + x;
   for (int c = 0; c < C; ++c, dst += out_plane) {
     const float* col = rows + (c * halo_h + ty * kRowsPerThread) * kTileW + tx;
-    const float mean = a.mean[c], inv_std = a.inv_std[c];
+    const am::Normalization n = a.normalization[c];
     float out[kRowsPerThread];
     if constexpr (kTaps > 0) {
       float window_values[kRowsPerThread + kTaps - 1];
@@ -445,12 +405,11 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r)
         out[r] = am::normalize(am::blur_taps(w, kTaps, [&](int k) { return window_values[r + k]; }),
-                               mean, inv_std);
+                               n);
     } else {
       for (int r = 0; r < kRowsPerThread; ++r)
         out[r] = am::normalize(
-            am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * kTileW]; }), mean,
-            inv_std);
+            am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * kTileW]; }), n);
     }
     if (rows_here == kRowsPerThread) {  // every tile but a partial last row of tiles
 #pragma unroll

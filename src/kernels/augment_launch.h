@@ -13,15 +13,19 @@ namespace tandem {
 
 constexpr int kAugmentMaxChannels = 4;
 constexpr int kMaxPlaneTextures = 16;
+constexpr int kGatherChannels = 3;
 
-/// The batch (B, C, H, W) uint8 seen as texture objects of B·C·H rows of W bytes each (unsigned
-/// 8-bit, read as normalized floats, clamped at the edges, unnormalized coordinates): texture k
-/// holds samples [k * samples_per_texture, (k + 1) * samples_per_texture), as many as a texture's
-/// rows allow. count == 0: none; the kernel stages each tile's source window instead.
+/// The batch (B, 3, H, W) uint8 seen as texture objects (unsigned 8-bit, read as normalized
+/// floats, clamped at the edges, unnormalized coordinates) in groups of samples_per_texture
+/// samples, as many as a texture's rows allow: group k's texture for channel c starts at that
+/// channel's plane of the group's first sample and runs on through the group's later samples, so
+/// sample s of the group, image row y, is texture row s * 3 * H + y in all three — one
+/// coordinate pair for a pixel's three channels. count == 0: none; the kernel stages each tile's
+/// source window instead.
 struct PlaneTextures {
-  int count = 0;
+  int count = 0;  ///< groups
   int samples_per_texture = 0;
-  cudaTextureObject_t handles[kMaxPlaneTextures] = {};
+  cudaTextureObject_t handles[kMaxPlaneTextures][kGatherChannels] = {};
 };
 
 struct AugmentLaunch {
@@ -36,9 +40,8 @@ struct AugmentLaunch {
   const int32_t* flip;    // (B,)
   const float* weights;   // (B, taps)
   int taps;               // odd
-  float mean[kAugmentMaxChannels];
-  float inv_std[kAugmentMaxChannels];  // 1 / std, rounded to float once
-  PlaneTextures textures;              // count > 0: sample by texture gathers
+  augment_math::Normalization normalization[kAugmentMaxChannels];
+  PlaneTextures textures;  // count > 0: sample by texture gathers
 };
 
 /// Whether the kernel has a texture-gather variant for these sizes (three channels, a blur size

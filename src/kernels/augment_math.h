@@ -190,6 +190,20 @@ TANDEM_HD float byte_to_float(uint8_t v) {
 #endif
 }
 
+/// A byte as sampling reads it: v / 255, correctly rounded — what an 8-bit normalized-float
+/// texture returns, so the kernel's texture gathers use their results as they come (multiplying
+/// every texel back by 255 was 12 instructions of each sampled pixel's ~87); normalize's
+/// constants (normalization()) bring the 255 back. One quotient estimate and one correction,
+/// computed the same way on both sides; for every byte it is the correctly rounded quotient
+/// (AugmentTest.UnitByteIsTheCorrectlyRoundedQuotient; the texture unit's value:
+/// AugmentGpuTest.TextureGathersReadEveryByteExactly).
+constexpr float kInv255 = 1.0f / 255.0f;
+TANDEM_HD float unit_byte(uint8_t v) {
+  const float f = byte_to_float(v);
+  const float q = f * kInv255;
+  return fmadd(fmadd(-255.0f, q, f), kInv255, q);
+}
+
 /// Bilinear interpolation of four source values: a b on the top row, c d on the bottom one.
 TANDEM_HD float bilerp(float a, float b, float c, float d, const AxisTap& x, const AxisTap& y) {
   const float top_row = fmadd(x.l, b, x.one_minus_l * a);
@@ -198,18 +212,29 @@ TANDEM_HD float bilerp(float a, float b, float c, float d, const AxisTap& x, con
 }
 
 /// The value, before blur and normalize, of a located pixel in one channel `plane` (in_h x in_w
-/// uint8, row-major; fewer than 2^31 bytes).
+/// uint8, row-major; fewer than 2^31 bytes), in units of 1/255 (unit_byte).
 TANDEM_HD float read(const uint8_t* plane, int in_w, const Tap& t) {
   if (!t.inside) return 0.0f;
   const uint8_t* top = plane + t.y.i0 * in_w;
   const uint8_t* bottom = plane + t.y.i1 * in_w;
-  return bilerp(byte_to_float(top[t.x.i0]), byte_to_float(top[t.x.i1]),
-                byte_to_float(bottom[t.x.i0]), byte_to_float(bottom[t.x.i1]), t.x, t.y);
+  return bilerp(unit_byte(top[t.x.i0]), unit_byte(top[t.x.i1]), unit_byte(bottom[t.x.i0]),
+                unit_byte(bottom[t.x.i1]), t.x, t.y);
 }
 
-/// Normalize with the reciprocal of std, computed once per channel on the host: a multiply per
-/// pixel instead of an IEEE division (both paths use this, so they still agree to the bit).
-TANDEM_HD float normalize(float v, float mean, float inv_std) { return (v - mean) * inv_std; }
+/// A channel's normalize constants for sampled values in units of 1/255: (255 v - mean) / std
+/// is (v - mean / 255) * (255 / std); each rounded to float once, on the host, for both paths.
+struct Normalization {
+  float mean;   ///< mean / 255
+  float scale;  ///< 255 / std
+};
+
+inline Normalization normalization(double mean, double std) {
+  return {static_cast<float>(mean / 255.0), static_cast<float>(255.0 / std)};
+}
+
+/// Normalize: a subtraction and a multiply per pixel (no IEEE division; both paths use this,
+/// so they agree to the bit).
+TANDEM_HD float normalize(float v, const Normalization& n) { return (v - n.mean) * n.scale; }
 
 /// One tap-ordered pass of the separable blur: sum_k w[k] * x(k), k ascending, one fused
 /// multiply-add per tap, so every implementation rounds the same way.
