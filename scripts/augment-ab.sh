@@ -1,31 +1,44 @@
 #!/bin/bash
 # A/B of the fused augmentation kernel on the GPU machine: this tree (already built by
-# gpu-check.sh into $TANDEM_BUILD_DIR) against another source tree (e.g. `git archive REV`),
+# gpu-check.sh into $TANDEM_BUILD_DIR) against other source trees (e.g. `git archive REV`),
 # built here, in one call: alternating augment-bench rounds (the same-call ratio is what counts:
 # times drift between calls), the augment and cls GPU tests of this tree, and racecheck and
-# memcheck of the augment kernel under those tests, for both trees.
-# Usage: scripts/augment-ab.sh OUT OTHER_SOURCE_DIR [rounds]
-# Env: AB_THIS_ARGS: more augment-bench arguments for this tree only (e.g. "--sampling
-# gather,staged"); AB_SANITIZE=0 skips the sanitizers; AB_SANITIZE_FILTER: their gtest filter.
+# memcheck of the augment kernel under those tests, for every tree.
+# Usage: scripts/augment-ab.sh OUT OTHER_SOURCE_DIR[,OTHER_SOURCE_DIR...] [rounds]
+# (the log names the others other1, other2, ... in the order given)
+# Env: AB_ARGS: more augment-bench arguments for every tree (e.g. "--sampling auto,staged");
+# AB_THIS_ARGS: for this tree only; AB_SANITIZE=0 skips the sanitizers; AB_SANITIZE_FILTER: their gtest filter.
 set -uo pipefail
-OUT=${1:?usage: scripts/augment-ab.sh OUT OTHER_SOURCE_DIR [rounds]}
-OTHER=${2:?usage: scripts/augment-ab.sh OUT OTHER_SOURCE_DIR [rounds]}
+USAGE="usage: scripts/augment-ab.sh OUT OTHER_SOURCE_DIR[,OTHER_SOURCE_DIR...] [rounds]"
+OUT=${1:?$USAGE}
+OTHERS=${2:?$USAGE}
 ROUNDS=${3:-3}
 THIS_BUILD=${TANDEM_BUILD_DIR:-build-gpu}
-OTHER_BUILD=/tmp/tandem-ab-other
 LOG="$OUT/ab.log"
 PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
-if ! { cmake -S "$OTHER" -B "$OTHER_BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release &&
-       cmake --build "$OTHER_BUILD" -j "$(nproc)" --target tandem tandem_tests; } >"$OUT/ab-build.log" 2>&1; then
-  echo "building $OTHER failed (ab-build.log)" | tee -a "$LOG"
-  exit 1
-fi
+# The sanitizers run each tree's tests; without them only the CLI is needed.
+TARGETS=(tandem)
+[ "${AB_SANITIZE:-1}" = 0 ] || TARGETS+=(tandem_tests)
+SIDES=(this:"$THIS_BUILD")
+n=0
+IFS=, read -r -a other_dirs <<<"$OTHERS"
+for other in "${other_dirs[@]}"; do
+  n=$((n + 1))
+  build=/tmp/tandem-ab-other$n
+  if ! { cmake -S "$other" -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release &&
+         cmake --build "$build" -j "$(nproc)" --target "${TARGETS[@]}"; } >"$OUT/ab-build.log" 2>&1; then
+    echo "building $other failed (ab-build.log)" | tee -a "$LOG"
+    exit 1
+  fi
+  echo "== other$n: $other" >>"$LOG"
+  SIDES+=(other$n:"$build")
+done
 rm -f "$OUT/ab-build.log"
 for round in $(seq "$ROUNDS"); do
-  for side in this:"$THIS_BUILD" other:"$OTHER_BUILD"; do
+  for side in "${SIDES[@]}"; do
     echo "== round $round, ${side%%:*}" >>"$LOG"
-    extra=()
-    [ "${side%%:*}" = this ] && read -r -a extra <<<"${AB_THIS_ARGS:-}"
+    read -r -a extra <<<"${AB_ARGS:-}"
+    [ "${side%%:*}" = this ] && read -r -a extra <<<"${AB_ARGS:-} ${AB_THIS_ARGS:-}"
     "${side#*:}/tandem" augment-bench --batch-sizes 32,128 --repeats 100 "${extra[@]}" 2>&1 |
       grep -E "^gpu |error" >>"$LOG"
   done
@@ -35,7 +48,7 @@ echo "== this tree: augment and cls GPU tests" >>"$LOG"
 (cd "$THIS_BUILD" && ctest -L gpu -R "Augment|Cls" --output-on-failure) 2>&1 |
   grep -E "tests passed|tests failed|\(Failed\)|Failure|Expected|Which is" >>"$LOG"
 [ "${AB_SANITIZE:-1}" = 0 ] && { cat "$LOG"; exit 0; }
-for side in this:"$THIS_BUILD" other:"$OTHER_BUILD"; do
+for side in "${SIDES[@]}"; do
   for tool in racecheck memcheck; do
     echo "== $tool, ${side%%:*}: AugmentGpuTest.*, augment_kernel only" >>"$LOG"
     timeout 300 compute-sanitizer --tool "$tool" --kernel-name kns=augment_kernel --print-limit 10 \

@@ -157,6 +157,25 @@ __device__ __forceinline__ am::AxisTap weights_of(const TableEntry& e) {
 // Floats per row of a sampled plane: the halo's width rounded up to whole 16-byte groups.
 __host__ __device__ constexpr int padded_row(int halo_w) { return (halo_w + 3) & ~3; }
 
+// Programmatic dependent launch (sm_90 and later; elsewhere these are no-ops and launches
+// serialize as usual). The augment kernel is launched allowed to start before the stream's
+// previous kernel has finished (launch_augment), so its blocks are resident and its launch
+// latency spent while that kernel drains: the last blocks of the previous augment launch, or
+// the draw kernel. It touches no global memory before wait_for_previous_grid(), which returns
+// once the previous kernel has completed and its writes are visible — the same ordering as a
+// plain launch. allow_next_grid(): a kernel launched after this one the same way may start
+// (and wait) once every block of this one has begun.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // kTaps, kChannels: 0 when known only at run time (a.taps, a.channels). kGather: sample by
 // texture gathers (a.textures; three channels, a compiled blur size) instead of staging the window.
 // Six blocks per SM for the compiled blur sizes (40 registers; their shared memory allows six
@@ -188,6 +207,8 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   const int second_part = max(kGather ? 0 : kStageFloats, C * halo_h * kTileW);
   float* weights = staged + second_part;
 
+  wait_for_previous_grid();
+  allow_next_grid();
   const int b = blockIdx.z;
   const int x0 = blockIdx.x * kTileW, y0 = blockIdx.y * kTileH;
   const int tid = threadIdx.x, tx = tid % kTileW, ty = tid / kTileW;
@@ -422,6 +443,15 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   }
 }
 
+// Whether the current device can start a kernel before the previous one finishes (compute
+// capability 9.0 and later).
+bool programmatic_launch_supported() {
+  int device = 0, major = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9;
+}
+
 template <int kTaps, int kChannels, bool kGather = false>
 void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   const int radius = args.taps / 2;
@@ -437,8 +467,19 @@ void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
     TANDEM_CUDA_CHECK(cudaFuncSetAttribute(augment_kernel<kTaps, kChannels, kGather>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
-  augment_kernel<kTaps, kChannels, kGather><<<grid, kThreads, smem, stream>>>(args);
-  TANDEM_CUDA_CHECK(cudaGetLastError());
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute early_start{};
+  early_start.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early_start.val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch_supported()) {
+    config.attrs = &early_start;
+    config.numAttrs = 1;
+  }
+  TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&config, augment_kernel<kTaps, kChannels, kGather>, args));
 }
 
 void launch_augment_gathers(const AugmentLaunch& args, cudaStream_t stream) {
@@ -464,6 +505,7 @@ void launch_augment_channels(const AugmentLaunch& args, cudaStream_t stream) {
 }
 
 __global__ void draw_kernel(DrawLaunch d) {
+  allow_next_grid();  // the augment launch that follows may start; it waits for these draws
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= d.batch) return;
   uint64_t seed = d.rng.seed, offset = d.rng.offset;
