@@ -97,9 +97,9 @@ AugmentSpec every_byte_identity(double std) {
 TEST(AugmentTest, SamplingReadsEveryByteAsItsCorrectlyRoundedQuotientBy255) {
   const at::Tensor img = every_byte_image();
   const auto p = fixed_params(1, 0, 0, 1.f, 0.f, 0, 1.f, 1);
-  EXPECT_EQ(first_mismatch(augment(img, p, every_byte_identity(255)), img.to(at::kFloat) / 255.f,
-                           0.0),
-            "");
+  EXPECT_EQ(
+      first_mismatch(augment(img, p, every_byte_identity(255)), img.to(at::kFloat) / 255.f, 0.0),
+      "");
   EXPECT_EQ(first_mismatch(augment(img, p, every_byte_identity(1)), img.to(at::kFloat), 0.0), "");
 }
 

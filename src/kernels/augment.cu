@@ -425,8 +425,8 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
       for (int j = 0; j < kRowsPerThread + kTaps - 1; ++j) window_values[j] = col[j * kTileW];
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r)
-        out[r] = am::normalize(am::blur_taps(w, kTaps, [&](int k) { return window_values[r + k]; }),
-                               n);
+        out[r] =
+            am::normalize(am::blur_taps(w, kTaps, [&](int k) { return window_values[r + k]; }), n);
     } else {
       for (int r = 0; r < kRowsPerThread; ++r)
         out[r] = am::normalize(
