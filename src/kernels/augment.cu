@@ -4,17 +4,17 @@
 // It reads the source one of two ways (kGather; the same values to the bit): texture gathers
 // (three channels, a compiled blur size, the batch readable as textures: AugmentLaunch's
 // textures) or a staged window (any case):
-//   0. per tile: the blur weights, the centre offsets of the tile's (halo'd) rows and columns,
-//      the window the tile reads (a warp's lanes together), and tables of the resized rows and
-//      columns the tile's rotation can land on (where they are — texture coordinates, or
-//      offsets in the staged window — and their bilinear weights);
+//   0. per tile: the blur weights and the centre offsets of the tile's (halo'd) rows and
+//      columns; staged window only: the window the tile reads (a warp's lanes together), and
+//      tables of the resized rows and columns the tile's rotation can land on (their offsets in
+//      the window and their bilinear weights);
 //   1. staged window only: stage the window (a few hundred source pixels) in shared memory with
 //      coalesced loads, a pixel's channels as consecutive floats in units of 1/255
 //      (augment_math::unit_byte);
 //   2. sample the crop-resize-rotate composition for the tile plus a blur halo: rotate back to
-//      a resized pixel, look its row and column up, then either gather each channel's 2x2 bytes
+//      a resized pixel, then either compute its resize taps and gather each channel's 2x2 bytes
 //      (three gathers at one coordinate, one texture per channel, whose normalized floats are
-//      already those units) or read four staged pixels; interpolate;
+//      already those units) or look its taps up and read four staged pixels; interpolate;
 //   3. blur rows (the halo rows too), four outputs per thread from 16-byte loads;
 //   4. blur columns, normalize, write; each thread slides down 4 consecutive rows of one column,
 //      so each value it loads serves up to `taps` outputs.
@@ -84,8 +84,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // thread doing it all was the block's longest serial chain — some 200 dependent instructions that
 // every warp of the tile waited for at the first barrier (11% of the kernel's warp samples on the
 // H200, at the instruction after that barrier).
-// kGather: only the tables are needed (the texture reads the source), not the source rectangle.
-template <bool kGather>
 __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams& p, float u_lo,
                                    float u_hi, float v_lo, float v_hi, int pixel_words, int lane) {
   const int k = lane & 3;
@@ -110,7 +108,6 @@ __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams
   w.n_cols = ci_hi - w.ci0 + 1;
   w.n_rows = ri_hi - w.ri0 + 1;
   if (w.n_cols <= 0 || w.n_rows <= 0 || w.n_cols > kMaxTable || w.n_rows > kMaxTable) return none;
-  if (kGather) return w;
   // The resize is monotonic: the first and last resized row (column) bound the source read.
   // Lane 0: the first column's i0, 1: the last column's i1, 2 and 3: the same for rows.
   const am::AxisTap t = k < 2 ? am::axis_tap(k == 0 ? w.ci0 : ci_hi, g.scale_x, g.crop_w, p.left)
@@ -125,29 +122,20 @@ __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams
 
 // A tabulated resized row or column, 8 bytes (one load): where its two source rows (columns)
 // are, and the bilinear weight l of i1 (1 - l of i0, computed as axis_tap computes it, so the
-// rounding is the same). Where: for a staged window, where they start in it, in bytes (so the
+// rounding is the same). Where: where they start in the staged window, in bytes (so the
 // sampling adds them to an address as they are) — i0 at `offset`, i1 at offset + step, both
-// below 4 * kStageFloats, packed as offset | step << 16; for texture gathers, the bits of the
-// float coordinate whose 2x2 footprint starts at i0 (i0 + 1: the texel centres are at + 0.5),
-// counted in the texture's rows for a row.
+// below 4 * kStageFloats, packed as offset | step << 16.
 struct TableEntry {
   uint32_t where;
   float l;
   __device__ int offset() const { return static_cast<int>(where & 0xffffu); }
   __device__ int step() const { return static_cast<int>(where >> 16); }
-  __device__ float coordinate() const { return __uint_as_float(where); }
 };
 static_assert(4 * kStageFloats <= 0x10000, "table offsets are 16-bit byte offsets");
 
 __device__ __forceinline__ TableEntry table_entry(const am::AxisTap& t, int origin, int stride) {
   const int offset = (t.i0 - origin) * stride, step = (t.i1 - t.i0) * stride;
   return {static_cast<uint32_t>(offset) | (static_cast<uint32_t>(step) << 16), t.l};
-}
-
-// `first`: the texture row (0 for a column) where the sample's channel-0 plane starts. Exact:
-// texture coordinates are below 2^24.
-__device__ __forceinline__ TableEntry gather_entry(const am::AxisTap& t, int first) {
-  return {__float_as_uint(static_cast<float>(first + t.i0 + 1)), t.l};
 }
 
 __device__ __forceinline__ am::AxisTap weights_of(const TableEntry& e) {
@@ -231,10 +219,9 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     v_of_row[tid - 160] = v;
     row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
   }
-  // Texture gathers: warps 0 and 1 both find the window (the same one) and tabulate, warp 0 the
-  // columns and warp 1 the rows, so one barrier follows. A staged window: warp 0 finds it, and
-  // after a barrier every thread tabulates and stages.
-  if (tid < (kGather ? 64 : 32)) {  // whole warps, converged
+  // A staged window: warp 0 finds it, and after a barrier every thread tabulates and stages.
+  // Texture gathers need neither: each pixel locates its source itself (below).
+  if (!kGather && tid < 32) {  // a whole warp, converged
     // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so
     // the rows and columns the tile reads lie between those of its clamped first and last.
     auto extreme = [&](int first, int last, int n, bool mirror, float& lo, float& hi) {
@@ -247,24 +234,11 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     extreme(x0 - radius, x0 + kTileW - 1 + radius, g.out_w, p.flip != 0, u_lo, u_hi);
     extreme(y0 - radius, y0 + kTileH - 1 + radius, g.out_h, false, v_lo, v_hi);
     const int lane = tid % 32;
-    const Window w = warp_tile_window<kGather>(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, lane);
+    const Window w = warp_tile_window(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, lane);
     if (tid == 0) window = w;
-    if constexpr (kGather) {
-      if (w.tabulated() && tid < 32) {
-#pragma unroll 1
-        for (int i = lane; i < w.n_cols; i += 32)
-          column_table[i] = gather_entry(am::axis_tap(w.ci0 + i, g.scale_x, g.crop_w, p.left), 0);
-      } else if (w.tabulated()) {
-        const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
-#pragma unroll 1
-        for (int j = lane; j < w.n_rows; j += 32)
-          row_table[j] =
-              gather_entry(am::axis_tap(w.ri0 + j, g.scale_y, g.crop_h, p.top), first_row);
-      }
-    }
   }
   __syncthreads();
-  const Window win = window;
+  const Window win = kGather ? Window{} : window;
 
   if (!kGather && win.tabulated()) {
     // Tables of the resized columns and rows the tile can land on.
@@ -323,12 +297,44 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   if (!kGather) __syncthreads();
 
   // 2. Sample the tile and its halo.
+  if constexpr (kGather) {
+    // Texture gathers: the rotation, then the resize's taps computed here (gather_tap: the same
+    // arithmetic as the tables' axis_tap) — tables made by a few warps were a dependent chain
+    // every warp waited for at a barrier (10% of the kernel's warp samples), while the sampling
+    // waits on its gathers anyway. A gather at (i0 + 1, j0 + 1) fetches texels i0, i0 + 1 of
+    // rows j0, j0 + 1 (texel centres at + 0.5); its texels: x bottom-left, y bottom-right,
+    // z top-right, w top-left.
+    const cudaTextureObject_t* planes = a.textures.handles[b / a.textures.samples_per_texture];
+    const cudaTextureObject_t plane0 = planes[0], plane1 = planes[1], plane2 = planes[2];
+    const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
+    const float column_origin = static_cast<float>(p.left + 1);
+    const float row_origin = static_cast<float>(first_row + p.top + 1);
+    const float last_column = static_cast<float>(g.crop_w - 1);
+    const float last_row = static_cast<float>(g.crop_h - 1);
+    const float out_w = static_cast<float>(g.out_w), out_h = static_cast<float>(g.out_h);
+    for (int idx = tid; idx < halo; idx += kThreads) {
+      const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
+      const am::Rotated q = am::rotate_to_grid(g, p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
+      const float ci = am::floor_f(q.fc), ri = am::floor_f(q.fr);  // rotate_back's pixel
+      if (!(ci >= 0.0f && ci < out_w && ri >= 0.0f && ri < out_h)) {
+        sampled[at] = sampled[plane + at] = sampled[2 * plane + at] = 0.0f;
+        continue;
+      }
+      const am::GatherTap column_tap = am::gather_tap(ci, g.scale_x, last_column);
+      const am::GatherTap row_tap = am::gather_tap(ri, g.scale_y, last_row);
+      const float gx = column_tap.i0 + column_origin, gy = row_tap.i0 + row_origin;
+      const am::AxisTap x{0, 0, column_tap.l, column_tap.one_minus_l};
+      const am::AxisTap y{0, 0, row_tap.l, row_tap.one_minus_l};
+      const float4 q0 = tex2Dgather<float4>(plane0, gx, gy, 0);
+      const float4 q1 = tex2Dgather<float4>(plane1, gx, gy, 0);
+      const float4 q2 = tex2Dgather<float4>(plane2, gx, gy, 0);
+      sampled[at] = am::bilerp(q0.w, q0.z, q0.x, q0.y, x, y);
+      sampled[plane + at] = am::bilerp(q1.w, q1.z, q1.x, q1.y, x, y);
+      sampled[2 * plane + at] = am::bilerp(q2.w, q2.z, q2.x, q2.y, x, y);
+    }
+  }
   const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
-  cudaTextureObject_t planes[kGatherChannels] = {};
-  if constexpr (kGather)
-    for (int c = 0; c < kGatherChannels; ++c)
-      planes[c] = a.textures.handles[b / a.textures.samples_per_texture][c];
-  for (int idx = tid; idx < halo; idx += kThreads) {
+  for (int idx = tid; !kGather && idx < halo; idx += kThreads) {
     const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
     const float u = u_of_column[lx];
     const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, row_terms[ly]);
@@ -338,17 +344,6 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     if (tc < static_cast<unsigned>(win.n_cols) && tr < static_cast<unsigned>(win.n_rows)) {
       const TableEntry ce = column_table[tc], re = row_table[tr];
       const am::AxisTap x = weights_of(ce), y = weights_of(re);
-      if constexpr (kGather) {
-        // A gather's texels: x bottom-left, y bottom-right, z top-right, w top-left.
-        const float gx = ce.coordinate(), gy = re.coordinate();
-        const float4 q0 = tex2Dgather<float4>(planes[0], gx, gy, 0);
-        const float4 q1 = tex2Dgather<float4>(planes[1], gx, gy, 0);
-        const float4 q2 = tex2Dgather<float4>(planes[2], gx, gy, 0);
-        sampled[at] = am::bilerp(q0.w, q0.z, q0.x, q0.y, x, y);
-        sampled[plane + at] = am::bilerp(q1.w, q1.z, q1.x, q1.y, x, y);
-        sampled[2 * plane + at] = am::bilerp(q2.w, q2.z, q2.x, q2.y, x, y);
-        continue;
-      }
       const char* s00 = reinterpret_cast<const char*>(staged) + re.offset() + ce.offset();
       const char* s10 = s00 + re.step();
       const int dc = ce.step();
