@@ -47,9 +47,8 @@ constexpr int kRowsPerThread = kTileH / kWarpsPerTile;  // column-pass outputs p
 constexpr int kMaxRadius = 31;                          // AugmentSpec allows taps <= 63
 constexpr int kMaxHalo = kTileW + 2 * kMaxRadius;
 // 14 KB: the SPEC's tiles read about 29x29 pixels (10 KB as three floats each; up to 1,194
-// pixels fit); the row pass's output (3 x 38 x 32 floats for a 7-tap blur) reuses the space. 6
-// blocks of 256 threads per SM fit the H200's shared memory with this and the padded sampled
-// rows, not with 16 KB.
+// pixels fit). 6 blocks of 256 threads per SM fit the H200's shared memory with this and the
+// padded sampled rows, not with 16 KB.
 constexpr int kStageFloats = 3584;
 constexpr int kMaxTable = 64;  // resized rows (columns) a tile can land on; SPEC: <= 60
 static_assert(kTileH % kWarpsPerTile == 0, "thread rows must divide the tile height");
@@ -166,10 +165,13 @@ __device__ __forceinline__ void allow_next_grid() {
 
 // kTaps, kChannels: 0 when known only at run time (a.taps, a.channels). kGather: sample by
 // texture gathers (a.textures; three channels, a compiled blur size) instead of staging the window.
-// Six blocks per SM for the compiled blur sizes (40 registers; their shared memory allows six
-// too); five for a blur size known only at run time, whose extra index arithmetic would spill.
+// Blocks per SM: eight with texture gathers (32 registers, no spills; 21 KB of shared memory:
+// the sampling waits on its gathers, and more warps hide more of that); six for the staged
+// window with a compiled blur size (40 registers; its shared memory allows six too); five for a
+// blur size known only at run time, whose extra index arithmetic would spill.
 template <int kTaps, int kChannels, bool kGather>
-__global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(AugmentLaunch a) {
+__global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
+    augment_kernel(AugmentLaunch a) {
   static_assert(!kGather || (kChannels == 3 && kTaps > 0), "gathers: 3 channels, a compiled blur");
   extern __shared__ __align__(16) float smem[];
   __shared__ float u_of_column[kMaxHalo], v_of_row[kMaxHalo];
@@ -186,14 +188,12 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   const int halo_w = kTileW + 2 * radius, halo_h = kTileH + 2 * radius;
   const int halo = halo_h * halo_w;
   // [C][halo_h][sampled_w] sampled values, rows padded to 16 bytes for the row pass's 16-byte
-  // loads; then the staged window, whose space the row pass reuses for its [C][halo_h][kTileW]
-  // output once sampling is done; then the weights.
+  // loads, which writes its output over them; then the staged window (staged sampling only);
+  // then the weights.
   const int sampled_w = padded_row(halo_w), plane = halo_h * sampled_w;
   float* sampled = smem;
   float* staged = sampled + C * plane;
-  float* rows = staged;
-  const int second_part = max(kGather ? 0 : kStageFloats, C * halo_h * kTileW);
-  float* weights = staged + second_part;
+  float* weights = staged + (kGather ? 0 : kStageFloats);
 
   wait_for_previous_grid();
   allow_next_grid();
@@ -368,37 +368,47 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     for (int k = 0; k < kTaps; ++k) w[k] = weights[k];
   }
 
-  // 3. Blur along rows. Known size: a thread makes four neighbouring outputs of one row from
-  // (taps + 6) / 4 16-byte loads (a quarter warp per row); else one output per thread.
+  // 3. Blur along rows, in place: a line's outputs (its first kTileW values) overwrite its
+  // inputs once every lane that reads the line has read it — the lanes of one warp, so a
+  // __syncwarp orders them, and the loops run the same number of times in every lane of a warp.
+  // Known size: a thread makes four neighbouring outputs of one row from (taps + 6) / 4 16-byte
+  // loads (a quarter warp per row); else one output per thread.
+  const int lines = C * halo_h;  // line = c * halo_h + ly
   if constexpr (kTaps > 0) {
     constexpr int kQuadsPerRow = kTileW / 4, kRowsPerPass = kThreads / kQuadsPerRow;
     constexpr int kLoads = (kTaps + 3 + 3) / 4;  // float4s covering the taps + 3 inputs
     static_assert(kTileW - 4 + 4 * kLoads <= padded_row(kTileW + 2 * (kTaps / 2)),
                   "the last quad's loads stay inside its padded row");
     const int quad = tid % kQuadsPerRow;
-    for (int line = tid / kQuadsPerRow; line < C * halo_h; line += kRowsPerPass) {
-      // line = c * halo_h + ly; inputs past the halo's width (row padding) are loaded, never used
-      const float4* src = reinterpret_cast<const float4*>(sampled + line * sampled_w) + quad;
-      float v[4 * kLoads];
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        const float4 q = src[j];
-        v[4 * j] = q.x;
-        v[4 * j + 1] = q.y;
-        v[4 * j + 2] = q.z;
-        v[4 * j + 3] = q.w;
-      }
+    for (int first = 0; first < lines; first += kRowsPerPass) {
+      const int line = first + tid / kQuadsPerRow;
+      // inputs past the halo's width (row padding) are loaded, never used
+      float4* row = reinterpret_cast<float4*>(sampled + line * sampled_w);
       float4 out;
-      out.x = am::blur_taps(w, kTaps, [&](int k) { return v[k]; });
-      out.y = am::blur_taps(w, kTaps, [&](int k) { return v[k + 1]; });
-      out.z = am::blur_taps(w, kTaps, [&](int k) { return v[k + 2]; });
-      out.w = am::blur_taps(w, kTaps, [&](int k) { return v[k + 3]; });
-      reinterpret_cast<float4*>(rows + line * kTileW)[quad] = out;
+      if (line < lines) {
+        float v[4 * kLoads];
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+          const float4 q = row[quad + j];
+          v[4 * j] = q.x;
+          v[4 * j + 1] = q.y;
+          v[4 * j + 2] = q.z;
+          v[4 * j + 3] = q.w;
+        }
+        out.x = am::blur_taps(w, kTaps, [&](int k) { return v[k]; });
+        out.y = am::blur_taps(w, kTaps, [&](int k) { return v[k + 1]; });
+        out.z = am::blur_taps(w, kTaps, [&](int k) { return v[k + 2]; });
+        out.w = am::blur_taps(w, kTaps, [&](int k) { return v[k + 3]; });
+      }
+      __syncwarp();
+      if (line < lines) row[quad] = out;
     }
   } else {
-    for (int line = ty; line < C * halo_h; line += kWarpsPerTile) {
-      const float* src = sampled + line * sampled_w + tx;
-      rows[line * kTileW + tx] = am::blur_taps(weights, taps, [&](int k) { return src[k]; });
+    for (int line = ty; line < lines; line += kWarpsPerTile) {  // a warp per line
+      float* row = sampled + line * sampled_w;
+      const float out = am::blur_taps(weights, taps, [&](int k) { return row[tx + k]; });
+      __syncwarp();
+      row[tx] = out;
     }
   }
   __syncthreads();
@@ -411,13 +421,13 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
   float* dst = a.out + static_cast<int64_t>(b) * C * out_plane +
                static_cast<int64_t>(y_first) * g.out_w + x;
   for (int c = 0; c < C; ++c, dst += out_plane) {
-    const float* col = rows + (c * halo_h + ty * kRowsPerThread) * kTileW + tx;
+    const float* col = sampled + (c * halo_h + ty * kRowsPerThread) * sampled_w + tx;
     const am::Normalization n = a.normalization[c];
     float out[kRowsPerThread];
     if constexpr (kTaps > 0) {
       float window_values[kRowsPerThread + kTaps - 1];
 #pragma unroll
-      for (int j = 0; j < kRowsPerThread + kTaps - 1; ++j) window_values[j] = col[j * kTileW];
+      for (int j = 0; j < kRowsPerThread + kTaps - 1; ++j) window_values[j] = col[j * sampled_w];
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r)
         out[r] =
@@ -425,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, kTaps > 0 ? 6 : 5) augment_kernel(Au
     } else {
       for (int r = 0; r < kRowsPerThread; ++r)
         out[r] = am::normalize(
-            am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * kTileW]; }), n);
+            am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * sampled_w]; }), n);
     }
     if (rows_here == kRowsPerThread) {  // every tile but a partial last row of tiles
 #pragma unroll
@@ -451,10 +461,9 @@ template <int kTaps, int kChannels, bool kGather = false>
 void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   const int radius = args.taps / 2;
   const int halo_h = kTileH + 2 * radius, halo_w = kTileW + 2 * radius;
-  // As the kernel lays it out: sampled halo, then staged window / row-pass output, then weights.
+  // As the kernel lays it out: sampled halo, then the staged window, then weights.
   const size_t floats = static_cast<size_t>(args.channels) * halo_h * padded_row(halo_w) +
-                        std::max(kGather ? 0 : kStageFloats, args.channels * halo_h * kTileW) +
-                        args.taps;
+                        (kGather ? 0 : kStageFloats) + args.taps;
   const size_t smem = sizeof(float) * floats;
   const dim3 grid((args.geometry.out_w + kTileW - 1) / kTileW,
                   (args.geometry.out_h + kTileH - 1) / kTileH, args.batch);
