@@ -70,9 +70,8 @@ AugmentSampling parse_augment_sampling(const std::string& name);
 
 /// The sampling a CUDA launch on `images` takes for `requested`: kAuto resolves to
 /// kTextureGather when the kernel has a gather variant for the spec (three channels, blur size
-/// 1, 3, 5, 7 or 9, output rows plus columns at most 8192) and the batch can be read as textures
-/// (see src/plane_textures.h: width a multiple of the device's pitch alignment, aligned data),
-/// else to kStagedWindow. kTextureGather
+/// 1, 3, 5, 7 or 9) and the batch can be read as textures (see src/plane_textures.h: width a
+/// multiple of the device's pitch alignment, aligned data), else to kStagedWindow. kTextureGather
 /// throws InvalidArgument saying why it cannot.
 AugmentSampling resolve_augment_sampling(const at::Tensor& images, const AugmentSpec& spec,
                                          AugmentSampling requested);

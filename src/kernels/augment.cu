@@ -137,19 +137,6 @@ __device__ __forceinline__ TableEntry table_entry(const am::AxisTap& t, int orig
   return {static_cast<uint32_t>(offset) | (static_cast<uint32_t>(step) << 16), t.l};
 }
 
-// A gathers' table entry: the coordinate whose 2x2 footprint starts at source index i0 (i0 + 1:
-// texel centres are at + 0.5; `first`: the texture row where the sample's plane starts, for a
-// row; exact, coordinates are below 2^24) and the weight l of i0 + 1 (1 - l of i0, computed as
-// axis_tap computes it).
-__device__ __forceinline__ float2 gather_entry(const am::AxisTap& t, int first) {
-  return {static_cast<float>(first + t.i0 + 1), t.l};
-}
-
-// Floats of the gathers' tables: a float2 per resized column and per resized row.
-__host__ __device__ constexpr int gather_tables_floats(int out_w, int out_h) {
-  return 2 * (out_w + out_h);
-}
-
 __device__ __forceinline__ am::AxisTap weights_of(const TableEntry& e) {
   return {0, 0, e.l, 1.0f - e.l};
 }
@@ -201,15 +188,12 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
   const int halo_w = kTileW + 2 * radius, halo_h = kTileH + 2 * radius;
   const int halo = halo_h * halo_w;
   // [C][halo_h][sampled_w] sampled values, rows padded to 16 bytes for the row pass's 16-byte
-  // loads, which writes its output over them; then the staged window (staged sampling) or the
-  // gathers' tables of every resized column and row (gather_tables_floats); then the weights.
+  // loads, which writes its output over them; then the staged window (staged sampling only);
+  // then the weights.
   const int sampled_w = padded_row(halo_w), plane = halo_h * sampled_w;
   float* sampled = smem;
   float* staged = sampled + C * plane;
-  float2* const gather_columns = reinterpret_cast<float2*>(staged);
-  float2* const gather_rows = gather_columns + a.geometry.out_w;
-  float* weights =
-      staged + (kGather ? gather_tables_floats(a.geometry.out_w, a.geometry.out_h) : kStageFloats);
+  float* weights = staged + (kGather ? 0 : kStageFloats);
 
   wait_for_previous_grid();
   allow_next_grid();
@@ -235,22 +219,8 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     v_of_row[tid - 160] = v;
     row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
   }
-  // Texture gathers: tables of where every resized column and row reads the source (its gather
-  // coordinate and weight), made by all threads at once — a few hundred axis_taps, where finding
-  // the tile's window first and tabulating only that was a dependent chain of a few warps that
-  // every warp waited for at this barrier (10% of the kernel's warp samples).
-  if constexpr (kGather) {
-    const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
-#pragma unroll 1
-    for (int i = tid; i < g.out_w + g.out_h; i += kThreads) {
-      if (i < g.out_w)
-        gather_columns[i] = gather_entry(am::axis_tap(i, g.scale_x, g.crop_w, p.left), 0);
-      else
-        gather_rows[i - g.out_w] =
-            gather_entry(am::axis_tap(i - g.out_w, g.scale_y, g.crop_h, p.top), first_row);
-    }
-  }
   // A staged window: warp 0 finds it, and after a barrier every thread tabulates and stages.
+  // Texture gathers need neither: each pixel locates its source itself (below).
   if (!kGather && tid < 32) {  // a whole warp, converged
     // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so
     // the rows and columns the tile reads lie between those of its clamped first and last.
@@ -328,23 +298,36 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
 
   // 2. Sample the tile and its halo.
   if constexpr (kGather) {
-    // Texture gathers: rotate back to a resized pixel, look its column and row up, gather. A
-    // gather at (i0 + 1, j0 + 1) fetches texels i0, i0 + 1 of rows j0, j0 + 1 (texel centres at
-    // + 0.5); its texels: x bottom-left, y bottom-right, z top-right, w top-left.
+    // Texture gathers: the rotation, then the resize's taps computed here (gather_tap: the same
+    // arithmetic as the tables' axis_tap) — tables made by a few warps were a dependent chain
+    // every warp waited for at a barrier (10% of the kernel's warp samples), while the sampling
+    // waits on its gathers anyway. A gather at (i0 + 1, j0 + 1) fetches texels i0, i0 + 1 of
+    // rows j0, j0 + 1 (texel centres at + 0.5); its texels: x bottom-left, y bottom-right,
+    // z top-right, w top-left.
     const cudaTextureObject_t* planes = a.textures.handles[b / a.textures.samples_per_texture];
     const cudaTextureObject_t plane0 = planes[0], plane1 = planes[1], plane2 = planes[2];
+    const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
+    const float column_origin = static_cast<float>(p.left + 1);
+    const float row_origin = static_cast<float>(first_row + p.top + 1);
+    const float last_column = static_cast<float>(g.crop_w - 1);
+    const float last_row = static_cast<float>(g.crop_h - 1);
+    const float out_w = static_cast<float>(g.out_w), out_h = static_cast<float>(g.out_h);
     for (int idx = tid; idx < halo; idx += kThreads) {
       const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
-      const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
-      if (!r.inside) {
+      const am::Rotated q = am::rotate_to_grid(g, p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
+      const float ci = am::floor_f(q.fc), ri = am::floor_f(q.fr);  // rotate_back's pixel
+      if (!(ci >= 0.0f && ci < out_w && ri >= 0.0f && ri < out_h)) {
         sampled[at] = sampled[plane + at] = sampled[2 * plane + at] = 0.0f;
         continue;
       }
-      const float2 column = gather_columns[r.ci], row = gather_rows[r.ri];
-      const am::AxisTap x{0, 0, column.y, 1.0f - column.y}, y{0, 0, row.y, 1.0f - row.y};
-      const float4 q0 = tex2Dgather<float4>(plane0, column.x, row.x, 0);
-      const float4 q1 = tex2Dgather<float4>(plane1, column.x, row.x, 0);
-      const float4 q2 = tex2Dgather<float4>(plane2, column.x, row.x, 0);
+      const am::GatherTap column_tap = am::gather_tap(ci, g.scale_x, last_column);
+      const am::GatherTap row_tap = am::gather_tap(ri, g.scale_y, last_row);
+      const float gx = column_tap.i0 + column_origin, gy = row_tap.i0 + row_origin;
+      const am::AxisTap x{0, 0, column_tap.l, column_tap.one_minus_l};
+      const am::AxisTap y{0, 0, row_tap.l, row_tap.one_minus_l};
+      const float4 q0 = tex2Dgather<float4>(plane0, gx, gy, 0);
+      const float4 q1 = tex2Dgather<float4>(plane1, gx, gy, 0);
+      const float4 q2 = tex2Dgather<float4>(plane2, gx, gy, 0);
       sampled[at] = am::bilerp(q0.w, q0.z, q0.x, q0.y, x, y);
       sampled[plane + at] = am::bilerp(q1.w, q1.z, q1.x, q1.y, x, y);
       sampled[2 * plane + at] = am::bilerp(q2.w, q2.z, q2.x, q2.y, x, y);
@@ -478,12 +461,9 @@ template <int kTaps, int kChannels, bool kGather = false>
 void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   const int radius = args.taps / 2;
   const int halo_h = kTileH + 2 * radius, halo_w = kTileW + 2 * radius;
-  // As the kernel lays it out: sampled halo, then the staged window or the gathers' tables, then
-  // weights.
-  const size_t floats =
-      static_cast<size_t>(args.channels) * halo_h * padded_row(halo_w) +
-      (kGather ? gather_tables_floats(args.geometry.out_w, args.geometry.out_h) : kStageFloats) +
-      args.taps;
+  // As the kernel lays it out: sampled halo, then the staged window, then weights.
+  const size_t floats = static_cast<size_t>(args.channels) * halo_h * padded_row(halo_w) +
+                        (kGather ? 0 : kStageFloats) + args.taps;
   const size_t smem = sizeof(float) * floats;
   const dim3 grid((args.geometry.out_w + kTileW - 1) / kTileW,
                   (args.geometry.out_h + kTileH - 1) / kTileH, args.batch);
@@ -551,15 +531,8 @@ __global__ void draw_kernel(DrawLaunch d) {
 
 }  // namespace
 
-std::string why_no_gathers(int channels, int taps, int out_h, int out_w) {
-  if (channels != 3 || !(taps == 1 || taps == 3 || taps == 5 || taps == 7 || taps == 9))
-    return "the kernel gathers for 3 channels and blur sizes 1, 3, 5, 7, 9 only; got " +
-           std::to_string(channels) + " channels, blur " + std::to_string(taps);
-  if (out_h + out_w > kMaxGatherTable)
-    return "an output of " + std::to_string(out_h) + "x" + std::to_string(out_w) +
-           " has more rows and columns than the gathers' tables hold (" +
-           std::to_string(kMaxGatherTable) + ")";
-  return "";
+bool augment_gathers(int channels, int taps) {
+  return channels == 3 && (taps == 1 || taps == 3 || taps == 5 || taps == 7 || taps == 9);
 }
 
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream) {
@@ -567,9 +540,9 @@ void launch_augment(const AugmentLaunch& args, cudaStream_t stream) {
   TANDEM_CHECK_ARG(args.batch <= 65535, "batch of ", args.batch,
                    " images is too large for one augment launch: expected at most 65535");
   if (args.textures.count > 0) {
-    const std::string why_not =
-        why_no_gathers(args.channels, args.taps, args.geometry.out_h, args.geometry.out_w);
-    TANDEM_CHECK_ARG(why_not.empty(), "texture gathers are not possible here: ", why_not);
+    TANDEM_CHECK_ARG(augment_gathers(args.channels, args.taps), "texture gathers need 3 ",
+                     "channels and a blur size of 1, 3, 5, 7 or 9; got ", args.channels,
+                     " channels, blur ", args.taps);
     TANDEM_CHECK_ARG(args.textures.samples_per_texture > 0 &&
                          args.textures.count * args.textures.samples_per_texture >= args.batch,
                      args.textures.count, " textures of ", args.textures.samples_per_texture,

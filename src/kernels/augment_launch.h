@@ -5,7 +5,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <string>
 
 #include "augment_draw.h"
 #include "augment_math.h"
@@ -45,13 +44,9 @@ struct AugmentLaunch {
   PlaneTextures textures;  // count > 0: sample by texture gathers
 };
 
-/// Resized rows plus columns the gather kernel's tables hold at most (64 KB of shared memory).
-constexpr int kMaxGatherTable = 8192;
-
-/// "" when the kernel has a texture-gather variant for these sizes (three channels, a blur size
-/// compiled in: 1, 3, 5, 7 or 9, an output of at most kMaxGatherTable rows plus columns), else
-/// why not; the others stage the source window.
-std::string why_no_gathers(int channels, int taps, int out_h, int out_w);
+/// Whether the kernel has a texture-gather variant for these sizes (three channels, a blur size
+/// compiled in); the others stage the source window.
+bool augment_gathers(int channels, int taps);
 
 /// One launch for the whole batch on `stream`; checks the launch. Capture-safe.
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream);

@@ -107,6 +107,31 @@ TANDEM_HD int floor_to_int(float x) {
 #endif
 }
 
+/// floor(x) as a float, for |x| < 2^22: on the GPU floor_to_int's add with 1.5 * 2^23
+/// subtracted back (exact), no conversion.
+TANDEM_HD float floor_f(float x) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rd(x, 12582912.0f) - 12582912.0f;
+#else
+  return std::floor(x);
+#endif
+}
+
+/// axis_tap's arithmetic for the kernel's texture gathers, in floats (integers, exact): resized
+/// index `i`, the crop's last index `last` (crop - 1); i0 counted from the crop's start. The
+/// same operations as axis_tap, so the same i0 and weights.
+struct GatherTap {
+  float i0, l, one_minus_l;
+};
+
+TANDEM_HD GatherTap gather_tap(float i, float scale, float last) {
+  const float s = max_f((i + 0.5f) * scale - 0.5f, 0.0f);
+  const float i0 = floor_f(s);
+  if (i0 >= last) return {last, 0.0f, 1.0f};
+  const float l = s - i0;
+  return {i0, l, 1.0f - l};
+}
+
 /// The resized pixel an output pixel's centre (u, v) (from the image centre, u already
 /// mirrored when the sample is flipped) rotates back to; inside == false: outside the image.
 struct Resized {
