@@ -260,9 +260,9 @@ namespace {
 // Textures for a launch on `src` (contiguous, on the current device), or why not (`out` then
 // stays as the caller left it: empty).
 std::string gather_textures(const at::Tensor& src, const AugmentSpec& spec, PlaneTextures& out) {
-  if (!augment_gathers(static_cast<int>(src.size(1)), static_cast<int>(spec.blur_kernel)))
-    return "the kernel gathers for 3 channels and blur sizes 1, 3, 5, 7, 9 only; got " +
-           std::to_string(src.size(1)) + " channels, blur " + std::to_string(spec.blur_kernel);
+  const std::string why_not =
+      why_no_gathers(static_cast<int>(src.size(1)), static_cast<int>(spec.blur_kernel));
+  if (!why_not.empty()) return why_not;
   return plane_textures(src.data_ptr<uint8_t>(), src.size(0), src.size(1), src.size(2), src.size(3),
                         out);
 }

@@ -531,8 +531,10 @@ __global__ void draw_kernel(DrawLaunch d) {
 
 }  // namespace
 
-bool augment_gathers(int channels, int taps) {
-  return channels == 3 && (taps == 1 || taps == 3 || taps == 5 || taps == 7 || taps == 9);
+std::string why_no_gathers(int channels, int taps) {
+  if (channels == 3 && (taps == 1 || taps == 3 || taps == 5 || taps == 7 || taps == 9)) return "";
+  return "the kernel gathers for 3 channels and blur sizes 1, 3, 5, 7, 9 only; got " +
+         std::to_string(channels) + " channels, blur " + std::to_string(taps);
 }
 
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream) {
@@ -540,9 +542,8 @@ void launch_augment(const AugmentLaunch& args, cudaStream_t stream) {
   TANDEM_CHECK_ARG(args.batch <= 65535, "batch of ", args.batch,
                    " images is too large for one augment launch: expected at most 65535");
   if (args.textures.count > 0) {
-    TANDEM_CHECK_ARG(augment_gathers(args.channels, args.taps), "texture gathers need 3 ",
-                     "channels and a blur size of 1, 3, 5, 7 or 9; got ", args.channels,
-                     " channels, blur ", args.taps);
+    const std::string why_not = why_no_gathers(args.channels, args.taps);
+    TANDEM_CHECK_ARG(why_not.empty(), "texture gathers are not possible here: ", why_not);
     TANDEM_CHECK_ARG(args.textures.samples_per_texture > 0 &&
                          args.textures.count * args.textures.samples_per_texture >= args.batch,
                      args.textures.count, " textures of ", args.textures.samples_per_texture,

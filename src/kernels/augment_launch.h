@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "augment_draw.h"
 #include "augment_math.h"
@@ -44,9 +45,9 @@ struct AugmentLaunch {
   PlaneTextures textures;  // count > 0: sample by texture gathers
 };
 
-/// Whether the kernel has a texture-gather variant for these sizes (three channels, a blur size
-/// compiled in); the others stage the source window.
-bool augment_gathers(int channels, int taps);
+/// "" when the kernel has a texture-gather variant for these sizes (three channels, a blur size
+/// compiled in: 1, 3, 5, 7 or 9), else why not; the others stage the source window.
+std::string why_no_gathers(int channels, int taps);
 
 /// One launch for the whole batch on `stream`; checks the launch. Capture-safe.
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream);
