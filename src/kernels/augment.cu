@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     } else {
       const am::Tap t = am::locate_centred(g, unflipped, u, v_of_row[ly]);
       for (int c = 0; c < C; ++c)
-        sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t);
+        sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t, am::unit_byte);
     }
   }
   __syncthreads();

@@ -237,13 +237,15 @@ TANDEM_HD float bilerp(float a, float b, float c, float d, const AxisTap& x, con
 }
 
 /// The value, before blur and normalize, of a located pixel in one channel `plane` (in_h x in_w
-/// uint8, row-major; fewer than 2^31 bytes), in units of 1/255 (unit_byte).
-TANDEM_HD float read(const uint8_t* plane, int in_w, const Tap& t) {
+/// uint8, row-major; fewer than 2^31 bytes), in units of 1/255: unit(v) is unit_byte(v), computed
+/// or (the C++ reference) looked up in a table of unit_byte's 256 values — the same floats.
+template <typename Unit>
+TANDEM_HD float read(const uint8_t* plane, int in_w, const Tap& t, Unit unit) {
   if (!t.inside) return 0.0f;
   const uint8_t* top = plane + t.y.i0 * in_w;
   const uint8_t* bottom = plane + t.y.i1 * in_w;
-  return bilerp(unit_byte(top[t.x.i0]), unit_byte(top[t.x.i1]), unit_byte(bottom[t.x.i0]),
-                unit_byte(bottom[t.x.i1]), t.x, t.y);
+  return bilerp(unit(top[t.x.i0]), unit(top[t.x.i1]), unit(bottom[t.x.i0]), unit(bottom[t.x.i1]),
+                t.x, t.y);
 }
 
 /// A channel's normalize constants for sampled values in units of 1/255: (255 v - mean) / std
