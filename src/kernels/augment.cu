@@ -165,10 +165,11 @@ __device__ __forceinline__ void allow_next_grid() {
 
 // kTaps, kChannels: 0 when known only at run time (a.taps, a.channels). kGather: sample by
 // texture gathers (a.textures; three channels, a compiled blur size) instead of staging the window.
-// Blocks per SM: eight with texture gathers (32 registers, no spills; 21 KB of shared memory:
-// the sampling waits on its gathers, and more warps hide more of that); six for the staged
-// window with a compiled blur size (40 registers; its shared memory allows six too); five for a
-// blur size known only at run time, whose extra index arithmetic would spill.
+// Blocks per SM: eight with texture gathers (32 registers, no spills, 19 KB of shared memory) —
+// as fast as six at 40 registers (NOTES.md, v12): at 40 a pixel's three gathers are in flight
+// together, at 32 the compiler issues one and then two, and the extra warps make up for it; six
+// for the staged window with a compiled blur size (40 registers; its shared memory allows six
+// too); five for a blur size known only at run time, whose extra index arithmetic would spill.
 template <int kTaps, int kChannels, bool kGather>
 __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     augment_kernel(AugmentLaunch a) {
