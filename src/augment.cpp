@@ -177,11 +177,35 @@ void augment_one(const uint8_t* src, int64_t C, int64_t H, int64_t W,
   const am::Geometry g = geometry_of(spec, H, W);
   const int taps = static_cast<int>(spec.blur_kernel), r = taps / 2;
   const int oh = g.out_h, ow = g.out_w;
-  // Where each output pixel reads the source: once, for all channels.
-  std::vector<am::Tap> where(static_cast<size_t>(oh) * ow);
-  for (int i = 0; i < oh; ++i)
-    for (int j = 0; j < ow; ++j) where[i * ow + j] = am::locate(g, p, i, j);
-  std::vector<float> rot(static_cast<size_t>(oh) * ow), rows(static_cast<size_t>(oh) * ow);
+  const size_t plane = static_cast<size_t>(oh) * ow;
+  // unit_byte of every byte, looked up: a load per texel instead of three dependent
+  // floating-point operations.
+  static const std::array<float, 256> unit = [] {
+    std::array<float, 256> values{};
+    for (int v = 0; v < 256; ++v) values[v] = am::unit_byte(static_cast<uint8_t>(v));
+    return values;
+  }();
+  auto unit_of = [](uint8_t v) { return unit[v]; };
+  // The resize's taps of every resized column and row (axis_tap once each, like the kernel's
+  // tables); then each output pixel rotates back to a resized pixel and looks its taps up —
+  // locate_centred()'s values — and reads all channels there, so a location is made and read
+  // once.
+  std::vector<am::AxisTap> column_taps(ow), row_taps(oh);
+  for (int ci = 0; ci < ow; ++ci) column_taps[ci] = am::axis_tap(ci, g.scale_x, g.crop_w, p.left);
+  for (int ri = 0; ri < oh; ++ri) row_taps[ri] = am::axis_tap(ri, g.scale_y, g.crop_h, p.top);
+  std::vector<float> sampled(static_cast<size_t>(C) * plane), rows(plane);
+  for (int i = 0; i < oh; ++i) {
+    const am::RowTerms terms = am::row_terms(p.cos_a, p.sin_a, am::centre_offset(i, oh));
+    for (int j = 0; j < ow; ++j) {
+      const float u = am::centre_offset(j, ow);
+      const am::Resized at = am::rotate_back(g, p.cos_a, p.sin_a, p.flip ? -u : u, terms);
+      const am::Tap t{at.inside, at.inside ? column_taps[at.ci] : am::AxisTap{},
+                      at.inside ? row_taps[at.ri] : am::AxisTap{}};
+      for (int64_t c = 0; c < C; ++c)
+        sampled[c * plane + i * ow + j] = am::read(src + c * H * W, g.in_w, t, unit_of);
+    }
+  }
+  const float* rot = nullptr;  // the channel being blurred
   // Blur taps in the same order as the kernel's (augment_math::blur_taps): the interior loops
   // index directly so the compiler can vectorize across j; only the borders reflect.
   auto h_pass = [&](int i, int j) {
@@ -190,25 +214,20 @@ void augment_one(const uint8_t* src, int64_t C, int64_t H, int64_t W,
   auto v_pass = [&](int i, int j) {
     return am::blur_taps(w, taps, [&](int k) { return rows[am::reflect(i + k - r, oh) * ow + j]; });
   };
-  // unit_byte of every byte, looked up: a load per texel instead of three dependent
-  // floating-point operations (which made cpu_aug a third slower than reading bytes as floats).
-  static const std::array<float, 256> unit = [] {
-    std::array<float, 256> values{};
-    for (int v = 0; v < 256; ++v) values[v] = am::unit_byte(static_cast<uint8_t>(v));
-    return values;
-  }();
-  auto unit_of = [](uint8_t v) { return unit[v]; };
   for (int64_t c = 0; c < C; ++c) {
-    const uint8_t* plane = src + c * H * W;
-    for (size_t q = 0; q < where.size(); ++q) rot[q] = am::read(plane, g.in_w, where[q], unit_of);
+    rot = sampled.data() + c * plane;
     for (int i = 0; i < oh; ++i) {
-      const float* in = rot.data() + i * ow;
+      const float* in = rot + i * ow;
       float* o = rows.data() + i * ow;
       for (int j = 0; j < std::min(r, ow); ++j) o[j] = h_pass(i, j);
-      for (int j = r; j < ow - r; ++j) {
-        float acc = 0.0f;
-        for (int k = 0; k < taps; ++k) acc = am::fmadd(w[k], in[j + k - r], acc);
-        o[j] = acc;
+      // k outermost, as in the vertical pass: each output still adds k = 0, 1, ... in order, and
+      // the j loop vectorizes (one output's taps in a row were a chain of dependent multiply-
+      // adds, a third of this function's time).
+      for (int j = r; j < ow - r; ++j) o[j] = 0.0f;
+      for (int k = 0; k < taps; ++k) {
+        const float wk = w[k];
+        const float* shifted = in + k - r;
+        for (int j = r; j < ow - r; ++j) o[j] = am::fmadd(wk, shifted[j], o[j]);
       }
       for (int j = std::max(r, ow - r); j < ow; ++j) o[j] = h_pass(i, j);
     }

@@ -188,8 +188,10 @@ TANDEM_HD float centre_offset(int index, int size) {
   return (static_cast<float>(index) + 0.5f) - 0.5f * static_cast<float>(size);
 }
 
-/// locate() for the output pixel whose centre is (u, v) from the image centre (before the
-/// flip), as centre_offset gives them: the kernel computes those once per tile row and column.
+/// Where output pixel (i, j) reads the source: its centre (u, v) from the image centre (before
+/// the flip) is (centre_offset(j, out_w), centre_offset(i, out_h)); the kernel computes those
+/// once per tile row and column, the C++ reference once per row, with the resize's taps of
+/// every resized row and column tabulated (the same axis_tap values).
 TANDEM_HD Tap locate_centred(const Geometry& g, const SampleParams& p, float u, float v) {
   Tap t{false, {0, 0, 0.0f, 0.0f}, {0, 0, 0.0f, 0.0f}};
   const Resized r = rotate_back(g, p.cos_a, p.sin_a, p.flip ? -u : u, v);
@@ -198,10 +200,6 @@ TANDEM_HD Tap locate_centred(const Geometry& g, const SampleParams& p, float u, 
   t.x = axis_tap(r.ci, g.scale_x, g.crop_w, p.left);
   t.y = axis_tap(r.ri, g.scale_y, g.crop_h, p.top);
   return t;
-}
-
-TANDEM_HD Tap locate(const Geometry& g, const SampleParams& p, int i, int j) {
-  return locate_centred(g, p, centre_offset(j, g.out_w), centre_offset(i, g.out_h));
 }
 
 /// A byte as a float, exactly. On the GPU, 2^23 + v assembled as a float's bit pattern, minus
