@@ -133,11 +133,13 @@ def augment(a, checks):
     mine = load(a.tandem[0])
     print(f"{'bs':>4} {'sampling':>8} {'tandem img/s':>13} {'tv img/s':>10} {'ratio':>8} {'GB/s':>8}"
           f" {'copy GB/s':>10} {'ratio incl. draw':>17}")
-    # A batch size's first tandem row is the kernel's default sampling (augment-bench lists
-    # the requested samplings in order; gpu-check asks for the default first): the checks apply
-    # to it; other rows (e.g. the staged window beside texture gathers) are for the record.
+    # The checks apply to the kernel's default sampling: a batch size's row that asked for "auto"
+    # (files without requested_sampling: its first row, as gpu-check asks for auto first); other
+    # rows (e.g. the staged window beside texture gathers) are for the record.
+    def default_first(r):
+        return (r["batch_size"], r.get("requested_sampling", "auto") != "auto")
     checked = set()
-    for r in mine:
+    for r in sorted(mine, key=default_first):
         rows.append(r)
         bs = r["batch_size"]
         if bs not in tv:

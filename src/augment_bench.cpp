@@ -88,7 +88,10 @@ std::vector<AugmentBenchRow> run_augment_bench(const std::vector<int64_t>& batch
       // Resolved once, so that every launch of the row samples the same way.
       const AugmentSampling sampling =
           device.is_cuda() ? resolve_augment_sampling(inputs[0], spec, requested) : requested;
-      if (device.is_cuda()) row.sampling = to_string(sampling);
+      if (device.is_cuda()) {
+        row.sampling = to_string(sampling);
+        row.requested = to_string(requested);
+      }
       row.batch_size = bs;
       const int timings = device.is_cuda() ? repeats : std::max(1, repeats / 10);
       row.ms_per_batch = time_ms(
@@ -131,6 +134,7 @@ nlohmann::json augment_bench_json(const std::vector<AugmentBenchRow>& rows) {
                    {"scenario", "augment"},
                    {"mode", r.mode},
                    {"sampling", r.sampling},
+                   {"requested_sampling", r.requested},
                    {"batch_size", r.batch_size},
                    {"ms_per_batch", r.ms_per_batch},
                    {"steps_per_s", r.steps_per_s},
