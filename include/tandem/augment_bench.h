@@ -15,7 +15,7 @@ namespace tandem {
 struct AugmentBenchRow {
   std::string mode;            ///< "gpu" (the kernel) or "cpu" (the C++ reference, all cores)
   std::string sampling;        ///< the kernel's ("gather" or "staged"); "" on the CPU
-  std::string requested;       ///< what --sampling asked for ("auto", "gather", "staged"); "" on the CPU
+  std::string requested;       ///< what --sampling asked for (auto, gather, staged); "" on CPU
   int64_t batch_size = 0;
   double ms_per_batch = 0;     ///< median over repeats
   double steps_per_s = 0;      ///< batches per second
