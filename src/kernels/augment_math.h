@@ -218,8 +218,8 @@ TANDEM_HD float byte_to_float(uint8_t v) {
 /// every texel back by 255 was 12 instructions of each sampled pixel's ~87); normalize's
 /// constants (normalization()) bring the 255 back. One quotient estimate and one correction,
 /// computed the same way on both sides; for every byte it is the correctly rounded quotient
-/// (AugmentTest.UnitByteIsTheCorrectlyRoundedQuotient; the texture unit's value:
-/// AugmentGpuTest.TextureGathersReadEveryByteExactly).
+/// (AugmentTest.SamplingReadsEveryByteAsItsCorrectlyRoundedQuotientBy255; the texture unit's
+/// value: AugmentGpuTest.TextureGathersReadEveryByteExactly).
 constexpr float kInv255 = 1.0f / 255.0f;
 TANDEM_HD float unit_byte(uint8_t v) {
   const float f = byte_to_float(v);
