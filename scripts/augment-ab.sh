@@ -7,7 +7,8 @@
 # Usage: scripts/augment-ab.sh OUT OTHER_SOURCE_DIR[,OTHER_SOURCE_DIR...] [rounds]
 # (the log names the others other1, other2, ... in the order given)
 # Env: AB_ARGS: more augment-bench arguments for every tree (e.g. "--sampling auto,staged");
-# AB_THIS_ARGS: for this tree only; AB_SANITIZE=0 skips the sanitizers; AB_SANITIZE_FILTER: their gtest filter.
+# AB_THIS_ARGS: for this tree only; AB_OTHER<n>_ARGS: for other<n> only; AB_SANITIZE=0 skips
+# the sanitizers; AB_SANITIZE_FILTER: their gtest filter.
 set -uo pipefail
 USAGE="usage: scripts/augment-ab.sh OUT OTHER_SOURCE_DIR[,OTHER_SOURCE_DIR...] [rounds]"
 OUT=${1:?$USAGE}
@@ -37,8 +38,9 @@ rm -f "$OUT/ab-build.log"
 for round in $(seq "$ROUNDS"); do
   for side in "${SIDES[@]}"; do
     echo "== round $round, ${side%%:*}" >>"$LOG"
-    read -r -a extra <<<"${AB_ARGS:-}"
-    [ "${side%%:*}" = this ] && read -r -a extra <<<"${AB_ARGS:-} ${AB_THIS_ARGS:-}"
+    name=${side%%:*}
+    own="AB_${name^^}_ARGS"  # AB_THIS_ARGS, AB_OTHER1_ARGS, ...
+    read -r -a extra <<<"${AB_ARGS:-} ${!own:-}"
     "${side#*:}/tandem" augment-bench --batch-sizes 32,128 --repeats 100 "${extra[@]}" 2>&1 |
       grep -E "^gpu |error" >>"$LOG"
   done

@@ -29,6 +29,9 @@
 // pipe (a window of byte pixels: a byte permute per value), then — with texture gathers — by
 // the instructions of each sampled pixel and the latency of its gathers.
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "augment_launch.h"
 #include "tandem/error.h"
@@ -450,12 +453,17 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
 }
 
 // Whether the current device can start a kernel before the previous one finishes (compute
-// capability 9.0 and later).
+// capability 9.0 and later): asked of each device once.
 bool programmatic_launch_supported() {
-  int device = 0, major = 0;
+  int device = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find(device); it != known.end()) return it->second;
+  int major = 0;
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 9;
+  return known[device] = major >= 9;
 }
 
 template <int kTaps, int kChannels, bool kGather = false>
@@ -487,26 +495,30 @@ void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&config, augment_kernel<kTaps, kChannels, kGather>, args));
 }
 
-void launch_augment_gathers(const AugmentLaunch& args, cudaStream_t stream) {
-  switch (args.taps) {
-    case 1: return launch_augment_for<1, 3, true>(args, stream);
-    case 3: return launch_augment_for<3, 3, true>(args, stream);
-    case 5: return launch_augment_for<5, 3, true>(args, stream);
-    case 7: return launch_augment_for<7, 3, true>(args, stream);
-    case 9: return launch_augment_for<9, 3, true>(args, stream);
+// The blur sizes the kernel is compiled for (weights in registers, loops unrolled; the only
+// ones with texture gathers): this one list drives the launch and why_no_gathers.
+template <int... kSizes>
+struct BlurSizes {
+  static bool contain(int taps) { return ((taps == kSizes) || ...); }
+  static std::string listed() {
+    std::string out;
+    ((out += (out.empty() ? "" : ", ") + std::to_string(kSizes)), ...);
+    return out;
   }
-}
+  // Launches the variant compiled for args.taps; false where there is none.
+  template <int kChannels, bool kGather>
+  static bool launch(const AugmentLaunch& args, cudaStream_t stream) {
+    return ((args.taps == kSizes &&
+             (launch_augment_for<kSizes, kChannels, kGather>(args, stream), true)) ||
+            ...);
+  }
+};
+using CompiledBlurSizes = BlurSizes<1, 3, 5, 7, 9>;
 
 template <int kChannels>
 void launch_augment_channels(const AugmentLaunch& args, cudaStream_t stream) {
-  switch (args.taps) {
-    case 1: return launch_augment_for<1, kChannels>(args, stream);
-    case 3: return launch_augment_for<3, kChannels>(args, stream);
-    case 5: return launch_augment_for<5, kChannels>(args, stream);
-    case 7: return launch_augment_for<7, kChannels>(args, stream);
-    case 9: return launch_augment_for<9, kChannels>(args, stream);
-    default: return launch_augment_for<0, kChannels>(args, stream);
-  }
+  if (!CompiledBlurSizes::launch<kChannels, false>(args, stream))
+    launch_augment_for<0, kChannels>(args, stream);
 }
 
 __global__ void draw_kernel(DrawLaunch d) {
@@ -533,9 +545,10 @@ __global__ void draw_kernel(DrawLaunch d) {
 }  // namespace
 
 std::string why_no_gathers(int channels, int taps) {
-  if (channels == 3 && (taps == 1 || taps == 3 || taps == 5 || taps == 7 || taps == 9)) return "";
-  return "the kernel gathers for 3 channels and blur sizes 1, 3, 5, 7, 9 only; got " +
-         std::to_string(channels) + " channels, blur " + std::to_string(taps);
+  if (channels == kGatherChannels && CompiledBlurSizes::contain(taps)) return "";
+  return "the kernel gathers for " + std::to_string(kGatherChannels) + " channels and blur sizes " +
+         CompiledBlurSizes::listed() + " only; got " + std::to_string(channels) +
+         " channels, blur " + std::to_string(taps);
 }
 
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream) {
@@ -549,7 +562,8 @@ void launch_augment(const AugmentLaunch& args, cudaStream_t stream) {
                          args.textures.count * args.textures.samples_per_texture >= args.batch,
                      args.textures.count, " textures of ", args.textures.samples_per_texture,
                      " samples do not cover a batch of ", args.batch);
-    return launch_augment_gathers(args, stream);
+    CompiledBlurSizes::launch<kGatherChannels, true>(args, stream);  // why_not: it has one
+    return;
   }
   if (args.channels == 3) return launch_augment_channels<3>(args, stream);
   launch_augment_channels<0>(args, stream);
