@@ -327,9 +327,9 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     // z top-right, w top-left.
     const cudaTextureObject_t* planes = a.textures.handles[b / a.textures.samples_per_texture];
     const cudaTextureObject_t plane0 = planes[0], plane1 = planes[1], plane2 = planes[2];
-    const int sample_row0 = (b % a.textures.samples_per_texture) * C * g.in_h;
+    const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
     const float column_origin = static_cast<float>(p.left + 1);
-    const float row_origin = static_cast<float>(sample_row0 + p.top + 1);
+    const float row_origin = static_cast<float>(first_row + p.top + 1);
     const float last_column = a.float_sizes.last_column, last_row = a.float_sizes.last_row;
     const float out_w = a.float_sizes.out_w, out_h = a.float_sizes.out_h;
     for (int idx = first_row * halo_w + tid; idx < end_row * halo_w; idx += kThreads) {
