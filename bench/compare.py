@@ -131,15 +131,13 @@ def augment(a, checks):
         if r.get("exp") == "cls_floor":
             tv[r["bs"]] = r["tv_gpu_aug_ms"]
     mine = load(a.tandem[0])
-    print(f"{'bs':>4} {'sampling':>8} {'cluster':>7} {'tandem img/s':>13} {'tv img/s':>10} {'ratio':>8} {'GB/s':>8}"
+    print(f"{'bs':>4} {'sampling':>8} {'tandem img/s':>13} {'tv img/s':>10} {'ratio':>8} {'GB/s':>8}"
           f" {'copy GB/s':>10} {'ratio incl. draw':>17}")
-    # The checks apply to the kernel's defaults: a batch size's row that asked for "auto"
-    # sampling and the default tiles per cluster (files without those fields: its first row, as
-    # gpu-check asks for the defaults first); other rows (e.g. the staged window beside texture
-    # gathers, other cluster sizes) are for the record.
+    # The checks apply to the kernel's default sampling: a batch size's row that asked for "auto"
+    # (files without requested_sampling: its first row, as gpu-check asks for auto first); other
+    # rows (e.g. the staged window beside texture gathers) are for the record.
     def default_first(r):
-        return (r["batch_size"], r.get("requested_sampling", "auto") != "auto" or
-                r.get("requested_tiles_per_cluster", 0) != 0)
+        return (r["batch_size"], r.get("requested_sampling", "auto") != "auto")
     checked = set()
     for r in sorted(mine, key=default_first):
         rows.append(r)
@@ -154,8 +152,7 @@ def augment(a, checks):
         if bs not in checked:
             rows.append(t)
         ratio = r["steps_per_s"] / t["steps_per_s"]
-        print(f"{bs:>4} {r.get('sampling', '-'):>8} {r.get('tiles_per_cluster', '-'):>7} "
-              f"{r['images_per_s']:>13.0f} "
+        print(f"{bs:>4} {r.get('sampling', '-'):>8} {r['images_per_s']:>13.0f} "
               f"{t['images_per_s']:>10.0f} {ratio:>8.1f} "
               f"{r['gb_per_s']:>8.1f} {r['copy_gb_per_s']:>10.1f} "
               f"{tv[bs] / r.get('ms_per_batch_with_draw', float('nan')):>17.1f}")

@@ -316,48 +316,8 @@ AugmentSampling resolve_augment_sampling(const at::Tensor& images, const Augment
   return resolve(images.contiguous(), spec, requested, unused);
 }
 
-namespace {
-void check_kernel_options(const AugmentKernelOptions& kernel) {
-  TANDEM_CHECK_ARG(kernel.tiles_per_cluster >= 0 && kernel.tiles_per_cluster <= kMaxClusterTiles,
-                   "tiles per cluster ", kernel.tiles_per_cluster, " is not valid: expected 0 ",
-                   "(the default) or 1 to ", kMaxClusterTiles);
-}
-
-// The launch's sizes, layout and textures for `src` (contiguous uint8 (B, C, H, W) on the
-// current CUDA device, checked against `spec`); the caller adds the data pointers.
-AugmentLaunch launch_layout(const at::Tensor& src, const AugmentSpec& spec,
-                            const AugmentKernelOptions& kernel) {
-  AugmentLaunch a{};
-  resolve(src, spec, kernel.sampling, a.textures);
-  a.batch = static_cast<int>(src.size(0));
-  a.channels = static_cast<int>(src.size(1));
-  a.geometry = geometry_of(spec, src.size(2), src.size(3));
-  a.taps = static_cast<int>(spec.blur_kernel);
-  a.cluster_tiles = kernel.tiles_per_cluster;
-  return a;
-}
-}  // namespace
-
-int augment_tiles_per_cluster(const at::Tensor& images, const AugmentSpec& spec,
-                              const AugmentKernelOptions& kernel) {
-  TANDEM_CHECK_ARG(images.is_cuda() && images.dim() == 4 && images.scalar_type() == at::kByte,
-                   "tiles per cluster apply to (B, C, H, W) uint8 CUDA images");
-  check_kernel_options(kernel);
-  spec.validate(images.size(1), images.size(2), images.size(3));
-  const c10::cuda::CUDAGuard guard(images.device());
-  return augment_tiles_per_cluster(launch_layout(images.contiguous(), spec, kernel));
-}
-
 at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec,
                    AugmentSampling sampling) {
-  AugmentKernelOptions kernel;
-  kernel.sampling = sampling;
-  return augment(images, params, spec, kernel);
-}
-
-at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec,
-                   const AugmentKernelOptions& kernel) {
-  check_kernel_options(kernel);
   TANDEM_CHECK_ARG(images.scalar_type() == at::kByte, "augment expects uint8 images, got ",
                    images.scalar_type());
   TANDEM_CHECK_ARG(images.dim() == 4, "augment expects (B, C, H, W) images, got ", images.dim(),
@@ -377,9 +337,13 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
   at::Tensor out = at::empty({B, C, spec.out_h, spec.out_w}, images.options().dtype(at::kFloat));
   if (images.is_cuda()) {
     const c10::cuda::CUDAGuard guard(images.device());
-    AugmentLaunch a = launch_layout(src, spec, kernel);
+    AugmentLaunch a{};
+    resolve(src, spec, sampling, a.textures);
     a.images = src.data_ptr<uint8_t>();
     a.out = out.data_ptr<float>();
+    a.batch = static_cast<int>(B);
+    a.channels = static_cast<int>(C);
+    a.geometry = geometry_of(spec, H, W);
     const at::Tensor top = params.top.contiguous(), left = params.left.contiguous(),
                      cs = params.cos_a.contiguous(), sn = params.sin_a.contiguous(),
                      flip = params.flip.contiguous(), w = params.blur_weights.contiguous();
@@ -389,6 +353,7 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
     a.sin_a = sn.data_ptr<float>();
     a.flip = flip.data_ptr<int32_t>();
     a.weights = w.data_ptr<float>();
+    a.taps = static_cast<int>(spec.blur_kernel);
     for (int64_t c = 0; c < C; ++c)
       a.normalization[c] = augment_math::normalization(spec.mean[c], spec.std[c]);
     launch_augment(a, c10::cuda::getCurrentCUDAStream(images.device().index()).stream());

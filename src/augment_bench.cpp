@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <sstream>
 
-#include "kernels/augment_launch.h"
 #include "tandem/error.h"
 #include "tandem/sweep.h"
 
@@ -55,15 +54,9 @@ double time_ms(c10::Device device, int repeats, Fn fn) {
 std::vector<AugmentBenchRow> run_augment_bench(const std::vector<int64_t>& batch_sizes,
                                                c10::Device device, int repeats,
                                                const AugmentSpec& spec,
-                                               const std::vector<AugmentSampling>& samplings,
-                                               const std::vector<int>& tiles_per_cluster) {
+                                               const std::vector<AugmentSampling>& samplings) {
   TANDEM_CHECK_ARG(repeats > 0, "repeat count ", repeats, " is not valid: expected > 0");
   TANDEM_CHECK_ARG(!samplings.empty(), "no sampling given: expected auto, gather or staged");
-  TANDEM_CHECK_ARG(!tiles_per_cluster.empty(), "no tiles per cluster given: expected 0 (the ",
-                   "default) or 1 to ", kMaxClusterTiles);
-  for (int k : tiles_per_cluster)
-    TANDEM_CHECK_ARG(k >= 0 && k <= kMaxClusterTiles, "tiles per cluster ", k,
-                     " is not valid: expected 0 (the default) or 1 to ", kMaxClusterTiles);
   std::vector<AugmentBenchRow> rows;
   for (int64_t bs : batch_sizes) {
     TANDEM_CHECK_ARG(bs > 0, "batch size ", bs, " is not valid: expected a positive number");
@@ -88,37 +81,31 @@ std::vector<AugmentBenchRow> run_augment_bench(const std::vector<int64_t>& batch
       const double copy_ms = time_ms(device, repeats, [&](int) { dst.copy_(src); });
       copy_gb_per_s = 2.0 * static_cast<double>(src.nbytes()) / (copy_ms * 1e-3) / 1e9;
     }
-    const std::vector<AugmentSampling> cpu_sampling{AugmentSampling::kAuto};
-    const std::vector<int> cpu_tiles{0};
-    for (AugmentSampling requested : device.is_cuda() ? samplings : cpu_sampling)
-      for (int tiles : device.is_cuda() ? tiles_per_cluster : cpu_tiles) {
-        AugmentBenchRow row;
-        row.mode = device.is_cuda() ? "gpu" : "cpu";
-        // Resolved once, so that every launch of the row samples the same way.
-        AugmentKernelOptions kernel;
-        kernel.sampling =
-            device.is_cuda() ? resolve_augment_sampling(inputs[0], spec, requested) : requested;
-        kernel.tiles_per_cluster = tiles;
-        if (device.is_cuda()) {
-          row.sampling = to_string(kernel.sampling);
-          row.requested = to_string(requested);
-          row.tiles_per_cluster = augment_tiles_per_cluster(inputs[0], spec, kernel);
-          row.requested_tiles_per_cluster = tiles;
-        }
-        row.batch_size = bs;
-        const int timings = device.is_cuda() ? repeats : std::max(1, repeats / 10);
-        row.ms_per_batch = time_ms(
-            device, timings, [&](int i) { augment(inputs[i % kInputSets], params, spec, kernel); });
-        row.ms_per_batch_with_draw = time_ms(device, timings, [&](int i) {
-          augment(inputs[i % kInputSets], draw_augment_params(spec, bs, 256, 256, device, gen),
-                  spec, kernel);
-        });
-        row.steps_per_s = 1000.0 / row.ms_per_batch;
-        row.images_per_s = row.steps_per_s * static_cast<double>(bs);
-        row.gb_per_s = bytes / (row.ms_per_batch * 1e-3) / 1e9;
-        row.copy_gb_per_s = copy_gb_per_s;
-        rows.push_back(row);
+    const std::vector<AugmentSampling> cpu_only{AugmentSampling::kAuto};
+    for (AugmentSampling requested : device.is_cuda() ? samplings : cpu_only) {
+      AugmentBenchRow row;
+      row.mode = device.is_cuda() ? "gpu" : "cpu";
+      // Resolved once, so that every launch of the row samples the same way.
+      const AugmentSampling sampling =
+          device.is_cuda() ? resolve_augment_sampling(inputs[0], spec, requested) : requested;
+      if (device.is_cuda()) {
+        row.sampling = to_string(sampling);
+        row.requested = to_string(requested);
       }
+      row.batch_size = bs;
+      const int timings = device.is_cuda() ? repeats : std::max(1, repeats / 10);
+      row.ms_per_batch = time_ms(
+          device, timings, [&](int i) { augment(inputs[i % kInputSets], params, spec, sampling); });
+      row.ms_per_batch_with_draw = time_ms(device, timings, [&](int i) {
+        augment(inputs[i % kInputSets], draw_augment_params(spec, bs, 256, 256, device, gen), spec,
+                sampling);
+      });
+      row.steps_per_s = 1000.0 / row.ms_per_batch;
+      row.images_per_s = row.steps_per_s * static_cast<double>(bs);
+      row.gb_per_s = bytes / (row.ms_per_batch * 1e-3) / 1e9;
+      row.copy_gb_per_s = copy_gb_per_s;
+      rows.push_back(row);
+    }
   }
   return rows;
 }
@@ -126,15 +113,13 @@ std::vector<AugmentBenchRow> run_augment_bench(const std::vector<int64_t>& batch
 std::string describe_augment_bench(const std::vector<AugmentBenchRow>& rows) {
   std::ostringstream os;
   char line[200];
-  std::snprintf(line, sizeof line, "%-5s %-8s %7s %6s %12s %10s %12s %9s %10s %14s\n", "mode",
-                "sampling", "cluster", "batch", "ms/batch", "batches/s", "images/s", "GB/s",
-                "copy GB/s", "ms with draw");
+  std::snprintf(line, sizeof line, "%-5s %-8s %6s %12s %10s %12s %9s %10s %14s\n", "mode",
+                "sampling", "batch", "ms/batch", "batches/s", "images/s", "GB/s", "copy GB/s",
+                "ms with draw");
   os << line;
   for (const auto& r : rows) {
-    const std::string tiles = r.mode == "cpu" ? "-" : std::to_string(r.tiles_per_cluster);
-    std::snprintf(line, sizeof line,
-                  "%-5s %-8s %7s %6lld %12.4f %10.1f %12.0f %9.1f %10.1f %14.4f\n",
-                  r.mode.c_str(), r.sampling.empty() ? "-" : r.sampling.c_str(), tiles.c_str(),
+    std::snprintf(line, sizeof line, "%-5s %-8s %6lld %12.4f %10.1f %12.0f %9.1f %10.1f %14.4f\n",
+                  r.mode.c_str(), r.sampling.empty() ? "-" : r.sampling.c_str(),
                   static_cast<long long>(r.batch_size), r.ms_per_batch, r.steps_per_s,
                   r.images_per_s, r.gb_per_s, r.copy_gb_per_s, r.ms_per_batch_with_draw);
     os << line;
@@ -150,8 +135,6 @@ nlohmann::json augment_bench_json(const std::vector<AugmentBenchRow>& rows) {
                    {"mode", r.mode},
                    {"sampling", r.sampling},
                    {"requested_sampling", r.requested},
-                   {"tiles_per_cluster", r.tiles_per_cluster},
-                   {"requested_tiles_per_cluster", r.requested_tiles_per_cluster},
                    {"batch_size", r.batch_size},
                    {"ms_per_batch", r.ms_per_batch},
                    {"steps_per_s", r.steps_per_s},

@@ -259,23 +259,16 @@ TEST(AugmentTest, RejectsBadInputNamingTheValue) {
 // --- GPU: the kernel against the C++ reference, on the same parameters ---
 
 void expect_gpu_matches_cpu(const AugmentSpec& s, int64_t b, int64_t c, int64_t h, int64_t w,
-                            uint64_t seed, const AugmentKernelOptions& kernel) {
+                            uint64_t seed, AugmentSampling sampling = AugmentSampling::kAuto) {
   const at::Tensor img = random_images(b, c, h, w, seed);
   auto gen = at::cuda::detail::createCUDAGenerator(0);
   gen.set_current_seed(seed);
   const c10::Device cuda(c10::kCUDA, 0);
   const auto p = draw_augment_params(s, b, h, w, cuda, gen);
-  at::Tensor dev = augment(img.to(cuda), p, s, kernel).cpu();
+  at::Tensor dev = augment(img.to(cuda), p, s, sampling).cpu();
   at::Tensor host = augment(img, p.to(c10::Device(c10::kCPU)), s);
   EXPECT_EQ(first_mismatch(dev, host, 1e-5), "") << "max |gpu - cpu| = "
                                                   << (dev - host).abs().max().item<float>();
-}
-
-void expect_gpu_matches_cpu(const AugmentSpec& s, int64_t b, int64_t c, int64_t h, int64_t w,
-                            uint64_t seed, AugmentSampling sampling = AugmentSampling::kAuto) {
-  AugmentKernelOptions kernel;
-  kernel.sampling = sampling;
-  expect_gpu_matches_cpu(s, b, c, h, w, seed, kernel);
 }
 
 TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnSpecSizes) {
@@ -406,21 +399,6 @@ TEST(AugmentTest, SamplingNamesParseAndBadOnesAreRejected) {
   }
 }
 
-TEST(AugmentTest, ABadTilesPerClusterIsRejectedOnEveryDevice) {
-  const AugmentSpec s;
-  const at::Tensor img = random_images(1, 3, 256, 256, 98);
-  const auto p = draw_augment_params_host(s, 256, 256, 98, 0);
-  try {
-    augment(img, p, s, AugmentKernelOptions{AugmentSampling::kAuto, 9});
-    ADD_FAILURE() << "no error for 9 tiles per cluster";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("tiles per cluster 9 is not valid: expected 0 (the "
-                                         "default) or 1 to 8"),
-              std::string::npos)
-        << e.what();
-  }
-}
-
 // 40 images of 256x256 are 2,560 tiles: more than the blocks a GPU holds at once (792 on an
 // H200), so blocks run in several waves (and a kernel that loops its blocks over tiles, as v9
 // did, loops over tiles of different samples).
@@ -469,61 +447,6 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceWhenTheSourceWindowIsTooLargeTo
   s.out_h = s.out_w = 32;
   s.blur_kernel = 3;
   expect_gpu_matches_cpu(s, 2, 3, 256, 256, 40);
-}
-
-// The tiles of a cluster share their blur halo's rows through each other's shared memory:
-// every cluster size must compute what one tile per block computes, including clusters the
-// output's rows of tiles do not fill (blocks below the output), sizes clamped to those rows,
-// halos almost as tall as a tile (blur 41), the compiled and the run-time blur sizes, and both
-// samplings.
-TEST(AugmentGpuTest, KernelMatchesTheCppReferenceForEveryClusterSize) {
-  TANDEM_SKIP_WITHOUT_CUDA();
-  AugmentSpec spec;
-  spec.hflip_probability = 0.5;
-  for (AugmentSampling sampling :
-       {AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
-    for (int tiles : {1, 2, 3, 8}) {  // SPEC sizes: 8 rows of tiles
-      SCOPED_TRACE(std::string(to_string(sampling)) + ", " + std::to_string(tiles) + " tiles");
-      expect_gpu_matches_cpu(spec, 3, 3, 256, 256, 80 + tiles, {sampling, tiles});
-    }
-  }
-  for (int taps : {1, 7, 11, 41}) {
-    AugmentSpec s;
-    s.crop_h = s.crop_w = 48;
-    s.out_h = 100;  // 4 rows of tiles, the last partial
-    s.out_w = 70;
-    s.blur_kernel = taps;
-    s.hflip_probability = 0.5;
-    for (int tiles : {2, 3, 8}) {
-      SCOPED_TRACE("blur " + std::to_string(taps) + ", " + std::to_string(tiles) + " tiles");
-      expect_gpu_matches_cpu(s, 2, 3, 64, 64, 90 + taps, {AugmentSampling::kAuto, tiles});
-    }
-  }
-}
-
-TEST(AugmentGpuTest, TilesPerClusterAreAtMostTheOutputsRowsOfTiles) {
-  TANDEM_SKIP_WITHOUT_CUDA();
-  const c10::Device cuda(c10::kCUDA, 0);
-  const at::Tensor img = random_images(2, 3, 256, 256, 95).to(cuda);
-  AugmentSpec s;  // 256x256 outputs: 8 rows of 32x32 tiles
-  EXPECT_EQ(augment_tiles_per_cluster(img, s, {AugmentSampling::kAuto, 3}), 3);
-  EXPECT_EQ(augment_tiles_per_cluster(img, s, {AugmentSampling::kStagedWindow, 0}), 1);
-  const int gathers = augment_tiles_per_cluster(img, s, {});
-  EXPECT_GE(gathers, 1);
-  EXPECT_LE(gathers, 8);
-  s.out_h = 40;  // 2 rows of tiles
-  EXPECT_EQ(augment_tiles_per_cluster(img, s, {AugmentSampling::kAuto, 8}), 2);
-  for (int bad : {-1, 9}) {
-    try {
-      augment_tiles_per_cluster(img, s, {AugmentSampling::kAuto, bad});
-      ADD_FAILURE() << "no error for " << bad << " tiles per cluster";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("tiles per cluster " + std::to_string(bad) +
-                                           " is not valid"),
-                std::string::npos)
-          << e.what();
-    }
-  }
 }
 
 TEST(AugmentGpuTest, DeviceDrawsAreReproduciblePerSampleAndWithinTheirRanges) {

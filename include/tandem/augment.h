@@ -76,28 +76,11 @@ AugmentSampling parse_augment_sampling(const std::string& name);
 AugmentSampling resolve_augment_sampling(const at::Tensor& images, const AugmentSpec& spec,
                                          AugmentSampling requested);
 
-/// How the CUDA kernel lays out its work. Every choice computes the same values (to the bit).
-struct AugmentKernelOptions {
-  AugmentSampling sampling = AugmentSampling::kAuto;
-  /// 32x32 output tiles per thread block cluster, one below the other (1 to 8): each block
-  /// samples its own tile's rows and reads the blur halo rows its neighbours sampled from their
-  /// shared memory. 0: the default for the sampling (augment_tiles_per_cluster).
-  int tiles_per_cluster = 0;
-};
-
 /// Augments `images` (B, C, H, W) uint8 with `params` (on the same device) into a new
 /// (B, C, out_h, out_w) float32 tensor: one CUDA kernel on the current stream for CUDA inputs,
-/// the C++ reference for CPU inputs (which ignore the kernel options).
-at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec,
-                   const AugmentKernelOptions& kernel);
+/// the C++ reference for CPU inputs (which ignore `sampling`).
 at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const AugmentSpec& spec,
                    AugmentSampling sampling = AugmentSampling::kAuto);
-
-/// The tiles per cluster a CUDA launch on `images` takes with `kernel`'s options: its
-/// tiles_per_cluster if positive, else the default for the sampling it resolves to; at most 8
-/// and the output's rows of tiles.
-int augment_tiles_per_cluster(const at::Tensor& images, const AugmentSpec& spec,
-                              const AugmentKernelOptions& kernel);
 
 /// The C++ reference for one sample: `image` (C, H, W) uint8 contiguous CPU, parameters row
 /// `row` of CPU `params`, written into `out` (C, out_h, out_w) float32 contiguous CPU.

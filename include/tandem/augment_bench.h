@@ -16,8 +16,6 @@ struct AugmentBenchRow {
   std::string mode;            ///< "gpu" (the kernel) or "cpu" (the C++ reference, all cores)
   std::string sampling;        ///< the kernel's ("gather" or "staged"); "" on the CPU
   std::string requested;       ///< what --sampling asked for (auto, gather, staged); "" on CPU
-  int tiles_per_cluster = 0;            ///< the kernel's (AugmentKernelOptions); 0 on the CPU
-  int requested_tiles_per_cluster = 0;  ///< what --tiles-per-cluster asked for (0: default)
   int64_t batch_size = 0;
   double ms_per_batch = 0;     ///< median over repeats
   double steps_per_s = 0;      ///< batches per second
@@ -31,13 +29,12 @@ struct AugmentBenchRow {
 /// Times `augment` on random (B, 3, 256, 256) uint8 batches already on `device`, for each batch
 /// size: warm-up, then `repeats` timings of 10 launches each (CUDA events), rotating among four
 /// input batches so the L2 cache does not hold the input; the median per batch is reported. On a
-/// GPU, one row per batch size, entry of `samplings` and entry of `tiles_per_cluster` (the same
-/// inputs, one after another; 0: the kernel's default).
-std::vector<AugmentBenchRow> run_augment_bench(
-    const std::vector<int64_t>& batch_sizes, c10::Device device, int repeats,
-    const AugmentSpec& spec = {},
-    const std::vector<AugmentSampling>& samplings = {AugmentSampling::kAuto},
-    const std::vector<int>& tiles_per_cluster = {0});
+/// GPU, one row per batch size and entry of `samplings` (the same inputs, one after another).
+std::vector<AugmentBenchRow> run_augment_bench(const std::vector<int64_t>& batch_sizes,
+                                               c10::Device device, int repeats,
+                                               const AugmentSpec& spec = {},
+                                               const std::vector<AugmentSampling>& samplings = {
+                                                   AugmentSampling::kAuto});
 
 std::string describe_augment_bench(const std::vector<AugmentBenchRow>& rows);
 /// Rows in the committed results' shape: impl "tandem", scenario "augment", mode, batch_size,

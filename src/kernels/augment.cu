@@ -33,8 +33,6 @@
 #include <mutex>
 #include <string>
 
-#include <cooperative_groups.h>
-
 #include "augment_launch.h"
 #include "tandem/error.h"
 
@@ -43,7 +41,6 @@ namespace tandem {
 namespace {
 
 namespace am = augment_math;
-namespace cg = cooperative_groups;
 
 constexpr int kTileW = 32;
 constexpr int kTileH = 32;
@@ -193,6 +190,7 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
   const int C = kChannels > 0 ? kChannels : a.channels;
   const int radius = taps / 2;
   const int halo_w = kTileW + 2 * radius, halo_h = kTileH + 2 * radius;
+  const int halo = halo_h * halo_w;
   // [C][halo_h][sampled_w] sampled values, rows padded to 16 bytes for the row pass's 16-byte
   // loads, which writes its output over them; then the staged window (staged sampling only);
   // then the weights.
@@ -205,21 +203,6 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
   allow_next_grid();
   const int b = blockIdx.z;
   const int x0 = blockIdx.x * kTileW, y0 = blockIdx.y * kTileH;
-  // The tiles of a cluster lie one below the other, and each block samples (and blurs along
-  // rows) only its own kTileH rows of the halo'd tile, plus the outer halo rows where no tile
-  // of its cluster lies beyond: the rest of its halo are its neighbours' own rows, copied from
-  // their shared memory (tile_rows). A block below the output (the grid is whole clusters)
-  // takes part in the cluster's barriers only.
-  const cg::cluster_group cluster = cg::this_cluster();
-  // The grid is whole clusters of cluster_tiles consecutive rows of tiles: a block's rank is
-  // blockIdx.y's remainder (uniform across the block, as cluster.block_rank() is not known to be).
-  const int rank = static_cast<int>(blockIdx.y) % a.cluster_tiles;
-  const bool inside = y0 < a.geometry.out_h;
-  const bool top_edge = rank == 0;
-  const bool bottom_edge = rank == a.cluster_tiles - 1 || y0 + kTileH >= a.geometry.out_h;
-  // The halo rows this block samples: [first_row, end_row).
-  const int first_row = top_edge ? 0 : radius;
-  const int end_row = !inside ? first_row : bottom_edge ? halo_h : kTileH + radius;
   const int tid = threadIdx.x, tx = tid % kTileW, ty = tid / kTileW;
   const am::Geometry g = a.geometry;
   const am::SampleParams p{a.top[b], a.left[b], a.cos_a[b], a.sin_a[b], a.flip[b]};
@@ -330,9 +313,10 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
     const float column_origin = static_cast<float>(p.left + 1);
     const float row_origin = static_cast<float>(first_row + p.top + 1);
-    const float last_column = a.float_sizes.last_column, last_row = a.float_sizes.last_row;
-    const float out_w = a.float_sizes.out_w, out_h = a.float_sizes.out_h;
-    for (int idx = first_row * halo_w + tid; idx < end_row * halo_w; idx += kThreads) {
+    const float last_column = static_cast<float>(g.crop_w - 1);
+    const float last_row = static_cast<float>(g.crop_h - 1);
+    const float out_w = static_cast<float>(g.out_w), out_h = static_cast<float>(g.out_h);
+    for (int idx = tid; idx < halo; idx += kThreads) {
       const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
       const am::Rotated q = am::rotate_to_grid(g, p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
       const float ci = am::floor_f(q.fc), ri = am::floor_f(q.fr);  // rotate_back's pixel
@@ -354,8 +338,7 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     }
   }
   const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
-  for (int idx = first_row * halo_w + tid; !kGather && idx < end_row * halo_w;
-       idx += kThreads) {
+  for (int idx = tid; !kGather && idx < halo; idx += kThreads) {
     const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
     const float u = u_of_column[lx];
     const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, row_terms[ly]);
@@ -394,16 +377,7 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
   // __syncwarp orders them, and the loops run the same number of times in every lane of a warp.
   // Known size: a thread makes four neighbouring outputs of one row from (taps + 6) / 4 16-byte
   // loads (a quarter warp per row); else one output per thread.
-  const int sampled_rows = end_row - first_row;
-  const int lines = C * sampled_rows;  // line = c * sampled_rows + ly - first_row
-  auto line_start = [&](int line) {
-    int c = 0;
-    while (line >= sampled_rows) {  // at most C - 1 times
-      line -= sampled_rows;
-      ++c;
-    }
-    return sampled + (c * halo_h + first_row + line) * sampled_w;
-  };
+  const int lines = C * halo_h;  // line = c * halo_h + ly
   if constexpr (kTaps > 0) {
     constexpr int kQuadsPerRow = kTileW / 4, kRowsPerPass = kThreads / kQuadsPerRow;
     constexpr int kLoads = (kTaps + 3 + 3) / 4;  // float4s covering the taps + 3 inputs
@@ -413,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     for (int first = 0; first < lines; first += kRowsPerPass) {
       const int line = first + tid / kQuadsPerRow;
       // inputs past the halo's width (row padding) are loaded, never used
-      float4* row = reinterpret_cast<float4*>(line_start(min(line, lines - 1)));
+      float4* row = reinterpret_cast<float4*>(sampled + line * sampled_w);
       float4 out;
       if (line < lines) {
         float v[4 * kLoads];
@@ -435,37 +409,17 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     }
   } else {
     for (int line = ty; line < lines; line += kWarpsPerTile) {  // a warp per line
-      float* row = line_start(line);
+      float* row = sampled + line * sampled_w;
       const float out = am::blur_taps(weights, taps, [&](int k) { return row[tx + k]; });
       __syncwarp();
       row[tx] = out;
     }
   }
-  // The halo rows the neighbours sampled, blurred along rows (their first kTileW values): the
-  // `radius` rows above this tile are the last of the tile above's own rows, those below it the
-  // first of the tile below's. The first barrier: every block of the cluster has blurred its
-  // rows; the second: every copy is done (no block reads a block that has exited, and this
-  // block's column pass sees its copies). Without a cluster (one block) both are __syncthreads.
-  cluster.sync();
-  if (inside) {
-    const int above = top_edge ? 0 : radius, below = bottom_edge ? 0 : radius;
-    const int copies = C * (above + below) * kTileW;
-    for (int i = tid; i < copies; i += kThreads) {
-      const int row_of_all = i / kTileW, x = i - row_of_all * kTileW;
-      const int c = row_of_all / (above + below), k = row_of_all - c * (above + below);
-      // ly: the row here; their_ly: the same image row in the neighbour's halo
-      const bool from_above = k < above;
-      const int ly = from_above ? k : kTileH + radius + (k - above);
-      const int their_ly = from_above ? kTileH + k : radius + (k - above);
-      const float* theirs = cluster.map_shared_rank(sampled, rank + (from_above ? -1 : 1));
-      sampled[(c * halo_h + ly) * sampled_w + x] = theirs[(c * halo_h + their_ly) * sampled_w + x];
-    }
-  }
-  cluster.sync();
+  __syncthreads();
 
   // 4. Blur along columns, normalize, write: a warp writes 32 consecutive floats of one row.
   const int x = x0 + tx, y_first = y0 + ty * kRowsPerThread;
-  if (x >= g.out_w || !inside) return;
+  if (x >= g.out_w) return;
   const int rows_here = min(kRowsPerThread, g.out_h - y_first);  // < kRowsPerThread: last tile
   const int64_t out_plane = static_cast<int64_t>(g.out_h) * g.out_w;
   float* dst = a.out + static_cast<int64_t>(b) * C * out_plane +
@@ -520,10 +474,8 @@ void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   const size_t floats = static_cast<size_t>(args.channels) * halo_h * padded_row(halo_w) +
                         (kGather ? 0 : kStageFloats) + args.taps;
   const size_t smem = sizeof(float) * floats;
-  const int tile_rows = (args.geometry.out_h + kTileH - 1) / kTileH;
-  const int clusters = (tile_rows + args.cluster_tiles - 1) / args.cluster_tiles;
-  const dim3 grid((args.geometry.out_w + kTileW - 1) / kTileW, clusters * args.cluster_tiles,
-                  args.batch);
+  const dim3 grid((args.geometry.out_w + kTileW - 1) / kTileW,
+                  (args.geometry.out_h + kTileH - 1) / kTileH, args.batch);
   if (smem > 40 * 1024)  // 48 KB less the static arrays: above that, opt in
     TANDEM_CUDA_CHECK(cudaFuncSetAttribute(augment_kernel<kTaps, kChannels, kGather>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -533,15 +485,13 @@ void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attrs[2] = {};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = 1;
-  attrs[0].val.clusterDim.y = static_cast<unsigned>(args.cluster_tiles);
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attrs;
-  config.numAttrs = programmatic_launch_supported() ? 2 : 1;
+  cudaLaunchAttribute early_start{};
+  early_start.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early_start.val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic_launch_supported()) {
+    config.attrs = &early_start;
+    config.numAttrs = 1;
+  }
   TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&config, augment_kernel<kTaps, kChannels, kGather>, args));
 }
 
@@ -601,23 +551,8 @@ std::string why_no_gathers(int channels, int taps) {
          " channels, blur " + std::to_string(taps);
 }
 
-int augment_tiles_per_cluster(const AugmentLaunch& args) {
-  const int tile_rows = (args.geometry.out_h + kTileH - 1) / kTileH;
-  const int requested = args.cluster_tiles > 0      ? args.cluster_tiles
-                        : args.textures.count > 0 ? kDefaultClusterTiles
-                                                  : 1;
-  return std::max(1, std::min({requested, kMaxClusterTiles, tile_rows}));
-}
-
-void launch_augment(const AugmentLaunch& launch, cudaStream_t stream) {
-  TANDEM_CHECK_ARG(launch.cluster_tiles >= 0, "tiles per cluster ", launch.cluster_tiles,
-                   " is not valid: expected 0 (chosen) or 1 to ", kMaxClusterTiles);
-  if (launch.batch == 0) return;
-  AugmentLaunch args = launch;
-  args.cluster_tiles = augment_tiles_per_cluster(launch);
-  const augment_math::Geometry& g = launch.geometry;
-  args.float_sizes = {static_cast<float>(g.out_w), static_cast<float>(g.out_h),
-                      static_cast<float>(g.crop_w - 1), static_cast<float>(g.crop_h - 1)};
+void launch_augment(const AugmentLaunch& args, cudaStream_t stream) {
+  if (args.batch == 0) return;
   TANDEM_CHECK_ARG(args.batch <= 65535, "batch of ", args.batch,
                    " images is too large for one augment launch: expected at most 65535");
   if (args.textures.count > 0) {

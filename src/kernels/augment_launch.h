@@ -43,25 +43,7 @@ struct AugmentLaunch {
   int taps;               // odd
   augment_math::Normalization normalization[kAugmentMaxChannels];
   PlaneTextures textures;  // count > 0: sample by texture gathers
-  // Tiles of a thread block cluster, one below the other (they share the blur halo's rows);
-  // 0: augment_tiles_per_cluster's choice.
-  int cluster_tiles;
-  // Set by launch_augment: sizes the gather loop compares against, as floats, so that they are
-  // operands from the parameter bank (converted in the kernel, they took four registers the
-  // loop needs to keep a pixel's gathers in flight together).
-  struct {
-    float out_w, out_h, last_column, last_row;
-  } float_sizes;
 };
-
-/// The most tiles a cluster takes (the portable cluster size), and the default with texture
-/// gathers (the staged window's is 1).
-constexpr int kMaxClusterTiles = 8;
-constexpr int kDefaultClusterTiles = 2;
-
-/// The tiles per cluster a launch of `args` takes: args.cluster_tiles if positive, else the
-/// default for its sampling; at most kMaxClusterTiles and the output's rows of tiles.
-int augment_tiles_per_cluster(const AugmentLaunch& args);
 
 /// "" when the kernel has a texture-gather variant for these sizes (three channels, a blur size
 /// compiled in: 1, 3, 5, 7 or 9), else why not; the others stage the source window.

@@ -172,7 +172,6 @@ int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
 
 int run_augment_bench_command(const std::vector<int64_t>& batch_sizes, const std::string& device,
                               int repeats, const std::vector<std::string>& sampling_names,
-                              const std::vector<int>& tiles_per_cluster,
                               const std::string& json_path) {
   std::vector<tandem::AugmentSampling> samplings;
   for (const auto& name : sampling_names) samplings.push_back(tandem::parse_augment_sampling(name));
@@ -181,8 +180,7 @@ int run_augment_bench_command(const std::vector<int64_t>& batch_sizes, const std
   std::cout << "augment-bench on " << dev << ": SPEC's cls augmentation, (B, 3, 256, 256) uint8 "
             << "-> float32, median of " << repeats << " timings\n"
             << std::flush;
-  const auto rows = tandem::run_augment_bench(batch_sizes, dev, repeats, {}, samplings,
-                                              tiles_per_cluster);
+  const auto rows = tandem::run_augment_bench(batch_sizes, dev, repeats, {}, samplings);
   std::cout << "\n" << tandem::describe_augment_bench(rows) << std::flush;
   write_output(json, tandem::augment_bench_json(rows).dump(2) + "\n", json_path);
   return 0;
@@ -243,7 +241,6 @@ int main(int argc, char** argv) {
   std::string aug_device = "auto", aug_json;
   int aug_repeats = 50;
   std::vector<std::string> aug_samplings{"auto"};
-  std::vector<int> aug_tiles_per_cluster{0};
   CLI::App* aug = app.add_subcommand(
       "augment-bench", "Time the fused augmentation kernel alone (and a device copy of as many "
                        "bytes, its ceiling).");
@@ -257,12 +254,6 @@ int main(int argc, char** argv) {
                   "how the kernel reads the source, comma-separated for one row each: auto "
                   "(texture gathers where possible), gather, staged (the source window in shared "
                   "memory)")
-      ->delimiter(',')
-      ->capture_default_str();
-  aug->add_option("--tiles-per-cluster", aug_tiles_per_cluster,
-                  "32x32 output tiles per thread block cluster, one below the other (they share "
-                  "the blur halo's rows), 1 to 8, comma-separated for one row each; 0: the "
-                  "default for the sampling")
       ->delimiter(',')
       ->capture_default_str();
   aug->add_option("--json", aug_json, "write the rows as JSON to this file");
@@ -285,7 +276,7 @@ int main(int argc, char** argv) {
     if (sweep->parsed()) return run_sweep_command(sweep_options, sweep_csv, sweep_json, sweep_svg);
     if (aug->parsed())
       return run_augment_bench_command(aug_batch_sizes, aug_device, aug_repeats, aug_samplings,
-                                       aug_tiles_per_cluster, aug_json);
+                                       aug_json);
   } catch (const tandem::InvalidArgument& e) {
     std::cerr << "tandem: error: " << tandem::first_line(e.what()) << "\n";
     return kExitUsage;
