@@ -191,11 +191,13 @@ void augment_one(const uint8_t* src, int64_t C, int64_t H, int64_t W,
   // locate_centred()'s values — and reads all channels there, so a location is made and read
   // once.
   std::vector<am::AxisTap> column_taps(ow), row_taps(oh);
-  for (int ci = 0; ci < ow; ++ci) column_taps[ci] = am::axis_tap(ci, g.scale_x, g.crop_w, p.left);
-  for (int ri = 0; ri < oh; ++ri) row_taps[ri] = am::axis_tap(ri, g.scale_y, g.crop_h, p.top);
+  for (int ci = 0; ci < ow; ++ci)
+    column_taps[ci] = am::axis_tap(ci, g.scale_x, g.shift_x, g.crop_w, p.left);
+  for (int ri = 0; ri < oh; ++ri)
+    row_taps[ri] = am::axis_tap(ri, g.scale_y, g.shift_y, g.crop_h, p.top);
   std::vector<float> sampled(static_cast<size_t>(C) * plane), rows(plane);
   for (int i = 0; i < oh; ++i) {
-    const am::RowTerms terms = am::row_terms(p.cos_a, p.sin_a, am::centre_offset(i, oh));
+    const am::RowTerms terms = am::row_terms(g, p.cos_a, p.sin_a, am::centre_offset(i, oh));
     for (int j = 0; j < ow; ++j) {
       const float u = am::centre_offset(j, ow);
       const am::Resized at = am::rotate_back(g, p.cos_a, p.sin_a, p.flip ? -u : u, terms);

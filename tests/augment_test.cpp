@@ -423,6 +423,26 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnOddSizesAndABatchOfOne) {
   expect_gpu_matches_cpu(s, 5, 2, 37, 29, 23);
 }
 
+// The column pass gives each (channel, 16-row strip) of a tile a warp: one channel leaves six
+// of the eight warps idle there, four use all eight. Output heights 45 and 53 end the last row
+// of tiles in its first strip (the second has no rows) and in its second.
+TEST(AugmentGpuTest, KernelMatchesTheCppReferenceForOneAndFourChannels) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  for (int channels : {1, 4})
+    for (int out_h : {45, 53}) {
+      SCOPED_TRACE(std::to_string(channels) + " channels, output height " +
+                   std::to_string(out_h));
+      AugmentSpec s;
+      s.crop_h = 30;
+      s.crop_w = 26;
+      s.out_h = out_h;
+      s.out_w = 41;
+      s.mean.assign(channels, 100.0);
+      s.std.assign(channels, 50.0);
+      expect_gpu_matches_cpu(s, 3, channels, 48, 40, 70 + channels + out_h);
+    }
+}
+
 TEST(AugmentGpuTest, KernelMatchesTheCppReferenceForEveryBlurSizePath) {
   TANDEM_SKIP_WITHOUT_CUDA();
   // 1..9 are compiled for their size; 11 and 15 take the run-time-size path.

@@ -47,6 +47,7 @@ constexpr int kTileH = 32;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerTile = kThreads / kTileW;        // thread rows of a tile
 constexpr int kRowsPerThread = kTileH / kWarpsPerTile;  // column-pass outputs per thread
+constexpr int kStripRows = 16;  // the same, blur size compiled in
 constexpr int kMaxRadius = 31;                          // AugmentSpec allows taps <= 63
 constexpr int kMaxHalo = kTileW + 2 * kMaxRadius;
 // 14 KB: the SPEC's tiles read about 29x29 pixels (10 KB as three floats each; up to 1,194
@@ -56,6 +57,8 @@ constexpr int kStageFloats = 3584;
 constexpr int kMaxTable = 64;  // resized rows (columns) a tile can land on; SPEC: <= 60
 static_assert(kTileH % kWarpsPerTile == 0, "thread rows must divide the tile height");
 static_assert(kTileW == kTileH, "the halo arrays assume a square tile");
+static_assert(kAugmentMaxChannels * (kTileH / kStripRows) <= kWarpsPerTile,
+              "the column pass has a warp per channel and strip");
 
 // Rows and columns of the halo'd tile map to image rows/columns through reflect padding;
 // positions further out than the halo of the last (partial) tile are never read by a written
@@ -112,8 +115,9 @@ __device__ Window warp_tile_window(const am::Geometry& g, const am::SampleParams
   if (w.n_cols <= 0 || w.n_rows <= 0 || w.n_cols > kMaxTable || w.n_rows > kMaxTable) return none;
   // The resize is monotonic: the first and last resized row (column) bound the source read.
   // Lane 0: the first column's i0, 1: the last column's i1, 2 and 3: the same for rows.
-  const am::AxisTap t = k < 2 ? am::axis_tap(k == 0 ? w.ci0 : ci_hi, g.scale_x, g.crop_w, p.left)
-                              : am::axis_tap(k == 2 ? w.ri0 : ri_hi, g.scale_y, g.crop_h, p.top);
+  const am::AxisTap t =
+      k < 2 ? am::axis_tap(k == 0 ? w.ci0 : ci_hi, g.scale_x, g.shift_x, g.crop_w, p.left)
+            : am::axis_tap(k == 2 ? w.ri0 : ri_hi, g.scale_y, g.shift_y, g.crop_h, p.top);
   const int bound = (k & 1) ? t.i1 : t.i0;
   w.col0 = __shfl_sync(kFullMask, bound, 0);
   w.cols = __shfl_sync(kFullMask, bound, 1) - w.col0 + 1;
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     const int row = halo_index(y0 + tid - 160 - radius, g.out_h, radius);
     const float v = am::centre_offset(row, g.out_h);
     v_of_row[tid - 160] = v;
-    row_terms[tid - 160] = am::row_terms(p.cos_a, p.sin_a, v);
+    row_terms[tid - 160] = am::row_terms(g, p.cos_a, p.sin_a, v);
   }
   // A staged window: warp 0 finds it, and after a barrier every thread tabulates and stages.
   // Texture gathers need neither: each pixel locates its source itself (below).
@@ -249,11 +253,11 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
 #pragma unroll 1
     for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
       if (i < win.n_cols) {
-        const am::AxisTap t = am::axis_tap(win.ci0 + i, g.scale_x, g.crop_w, p.left);
+        const am::AxisTap t = am::axis_tap(win.ci0 + i, g.scale_x, g.shift_x, g.crop_w, p.left);
         column_table[i] = table_entry(t, win.col0, pixel_bytes);
       } else {
         const int j = i - win.n_cols;
-        const am::AxisTap t = am::axis_tap(win.ri0 + j, g.scale_y, g.crop_h, p.top);
+        const am::AxisTap t = am::axis_tap(win.ri0 + j, g.scale_y, g.shift_y, g.crop_h, p.top);
         row_table[j] = table_entry(t, win.row0, win.cols * pixel_bytes);
       }
     }
@@ -313,19 +317,21 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
     const float column_origin = static_cast<float>(p.left + 1);
     const float row_origin = static_cast<float>(first_row + p.top + 1);
-    const float last_column = static_cast<float>(g.crop_w - 1);
-    const float last_row = static_cast<float>(g.crop_h - 1);
-    const float out_w = static_cast<float>(g.out_w), out_h = static_cast<float>(g.out_h);
+    // The sizes the loop compares against are read from the kernel's parameters (not computed
+    // here), and the taps' clamp is a min (not a branch): so the compiler keeps a pixel's three
+    // gathers in flight together within 32 registers (NOTES.md, v14).
+#pragma unroll 1
     for (int idx = tid; idx < halo; idx += kThreads) {
       const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
-      const am::Rotated q = am::rotate_to_grid(g, p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
+      const am::Rotated q = am::rotate_to_grid(p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
       const float ci = am::floor_f(q.fc), ri = am::floor_f(q.fr);  // rotate_back's pixel
-      if (!(ci >= 0.0f && ci < out_w && ri >= 0.0f && ri < out_h)) {
+      if (!(ci >= 0.0f && ci < a.geometry.out_w_f && ri >= 0.0f && ri < a.geometry.out_h_f)) {
         sampled[at] = sampled[plane + at] = sampled[2 * plane + at] = 0.0f;
         continue;
       }
-      const am::GatherTap column_tap = am::gather_tap(ci, g.scale_x, last_column);
-      const am::GatherTap row_tap = am::gather_tap(ri, g.scale_y, last_row);
+      const am::GatherTap column_tap =
+          am::gather_tap(ci, g.scale_x, g.shift_x, a.geometry.last_col);
+      const am::GatherTap row_tap = am::gather_tap(ri, g.scale_y, g.shift_y, a.geometry.last_row);
       const float gx = column_tap.i0 + column_origin, gy = row_tap.i0 + row_origin;
       const am::AxisTap x{0, 0, column_tap.l, column_tap.one_minus_l};
       const am::AxisTap y{0, 0, row_tap.l, row_tap.one_minus_l};
@@ -418,36 +424,56 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
   __syncthreads();
 
   // 4. Blur along columns, normalize, write: a warp writes 32 consecutive floats of one row.
-  const int x = x0 + tx, y_first = y0 + ty * kRowsPerThread;
-  if (x >= g.out_w) return;
-  const int rows_here = min(kRowsPerThread, g.out_h - y_first);  // < kRowsPerThread: last tile
-  const int64_t out_plane = static_cast<int64_t>(g.out_h) * g.out_w;
-  float* dst = a.out + static_cast<int64_t>(b) * C * out_plane +
-               static_cast<int64_t>(y_first) * g.out_w + x;
-  for (int c = 0; c < C; ++c, dst += out_plane) {
-    const float* col = sampled + (c * halo_h + ty * kRowsPerThread) * sampled_w + tx;
+  if constexpr (kTaps > 0) {
+    // Known size: warp 2c + k makes channel c's rows 16k .. 16k + 15, a column per lane, sliding
+    // a window of kTaps values down it: 22 loads for 16 outputs (runs of 4 rows loaded 10 for 4).
+    // Six of the eight warps work here; the other blocks on the SM use the rest.
+    constexpr int kStripsPerTile = kTileH / kStripRows;
+    const int warp = tid / kTileW, c = warp / kStripsPerTile, strip = warp % kStripsPerTile;
+    const int x = x0 + tx, y_first = y0 + strip * kStripRows;
+    if (c >= C || x >= g.out_w || y_first >= g.out_h) return;
+    const int rows_here = min(kStripRows, g.out_h - y_first);  // < kStripRows: last tile
+    const int64_t out_plane = static_cast<int64_t>(g.out_h) * g.out_w;
+    float* dst = a.out + (static_cast<int64_t>(b) * C + c) * out_plane +
+                 static_cast<int64_t>(y_first) * g.out_w + x;
+    const float* col = sampled + (c * halo_h + strip * kStripRows) * sampled_w + tx;
     const am::Normalization n = a.normalization[c];
-    float out[kRowsPerThread];
-    if constexpr (kTaps > 0) {
-      float window_values[kRowsPerThread + kTaps - 1];
+    float window_values[kTaps];
 #pragma unroll
-      for (int j = 0; j < kRowsPerThread + kTaps - 1; ++j) window_values[j] = col[j * sampled_w];
+    for (int k = 0; k < kTaps - 1; ++k) window_values[k] = col[k * sampled_w];
+    auto next_output = [&](int r) {  // output row r; slides the window down by one
+      window_values[kTaps - 1] = col[(r + kTaps - 1) * sampled_w];
+      const float out =
+          am::normalize(am::blur_taps(w, kTaps, [&](int k) { return window_values[k]; }), n);
 #pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r)
-        out[r] =
-            am::normalize(am::blur_taps(w, kTaps, [&](int k) { return window_values[r + k]; }), n);
+      for (int k = 0; k < kTaps - 1; ++k) window_values[k] = window_values[k + 1];
+      return out;
+    };
+    if (rows_here == kStripRows) {  // every tile but a partial last row of tiles
+#pragma unroll
+      for (int r = 0; r < kStripRows; ++r) dst[r * g.out_w] = next_output(r);
     } else {
-      for (int r = 0; r < kRowsPerThread; ++r)
-        out[r] = am::normalize(
-            am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * sampled_w]; }), n);
+#pragma unroll
+      for (int r = 0; r < kStripRows; ++r) {
+        const float out = next_output(r);
+        if (r < rows_here) dst[r * g.out_w] = out;
+      }
     }
-    if (rows_here == kRowsPerThread) {  // every tile but a partial last row of tiles
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) dst[r * g.out_w] = out[r];
-    } else {
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r)
-        if (r < rows_here) dst[r * g.out_w] = out[r];
+  } else {
+    // A size known at run time: each thread makes 4 consecutive rows of one column, every
+    // channel.
+    const int x = x0 + tx, y_first = y0 + ty * kRowsPerThread;
+    if (x >= g.out_w) return;
+    const int rows_here = min(kRowsPerThread, g.out_h - y_first);  // < kRowsPerThread: last tile
+    const int64_t out_plane = static_cast<int64_t>(g.out_h) * g.out_w;
+    float* dst = a.out + static_cast<int64_t>(b) * C * out_plane +
+                 static_cast<int64_t>(y_first) * g.out_w + x;
+    for (int c = 0; c < C; ++c, dst += out_plane) {
+      const float* col = sampled + (c * halo_h + ty * kRowsPerThread) * sampled_w + tx;
+      const am::Normalization n = a.normalization[c];
+      for (int r = 0; r < kRowsPerThread && r < rows_here; ++r)
+        dst[r * g.out_w] = am::normalize(
+            am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * sampled_w]; }), n);
     }
   }
 }

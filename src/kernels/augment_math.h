@@ -18,20 +18,39 @@
 
 namespace tandem::augment_math {
 
-/// Sizes shared by every sample of a batch (make_geometry fills the scales).
+/// Sizes shared by every sample of a batch (make_geometry fills the derived fields).
 struct Geometry {
   int in_h, in_w;      ///< source image
   int crop_h, crop_w;  ///< random crop
   int out_h, out_w;    ///< after resize (and rotation, which keeps the size)
   float scale_y, scale_x;  ///< crop / out, the resize's source step per output pixel
+  float shift_y, shift_x;  ///< 0.5 * scale - 0.5: resized index i reads at i * scale + shift
   float half_h, half_w;    ///< out / 2: the image centre, from a pixel edge
+  // The sizes as floats, for the kernel's sampling loop: it reads them from its parameters as
+  // operands, where values it computed would hold registers (NOTES.md, v14).
+  float out_h_f, out_w_f;    ///< out_h, out_w
+  float last_row, last_col;  ///< crop_h - 1, crop_w - 1: the crop's last source index
 };
 
 inline Geometry make_geometry(int in_h, int in_w, int crop_h, int crop_w, int out_h, int out_w) {
-  return {in_h,  in_w,  crop_h, crop_w, out_h, out_w,
-          static_cast<float>(crop_h) / static_cast<float>(out_h),
-          static_cast<float>(crop_w) / static_cast<float>(out_w),
-          0.5f * static_cast<float>(out_h), 0.5f * static_cast<float>(out_w)};
+  Geometry g{};
+  g.in_h = in_h;
+  g.in_w = in_w;
+  g.crop_h = crop_h;
+  g.crop_w = crop_w;
+  g.out_h = out_h;
+  g.out_w = out_w;
+  g.scale_y = static_cast<float>(crop_h) / static_cast<float>(out_h);
+  g.scale_x = static_cast<float>(crop_w) / static_cast<float>(out_w);
+  g.shift_y = 0.5f * g.scale_y - 0.5f;
+  g.shift_x = 0.5f * g.scale_x - 0.5f;
+  g.half_h = 0.5f * static_cast<float>(out_h);
+  g.half_w = 0.5f * static_cast<float>(out_w);
+  g.out_h_f = static_cast<float>(out_h);
+  g.out_w_f = static_cast<float>(out_w);
+  g.last_row = static_cast<float>(crop_h - 1);
+  g.last_col = static_cast<float>(crop_w - 1);
+  return g;
 }
 
 /// One sample's drawn parameters, as the math consumes them.
@@ -70,8 +89,9 @@ TANDEM_HD int reflect(int i, int n) {
 ///   -> optional horizontal flip
 /// evaluated in one step: the rotation picks a resized pixel, whose value is a bilinear read of
 /// the crop. The same for every channel, so it is computed once per pixel. The resize's part
-/// depends on the resized row alone (for the rows) and column alone (for the columns), so the
-/// kernel tabulates it per tile (AxisTap) and looks it up.
+/// depends on the resized row alone (for the rows) and column alone (for the columns): the C++
+/// reference and the kernel's staged window tabulate it (AxisTap), the kernel's texture gathers
+/// compute it per pixel (GatherTap), the same values.
 
 /// One axis of the resize: resized index i reads source indices i0 and i1 (= i0 or i0 + 1)
 /// with weight l on i1 (one_minus_l = 1 - l on i0).
@@ -80,19 +100,26 @@ struct AxisTap {
   float l, one_minus_l;
 };
 
-/// Resized index `i` along an axis with source step `scale`, in a crop of `crop` pixels that
-/// starts at `offset` in the source. Where the read passes the crop's last pixel (i0 = crop - 1)
-/// PyTorch reads that pixel twice, with weights 1 - l and l; here it gets weight 1 and its
-/// neighbour i0 + 1 weight 0 — the same value, exactly (1 * a + 0 * b = a), where PyTorch's
-/// rounds. The kernel's texture gathers always fetch i0 and i0 + 1 (the neighbour may lie outside
-/// the crop, even the image, where the texture clamps: finite, times 0); i1 stays i0, so the
-/// reads from memory stay inside the crop.
-TANDEM_HD AxisTap axis_tap(int i, float scale, int crop, int offset) {
-  const float s = max_f((static_cast<float>(i) + 0.5f) * scale - 0.5f, 0.0f);
-  const int i0 = static_cast<int>(s);
-  if (i0 >= crop - 1) return {offset + crop - 1, offset + crop - 1, 0.0f, 1.0f};
+/// Where resized index `i` reads along an axis, in the crop's source coordinates:
+/// i * scale + shift with one rounding (PyTorch's (i + 0.5) * scale - 0.5 rounds three times),
+/// clamped to [0, last], `last` the crop's last index. The clamp at `last` is where PyTorch reads
+/// the crop's last pixel twice, with weights 1 - l and l; here it gets weight 1 and its neighbour
+/// weight 0 — the same value, exactly (1 * a + 0 * b = a), where PyTorch's rounds. The kernel's
+/// texture gathers always fetch i0 and i0 + 1 (the neighbour may lie outside the crop, even the
+/// image, where the texture clamps: finite, times 0); axis_tap's i1 stays i0 there, so the reads
+/// from memory stay inside the crop.
+TANDEM_HD float source_coordinate(float i, float scale, float shift, float last) {
+  return min_f(max_f(fmadd(i, scale, shift), 0.0f), last);
+}
+
+/// Resized index `i` along an axis (scale, shift: Geometry's), in a crop of `crop` pixels that
+/// starts at `offset` in the source.
+TANDEM_HD AxisTap axis_tap(int i, float scale, float shift, int crop, int offset) {
+  const float s =
+      source_coordinate(static_cast<float>(i), scale, shift, static_cast<float>(crop - 1));
+  const int i0 = static_cast<int>(s);  // s >= 0: truncation is floor
   const float l = s - static_cast<float>(i0);
-  return {offset + i0, offset + i0 + 1, l, 1.0f - l};
+  return {offset + i0, offset + (i0 < crop - 1 ? i0 + 1 : i0), l, 1.0f - l};
 }
 
 /// floor(x) as an int, for |x| < 2^22 (image coordinates). On the GPU two full-rate
@@ -118,16 +145,15 @@ TANDEM_HD float floor_f(float x) {
 }
 
 /// axis_tap's arithmetic for the kernel's texture gathers, in floats (integers, exact): resized
-/// index `i`, the crop's last index `last` (crop - 1); i0 counted from the crop's start. The
-/// same operations as axis_tap, so the same i0 and weights.
+/// index `i`, the crop's last index `last`; i0 counted from the crop's start. The same
+/// operations as axis_tap, so the same i0 and weights.
 struct GatherTap {
   float i0, l, one_minus_l;
 };
 
-TANDEM_HD GatherTap gather_tap(float i, float scale, float last) {
-  const float s = max_f((i + 0.5f) * scale - 0.5f, 0.0f);
+TANDEM_HD GatherTap gather_tap(float i, float scale, float shift, float last) {
+  const float s = source_coordinate(i, scale, shift, last);
   const float i0 = floor_f(s);
-  if (i0 >= last) return {last, 0.0f, 1.0f};
   const float l = s - i0;
   return {i0, l, 1.0f - l};
 }
@@ -145,29 +171,29 @@ struct Rotated {
   float fc, fr;
 };
 
-/// The parts of the inverse rotation that depend on the row (v) alone: the kernel computes them
-/// once per tile row.
+/// Where a row's point at u = 0 rotates back to, in grid coordinates: the parts of the inverse
+/// rotation that depend on the row (v) alone, computed once per row; the rotation of (u, v) adds
+/// (cos_a * u, sin_a * u) to them.
 struct RowTerms {
-  float neg_sin_v, cos_v;
+  float fc0, fr0;
 };
 
-TANDEM_HD RowTerms row_terms(float cos_a, float sin_a, float v) {
-  return {-(sin_a * v), cos_a * v};
+TANDEM_HD RowTerms row_terms(const Geometry& g, float cos_a, float sin_a, float v) {
+  return {-(sin_a * v) + g.half_w, cos_a * v + g.half_h};
 }
 
-TANDEM_HD Rotated rotate_to_grid(const Geometry& g, float cos_a, float sin_a, float u,
-                                 const RowTerms& row) {
-  return {fmadd(cos_a, u, row.neg_sin_v) + g.half_w, fmadd(sin_a, u, row.cos_v) + g.half_h};
+TANDEM_HD Rotated rotate_to_grid(float cos_a, float sin_a, float u, const RowTerms& row) {
+  return {fmadd(cos_a, u, row.fc0), fmadd(sin_a, u, row.fr0)};
 }
 
 TANDEM_HD Rotated rotate_to_grid(const Geometry& g, float cos_a, float sin_a, float u, float v) {
-  return rotate_to_grid(g, cos_a, sin_a, u, row_terms(cos_a, sin_a, v));
+  return rotate_to_grid(cos_a, sin_a, u, row_terms(g, cos_a, sin_a, v));
 }
 
 TANDEM_HD Resized rotate_back(const Geometry& g, float cos_a, float sin_a, float u,
                               const RowTerms& row) {
   // Nearest (round half up) in the resized grid.
-  const Rotated q = rotate_to_grid(g, cos_a, sin_a, u, row);
+  const Rotated q = rotate_to_grid(cos_a, sin_a, u, row);
   Resized r{false, floor_to_int(q.fc), floor_to_int(q.fr)};
   r.inside = static_cast<unsigned>(r.ci) < static_cast<unsigned>(g.out_w) &&
              static_cast<unsigned>(r.ri) < static_cast<unsigned>(g.out_h);
@@ -175,7 +201,7 @@ TANDEM_HD Resized rotate_back(const Geometry& g, float cos_a, float sin_a, float
 }
 
 TANDEM_HD Resized rotate_back(const Geometry& g, float cos_a, float sin_a, float u, float v) {
-  return rotate_back(g, cos_a, sin_a, u, row_terms(cos_a, sin_a, v));
+  return rotate_back(g, cos_a, sin_a, u, row_terms(g, cos_a, sin_a, v));
 }
 
 struct Tap {
@@ -197,8 +223,8 @@ TANDEM_HD Tap locate_centred(const Geometry& g, const SampleParams& p, float u, 
   const Resized r = rotate_back(g, p.cos_a, p.sin_a, p.flip ? -u : u, v);
   if (!r.inside) return t;
   t.inside = true;
-  t.x = axis_tap(r.ci, g.scale_x, g.crop_w, p.left);
-  t.y = axis_tap(r.ri, g.scale_y, g.crop_h, p.top);
+  t.x = axis_tap(r.ci, g.scale_x, g.shift_x, g.crop_w, p.left);
+  t.y = axis_tap(r.ri, g.scale_y, g.shift_y, g.crop_h, p.top);
   return t;
 }
 
@@ -247,19 +273,20 @@ TANDEM_HD float read(const uint8_t* plane, int in_w, const Tap& t, Unit unit) {
 }
 
 /// A channel's normalize constants for sampled values in units of 1/255: (255 v - mean) / std
-/// is (v - mean / 255) * (255 / std); each rounded to float once, on the host, for both paths.
+/// is v * (255 / std) - mean / std; each constant rounded to float once, on the host, for both
+/// paths.
 struct Normalization {
-  float mean;   ///< mean / 255
   float scale;  ///< 255 / std
+  float shift;  ///< -mean / std
 };
 
 inline Normalization normalization(double mean, double std) {
-  return {static_cast<float>(mean / 255.0), static_cast<float>(255.0 / std)};
+  return {static_cast<float>(255.0 / std), static_cast<float>(-mean / std)};
 }
 
-/// Normalize: a subtraction and a multiply per pixel (no IEEE division; both paths use this,
-/// so they agree to the bit).
-TANDEM_HD float normalize(float v, const Normalization& n) { return (v - n.mean) * n.scale; }
+/// Normalize: one multiply-add per pixel (no IEEE division; both paths use this, so they agree
+/// to the bit).
+TANDEM_HD float normalize(float v, const Normalization& n) { return fmadd(v, n.scale, n.shift); }
 
 /// One tap-ordered pass of the separable blur: sum_k w[k] * x(k), k ascending, one fused
 /// multiply-add per tap, so every implementation rounds the same way.
