@@ -16,8 +16,9 @@
 //      (three gathers at one coordinate, one texture per channel, whose normalized floats are
 //      already those units) or look its taps up and read four staged pixels; interpolate;
 //   3. blur rows (the halo rows too), four outputs per thread from 16-byte loads;
-//   4. blur columns, normalize, write; each thread slides down 4 consecutive rows of one column,
-//      so each value it loads serves up to `taps` outputs.
+//   4. blur columns, normalize, write; with a compiled blur size a warp makes 16 rows of one
+//      channel, each lane sliding down one column, so each value it loads serves up to `taps`
+//      outputs.
 // The uint8 source is read once and the float output written once, with no intermediate image
 // in DRAM. The blur size and the channel count are template parameters for the common cases
 // (weights in registers, loops unrolled); other values run the same code with the sizes read at
@@ -27,7 +28,8 @@
 // integer-to-float conversions, unfused multiply-adds), then by shared-memory wavefronts (a
 // window of 16-byte float pixels: four 16-byte loads per sampled pixel), then by the integer
 // pipe (a window of byte pixels: a byte permute per value), then — with texture gathers — by
-// the instructions of each sampled pixel and the latency of its gathers.
+// the latency of each pixel's gathers, and now (v14: the three in flight together) by
+// instruction issue again, 76% of the issue slots busy (NOTES.md).
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -172,11 +174,11 @@ __device__ __forceinline__ void allow_next_grid() {
 
 // kTaps, kChannels: 0 when known only at run time (a.taps, a.channels). kGather: sample by
 // texture gathers (a.textures; three channels, a compiled blur size) instead of staging the window.
-// Blocks per SM: eight with texture gathers (32 registers, no spills, 19 KB of shared memory) —
-// as fast as six at 40 registers (NOTES.md, v12): at 40 a pixel's three gathers are in flight
-// together, at 32 the compiler issues one and then two, and the extra warps make up for it; six
-// for the staged window with a compiled blur size (40 registers; its shared memory allows six
-// too); five for a blur size known only at run time, whose extra index arithmetic would spill.
+// Blocks per SM: eight with texture gathers (32 registers, no spills, 19 KB of shared memory),
+// a pixel's three gathers in flight together (v12 had them one and then two at 32 registers,
+// together only at 40, six blocks: NOTES.md, v14); six for the staged window with a compiled
+// blur size (40 registers; its shared memory allows six too); five for a blur size known only
+// at run time, whose extra index arithmetic would spill.
 template <int kTaps, int kChannels, bool kGather>
 __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     augment_kernel(AugmentLaunch a) {
