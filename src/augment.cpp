@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -293,7 +294,8 @@ std::string gather_textures(const at::Tensor& src, const AugmentSpec& spec, Plan
   const std::string why_not =
       why_no_gathers(static_cast<int>(src.size(1)), static_cast<int>(spec.blur_kernel));
   if (!why_not.empty()) return why_not;
-  return plane_textures(src.data_ptr<uint8_t>(), src.size(0), src.size(1), src.size(2), src.size(3),
+  return plane_textures(*at::cuda::getDeviceProperties(src.device().index()),
+                        src.data_ptr<uint8_t>(), src.size(0), src.size(1), src.size(2), src.size(3),
                         out);
 }
 
@@ -356,6 +358,7 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
     a.flip = flip.data_ptr<int32_t>();
     a.weights = w.data_ptr<float>();
     a.taps = static_cast<int>(spec.blur_kernel);
+    a.programmatic_launch = at::cuda::getDeviceProperties(images.device().index())->major >= 9;
     for (int64_t c = 0; c < C; ++c)
       a.normalization[c] = augment_math::normalization(spec.mean[c], spec.std[c]);
     launch_augment(a, c10::cuda::getCurrentCUDAStream(images.device().index()).stream());

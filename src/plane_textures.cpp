@@ -19,19 +19,14 @@ namespace {
 // stage the source window instead, which computes the same values.
 constexpr size_t kMaxCachedTextures = 1024;
 
+// The texture limits the batch must meet, from the device's properties.
 struct Limits {
-  int pitch_alignment, base_alignment, max_width, max_height, max_pitch;
+  int64_t pitch_alignment, base_alignment, max_width, max_height, max_pitch;
 };
 
-Limits limits_of(int device) {
-  auto get = [device](cudaDeviceAttr attr) {
-    int v = 0;
-    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, device));
-    return v;
-  };
-  return {get(cudaDevAttrTexturePitchAlignment), get(cudaDevAttrTextureAlignment),
-          get(cudaDevAttrMaxTexture2DLinearWidth), get(cudaDevAttrMaxTexture2DLinearHeight),
-          get(cudaDevAttrMaxTexture2DLinearPitch)};
+Limits limits_of(const cudaDeviceProp& p) {
+  return {static_cast<int64_t>(p.texturePitchAlignment), static_cast<int64_t>(p.textureAlignment),
+          p.maxTexture2DLinear[0], p.maxTexture2DLinear[1], p.maxTexture2DLinear[2]};
 }
 
 // (device, base address, rows, width)
@@ -39,7 +34,6 @@ using Key = std::tuple<int, uintptr_t, int64_t, int64_t>;
 
 struct Cache {
   std::mutex mutex;
-  std::map<int, Limits> limits;
   std::map<Key, cudaTextureObject_t> textures;
 };
 
@@ -83,17 +77,16 @@ cudaTextureObject_t create(const uint8_t* base, int64_t rows, int64_t width) {
 
 }  // namespace
 
-std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channels, int64_t height,
-                           int64_t width, PlaneTextures& out) {
+std::string plane_textures(const cudaDeviceProp& device_properties, const uint8_t* images,
+                           int64_t batch, int64_t channels, int64_t height, int64_t width,
+                           PlaneTextures& out) {
   out = PlaneTextures{};
   if (batch == 0) return "";  // nothing to read, nothing launched
   int device = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+  const Limits lim = limits_of(device_properties);
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
-  auto known = c.limits.find(device);
-  if (known == c.limits.end()) known = c.limits.emplace(device, limits_of(device)).first;
-  const Limits& lim = known->second;
   std::ostringstream why;
   if (channels != kGatherChannels) {
     why << "texture gathers read " << kGatherChannels << " channels; got " << channels;

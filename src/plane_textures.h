@@ -19,7 +19,9 @@ namespace tandem {
 /// than a texture, more textures than a launch takes, the cache full), leaving
 /// `out` empty. Safe during a graph capture (a new texture is made outside the capture's
 /// bookkeeping) and from several threads.
-std::string plane_textures(const uint8_t* images, int64_t batch, int64_t channels, int64_t height,
-                           int64_t width, PlaneTextures& out);
+/// `device_properties`: that device's (its texture limits).
+std::string plane_textures(const cudaDeviceProp& device_properties, const uint8_t* images,
+                           int64_t batch, int64_t channels, int64_t height, int64_t width,
+                           PlaneTextures& out);
 
 }  // namespace tandem

@@ -31,8 +31,6 @@
 // the latency of each pixel's gathers, and now (v14: the three in flight together) by
 // instruction issue again, 76% of the issue slots busy (NOTES.md).
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "augment_launch.h"
@@ -480,20 +478,6 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
   }
 }
 
-// Whether the current device can start a kernel before the previous one finishes (compute
-// capability 9.0 and later): asked of each device once.
-bool programmatic_launch_supported() {
-  int device = 0;
-  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::map<int, bool> known;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto it = known.find(device); it != known.end()) return it->second;
-  int major = 0;
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return known[device] = major >= 9;
-}
-
 template <int kTaps, int kChannels, bool kGather = false>
 void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   const int radius = args.taps / 2;
@@ -516,7 +500,7 @@ void launch_augment_for(const AugmentLaunch& args, cudaStream_t stream) {
   cudaLaunchAttribute early_start{};
   early_start.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   early_start.val.programmaticStreamSerializationAllowed = 1;
-  if (programmatic_launch_supported()) {
+  if (args.programmatic_launch) {
     config.attrs = &early_start;
     config.numAttrs = 1;
   }

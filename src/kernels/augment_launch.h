@@ -43,6 +43,9 @@ struct AugmentLaunch {
   int taps;               // odd
   augment_math::Normalization normalization[kAugmentMaxChannels];
   PlaneTextures textures;  // count > 0: sample by texture gathers
+  // The device starts a kernel before the previous one in the stream ends (compute capability
+  // 9.0 and later): the launch lets it (programmatic dependent launch).
+  bool programmatic_launch;
 };
 
 /// "" when the kernel has a texture-gather variant for these sizes (three channels, a blur size
