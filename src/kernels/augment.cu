@@ -317,21 +317,20 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
     const float column_origin = static_cast<float>(p.left + 1);
     const float row_origin = static_cast<float>(first_row + p.top + 1);
-    // The sizes the loop compares against are read from the kernel's parameters (not computed
-    // here), and the taps' clamp is a min (not a branch): so the compiler keeps a pixel's three
-    // gathers in flight together within 32 registers (NOTES.md, v14).
+    // The sizes the loop compares against are Geometry's floats, kernel-parameter operands (not
+    // converted here), and the taps' clamp is a min (not a branch): so the compiler keeps a
+    // pixel's three gathers in flight together within 32 registers (NOTES.md, v14).
 #pragma unroll 1
     for (int idx = tid; idx < halo; idx += kThreads) {
       const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
       const am::Rotated q = am::rotate_to_grid(p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
       const float ci = am::floor_f(q.fc), ri = am::floor_f(q.fr);  // rotate_back's pixel
-      if (!(ci >= 0.0f && ci < a.geometry.out_w_f && ri >= 0.0f && ri < a.geometry.out_h_f)) {
+      if (!(ci >= 0.0f && ci < g.out_w_f && ri >= 0.0f && ri < g.out_h_f)) {
         sampled[at] = sampled[plane + at] = sampled[2 * plane + at] = 0.0f;
         continue;
       }
-      const am::GatherTap column_tap =
-          am::gather_tap(ci, g.scale_x, g.shift_x, a.geometry.last_col);
-      const am::GatherTap row_tap = am::gather_tap(ri, g.scale_y, g.shift_y, a.geometry.last_row);
+      const am::GatherTap column_tap = am::gather_tap(ci, g.scale_x, g.shift_x, g.last_col);
+      const am::GatherTap row_tap = am::gather_tap(ri, g.scale_y, g.shift_y, g.last_row);
       const float gx = column_tap.i0 + column_origin, gy = row_tap.i0 + row_origin;
       const am::AxisTap x{0, 0, column_tap.l, column_tap.one_minus_l};
       const am::AxisTap y{0, 0, row_tap.l, row_tap.one_minus_l};
