@@ -306,8 +306,8 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
 
   // 2. Sample the tile and its halo.
   if constexpr (kGather) {
-    // Texture gathers: the rotation, then the resize's taps computed here (gather_tap: the same
-    // arithmetic as the tables' axis_tap) — tables made by a few warps were a dependent chain
+    // Texture gathers: the rotation, then the resize's taps computed here (gather_tap, which the
+    // tables' axis_tap is built on) — tables made by a few warps were a dependent chain
     // every warp waited for at a barrier (10% of the kernel's warp samples), while the sampling
     // waits on its gathers anyway. A gather at (i0 + 1, j0 + 1) fetches texels i0, i0 + 1 of
     // rows j0, j0 + 1 (texel centres at + 0.5); its texels: x bottom-left, y bottom-right,

@@ -112,16 +112,6 @@ TANDEM_HD float source_coordinate(float i, float scale, float shift, float last)
   return min_f(max_f(fmadd(i, scale, shift), 0.0f), last);
 }
 
-/// Resized index `i` along an axis (scale, shift: Geometry's), in a crop of `crop` pixels that
-/// starts at `offset` in the source.
-TANDEM_HD AxisTap axis_tap(int i, float scale, float shift, int crop, int offset) {
-  const float s =
-      source_coordinate(static_cast<float>(i), scale, shift, static_cast<float>(crop - 1));
-  const int i0 = static_cast<int>(s);  // s >= 0: truncation is floor
-  const float l = s - static_cast<float>(i0);
-  return {offset + i0, offset + (i0 < crop - 1 ? i0 + 1 : i0), l, 1.0f - l};
-}
-
 /// floor(x) as an int, for |x| < 2^22 (image coordinates). On the GPU two full-rate
 /// instructions instead of a conversion (F2I runs at a quarter of the add rate on sm_90): x plus
 /// 1.5 * 2^23, rounded toward minus infinity, lands where floats are one apart, on
@@ -144,9 +134,9 @@ TANDEM_HD float floor_f(float x) {
 #endif
 }
 
-/// axis_tap's arithmetic for the kernel's texture gathers, in floats (integers, exact): resized
-/// index `i`, the crop's last index `last`; i0 counted from the crop's start. The same
-/// operations as axis_tap, so the same i0 and weights.
+/// Resized index `i` along an axis (scale, shift: Geometry's), the crop's last index `last`:
+/// its source taps with i0 counted from the crop's start, in floats (integers, exact) — what the
+/// kernel's texture gathers compute per pixel.
 struct GatherTap {
   float i0, l, one_minus_l;
 };
@@ -156,6 +146,14 @@ TANDEM_HD GatherTap gather_tap(float i, float scale, float shift, float last) {
   const float i0 = floor_f(s);
   const float l = s - i0;
   return {i0, l, 1.0f - l};
+}
+
+/// The same taps as source indices, for a crop of `crop` pixels that starts at `offset` in the
+/// source (the C++ reference's and the staged window's tables).
+TANDEM_HD AxisTap axis_tap(int i, float scale, float shift, int crop, int offset) {
+  const GatherTap t = gather_tap(static_cast<float>(i), scale, shift, static_cast<float>(crop - 1));
+  const int i0 = static_cast<int>(t.i0);
+  return {offset + i0, offset + (i0 < crop - 1 ? i0 + 1 : i0), t.l, t.one_minus_l};
 }
 
 /// The resized pixel an output pixel's centre (u, v) (from the image centre, u already
