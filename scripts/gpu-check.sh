@@ -4,8 +4,13 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
+#   redesign
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
+#   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
+#   reference's cls modes are compared with tandem's cls serial mode: cpu_aug with
+#   --param augment=cpu (the loader's workers augment), gpu_aug without; its mlp eager loop with
+#   tandem's mlp serial mode.
 #   env: TANDEM_BENCH_BS (seg, default "8 32 128"), TANDEM_CLS_BS (default "32 128"),
 #        TANDEM_SANITIZERS (default "racecheck synccheck memcheck"), TANDEM_SANITIZE_ARGS (runs
 #        separated by ';'), TANDEM_SANITIZER_FLAGS (e.g. "--kernel-regex kns=augment"),
@@ -22,6 +27,9 @@
 #        kernels under ncu, one at a time: names, counts and GPU times, pair-kernels.txt)
 #   profile: ncu of the augment kernel (full set, source counters; profile-augment.txt in OUT);
 #   profile-mlp: per-kernel GPU times of the mlp step, tandem beside Python (profile-mlp.txt)
+#   redesign: scripts/redesign-ab.sh OUT ${TANDEM_OLD_TREE:-.ref/old}: this tree against a source
+#        tree of commit d529f74 (the scenario CLI), alternating rounds, redesign.json in OUT (its
+#        env: AB_ROUNDS, AB_CELLS, AB_PHASE, AB_REBUILD, ...; see that script)
 # The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUT [build test sanitize seg cls augment]}
@@ -29,6 +37,7 @@ shift
 PHASES=${*:-build test sanitize seg cls augment graphs sweep}
 PHASES=${PHASES//bench/seg}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # the script works from the repository root
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 BUILD=${TANDEM_BUILD_DIR:-build-gpu}
@@ -75,7 +84,7 @@ fi
 
 # A short pipelined run by default; TANDEM_SANITIZE_ARGS picks others (e.g. graphed modes),
 # several separated by ';'.
-SANITIZE_ARGS=${TANDEM_SANITIZE_ARGS:---scenario seg --mode pipelined --batch-size 2 --steps 2 --warmup 1 --workers 2 --no-cudnn-benchmark}
+SANITIZE_ARGS=${TANDEM_SANITIZE_ARGS:---workload seg --mode pipelined --batch-size 2 --steps 2 --warmup 1 --workers 2 --no-cudnn-benchmark}
 if has_phase sanitize; then
   IFS=';' read -ra sanitize_runs <<<"$SANITIZE_ARGS"
   run_index=0
@@ -109,47 +118,64 @@ need_reference() {
   [ -f "$REF/seed_reference.py" ] || { say "no reference loops found (set TANDEM_REFERENCE_DIR)"; exit 1; }
 }
 
-# bench_scenario NAME "MODES" "BATCH SIZES": tandem and the Python loops, then compare.py.
+# bench_scenario NAME "RUNS" "PYTHON MODES" "BATCH SIZES": tandem and the Python loops, then
+# compare.py (which pairs them: see its PYTHON_TO_TANDEM). A run is a mode, optionally with
+# workload parameters after colons: "serial:augment=cpu" is --mode serial --param augment=cpu.
 bench_scenario() {
-  local scenario=$1 modes=$2 sizes=$3
+  local scenario=$1 runs=$2 py_modes=$3 sizes=$4
   need_reference
-  local bs_csv modes_csv
+  local bs_csv py_csv run mode tag
+  local -a params spec
   bs_csv=$(echo $sizes | tr ' ' ',')
-  modes_csv=$(echo $modes | tr ' ' ',')
-  say "tandem bench $scenario, modes $modes_csv, bs $bs_csv"
+  py_csv=$(echo $py_modes | tr ' ' ',')
+  say "tandem bench --workload $scenario, runs $runs, bs $bs_csv"
   for bs in $sizes; do
-    for mode in $modes; do
-      "$TANDEM" bench --scenario "$scenario" --mode "$mode" --batch-size "$bs" --steps 100 \
-        --warmup 10 --workers 8 --json "$RAW/tandem-$scenario-$mode-$bs.json" >>"$LOG" 2>&1 ||
-        status=1
+    for run in $runs; do
+      IFS=: read -r -a spec <<<"$run"
+      mode=${spec[0]}
+      params=()
+      for kv in "${spec[@]:1}"; do params+=(--param "$kv"); done
+      tag=$(echo "$run" | tr ':=+' '___')  # serial:augment=cpu -> serial_augment_cpu
+      "$TANDEM" bench --workload "$scenario" --mode "$mode" "${params[@]}" --batch-size "$bs" \
+        --steps 100 --warmup 10 --workers 8 --json "$RAW/tandem-$scenario-$tag-$bs.json" \
+        >>"$LOG" 2>&1 || status=1
     done
   done
-  say "python seed_reference.py $scenario --bs $bs_csv --modes $modes_csv"
-  python3 "$REF/seed_reference.py" "$scenario" --bs "$bs_csv" --modes "$modes_csv" \
+  say "python seed_reference.py $scenario --bs $bs_csv --modes $py_csv"
+  python3 "$REF/seed_reference.py" "$scenario" --bs "$bs_csv" --modes "$py_csv" \
     --json "$RAW/python-$scenario.json" >>"$LOG" 2>&1 || status=1
   floor
+  local shown=""  # serial:augment=cpu -> "serial --param augment=cpu", comma-separated
+  for run in $runs; do
+    IFS=: read -r -a spec <<<"$run"
+    mode=${spec[0]}
+    for kv in "${spec[@]:1}"; do mode+=" --param $kv"; done
+    shown+=${shown:+,}$mode
+  done
   say "compare $scenario"
   python3 bench/compare.py --scenario "$scenario" --tandem "$RAW"/tandem-"$scenario"-*.json \
     --python "$RAW/python-$scenario.json" --floor "$RAW/python-floor.json" \
-    --command "scripts/gpu-check.sh OUT $scenario (tandem bench --scenario $scenario --mode {$modes_csv} --batch-size {$bs_csv} --steps 100 --warmup 10 --workers 8; seed_reference.py $scenario --bs $bs_csv --modes $modes_csv; seed_reference.py floor)" \
+    --command "scripts/gpu-check.sh OUT $scenario (tandem bench --workload $scenario --mode {$shown} --batch-size {$bs_csv} --steps 100 --warmup 10 --workers 8; seed_reference.py $scenario --bs $bs_csv --modes $py_csv; seed_reference.py floor)" \
     --out "$OUT/$scenario.json" 2>&1 | tee -a "$LOG" || status=1
 }
 
 if has_phase seg; then
-  bench_scenario seg "serial pipelined" "$BS_LIST"
+  bench_scenario seg "serial pipelined" "serial pipelined" "$BS_LIST"
   if [ -n "${TANDEM_VARIANTS:-}" ]; then
     say "tandem bench seg pipelined, variants for comparison (not in seg.json)"
     for bs in $BS_LIST; do
-      "$TANDEM" bench --scenario seg --mode pipelined --batch-size "$bs" --no-cudnn-benchmark \
-        --workers 8 --json "$RAW/variant-nocudnnbench-$bs.json" 2>&1 | grep -A1 "^scenario  mode" | tail -1 | sed 's/$/  (no cuDNN autotuning)/' | tee -a "$LOG"
-      "$TANDEM" bench --scenario seg --mode pipelined --batch-size "$bs" --train-priority normal \
-        --workers 8 --json "$RAW/variant-normalprio-$bs.json" 2>&1 | grep -A1 "^scenario  mode" | tail -1 | sed 's/$/  (train lane normal priority)/' | tee -a "$LOG"
+      "$TANDEM" bench --workload seg --mode pipelined --batch-size "$bs" --no-cudnn-benchmark \
+        --workers 8 --json "$RAW/variant-nocudnnbench-$bs.json" 2>&1 | grep -E "^seg +[a-z]" | tail -1 | sed 's/$/  (no cuDNN autotuning)/' | tee -a "$LOG"
+      "$TANDEM" bench --workload seg --mode pipelined --batch-size "$bs" --train-priority normal \
+        --workers 8 --json "$RAW/variant-normalprio-$bs.json" 2>&1 | grep -E "^seg +[a-z]" | tail -1 | sed 's/$/  (train lane normal priority)/' | tee -a "$LOG"
     done
   fi
 fi
 
 if has_phase cls; then
-  bench_scenario cls "cpu_aug gpu_aug pipelined" "$CLS_BS_LIST"
+  # Python's cpu_aug and gpu_aug loops beside tandem's serial mode, augmenting on the loader's
+  # workers (--param augment=cpu) and on the GPU (the default).
+  bench_scenario cls "serial:augment=cpu serial pipelined" "cpu_aug gpu_aug pipelined" "$CLS_BS_LIST"
 fi
 
 if has_phase augment; then
@@ -168,22 +194,24 @@ fi
 
 mlp_rounds() {
   local rounds=${TANDEM_MLP_ROUNDS:-3}
-  local modes="eager graphed graphed_k pipelined+graphed"
+  # serial is compared with Python's eager loop, the graphed modes with its graph replay;
+  # pipelined is for the record.
+  local modes="serial pipelined graphed graphed_k pipelined+graphed"
   say "tandem bench mlp ($modes; 1000 steps) and seed_reference.py mlp, $rounds rounds"
   for round in $(seq "$rounds"); do
     for mode in $modes; do
-      "$TANDEM" bench --scenario mlp --mode "$mode" --steps 1000 --warmup 100 \
-        --json "$RAW/tandem-mlp-$mode-$round.json" >>"$LOG" 2>&1 || status=1
+      "$TANDEM" bench --workload mlp --mode "$mode" --steps 1000 --warmup 100 \
+        --json "$RAW/tandem-mlp-${mode//+/_}-$round.json" >>"$LOG" 2>&1 || status=1
     done
     python3 "$REF/seed_reference.py" mlp --json "$RAW/python-mlp-$round.json" >>"$LOG" 2>&1 || status=1
     # The graphed runs again without the NVML reader thread: what it costs, for the log only
     # (not in graphs.json).
     for mode in graphed pipelined+graphed; do
-      "$TANDEM" bench --scenario mlp --mode "$mode" --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
+      "$TANDEM" bench --workload mlp --mode "$mode" --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
         grep -E "^mlp " | sed 's/$/  (--no-gpu-monitor)/' | tee -a "$LOG"
     done
   done
-  MLP_COMMAND="$rounds rounds of: tandem bench --scenario mlp --mode {${modes// /,}} --steps 1000 --warmup 100; seed_reference.py mlp"
+  MLP_COMMAND="$rounds rounds of: tandem bench --workload mlp --mode {${modes// /,}} --steps 1000 --warmup 100; seed_reference.py mlp"
 }
 
 if has_phase mlp && ! has_phase graphs; then
@@ -195,26 +223,27 @@ if has_phase mlp && ! has_phase graphs; then
     --out "$OUT/graphs.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
-# One sweep per scenario: every mode and auto at each batch size, in one process. It serves the
-# graphs comparison (pipelined+graphed vs pipelined) and auto.json (auto vs the best mode).
+# One sweep per workload: every mode and auto at each batch size, in one process (serial, the
+# baseline, first). It serves the graphs comparison (pipelined+graphed vs pipelined) and
+# auto.json (auto vs the best mode).
 SWEEP_BS=${TANDEM_SWEEP_BS:-8,32,128}
 SWEEP_ROUNDS=${TANDEM_SWEEP_ROUNDS:-1}
 if has_phase sweep; then
   for scenario in ${TANDEM_SWEEP_SCENARIOS:-seg cls}; do
-    say "tandem sweep --scenario $scenario --batch-sizes $SWEEP_BS --rounds $SWEEP_ROUNDS (every mode, then auto)"
-    TANDEM_DEBUG=1 TORCH_SHOW_CPP_STACKTRACES=1 timeout 540 "$TANDEM" sweep --scenario "$scenario" --batch-sizes "$SWEEP_BS" --modes all,auto --rounds "$SWEEP_ROUNDS" \
+    say "tandem sweep --workload $scenario --batch-sizes $SWEEP_BS --rounds $SWEEP_ROUNDS (every mode, then auto)"
+    TANDEM_DEBUG=1 TORCH_SHOW_CPP_STACKTRACES=1 timeout 540 "$TANDEM" sweep --workload "$scenario" --batch-sizes "$SWEEP_BS" --modes all,auto --rounds "$SWEEP_ROUNDS" \
       --workers 8 --json "$RAW/sweep-$scenario.json" --csv "$RAW/sweep-$scenario.csv" \
       --svg "$OUT/sweep-$scenario.svg" 2>&1 | tee -a "$LOG" | grep -v "^  done:" | head -40 || status=1
   done
   say "compare auto"
   python3 bench/compare.py --scenario auto --sweep $(ls "$RAW"/sweep-seg.json "$RAW"/sweep-cls.json 2>/dev/null) \
     --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-    --command "scripts/gpu-check.sh OUT sweep (tandem sweep --scenario {${TANDEM_SWEEP_SCENARIOS:-seg cls}} --batch-sizes $SWEEP_BS --modes all,auto --rounds $SWEEP_ROUNDS --workers 8)" \
+    --command "scripts/gpu-check.sh OUT sweep (tandem sweep --workload {${TANDEM_SWEEP_SCENARIOS:-seg cls}} --batch-sizes $SWEEP_BS --modes all,auto --rounds $SWEEP_ROUNDS --workers 8)" \
     --out "$OUT/auto.json" 2>&1 | tee -a "$LOG" || status=1
   say "a Chrome trace of seg pipelined+graphed, bs 8 (in raw.tar.gz)"
-  "$TANDEM" bench --scenario seg --mode pipelined+graphed --batch-size 8 --steps 20 --warmup 10 \
+  "$TANDEM" bench --workload seg --mode pipelined+graphed --batch-size 8 --steps 20 --warmup 10 \
     --trace "$RAW/trace-seg-pipelined-graphed-8.json" >>"$LOG" 2>&1 || status=1
-  "$TANDEM" bench --scenario cls --mode pipelined --batch-size 32 --steps 20 --warmup 10 \
+  "$TANDEM" bench --workload cls --mode pipelined --batch-size 32 --steps 20 --warmup 10 \
     --trace "$RAW/trace-cls-pipelined-32.json" >>"$LOG" 2>&1 || status=1
 fi
 
@@ -237,7 +266,7 @@ if has_phase pair; then
         streamprio) envs=(CUDA_GRAPHS_USE_NODE_PRIORITY=0) ;;
       esac
       for mode in pipelined pipelined+graphed; do
-        env "${envs[@]}" "$TANDEM" bench --scenario "$pair_scenario" --mode "$mode" \
+        env "${envs[@]}" "$TANDEM" bench --workload "$pair_scenario" --mode "$mode" \
           --batch-size "$pair_bs" --steps 300 --warmup 20 --workers 8 "${flags[@]}" \
           --json "$RAW/pair-$variant-$mode-$round.json" >>"$LOG" 2>&1 || status=1
       done
@@ -249,7 +278,7 @@ if has_phase pair; then
     for mode in pipelined pipelined+graphed; do
       say "ncu: $pair_scenario $mode bs $pair_bs, per-kernel GPU time"
       ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 6000 \
-        --launch-count 600 --csv "$TANDEM" bench --scenario "$pair_scenario" --mode "$mode" \
+        --launch-count 600 --csv "$TANDEM" bench --workload "$pair_scenario" --mode "$mode" \
         --batch-size "$pair_bs" --steps 100 --warmup 20 --workers 8 --no-gpu-monitor \
         >"$RAW/ncu-pair-$mode.csv" 2>&1 || status=1
     done
@@ -315,7 +344,7 @@ if has_phase graphs; then
   for round in $(seq "$launch_rounds"); do
     for bs in $LAUNCH_BS_LIST; do
       for mode in serial pipelined pipelined+graphed; do
-        "$TANDEM" bench --scenario seg --mode "$mode" --batch-size "$bs" --steps 300 --warmup 20 \
+        "$TANDEM" bench --workload seg --mode "$mode" --batch-size "$bs" --steps 300 --warmup 20 \
           --workers 8 --json "$RAW/tandem-seg-$mode-$bs-$round.json" >>"$LOG" 2>&1 || status=1
       done
     done
@@ -329,7 +358,7 @@ if has_phase graphs; then
   python3 bench/compare.py --scenario graphs --tandem "$RAW"/tandem-mlp-*.json "$RAW"/tandem-seg-*.json \
     --python-rounds "$RAW"/python-mlp-*.json --python "$RAW"/python-seg-launch-*.json \
     --floor "$RAW/python-floor.json" ${sweeps:+--sweep $sweeps} \
-    --command "scripts/gpu-check.sh OUT sweep graphs ($MLP_COMMAND; $launch_rounds rounds of: tandem bench --scenario seg --mode {serial,pipelined,pipelined+graphed} --batch-size {$launch_csv} --steps 300 --warmup 20, seed_reference.py seg --bs $launch_csv --modes serial; seed_reference.py floor; the sweeps of the sweep phase)" \
+    --command "scripts/gpu-check.sh OUT sweep graphs ($MLP_COMMAND; $launch_rounds rounds of: tandem bench --workload seg --mode {serial,pipelined,pipelined+graphed} --batch-size {$launch_csv} --steps 300 --warmup 20, seed_reference.py seg --bs $launch_csv --modes serial; seed_reference.py floor; the sweeps of the sweep phase)" \
     --out "$OUT/graphs.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
@@ -346,18 +375,37 @@ if has_phase profile; then
 fi
 if has_phase profile-mlp; then
   need_reference
-  say "ncu: per-kernel GPU time of mlp steps (tandem eager, Python eager), 60 launches each"
+  say "ncu: per-kernel GPU time of mlp steps (tandem serial, Python eager), 60 launches each"
   ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 60 \
-    --csv "$TANDEM" bench --scenario mlp --mode eager --steps 400 --warmup 10 --no-gpu-monitor \
+    --csv "$TANDEM" bench --workload mlp --mode serial --steps 400 --warmup 10 --no-gpu-monitor \
     >"$OUT/profile-mlp.txt" 2>&1 || status=1
   ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 60 \
     --csv python3 "$REF/seed_reference.py" mlp >>"$OUT/profile-mlp.txt" 2>&1 || status=1
   say "mlp timing without the GPU monitor, tandem graphed beside Python, 2 rounds"
   for round in 1 2; do
-    "$TANDEM" bench --scenario mlp --mode graphed --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
+    "$TANDEM" bench --workload mlp --mode graphed --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
       grep -E "^mlp " | tee -a "$LOG"
     python3 "$REF/seed_reference.py" mlp 2>&1 | tail -2 | tee -a "$LOG"
   done
+fi
+
+# The acceptance A/B of the workload API against the scenario CLI (commit d529f74): its own builds
+# (build-ab, build-ab-old), its result in OUT/redesign.json beside the others, its log, build log
+# and runs in OUT (redesign-ab.log, redesign-build.log, redesign-runs.tar.gz).
+if has_phase redesign; then
+  old_tree=${TANDEM_OLD_TREE:-.ref/old}
+  # Its runs stop inside a device call's 600 s, counted from this script's start (the phases
+  # before it included) unless AB_BUDGET_S says otherwise.
+  budget=${AB_BUDGET_S:-$((540 - SECONDS))}
+  say "redesign: scripts/redesign-ab.sh OUT $old_tree (this tree against commit d529f74; budget $budget s)"
+  AB_BUDGET_S=$((budget > 0 ? budget : 0)) bash scripts/redesign-ab.sh "$OUT" "$old_tree" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  # 3: every run done, some cell below the ratio: a result (like compare.py's MISS), not a failure.
+  case $rc in
+    0) say "redesign: every cell PASS" ;;
+    3) say "redesign: some cells below the ratio (redesign.json)" ;;
+    *) say "redesign FAILED (exit $rc; redesign-ab.log)"; status=1 ;;
+  esac
 fi
 
 tar -C "$RAW" -czf "$OUT/raw.tar.gz" . 2>/dev/null

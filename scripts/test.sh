@@ -1,11 +1,43 @@
 #!/usr/bin/env bash
-# The README's test command: set up a fresh machine if needed, build, run every test.
-# GPU tests (label `gpu`) skip themselves where there is no CUDA device.
+# The README's test command: set up a fresh machine if needed, build, run every test (arguments go
+# to ctest), then install into a temporary prefix and build and run examples/ against it, as a
+# user's project would (find_package(tandem)). GPU tests (label `gpu`) skip themselves where
+# there is no CUDA device; the examples run on the CPU.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+trap 'echo "[test] FAILED (exit $?): $BASH_COMMAND" >&2' ERR
 bash "$root/scripts/build.sh"
 source "$root/scripts/env.sh"
 ctest_bin=$(dirname "$TANDEM_CMAKE")/ctest
 [ -x "$ctest_bin" ] || ctest_bin=ctest
-cd "${TANDEM_BUILD_DIR:-$root/build}"
-"$ctest_bin" --output-on-failure -j 2 "$@"
+build=${TANDEM_BUILD_DIR:-$root/build}
+echo "[test] ctest in $build"
+(cd "$build" && "$ctest_bin" --output-on-failure -j 2 "$@")  # a failure ends the script here
+
+SECONDS=0
+prefix=$(mktemp -d "${TMPDIR:-/tmp}/tandem-test.XXXXXX")
+trap 'rm -rf "$prefix"' EXIT
+echo "[test] install into $prefix/usr"
+"$TANDEM_CMAKE" --install "$build" --prefix "$prefix/usr" >"$prefix/install.log" ||
+  { cat "$prefix/install.log"; echo "[test] FAILED: cmake --install" >&2; exit 1; }
+"$prefix/usr/bin/tandem" --help >/dev/null  # the installed CLI finds its libraries (RPATH)
+
+# Only tandem's prefix: its package finds the LibTorch it was built against by itself.
+echo "[test] examples: configure against the installed package, build"
+launcher=()
+if command -v ccache >/dev/null; then  # paths under the prefix hashed relative to it: hits
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="$prefix"
+fi
+"$TANDEM_CMAKE" -S "$root/examples" -B "$prefix/examples" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$prefix/usr" "${launcher[@]}" >"$prefix/configure.log" 2>&1 ||
+  { cat "$prefix/configure.log"; echo "[test] FAILED: configuring examples/" >&2; exit 1; }
+"$TANDEM_CMAKE" --build "$prefix/examples" -j "$(nproc)"
+
+echo "[test] examples: frozen_backbone --device cpu"
+"$prefix/examples/frozen_backbone" --device cpu --steps 4 --batch-size 4
+echo "[test] examples: augmented_classifier --device cpu --mode auto --sweep --trace"
+"$prefix/examples/augmented_classifier" --device cpu --steps 2 --batch-size 2 --mode auto \
+  --sweep --trace "$prefix/trace.json"
+[ -s "$prefix/trace.json" ] || { echo "[test] FAILED: no trace written" >&2; exit 1; }
+echo "[test] passed: ctest, and the installed package with both examples (${SECONDS} s)"

@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <sstream>
-#include <stdexcept>
 
 #include "tandem/error.h"
 
@@ -34,14 +33,32 @@ void WarmupBarrier::arrive() {
   done_.notify_all();
 }
 
+void WarmupBarrier::cancel() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled_ = true;
+  }
+  done_.notify_all();
+}
+
+bool WarmupBarrier::cancelled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cancelled_;
+}
+
 void WarmupBarrier::wait(const std::string& stage) {
   std::unique_lock<std::mutex> lock(mutex_);
-  // Bounded: a stage that died in its warm-up without arriving must not hang the pipeline (its
-  // own error, recorded first, is what the pipeline reports).
-  if (!done_.wait_for(lock, std::chrono::minutes(5), [&] { return pending_ <= 0; }))
-    throw std::runtime_error("stage '" + stage +
-                             "' waited 5 minutes for the other graphed stages to finish their "
-                             "warm-up: did one of them fail?");
+  // Bounded even without cancel(): a stage that died in its warm-up without arriving must not
+  // hang the pipeline (its own error, recorded first, is what the pipeline reports).
+  const bool woken = done_.wait_for(lock, std::chrono::minutes(5),
+                                    [&] { return cancelled_ || pending_ <= 0; });
+  if (cancelled_)  // checked first: a cancelled barrier stays cancelled
+    throw Error("stage '" + stage +
+                "' stopped waiting for the other graphed stages' warm-up: another stage failed");
+  if (!woken)
+    throw Error("stage '" + stage +
+                "' waited 5 minutes for the other graphed stages to finish their warm-up: did "
+                "one of them fail?");
 }
 
 GraphedStage::GraphedStage(GraphOptions options, Work work, GraphOutputs outputs,

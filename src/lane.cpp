@@ -29,12 +29,14 @@ c10::Device parse_device(const std::string& text) {
   if (text == "auto") return default_device();
   if (text == "cpu") return c10::Device(c10::kCPU);
   if (text.rfind("cuda", 0) == 0) {
-    int index = 0;
+    int64_t index = 0;
     if (text.size() > 4) {
       TANDEM_CHECK_ARG(text[4] == ':' && text.size() > 5 &&
                            text.find_first_not_of("0123456789", 5) == std::string::npos,
                        "device '", text, "' is not valid: expected auto, cpu, cuda or cuda:N");
-      index = std::stoi(text.substr(5));
+      // Saturating, where std::stoi would throw std::out_of_range on "cuda:99999999999".
+      for (size_t i = 5; i < text.size() && index <= 1000000; ++i)
+        index = 10 * index + (text[i] - '0');
     }
     const int count = c10::cuda::device_count();
     TANDEM_CHECK_ARG(index < count, "device '", text, "' is not available: this machine has ",

@@ -4,7 +4,12 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <iterator>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -17,18 +22,73 @@ std::string describe(const std::exception& e) {
   if (auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
   return e.what();
 }
+
+// "708.0 KiB": one decimal, binary units.
+std::string format_bytes(double bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit + 1 < static_cast<int>(std::size(kUnits))) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f %s", bytes, kUnits[unit]);
+  return text;
+}
+
+// Physical memory in bytes, or 0 where the system does not say.
+double physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
 }  // namespace
+
+int64_t sample_bytes(const std::vector<FieldSpec>& fields) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t total = 0;
+  for (const auto& field : fields) {
+    int64_t bytes = static_cast<int64_t>(c10::elementSize(field.dtype));
+    for (const int64_t d : field.shape) {
+      TANDEM_CHECK_ARG(d >= 0, "field '", field.name, "' has dimension ", d,
+                       ": expected sizes >= 0");
+      // Saturating: a shape this large must fail check_ring_fits, not wrap around to a small one.
+      if (__builtin_mul_overflow(bytes, d, &bytes)) bytes = kMax;
+    }
+    if (__builtin_add_overflow(total, bytes, &total)) total = kMax;
+  }
+  return total;
+}
+
+void check_ring_fits(int64_t depth, int64_t batch_size, int64_t sample_bytes) {
+  const double memory = physical_memory_bytes();
+  if (memory <= 0) return;  // unknown: nothing to check against
+  // In floating point: the product of three int64 may not fit in one.
+  const double ring = static_cast<double>(depth) * static_cast<double>(batch_size) *
+                      static_cast<double>(sample_bytes);
+  TANDEM_CHECK_ARG(ring <= memory / 2, "the loader's ring of ", depth, " slots x batch ",
+                   batch_size, " x ", format_bytes(static_cast<double>(sample_bytes)),
+                   " per sample = ", format_bytes(ring),
+                   " exceeds half of this machine's memory (", format_bytes(memory / 2), " of ",
+                   format_bytes(memory),
+                   "): lower the batch size, the worker count or the loader depth (a runner's "
+                   "ring holds workers + 2 batches)");
+}
 
 Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), options_(options) {
   TORCH_CHECK(dataset_, "the loader needs a dataset");
   TANDEM_CHECK_ARG(options_.batch_size > 0, "batch size ", options_.batch_size,
                    " is not valid: expected a positive number of samples");
-  TANDEM_CHECK_ARG(options_.workers > 0, "worker count ", options_.workers,
-                   " is not valid: expected at least 1 worker thread");
-  TANDEM_CHECK_ARG(options_.depth > 0, "loader depth ", options_.depth,
-                   " is not valid: expected at least 1 host slot");
+  TANDEM_CHECK_ARG(options_.workers >= 1 && options_.workers <= kMaxLoaderWorkers,
+                   "worker count ", options_.workers, " is not valid: expected 1 to ",
+                   kMaxLoaderWorkers, " loader worker threads");
+  TANDEM_CHECK_ARG(options_.depth >= 1 && options_.depth <= kMaxLoaderDepth, "loader depth ",
+                   options_.depth, " is not valid: expected 1 to ", kMaxLoaderDepth,
+                   " host slots");
   fields_ = dataset_->fields();
+  // Before any slot is allocated: a ring larger than memory would otherwise be found by the OS
+  // (pinned memory, swap, the OOM killer) rather than reported.
+  check_ring_fits(options_.depth, options_.batch_size, sample_bytes(fields_));
   const int64_t n = dataset_->size();
   num_batches_ = options_.drop_last ? n / options_.batch_size
                                     : (n + options_.batch_size - 1) / options_.batch_size;

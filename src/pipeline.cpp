@@ -1,23 +1,31 @@
 // The pipeline's tick loop: fill, steady state and drain over a ring of batch slots.
 #include "tandem/pipeline.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <thread>
-#include <cmath>
-#include <limits>
-
-#include "tandem/error.h"
 
 namespace tandem {
 
 const char* to_string(PipelineMode mode) {
   return mode == PipelineMode::kSerial ? "serial" : "pipelined";
 }
+
+StageError::StageError(std::string stage, std::string lane, int64_t item, std::string cause,
+                       std::exception_ptr original)
+    : Error(detail::concat("stage '", stage, "' (lane ", lane, ") failed at step ", item, ": ",
+                           cause)),
+      details_(std::make_shared<const Details>(
+          Details{std::move(stage), std::move(lane), std::move(cause), std::move(original)})),
+      item_(item) {}
 
 Pipeline::Pipeline(std::vector<Stage> stages, PipelineMode mode, Lane serial_lane)
     : stages_(std::move(stages)), mode_(mode), serial_lane_(std::move(serial_lane)) {
@@ -29,8 +37,11 @@ Pipeline::Pipeline(std::vector<Stage> stages, PipelineMode mode, Lane serial_lan
   }
   slots_ = depth() + 1;
   ring_.resize(slots_);
-  for (int i = 0; i + 1 < num_stages(); ++i) handoffs_.emplace_back(lane_of(i), lane_of(i + 1), slots_);
-  if (serial_lane_.is_cuda()) done_.resize(slots_);
+  for (int i = 0; i + 1 < num_stages(); ++i)
+    handoffs_.emplace_back(lane_of(i), lane_of(i + 1), slots_);
+  if (serial_lane_.is_cuda())
+    for (int slot = 0; slot < slots_; ++slot)
+      done_.push_back(std::make_shared<at::cuda::CUDAEvent>());
   done_marker_.assign(slots_, nullptr);
 }
 
@@ -66,10 +77,10 @@ void Pipeline::run_stage(int i, int slot) {
   if (device_timed) {
     stage_events_[i].emplace_back();  // a timing-enabled start/end pair
     stage_events_[i].back().item = item;
-    stage_events_[i].back().start.record(lane.stream());
+    stage_events_[i].back().start->record(lane.stream());
   }
   stages_[i].fn(ring_[slot], lane);
-  if (device_timed) stage_events_[i].back().end.record(lane.stream());
+  if (device_timed) stage_events_[i].back().end->record(lane.stream());
   const auto end = Clock::now();
   host_seconds_[i] += std::chrono::duration<double>(end - start).count();
   if (trace_) {
@@ -88,10 +99,10 @@ void Pipeline::emit_lane_spans() {
   const double origin_us = trace_->us_since_origin(origin_host_);
   for (int i = 0; i < num_stages(); ++i)
     for (auto& e : stage_events_[i]) {
-      e.end.synchronize();
-      const double start_us = origin_us + 1e3 * origin_event_->elapsed_time(e.start);
+      e.end->synchronize();
+      const double start_us = origin_us + 1e3 * origin_event_->elapsed_time(*e.start);
       trace_->add({TraceSpan::Kind::kLane, lane_of(i).name(), stages_[i].name, start_us,
-                   1e3 * e.start.elapsed_time(e.end), e.item});
+                   1e3 * e.start->elapsed_time(*e.end), e.item});
     }
 }
 
@@ -109,8 +120,8 @@ Pipeline::Timing Pipeline::timing() const {
     if (lane_of(i).is_cuda()) {
       double ms = 0;
       for (const auto& e : stage_events_[i]) {
-        e.end.synchronize();  // run() returns once the caller's stream waits, not the host
-        ms += e.start.elapsed_time(e.end);
+        e.end->synchronize();  // run() returns once the caller's stream waits, not the host
+        ms += e.start->elapsed_time(*e.end);
       }
       st.device_ms_per_item = stage_events_[i].empty()
                                   ? std::numeric_limits<double>::quiet_NaN()
@@ -126,9 +137,11 @@ Pipeline::Timing Pipeline::timing() const {
 void Pipeline::begin_item(int64_t item, int slot) {
   // A slot is handed to a new item only after the last stage of its previous item finished on
   // the device: this bounds host run-ahead and the memory of batches in flight.
+  // Device work already enqueued is all it waits for, so it returns even after another stage
+  // failed.
   if (done_marker_[slot]) {
     const auto start = Clock::now();
-    TANDEM_CUDA_CHECK(cudaEventSynchronize(done_marker_[slot]));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(done_marker_[slot]->event()));
     if (first_timed_item_ >= 0 && item >= first_timed_item_) {
       const double waited = seconds_since(start);
       slot_wait_seconds_ += waited;
@@ -142,21 +155,18 @@ void Pipeline::begin_item(int64_t item, int slot) {
   ring_[slot].ring_slot = slot;
 }
 
-void Pipeline::record_done(int slot) {
-  done_[slot].record(lane_of(num_stages() - 1).stream());
-  done_marker_[slot] = done_[slot].event();  // created by its first record
-}
-
 void Pipeline::end_item(int slot) {
   if (!done_.empty()) {
     // run_stage() of the last stage, on this thread, just recorded the timing events of a timed
-    // item; the end event's handle exists once recorded and survives the vector's growth (a
-    // moved CUDAEvent keeps its cudaEvent_t).
+    // item: its end event marks the slot, and outlives stage_events_ for as long as it does.
     const auto& timed = stage_events_[num_stages() - 1];
     if (!timed.empty() && timed.back().item == ring_[slot].index) {
-      done_marker_[slot] = timed.back().end.event();
+      done_marker_[slot] = timed.back().end;
     } else {
-      record_done(slot);
+      // Re-recording done_[slot] is safe: nothing waits for its last record any more (begin_item
+      // of this item waited for the slot's marker, at or after that record on this lane).
+      done_[slot]->record(lane_of(num_stages() - 1).stream());
+      done_marker_[slot] = done_[slot];
     }
   }
   // Dropping the tensors now returns their memory to the allocator, which will not reuse it
@@ -170,12 +180,7 @@ void Pipeline::run(int64_t num_items, const ItemHook& on_item) {
   TORCH_CHECK(num_items >= 0, "a pipeline cannot run a negative number of items: ", num_items);
   const Lane caller = Lane::current("caller", serial_lane_.device());
   host_seconds_.assign(num_stages(), 0.0);
-  // A marker that is a timing event of the last run is destroyed below: mark its slot with
-  // done_[slot] instead, recorded now on the last lane, after that item (a later point, so
-  // waiting for it still bounds the host's run-ahead into this run).
-  for (int slot = 0; slot < slots_; ++slot)
-    if (done_marker_[slot] && done_marker_[slot] != done_[slot].event()) record_done(slot);
-  stage_events_.clear();
+  stage_events_.clear();  // a done marker among them stays alive in done_marker_
   stage_events_.resize(num_stages());
   slot_wait_seconds_ = 0;
   timed_items_ = first_timed_item_ >= 0 ? std::max<int64_t>(0, num_items - first_timed_item_) : 0;
@@ -198,15 +203,51 @@ void Pipeline::run(int64_t num_items, const ItemHook& on_item) {
   emit_lane_spans();
 }
 
+std::exception_ptr Pipeline::stage_error(int stage, int64_t item, std::exception_ptr e) const {
+  std::string cause;
+  try {
+    std::rethrow_exception(e);
+  } catch (const StageError&) {
+    return e;  // a nested pipeline's stage: already says where it failed
+  } catch (const c10::Error& x) {
+    cause = x.what_without_backtrace();
+  } catch (const std::exception& x) {
+    cause = x.what();
+  } catch (...) {
+    cause = "an exception that is not a std::exception";
+  }
+  return std::make_exception_ptr(
+      StageError(stages_[stage].name, lane_of(stage).name(), item, first_line(cause), e));
+}
+
+void Pipeline::call_on_error() const {
+  if (!on_error_) return;
+  try {
+    on_error_();
+  } catch (...) {
+    // Dropped: the stage's own error is the one run() reports.
+  }
+}
+
 void Pipeline::run_serial(int64_t num_items, const ItemHook& on_item) {
   for (int64_t item = 0; item < num_items; ++item) {
     const int slot = static_cast<int>(item % slots_);
-    begin_item(item, slot);
-    for (int i = 0; i < num_stages(); ++i) {
-      if (on_item) on_item(i, item);
-      run_stage(i, slot);
+    // The stage a failure is reported for: the slot wait counts as the first stage's work, the
+    // done marker as the last's.
+    int stage = 0;
+    try {
+      begin_item(item, slot);
+      for (; stage < num_stages(); ++stage) {
+        if (on_item) on_item(stage, item);
+        run_stage(stage, slot);
+      }
+      stage = num_stages() - 1;
+      end_item(slot);
+    } catch (...) {
+      const std::exception_ptr error = stage_error(stage, item, std::current_exception());
+      call_on_error();
+      std::rethrow_exception(error);
     }
-    end_item(slot);
   }
 }
 
@@ -252,7 +293,7 @@ void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
   std::vector<SlotQueue> inbox(K);
   for (int s = 0; s < slots_; ++s) inbox[0].push(s);
   std::mutex error_mutex;
-  std::exception_ptr error;
+  std::exception_ptr error;  // the first failure, as a StageError
   // Opened when the last stage has finished item 0 on the device (set_first_item_alone), or
   // when a stage failed, so that no thread waits for an item that will never finish.
   std::mutex gate_mutex;
@@ -267,8 +308,9 @@ void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
   };
 
   auto stage_loop = [&](int i) {
+    int64_t item = 0;
     try {
-      for (int64_t item = 0; item < num_items; ++item) {
+      for (; item < num_items; ++item) {
         const int slot = inbox[i].pop();
         if (slot < 0) return;  // another stage failed
         if (i == 0) {
@@ -299,17 +341,31 @@ void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
         }
       }
     } catch (...) {
+      std::exception_ptr e = stage_error(i, item, std::current_exception());
+      bool first = false;
       {
         std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
+        if (!error) {
+          error = std::move(e);
+          first = true;
+        }
       }
+      // Recorded first, so that a stage that on_error wakes into failing reports second.
+      if (first) call_on_error();
       for (auto& q : inbox) q.close();
       open_gate();
     }
   };
 
   std::vector<std::thread> threads;
-  for (int i = 1; i < K; ++i) threads.emplace_back(stage_loop, i);
+  try {
+    for (int i = 1; i < K; ++i) threads.emplace_back(stage_loop, i);
+  } catch (...) {  // no thread for a stage (std::system_error): stop those already started
+    for (auto& q : inbox) q.close();
+    open_gate();
+    for (auto& t : threads) t.join();
+    throw;
+  }
   stage_loop(0);  // the caller's thread drives the first stage
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);

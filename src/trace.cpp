@@ -1,7 +1,9 @@
-// The Chrome-trace writer.
+// The Chrome-trace writer: spans collected from any thread, written as one JSON file.
 #include "tandem/trace.h"
 
-#include <fstream>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "tandem/error.h"
@@ -29,7 +31,8 @@ nlohmann::json Trace::to_chrome_json() const {
                     {"args", {{"name", "host threads"}}}});
   for (const auto& s : spans) {
     const int pid = s.kind == TraceSpan::Kind::kLane ? kLanePid : kHostPid;
-    auto [it, inserted] = tids.emplace(std::make_pair(pid, s.track), static_cast<int>(tids.size()) + 1);
+    auto [it, inserted] =
+        tids.emplace(std::make_pair(pid, s.track), static_cast<int>(tids.size()) + 1);
     if (inserted)
       events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", it->second},
                         {"args", {{"name", s.track}}}});
@@ -43,10 +46,19 @@ nlohmann::json Trace::to_chrome_json() const {
 }
 
 void Trace::write(const std::string& path) const {
-  std::ofstream out(path);
-  if (!out) throw InvalidArgument("trace path '" + path + "' cannot be written");
-  out << to_chrome_json().dump() << "\n";
-  if (!out) throw std::runtime_error("writing the trace to '" + path + "' failed");
+  const std::string text = to_chrome_json().dump() + "\n";
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (!file)
+    throw InvalidArgument("trace path '" + path + "' cannot be written: " + std::strerror(errno));
+  // A full disk (or /dev/full) may accept the buffered write and fail only when the buffer is
+  // flushed or the file closed: each step is checked, and errno read before the next call.
+  int error = 0;
+  errno = 0;
+  if (std::fwrite(text.data(), 1, text.size(), file) != text.size() || std::fflush(file) != 0)
+    error = errno ? errno : EIO;
+  if (std::fclose(file) != 0 && error == 0) error = errno ? errno : EIO;
+  if (error != 0)
+    throw Error("writing the trace to '" + path + "' failed: " + std::strerror(error));
 }
 
 HostSpan::~HostSpan() {

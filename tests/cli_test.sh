@@ -25,8 +25,15 @@ expect_fail() {
   fi
 }
 
-expect_fail 2 "scenario 'nope' is not known: expected seg" -- bench --scenario nope
-expect_fail 2 "mode 'fast' is not valid for scenario seg: expected serial, pipelined, graphed, pipelined+graphed or auto" -- bench --mode fast
+expect_fail 2 "workload 'nope' is not known: expected seg, cls or mlp" -- bench --scenario nope
+expect_fail 2 "workload 'nope' is not known: expected seg, cls or mlp" -- bench --workload nope
+expect_fail 2 "mode 'fast' is not valid: expected serial, pipelined, graphed, pipelined+graphed, graphed_k or auto" -- bench --mode fast
+expect_fail 2 "mode 'cpu_aug' is not valid: expected serial" -- bench --scenario cls --mode cpu_aug
+expect_fail 2 "parameter augment='tpu' is not valid for workload cls: expected gpu or cpu" -- bench --scenario cls --param augment=tpu --device cpu
+expect_fail 2 "parameter 'augment' is not known to workload seg: expected none" -- bench --param augment=cpu --device cpu
+expect_fail 2 "parameter 'augment' is not valid: expected KEY=VALUE" -- bench --param augment --device cpu
+expect_fail 2 "worker count 100000 is not valid: expected 1 to 1024 loader worker threads" -- bench --workers 100000 --device cpu
+expect_fail 2 "exceeds half of this machine's memory" -- bench --device cpu --batch-size 100000000 --workers 1 --steps 1 --warmup 0
 expect_fail 2 "batch size 0 is not valid" -- bench --batch-size 0
 expect_fail 2 "step count -5 is not valid" -- bench --steps -5
 expect_fail 2 "warm-up count -1" -- bench --warmup -1 --device cpu
@@ -42,12 +49,12 @@ expect_fail 2 "subcommand" --
 expect_fail 2 "--batch-sizes is required" -- sweep --device cpu
 expect_fail 2 "batch size 0 is not valid" -- sweep --device cpu --batch-sizes 4,0
 expect_fail 2 "rounds 0 is not valid" -- sweep --device cpu --batch-sizes 1 --rounds 0
-expect_fail 2 "mode 'warp' is not valid for scenario seg" -- sweep --device cpu --modes serial,warp --batch-sizes 1
+expect_fail 2 "mode 'warp' is not valid: expected serial" -- sweep --device cpu --modes serial,warp --batch-sizes 1
 expect_fail 2 "SVG path '/nonexistent-dir/s.svg' cannot be written" -- sweep --device cpu --batch-sizes 1 --svg /nonexistent-dir/s.svg
 expect_fail 2 "sampling 'texture' is not valid: expected auto, gather or staged" -- augment-bench --device cpu --batch-sizes 1 --sampling auto,texture
 
 if "$tandem" bench --help >"$tmp/help" 2>&1 &&
-   for flag in --scenario --mode --batch-size --steps --warmup --workers --seed --device --json --trace --cudnn-benchmark --train-priority; do
+   for flag in --workload --scenario --param --mode --batch-size --steps --warmup --workers --seed --device --json --trace --cudnn-benchmark --train-priority graphed_k pipelined+graphed augment=gpu; do
      grep -qF -- "$flag" "$tmp/help" || exit 1
    done; then
   passed=$((passed + 1))
@@ -67,7 +74,7 @@ fi
 if "$tandem" sweep --device cpu --batch-sizes 1 --steps 1 --warmup 0 --workers 1 \
      --csv "$tmp/s.csv" --svg "$tmp/s.svg" --json "$tmp/s.json" >"$tmp/out" 2>"$tmp/err" &&
    head -1 "$tmp/s.csv" | grep -q '^mode,batch_size,steps_per_s' &&
-   [ "$(wc -l <"$tmp/s.csv")" -eq 5 ] && grep -q 'data-mode="pipelined"' "$tmp/s.svg" &&
+   [ "$(wc -l <"$tmp/s.csv")" -eq 6 ] && grep -q 'data-mode="pipelined"' "$tmp/s.svg" &&
    grep -q '^pipelined+graphed,' "$tmp/s.csv" &&
    grep -q '"speedup"' "$tmp/s.json" && grep -q 'samples/s' "$tmp/out"; then
   passed=$((passed + 1))
@@ -79,7 +86,7 @@ fi
 # once; the baseline runs first.
 if "$tandem" sweep --scenario mlp --device cpu --batch-sizes 1 --steps 1 --warmup 0 \
      --modes all,graphed --csv "$tmp/m.csv" >"$tmp/out" 2>"$tmp/err" &&
-   [ "$(cut -d, -f1 "$tmp/m.csv" | tail -n +2 | paste -sd' ')" = "eager graphed graphed_k pipelined+graphed" ]; then
+   [ "$(cut -d, -f1 "$tmp/m.csv" | tail -n +2 | paste -sd' ')" = "serial pipelined graphed pipelined+graphed graphed_k" ]; then
   passed=$((passed + 1))
 else
   failed=$((failed + 1)); echo "FAIL: sweep --modes all,graphed"; cat "$tmp/out" "$tmp/err" "$tmp/m.csv"
@@ -94,11 +101,36 @@ else
   failed=$((failed + 1)); echo "FAIL: --mode auto on the CPU"; cat "$tmp/out" "$tmp/err"
 fi
 
-if "$tandem" bench --scenario cls --mode cpu_aug --device cpu --batch-size 1 --steps 1 \
-     --warmup 0 --workers 1 >"$tmp/out" 2>"$tmp/err" && grep -q '^cls *cpu_aug' "$tmp/out"; then
+if "$tandem" bench --workload cls --param augment=cpu --device cpu --batch-size 1 --steps 1 \
+     --warmup 0 --workers 1 --json "$tmp/c.json" >"$tmp/out" 2>"$tmp/err" &&
+   grep -q '^cls *serial' "$tmp/out" && grep -q '^param *augment=cpu' "$tmp/out" &&
+   grep -q '"augment": "cpu"' "$tmp/c.json"; then
   passed=$((passed + 1))
 else
-  failed=$((failed + 1)); echo "FAIL: cls cpu_aug on the CPU"; cat "$tmp/out" "$tmp/err"
+  failed=$((failed + 1)); echo "FAIL: cls with the augmentation on the loader's workers"; cat "$tmp/out" "$tmp/err"
+fi
+# Without --mode every workload runs its baseline, serial.
+for workload in cls mlp; do
+  if "$tandem" bench --workload $workload --device cpu --batch-size 1 --steps 1 --warmup 0 \
+       --workers 1 >"$tmp/out" 2>"$tmp/err" && grep -q "^$workload *serial" "$tmp/out"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1)); echo "FAIL: $workload without --mode"; cat "$tmp/out" "$tmp/err"
+  fi
+done
+# A write the disk refuses is an error (exit 1), never silent.
+if [ -w /dev/full ]; then
+  for flag in --json --trace; do
+    expect_fail 1 "writing" -- bench --device cpu --batch-size 1 --steps 1 --warmup 0 --workers 1 $flag /dev/full
+  done
+  # sweep reports each finished point on stderr ("done: ..."); the error is the last line.
+  "$tandem" sweep --device cpu --scenario mlp --modes serial --batch-sizes 1 --steps 1 \
+    --warmup 0 --csv /dev/full >"$tmp/out" 2>"$tmp/err"
+  if [ $? -eq 1 ] && tail -n 1 "$tmp/err" | grep -qF "tandem: error: writing '/dev/full' failed"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1)); echo "FAIL: sweep --csv /dev/full"; cat "$tmp/err"
+  fi
 fi
 for scenario in seg cls; do
   if "$tandem" bench --scenario $scenario --mode pipelined+graphed --device cpu --batch-size 1 \
@@ -109,7 +141,6 @@ for scenario in seg cls; do
     failed=$((failed + 1)); echo "FAIL: $scenario pipelined+graphed on the CPU"; cat "$tmp/out" "$tmp/err"
   fi
 done
-expect_fail 2 "mode 'serial' is not valid for scenario cls: expected cpu_aug, gpu_aug, pipelined, graphed, pipelined+graphed or auto" -- bench --scenario cls --mode serial
 
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

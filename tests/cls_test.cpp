@@ -1,7 +1,8 @@
-// The cls workload: model as SPEC defines it, datasets, and every mode training; gpu_aug,
-// pipelined, graphed and pipelined+graphed compute the same losses for the same seed (CPU here,
-// GPU with the label gpu): the graphs draw the augmentation parameters from the run's generator
-// exactly as eager steps do. A short last batch runs eagerly in the graphed modes.
+// The cls workload: model as SPEC defines it, datasets, and every mode training; every mode
+// with the GPU augmentation stage computes the serial losses for the same seed (CPU here, GPU
+// with the label gpu): the graphs draw the augmentation parameters from the run's generator
+// exactly as eager steps do. A short last batch runs eagerly in the graphed modes. Augmenting on
+// the loader's workers (param augment=cpu, SPEC's cpu_aug) trains too.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -9,7 +10,9 @@
 #include <numeric>
 #include <set>
 
-#include "tandem/scenarios/cls.h"
+#include "tandem/augmented_dataset.h"
+#include "tandem/runner.h"
+#include "tandem/workloads/cls.h"
 #include "test_util.h"
 
 namespace tandem {
@@ -46,6 +49,18 @@ TEST(ClsTest, DatasetIsAFunctionOfTheIndexAndTheToyLabelSetsTheBrightness) {
   EXPECT_LT(*labels.rbegin(), kClsClasses);
 }
 
+TEST(ClsTest, AugmentParamChoosesTheDataPathAndUnknownValuesAreRefused) {
+  WorkloadOptions wo;
+  wo.batch_size = 2;
+  EXPECT_EQ(make_cls(wo).workload.feeds.size(), 1u);  // the GPU augment stage
+  wo.params["augment"] = "cpu";
+  const Workload cpu = make_cls(wo).workload;
+  EXPECT_TRUE(cpu.feeds.empty());  // the loader's workers augment
+  EXPECT_EQ(cpu.data.dataset()->fields()[0].dtype, at::kFloat);
+  wo.params["augment"] = "tpu";
+  EXPECT_THROW(make_cls(wo), InvalidArgument);
+}
+
 TEST(ClsTest, AugmentedDatasetAppliesTheReferenceWithPerIndexParameters) {
   auto source = std::make_shared<ClsDataset>(10, 3);
   AugmentSpec spec;
@@ -66,16 +81,15 @@ struct Run {
   std::string notes;  // joined with " | "
 };
 
+/// `mode` is a mode's name, or "cpu_aug": serial with the augmentation on the loader's workers.
 Run run(const std::string& mode, c10::Device device, bool learnable, int64_t batch_size,
         int64_t steps, int64_t last_batch_size = 0) {
   // The toy task trains with inputs normalized to about [-2, 2] and a larger step than SPEC's
   // default, so a few dozen steps show learning; SPEC's settings are what the benchmark uses.
-  ScenarioOptions o;
-  o.batch_size = batch_size;
-  o.workers = 2;
-  o.seed = 77;
-  o.device = device;
-  o.last_batch_size = last_batch_size;
+  WorkloadOptions wo;
+  wo.batch_size = batch_size;
+  wo.seed = 77;
+  wo.device = device;
   ClsOptions c;
   c.learnable = learnable;
   if (learnable) {
@@ -83,11 +97,23 @@ Run run(const std::string& mode, c10::Device device, bool learnable, int64_t bat
     c.augment.std = {64, 64, 64};
     c.lr = 0.05;
   }
-  ClsScenario scenario(o, c);
-  scenario.prepare(mode, steps)->run(steps);
-  Run r{scenario.losses(), ""};
-  for (const auto& note : scenario.notes()) r.notes += note + " | ";
+  if (mode == "cpu_aug") c.augment_on = AugmentOn::kCpu;
+  RunOptions o;
+  o.mode = mode == "cpu_aug" ? Mode::kSerial : parse_mode(mode);
+  o.batch_size = batch_size;
+  o.workers = 2;
+  o.last_batch_size = last_batch_size;
+  Runner runner(make_cls(wo, c).workload, o);
+  Run r{runner.train(steps), ""};
+  for (const auto& note : runner.notes()) r.notes += note + " | ";
   return r;
+}
+
+/// Every way cls runs: cpu_aug, then each mode with the GPU augmentation stage.
+std::vector<std::string> every_mode() {
+  std::vector<std::string> out{"cpu_aug"};
+  for (const Mode m : workload_modes()) out.push_back(to_string(m));
+  return out;
 }
 
 std::vector<float> train(const std::string& mode, c10::Device device, bool learnable,
@@ -105,18 +131,18 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-TEST(ClsTest, GpuAugAndPipelinedComputeTheSameLossesOnCpu) {
+TEST(ClsTest, SerialAndPipelinedComputeTheSameLossesOnCpu) {
   testing::use_deterministic_algorithms();
-  const auto a = train("gpu_aug", c10::Device(c10::kCPU), false, 2, 6);
+  const auto a = train("serial", c10::Device(c10::kCPU), false, 2, 6);
   const auto b = train("pipelined", c10::Device(c10::kCPU), false, 2, 6);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "first differing step " << i;
 }
 
-TEST(ClsTest, GraphedModesRunEagerlyOnTheCpuAndComputeGpuAugsLosses) {
+TEST(ClsTest, GraphedModesRunEagerlyOnTheCpuAndComputeSerialsLosses) {
   testing::use_deterministic_algorithms();
   const c10::Device cpu(c10::kCPU);
-  const auto want = run("gpu_aug", cpu, false, 2, 5, /*last_batch_size=*/1);
+  const auto want = run("serial", cpu, false, 2, 5, /*last_batch_size=*/1);
   EXPECT_EQ(want.notes, "");
   for (const std::string mode : {"graphed", "pipelined+graphed"}) {
     SCOPED_TRACE(mode);
@@ -132,18 +158,18 @@ double mean(const std::vector<float>& v, size_t from, size_t to) {
 }
 
 TEST(ClsTest, EveryModeLearnsTheToyTask) {
-  for (const auto& mode : ClsScenario::kModes) {
+  for (const auto& mode : every_mode()) {
     const auto losses = train(mode, c10::Device(c10::kCPU), /*learnable=*/true, 4, 24);
     for (float l : losses) ASSERT_TRUE(std::isfinite(l)) << mode;
     EXPECT_LT(mean(losses, 18, 24), mean(losses, 0, 6) - 0.3) << mode << ": loss did not fall";
   }
 }
 
-TEST(ClsGpuTest, GpuAugAndPipelinedComputeTheSameLosses) {
+TEST(ClsGpuTest, SerialAndPipelinedComputeTheSameLosses) {
   TANDEM_SKIP_WITHOUT_CUDA();
   testing::use_deterministic_algorithms();
   const c10::Device cuda(c10::kCUDA, 0);
-  const auto a = train("gpu_aug", cuda, false, 8, 24);
+  const auto a = train("serial", cuda, false, 8, 24);
   const auto b = train("pipelined", cuda, false, 8, 24);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "first differing step " << i;
@@ -151,28 +177,30 @@ TEST(ClsGpuTest, GpuAugAndPipelinedComputeTheSameLosses) {
 
 // Bitwise: the graphs replay the eager kernels, and the generator registered with the graph
 // that draws the parameters advances by the same Philox increment per replay as per eager draw.
-TEST(ClsGpuTest, GraphedModesComputeGpuAugsLosses) {
+TEST(ClsGpuTest, GraphedModesComputeSerialsLosses) {
   TANDEM_SKIP_WITHOUT_CUDA();
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);  // deterministic cuBLAS (before first use)
   testing::use_deterministic_algorithms();
   const c10::Device cuda(c10::kCUDA, 0);
-  const auto want = run("gpu_aug", cuda, false, 8, 24);
+  const auto want = run("serial", cuda, false, 8, 24);
   const auto graphed = run("graphed", cuda, false, 8, 24);
   expect_same_losses(want.losses, graphed.losses);
-  EXPECT_TRUE(has(graphed.notes, "captured: step (augmentation parameters drawn from the run's "
-                                 "generator, the fused augment kernel, forward, loss, backward, "
-                                 "SGD) as one graph after 3 eager warm-up steps"))
+  EXPECT_TRUE(has(graphed.notes, "captured: step (augment: parameters drawn from the run's "
+                                 "generator, fused augment kernel; train: forward, cross-entropy, "
+                                 "backward, tandem::optim::Sgd step) as one graph after 3 eager "
+                                 "warm-up steps"))
       << graphed.notes;
-  EXPECT_TRUE(has(graphed.notes, "; 21 replays, each drawing new parameters;")) << graphed.notes;
+  EXPECT_TRUE(has(graphed.notes, "; 21 replays |")) << graphed.notes;
   EXPECT_FALSE(has(graphed.notes, "ran eagerly")) << graphed.notes;
 
   const auto both = run("pipelined+graphed", cuda, false, 8, 24);
   expect_same_losses(want.losses, both.losses);
-  EXPECT_TRUE(has(both.notes, "captured: augment (parameters drawn from the run's generator, "
-                              "fused kernel) and train (forward, loss, backward, SGD) as one "
-                              "graph each"))
+  EXPECT_TRUE(has(both.notes, "captured: augment (augment: parameters drawn from the run's "
+                              "generator, fused augment kernel) as one graph on lane augment"))
       << both.notes;
-  EXPECT_TRUE(has(both.notes, "; 21 and 21 replays;")) << both.notes;
+  EXPECT_TRUE(has(both.notes, "captured: train (train: forward, cross-entropy, backward, "
+                              "tandem::optim::Sgd step) as one graph on lane train"))
+      << both.notes;
   EXPECT_FALSE(has(both.notes, "ran eagerly")) << both.notes;
 }
 
@@ -181,7 +209,7 @@ TEST(ClsGpuTest, AShortLastBatchRunsEagerlyInTheGraphedModes) {
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);
   testing::use_deterministic_algorithms();
   const c10::Device cuda(c10::kCUDA, 0);
-  const auto want = run("gpu_aug", cuda, false, 8, 8, /*last_batch_size=*/5);
+  const auto want = run("serial", cuda, false, 8, 8, /*last_batch_size=*/5);
   for (const std::string mode : {"graphed", "pipelined+graphed"}) {
     SCOPED_TRACE(mode);
     const auto got = run(mode, cuda, false, 8, 8, 5);
@@ -189,14 +217,13 @@ TEST(ClsGpuTest, AShortLastBatchRunsEagerlyInTheGraphedModes) {
     EXPECT_TRUE(has(got.notes, "step 7 ran eagerly")) << got.notes;
     EXPECT_TRUE(has(got.notes, "input 0 is [5, 3, 256, 256], captured [8, 3, 256, 256]"))
         << got.notes;
-    EXPECT_TRUE(has(got.notes, mode == "graphed" ? "; 4 replays," : "; 4 and 4 replays;"))
-        << got.notes;
+    EXPECT_TRUE(has(got.notes, "; 4 replays |")) << got.notes;
   }
 }
 
 TEST(ClsGpuTest, EveryModeLearnsTheToyTask) {
   TANDEM_SKIP_WITHOUT_CUDA();
-  for (const auto& mode : ClsScenario::kModes) {
+  for (const auto& mode : every_mode()) {
     const auto losses = train(mode, c10::Device(c10::kCUDA, 0), true, 16, 40);
     EXPECT_LT(mean(losses, 30, 40), mean(losses, 0, 10) - 0.05) << mode;
   }

@@ -1,23 +1,21 @@
-// CUDA graphs: capture records and does not execute; replays run only what was captured; a
-// K-iteration capture advances K per replay; bad captures fail clearly; the mlp workload's
-// graphed modes compute the eager losses; dropout under replay draws new masks; a registered
-// generator draws the eager sequence under replay; one thread may capture while another
-// replays; GraphedStage warms up, captures, replays and falls back to eager on another shape.
+// GraphedStep (CUDA graphs): capture records and does not execute; replays run only what was
+// captured; a K-iteration capture advances K per replay; bad captures fail clearly; dropout
+// under replay draws new masks; a registered generator draws the eager sequence under replay;
+// one thread may capture while another replays. (GraphedStage: graphed_stage_test.cpp.)
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
 #include <cmath>
-#include <cstdlib>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "tandem/error.h"
 #include "tandem/graph.h"
-#include "tandem/graphed_stage.h"
-#include "tandem/scenarios/mlp.h"
 #include "test_util.h"
 
 namespace tandem {
@@ -40,44 +38,6 @@ TEST(GraphTest, CopyIntoStaticRefusesAnotherShape) {
   EXPECT_TRUE(dst.equal(at::ones({4, 3})));
   EXPECT_FALSE(copy_into_static(dst, at::full({2, 3}, 7.0)));  // a short last batch
   EXPECT_TRUE(dst.equal(at::ones({4, 3})));
-}
-
-TEST(GraphTest, AWarmupBarrierHoldsCapturesUntilEveryStageHasWarmedUp) {
-  WarmupBarrier barrier;
-  barrier.join();
-  barrier.join();
-  barrier.arrive();  // the capturing stage itself
-  std::atomic<bool> passed{false};
-  std::thread capturer([&] {
-    barrier.wait("capturer");
-    passed = true;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(passed.load()) << "a capture went ahead while a stage was still warming up";
-  barrier.arrive();  // the other stage finished its warm-up
-  capturer.join();
-  EXPECT_TRUE(passed.load());
-}
-
-TEST(GraphTest, StagesThatGoAwayBeforeTheirWarmUpEndsReleaseTheBarrier) {
-  auto barrier = std::make_shared<WarmupBarrier>();
-  GraphOptions o;
-  o.name = "failing";
-  {
-    GraphedStage failing(
-        o,
-        [](const std::vector<at::Tensor>&) -> std::vector<at::Tensor> {
-          throw std::runtime_error("boom");
-        },
-        GraphOutputs::kStatic, barrier);
-    GraphOptions other = o;
-    other.name = "other";
-    GraphedStage waiting(
-        other, [](const std::vector<at::Tensor>& in) { return in; }, GraphOutputs::kStatic,
-        barrier);
-  }  // both gone without finishing their warm-up: neither may leave the barrier pending
-  barrier->wait("after");  // returns at once
-  SUCCEED();
 }
 
 TEST(GraphGpuTest, CaptureDoesNotExecuteReplayDoes) {
@@ -344,133 +304,6 @@ TEST(GraphGpuTest, AFailedCaptureLeavesRandomDrawsAndLaterGraphsWorking) {
   good.replay(lane);
   lane.synchronize();
   EXPECT_EQ(c.item<int64_t>(), 1);
-}
-
-// Work of a GraphedStage in the tests below: out = 2 x + 1.
-std::vector<at::Tensor> twice_plus_one(const std::vector<at::Tensor>& in) {
-  return {in[0].mul(2).add_(1)};
-}
-
-TEST(GraphTest, AGraphedStageOnTheCpuRunsEveryItemEagerly) {
-  GraphedStage stage(GraphOptions{}, twice_plus_one);
-  const Lane lane = Lane::create("cpu", c10::Device(c10::kCPU));
-  for (int64_t i = 0; i < 6; ++i) {
-    const at::Tensor x = at::full({3}, static_cast<double>(i));
-    EXPECT_TRUE(stage.run(lane, i, {x})[0].equal(x * 2 + 1)) << "item " << i;
-  }
-  EXPECT_FALSE(stage.captured());
-  EXPECT_EQ(stage.replays(), 0);
-  EXPECT_TRUE(stage.notes().empty());
-}
-
-TEST(GraphGpuTest, AGraphedStageWarmsUpCapturesReplaysAndRunsAnotherShapeEagerly) {
-  TANDEM_SKIP_WITHOUT_CUDA();
-  for (const GraphOutputs outputs : {GraphOutputs::kStatic, GraphOutputs::kCloned}) {
-    GraphOptions o;
-    o.name = "double";
-    GraphedStage stage(o, twice_plus_one, outputs);
-    const Lane lane = Lane::create("graph", kCuda);
-    LaneGuard guard(lane);
-    std::vector<at::Tensor> got;
-    for (int64_t i = 0; i < 7; ++i) {
-      const int64_t n = i == 6 ? 3 : 5;  // item 6: a short last batch
-      const at::Tensor x = at::full({n}, static_cast<double>(i), at::TensorOptions().device(kCuda));
-      got.push_back(stage.run(lane, i, {x})[0]);
-      EXPECT_EQ(stage.captured(), i >= kGraphWarmupSteps) << "item " << i;
-      // Checked at once: a static output is rewritten by the next replay.
-      EXPECT_TRUE(got.back().equal(x * 2 + 1)) << "item " << i;
-    }
-    EXPECT_EQ(stage.replays(), 3);  // items 3, 4, 5
-    EXPECT_EQ(stage.eager_items(), std::vector<int64_t>{6});
-    ASSERT_EQ(stage.notes().size(), 1u);
-    EXPECT_NE(stage.notes()[0].find("double: step 6 ran eagerly"), std::string::npos)
-        << stage.notes()[0];
-    EXPECT_NE(stage.notes()[0].find("input 0 is [3], captured [5]"), std::string::npos)
-        << stage.notes()[0];
-    // Replays write the graph's own output; kCloned hands out copies that keep their values.
-    const bool same_memory = got[3].data_ptr() == got[4].data_ptr();
-    EXPECT_EQ(same_memory, outputs == GraphOutputs::kStatic);
-    if (outputs == GraphOutputs::kCloned) {
-      EXPECT_TRUE(got[3].equal(at::full({5}, 7.0, at::TensorOptions().device(kCuda))));
-    }
-  }
-}
-
-TEST(GraphGpuTest, AGraphedStageWithFewerItemsThanItsWarmUpSaysItNeverCaptured) {
-  TANDEM_SKIP_WITHOUT_CUDA();
-  GraphOptions o;
-  o.name = "double";
-  GraphedStage stage(o, twice_plus_one);
-  const Lane lane = Lane::create("graph", kCuda);
-  LaneGuard guard(lane);
-  for (int64_t i = 0; i < 2; ++i)
-    stage.run(lane, i, {at::ones({4}, at::TensorOptions().device(kCuda))});
-  EXPECT_FALSE(stage.captured());
-  ASSERT_EQ(stage.notes().size(), 1u);
-  EXPECT_NE(stage.notes()[0].find("all 2 step(s) ran eagerly"), std::string::npos)
-      << stage.notes()[0];
-}
-
-std::vector<float> mlp_losses(const std::string& mode, c10::Device device, int64_t steps) {
-  ScenarioOptions o;
-  o.batch_size = 64;
-  o.seed = 5;
-  o.device = device;
-  MlpScenario s(o);
-  s.prepare(mode, steps)->run(steps);
-  return s.losses();
-}
-
-TEST(MlpTest, ModelAndCpuFallbackOfTheGraphedModes) {
-  auto m = make_mlp_model();
-  int64_t n = 0;
-  for (const auto& p : m->parameters()) n += p.numel();
-  EXPECT_EQ(n, 4096 * 2048 + 2048 + 2048 * 1024 + 1024);
-  ScenarioOptions o;
-  o.batch_size = 4;
-  MlpScenario s(o);
-  s.prepare("graphed", 3)->run(3);
-  ASSERT_FALSE(s.notes().empty());
-  EXPECT_NE(s.notes()[0].find("ran eagerly on the CPU"), std::string::npos);
-}
-
-TEST(MlpTest, EveryModeLogsOneLossPerStepOnCpu) {
-  const auto eager = mlp_losses("eager", c10::Device(c10::kCPU), 6);
-  ASSERT_EQ(eager.size(), 6u);
-  for (size_t i = 0; i < eager.size(); ++i) EXPECT_GT(eager[i], 0.f) << "step " << i;
-  for (const std::string mode : {"graphed", "graphed_k", "pipelined+graphed"})
-    EXPECT_EQ(mlp_losses(mode, c10::Device(c10::kCPU), 6), eager) << mode;
-}
-
-// 24 steps: 3 warm-up steps, then 21 replays (graphed; pipelined+graphed, of 3 graphs in turn,
-// each on inputs the copy lane staged) or 5 replays of 4 and a 1-step eager tail (graphed_k):
-// every loss comes from the log, appended in step order by each path.
-TEST(MlpGpuTest, GraphedModesComputeTheEagerLosses) {
-  TANDEM_SKIP_WITHOUT_CUDA();
-  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);  // deterministic cuBLAS (before first use)
-  testing::use_deterministic_algorithms();
-  const auto eager = mlp_losses("eager", kCuda, 24);
-  ASSERT_EQ(eager.size(), 24u);
-  for (const std::string mode : {"graphed", "graphed_k", "pipelined+graphed"}) {
-    const auto graphed = mlp_losses(mode, kCuda, 24);
-    ASSERT_EQ(graphed.size(), eager.size());
-    for (size_t i = 0; i < eager.size(); ++i)
-      ASSERT_NEAR(graphed[i], eager[i], 1e-6 * std::abs(eager[i])) << mode << " step " << i;
-  }
-}
-
-// The copy lane runs up to two items ahead of the replays and reuses each set of static inputs
-// every third item: 150 steps cycle 8 batches through 3 sets many times. A copy that overtook
-// the replay still reading its set would change that step's loss.
-TEST(MlpGpuTest, StagedReplaysMatchEagerStepsOverManyItems) {
-  TANDEM_SKIP_WITHOUT_CUDA();
-  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);
-  testing::use_deterministic_algorithms();
-  const auto eager = mlp_losses("eager", kCuda, 150);
-  const auto staged = mlp_losses("pipelined+graphed", kCuda, 150);
-  ASSERT_EQ(staged.size(), eager.size());
-  for (size_t i = 0; i < eager.size(); ++i)
-    ASSERT_NEAR(staged[i], eager[i], 1e-6 * std::abs(eager[i])) << "step " << i;
 }
 
 }  // namespace

@@ -1,16 +1,19 @@
-// Loader: exactly-once delivery, order, determinism, error propagation, clean stop.
+// Loader: exactly-once delivery, order, determinism, error propagation, clean stop, and the
+// bounds on its options (workers, depth, the ring's memory) checked before anything is built.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "tandem/error.h"
 #include "tandem/loader.h"
 #include "tandem/sample_rng.h"
-#include "tandem/scenarios/seg.h"
 
 namespace tandem {
 namespace {
@@ -18,8 +21,8 @@ namespace {
 // Sample i = {index, 16 payload bytes derived from i}; optionally slow, optionally failing.
 class IndexDataset : public Dataset {
  public:
-  IndexDataset(int64_t size, int64_t fail_at = -1, int sleep_us = 0)
-      : size_(size), fail_at_(fail_at), sleep_us_(sleep_us) {}
+  IndexDataset(int64_t size, int64_t fail_at = -1, int sleep_us = 0, uint64_t seed = 7)
+      : size_(size), fail_at_(fail_at), sleep_us_(sleep_us), seed_(seed) {}
   int64_t size() const override { return size_; }
   std::vector<FieldSpec> fields() const override {
     return {{"index", {1}, at::kLong}, {"payload", {16}, at::kByte}};
@@ -32,7 +35,7 @@ class IndexDataset : public Dataset {
       throw std::runtime_error("disk on fire");
     }
     out[0].data_ptr<int64_t>()[0] = index;
-    SampleRng(7, index).fill_bytes(out[1].data_ptr<uint8_t>(), 16);
+    SampleRng(seed_, index).fill_bytes(out[1].data_ptr<uint8_t>(), 16);
     --active;
   }
   mutable std::atomic<int> active{0};
@@ -40,6 +43,7 @@ class IndexDataset : public Dataset {
  private:
   int64_t size_, fail_at_;
   int sleep_us_;
+  uint64_t seed_;
 };
 
 std::vector<int64_t> drain(Loader& loader, int64_t* batches = nullptr) {
@@ -103,34 +107,25 @@ TEST(LoaderTest, ShuffleIsAPermutationAndSeeded) {
 }
 
 TEST(LoaderTest, ContentIsAFunctionOfTheIndexNotTheWorker) {
-  auto ds = std::make_shared<SegDataset>(12, /*seed=*/3, /*image_size=*/32);
-  auto collect = [&](int workers) {
+  auto collect = [](std::shared_ptr<const Dataset> ds, int workers) {
     LoaderOptions o;
     o.batch_size = 3;
     o.workers = workers;
-    Loader loader(ds, o);
-    std::vector<at::Tensor> images, labels;
+    Loader loader(std::move(ds), o);
+    std::vector<at::Tensor> payloads;
     while (auto b = loader.next()) {
-      images.push_back(b->fields[0].clone());
-      labels.push_back(b->fields[1].clone());
+      payloads.push_back(b->fields[1].clone());
       loader.release(*b);
     }
-    return std::make_pair(at::cat(images), at::cat(labels));
+    return at::cat(payloads);
   };
-  const auto [img1, lbl1] = collect(1);
-  const auto [img4, lbl4] = collect(4);
-  EXPECT_TRUE(img1.equal(img4));
-  EXPECT_TRUE(lbl1.equal(lbl4));
-  EXPECT_EQ(img1.scalar_type(), at::kByte);
-  EXPECT_EQ(lbl1.scalar_type(), at::kLong);
-  EXPECT_EQ(lbl1.min().item<int64_t>(), 0);
-  EXPECT_EQ(lbl1.max().item<int64_t>(), kSegClasses - 1);
-  EXPECT_GT(img1.to(at::kFloat).std().item<double>(), 50.0);  // random bytes, not zeros
+  auto ds = std::make_shared<IndexDataset>(60, -1, /*sleep_us=*/50);  // workers finish unordered
+  const at::Tensor one = collect(ds, 1), four = collect(ds, 4);
+  EXPECT_EQ(one.sizes(), (std::vector<int64_t>{60, 16}));
+  EXPECT_TRUE(one.equal(four));
+  EXPECT_GT(one.to(at::kFloat).std().item<double>(), 50.0);  // random bytes, not zeros
   // Another seed gives other data.
-  SegDataset other(12, 4, 32);
-  std::vector<at::Tensor> out{at::empty({3, 32, 32}, at::kByte), at::empty({32, 32}, at::kLong)};
-  other.get(0, out);
-  EXPECT_FALSE(out[0].equal(img1[0]));
+  EXPECT_FALSE(one.equal(collect(std::make_shared<IndexDataset>(60, -1, 0, /*seed=*/8), 2)));
 }
 
 TEST(LoaderTest, WorkerErrorReachesTheCallerWithTheSampleIndex) {
@@ -195,14 +190,88 @@ TEST(LoaderTest, StopsCleanlyMidEpoch) {
   EXPECT_EQ(ds->active.load(), 0);  // no worker is still inside get()
 }
 
-TEST(LoaderTest, RejectsBadOptions) {
+// The message of the InvalidArgument that constructing a Loader throws; "" if none.
+std::string loader_error(std::shared_ptr<const Dataset> ds, const LoaderOptions& o) {
+  try {
+    Loader loader(std::move(ds), o);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LoaderTest, RejectsBadOptionsNamingTheValue) {
   auto ds = std::make_shared<IndexDataset>(10);
   LoaderOptions o;
   o.batch_size = 0;
-  EXPECT_THROW(Loader(ds, o), InvalidArgument);
+  EXPECT_EQ(loader_error(ds, o),
+            "batch size 0 is not valid: expected a positive number of samples");
   o.batch_size = 2;
-  o.workers = 0;
-  EXPECT_THROW(Loader(ds, o), InvalidArgument);
+  for (const int workers : {0, -3, 1025, 100000}) {
+    o.workers = workers;
+    EXPECT_EQ(loader_error(ds, o), "worker count " + std::to_string(workers) +
+                                       " is not valid: expected 1 to 1024 loader worker threads");
+  }
+  o.workers = 2;
+  for (const int depth : {0, 4097}) {
+    o.depth = depth;
+    EXPECT_EQ(loader_error(ds, o), "loader depth " + std::to_string(depth) +
+                                       " is not valid: expected 1 to 4096 host slots");
+  }
+  o.workers = kMaxLoaderWorkers;  // the bounds themselves are valid
+  o.depth = 1;
+  EXPECT_EQ(loader_error(ds, o), "");
+}
+
+// Fields as large as declared, but never allocated: get() is never called, since the loader must
+// refuse the ring before it allocates a slot or starts a worker.
+class HugeDataset : public Dataset {
+ public:
+  explicit HugeDataset(std::vector<FieldSpec> fields) : fields_(std::move(fields)) {}
+  int64_t size() const override { return 1000; }
+  std::vector<FieldSpec> fields() const override { return fields_; }
+  void get(int64_t, const std::vector<at::Tensor>&) const override {
+    throw std::logic_error("a sample of a ring that does not fit was loaded");
+  }
+
+ private:
+  std::vector<FieldSpec> fields_;
+};
+
+TEST(LoaderTest, SampleBytesSumsEveryFieldsElements) {
+  EXPECT_EQ(sample_bytes({}), 0);
+  EXPECT_EQ(sample_bytes({{"image", {3, 256, 256}, at::kByte}, {"label", {}, at::kLong},
+                          {"mask", {256, 256}, at::kFloat}}),
+            3 * 256 * 256 + 8 + 256 * 256 * 4);
+  EXPECT_EQ(sample_bytes({{"empty", {0, 1 << 30}, at::kFloat}}), 0);
+  // Beyond int64: saturates instead of wrapping around to a small size.
+  EXPECT_EQ(sample_bytes({{"vast", {1LL << 40, 1LL << 40}, at::kDouble}}),
+            std::numeric_limits<int64_t>::max());
+  EXPECT_THROW(sample_bytes({{"bad", {4, -1}, at::kFloat}}), InvalidArgument);
+}
+
+TEST(LoaderTest, ARingLargerThanHalfOfMemoryIsRefusedBeforeAllocation) {
+  // 1 TiB per sample: no machine holds half a ring of them.
+  const std::vector<FieldSpec> huge{{"volume", {1 << 20, 1 << 18}, at::kFloat}};
+  ASSERT_EQ(sample_bytes(huge), 1LL << 40);
+  LoaderOptions o;
+  o.batch_size = 8192;
+  o.workers = 8;
+  o.depth = 10;
+  const std::string what = loader_error(std::make_shared<HugeDataset>(huge), o);
+  EXPECT_EQ(what.rfind("the loader's ring of 10 slots x batch 8192 x 1.0 TiB per sample = 80.0 "
+                       "PiB exceeds half of this machine's memory (",
+                       0),
+            0u)
+      << what;
+  EXPECT_NE(what.find("lower the batch size"), std::string::npos) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  // The same check, before any dataset exists (as a runner makes it).
+  EXPECT_THROW(check_ring_fits(10, 8192, 1LL << 40), InvalidArgument);
+  EXPECT_THROW(check_ring_fits(4096, 1LL << 40, std::numeric_limits<int64_t>::max()),
+               InvalidArgument);  // a product beyond int64 still fails
+  // A ring of ordinary size passes: 6 slots x 64 samples x 192 KiB = 72 MiB.
+  EXPECT_NO_THROW(check_ring_fits(6, 64, 3 * 256 * 256));
 }
 
 }  // namespace

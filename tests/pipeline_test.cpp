@@ -1,17 +1,27 @@
 // Pipeline: which stage works on which item at each tick, in both modes; batches carry data
-// from stage to stage; errors propagate. Runs on the CPU (the GPU variant is in
-// handoff_gpu_test.cpp).
+// from stage to stage; a stage's failure stops every stage and surfaces as a StageError naming
+// stage, lane and item, on the CPU and on CUDA lanes. (Handoffs and slot reuse on the GPU:
+// handoff_gpu_test.cpp.)
 #include <ATen/ATen.h>
+#include <ATen/cuda/Sleep.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
+#include <future>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "tandem/error.h"
+#include "tandem/graphed_stage.h"
 #include "tandem/pipeline.h"
+#include "test_util.h"
 
 namespace tandem {
 namespace {
@@ -196,25 +206,180 @@ TEST(PipelineTest, BatchesCarryDataThroughEveryStageInBothModes) {
   }
 }
 
-TEST(PipelineTest, StageErrorsPropagate) {
+// Runs `p` for `items` on another thread and returns the StageError it throws; fails (instead
+// of hanging the test binary) if it does not return within a generous bound.
+StageError run_expecting_stage_error(Pipeline& p, int64_t items) {
+  auto done = std::async(std::launch::async, [&] { p.run(items); });
+  if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "run() did not return after a stage failed";
+    std::abort();  // the pipeline's threads still reference `p`: no way to unwind cleanly
+  }
+  try {
+    done.get();
+  } catch (const StageError& e) {
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a StageError, got: " << e.what();
+    throw;
+  }
+  ADD_FAILURE() << "run() returned although a stage threw";
+  throw std::logic_error("no StageError");
+}
+
+// Three stages on lanes "lane-a", "lane-b", "lane-c"; stage "boom" (the second) throws
+// std::runtime_error("disk on fire\nsecond line") at item `fail_at`.
+std::vector<Stage> stages_failing_at(int64_t fail_at) {
   const c10::Device cpu(c10::kCPU);
   std::vector<Stage> s;
-  s.push_back({"ok", Lane::create("a", cpu), [](Batch&, const Lane&) {}});
-  s.push_back({"boom", Lane::create("b", cpu), [](Batch& b, const Lane&) {
-                 if (b.index == 3) throw std::runtime_error("stage failed at 3");
+  s.push_back({"ok", Lane::create("lane-a", cpu), [](Batch&, const Lane&) {}});
+  s.push_back({"boom", Lane::create("lane-b", cpu), [fail_at](Batch& b, const Lane&) {
+                 if (b.index == fail_at) throw std::runtime_error("disk on fire\nsecond line");
                }});
+  s.push_back({"after", Lane::create("lane-c", cpu), [](Batch&, const Lane&) {}});
+  return s;
+}
+
+TEST(PipelineTest, AStageFailureIsAStageErrorNamingStageLaneAndItemInBothModes) {
+  const c10::Device cpu(c10::kCPU);
+  for (const auto mode : {PipelineMode::kSerial, PipelineMode::kPipelined}) {
+    // Item 0 fails while the other stages wait for it to go through alone (pipelined); item 3
+    // fails with the stages overlapping.
+    for (const int64_t fail_at : {0, 3}) {
+      SCOPED_TRACE(std::string(to_string(mode)) + ", failing at item " + std::to_string(fail_at));
+      Pipeline p(stages_failing_at(fail_at), mode, Lane::create("serial", cpu));
+      int calls = 0;
+      p.set_on_error([&] { ++calls; });
+      const StageError e = run_expecting_stage_error(p, 10);
+      const std::string lane = mode == PipelineMode::kSerial ? "serial" : "lane-b";
+      EXPECT_EQ(e.stage(), "boom");
+      EXPECT_EQ(e.lane(), lane);
+      EXPECT_EQ(e.item(), fail_at);
+      EXPECT_EQ(e.cause(), "disk on fire");
+      EXPECT_EQ(std::string(e.what()), "stage 'boom' (lane " + lane + ") failed at step " +
+                                           std::to_string(fail_at) + ": disk on fire");
+      EXPECT_EQ(calls, 1);
+      ASSERT_TRUE(e.original());
+      EXPECT_THROW(std::rethrow_exception(e.original()), std::runtime_error);
+      // tandem::Error is the base of everything tandem throws.
+      EXPECT_NE(dynamic_cast<const Error*>(&e), nullptr);
+      // The pipeline is left usable: a run without the failing item succeeds.
+      EXPECT_NO_THROW(p.run(std::min<int64_t>(fail_at, 2)));
+      EXPECT_EQ(calls, 1);
+    }
+  }
+}
+
+TEST(PipelineTest, AStageErrorReportsOnlyTheFirstLineOfATorchError) {
+  const c10::Device cpu(c10::kCPU);
+  for (const auto mode : {PipelineMode::kSerial, PipelineMode::kPipelined}) {
+    std::vector<Stage> s;
+    s.push_back({"load", Lane::create("a", cpu), [](Batch&, const Lane&) {}});
+    s.push_back({"train", Lane::create("decoder", cpu), [](Batch& b, const Lane&) {
+                   if (b.index == 2) at::add(at::ones({2}), at::ones({3}));  // c10::Error
+                 }});
+    Pipeline p(std::move(s), mode, Lane::create("serial", cpu));
+    const StageError e = run_expecting_stage_error(p, 5);
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    EXPECT_EQ(what.find("Exception raised from"), std::string::npos) << what;
+    EXPECT_NE(what.find("must match the size of tensor b"), std::string::npos) << what;
+    EXPECT_EQ(what.rfind("stage 'train' (lane ", 0), 0u) << what;
+    EXPECT_EQ(e.item(), 2);
+    EXPECT_EQ(e.cause().find('\n'), std::string::npos);
+  }
+}
+
+TEST(PipelineTest, AStageErrorIsNotWrappedTwice) {
+  const c10::Device cpu(c10::kCPU);
+  std::vector<Stage> s;
+  s.push_back({"outer", Lane::create("a", cpu), [](Batch& b, const Lane&) {
+                 if (b.index == 1) throw StageError("inner", "lane-x", 7, "deep cause");
+               }});
+  Pipeline p(std::move(s), PipelineMode::kSerial, Lane::create("serial", cpu));
+  const StageError e = run_expecting_stage_error(p, 3);
+  EXPECT_EQ(e.stage(), "inner");
+  EXPECT_EQ(e.item(), 7);
+  EXPECT_EQ(std::string(e.what()), "stage 'inner' (lane lane-x) failed at step 7: deep cause");
+}
+
+// A stage blocked on something outside the pipeline (here the WarmupBarrier a graphed stage
+// waits on before it captures) is released by the on_error hook, which runs before run() joins
+// the stage threads; the error reported is the first stage's, not the one it woke.
+TEST(PipelineTest, OnErrorRunsOnceBeforeTheStagesAreJoinedAndCanWakeABlockedStage) {
+  const c10::Device cpu(c10::kCPU);
+  auto barrier = std::make_shared<WarmupBarrier>();
+  barrier->join();  // a stage that will never arrive
+  std::atomic<int> calls{0};
+  std::vector<Stage> s;
+  s.push_back({"load", Lane::create("a", cpu), [](Batch& b, const Lane&) {
+                 if (b.index == 2) throw std::runtime_error("no more data");
+               }});
+  s.push_back({"train", Lane::create("b", cpu), [barrier](Batch& b, const Lane&) {
+                 if (b.index == 1) barrier->wait("train");  // blocks until cancelled
+               }});
+  s.push_back({"after", Lane::create("c", cpu), [](Batch&, const Lane&) {}});
   Pipeline p(std::move(s), PipelineMode::kPipelined, Lane::create("serial", cpu));
-  EXPECT_THROW(p.run(10), std::runtime_error);
-  // A failure on item 0, while the other stages wait for it to go through alone, must not
-  // leave them waiting.
-  std::vector<Stage> t;
-  t.push_back({"ok", Lane::create("a", cpu), [](Batch&, const Lane&) {}});
-  t.push_back({"boom", Lane::create("b", cpu), [](Batch& b, const Lane&) {
-                 if (b.index == 0) throw std::runtime_error("stage failed at 0");
-               }});
-  t.push_back({"after", Lane::create("c", cpu), [](Batch&, const Lane&) {}});
-  Pipeline q(std::move(t), PipelineMode::kPipelined, Lane::create("serial", cpu));
-  EXPECT_THROW(q.run(10), std::runtime_error);
+  p.set_on_error([&] {
+    ++calls;
+    barrier->cancel();
+  });
+  const StageError e = run_expecting_stage_error(p, 10);
+  EXPECT_EQ(e.stage(), "load");
+  EXPECT_EQ(e.item(), 2);
+  EXPECT_EQ(e.cause(), "no more data");
+  EXPECT_EQ(calls.load(), 1) << "on_error must run once even when a second stage fails";
+}
+
+TEST(PipelineTest, AnOnItemHookThatThrowsIsReportedForItsStage) {
+  const c10::Device cpu(c10::kCPU);
+  for (const auto mode : {PipelineMode::kSerial, PipelineMode::kPipelined}) {
+    Pipeline p(stages_failing_at(-1), mode, Lane::create("serial", cpu));
+    auto done = std::async(std::launch::async, [&] {
+      p.run(6, [](int stage, int64_t item) {
+        if (stage == 2 && item == 4) throw std::runtime_error("hook failed");
+      });
+    });
+    ASSERT_EQ(done.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    try {
+      done.get();
+      FAIL() << "no error";
+    } catch (const StageError& e) {
+      EXPECT_EQ(e.stage(), "after");
+      EXPECT_EQ(e.item(), 4);
+      EXPECT_EQ(e.cause(), "hook failed");
+    }
+  }
+}
+
+// On CUDA lanes a failure stops the pipeline as on the CPU: the first stage, blocked on the
+// host until a ring slot's done marker (a timing event for timed items) completes, still
+// returns, since the marker waits only for work already enqueued; and the pipeline runs again.
+TEST(PipelineGpuTest, AStageFailureOnCudaLanesStopsEveryStage) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const auto mode : {PipelineMode::kSerial, PipelineMode::kPipelined}) {
+    SCOPED_TRACE(to_string(mode));
+    std::vector<Stage> s;
+    s.push_back({"load", Lane::create("lane-load", cuda), [](Batch&, const Lane&) {}});
+    s.push_back({"boom", Lane::create("lane-boom", cuda), [](Batch& b, const Lane&) {
+                   if (b.index == 7) throw std::runtime_error("device stage failed");
+                 }});
+    // Milliseconds per item on the device: the first stage runs ahead and waits for slots.
+    s.push_back({"train", Lane::create("lane-train", cuda),
+                 [](Batch&, const Lane&) { at::cuda::sleep(5'000'000); }});
+    Pipeline p(std::move(s), mode, Lane::create("serial", cuda));
+    p.set_timing(2);  // items 2.. mark their slots with timing events
+    int calls = 0;
+    p.set_on_error([&] { ++calls; });
+    const StageError e = run_expecting_stage_error(p, 20);
+    EXPECT_EQ(e.stage(), "boom");
+    EXPECT_EQ(e.lane(), mode == PipelineMode::kSerial ? "serial" : "lane-boom");
+    EXPECT_EQ(e.item(), 7);
+    EXPECT_EQ(e.cause(), "device stage failed");
+    EXPECT_EQ(calls, 1);
+    EXPECT_NO_THROW(p.run(5));
+    c10::cuda::device_synchronize();
+  }
 }
 
 // One item in every n is sampled for device time, at a position that rotates block by block,

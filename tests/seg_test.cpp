@@ -5,7 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "tandem/error.h"
-#include "tandem/scenarios/seg.h"
+#include "tandem/runner.h"
+#include "tandem/workloads/seg.h"
 #include "test_util.h"
 
 namespace tandem {
@@ -42,18 +43,21 @@ struct Trained {
 
 Trained train(const std::string& mode, c10::Device device, int64_t batch_size, int64_t steps,
               int64_t last_batch_size = 0) {
-  ScenarioOptions o;
+  WorkloadOptions wo;
+  wo.batch_size = batch_size;
+  wo.seed = 1234;
+  wo.device = device;
+  SegWorkload seg = make_seg(wo);
+  RunOptions o;
+  o.mode = parse_mode(mode);
   o.batch_size = batch_size;
   o.workers = 3;
-  o.seed = 1234;
-  o.device = device;
   o.last_batch_size = last_batch_size;
-  SegScenario scenario(o);
-  scenario.prepare(mode, steps)->run(steps);
+  Runner runner(seg.workload, o);
   Trained t;
-  t.losses = scenario.losses();
-  for (const auto& p : scenario.decoder()->parameters()) t.weights.push_back(p.detach().cpu());
-  t.notes = scenario.notes();
+  t.losses = runner.train(steps);
+  for (const auto& p : seg.decoder->parameters()) t.weights.push_back(p.detach().cpu());
+  t.notes = runner.notes();
   return t;
 }
 
@@ -123,19 +127,24 @@ TEST(SegGpuTest, GraphedModesTrainExactlyLikeSerial) {
   const auto graphed = train("graphed", cuda, 4, 24);
   expect_same_training(serial, graphed);
   const std::string notes = joined(graphed.notes);
-  EXPECT_TRUE(has(notes, "captured: step (uint8->float, frozen encoder, decoder forward, loss, "
-                         "backward, SGD) as one graph after 3 eager warm-up steps"))
+  EXPECT_TRUE(has(notes, "captured: step (encode: uint8->float, frozen encoder; train: decoder "
+                         "forward, cross-entropy, backward, tandem::optim::Sgd step) as one graph "
+                         "after 3 eager warm-up steps"))
       << notes;
-  EXPECT_TRUE(has(notes, "; 21 replays;")) << notes;  // steps 3..23
+  EXPECT_TRUE(has(notes, "; 21 replays |")) << notes;  // steps 3..23
+  EXPECT_TRUE(has(notes, "load (loader and H2D copy) stays eager")) << notes;
   EXPECT_FALSE(has(notes, "ran eagerly")) << notes;
 
   const auto both = train("pipelined+graphed", cuda, 4, 24);
   expect_same_training(serial, both);
   const std::string both_notes = joined(both.notes);
-  EXPECT_TRUE(has(both_notes, "captured: encode (uint8->float, frozen encoder) and train "
-                              "(decoder forward, loss, backward, SGD) as one graph each"))
+  EXPECT_TRUE(has(both_notes, "captured: encode (encode: uint8->float, frozen encoder) as one "
+                              "graph on lane encoder after 3 eager warm-up steps on a side lane; "
+                              "21 replays"))
       << both_notes;
-  EXPECT_TRUE(has(both_notes, "; 21 and 21 replays;")) << both_notes;
+  EXPECT_TRUE(has(both_notes, "captured: train (train: decoder forward, cross-entropy, backward, "
+                              "tandem::optim::Sgd step) as one graph on lane decoder"))
+      << both_notes;
   EXPECT_FALSE(has(both_notes, "ran eagerly")) << both_notes;
 }
 
@@ -151,7 +160,7 @@ TEST(SegGpuTest, AShortLastBatchRunsEagerlyInTheGraphedModes) {
     const std::string notes = joined(graphed.notes);
     EXPECT_TRUE(has(notes, "step 7 ran eagerly")) << notes;
     EXPECT_TRUE(has(notes, "input 0 is [3, 3, 256, 256], captured [4, 3, 256, 256]")) << notes;
-    EXPECT_TRUE(has(notes, mode == "graphed" ? "; 4 replays;" : "; 4 and 4 replays;")) << notes;
+    EXPECT_TRUE(has(notes, "; 4 replays |")) << notes;
   }
 }
 
@@ -166,23 +175,21 @@ TEST(SegGpuTest, ARunShorterThanTheWarmUpRunsEagerlyAndSaysSo) {
 }
 
 TEST(SegTest, RejectsALastBatchSizeThatIsNotShort) {
-  ScenarioOptions o;
+  RunOptions o;
   o.batch_size = 2;
   o.last_batch_size = 2;
-  SegScenario scenario(o);
   try {
-    scenario.prepare("serial", 3);
+    Runner runner(make_seg({}).workload, o);
     FAIL() << "a last batch as large as the batch size was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_TRUE(has(e.what(), "last batch size 2 is not valid")) << e.what();
   }
 }
 
-TEST(SegTest, RejectsUnknownMode) {
-  ScenarioOptions o;
-  o.batch_size = 1;
-  SegScenario scenario(o);
-  EXPECT_THROW(scenario.prepare("overlapped", 1), InvalidArgument);
+TEST(SegTest, RejectsParametersItDoesNotTake) {
+  WorkloadOptions wo;
+  wo.params["augment"] = "cpu";
+  EXPECT_THROW(make_seg(wo), InvalidArgument);
 }
 
 }  // namespace

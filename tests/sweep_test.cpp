@@ -7,6 +7,7 @@
 
 #include "tandem/error.h"
 #include "tandem/sweep.h"
+#include "tandem/workloads/registry.h"
 
 namespace tandem {
 namespace {
@@ -39,18 +40,18 @@ TEST(SweepTest, MedianOfOddAndEvenCounts) {
 // round's rate and reports their median; speedups are against the baseline's median.
 TEST(SweepTest, RoundsReportTheMedianOfFreshRuns) {
   SweepOptions o;
-  o.base.scenario = "mlp";
+  o.base.workload = find_reference_workload("mlp");
   o.base.device = "cpu";
   o.base.steps = 2;
   o.base.warmup = 0;
   o.base.gpu_monitor = false;
-  o.modes = {"eager", "graphed"};
+  o.modes = {"serial", "graphed"};
   o.batch_sizes = {1};
   o.rounds = 3;
   std::vector<std::string> done;
   const auto rows = run_sweep(o, [&](const SweepRow& r) { done.push_back(r.mode); });
   ASSERT_EQ(rows.size(), 2u);
-  EXPECT_EQ(done, (std::vector<std::string>{"eager", "graphed"}));  // once per point
+  EXPECT_EQ(done, (std::vector<std::string>{"serial", "graphed"}));  // once per point
   for (const auto& r : rows) {
     ASSERT_TRUE(r.error.empty()) << r.error;
     ASSERT_EQ(r.round_rates.size(), 3u) << r.mode;
@@ -67,7 +68,7 @@ TEST(SweepTest, RoundsReportTheMedianOfFreshRuns) {
 
 TEST(SweepTest, ZeroRoundsIsANamedError) {
   SweepOptions o;
-  o.base.scenario = "mlp";
+  o.base.workload = find_reference_workload("mlp");
   o.base.device = "cpu";
   o.batch_sizes = {1};
   o.rounds = 0;
@@ -105,7 +106,7 @@ TEST(SweepTest, TableShowsEveryRowAndFailures) {
 
 TEST(SweepTest, JsonRowsCarryTheResultShape) {
   SweepOptions o;
-  o.base.scenario = "seg";
+  o.base.workload = find_reference_workload("seg");
   const auto j = sweep_json(sample_rows(), o);
   ASSERT_EQ(j["rows"].size(), 7u);
   EXPECT_EQ(j["rows"][1]["mode"], "pipelined");

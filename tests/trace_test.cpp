@@ -1,10 +1,16 @@
 // The trace: valid Chrome-trace JSON, one track per lane, no overlapping intervals on a lane,
 // stage names as the pipeline's. On the CPU (host intervals) and on the GPU (event intervals).
+// Writing it reports every failure, even one that only the final flush sees.
 #include <ATen/ATen.h>
 #include <ATen/cuda/Sleep.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -104,6 +110,23 @@ TEST(TraceTest, WritesAFileAViewerCanParse) {
   EXPECT_EQ(tracks_of(parsed, 2).at("host: x").size(), 1u);
   std::remove(path.c_str());
   EXPECT_THROW(trace.write("/nonexistent-dir/t.json"), InvalidArgument);
+}
+
+// A full disk accepts the buffered write and fails only when the buffer is flushed: the
+// failure must still reach the caller (it used to be reported as success).
+TEST(TraceTest, AWriteThatFailsAtFlushThrows) {
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full on this machine";
+  Trace trace;
+  { HostSpan span(&trace, "host: x", "work", 3); }
+  try {
+    trace.write("/dev/full");
+    FAIL() << "writing to /dev/full succeeded";
+  } catch (const InvalidArgument& e) {
+    FAIL() << "the path was valid; the write failed: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "writing the trace to '/dev/full' failed: " + std::string(std::strerror(ENOSPC)));
+  }
 }
 
 TEST(TraceGpuTest, LaneTracksComeFromDeviceEvents) {

@@ -1,5 +1,7 @@
-// Error types and checks shared by the whole library: CUDA runtime calls, loader failures and
-// bad user input all surface as typed exceptions that carry a one-line, human-readable cause.
+// Error types and checks shared by the whole library: CUDA runtime calls, loader failures, stage
+// failures and bad user input all surface as exceptions derived from tandem::Error, each
+// carrying a one-line, human-readable cause. Catch tandem::Error to catch everything tandem
+// throws itself (LibTorch's own c10::Error passes through where a stage's torch call failed).
 #pragma once
 
 #include <stdexcept>
@@ -7,23 +9,29 @@
 
 namespace tandem {
 
-/// A CUDA runtime call failed; what() names the call, its error string and file:line.
-class CudaError : public std::runtime_error {
+/// The base of every exception tandem throws.
+class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-/// A loader worker failed to produce a sample; what() names the sample index and the cause.
-class LoaderError : public std::runtime_error {
+/// A CUDA runtime call failed; what() names the call, its error string and file:line.
+class CudaError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
+};
+
+/// A loader worker failed to produce a sample; what() names the sample index and the cause.
+class LoaderError : public Error {
+ public:
+  using Error::Error;
 };
 
 /// Input from a user of the library or CLI was invalid; what() names the value and what was
 /// expected. The CLI turns this into one line on stderr and exit code 2.
-class InvalidArgument : public std::invalid_argument {
+class InvalidArgument : public Error {
  public:
-  using std::invalid_argument::invalid_argument;
+  using Error::Error;
 };
 
 /// The first line of `text`: error messages are reported as one line (LibTorch's carry a

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/error.h"
 #include "tandem/lane.h"
 
 namespace tandem {
@@ -25,9 +26,9 @@ struct CapturedGraph;  // at::cuda::CUDAGraph, able to unwind a capture whose en
 }  // namespace detail
 
 /// Capture failed; what() names the stage and the likely cause.
-class GraphCaptureError : public std::runtime_error {
+class GraphCaptureError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 struct GraphOptions {

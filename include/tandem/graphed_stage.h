@@ -31,12 +31,21 @@ class WarmupBarrier {
  public:
   void join();     ///< a stage that will warm up before it captures
   void arrive();   ///< that stage finished its warm-up (or will never finish it)
-  /// Blocks until every joined stage has arrived; throws after 5 minutes naming `stage`.
+  /// Blocks until every joined stage has arrived; throws tandem::Error naming `stage` once the
+  /// barrier is cancelled, or after 5 minutes.
   void wait(const std::string& stage);
+  /// Another stage failed: wakes every waiter, and this and every later wait() throws at once.
+  /// A failed stage may be one that never reaches its warm-up's end (an upstream stage failed
+  /// first, so no more items come), so without this the others would wait the full timeout.
+  /// Thread-safe, non-blocking; meant for Pipeline::set_on_error.
+  void cancel();
+  bool cancelled() const;
+
  private:
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable done_;
   int pending_ = 0;
+  bool cancelled_ = false;
 };
 
 /// Eager steps before a stage captures its graph: lazy initialization (cuDNN plans, cuBLAS

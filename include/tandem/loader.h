@@ -47,6 +47,20 @@ class Dataset {
 /// cls's cpu_aug at half speed.)
 inline int ring_slots_for(int workers) { return workers + 2; }
 
+/// Bounds on LoaderOptions, checked before anything is allocated: more threads or slots than
+/// these are a typo, not a configuration.
+constexpr int kMaxLoaderWorkers = 1024;
+constexpr int kMaxLoaderDepth = 4096;
+
+/// The host bytes of one sample: the sum over `fields` of numel(shape) x element size
+/// (saturating at INT64_MAX). Throws InvalidArgument naming a field with a negative dimension.
+int64_t sample_bytes(const std::vector<FieldSpec>& fields);
+
+/// Throws InvalidArgument unless a ring of `depth` slots of `batch_size` samples of
+/// `sample_bytes` bytes each fits in half of this machine's physical memory; what() gives the
+/// arithmetic. Cheap: call it before building a dataset or a loader (the Loader calls it too).
+void check_ring_fits(int64_t depth, int64_t batch_size, int64_t sample_bytes);
+
 struct LoaderOptions {
   int64_t batch_size = 8;
   int workers = 4;      ///< worker threads
@@ -77,6 +91,9 @@ struct HostBatch {
 /// Destruction (or stop()) mid-epoch wakes and joins every worker; nothing is left running.
 class Loader {
  public:
+  /// Throws InvalidArgument, before allocating a slot or starting a thread, unless the batch
+  /// size is positive, workers in [1, kMaxLoaderWorkers], depth in [1, kMaxLoaderDepth], and
+  /// the ring fits (check_ring_fits).
   Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
   ~Loader();
   Loader(const Loader&) = delete;

@@ -11,9 +11,27 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace tandem::optim {
+
+/// What a train stage needs of an optimizer (workload.h): the runner calls zero_grad() before
+/// the forward pass and step() after backward, on the train stage's lane. tandem's Sgd and Adam
+/// are capturable; LibTorchOptimizer (torch_optimizer.h) wraps LibTorch's, for eager modes only.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// Drops (or zeroes) every gradient before the next backward.
+  virtual void zero_grad() = 0;
+  /// Applies one update on the current stream.
+  virtual void step() = 0;
+  /// Whether step() may be captured into a CUDA graph: no host-side state that changes between
+  /// steps, no host sync. The graphed modes refuse a train stage whose optimizer is not.
+  virtual bool capturable() const = 0;
+  /// For messages: "tandem::optim::Sgd", ...
+  virtual std::string name() const = 0;
+};
 
 struct SgdOptions {
   double lr = 1e-3;
@@ -32,16 +50,18 @@ struct SgdOptions {
 /// otherwise the same update runs op by op (a few ops per parameter, then two multi-tensor ops).
 /// Runs on the current stream, no host sync; capture-safe once every momentum buffer exists
 /// (after one eager step: warm-up). Parameters must share one device (the lr tensor's).
-class Sgd {
+class Sgd : public Optimizer {
  public:
   Sgd(std::vector<at::Tensor> params, double lr);
   Sgd(std::vector<at::Tensor> params, SgdOptions options);
 
   /// Sets every gradient to undefined ("set to none"), so backward writes fresh ones instead of
   /// accumulating: no zeroing kernels.
-  void zero_grad();
+  void zero_grad() override;
   /// Current stream; capture-safe after the first step (see the class comment).
-  void step();
+  void step() override;
+  bool capturable() const override { return true; }
+  std::string name() const override { return "tandem::optim::Sgd"; }
   /// Enqueues an update of the learning-rate tensor on the current stream (lr >= 0): eager
   /// steps and replays of a graph captured earlier that run after it on that stream use the new
   /// value. Call it outside the captured body (inside, the fill would be recorded and every
@@ -63,16 +83,29 @@ struct AdamOptions {
   double weight_decay = 0;
   /// false: Adam (weight decay added to the gradient); true: AdamW (decoupled: p *= 1 - lr*wd).
   bool decoupled_weight_decay = false;
+
+  /// torch.optim.AdamW's defaults (weight decay 1e-2, decoupled) with learning rate `lr`.
+  static AdamOptions adamw(double lr = 1e-3, double weight_decay = 1e-2) {
+    AdamOptions o;
+    o.lr = lr;
+    o.weight_decay = weight_decay;
+    o.decoupled_weight_decay = true;
+    return o;
+  }
 };
 
 /// Adam / AdamW with all state on the parameters' device. step() is capture-safe once every
 /// parameter has a gradient (the state is created at construction, not at the first step).
-class Adam {
+class Adam : public Optimizer {
  public:
   Adam(std::vector<at::Tensor> params, AdamOptions options);
 
-  void zero_grad();
-  void step();
+  void zero_grad() override;
+  void step() override;
+  bool capturable() const override { return true; }
+  std::string name() const override {
+    return options_.decoupled_weight_decay ? "tandem::optim::AdamW" : "tandem::optim::Adam";
+  }
   /// Enqueues an update of the learning-rate tensor on the current stream (lr >= 0): replays of
   /// a graph captured earlier use the new value (a schedule that works under replay).
   void set_lr(double lr);

@@ -5,6 +5,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "tandem/batch.h"
+#include "tandem/error.h"
 #include "tandem/handoff.h"
 #include "tandem/lane.h"
 #include "tandem/trace.h"
@@ -24,6 +26,32 @@ enum class PipelineMode {
 };
 
 const char* to_string(PipelineMode mode);
+
+/// A stage failed while working on an item: what() is "stage 'train' (lane decoder) failed at
+/// step 3: <cause>", the cause being the first line of the original exception's message
+/// (LibTorch's without its backtrace). Pipeline::run throws it in both modes.
+class StageError : public Error {
+ public:
+  StageError(std::string stage, std::string lane, int64_t item, std::string cause,
+             std::exception_ptr original = nullptr);
+  const std::string& stage() const { return details_->stage; }
+  /// The lane the stage ran on in its mode (in serial mode, the pipeline's serial lane).
+  const std::string& lane() const { return details_->lane; }
+  int64_t item() const { return item_; }
+  /// The first line of the original exception's message.
+  const std::string& cause() const { return details_->cause; }
+  /// The exception the stage threw, to inspect its type (nullptr if unknown).
+  const std::exception_ptr& original() const { return details_->original; }
+
+ private:
+  // Shared, so that copying the exception (as throw and exception_ptr may) cannot throw.
+  struct Details {
+    std::string stage, lane, cause;
+    std::exception_ptr original;
+  };
+  std::shared_ptr<const Details> details_;
+  int64_t item_;
+};
 
 /// A stage: `fn` enqueues its work on the current stream (the pipeline sets it to `lane`) and
 /// reads and writes the batch. It must not synchronize the host with the device.
@@ -51,8 +79,12 @@ struct Stage {
 /// last stage's timing end event serves as that marker), which bounds how far the host runs
 /// ahead and how much device memory batches in flight hold. Before the first item
 /// every lane waits for the caller's current stream (so work enqueued there, e.g. model
-/// initialization, is visible); at the end the caller's stream waits for every lane. A stage's
-/// exception stops every stage thread and is re-thrown by run().
+/// initialization, is visible); at the end the caller's stream waits for every lane.
+///
+/// A stage's exception stops every stage thread: the failing thread calls the on_error hook,
+/// closes every queue and opens the first-item gate, so that no thread waits for an item that
+/// will never come; a thread waiting for a ring slot's done marker waits only for device work
+/// already enqueued. run() then joins the threads and throws the first failure as StageError.
 class Pipeline {
  public:
   /// In serial mode every stage runs on `serial_lane` (its Stage::lane is ignored).
@@ -61,8 +93,17 @@ class Pipeline {
   /// Called on the host, on the stage's thread, just before `stage` enqueues `item`.
   using ItemHook = std::function<void(int stage, int64_t item)>;
 
-  /// Runs items 0..num_items-1 through every stage: fill, steady state, drain.
+  /// Runs items 0..num_items-1 through every stage: fill, steady state, drain. Throws
+  /// StageError naming the stage, its lane and the item when a stage function (or `on_item`,
+  /// or the pipeline's own work for that stage) throws; a StageError is passed on unwrapped.
   void run(int64_t num_items, const ItemHook& on_item = {});
+
+  /// Called once per failed run, on the failing stage's host thread, as soon as a stage fails:
+  /// before the other stage threads are stopped and joined. Use it to wake what a stage
+  /// function may be blocked on outside the pipeline's knowledge (e.g. WarmupBarrier::cancel),
+  /// which would otherwise keep run() from returning. It must not throw (an exception from it is
+  /// dropped: the stage's error is the one reported) and must not block.
+  void set_on_error(std::function<void()> fn) { on_error_ = std::move(fn); }
 
   /// Items in flight from the first stage to the last: K when pipelined, 1 when serial. The
   /// ring holds depth() + 1 slots.
@@ -134,7 +175,9 @@ class Pipeline {
   void run_stage(int i, int slot);
   void begin_item(int64_t item, int slot);
   void end_item(int slot);
-  void record_done(int slot);  // done_[slot] on the last stage's lane becomes the slot's marker
+  // The exception `e` thrown for `stage` at `item`, as the StageError run() throws.
+  std::exception_ptr stage_error(int stage, int64_t item, std::exception_ptr e) const;
+  void call_on_error() const;
   // Device timing samples every this many timed items: every one while a trace is recorded.
   int64_t device_timing_stride() const { return trace_ ? 1 : device_timing_every_; }
   void run_serial(int64_t num_items, const ItemHook& on_item);
@@ -149,9 +192,11 @@ class Pipeline {
   // A slot's item is done on the device when its done marker has completed: the last stage's
   // timing end event for a timed item (recorded right after the stage on the same lane: a
   // second event there would only cost device time), else done_[slot] recorded by end_item.
-  // Markers point into stage_events_, so run() retires them before it clears those.
-  std::vector<at::cuda::CUDAEvent> done_;  // per slot (CUDA), for untimed items
-  std::vector<cudaEvent_t> done_marker_;   // per slot; nullptr: nothing to wait for
+  // A marker shares ownership of its event, so clearing stage_events_ never leaves it dangling.
+  using EventPtr = std::shared_ptr<at::cuda::CUDAEvent>;
+  std::vector<EventPtr> done_;         // per slot (CUDA), for untimed items
+  std::vector<EventPtr> done_marker_;  // per slot; null: nothing to wait for
+  std::function<void()> on_error_;
 
   // Timing (optional): per stage, host seconds and one (start, end) event pair per timed item.
   int64_t first_timed_item_ = -1;
@@ -159,8 +204,9 @@ class Pipeline {
   std::vector<double> host_seconds_;
   double slot_wait_seconds_ = 0;
   int64_t timed_items_ = 0;
-  struct StageEvents {
-    at::cuda::CUDAEvent start{cudaEventDefault}, end{cudaEventDefault};
+  struct StageEvents {  // timing-enabled; `end` may also be its slot's done marker
+    EventPtr start = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    EventPtr end = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
     int64_t item = -1;
   };
   std::vector<std::vector<StageEvents>> stage_events_;

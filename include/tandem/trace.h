@@ -40,7 +40,9 @@ class Trace {
   /// {"traceEvents": [...], "displayTimeUnit": "ms"}: complete ("X") events, pid 1 for lanes
   /// and pid 2 for host threads, each track a tid named by a thread_name metadata event.
   nlohmann::json to_chrome_json() const;
-  /// Writes to_chrome_json() to `path`; throws InvalidArgument naming the path on failure.
+  /// Writes to_chrome_json() to `path`. Throws InvalidArgument naming the path if it cannot be
+  /// opened, and tandem::Error if any byte fails to reach the file (a full disk), even when
+  /// only the final flush or close reports it.
   void write(const std::string& path) const;
 
  private:

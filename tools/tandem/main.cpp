@@ -15,8 +15,9 @@
 #include "tandem/bench.h"
 #include "tandem/error.h"
 #include "tandem/lane.h"
-#include "tandem/scenario.h"
+#include "tandem/mode.h"
 #include "tandem/sweep.h"
+#include "tandem/workloads/registry.h"
 
 namespace {
 
@@ -34,12 +35,41 @@ std::ofstream open_output(const std::string& path, const std::string& what) {
   return out;
 }
 
+/// Writes and closes; a write the disk refused (full, gone) is an error, never silent.
 void write_output(std::ofstream& out, const std::string& text, const std::string& path) {
   if (!out.is_open()) return;
+  errno = 0;
   out << text;
-  out.flush();
-  if (!out) throw std::runtime_error("writing '" + path + "' failed");
+  out.close();
+  if (out.fail())
+    throw tandem::Error("writing '" + path + "' failed" +
+                        (errno ? std::string(": ") + std::strerror(errno) : std::string()));
   std::cout << "wrote " << path << "\n";
+}
+
+/// "  serial             every stage ..." lines: the modes, for help texts.
+std::string mode_help() {
+  std::string out;
+  std::vector<tandem::Mode> modes = tandem::workload_modes();
+  modes.push_back(tandem::Mode::kAuto);
+  for (const tandem::Mode m : modes) {
+    char line[200];
+    std::snprintf(line, sizeof line, "\n  %-18s %s", tandem::to_string(m), tandem::describe(m));
+    out += line;
+  }
+  return out;
+}
+
+/// The reference workloads and their parameters, for help texts.
+std::string workload_help() {
+  std::string out;
+  for (const auto& e : tandem::reference_workloads()) {
+    out += "\n  " + e.name + ": " + e.description;
+    for (const auto& p : e.params)
+      out += "\n    --param " + p.key + "=" + tandem::join_choices(p.choices) + ": " +
+             p.description;
+  }
+  return out;
 }
 
 /// The flags `bench` and `sweep` share; values land in `options` once parsed (see apply()).
@@ -47,12 +77,17 @@ struct RunFlags {
   int64_t batch_size = 0, steps = 0, warmup = 0;
   int workers = 0;
   bool cudnn_benchmark = false;
+  std::string workload = "seg";
+  std::vector<std::string> params;
   CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *batch_size_opt = nullptr;
 
   void add(CLI::App* app, tandem::BenchOptions& options) {
-    app->add_option("--scenario", options.scenario,
-                    "workload: " + tandem::join_choices(tandem::scenario_names()))
+    app->add_option("--workload,--scenario", workload,
+                    "workload: " + tandem::join_choices(tandem::reference_workload_names()) +
+                        workload_help())
         ->capture_default_str();
+    app->add_option("--param", params,
+                    "a workload-specific setting KEY=VALUE (repeatable; see --workload)");
     steps_opt = app->add_option("--steps", steps,
                                 "timed steps [default: 100 on a GPU, 4 on the CPU]");
     warmup_opt = app->add_option("--warmup", warmup,
@@ -76,6 +111,13 @@ struct RunFlags {
   }
   // Flags not given stay unset, so the library picks the device's defaults.
   void apply(tandem::BenchOptions& options) const {
+    options.workload = tandem::find_reference_workload(workload);
+    for (const auto& kv : params) {
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0)
+        throw tandem::InvalidArgument("parameter '" + kv + "' is not valid: expected KEY=VALUE");
+      options.params[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
     if (batch_size_opt && batch_size_opt->count()) options.batch_size = batch_size;
     if (steps_opt->count()) options.steps = steps;
     if (warmup_opt->count()) options.warmup = warmup;
@@ -92,7 +134,7 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
   std::cout << tandem::describe_config(options) << std::flush;
   nlohmann::json out;
   tandem::BenchResult result;
-  if (options.mode == "auto") {
+  if (options.mode == tandem::Mode::kAuto) {
     std::cout << "\nauto: trials of " << tandem::kAutoTrialWarmup << " warm-up + "
               << tandem::kAutoTrialSteps << " timed steps per mode (up to "
               << tandem::kAutoTrialMaxSteps << " where that took under "
@@ -142,13 +184,13 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
 int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
                       const std::string& json_path, const std::string& svg_path) {
   // The rows' modes ("all" among them) are checked by run_sweep; any valid mode resolves the rest.
-  options.base.mode = "auto";
-  options.base = tandem::resolve(options.base);  // validates device, scenario, counts
+  options.base.mode = tandem::Mode::kAuto;
+  options.base = tandem::resolve(options.base);  // validates device, workload, counts
   options.base.batch_size.reset();
   std::ofstream csv = open_output(csv_path, "CSV");
   std::ofstream json = open_output(json_path, "JSON");
   std::ofstream svg = open_output(svg_path, "SVG");
-  std::cout << "sweep " << options.base.scenario << " on " << options.base.device << ": "
+  std::cout << "sweep " << options.base.workload.name << " on " << options.base.device << ": "
             << *options.base.steps << " timed steps after " << *options.base.warmup
             << " warm-up per point"
             << (options.rounds > 1 ? ", " + std::to_string(options.rounds) +
@@ -164,7 +206,7 @@ int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
   write_output(csv, tandem::sweep_csv(rows), csv_path);
   write_output(json, tandem::sweep_json(rows, options).dump(2) + "\n", json_path);
   write_output(svg,
-               tandem::sweep_svg(rows, "tandem " + options.base.scenario + " on " +
+               tandem::sweep_svg(rows, "tandem " + options.base.workload.name + " on " +
                                            options.base.device + ": steps/s by batch size"),
                svg_path);
   return 0;
@@ -195,18 +237,13 @@ int main(int argc, char** argv) {
              "whole error messages (with TORCH_SHOW_CPP_STACKTRACES=1, where they were thrown).");
 
   tandem::BenchOptions bench_options;
-  std::string bench_json;
+  std::string bench_json, bench_mode = "serial";
   RunFlags bench_flags;
   CLI::App* bench = app.add_subcommand(
-      "bench", "Train a reference workload in one mode and report steps/s (SPEC's method: "
+      "bench", "Train a workload in one mode and report steps/s (SPEC's method: "
                "warm-up steps, then timed steps between device synchronizations).");
   bench_flags.add(bench, bench_options);
-  bench
-      ->add_option("--mode", bench_options.mode,
-                   "mode of the scenario (seg: serial, pipelined, graphed or pipelined+graphed; "
-                   "cls: cpu_aug, gpu_aug, pipelined, graphed or pipelined+graphed; mlp: eager, "
-                   "graphed, graphed_k or pipelined+graphed), or auto: short trials of every mode, "
-                   "then the fastest")
+  bench->add_option("--mode", bench_mode, "how to run the step:" + mode_help())
       ->capture_default_str();
   bench_flags.batch_size_opt = bench->add_option(
       "--batch-size", bench_flags.batch_size, "samples per step [default: 8 on a GPU, 2 on the CPU]");
@@ -223,7 +260,7 @@ int main(int argc, char** argv) {
                "chart.");
   sweep_flags.add(sweep, sweep_options.base);
   sweep->add_option("--modes", sweep_options.modes,
-                    "comma-separated modes; all = every mode of the scenario; auto allowed "
+                    "comma-separated modes; all = every mode; auto allowed "
                     "[default: all]")
       ->delimiter(',');
   sweep->add_option("--batch-sizes", sweep_options.batch_sizes, "comma-separated batch sizes")
@@ -268,10 +305,12 @@ int main(int argc, char** argv) {
     std::cerr << "tandem: error: " << tandem::first_line(e.what()) << " (see tandem --help)\n";
     return kExitUsage;
   }
-  bench_flags.apply(bench_options);
-  sweep_flags.apply(sweep_options.base);
-
   try {
+    if (bench->parsed()) {
+      bench_flags.apply(bench_options);
+      bench_options.mode = tandem::parse_mode(bench_mode);
+    }
+    if (sweep->parsed()) sweep_flags.apply(sweep_options.base);
     if (bench->parsed()) return run_bench_command(bench_options, bench_json);
     if (sweep->parsed()) return run_sweep_command(sweep_options, sweep_csv, sweep_json, sweep_svg);
     if (aug->parsed())

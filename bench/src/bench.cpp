@@ -1,4 +1,4 @@
-// The benchmark runner: resolve options, build the scenario, time the steady state, report.
+// The benchmark front end: resolve options, build the workload, time the steady state, report.
 #include "tandem/bench.h"
 
 #include <ATen/Context.h>
@@ -17,7 +17,7 @@
 #include "tandem/gpu_monitor.h"
 #include "tandem/lane.h"
 #include "tandem/progress.h"
-#include "tandem/scenario.h"
+#include "tandem/runner.h"
 
 namespace tandem {
 
@@ -33,15 +33,14 @@ std::string device_name(c10::Device device) {
 }  // namespace
 
 BenchOptions resolve(BenchOptions o) {
+  TANDEM_CHECK_ARG(static_cast<bool>(o.workload.make),
+                   "no workload to run: set BenchOptions::workload (a WorkloadEntry)");
   const c10::Device device = parse_device(o.device);
   o.device = device.str();
   const BenchDefaults& d = device.is_cuda() ? kGpuBenchDefaults : kCpuBenchDefaults;
-  auto modes = scenario_modes(o.scenario);  // throws for an unknown scenario
-  modes.push_back("auto");
-  TANDEM_CHECK_ARG(std::find(modes.begin(), modes.end(), o.mode) != modes.end(), "mode '",
-                   o.mode, "' is not valid for scenario ", o.scenario, ": expected ",
-                   join_choices(modes));
-  o.batch_size = o.batch_size.value_or(scenario_default_batch_size(o.scenario, device.is_cuda()));
+  check_params(o.workload.name, o.params, o.workload.params);
+  o.batch_size = o.batch_size.value_or(device.is_cuda() ? o.workload.gpu_batch_size
+                                                        : o.workload.cpu_batch_size);
   o.steps = o.steps.value_or(d.steps);
   o.warmup = o.warmup.value_or(d.warmup);
   o.workers = o.workers.value_or(d.workers);
@@ -54,8 +53,8 @@ BenchOptions resolve(BenchOptions o) {
                    " is not valid: expected a positive number of timed steps");
   TANDEM_CHECK_ARG(*o.warmup >= 0, "warm-up count ", *o.warmup,
                    " is not valid: expected 0 or more warm-up steps");
-  TANDEM_CHECK_ARG(*o.workers > 0, "worker count ", *o.workers,
-                   " is not valid: expected at least 1 loader worker");
+  TANDEM_CHECK_ARG(*o.workers > 0 && *o.workers <= kMaxWorkers, "worker count ", *o.workers,
+                   " is not valid: expected 1 to ", kMaxWorkers, " loader worker threads");
   TANDEM_CHECK_ARG(o.device_timing_every >= 1, "device timing interval ", o.device_timing_every,
                    " is not valid: expected a positive number of steps");
   return o;
@@ -63,7 +62,8 @@ BenchOptions resolve(BenchOptions o) {
 
 BenchResult run_bench(const BenchOptions& unresolved) {
   const BenchOptions options = resolve(unresolved);
-  TANDEM_CHECK_ARG(options.mode != "auto", "mode 'auto' runs through run_auto(), not run_bench()");
+  TANDEM_CHECK_ARG(options.mode != Mode::kAuto,
+                   "mode auto runs through run_auto(), not run_bench()");
   const int64_t batch_size = *options.batch_size, steps = *options.steps,
                 warmup = *options.warmup;
   const c10::Device device = parse_device(options.device);
@@ -73,20 +73,25 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   result.torch_version = TORCH_VERSION;
 
   at::globalContext().setBenchmarkCuDNN(*options.cudnn_benchmark);
-  ScenarioOptions so;
-  so.batch_size = batch_size;
-  so.workers = *options.workers;
-  so.seed = options.seed;
-  so.device = device;
-  so.train_priority =
+  WorkloadOptions wo;
+  wo.batch_size = batch_size;
+  wo.device = device;
+  wo.seed = options.seed;
+  wo.params = options.params;
+  RunOptions ro;
+  ro.mode = options.mode;
+  ro.batch_size = batch_size;
+  ro.workers = *options.workers;
+  ro.seed = options.seed;
+  ro.train_priority =
       options.train_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
   std::unique_ptr<Trace> trace;
   if (!options.trace_path.empty()) {
     trace = std::make_unique<Trace>();
-    so.trace = trace.get();
+    ro.trace = trace.get();
   }
-  auto scenario = make_scenario(options.scenario, so);
-  auto pipeline = scenario->prepare(options.mode, warmup + steps);
+  Runner runner(options.workload.make(wo), ro);
+  Pipeline* pipeline = &runner.prepare(warmup + steps);
 
   // The clock starts when step `warmup` begins its exclusive work: in serial mode when it
   // enters the first stage; pipelined, when it enters the last (training) stage, so exactly
@@ -96,11 +101,12 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   pipeline->set_timing(warmup, options.device_timing_every);
   pipeline->set_trace(trace.get());
   GpuMonitor monitor(device);
-  Progress progress(options.scenario + " " + options.mode, warmup + steps, options.progress);
+  Progress progress(options.workload.name + " " + to_string(options.mode), warmup + steps,
+                    options.progress);
   const int last_stage = pipeline->num_stages() - 1;
   using Clock = std::chrono::steady_clock;
   Clock::time_point start = Clock::now();
-  pipeline->run(warmup + steps, [&](int stage, int64_t item) {
+  runner.run([&](int stage, int64_t item) {
     if (stage == clock_stage && item == warmup) {
       synchronize(device);
       start = Clock::now();
@@ -114,9 +120,9 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   result.steps_per_s = static_cast<double>(steps) / result.seconds;
   result.samples_per_s = result.steps_per_s * static_cast<double>(batch_size);
-  result.losses = scenario->losses();
+  result.losses = runner.losses();
   result.timing = pipeline->timing();
-  result.notes = scenario->notes();
+  result.notes = runner.notes();
   result.gpu_utilization = monitor.mean_utilization();
   result.gpu_utilization_note =
       !options.gpu_monitor ? "off: --no-gpu-monitor"
@@ -132,14 +138,15 @@ BenchResult run_bench(const BenchOptions& unresolved) {
     }
   }
   if (result.floor_ms > 0) result.efficiency = result.steps_per_s * result.floor_ms / 1000.0;
-  if (trace) trace->write(options.trace_path);
+  if (trace) trace->write(options.trace_path);  // throws if the file cannot be written
   return result;
 }
 
 std::string describe_config(const BenchOptions& o) {
   std::ostringstream os;
-  os << "scenario   " << o.scenario << "\n"
-     << "mode       " << o.mode << "\n"
+  os << "workload   " << o.workload.name << "\n";
+  for (const auto& [key, value] : o.params) os << "param      " << key << "=" << value << "\n";
+  os << "mode       " << to_string(o.mode) << "\n"
      << "device     " << o.device << " (" << device_name(parse_device(o.device)) << ")\n"
      << "batch size " << o.batch_size.value_or(0) << "\n"
      << "steps      " << o.steps.value_or(0) << " timed after " << o.warmup.value_or(0)
@@ -154,11 +161,11 @@ std::string describe_config(const BenchOptions& o) {
 std::string describe_result(const BenchResult& r) {
   char line[256];
   std::ostringstream os;
-  std::snprintf(line, sizeof line, "%-9s %-17s %6s %10s %11s %9s %11s %11s\n", "scenario",
+  std::snprintf(line, sizeof line, "%-9s %-17s %6s %10s %11s %9s %11s %11s\n", "workload",
                 "mode", "batch", "steps/s", "samples/s", "ms/step", "first loss", "last loss");
   os << line;
   std::snprintf(line, sizeof line, "%-9s %-17s %6lld %10.2f %11.1f %9.3f %11.5f %11.5f\n",
-                r.options.scenario.c_str(), r.options.mode.c_str(),
+                r.options.workload.name.c_str(), to_string(r.options.mode),
                 static_cast<long long>(r.options.batch_size.value_or(0)), r.steps_per_s, r.samples_per_s,
                 1000.0 / r.steps_per_s, r.losses.empty() ? 0.0 : r.losses.front(),
                 r.losses.empty() ? 0.0 : r.losses.back());
@@ -201,8 +208,9 @@ nlohmann::json to_json(const BenchResult& r) {
                                                  ? nlohmann::json(nullptr)
                                                  : nlohmann::json(st.device_ms_per_item)}});
   return {{"impl", "tandem"},
-          {"scenario", o.scenario},
-          {"mode", o.mode},
+          {"scenario", o.workload.name},
+          {"params", o.params},
+          {"mode", to_string(o.mode)},
           {"batch_size", o.batch_size.value_or(0)},
           {"steps", o.steps.value_or(0)},
           {"warmup", o.warmup.value_or(0)},

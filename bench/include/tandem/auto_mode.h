@@ -1,5 +1,5 @@
-// `--mode auto`: short timed trials of every mode of a scenario, then the fastest, with a noise
-// margin in favour of the simpler mode (the scenario lists its modes simplest first).
+// `--mode auto`: short timed trials of every mode of a workload, then the fastest, with a noise
+// margin in favour of the simpler mode (workload_modes() lists them simplest first).
 #pragma once
 
 #include <optional>
@@ -22,7 +22,7 @@ struct AutoDecision {
   std::string reason;
 };
 
-/// Trials are in the scenario's order (simplest first). The pick is the first mode whose rate is
+/// Trials are in workload_modes()' order (simplest first). The pick is the first mode whose rate is
 /// within `margin` (relative) of the fastest: a mode must beat a simpler one by more than the
 /// noise to be chosen. Failed trials are skipped; throws std::runtime_error if all failed.
 AutoDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015);
@@ -37,7 +37,7 @@ AutoDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015
 /// cuDNN's choices, graphs), and ranked by its slowest run (trial_rate): on the H200, seg's eager
 /// pipelined mode at batch 8 ran anywhere from 289 to 328 steps/s from one instance to the next
 /// while pipelined+graphed held 327, and a single trial picked the unsteady mode. The trials
-/// of a scenario with M modes take about M x (1 short + kAutoTrialRuns sized runs), model
+/// of a workload with M modes take about M x (1 short + kAutoTrialRuns sized runs), model
 /// set-up included.
 inline constexpr int64_t kAutoTrialWarmup = 5;
 inline constexpr int64_t kAutoTrialSteps = 20;
@@ -61,7 +61,7 @@ struct AutoResult {
   BenchResult result;        ///< the full run of the picked mode
 };
 
-/// Runs the trials for options.scenario, prints nothing, then the full run of the pick.
+/// Runs the trials for options.workload, prints nothing, then the full run of the pick.
 /// `options.mode` is ignored.
 AutoResult run_auto(const BenchOptions& options);
 

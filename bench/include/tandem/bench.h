@@ -1,24 +1,32 @@
-// The benchmark runner behind `tandem bench`: SPEC's timing method (warm-up steps, then timed
-// steps between two device synchronizations) applied to any scenario and mode.
+// The benchmark front end of the runner (`tandem bench`): SPEC's timing method (warm-up steps,
+// then timed steps between two device synchronizations) applied to any workload and mode — the
+// reference ones (workloads/registry.h) or a user's, handed in as a WorkloadEntry.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tandem/mode.h"
 #include "tandem/pipeline.h"
+#include "tandem/workload.h"
 
 namespace tandem {
 
 struct BenchOptions {
-  std::string scenario = "seg";
-  std::string mode = "serial";
+  /// What to run: a factory of fresh instances (one per run), its default batch sizes and
+  /// parameters. The CLI takes it from the reference workloads by name.
+  WorkloadEntry workload;
+  /// Workload-specific settings, checked against workload.params by resolve().
+  std::map<std::string, std::string> params;
+  Mode mode = Mode::kSerial;  ///< kAuto: run_auto()
   std::string device = "auto";  ///< auto, cpu, cuda, cuda:N
-  // Unset: resolve() fills the defaults: the scenario's batch size for the device
-  // (scenario_default_batch_size) and kGpuBenchDefaults / kCpuBenchDefaults for the rest.
+  // Unset: resolve() fills the defaults: the workload's batch size for the device and
+  // kGpuBenchDefaults / kCpuBenchDefaults for the rest.
   std::optional<int64_t> batch_size;
   std::optional<int64_t> steps;   ///< timed steps
   std::optional<int64_t> warmup;  ///< untimed steps before them
@@ -44,16 +52,18 @@ struct BenchOptions {
 };
 
 /// Defaults: SPEC's sizes on a GPU; small ones on the CPU so a laptop finishes in seconds.
-/// (The batch size is the scenario's: scenario_default_batch_size.)
+/// (The batch size is the workload's: WorkloadEntry::gpu_batch_size / cpu_batch_size.)
 struct BenchDefaults {
   int64_t steps, warmup;
   int workers;
 };
 constexpr BenchDefaults kGpuBenchDefaults{100, 10, 8};
 constexpr BenchDefaults kCpuBenchDefaults{4, 1, 2};
+constexpr int kMaxWorkers = 1024;
 
-/// Fills the defaults for the chosen device and validates everything; throws InvalidArgument
-/// naming the first bad value and what was expected.
+/// Fills the defaults for the chosen device and validates everything (counts bounded: at most
+/// kMaxWorkers loader threads), before anything is built; throws InvalidArgument naming the
+/// first bad value and what was expected.
 BenchOptions resolve(BenchOptions options);
 
 struct BenchResult {
@@ -74,7 +84,7 @@ struct BenchResult {
   std::string floor_stage;
   /// steps_per_s / (1000 / floor_ms).
   double efficiency = 0;
-  std::vector<std::string> notes;  ///< the scenario's (Scenario::notes)
+  std::vector<std::string> notes;  ///< the runner's (Runner::notes)
 };
 
 /// Runs options.warmup + options.steps training steps and times the last options.steps.

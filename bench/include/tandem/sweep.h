@@ -1,4 +1,4 @@
-// `tandem sweep`: every mode of a scenario at every batch size, in one process, reported as a
+// `tandem sweep`: every mode of a workload at every batch size, in one process, reported as a
 // fixed-width table, CSV, JSON and an SVG chart — the articles' sensitivity tables, measured.
 #pragma once
 
@@ -14,9 +14,9 @@
 namespace tandem {
 
 struct SweepOptions {
-  std::vector<std::string> modes;    ///< may include "auto"; "all" or empty: the scenario's
+  std::vector<std::string> modes;    ///< mode names, may include "auto"; "all" or empty: every
   std::vector<int64_t> batch_sizes;  ///< at least one, each > 0
-  BenchOptions base;                 ///< scenario, device, steps, warm-up, workers, seed, ...
+  BenchOptions base;                 ///< workload, device, steps, warm-up, workers, seed, ...
   /// Runs of every point, each on a fresh instance, the modes of a batch size taking turns
   /// (round 1: every mode, round 2: every mode, ...); a point reports the median. Some modes'
   /// rates differ by 15% between instances (seg's eager pipelined mode at batch 8 on the H200),
@@ -28,7 +28,7 @@ struct SweepRow {
   std::string mode;
   int64_t batch_size = 0;
   std::optional<double> steps_per_s, samples_per_s;
-  std::optional<double> speedup;          ///< over the scenario's serial baseline, same batch
+  std::optional<double> speedup;          ///< over the workload's serial baseline, same batch
   std::optional<double> efficiency;       ///< steps_per_s / floor rate (see run_sweep)
   std::optional<double> gpu_utilization;  ///< NVML mean over the timed steps, percent
   std::string picked;                     ///< for mode "auto": the mode it ran (each round's,
@@ -40,7 +40,7 @@ struct SweepRow {
 /// The median of `values` (the mean of the middle two for an even count); nullopt when empty.
 std::optional<double> median(std::vector<double> values);
 
-/// Runs every (batch size, mode), options.rounds times. The scenario's baseline (its first mode)
+/// Runs every (batch size, mode), options.rounds times. The baseline (serial)
 /// is run first at each batch size in each round, added if the caller did not ask for it:
 /// speedups are relative to its median rate, and its slowest stage's device time (no other lane
 /// competing; the median over rounds) is the floor for that batch size. A point that fails in

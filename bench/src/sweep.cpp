@@ -11,7 +11,7 @@
 
 #include "tandem/auto_mode.h"
 #include "tandem/error.h"
-#include "tandem/scenario.h"
+#include "tandem/mode.h"
 
 namespace tandem {
 
@@ -48,18 +48,19 @@ std::string csv_field(const std::string& s) {
 
 std::vector<SweepRow> run_sweep(const SweepOptions& options,
                                 const std::function<void(const SweepRow&)>& on_row) {
-  const auto scenario_modes_list = scenario_modes(options.base.scenario);
-  const std::string baseline = scenario_modes_list.front();
-  // "all" (or no list) stands for every mode of the scenario, in its order; duplicates run once.
+  std::vector<std::string> every;
+  for (const Mode m : workload_modes()) every.push_back(to_string(m));
+  const std::string baseline = every.front();
+  // "all" (or no list) stands for every mode, in their order; duplicates run once.
   std::vector<std::string> modes;
   for (const auto& m : options.modes.empty() ? std::vector<std::string>{"all"} : options.modes)
-    for (const auto& mode : m == "all" ? scenario_modes_list : std::vector<std::string>{m})
+    for (const auto& mode : m == "all" ? every : std::vector<std::string>{m})
       if (std::find(modes.begin(), modes.end(), mode) == modes.end()) modes.push_back(mode);
   TANDEM_CHECK_ARG(!options.batch_sizes.empty(), "a sweep needs at least one batch size");
   for (const auto& m : modes) {
     BenchOptions probe = options.base;
-    probe.mode = m;
-    resolve(probe);  // throws InvalidArgument naming a bad mode before anything runs
+    probe.mode = parse_mode(m);  // throws InvalidArgument naming a bad mode before anything runs
+    resolve(probe);
   }
   for (int64_t bs : options.batch_sizes)
     TANDEM_CHECK_ARG(bs > 0, "batch size ", bs, " is not valid: expected a positive number");
@@ -83,12 +84,12 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
         Runs& run = runs[m];
         if (!run.error.empty()) continue;  // a point that failed once is reported as failed
         BenchOptions o = options.base;
-        o.mode = modes[m];
+        o.mode = parse_mode(modes[m]);
         o.batch_size = bs;
         o.progress = false;
         try {
           BenchResult r;
-          if (modes[m] == "auto") {
+          if (o.mode == Mode::kAuto) {
             AutoResult a = run_auto(o);
             run.picks.push_back(a.decision.mode);
             r = std::move(a.result);
@@ -194,12 +195,12 @@ nlohmann::json sweep_json(const std::vector<SweepRow>& rows, const SweepOptions&
   auto opt = [](const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
   };
-  nlohmann::json out = {{"scenario", options.base.scenario},
+  nlohmann::json out = {{"scenario", options.base.workload.name},
                         {"rounds", options.rounds},
                         {"rows", nlohmann::json::array()}};
   for (const auto& r : rows) {
     nlohmann::json j = {{"impl", "tandem"},
-                        {"scenario", options.base.scenario},
+                        {"scenario", options.base.workload.name},
                         {"mode", r.mode},
                         {"batch_size", r.batch_size},
                         {"steps_per_s", opt(r.steps_per_s)},

@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "tandem/error.h"
-#include "tandem/scenario.h"
+#include "tandem/mode.h"
 
 namespace tandem {
 
@@ -54,14 +54,14 @@ AutoResult run_auto(const BenchOptions& unresolved) {
   BenchOptions options = resolve(unresolved);
   AutoResult out;
   const auto start = std::chrono::steady_clock::now();
-  for (const auto& mode : scenario_modes(options.scenario)) {
+  for (const Mode mode : workload_modes()) {
     BenchOptions trial = options;
     trial.mode = mode;
     trial.steps = std::min(*options.steps, kAutoTrialSteps);
     trial.warmup = std::min(*options.warmup, kAutoTrialWarmup);
     trial.trace_path.clear();
     trial.progress = false;
-    Trial t{mode, std::nullopt, "", {}};
+    Trial t{to_string(mode), std::nullopt, "", {}};
     try {
       const double first = run_bench(trial).steps_per_s;  // sizes the measured runs
       const int64_t longer = second_trial_steps(*trial.steps, first, *options.steps);
@@ -80,7 +80,7 @@ AutoResult run_auto(const BenchOptions& unresolved) {
   out.trial_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out.decision = choose_mode(out.trials);
-  options.mode = out.decision.mode;
+  options.mode = parse_mode(out.decision.mode);
   out.result = run_bench(options);
   return out;
 }

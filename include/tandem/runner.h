@@ -1,0 +1,95 @@
+// Runner: turns a Workload into a Pipeline for one mode and runs it — the only place that knows
+// how each mode is built. bench, auto, sweep (tandem::bench) and the examples are its clients.
+//
+//   mode               lanes and stages (load: the loader and H2D copy, host sources only)
+//   serial             load, feeds, train: one lane, one host thread, step after step
+//   pipelined          load on "copy", each feed on its lane, train on its lane (high priority),
+//                      each stage driven by its own host thread: step n+1's feeds beside step n
+//   graphed            load, then one CUDA graph of every feed and the train step, one lane
+//   pipelined+graphed  pipelined's lanes; each feed and the train step replay their own graph
+//   graphed_k          graphed, K steps per graph (inputs staged into K static slots)
+//
+// A stage marked Capture::kNever stays eager in every mode (in graphed, the graph is split
+// around it). Graphed stages warm up eagerly first (kGraphWarmupSteps), and a batch whose
+// shapes differ from the captured ones (a short last batch) runs eagerly; notes() says so.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/error.h"
+#include "tandem/graphed_stage.h"
+#include "tandem/lane.h"
+#include "tandem/mode.h"
+#include "tandem/pipeline.h"
+#include "tandem/trace.h"
+#include "tandem/workload.h"
+
+namespace tandem {
+
+struct RunOptions {
+  Mode mode = Mode::kSerial;  ///< not kAuto: auto is the bench front end's (bench.h)
+  int64_t batch_size = 8;     ///< samples per step read from a host data source
+  int workers = 4;            ///< loader worker threads (host data sources)
+  /// Host batch slots in the loader's ring; 0: ring_slots_for(workers) (loader.h).
+  int loader_depth = 0;
+  uint64_t seed = 0;  ///< the loader's shuffle
+  /// Priority of the train lane in the pipelined modes (see LanePriority).
+  LanePriority train_priority = LanePriority::kHigh;
+  int graph_warmup_steps = kGraphWarmupSteps;  ///< eager steps before a stage captures
+  int steps_per_graph = 4;                     ///< graphed_k's K
+  /// Sized-to-run sources: 0, every batch full; 1..batch_size-1, the run's last batch has this
+  /// many samples (as a dataset whose size is not a multiple of the batch size).
+  int64_t last_batch_size = 0;
+  /// If set: the loader's fills and waits, and (Pipeline::set_trace) the stages' intervals.
+  Trace* trace = nullptr;
+};
+
+/// Runs a stage that failed: what() names the stage, its lane, the step, the mode and the batch
+/// size, then the cause (one line).
+class RunError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Runner {
+ public:
+  /// Validates the workload and the options (InvalidArgument naming the first problem, e.g. a
+  /// graphed mode whose train stage's optimizer is not capturable) and keeps a copy of both.
+  Runner(const Workload& workload, RunOptions options);
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  /// A fresh pipeline for `num_steps` steps: a new loader, lanes, graphs and loss log. Set its
+  /// timing and trace (Pipeline::set_timing, set_trace) before run().
+  Pipeline& prepare(int64_t num_steps);
+  /// Runs the prepared steps; a stage's failure stops every stage and is re-thrown as RunError.
+  void run(const Pipeline::ItemHook& on_item = {});
+  /// prepare(num_steps), run(): trains `num_steps` steps and returns their losses.
+  std::vector<float> train(int64_t num_steps);
+
+  /// The per-step losses of the last run, in step order (synchronizes).
+  std::vector<float> losses() const;
+  /// What the last run did that a reader should know: what was captured into graphs, what ran
+  /// eagerly and why.
+  std::vector<std::string> notes() const;
+
+  const Workload& workload() const { return workload_; }
+  const RunOptions& options() const { return options_; }
+  Mode mode() const { return options_.mode; }
+  Pipeline& pipeline();
+
+ private:
+  struct Impl;
+  Workload workload_;
+  RunOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The note a graphed mode leaves when it ran on the CPU, where there are no CUDA graphs.
+std::string cpu_graph_note(Mode mode);
+
+}  // namespace tandem

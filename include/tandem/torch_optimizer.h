@@ -1,0 +1,33 @@
+// LibTorchOptimizer: any torch::optim optimizer as a train stage's optimizer, for the eager modes.
+// LibTorch's optimizers keep host-side state that a CUDA graph would freeze (SGD's lr, Adam's
+// step count and bias corrections: SPEC.md's "known defects"), so they say they are not
+// capturable and the graphed modes refuse them with a message naming tandem's own.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "tandem/optim.h"
+
+namespace tandem::optim {
+
+class LibTorchOptimizer : public Optimizer {
+ public:
+  /// `name` is for messages, e.g. "torch::optim::Adam".
+  LibTorchOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::string name)
+      : optimizer_(std::move(optimizer)), name_(std::move(name)) {}
+  void zero_grad() override { optimizer_->zero_grad(/*set_to_none=*/true); }
+  void step() override { optimizer_->step(); }
+  bool capturable() const override { return false; }
+  std::string name() const override { return name_; }
+  torch::optim::Optimizer& get() { return *optimizer_; }
+
+ private:
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::string name_;
+};
+
+}  // namespace tandem::optim

@@ -1,0 +1,173 @@
+// Workload: what a user writes to have tandem run their training step — a data source, zero or
+// more no-grad feed stages and one train stage. It holds no mode code: Runner (runner.h) builds
+// every mode (serial, pipelined, graphed, pipelined+graphed, graphed_k) from this description,
+// and every mode computes the serial loop's losses.
+//
+//   Workload w;
+//   w.name = "frozen-backbone";
+//   w.device = device;
+//   w.data = DataSource::from_dataset(my_dataset);            // fields "image", "label"
+//   w.feeds.push_back({"encode", "backbone", {"image"}, {"features"},
+//                      [=](const Tensors& in) { return Tensors{backbone->forward(in[0])}; }});
+//   w.train.inputs = {"features", "label"};
+//   w.train.loss = [=](const Tensors& in) { return at::cross_entropy_loss(head->forward(in[0]), in[1]); };
+//   w.train.optimizer = std::make_shared<optim::Adam>(head->parameters(), optim::AdamOptions::adamw());
+//   RunOptions o;
+//   o.mode = Mode::kPipelinedGraphed;
+//   std::vector<float> losses = Runner(w, o).train(1000);
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/batch.h"
+#include "tandem/loader.h"
+#include "tandem/optim.h"
+
+namespace tandem {
+
+using Tensors = std::vector<at::Tensor>;
+
+/// A stage's device work: `inputs` are the batch fields the stage names, in its order; the
+/// result has one tensor per output name. Runs on the current stream (the stage's lane).
+using StageFn = std::function<Tensors(const Tensors& inputs)>;
+
+/// A per-stage choice for the graphed modes.
+enum class Capture {
+  kAllowed,  ///< captured into a CUDA graph where the mode captures
+  kNever,    ///< always eager (host syncs, data-dependent shapes, host-side state)
+};
+
+/// A no-grad stage that feeds the train stage: GPU augmentation, a frozen backbone, any
+/// function of the batch on the device. Runs under at::NoGradGuard.
+struct FeedStage {
+  std::string name;                  ///< in reports, traces and notes: "encode", "augment"
+  std::string lane;                  ///< its lane in the pipelined modes; empty: the name
+  std::vector<std::string> inputs;   ///< batch fields it reads, in fn's argument order
+  std::vector<std::string> outputs;  ///< batch fields it writes (added, or replacing inputs)
+  StageFn fn;
+  /// What the stage does, for notes: "uint8->float, frozen encoder".
+  std::string what;
+  /// CUDA generators fn draws random numbers from: registered with its graph, so each replay
+  /// draws fresh numbers, the ones an eager step would (GraphOptions::generators). The default
+  /// CUDA generator needs no listing. No other stage may draw from these.
+  std::vector<at::Generator> generators;
+  Capture capture = Capture::kAllowed;
+};
+
+/// The one stage that trains: the runner calls optimizer->zero_grad(), then loss(inputs)
+/// (forward and loss over the trainable modules), backward, optimizer->step(), and records the
+/// loss on the device (LossLog: no host sync), all on the train lane.
+struct TrainStage {
+  std::string name = "train";
+  std::string lane = "train";
+  std::vector<std::string> inputs;
+  /// Returns the loss: a one-element float32 tensor that requires grad.
+  std::function<at::Tensor(const Tensors& inputs)> loss;
+  /// tandem's capturable Sgd / Adam / AdamW, or a LibTorchOptimizer (eager modes only).
+  std::shared_ptr<optim::Optimizer> optimizer;
+  std::string what;  ///< for notes: "decoder forward, cross-entropy"
+  std::vector<at::Generator> generators;  ///< as FeedStage::generators
+  Capture capture = Capture::kAllowed;
+};
+
+/// Where the batches come from.
+class DataSource {
+ public:
+  enum class Kind { kNone, kDataset, kSizedToRun, kResident };
+  using DatasetFactory = std::function<std::shared_ptr<const Dataset>(int64_t samples)>;
+
+  /// Host samples of `dataset`, read by the loader's worker threads into pinned slots and
+  /// copied to the device on the copy lane. A run longer than an epoch starts another one (a
+  /// fresh loader; each epoch's order shuffled from the run's seed and the epoch when
+  /// `shuffle`); a short last batch of an epoch is dropped (`drop_last`) or trained on (the
+  /// graphed modes run it eagerly: a graph's shapes are fixed).
+  static DataSource from_dataset(std::shared_ptr<const Dataset> dataset, bool shuffle = false,
+                                 bool drop_last = true);
+  /// Host samples of a dataset made for each run and sized to it: `factory(samples)` is called
+  /// with the run's sample count (synthetic data; `factory(0)` tells the fields).
+  static DataSource sized_to_run(DatasetFactory factory);
+  /// Batches already on the device: step i reads batches[i % size]. No loader, no copy.
+  static DataSource resident(std::vector<Batch> batches);
+
+  Kind kind() const { return kind_; }
+  /// The fields every batch carries, by name.
+  std::vector<std::string> field_names() const;
+  /// Bytes of one host sample (0 for resident data): what the loader's ring holds per sample.
+  int64_t host_sample_bytes() const;
+
+  const std::shared_ptr<const Dataset>& dataset() const { return dataset_; }
+  const DatasetFactory& factory() const { return factory_; }
+  const std::vector<Batch>& batches() const { return batches_; }
+  bool shuffle() const { return shuffle_; }
+  bool drop_last() const { return drop_last_; }
+
+ private:
+  Kind kind_ = Kind::kNone;
+  std::shared_ptr<const Dataset> dataset_;
+  DatasetFactory factory_;
+  std::vector<Batch> batches_;
+  bool shuffle_ = false, drop_last_ = true;
+};
+
+/// A training step described once. Copyable: the stages' functions share the user's modules.
+struct Workload {
+  std::string name = "workload";
+  /// Where the stages run (lanes); the models and resident batches must be there already.
+  c10::Device device = c10::Device(c10::kCPU);
+  DataSource data;
+  std::vector<FeedStage> feeds;
+  TrainStage train;
+
+  /// Throws InvalidArgument naming the first problem: a stage without a function or name, two
+  /// stages of one name, a field a stage reads that neither the data source nor an earlier
+  /// stage provides, no optimizer.
+  void validate() const;
+};
+
+/// What a factory of workloads is told (the runner front ends build a fresh instance per run:
+/// bench, auto's trials, sweep's points).
+struct WorkloadOptions {
+  int64_t batch_size = 8;
+  c10::Device device = c10::Device(c10::kCPU);
+  uint64_t seed = 0;  ///< models, data and anything random derive from it
+  /// Workload-specific settings, "key" -> "value" (the CLI's --param key=value); a factory
+  /// rejects keys it does not know (check_params).
+  std::map<std::string, std::string> params;
+};
+using WorkloadFactory = std::function<Workload(const WorkloadOptions&)>;
+
+/// A workload-specific setting a factory understands, for help texts and validation.
+struct WorkloadParam {
+  std::string key;
+  std::string description;
+  std::vector<std::string> choices;  ///< the first is the default; empty: any value
+};
+/// A workload as the runner's front ends (bench, auto, sweep: bench.h) and the CLI know it: a
+/// factory they call for a fresh instance per run, and what to tell a user about it.
+struct WorkloadEntry {
+  std::string name;
+  std::string description;                   ///< one line, for help texts
+  int64_t gpu_batch_size = 8;                ///< default batch size on a GPU
+  int64_t cpu_batch_size = 2;                ///< and on the CPU (small: a laptop finishes)
+  std::vector<WorkloadParam> params;         ///< what --param key=value accepts
+  WorkloadFactory make;
+};
+
+/// Throws InvalidArgument for a key of `params` not in `known` or a value not among its
+/// choices, naming it and what was expected.
+void check_params(const std::string& workload, const std::map<std::string, std::string>& params,
+                  const std::vector<WorkloadParam>& known);
+/// The value of `key` in `params`, else the first choice of its WorkloadParam in `known`.
+std::string param_or_default(const std::map<std::string, std::string>& params,
+                             const std::vector<WorkloadParam>& known, const std::string& key);
+
+}  // namespace tandem

@@ -1,0 +1,455 @@
+// Runner: composes a workload's stages into the pipeline of a mode. The workload says what a
+// step does; everything about lanes, threads, graphs, warm-up and fallbacks is decided here,
+// once for every workload.
+#include "tandem/runner.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <optional>
+#include <sstream>
+
+#include "tandem/error.h"
+#include "tandem/graphed_k_stage.h"
+#include "tandem/loader.h"
+#include "tandem/loss_log.h"
+
+namespace tandem {
+
+std::string cpu_graph_note(Mode mode) {
+  return std::string("CUDA graphs need a CUDA device: mode ") + to_string(mode) +
+         " ran eagerly on the CPU";
+}
+
+namespace {
+
+// One piece of a step as the runner composes it: a feed, or the train step (zero_grad, forward
+// and loss, backward, optimizer step, loss appended to the log), with its fields by name.
+struct Unit {
+  std::string name, lane, what;
+  std::vector<std::string> inputs, outputs;
+  GraphedStage::Work work;
+  std::vector<at::Generator> generators;
+  Capture capture = Capture::kAllowed;
+};
+
+// Consecutive units run as one pipeline stage (and, where captured, as one graph).
+struct Group {
+  std::vector<const Unit*> units;
+  std::string name, lane;
+  std::vector<std::string> inputs;   // fields it reads that an earlier stage or the data provide
+  std::vector<std::string> outputs;  // fields it produces that a later group reads
+  std::vector<std::string> drops;    // fields no later group reads: erased after it
+  bool captured = false;
+  bool train = false;  // holds the train step
+};
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+void add_unique(std::vector<std::string>& v, const std::string& s) {
+  if (!contains(v, s)) v.push_back(s);
+}
+
+// Runs a group's units in order over named tensors: `in` holds group.inputs.
+Tensors run_units(const Group& g, const Tensors& in) {
+  std::vector<std::pair<std::string, at::Tensor>> env;
+  env.reserve(g.inputs.size() + 4);
+  for (size_t i = 0; i < g.inputs.size(); ++i) env.emplace_back(g.inputs[i], in[i]);
+  auto find = [&](const std::string& name) -> at::Tensor& {
+    for (auto it = env.rbegin(); it != env.rend(); ++it)
+      if (it->first == name) return it->second;
+    throw Error("field '" + name + "' missing inside stage " + g.name);  // validate() prevents it
+  };
+  for (const Unit* u : g.units) {
+    Tensors args;
+    args.reserve(u->inputs.size());
+    for (const auto& name : u->inputs) args.push_back(find(name));
+    Tensors out = u->work(args);
+    for (size_t i = 0; i < u->outputs.size(); ++i) env.emplace_back(u->outputs[i], out[i]);
+  }
+  Tensors out;
+  out.reserve(g.outputs.size());
+  for (const auto& name : g.outputs) out.push_back(find(name));
+  return out;
+}
+
+std::string describe_units(const Group& g) {
+  std::string out;
+  for (const Unit* u : g.units) {
+    if (!out.empty()) out += "; ";
+    out += u->name;
+    if (!u->what.empty()) out += ": " + u->what;
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Runner::Impl {
+  // Built once from the workload.
+  std::vector<Unit> units;
+  int64_t batch_size = 0;  // for messages: the host batch, or a resident batch's first dim
+
+  // Rebuilt by each prepare(), in this order of destruction: graphs before the log their
+  // replays append to.
+  std::unique_ptr<LossLog> log;
+  std::vector<Group> groups;
+  std::vector<std::unique_ptr<GraphedStage>> graphed;  // per group; null where eager
+  std::unique_ptr<GraphedKStage> graphed_k;
+  std::shared_ptr<WarmupBarrier> barrier;
+  std::unique_ptr<Pipeline> pipeline;
+  int64_t num_steps = 0;
+
+  // Host data: the current epoch's loader.
+  std::shared_ptr<const Dataset> run_dataset;
+  std::unique_ptr<Loader> loader;
+  int64_t epoch = 0, taken_in_epoch = 0;
+};
+
+Runner::Runner(const Workload& workload, RunOptions options)
+    : workload_(workload), options_(options), impl_(std::make_unique<Impl>()) {
+  workload_.validate();
+  const Mode mode = options_.mode;
+  TANDEM_CHECK_ARG(mode != Mode::kAuto,
+                   "mode auto is chosen by the bench front end (run_auto), not by a Runner: "
+                   "expected ",
+                   mode_choices(false));
+  TANDEM_CHECK_ARG(options_.graph_warmup_steps >= 0, "graph warm-up step count ",
+                   options_.graph_warmup_steps, " is not valid: expected >= 0");
+  TANDEM_CHECK_ARG(options_.steps_per_graph >= 1, "steps per graph ", options_.steps_per_graph,
+                   " is not valid: expected >= 1");
+  const bool host = workload_.data.kind() != DataSource::Kind::kResident;
+  if (host) {
+    TANDEM_CHECK_ARG(options_.batch_size > 0, "batch size ", options_.batch_size,
+                     " is not valid: expected a positive number of samples");
+    TANDEM_CHECK_ARG(
+        options_.last_batch_size >= 0 && options_.last_batch_size < options_.batch_size,
+        "last batch size ", options_.last_batch_size,
+        " is not valid: expected 0 (every batch full) or a size below the batch "
+        "size ",
+        options_.batch_size);
+    TANDEM_CHECK_ARG(options_.workers >= 1 && options_.workers <= 1024, "worker count ",
+                     options_.workers, " is not valid: expected 1 to 1024 loader worker threads");
+    const int depth =
+        options_.loader_depth > 0 ? options_.loader_depth : ring_slots_for(options_.workers);
+    check_ring_fits(depth, options_.batch_size, workload_.data.host_sample_bytes());
+    impl_->batch_size = options_.batch_size;
+  } else {
+    TANDEM_CHECK_ARG(options_.last_batch_size == 0, "last batch size ", options_.last_batch_size,
+                     " is not valid for workload ", workload_.name,
+                     ": its batches are resident device tensors, expected 0");
+    const auto& t = workload_.data.batches().front().tensors().front().second;
+    impl_->batch_size = t.dim() > 0 ? t.size(0) : 1;
+  }
+
+  // The train stage's optimizer must be capturable where the mode captures it.
+  const auto& train = workload_.train;
+  if (captures_graphs(mode) && train.capture == Capture::kAllowed)
+    TANDEM_CHECK_ARG(train.optimizer->capturable(), "mode ", to_string(mode),
+                     " captures train stage '", train.name,
+                     "' into a CUDA graph, but its "
+                     "optimizer (",
+                     train.optimizer->name(),
+                     ") keeps host-side state a graph "
+                     "would freeze: use tandem::optim::Sgd, Adam or AdamW, mark the stage "
+                     "Capture::kNever, or run serial or pipelined");
+  if (mode == Mode::kGraphedK) {
+    for (const auto& f : workload_.feeds)
+      TANDEM_CHECK_ARG(f.capture == Capture::kAllowed,
+                       "mode graphed_k captures every stage of "
+                       "a step, but feed stage '",
+                       f.name,
+                       "' is Capture::kNever: expected "
+                       "graphed, which runs it eagerly between graphs");
+    TANDEM_CHECK_ARG(train.capture == Capture::kAllowed,
+                     "mode graphed_k captures every stage "
+                     "of a step, but train stage '",
+                     train.name, "' is Capture::kNever");
+  }
+
+  // Units: feeds under no-grad, then the train step. The work functions read impl_->log at
+  // call time: each prepare() makes a new log.
+  for (const auto& f : workload_.feeds) {
+    Unit u;
+    u.name = f.name;
+    u.lane = f.lane.empty() ? f.name : f.lane;
+    u.what = f.what;
+    u.inputs = f.inputs;
+    u.outputs = f.outputs;
+    u.generators = f.generators;
+    u.capture = f.capture;
+    const StageFn fn = f.fn;
+    const size_t n_out = f.outputs.size();
+    const std::string name = f.name;
+    u.work = [fn, n_out, name](const Tensors& in) {
+      at::NoGradGuard no_grad;
+      Tensors out = fn(in);
+      TANDEM_CHECK_ARG(out.size() == n_out, "feed stage '", name, "' returned ", out.size(),
+                       " tensors: expected ", n_out, ", one per output name");
+      return out;
+    };
+    impl_->units.push_back(std::move(u));
+  }
+  Unit t;
+  t.name = train.name;
+  t.lane = train.lane;
+  t.what = (train.what.empty() ? std::string("forward, loss") : train.what) + ", backward, " +
+           train.optimizer->name() + " step";
+  t.inputs = train.inputs;
+  t.generators = train.generators;
+  t.capture = train.capture;
+  Impl* impl = impl_.get();
+  const auto loss_fn = train.loss;
+  const auto optimizer = train.optimizer;
+  const std::string train_name = train.name;
+  t.work = [impl, loss_fn, optimizer, train_name](const Tensors& in) {
+    optimizer->zero_grad();  // set to none: backward writes fresh gradients (see GraphedStep)
+    at::Tensor loss = loss_fn(in);
+    TANDEM_CHECK_ARG(
+        loss.defined() && loss.numel() == 1 && loss.requires_grad(), "train stage '", train_name,
+        "' returned ",
+        loss.defined() ? "a loss that is not one element requiring grad" : "an undefined loss",
+        ": expected the scalar loss of the forward pass");
+    loss.backward();
+    optimizer->step();
+    impl->log->record(loss.scalar_type() == at::kFloat ? loss.detach()
+                                                       : loss.detach().to(at::kFloat));
+    return Tensors{};
+  };
+  impl_->units.push_back(std::move(t));
+}
+
+Runner::~Runner() = default;
+
+Pipeline& Runner::pipeline() {
+  TORCH_CHECK(impl_->pipeline, "Runner::pipeline(): prepare() first");
+  return *impl_->pipeline;
+}
+
+Pipeline& Runner::prepare(int64_t num_steps) {
+  TANDEM_CHECK_ARG(num_steps >= 0, "step count ", num_steps, " is not valid: expected >= 0");
+  Impl& im = *impl_;
+  const Mode mode = options_.mode;
+  const c10::Device dev = workload_.device;
+  // The previous run's graphs go before the log their replays append to, and before its
+  // loader. Safe with replays in flight: CUDA frees an executable graph once its launches end.
+  im.pipeline.reset();
+  im.graphed.clear();
+  im.graphed_k.reset();
+  im.loader.reset();
+  im.log = std::make_unique<LossLog>(num_steps, dev);
+  im.num_steps = num_steps;
+  im.epoch = im.taken_in_epoch = 0;
+
+  // Host data: a loader per epoch (the first made here, so its workers start filling now).
+  const DataSource& data = workload_.data;
+  const bool host = data.kind() != DataSource::Kind::kResident;
+  if (data.kind() == DataSource::Kind::kSizedToRun) {
+    const int64_t b = options_.batch_size, last = options_.last_batch_size;
+    const int64_t samples = num_steps <= 0 ? 0
+                            : last == 0    ? num_steps * b
+                                           : (num_steps - 1) * b + last;
+    im.run_dataset = data.factory()(samples);
+  } else if (data.kind() == DataSource::Kind::kDataset) {
+    im.run_dataset = data.dataset();
+  }
+
+  // Groups of units: one per unit, except where the serial graphed modes merge consecutive
+  // capturable units into one graph.
+  im.groups.clear();
+  const bool merge = mode == Mode::kGraphed || mode == Mode::kGraphedK;
+  for (const Unit& u : im.units) {
+    const bool capturable = captures_graphs(mode) && u.capture == Capture::kAllowed;
+    if (merge && capturable && !im.groups.empty() && im.groups.back().captured) {
+      im.groups.back().units.push_back(&u);
+      continue;
+    }
+    Group g;
+    g.units.push_back(&u);
+    g.captured = capturable;
+    im.groups.push_back(std::move(g));
+  }
+  // Names, lanes and the fields that cross each group's boundary.
+  for (size_t gi = 0; gi < im.groups.size(); ++gi) {
+    Group& g = im.groups[gi];
+    std::vector<std::string> produced;
+    for (const Unit* u : g.units) {
+      for (const auto& in : u->inputs)
+        if (!contains(produced, in)) add_unique(g.inputs, in);
+      for (const auto& out : u->outputs) add_unique(produced, out);
+    }
+    std::vector<std::string> read_later;
+    for (size_t later = gi + 1; later < im.groups.size(); ++later)
+      for (const Unit* u : im.groups[later].units)
+        for (const auto& in : u->inputs) add_unique(read_later, in);
+    for (const auto& p : produced)
+      if (contains(read_later, p)) g.outputs.push_back(p);
+    for (const auto& in : g.inputs)
+      if (!contains(read_later, in) && !contains(produced, in)) g.drops.push_back(in);
+    g.train = g.units.back() == &im.units.back();
+    if (g.units.size() == 1) {
+      g.name = g.units[0]->name;
+      g.lane = g.units[0]->lane;
+    } else {
+      g.name = g.units.size() == im.units.size() ? "step" : "";
+      if (g.name.empty())
+        for (const Unit* u : g.units) g.name += (g.name.empty() ? "" : "+") + u->name;
+      g.lane = g.units.back()->lane;
+    }
+  }
+
+  im.barrier = std::make_shared<WarmupBarrier>();
+  const bool pipelined = runs_pipelined(mode);
+  std::vector<Stage> stages;
+  if (host) {
+    Impl* impl = &im;
+    const RunOptions o = options_;
+    const DataSource* source = &data;
+    auto next_loader = [impl, o, source]() {
+      LoaderOptions lo;
+      lo.batch_size = o.batch_size;
+      lo.workers = o.workers;
+      lo.depth = o.loader_depth > 0 ? o.loader_depth : ring_slots_for(o.workers);
+      lo.seed = o.seed + static_cast<uint64_t>(impl->epoch) * 0x9E3779B97F4A7C15ull;
+      lo.shuffle = source->shuffle();
+      lo.drop_last = source->drop_last();
+      lo.trace = o.trace;
+      impl->loader.reset();  // join the previous epoch's workers before starting new ones
+      impl->loader = std::make_unique<Loader>(impl->run_dataset, lo);
+      impl->taken_in_epoch = 0;
+      TANDEM_CHECK_ARG(impl->loader->num_batches() > 0, "the dataset's ", impl->run_dataset->size(),
+                       " samples make no batch of ", o.batch_size,
+                       " (drop_last): expected at least one full batch per epoch");
+    };
+    if (num_steps > 0) next_loader();
+    stages.push_back(
+        {"load", Lane::create("copy", dev), [impl, next_loader](Batch& b, const Lane& lane) {
+           if (impl->taken_in_epoch == impl->loader->num_batches()) {
+             ++impl->epoch;
+             next_loader();
+           }
+           load_next_batch(*impl->loader, b, lane);
+           ++impl->taken_in_epoch;
+         }});
+  }
+  im.graphed.resize(im.groups.size());
+  for (size_t gi = 0; gi < im.groups.size(); ++gi) {
+    const Group* g = &im.groups[gi];
+    GraphOptions go;
+    go.name = workload_.name + " " + g->name;
+    for (const Unit* u : g->units)
+      for (const auto& gen : u->generators)
+        if (gen.defined() && gen.device().is_cuda()) go.generators.push_back(gen);
+    auto work = [g](const Tensors& in) { return run_units(*g, in); };
+    std::function<Tensors(const Lane&, int64_t, const Tensors&)> run;
+    if (g->captured && mode == Mode::kGraphedK) {
+      TANDEM_CHECK_ARG(g->outputs.empty(), "mode graphed_k needs one graph per step");
+      im.graphed_k = std::make_unique<GraphedKStage>(go, work, options_.steps_per_graph,
+                                                     options_.graph_warmup_steps, num_steps);
+      GraphedKStage* k = im.graphed_k.get();
+      run = [k](const Lane& lane, int64_t item, const Tensors& in) {
+        k->run(lane, item, in);
+        return Tensors{};
+      };
+    } else if (g->captured) {
+      // Outputs handed to another lane are cloned after each replay (the next replay rewrites
+      // the graph's own while the consumer may still read them); on one lane stream order
+      // suffices. Graphs that replay concurrently keep private pools (the default).
+      const GraphOutputs outputs =
+          pipelined && !g->outputs.empty() ? GraphOutputs::kCloned : GraphOutputs::kStatic;
+      im.graphed[gi] = std::make_unique<GraphedStage>(go, work, outputs, im.barrier,
+                                                      options_.graph_warmup_steps);
+      GraphedStage* s = im.graphed[gi].get();
+      run = [s](const Lane& lane, int64_t item, const Tensors& in) {
+        return s->run(lane, item, in);
+      };
+    } else {
+      run = [work](const Lane&, int64_t, const Tensors& in) { return work(in); };
+    }
+    const DataSource* resident = !host && gi == 0 ? &data : nullptr;
+    auto fn = [g, run, resident](Batch& b, const Lane& lane) {
+      if (resident) {  // step i reads resident batch i % n: no loader, no copy
+        const auto& src = resident->batches()[b.index % resident->batches().size()];
+        for (const auto& [name, t] : src.tensors()) b.set(name, t);
+      }
+      Tensors in;
+      in.reserve(g->inputs.size());
+      for (const auto& name : g->inputs) in.push_back(b.get(name));
+      Tensors out = run(lane, b.index, in);
+      for (size_t i = 0; i < g->outputs.size(); ++i) b.set(g->outputs[i], std::move(out[i]));
+      for (const auto& name : g->drops) b.erase(name);
+    };
+    const LanePriority priority = g->train ? options_.train_priority : LanePriority::kNormal;
+    stages.push_back({g->name, Lane::create(g->lane, dev, priority), fn});
+  }
+  im.pipeline = std::make_unique<Pipeline>(
+      std::move(stages), pipelined ? PipelineMode::kPipelined : PipelineMode::kSerial,
+      Lane::create("serial", dev));
+  std::shared_ptr<WarmupBarrier> barrier = im.barrier;
+  im.pipeline->set_on_error([barrier] { barrier->cancel(); });
+  return *im.pipeline;
+}
+
+void Runner::run(const Pipeline::ItemHook& on_item) {
+  Pipeline& p = pipeline();
+  try {
+    p.run(impl_->num_steps, on_item);
+  } catch (const StageError& e) {
+    throw RunError(detail::concat("stage '", e.stage(), "' (lane ", e.lane(), ") failed at step ",
+                                  e.item(), " in mode ", to_string(options_.mode),
+                                  " at batch size ", impl_->batch_size, ": ", e.cause()));
+  }
+}
+
+std::vector<float> Runner::train(int64_t num_steps) {
+  prepare(num_steps);
+  run();
+  return losses();
+}
+
+std::vector<float> Runner::losses() const {
+  return impl_->log ? impl_->log->values() : std::vector<float>{};
+}
+
+std::vector<std::string> Runner::notes() const {
+  const Impl& im = *impl_;
+  const Mode mode = options_.mode;
+  std::vector<std::string> out;
+  if (!captures_graphs(mode) || !im.pipeline) return out;
+  if (!workload_.device.is_cuda()) return {cpu_graph_note(mode)};
+  const bool host = workload_.data.kind() != DataSource::Kind::kResident;
+  bool any = false;
+  for (size_t gi = 0; gi < im.groups.size(); ++gi) {
+    const Group& g = im.groups[gi];
+    if (!g.captured) {
+      out.push_back(detail::concat(g.name, " ran eagerly: its stage is Capture::kNever"));
+      continue;
+    }
+    const GraphedStage* s = im.graphed[gi].get();
+    if (s && s->captured()) {
+      any = true;
+      out.push_back(detail::concat(
+          "captured: ", g.name, " (", describe_units(g), ") as one graph",
+          runs_pipelined(mode) ? " on lane " + g.lane : std::string(), " after ", s->warmup_steps(),
+          " eager warm-up steps on a side lane; ", s->replays(), " replays"));
+    }
+    if (s)
+      for (auto& note : s->notes()) out.push_back(note);
+  }
+  if (im.graphed_k) {
+    any = any || im.graphed_k->captured();
+    if (im.graphed_k->captured())
+      out.push_back(detail::concat(
+          "captured: ", im.graphed_k->steps_per_graph(), " steps (",
+          describe_units(im.groups.back()), ") per graph after ", im.graphed_k->warmup_steps(),
+          " eager warm-up steps on a side lane; ", im.graphed_k->replays(), " replays"));
+    for (auto& note : im.graphed_k->notes()) out.push_back(note);
+  }
+  if (any && host) out.push_back("load (loader and H2D copy) stays eager");
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,27 @@
+// The reference workloads by name (seg, cls, mlp: SPEC.md's seeds), for the CLI. Each is an
+// instance of the workload API in one file; a user's workload needs no entry here — it is handed
+// to the same runner front ends directly (bench.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "tandem/workload.h"
+
+namespace tandem {
+
+/// seg, cls and mlp, in that order.
+const std::vector<WorkloadEntry>& reference_workloads();
+/// Their names, for help texts.
+std::vector<std::string> reference_workload_names();
+/// The reference workload called `name`; throws InvalidArgument naming it and the known ones.
+const WorkloadEntry& find_reference_workload(const std::string& name);
+
+/// Mean cross-entropy of `logits` (B, C, ...) against int64 `labels` (B, ...): the value of
+/// CrossEntropyLoss(), computed as per-element losses then a mean, which is deterministic on
+/// CUDA (the fused mean reductions of nll_loss/nll_loss2d accumulate with atomics).
+at::Tensor deterministic_cross_entropy(const at::Tensor& logits, const at::Tensor& labels);
+
+}  // namespace tandem
