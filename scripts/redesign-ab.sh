@@ -202,7 +202,7 @@ runs, failed = {}, 0
 with open(manifest) as f:
     for line in f:
         rnd, side, scenario, mode, bs, rc, json_path, out_path_run = line.rstrip("\n").split("\t")
-        value, error, rc = None, None, int(rc)
+        value, error, rc, losses = None, None, int(rc), None
         if rc == 0:
             try:
                 with open(json_path) as jf:
@@ -214,6 +214,7 @@ with open(manifest) as f:
                     error = f"steps_per_s is {r.get('steps_per_s')!r}"
                 else:
                     value = float(r["steps_per_s"])
+                    losses = (r.get("first_loss"), r.get("last_loss"))
             except (OSError, ValueError, KeyError, TypeError) as e:
                 error = f"exit 0 but no result in {os.path.basename(json_path)}: {e}"
         elif rc in (124, 137):
@@ -224,14 +225,14 @@ with open(manifest) as f:
             failed += 1
             error += "\n" + tail(out_path_run)
         runs.setdefault((scenario, int(bs), mode, side), []).append(
-            {"round": int(rnd), "steps_per_s": value, "error": error})
+            {"round": int(rnd), "steps_per_s": value, "error": error, "losses": losses})
 
 rows, missing, below = [], 0, 0
 for cell in env["AB_CELL_LIST"].split():
     scenario, bs, mode = cell.split(":")
     bs = int(bs)
     row = {"scenario": scenario, "mode": mode, "batch_size": bs}
-    errors = []
+    errors, losses = [], {}
     for side in ("old", "new"):
         mine = sorted(runs.get((scenario, bs, mode, side), []), key=lambda x: x["round"])
         values = [x["steps_per_s"] for x in mine]
@@ -239,6 +240,7 @@ for cell in env["AB_CELL_LIST"].split():
         row[f"{side}_steps_per_s"] = statistics.median(good) if good else None
         row[f"{side}_runs"] = values
         errors += [{"side": side, "round": x["round"], "error": x["error"]} for x in mine if x["error"]]
+        losses[side] = {x["losses"] for x in mine if x["losses"]}
     o, n = row["old_steps_per_s"], row["new_steps_per_s"]
     row["ratio"] = round(n / o, 4) if o and n else None
     row["pass"] = row["ratio"] is not None and row["ratio"] >= min_ratio
@@ -246,12 +248,13 @@ for cell in env["AB_CELL_LIST"].split():
         missing += 1
     elif not row["pass"]:
         below += 1
-    if errors:
-        row["errors"] = errors
-    # Keys in the documented order first.
+    # The refactor should not change what is computed: every run's first and last loss, old
+    # and new, the same (for the record; not part of PASS).
+    row["same_losses"] = (len(losses["old"] | losses["new"]) == 1
+                          if losses["old"] and losses["new"] else None)
     rows.append({k: row[k] for k in ("scenario", "mode", "batch_size", "old_steps_per_s",
-                                     "new_steps_per_s", "ratio", "old_runs", "new_runs", "pass")}
-                | ({"errors": errors} if errors else {}))
+                                     "new_steps_per_s", "ratio", "old_runs", "new_runs", "pass",
+                                     "same_losses")} | ({"errors": errors} if errors else {}))
 
 done_rounds = {r for v in runs.values() for r in (x["round"] for x in v)}
 out = {"device": env["AB_DEVICE"], "date": env["AB_DATE"], "command": env["AB_COMMAND"],
@@ -273,13 +276,14 @@ def fmt(v, w, p):
 print(f"\nredesign A/B on {out['device']}: new / old ({out['old_commit']}) steps/s, medians of "
       f"{out['rounds_run']} of {out['rounds']} round(s); PASS at ratio >= {min_ratio}")
 print(f"{'scenario':<8} {'mode':<18} {'batch':>5} {'old steps/s':>11} {'new steps/s':>11} "
-      f"{'ratio':>6}  {'verdict':<7} {'runs old/new':>12}")
+      f"{'ratio':>6}  {'verdict':<7} {'runs old/new':>12}  same losses")
 for r in rows:
     verdict = "PASS" if r["pass"] else ("FAIL" if r["ratio"] is not None else "MISSING")
     counts = (f"{sum(v is not None for v in r['old_runs'])}/{len(r['old_runs'])} "
               f"{sum(v is not None for v in r['new_runs'])}/{len(r['new_runs'])}")
     print(f"{r['scenario']:<8} {r['mode']:<18} {r['batch_size']:>5} {fmt(r['old_steps_per_s'], 11, 2)} "
-          f"{fmt(r['new_steps_per_s'], 11, 2)} {fmt(r['ratio'], 6, 3)}  {verdict:<7} {counts:>12}")
+          f"{fmt(r['new_steps_per_s'], 11, 2)} {fmt(r['ratio'], 6, 3)}  {verdict:<7} {counts:>12}  "
+          f"{ {True: 'yes', False: 'NO', None: '-'}[r['same_losses']]}")
 for r in rows:
     for e in r.get("errors", []):
         first = e["error"].splitlines()[0]

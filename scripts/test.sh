@@ -12,6 +12,9 @@ ctest_bin=$(dirname "$TANDEM_CMAKE")/ctest
 [ -x "$ctest_bin" ] || ctest_bin=ctest
 build=${TANDEM_BUILD_DIR:-$root/build}
 echo "[test] ctest in $build"
+# ctest -j 2 runs two test processes on CI's 2 cores: one OpenMP thread each, or LibTorch's
+# spinning thread pools oversubscribe the cores (CPU steps then vary up to 100x).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 (cd "$build" && "$ctest_bin" --output-on-failure -j 2 "$@")  # a failure ends the script here
 
 SECONDS=0

@@ -160,7 +160,7 @@ std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
 
 std::vector<std::string> GraphedStage::notes() const {
   std::vector<std::string> out;
-  if (on_cpu_) return out;  // the scenario says once that its graphed mode ran eagerly
+  if (on_cpu_) return out;  // the runner says once that its graphed mode ran eagerly
   if (!captured() && calls_ > 0 && calls_ <= warmup_)
     out.push_back(detail::concat(options_.name, ": all ", calls_,
                                  " step(s) ran eagerly: a graph is captured only after ", warmup_,

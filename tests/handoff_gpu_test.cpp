@@ -72,7 +72,7 @@ TEST(HandoffGpuTest, PipelinedStagesRunOnTheirOwnStreams) {
 
 // A slot is reused only once the last stage of its previous item is done on the device: for a
 // timed item the marker is the stage's timing end event, for an untimed one an event of its own,
-// and across runs (whose start destroys the timing events) one recorded when the run begins.
+// and across runs the previous run's marker, which the pipeline keeps alive (shared ownership).
 // The last stage counts finished items into pinned host memory; when stage 0 starts item n,
 // item n - slots must be counted. A slot handed out early shows up as a count that lags.
 TEST(PipelineGpuTest, ASlotWaitsForTheEndOfItsPreviousItemTimedOrNot) {

@@ -19,7 +19,7 @@ AutoDecision choose_mode(const std::vector<Trial>& trials, double margin) {
   if (!best) {
     std::string why;
     for (const auto& t : trials) why += (why.empty() ? "" : "; ") + t.mode + ": " + t.error;
-    throw std::runtime_error("auto: every mode failed its trial (" + why + ")");
+    throw Error("auto: every mode failed its trial (" + why + ")");
   }
   char text[256];
   for (const auto& t : trials) {

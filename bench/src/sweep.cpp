@@ -152,14 +152,14 @@ std::string sweep_table(const std::vector<SweepRow>& rows) {
   // With several rounds a point's steps/s is their median; its range says how much they varied.
   const bool ranges = std::any_of(rows.begin(), rows.end(),
                                   [](const SweepRow& r) { return r.round_rates.size() > 1; });
-  std::snprintf(line, sizeof line, "%-18s %6s %10s %11s %8s %6s %8s%s\n", "mode", "batch",
+  std::snprintf(line, sizeof line, "%-26s %6s %10s %11s %8s %6s %8s%s\n", "mode", "batch",
                 "steps/s", "samples/s", "speedup", "eff", "GPU util",
                 ranges ? "   rounds' range" : "");
   os << line;
   for (const auto& r : rows) {
     std::string mode = r.picked.empty() ? r.mode : r.mode + " (" + r.picked + ")";
     if (!r.error.empty()) {
-      std::snprintf(line, sizeof line, "%-18s %6lld  failed: %s\n", mode.c_str(),
+      std::snprintf(line, sizeof line, "%-26s %6lld  failed: %s\n", mode.c_str(),
                     static_cast<long long>(r.batch_size), r.error.c_str());
     } else {
       std::string range;
@@ -167,7 +167,7 @@ std::string sweep_table(const std::vector<SweepRow>& rows) {
         const auto [lo, hi] = std::minmax_element(r.round_rates.begin(), r.round_rates.end());
         range = "   " + fmt(*lo, "%.2f") + " - " + fmt(*hi, "%.2f");
       }
-      std::snprintf(line, sizeof line, "%-18s %6lld %10s %11s %8s %6s %8s%s\n", mode.c_str(),
+      std::snprintf(line, sizeof line, "%-26s %6lld %10s %11s %8s %6s %8s%s\n", mode.c_str(),
                     static_cast<long long>(r.batch_size), fmt(r.steps_per_s, "%.2f").c_str(),
                     fmt(r.samples_per_s, "%.1f").c_str(), fmt(r.speedup, "%.2fx").c_str(),
                     fmt(r.efficiency, "%.2f").c_str(),

@@ -23,7 +23,9 @@ struct AugmentSpec {
   double max_rotation_deg = 45.0;      ///< angle uniform in [-max, max]
   int64_t blur_kernel = 7;             ///< odd, >= 1; 1 means no blur
   double sigma_min = 0.1, sigma_max = 2.0;  ///< blur sigma uniform in [min, max], per sample
-  std::vector<double> mean{0.0, 0.0, 0.0};  ///< per channel
+  /// Per channel, in pixel units 0..255 (not torchvision's 0..1): out = (pixel - mean) / std,
+  /// so ImageNet's mean 0.485 is 123.7 here and its std 0.229 is 58.4.
+  std::vector<double> mean{0.0, 0.0, 0.0};
   std::vector<double> std{1.0, 1.0, 1.0};   ///< per channel, non-zero
   double hflip_probability = 0.0;           ///< mirror the output with this probability
 

@@ -18,7 +18,7 @@ class Batch {
   /// The loader's host slot this batch's data came from, -1 if none (see Loader::release).
   int host_slot = -1;
   /// The pipeline's ring slot holding this batch (0..depth()), -1 outside a pipeline. Buffers a
-  /// scenario keeps per ring slot are free for this item: the pipeline hands a slot to a new item
+  /// stage keeps per ring slot are free for this item: the pipeline hands a slot to a new item
   /// only after the last stage of its previous item has finished on the device.
   int ring_slot = -1;
 

@@ -1,7 +1,8 @@
 // Error types and checks shared by the whole library: CUDA runtime calls, loader failures, stage
-// failures and bad user input all surface as exceptions derived from tandem::Error, each
-// carrying a one-line, human-readable cause. Catch tandem::Error to catch everything tandem
-// throws itself (LibTorch's own c10::Error passes through where a stage's torch call failed).
+// failures and bad user input surface as exceptions derived from tandem::Error, each carrying a
+// one-line, human-readable cause. (Broken internal invariants are TORCH_CHECKs, LibTorch's
+// c10::Error, and so is whatever a stage's own torch call throws inside it — the runner wraps
+// those in a RunError naming the stage.)
 #pragma once
 
 #include <stdexcept>

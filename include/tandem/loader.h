@@ -140,7 +140,7 @@ class Loader {
   std::vector<std::thread> workers_;
 };
 
-/// The load stage every scenario shares: takes the loader's next batch, copies each field to
+/// The load stage of every host data source (the runner's): takes the loader's next batch, copies each field to
 /// `lane`'s device on that lane (asynchronously from pinned memory; a copy on the CPU, where the
 /// slot's memory is refilled once released), sets it in `batch` under the field's name, and
 /// releases the slot behind the copy. Throws if the loader has no batch left.

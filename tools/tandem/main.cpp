@@ -60,6 +60,16 @@ std::string mode_help() {
   return out;
 }
 
+/// "seg 8, cls 32, mlp 640 on a GPU; 2, 2, 16 on the CPU": for help texts.
+std::string default_batch_sizes() {
+  std::string gpu, cpu;
+  for (const auto& e : tandem::reference_workloads()) {
+    gpu += (gpu.empty() ? "" : ", ") + e.name + " " + std::to_string(e.gpu_batch_size);
+    cpu += (cpu.empty() ? "" : ", ") + std::to_string(e.cpu_batch_size);
+  }
+  return gpu + " on a GPU; " + cpu + " on the CPU";
+}
+
 /// The reference workloads and their parameters, for help texts.
 std::string workload_help() {
   std::string out;
@@ -246,7 +256,8 @@ int main(int argc, char** argv) {
   bench->add_option("--mode", bench_mode, "how to run the step:" + mode_help())
       ->capture_default_str();
   bench_flags.batch_size_opt = bench->add_option(
-      "--batch-size", bench_flags.batch_size, "samples per step [default: 8 on a GPU, 2 on the CPU]");
+      "--batch-size", bench_flags.batch_size, "samples per step [default: the workload's: " +
+                                                  default_batch_sizes() + "]");
   bench->add_option("--trace", bench_options.trace_path,
                     "write a Chrome-trace timeline of the timed steps to this file "
                     "(open in ui.perfetto.dev or chrome://tracing)");
