@@ -11,6 +11,6 @@ else
   echo "[run] no GPU here: running the seg benchmark on the CPU with small sizes" >&2
 fi
 for mode in serial pipelined; do
-  "$tandem" bench --scenario seg --mode "$mode" --json "${TANDEM_BUILD_DIR:-$root/build}/seg-$mode.json" "$@"
+  "$tandem" bench --workload seg --mode "$mode" --json "${TANDEM_BUILD_DIR:-$root/build}/seg-$mode.json" "$@"
   echo
 done
