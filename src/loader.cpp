@@ -89,10 +89,17 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
   // Before any slot is allocated: a ring larger than memory would otherwise be found by the OS
   // (pinned memory, swap, the OOM killer) rather than reported.
   check_ring_fits(options_.depth, options_.batch_size, sample_bytes(fields_));
-  const int64_t n = dataset_->size();
+  const int64_t size = dataset_->size();
+  const int64_t n = options_.indices.empty() ? size : static_cast<int64_t>(options_.indices.size());
+  epoch_size_ = n;
   num_batches_ = options_.drop_last ? n / options_.batch_size
                                     : (n + options_.batch_size - 1) / options_.batch_size;
-  if (options_.shuffle) {
+  if (!options_.indices.empty()) {
+    for (const int64_t i : options_.indices)
+      TANDEM_CHECK_ARG(i >= 0 && i < size, "loader index ", i, " is not valid: expected 0 to ",
+                       size - 1, " (the dataset has ", size, " samples)");
+    order_ = options_.indices;
+  } else if (options_.shuffle) {
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), 0);
     std::mt19937_64 rng(options_.seed);
@@ -133,7 +140,7 @@ int64_t Loader::index_at(int64_t position) const {
 void Loader::worker_loop(int worker) {
   const std::string track = "loader worker " + std::to_string(worker);
   const int D = options_.depth;
-  const int64_t n = dataset_->size();
+  const int64_t n = epoch_size_;
   for (;;) {
     int64_t number;
     Slot* slot;

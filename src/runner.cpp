@@ -14,6 +14,7 @@
 #include "tandem/graphed_k_stage.h"
 #include "tandem/loader.h"
 #include "tandem/loss_log.h"
+#include "tandem/sampler.h"
 
 namespace tandem {
 
@@ -313,8 +314,12 @@ Pipeline& Runner::prepare(int64_t num_steps) {
       lo.batch_size = o.batch_size;
       lo.workers = o.workers;
       lo.depth = o.loader_depth > 0 ? o.loader_depth : ring_slots_for(o.workers);
-      lo.seed = o.seed + static_cast<uint64_t>(impl->epoch) * 0x9E3779B97F4A7C15ull;
-      lo.shuffle = source->shuffle();
+      if (source->kind() == DataSource::Kind::kDataset) {
+        // PyTorch's DistributedSampler order (one rank): shuffled per epoch from seed + epoch.
+        const DistributedSampler sampler(impl->run_dataset->size(), 1, 0, source->shuffle(),
+                                         o.seed);
+        lo.indices = sampler.indices(impl->epoch);
+      }
       lo.drop_last = source->drop_last();
       lo.trace = o.trace;
       impl->loader.reset();  // join the previous epoch's workers before starting new ones

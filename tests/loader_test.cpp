@@ -106,6 +106,27 @@ TEST(LoaderTest, ShuffleIsAPermutationAndSeeded) {
   EXPECT_NE(sa, identity);
 }
 
+TEST(LoaderTest, ExplicitIndicesAreVisitedInTheirOrderRepeatsIncluded) {
+  auto ds = std::make_shared<IndexDataset>(20);
+  LoaderOptions o;
+  o.batch_size = 3;
+  o.workers = 2;
+  o.drop_last = false;
+  o.shuffle = true;  // overridden by the explicit order
+  o.indices = {7, 3, 3, 19, 0, 12, 5};
+  Loader loader(ds, o);
+  EXPECT_EQ(loader.num_batches(), 3);
+  EXPECT_EQ(drain(loader), o.indices);
+  o.indices = {4, 20};
+  try {
+    Loader bad(ds, o);
+    FAIL() << "an index past the dataset was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "loader index 20 is not valid: expected 0 to 19 (the dataset has 20 "
+                           "samples)");
+  }
+}
+
 TEST(LoaderTest, ContentIsAFunctionOfTheIndexNotTheWorker) {
   auto collect = [](std::shared_ptr<const Dataset> ds, int workers) {
     LoaderOptions o;

@@ -67,6 +67,9 @@ struct LoaderOptions {
   int depth = 4;        ///< host slots in the ring: batches filled ahead of the consumer
   bool pin_memory = true;  ///< pinned slots (only when CUDA is present), so copies are async
   bool shuffle = false;    ///< visit the indices in a seeded random permutation
+  /// If not empty: the epoch visits exactly these dataset indices, in this order (e.g. a
+  /// DistributedSampler's for one rank and epoch); each in [0, size). Overrides shuffle.
+  std::vector<int64_t> indices;
   bool drop_last = true;   ///< drop a final short batch
   uint64_t seed = 0;
   Trace* trace = nullptr;  ///< if set: each worker's fills, and the consumer's waits
@@ -129,6 +132,7 @@ class Loader {
   LoaderOptions options_;
   std::vector<FieldSpec> fields_;
   int64_t num_batches_ = 0;
+  int64_t epoch_size_ = 0;  // samples this epoch visits
   std::vector<int64_t> order_;  // empty unless shuffling
 
   std::mutex mutex_;

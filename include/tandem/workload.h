@@ -87,8 +87,8 @@ class DataSource {
 
   /// Host samples of `dataset`, read by the loader's worker threads into pinned slots and
   /// copied to the device on the copy lane. A run longer than an epoch starts another one (a
-  /// fresh loader; each epoch's order shuffled from the run's seed and the epoch when
-  /// `shuffle`); a short last batch of an epoch is dropped (`drop_last`) or trained on (the
+  /// fresh loader; each epoch's order, when `shuffle`, that of PyTorch's DistributedSampler
+  /// with seed RunOptions::seed and set_epoch(epoch) — torch.randperm seeded seed + epoch); a short last batch of an epoch is dropped (`drop_last`) or trained on (the
   /// graphed modes run it eagerly: a graph's shapes are fixed).
   static DataSource from_dataset(std::shared_ptr<const Dataset> dataset, bool shuffle = false,
                                  bool drop_last = true);
