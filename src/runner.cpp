@@ -322,7 +322,10 @@ Pipeline& Runner::prepare(int64_t num_steps) {
       }
       lo.drop_last = source->drop_last();
       lo.trace = o.trace;
-      impl->loader.reset();  // join the previous epoch's workers before starting new ones
+      // The previous epoch's workers have filled every batch by now (the last one was taken),
+      // so this joins at once; its pinned slots return to LibTorch's caching host allocator,
+      // which does not hand them out again before the copies that read them have completed.
+      impl->loader.reset();
       impl->loader = std::make_unique<Loader>(impl->run_dataset, lo);
       impl->taken_in_epoch = 0;
       TANDEM_CHECK_ARG(impl->loader->num_batches() > 0, "the dataset's ", impl->run_dataset->size(),
@@ -331,13 +334,15 @@ Pipeline& Runner::prepare(int64_t num_steps) {
     };
     if (num_steps > 0) next_loader();
     stages.push_back(
-        {"load", Lane::create("copy", dev), [impl, next_loader](Batch& b, const Lane& lane) {
-           if (impl->taken_in_epoch == impl->loader->num_batches()) {
+        {"load", Lane::create("copy", dev),
+         [impl, next_loader, num_steps](Batch& b, const Lane& lane) {
+           load_next_batch(*impl->loader, b, lane);
+           // An epoch's last batch taken: start the next epoch's workers now, so they fill its
+           // first batches while this one trains, instead of at the next step (a stall).
+           if (++impl->taken_in_epoch == impl->loader->num_batches() && b.index + 1 < num_steps) {
              ++impl->epoch;
              next_loader();
            }
-           load_next_batch(*impl->loader, b, lane);
-           ++impl->taken_in_epoch;
          }});
   }
   im.graphed.resize(im.groups.size());
