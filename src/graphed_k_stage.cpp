@@ -86,6 +86,10 @@ void GraphedKStage::run(const Lane& lane, int64_t item, const std::vector<at::Te
 std::vector<std::string> GraphedKStage::notes() const {
   std::vector<std::string> out;
   if (on_cpu_) return out;
+  if (!captured() && num_items_ > 0 && num_items_ <= warmup_)
+    out.push_back(detail::concat(options_.name, ": all ", num_items_,
+                                 " step(s) ran eagerly: a graph is captured only after ", warmup_,
+                                 " warm-up steps"));
   if (eager_steps_ > 0)
     out.push_back(detail::concat("the last ", eager_steps_, " step(s) ran eagerly: fewer than ", k_,
                                  " were left for a replay"));

@@ -1,0 +1,92 @@
+// Image files to tensors on the CPU: JPEG through TurboJPEG (with DCT-domain scaled decode, so a
+// large photo needed at 224 px is decoded at 1/2, 1/4 or 1/8 of its size for a fraction of the
+// cost), PNG through libpng; and the encoders the tests use to write their fixtures.
+// Everything here is thread-safe: the loader's workers call it concurrently.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem::data {
+
+enum class ImageFormat { kUnknown, kJpeg, kPng };
+
+/// "jpeg", "png" or "unknown".
+const char* format_name(ImageFormat format);
+
+/// The format by its magic bytes (JPEG: FF D8 FF; PNG: the 8-byte signature), never by the
+/// file's extension: a PNG named .jpg is a PNG.
+ImageFormat sniff_format(const uint8_t* bytes, size_t size);
+inline ImageFormat sniff_format(const std::vector<uint8_t>& bytes) {
+  return sniff_format(bytes.data(), bytes.size());
+}
+
+/// What an image file's header says, without decoding its pixels.
+struct ImageInfo {
+  ImageFormat format = ImageFormat::kUnknown;
+  int64_t height = 0;
+  int64_t width = 0;
+  /// Channels as stored: JPEG 1 (gray), 3 (YCbCr / RGB) or 4 (CMYK / YCCK); PNG 1 (gray),
+  /// 2 (gray + alpha), 3 (RGB, or a palette), 4 (RGBA, or a palette with transparency).
+  int64_t channels = 0;
+  int64_t bit_depth = 8;  ///< bits per stored sample (PNG 1, 2, 4, 8 or 16; JPEG 8)
+};
+
+/// Reads the header of a JPEG or PNG held in `bytes`. Throws tandem::Error naming `path` (used
+/// only for the message) and the cause when the bytes are empty, not a JPEG or PNG, or the
+/// header is truncated or corrupt.
+ImageInfo read_image_info(const std::vector<uint8_t>& bytes, const std::string& path);
+
+/// Decodes a JPEG or PNG into a (channels, H, W) uint8 contiguous CPU tensor.
+///
+/// `channels` is 1 (gray) or 3 (RGB); whatever the file stores is converted: gray is replicated
+/// to RGB, RGB becomes luma with the ITU-R BT.601 weights libjpeg uses
+/// ((19595 R + 38470 G + 7471 B + 32768) >> 16), alpha is dropped (not composited), a palette is
+/// expanded, 16-bit samples keep their high byte, CMYK / YCCK JPEGs become RGB as
+/// R = (255 - C)(255 - K) / 255 (rounded), with Adobe (Photoshop) JPEGs' inverted CMYK — those
+/// with an APP14 "Adobe" marker — read as inverted.
+///
+/// JPEG only: when min_height / min_width are given, the JPEG is decoded at the smallest of the
+/// scales 1/8, 1/4, 1/2 (DCT-domain scaling, SIMD in libjpeg-turbo) whose output still has
+/// H >= min_height and W >= min_width, else at full size; so (640 x 480, min 224 x 224) decodes
+/// to 320 x 240. PNGs are always decoded at full size.
+///
+/// Throws tandem::InvalidArgument for channels not 1 or 3 or negative minimums, and
+/// tandem::Error naming `path` and the cause, in one line, for an empty, truncated, corrupt,
+/// unsupported or non-image input, or one of more than kMaxImagePixels pixels.
+at::Tensor decode_image(const std::vector<uint8_t>& bytes, const std::string& path,
+                        int64_t channels, int64_t min_height = 0, int64_t min_width = 0);
+
+/// Decodes a PNG of class ids (a segmentation mask) into an (H, W) int64 CPU tensor of its raw
+/// sample values: the palette index of a palette PNG (as PIL's mode "P" gives them), the value
+/// of a gray PNG (8 or 16 bits; alpha of gray + alpha ignored). Throws tandem::Error naming
+/// `path` for an RGB / RGBA PNG, a JPEG (lossy: ids would not survive) or undecodable bytes.
+at::Tensor decode_mask(const std::vector<uint8_t>& bytes, const std::string& path);
+
+/// Images larger than this (after any scaled decode) are refused rather than allocated: a
+/// corrupt or hostile header can claim 65535 x 65535.
+constexpr int64_t kMaxImagePixels = int64_t{1} << 28;
+
+enum class ChromaSubsampling { k444, k422, k420 };
+
+/// Encodes a (C, H, W) uint8 CPU tensor, C = 1 or 3, as a baseline JPEG of `quality` (1..100);
+/// 4:2:0 chroma by default, as PIL and cjpeg write. Throws InvalidArgument for any other input.
+std::vector<uint8_t> encode_jpeg(const at::Tensor& chw_u8, int quality,
+                                 ChromaSubsampling subsampling = ChromaSubsampling::k420);
+
+/// Encodes a (C, H, W) uint8 CPU tensor, C = 1 or 3, as an 8-bit gray or RGB PNG (lossless).
+/// Throws InvalidArgument for any other input.
+std::vector<uint8_t> encode_png(const at::Tensor& chw_u8);
+
+/// The whole content of a file. Throws tandem::Error naming `path` and strerror(errno) when it
+/// cannot be opened or read (missing, a directory, no permission).
+std::vector<uint8_t> read_file(const std::string& path);
+
+/// Writes `bytes` to `path` (created or truncated). Throws tandem::Error naming `path` and
+/// strerror(errno) on failure.
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
+
+}  // namespace tandem::data

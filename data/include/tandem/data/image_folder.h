@@ -1,0 +1,63 @@
+// ImageFolder: a folder with one subfolder of JPEG / PNG files per class, read as torchvision's
+// datasets.ImageFolder reads it (same classes, same labels, same sample order), decoded and
+// resized + center-cropped in the loader's worker threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tandem/loader.h"
+
+namespace tandem::data {
+
+struct ImageFolderOptions {
+  int64_t image_size = 224;  ///< S: Resize(S) + CenterCrop(S), torchvision's evaluation transform
+  int64_t channels = 3;      ///< 3 (RGB) or 1 (gray)
+};
+
+/// Fields: {"image", {C, S, S}, kByte}, {"label", {}, kLong}.
+///
+/// The index, built once by the constructor: classes are the subfolders of `root` (symlinks
+/// followed), sorted by name in byte order, label = position; each class folder is walked
+/// recursively (symlinked folders followed, a symlink cycle is not re-entered), folders in
+/// order of their path, files sorted by name within a folder — torchvision's make_dataset order,
+/// so samples()[i] is torchvision's samples[i]. Files whose extension is .jpg, .jpeg or .png in
+/// any letter case are samples; others are ignored (the content is sniffed at decode, so a PNG
+/// named .jpg still loads).
+///
+/// get() (any thread): read, decode at the smallest DCT scale that covers the resize target,
+/// resize (bilinear, antialias), center crop, copy into the slot.
+class ImageFolderDataset : public Dataset {
+ public:
+  struct Sample {
+    std::string path;
+    int64_t label = 0;
+  };
+
+  /// Throws InvalidArgument naming the path when `root` does not exist or is not a folder, has
+  /// no class folder, or some class folders hold no image ("found no valid file for the classes
+  /// a, b", like torchvision), or when the options are out of range (size >= 1, channels 1 or
+  /// 3); tandem::Error when a folder cannot be listed.
+  explicit ImageFolderDataset(std::string root, ImageFolderOptions options = {});
+
+  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
+  std::vector<FieldSpec> fields() const override;
+  /// Throws tandem::Error naming the file when it cannot be read or decoded (the loader adds
+  /// the sample index), InvalidArgument for an index out of range.
+  void get(int64_t index, const std::vector<at::Tensor>& out) const override;
+
+  const std::string& root() const { return root_; }
+  const ImageFolderOptions& options() const { return options_; }
+  /// Class names; label i is classes()[i].
+  const std::vector<std::string>& classes() const { return classes_; }
+  const std::vector<Sample>& samples() const { return samples_; }
+
+ private:
+  std::string root_;
+  ImageFolderOptions options_;
+  std::vector<std::string> classes_;
+  std::vector<Sample> samples_;
+};
+
+}  // namespace tandem::data
