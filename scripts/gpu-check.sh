@@ -62,7 +62,20 @@ if has_phase build; then
   say "build ($BUILD)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
   PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-  if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release &&
+  # The GPU machine has no TurboJPEG and no network: scripts/fetch-gpu-debs.sh downloads the
+  # .debs here into .ref/debs (carry it); they are unpacked next to the build and named to CMake.
+  DEPS_ARGS=()
+  DEBS=${TANDEM_DEBS:-.ref/debs}
+  if [ ! -f /usr/include/turbojpeg.h ] && ls "$DEBS"/libturbojpeg0*.deb >/dev/null 2>&1; then
+    DEPS="$ROOT/$BUILD-deps"
+    mkdir -p "$DEPS"
+    for deb in "$DEBS"/libturbojpeg0*.deb; do dpkg -x "$deb" "$DEPS"; done
+    DEPS_ARGS=(-DTURBOJPEG_INCLUDE_DIR="$DEPS/usr/include"
+               -DTURBOJPEG_LIBRARY="$DEPS/usr/lib/x86_64-linux-gnu/libturbojpeg.so")
+    say "TurboJPEG from $DEBS (unpacked into $DEPS)"
+  fi
+  if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release \
+           ${DEPS_ARGS[@]+"${DEPS_ARGS[@]}"} &&
          cmake --build "$BUILD" -j "$(nproc)"; } >"$RAW/build.log" 2>&1; then
     tail -60 "$RAW/build.log" | tee -a "$LOG"
     say "BUILD FAILED"
