@@ -87,6 +87,52 @@ std::string describe_units(const Group& g) {
   return out;
 }
 
+// The stages of a mode: one group per unit, except where the serial graphed modes merge
+// consecutive capturable units into one graph; each with the fields that cross its boundary.
+std::vector<Group> compose_groups(const std::vector<Unit>& units, Mode mode) {
+  std::vector<Group> groups;
+  const bool merge = mode == Mode::kGraphed || mode == Mode::kGraphedK;
+  for (const Unit& u : units) {
+    const bool capturable = captures_graphs(mode) && u.capture == Capture::kAllowed;
+    if (merge && capturable && !groups.empty() && groups.back().captured) {
+      groups.back().units.push_back(&u);
+      continue;
+    }
+    Group g;
+    g.units.push_back(&u);
+    g.captured = capturable;
+    groups.push_back(std::move(g));
+  }
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    Group& g = groups[gi];
+    std::vector<std::string> produced;
+    for (const Unit* u : g.units) {
+      for (const auto& in : u->inputs)
+        if (!contains(produced, in)) add_unique(g.inputs, in);
+      for (const auto& out : u->outputs) add_unique(produced, out);
+    }
+    std::vector<std::string> read_later;
+    for (size_t later = gi + 1; later < groups.size(); ++later)
+      for (const Unit* u : groups[later].units)
+        for (const auto& in : u->inputs) add_unique(read_later, in);
+    for (const auto& p : produced)
+      if (contains(read_later, p)) g.outputs.push_back(p);
+    for (const auto& in : g.inputs)
+      if (!contains(read_later, in) && !contains(produced, in)) g.drops.push_back(in);
+    g.train = g.units.back() == &units.back();
+    if (g.units.size() == 1) {
+      g.name = g.units[0]->name;
+      g.lane = g.units[0]->lane;
+    } else {
+      g.name = g.units.size() == units.size() ? "step" : "";
+      if (g.name.empty())
+        for (const Unit* u : g.units) g.name += (g.name.empty() ? "" : "+") + u->name;
+      g.lane = g.units.back()->lane;
+    }
+  }
+  return groups;
+}
+
 }  // namespace
 
 struct Runner::Impl {
@@ -258,49 +304,7 @@ Pipeline& Runner::prepare(int64_t num_steps) {
     im.run_dataset = data.dataset();
   }
 
-  // Groups of units: one per unit, except where the serial graphed modes merge consecutive
-  // capturable units into one graph.
-  im.groups.clear();
-  const bool merge = mode == Mode::kGraphed || mode == Mode::kGraphedK;
-  for (const Unit& u : im.units) {
-    const bool capturable = captures_graphs(mode) && u.capture == Capture::kAllowed;
-    if (merge && capturable && !im.groups.empty() && im.groups.back().captured) {
-      im.groups.back().units.push_back(&u);
-      continue;
-    }
-    Group g;
-    g.units.push_back(&u);
-    g.captured = capturable;
-    im.groups.push_back(std::move(g));
-  }
-  // Names, lanes and the fields that cross each group's boundary.
-  for (size_t gi = 0; gi < im.groups.size(); ++gi) {
-    Group& g = im.groups[gi];
-    std::vector<std::string> produced;
-    for (const Unit* u : g.units) {
-      for (const auto& in : u->inputs)
-        if (!contains(produced, in)) add_unique(g.inputs, in);
-      for (const auto& out : u->outputs) add_unique(produced, out);
-    }
-    std::vector<std::string> read_later;
-    for (size_t later = gi + 1; later < im.groups.size(); ++later)
-      for (const Unit* u : im.groups[later].units)
-        for (const auto& in : u->inputs) add_unique(read_later, in);
-    for (const auto& p : produced)
-      if (contains(read_later, p)) g.outputs.push_back(p);
-    for (const auto& in : g.inputs)
-      if (!contains(read_later, in) && !contains(produced, in)) g.drops.push_back(in);
-    g.train = g.units.back() == &im.units.back();
-    if (g.units.size() == 1) {
-      g.name = g.units[0]->name;
-      g.lane = g.units[0]->lane;
-    } else {
-      g.name = g.units.size() == im.units.size() ? "step" : "";
-      if (g.name.empty())
-        for (const Unit* u : g.units) g.name += (g.name.empty() ? "" : "+") + u->name;
-      g.lane = g.units.back()->lane;
-    }
-  }
+  im.groups = compose_groups(im.units, mode);
 
   im.barrier = std::make_shared<WarmupBarrier>();
   const bool pipelined = runs_pipelined(mode);
