@@ -10,10 +10,9 @@
 #include <cstdio>
 #include <iterator>
 #include <limits>
-#include <numeric>
-#include <random>
 
 #include "tandem/error.h"
+#include "tandem/sampler.h"
 
 namespace tandem {
 
@@ -74,21 +73,25 @@ void check_ring_fits(int64_t depth, int64_t batch_size, int64_t sample_bytes) {
                    "ring holds workers + 2 batches)");
 }
 
+void check_loader_options(const LoaderOptions& options, int64_t sample_bytes) {
+  TANDEM_CHECK_ARG(options.batch_size > 0, "batch size ", options.batch_size,
+                   " is not valid: expected a positive number of samples");
+  TANDEM_CHECK_ARG(options.workers >= 1 && options.workers <= kMaxLoaderWorkers,
+                   "worker count ", options.workers, " is not valid: expected 1 to ",
+                   kMaxLoaderWorkers, " loader worker threads");
+  TANDEM_CHECK_ARG(options.depth >= 1 && options.depth <= kMaxLoaderDepth, "loader depth ",
+                   options.depth, " is not valid: expected 1 to ", kMaxLoaderDepth,
+                   " host slots");
+  // Before any slot is allocated: a ring larger than memory would otherwise be found by the OS
+  // (pinned memory, swap, the OOM killer) rather than reported.
+  check_ring_fits(options.depth, options.batch_size, sample_bytes);
+}
+
 Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), options_(options) {
   TORCH_CHECK(dataset_, "the loader needs a dataset");
-  TANDEM_CHECK_ARG(options_.batch_size > 0, "batch size ", options_.batch_size,
-                   " is not valid: expected a positive number of samples");
-  TANDEM_CHECK_ARG(options_.workers >= 1 && options_.workers <= kMaxLoaderWorkers,
-                   "worker count ", options_.workers, " is not valid: expected 1 to ",
-                   kMaxLoaderWorkers, " loader worker threads");
-  TANDEM_CHECK_ARG(options_.depth >= 1 && options_.depth <= kMaxLoaderDepth, "loader depth ",
-                   options_.depth, " is not valid: expected 1 to ", kMaxLoaderDepth,
-                   " host slots");
   fields_ = dataset_->fields();
-  // Before any slot is allocated: a ring larger than memory would otherwise be found by the OS
-  // (pinned memory, swap, the OOM killer) rather than reported.
-  check_ring_fits(options_.depth, options_.batch_size, sample_bytes(fields_));
+  check_loader_options(options_, sample_bytes(fields_));
   const int64_t size = dataset_->size();
   const int64_t n = options_.indices.empty() ? size : static_cast<int64_t>(options_.indices.size());
   epoch_size_ = n;
@@ -100,10 +103,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
                        size - 1, " (the dataset has ", size, " samples)");
     order_ = options_.indices;
   } else if (options_.shuffle) {
-    order_.resize(n);
-    std::iota(order_.begin(), order_.end(), 0);
-    std::mt19937_64 rng(options_.seed);
-    std::shuffle(order_.begin(), order_.end(), rng);
+    order_ = DistributedSampler(n, 1, 0, /*shuffle=*/true, options_.seed).indices(0);
   }
 
   const bool pin = options_.pin_memory && c10::cuda::device_count() > 0;

@@ -87,6 +87,16 @@ std::string describe_units(const Group& g) {
   return out;
 }
 
+// The loader settings a run's options imply (the data source adds its order and drop_last).
+LoaderOptions loader_options(const RunOptions& o) {
+  LoaderOptions lo;
+  lo.batch_size = o.batch_size;
+  lo.workers = o.workers;
+  lo.depth = o.loader_depth > 0 ? o.loader_depth : ring_slots_for(o.workers);
+  lo.trace = o.trace;
+  return lo;
+}
+
 // The stages of a mode: one group per unit, except where the serial graphed modes merge
 // consecutive capturable units into one graph; each with the fields that cross its boundary.
 std::vector<Group> compose_groups(const std::vector<Unit>& units, Mode mode) {
@@ -168,7 +178,7 @@ Runner::Runner(const Workload& workload, RunOptions options)
                    options_.graph_warmup_steps, " is not valid: expected >= 0");
   TANDEM_CHECK_ARG(options_.steps_per_graph >= 1, "steps per graph ", options_.steps_per_graph,
                    " is not valid: expected >= 1");
-  const bool host = workload_.data.kind() != DataSource::Kind::kResident;
+  const bool host = workload_.data.on_host();
   if (host) {
     TANDEM_CHECK_ARG(options_.batch_size > 0, "batch size ", options_.batch_size,
                      " is not valid: expected a positive number of samples");
@@ -178,11 +188,7 @@ Runner::Runner(const Workload& workload, RunOptions options)
         " is not valid: expected 0 (every batch full) or a size below the batch "
         "size ",
         options_.batch_size);
-    TANDEM_CHECK_ARG(options_.workers >= 1 && options_.workers <= 1024, "worker count ",
-                     options_.workers, " is not valid: expected 1 to 1024 loader worker threads");
-    const int depth =
-        options_.loader_depth > 0 ? options_.loader_depth : ring_slots_for(options_.workers);
-    check_ring_fits(depth, options_.batch_size, workload_.data.host_sample_bytes());
+    check_loader_options(loader_options(options_), workload_.data.host_sample_bytes());
     impl_->batch_size = options_.batch_size;
   } else {
     TANDEM_CHECK_ARG(options_.last_batch_size == 0, "last batch size ", options_.last_batch_size,
@@ -293,7 +299,7 @@ Pipeline& Runner::prepare(int64_t num_steps) {
 
   // Host data: a loader per epoch (the first made here, so its workers start filling now).
   const DataSource& data = workload_.data;
-  const bool host = data.kind() != DataSource::Kind::kResident;
+  const bool host = data.on_host();
   if (data.kind() == DataSource::Kind::kSizedToRun) {
     const int64_t b = options_.batch_size, last = options_.last_batch_size;
     const int64_t samples = num_steps <= 0 ? 0
@@ -314,10 +320,7 @@ Pipeline& Runner::prepare(int64_t num_steps) {
     const RunOptions o = options_;
     const DataSource* source = &data;
     auto next_loader = [impl, o, source]() {
-      LoaderOptions lo;
-      lo.batch_size = o.batch_size;
-      lo.workers = o.workers;
-      lo.depth = o.loader_depth > 0 ? o.loader_depth : ring_slots_for(o.workers);
+      LoaderOptions lo = loader_options(o);
       if (source->kind() == DataSource::Kind::kDataset) {
         // PyTorch's DistributedSampler order (one rank): shuffled per epoch from seed + epoch.
         const DistributedSampler sampler(impl->run_dataset->size(), 1, 0, source->shuffle(),
@@ -325,7 +328,6 @@ Pipeline& Runner::prepare(int64_t num_steps) {
         lo.indices = sampler.indices(impl->epoch);
       }
       lo.drop_last = source->drop_last();
-      lo.trace = o.trace;
       // The previous epoch's workers have filled every batch by now (the last one was taken),
       // so this joins at once; its pinned slots return to LibTorch's caching host allocator,
       // which does not hand them out again before the copies that read them have completed.
@@ -434,7 +436,7 @@ std::vector<std::string> Runner::notes() const {
   std::vector<std::string> out;
   if (!captures_graphs(mode) || !im.pipeline) return out;
   if (!workload_.device.is_cuda()) return {cpu_graph_note(mode)};
-  const bool host = workload_.data.kind() != DataSource::Kind::kResident;
+  const bool host = workload_.data.on_host();
   bool any = false;
   for (size_t gi = 0; gi < im.groups.size(); ++gi) {
     const Group& g = im.groups[gi];

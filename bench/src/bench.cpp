@@ -53,8 +53,9 @@ BenchOptions resolve(BenchOptions o) {
                    " is not valid: expected a positive number of timed steps");
   TANDEM_CHECK_ARG(*o.warmup >= 0, "warm-up count ", *o.warmup,
                    " is not valid: expected 0 or more warm-up steps");
-  TANDEM_CHECK_ARG(*o.workers > 0 && *o.workers <= kMaxWorkers, "worker count ", *o.workers,
-                   " is not valid: expected 1 to ", kMaxWorkers, " loader worker threads");
+  TANDEM_CHECK_ARG(*o.workers > 0 && *o.workers <= kMaxLoaderWorkers, "worker count ",
+                   *o.workers, " is not valid: expected 1 to ", kMaxLoaderWorkers,
+                   " loader worker threads");
   TANDEM_CHECK_ARG(o.device_timing_every >= 1, "device timing interval ", o.device_timing_every,
                    " is not valid: expected a positive number of steps");
   return o;

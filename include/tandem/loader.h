@@ -66,7 +66,9 @@ struct LoaderOptions {
   int workers = 4;      ///< worker threads
   int depth = 4;        ///< host slots in the ring: batches filled ahead of the consumer
   bool pin_memory = true;  ///< pinned slots (only when CUDA is present), so copies are async
-  bool shuffle = false;    ///< visit the indices in a seeded random permutation
+  /// Visit the indices in a seeded random permutation: DistributedSampler's (sampler.h) for
+  /// `seed`, epoch 0 — torch.randperm's order, as PyTorch's sampler would give.
+  bool shuffle = false;
   /// If not empty: the epoch visits exactly these dataset indices, in this order (e.g. a
   /// DistributedSampler's for one rank and epoch); each in [0, size). Overrides shuffle.
   std::vector<int64_t> indices;
@@ -74,6 +76,12 @@ struct LoaderOptions {
   uint64_t seed = 0;
   Trace* trace = nullptr;  ///< if set: each worker's fills, and the consumer's waits
 };
+
+/// What the Loader's constructor checks before it allocates anything: batch size > 0, workers in
+/// [1, kMaxLoaderWorkers], depth in [1, kMaxLoaderDepth], and that the ring fits
+/// (check_ring_fits). Throws InvalidArgument naming the first bad value. Callable before a
+/// dataset exists (a runner checks its options at construction with it).
+void check_loader_options(const LoaderOptions& options, int64_t sample_bytes);
 
 /// A filled slot handed to the consumer: fields[f] is (B, ...shape) on the host.
 struct HostBatch {

@@ -99,6 +99,8 @@ class DataSource {
   static DataSource resident(std::vector<Batch> batches);
 
   Kind kind() const { return kind_; }
+  /// Host samples read by a loader (kDataset, kSizedToRun), not resident device batches.
+  bool on_host() const { return kind_ == Kind::kDataset || kind_ == Kind::kSizedToRun; }
   /// The fields every batch carries, by name.
   std::vector<std::string> field_names() const;
   /// Bytes of one host sample (0 for resident data): what the loader's ring holds per sample.

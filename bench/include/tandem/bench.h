@@ -59,10 +59,9 @@ struct BenchDefaults {
 };
 constexpr BenchDefaults kGpuBenchDefaults{100, 10, 8};
 constexpr BenchDefaults kCpuBenchDefaults{4, 1, 2};
-constexpr int kMaxWorkers = 1024;
 
 /// Fills the defaults for the chosen device and validates everything (counts bounded: at most
-/// kMaxWorkers loader threads), before anything is built; throws InvalidArgument naming the
+/// kMaxLoaderWorkers loader threads, loader.h), before anything is built; throws InvalidArgument naming the
 /// first bad value and what was expected.
 BenchOptions resolve(BenchOptions options);
 
