@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes a fresh machine ready to build tandem: Debian packages, and a Python venv holding
-# torch==2.11.0 (the CUDA 13.0 build, whose LibTorch we link). Idempotent and quick when done.
+# torch==2.11.0 (the CUDA 13.0 build, whose LibTorch we link) and nvidia-nvjpeg (nvjpeg.h).
+# Idempotent and quick when done.
 # Where python3 already has torch 2.11 with CUDA (the GPU machine), that torch is used instead.
 # Prints, as its last line, the CMAKE_PREFIX_PATH to use; scripts source it via env.sh.
 set -euo pipefail
@@ -61,6 +62,13 @@ else
   if ! "$PY" -c "import cmake" 2>/dev/null; then
     say "installing a recent cmake into the venv (LibTorch + CUDA 13 want cmake >= 3.27)"
     "$PY" -m pip install -q "cmake>=3.27" >&2
+  fi
+  # nvJPEG's header (and a libnvjpeg.so.13 fallback) for the data layer's GPU JPEG decoder,
+  # which loads the library at run time. Optional: without it the decoder is compiled out.
+  if ! "$PY" -m pip show -q nvidia-nvjpeg >/dev/null 2>&1; then
+    say "installing nvidia-nvjpeg==13.0.* into the venv (nvjpeg.h for the GPU JPEG decoder)"
+    "$PY" -m pip install -q "nvidia-nvjpeg==13.0.*" >&2 ||
+      say "warning: could not install nvidia-nvjpeg; the GPU JPEG decoder will be compiled out"
   fi
   say "torch $("$PY" -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda)') ready"
 fi

@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign
+#   redesign data
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -419,6 +419,59 @@ if has_phase redesign; then
     3) say "redesign: some cells below the ratio (redesign.json)" ;;
     *) say "redesign FAILED (exit $rc; redesign-ab.log)"; status=1 ;;
   esac
+fi
+
+# Real images (issue 17): a generated JPEG ImageFolder; the Python reference (torchvision
+# ImageFolder + DataLoader, PIL / torchvision.io decode) and tandem data-bench in one call;
+# data.json in OUT merges both. env TANDEM_DATA_DIR (where the folder goes; kept if it exists),
+# TANDEM_DATA_COUNT (6000), TANDEM_DATA_BS ("64 256"), TANDEM_DATA_MODELS ("r50_frozen_head
+# r18_full"), TANDEM_DATA_STEPS (60), TANDEM_DATA_MODE (pipelined+graphed),
+# TANDEM_DATA_PY_WORKERS (8).
+if has_phase data; then
+  data_dir=${TANDEM_DATA_DIR:-/tmp/tandem-imagefolder}
+  if [ ! -d "$data_dir" ]; then
+    say "make_image_folder.py $data_dir --count ${TANDEM_DATA_COUNT:-6000}"
+    python3 scripts/make_image_folder.py "$data_dir" --count "${TANDEM_DATA_COUNT:-6000}" \
+      --classes 10 2>&1 | tail -3 | tee -a "$LOG"
+  fi
+  data_bs=${TANDEM_DATA_BS:-64 256}
+  data_models=${TANDEM_DATA_MODELS:-r50_frozen_head r18_full}
+  data_steps=${TANDEM_DATA_STEPS:-60}
+  jobs="decode,$(echo $data_models | tr ' ' ',')"
+  say "python data_bench.py --jobs $jobs --batch-sizes $(echo $data_bs | tr ' ' ',')"
+  python3 bench/python/data_bench.py --data "$data_dir" --jobs "$jobs" \
+    --batch-sizes "$(echo $data_bs | tr ' ' ',')" --workers "${TANDEM_DATA_PY_WORKERS:-8}" \
+    --steps "$data_steps" --out "$RAW/data-python.json" 2>&1 | tee -a "$LOG" || status=1
+  first=1
+  for model in $data_models; do
+    for bs in $data_bs; do
+      decode_args=(--images 1000)
+      [ $first = 1 ] || decode_args=(--decode gpu --images 1000)  # decode rows once
+      say "tandem data-bench --model $model --batch-size $bs"
+      "$TANDEM" data-bench --data "$data_dir" --model "$model" --batch-size "$bs" \
+        --mode "${TANDEM_DATA_MODE:-pipelined+graphed}" --steps "$data_steps" --warmup 10 \
+        "${decode_args[@]}" --json "$RAW/data-tandem-$model-$bs.json" 2>&1 | tee -a "$LOG" ||
+        status=1
+      first=0
+    done
+  done
+  python3 - "$OUT/data.json" "$RAW"/data-python.json "$RAW"/data-tandem-*.json <<'PY' 2>&1 | tee -a "$LOG"
+import json, sys, datetime
+out, parts = sys.argv[1], sys.argv[2:]
+rows, device, commands = [], None, []
+for p in parts:
+    try:
+        d = json.load(open(p))
+    except Exception as e:
+        print(f"data.json: skipping {p}: {e}")
+        continue
+    device = device or d.get("device")
+    commands.append(d.get("command", p))
+    rows += d.get("rows", [])
+json.dump({"device": device, "date": datetime.datetime.utcnow().isoformat() + "Z",
+           "command": " ; ".join(commands), "rows": rows}, open(out, "w"), indent=2)
+print(f"wrote {out}: {len(rows)} rows")
+PY
 fi
 
 tar -C "$RAW" -czf "$OUT/raw.tar.gz" . 2>/dev/null

@@ -18,6 +18,7 @@
 #include "kernels/augment_draw.h"
 #include "kernels/augment_launch.h"
 #include "kernels/augment_math.h"
+#include "draw_seeds.h"
 #include "plane_textures.h"
 #include "tandem/error.h"
 
@@ -111,36 +112,12 @@ AugmentParams draw_augment_params(const AugmentSpec& spec, int64_t batch_size, i
   const augment_math::DrawSpec ds = draw_spec_of(spec, in_h, in_w);
   AugmentParams p = empty_params(batch_size, spec.blur_kernel, device);
   if (!device.is_cuda()) {
-    auto* gen = at::get_generator_or_default<at::CPUGeneratorImpl>(
-        generator, at::detail::getDefaultCPUGenerator());
-    uint64_t seed;
-    {
-      std::lock_guard<std::mutex> lock(gen->mutex_);
-      seed = gen->random64();
-    }
-    draw_on_host(ds, seed, 0, 0, p);
+    draw_on_host(ds, next_host_seed(generator), 0, 0, p);
     return p;
-  }
-  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
-      generator, at::cuda::detail::getDefaultCUDAGenerator(device.index()));
-  at::PhiloxCudaState state;
-  {
-    // Each draw takes the next offset, eagerly or inside a capture (then the offset is read
-    // from device memory at replay, and a registered generator advances it per replay).
-    std::lock_guard<std::mutex> lock(gen->mutex_);
-    state = gen->philox_cuda_state(4);
   }
   DrawLaunch d{};
   d.spec = ds;
-  d.rng.captured = state.captured_;
-  if (state.captured_) {
-    d.rng.seed_ptr = state.seed_.ptr;
-    d.rng.offset_ptr = state.offset_.ptr;
-    d.rng.offset_intragraph = state.offset_intragraph_;
-  } else {
-    d.rng.seed = state.seed_.val;
-    d.rng.offset = state.offset_.val;
-  }
+  d.rng = next_device_rng(generator, device);
   d.batch = static_cast<int>(batch_size);
   d.top = p.top.data_ptr<int32_t>();
   d.left = p.left.data_ptr<int32_t>();

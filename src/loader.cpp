@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <iterator>
 #include <limits>
@@ -41,6 +42,34 @@ double physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
 }
 }  // namespace
+
+void Dataset::get(int64_t index, const std::vector<at::Tensor>& out) const {
+  TANDEM_CHECK_ARG(false, "this dataset implements neither get() nor get_sample(): a dataset ",
+                   "with variable-size fields overrides get_sample()");
+}
+
+std::string offsets_field(const std::string& name) { return name + "_offsets"; }
+std::string sizes_field(const std::string& name) { return name + "_sizes"; }
+
+std::vector<FieldSpec> packed_fields(const std::vector<FieldSpec>& fields) {
+  std::vector<FieldSpec> out;
+  for (const auto& f : fields) {
+    if (!f.variable_size) {
+      out.push_back(f);
+      continue;
+    }
+    int64_t typical = 1;
+    for (const int64_t d : f.shape) {
+      TANDEM_CHECK_ARG(d >= 0, "field '", f.name, "' has dimension ", d,
+                       ": expected sizes >= 0");
+      typical *= d;
+    }
+    out.push_back({f.name, {typical}, f.dtype, true});
+    out.push_back({offsets_field(f.name), {}, at::kLong});
+    out.push_back({sizes_field(f.name), {static_cast<int64_t>(f.shape.size())}, at::kLong});
+  }
+  return out;
+}
 
 int64_t sample_bytes(const std::vector<FieldSpec>& fields) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
@@ -90,7 +119,12 @@ void check_loader_options(const LoaderOptions& options, int64_t sample_bytes) {
 Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), options_(options) {
   TORCH_CHECK(dataset_, "the loader needs a dataset");
-  fields_ = dataset_->fields();
+  sample_fields_ = dataset_->fields();
+  fields_ = packed_fields(sample_fields_);
+  for (size_t s = 0, b = 0; s < sample_fields_.size(); ++s) {
+    batch_field_of_.push_back(b);
+    b += sample_fields_[s].variable_size ? 3 : 1;
+  }
   check_loader_options(options_, sample_bytes(fields_));
   const int64_t size = dataset_->size();
   const int64_t n = options_.indices.empty() ? size : static_cast<int64_t>(options_.indices.size());
@@ -106,15 +140,20 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     order_ = DistributedSampler(n, 1, 0, /*shuffle=*/true, options_.seed).indices(0);
   }
 
-  const bool pin = options_.pin_memory && c10::cuda::device_count() > 0;
+  pinned_ = options_.pin_memory && c10::cuda::device_count() > 0;
   slots_.resize(options_.depth);
   for (auto& slot : slots_) {
     for (const auto& field : fields_) {
+      // A variable-size field's slot is an arena of batch_size typical samples (1-D).
       std::vector<int64_t> shape{options_.batch_size};
-      shape.insert(shape.end(), field.shape.begin(), field.shape.end());
+      if (field.variable_size)
+        shape[0] *= field.shape[0];
+      else
+        shape.insert(shape.end(), field.shape.begin(), field.shape.end());
       slot.fields.push_back(
-          at::empty(shape, at::TensorOptions().dtype(field.dtype).pinned_memory(pin)));
+          at::empty(shape, at::TensorOptions().dtype(field.dtype).pinned_memory(pinned_)));
     }
+    slot.packed_used.assign(fields_.size(), 0);
   }
   for (int s = 0; s < options_.depth; ++s) slots_[s].number = s - options_.depth;  // "released"
   for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
@@ -132,6 +171,20 @@ void Loader::stop() {
     if (w.joinable()) w.join();
   workers_.clear();
 }
+
+namespace {
+// A dataset's variable-size sample: defined, contiguous on the CPU, of the declared dtype and
+// rank. Throws InvalidArgument saying which it is not.
+void check_variable(const FieldSpec& field, const at::Tensor& t) {
+  TANDEM_CHECK_ARG(t.defined(), "the dataset gave no tensor for variable-size field '",
+                   field.name, "'");
+  TANDEM_CHECK_ARG(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == field.dtype &&
+                       t.dim() == static_cast<int64_t>(field.shape.size()),
+                   "the dataset's tensor for field '", field.name, "' is ", t.scalar_type(), " ",
+                   t.sizes(), " on ", t.device(), ": expected a contiguous CPU tensor of ",
+                   field.dtype, " with ", field.shape.size(), " dimensions");
+}
+}  // namespace
 
 int64_t Loader::index_at(int64_t position) const {
   return order_.empty() ? position : order_[position];
@@ -164,29 +217,60 @@ void Loader::worker_loop(int worker) {
     HostSpan span(options_.trace, track, "batch " + std::to_string(number), number);
     if (wait_copy) slot->copied->synchronize();
     std::string error;
+    std::vector<SkippedSample> skipped;
     const int64_t first = number * options_.batch_size;
     const int64_t count = std::min<int64_t>(options_.batch_size, n - first);
-    slot->indices.resize(count);
-    std::vector<at::Tensor> views(fields_.size());
+    slot->indices.clear();
+    slot->indices.reserve(count);
+    // Variable-size samples are collected here and packed once the batch is complete (the
+    // arena's size is known only then).
+    std::vector<std::vector<at::Tensor>> variable(sample_fields_.size());
+    std::vector<at::Tensor> views(sample_fields_.size());
     for (int64_t i = 0; i < count && error.empty(); ++i) {
       const int64_t index = index_at(first + i);
-      slot->indices[i] = index;
+      const int64_t row = static_cast<int64_t>(slot->indices.size());  // skipped ones leave none
+      std::string failure;
       try {
-        for (size_t f = 0; f < fields_.size(); ++f) views[f] = slot->fields[f].select(0, i);
-        dataset_->get(index, views);
+        for (size_t f = 0; f < sample_fields_.size(); ++f)
+          views[f] = sample_fields_[f].variable_size
+                         ? at::Tensor()
+                         : slot->fields[batch_field_of_[f]].select(0, row);
+        dataset_->get_sample(index, views);
+        for (size_t f = 0; f < sample_fields_.size(); ++f)
+          if (sample_fields_[f].variable_size) check_variable(sample_fields_[f], views[f]);
       } catch (const std::exception& e) {
-        error = detail::concat("loader worker failed on sample ", index, " (batch ", number,
-                               "): ", describe(e));
+        failure = describe(e);
       } catch (...) {
+        failure = "unknown exception";
+      }
+      if (failure.empty()) {
+        slot->indices.push_back(index);
+        for (size_t f = 0; f < sample_fields_.size(); ++f)
+          if (sample_fields_[f].variable_size) variable[f].push_back(std::move(views[f]));
+      } else if (options_.skip_bad) {
+        skipped.push_back({index, std::move(failure)});
+      } else {
         error = detail::concat("loader worker failed on sample ", index, " (batch ", number,
-                               "): unknown exception");
+                               "): ", failure);
       }
       if (stopping_) break;  // a racy read is fine: it only shortens the fill
+    }
+    if (error.empty() && count > 0 && slot->indices.empty())
+      error = detail::concat("every sample of batch ", number, " was bad (the last: sample ",
+                             skipped.back().index, ": ", skipped.back().reason, ")");
+    if (error.empty()) {
+      try {
+        pack(*slot, variable, static_cast<int64_t>(slot->indices.size()));
+      } catch (const std::exception& e) {
+        error = detail::concat("loader worker failed packing batch ", number, ": ", describe(e));
+      }
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       slot->error = std::move(error);
       slot->state = slot->error.empty() ? SlotState::kReady : SlotState::kFailed;
+      skipped_.insert(skipped_.end(), std::make_move_iterator(skipped.begin()),
+                      std::make_move_iterator(skipped.end()));
     }
     changed_.notify_all();
   }
@@ -215,9 +299,50 @@ std::optional<HostBatch> Loader::next() {
   batch.slot = static_cast<int>(number % options_.depth);
   batch.indices = slot.indices;
   batch.fields = slot.fields;
-  if (static_cast<int64_t>(slot.indices.size()) < options_.batch_size)  // short last batch
-    for (auto& f : batch.fields) f = f.narrow(0, 0, static_cast<int64_t>(slot.indices.size()));
+  const int64_t count = static_cast<int64_t>(slot.indices.size());
+  for (size_t f = 0; f < batch.fields.size(); ++f) {
+    if (fields_[f].variable_size)
+      batch.fields[f] = batch.fields[f].narrow(0, 0, slot.packed_used[f]);
+    else if (count < options_.batch_size)  // a short last batch, or samples skipped
+      batch.fields[f] = batch.fields[f].narrow(0, 0, count);
+  }
   return batch;
+}
+
+std::vector<SkippedSample> Loader::skipped() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return skipped_;
+}
+
+void Loader::pack(Slot& slot, const std::vector<std::vector<at::Tensor>>& variable,
+                  int64_t count) {
+  for (size_t s = 0; s < sample_fields_.size(); ++s) {
+    if (!sample_fields_[s].variable_size) continue;
+    const size_t b = batch_field_of_[s];
+    int64_t total = 0;
+    for (const at::Tensor& t : variable[s]) total += t.numel();
+    at::Tensor& arena = slot.fields[b];
+    if (total > arena.numel()) {
+      // Grown with headroom, so a slot settles after a few batches. The old arena is free:
+      // this slot's previous copy out of it has completed (the fill waited for it).
+      arena = at::empty({total + total / 4},
+                        at::TensorOptions().dtype(arena.scalar_type()).pinned_memory(pinned_));
+    }
+    const int64_t rank = static_cast<int64_t>(sample_fields_[s].shape.size());
+    int64_t* offsets = slot.fields[b + 1].data_ptr<int64_t>();
+    int64_t* sizes = slot.fields[b + 2].data_ptr<int64_t>();
+    const size_t element = arena.element_size();
+    auto* base = static_cast<uint8_t*>(arena.data_ptr());
+    int64_t at_element = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const at::Tensor& t = variable[s][i];
+      offsets[i] = at_element;
+      for (int64_t d = 0; d < rank; ++d) sizes[i * rank + d] = t.size(d);
+      std::memcpy(base + at_element * element, t.data_ptr(), t.numel() * element);
+      at_element += t.numel();
+    }
+    slot.packed_used[b] = total;
+  }
 }
 
 void Loader::release(const HostBatch& batch, const Lane* lane) {

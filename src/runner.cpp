@@ -94,6 +94,7 @@ LoaderOptions loader_options(const RunOptions& o) {
   lo.workers = o.workers;
   lo.depth = o.loader_depth > 0 ? o.loader_depth : ring_slots_for(o.workers);
   lo.trace = o.trace;
+  lo.skip_bad = o.skip_bad;
   return lo;
 }
 
@@ -164,6 +165,7 @@ struct Runner::Impl {
   std::shared_ptr<const Dataset> run_dataset;
   std::unique_ptr<Loader> loader;
   int64_t epoch = 0, taken_in_epoch = 0;
+  std::vector<SkippedSample> skipped;  // by the previous epochs' loaders (skip_bad)
 };
 
 Runner::Runner(const Workload& workload, RunOptions options)
@@ -293,6 +295,7 @@ Pipeline& Runner::prepare(int64_t num_steps) {
   im.graphed.clear();
   im.graphed_k.reset();
   im.loader.reset();
+  im.skipped.clear();
   im.log = std::make_unique<LossLog>(num_steps, dev);
   im.num_steps = num_steps;
   im.epoch = im.taken_in_epoch = 0;
@@ -319,18 +322,35 @@ Pipeline& Runner::prepare(int64_t num_steps) {
     Impl* impl = &im;
     const RunOptions o = options_;
     const DataSource* source = &data;
-    auto next_loader = [impl, o, source]() {
+    auto next_loader = [impl, o, source, num_steps]() {
       LoaderOptions lo = loader_options(o);
       if (source->kind() == DataSource::Kind::kDataset) {
         // PyTorch's DistributedSampler order (one rank): shuffled per epoch from seed + epoch.
-        const DistributedSampler sampler(impl->run_dataset->size(), 1, 0, source->shuffle(),
-                                         o.seed);
-        lo.indices = sampler.indices(impl->epoch);
+        const int64_t n = impl->run_dataset->size();
+        const DistributedSampler sampler(n, 1, 0, source->shuffle(), o.seed);
+        const int64_t per_epoch = (n / o.batch_size) * o.batch_size;  // its full batches
+        if (source->drop_last() && per_epoch > 0) {
+          // Every epoch of the run in one loader, each epoch's full batches back to back: the
+          // workers run on across epoch boundaries. (A loader per epoch starts cold: its first
+          // batch costs a whole batch of decodes while the device waits — a stall per epoch.)
+          const int64_t wanted = num_steps * o.batch_size;
+          for (int64_t e = 0; static_cast<int64_t>(lo.indices.size()) < wanted; ++e) {
+            const std::vector<int64_t> epoch = sampler.indices(e);
+            lo.indices.insert(lo.indices.end(), epoch.begin(), epoch.begin() + per_epoch);
+          }
+          lo.indices.resize(wanted);
+        } else {
+          lo.indices = sampler.indices(impl->epoch);
+        }
       }
       lo.drop_last = source->drop_last();
       // The previous epoch's workers have filled every batch by now (the last one was taken),
       // so this joins at once; its pinned slots return to LibTorch's caching host allocator,
       // which does not hand them out again before the copies that read them have completed.
+      if (impl->loader) {
+        std::vector<SkippedSample> done = impl->loader->skipped();
+        impl->skipped.insert(impl->skipped.end(), done.begin(), done.end());
+      }
       impl->loader.reset();
       impl->loader = std::make_unique<Loader>(impl->run_dataset, lo);
       impl->taken_in_epoch = 0;
@@ -424,6 +444,15 @@ std::vector<float> Runner::train(int64_t num_steps) {
   prepare(num_steps);
   run();
   return losses();
+}
+
+std::vector<SkippedSample> Runner::skipped() const {
+  std::vector<SkippedSample> out = impl_->skipped;
+  if (impl_->loader) {
+    std::vector<SkippedSample> current = impl_->loader->skipped();
+    out.insert(out.end(), current.begin(), current.end());
+  }
+  return out;
 }
 
 std::vector<float> Runner::losses() const {

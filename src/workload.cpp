@@ -58,14 +58,14 @@ std::vector<std::string> DataSource::field_names() const {
   if (kind_ == Kind::kResident) {
     for (const auto& [name, tensor] : batches_.front().tensors()) names.push_back(name);
   } else if (dataset_) {
-    for (const auto& f : dataset_->fields()) names.push_back(f.name);
+    for (const auto& f : packed_fields(dataset_->fields())) names.push_back(f.name);
   }
   return names;
 }
 
 int64_t DataSource::host_sample_bytes() const {
   if (!dataset_ || kind_ == Kind::kResident) return 0;
-  return sample_bytes(dataset_->fields());
+  return sample_bytes(packed_fields(dataset_->fields()));
 }
 
 void Workload::validate() const {

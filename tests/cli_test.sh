@@ -25,8 +25,14 @@ expect_fail() {
   fi
 }
 
-expect_fail 2 "workload 'nope' is not known: expected seg, cls or mlp" -- bench --scenario nope
-expect_fail 2 "workload 'nope' is not known: expected seg, cls or mlp" -- bench --workload nope
+expect_fail 2 "workload 'nope' is not known: expected seg, cls, mlp" -- bench --scenario nope
+expect_fail 2 "workload 'nope' is not known: expected seg, cls, mlp" -- bench --workload nope
+if "$tandem" --help | grep -q data-bench; then  # built with the data layer
+  expect_fail 2 "workload images reads an ImageFolder: give --data DIR" -- bench --workload images --device cpu
+  expect_fail 2 "does not exist" -- bench --workload images --device cpu --data /nonexistent/folder
+  expect_fail 2 "does not exist" -- data-bench --data /nonexistent/folder --device cpu
+  expect_fail 2 "decode 'tpu' is not valid: expected cpu, gpu or auto" -- data-bench --data /tmp --decode tpu --device cpu
+fi
 expect_fail 2 "mode 'fast' is not valid: expected serial, pipelined, graphed, pipelined+graphed, graphed_k or auto" -- bench --mode fast
 expect_fail 2 "mode 'cpu_aug' is not valid: expected serial" -- bench --scenario cls --mode cpu_aug
 expect_fail 2 "parameter augment='tpu' is not valid for workload cls: expected gpu or cpu" -- bench --scenario cls --param augment=tpu --device cpu

@@ -25,12 +25,12 @@ namespace {
 void synchronize(c10::Device device) {
   if (device.is_cuda()) c10::cuda::device_synchronize();
 }
+}  // namespace
 
 std::string device_name(c10::Device device) {
   if (!device.is_cuda()) return "cpu";
   return at::cuda::getDeviceProperties(device.index())->name;
 }
-}  // namespace
 
 BenchOptions resolve(BenchOptions o) {
   TANDEM_CHECK_ARG(static_cast<bool>(o.workload.make),
@@ -79,11 +79,13 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   wo.device = device;
   wo.seed = options.seed;
   wo.params = options.params;
+  wo.data = options.data;
   RunOptions ro;
   ro.mode = options.mode;
   ro.batch_size = batch_size;
   ro.workers = *options.workers;
   ro.seed = options.seed;
+  ro.skip_bad = options.skip_bad;
   ro.train_priority =
       options.train_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
   std::unique_ptr<Trace> trace;
@@ -124,6 +126,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   result.losses = runner.losses();
   result.timing = pipeline->timing();
   result.notes = runner.notes();
+  result.skipped = runner.skipped();
   result.gpu_utilization = monitor.mean_utilization();
   result.gpu_utilization_note =
       !options.gpu_monitor ? "off: --no-gpu-monitor"
@@ -147,6 +150,7 @@ std::string describe_config(const BenchOptions& o) {
   std::ostringstream os;
   os << "workload   " << o.workload.name << "\n";
   for (const auto& [key, value] : o.params) os << "param      " << key << "=" << value << "\n";
+  if (!o.data.empty()) os << "data       " << o.data << (o.skip_bad ? " (--skip-bad)" : "") << "\n";
   os << "mode       " << to_string(o.mode) << "\n"
      << "device     " << o.device << " (" << device_name(parse_device(o.device)) << ")\n"
      << "batch size " << o.batch_size.value_or(0) << "\n"
@@ -195,6 +199,13 @@ std::string describe_result(const BenchResult& r) {
                 r.gpu_utilization ? "" : (" (" + r.gpu_utilization_note + ")").c_str());
   os << line;
   for (const auto& note : r.notes) os << "note       " << note << "\n";
+  if (!r.skipped.empty()) {
+    os << "skipped    " << r.skipped.size() << " bad sample" << (r.skipped.size() == 1 ? "" : "s")
+       << " (--skip-bad):\n";
+    for (size_t i = 0; i < r.skipped.size() && i < 10; ++i)
+      os << "  sample " << r.skipped[i].index << ": " << r.skipped[i].reason << "\n";
+    if (r.skipped.size() > 10) os << "  ... and " << r.skipped.size() - 10 << " more (--json lists them)\n";
+  }
   return os.str();
 }
 
@@ -208,8 +219,14 @@ nlohmann::json to_json(const BenchResult& r) {
                       {"device_ms_per_step", std::isnan(st.device_ms_per_item)
                                                  ? nlohmann::json(nullptr)
                                                  : nlohmann::json(st.device_ms_per_item)}});
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const auto& s : r.skipped) skipped.push_back({{"index", s.index}, {"reason", s.reason}});
   return {{"impl", "tandem"},
           {"scenario", o.workload.name},
+          {"data", o.data.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.data)},
+          {"skip_bad", o.skip_bad},
+          {"skipped_count", r.skipped.size()},
+          {"skipped", skipped},
           {"params", o.params},
           {"mode", to_string(o.mode)},
           {"batch_size", o.batch_size.value_or(0)},

@@ -91,19 +91,35 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
 
 std::vector<FieldSpec> ImageFolderDataset::fields() const {
   const int64_t s = options_.image_size;
+  if (options_.output == ImageFolderOutput::kDecoded)  // typical: between S and 2S a side
+    return {{"image", {options_.channels, 2 * s, 2 * s}, at::kByte, true},
+            {"label", {}, at::kLong}};
   return {{"image", {options_.channels, s, s}, at::kByte}, {"label", {}, at::kLong}};
 }
 
 void ImageFolderDataset::get(int64_t index, const std::vector<at::Tensor>& out) const {
+  TANDEM_CHECK_ARG(options_.output == ImageFolderOutput::kCenterCrop,
+                   "ImageFolder: samples decoded at their own size have no fixed shape: read "
+                   "them with get_sample()");
+  std::vector<at::Tensor> views = out;
+  get_sample(index, views);
+}
+
+void ImageFolderDataset::get_sample(int64_t index, std::vector<at::Tensor>& out) const {
   TANDEM_CHECK_ARG(index >= 0 && index < size(), "ImageFolder: sample index ", index,
                    " out of range [0, ", size(), ")");
   TANDEM_CHECK_ARG(out.size() == 2, "ImageFolder: get() needs 2 output tensors (image, label), ",
                    "got ", out.size());
   const Sample& sample = samples_[static_cast<size_t>(index)];
   const std::vector<uint8_t> bytes = read_file(sample.path);
-  const ImageInfo info = read_image_info(bytes, sample.path);
-  out[0].copy_(
-      detail::load_eval_image(bytes, sample.path, options_.channels, options_.image_size, info));
+  if (options_.output == ImageFolderOutput::kDecoded) {
+    out[0] = decode_image(bytes, sample.path, options_.channels, options_.image_size,
+                          options_.image_size);
+  } else {
+    const ImageInfo info = read_image_info(bytes, sample.path);
+    out[0].copy_(detail::load_eval_image(bytes, sample.path, options_.channels,
+                                         options_.image_size, info));
+  }
   out[1].fill_(sample.label);
 }
 

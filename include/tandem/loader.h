@@ -27,7 +27,23 @@ struct FieldSpec {
   std::string name;
   std::vector<int64_t> shape;
   at::ScalarType dtype;
+  /// Samples differ in size (images decoded at their own height and width): `shape` is then a
+  /// typical sample's, which sizes the loader's slots (a slot grows when a batch needs more);
+  /// only its rank binds. A batch carries such a field packed — see packed_fields().
+  bool variable_size = false;
 };
+
+/// The names under which a batch carries variable-size field `name`: `name` itself is every
+/// sample's elements back to back, a 1-D tensor; `name`_offsets (B,) int64 is where sample b
+/// starts in it and `name`_sizes (B, rank) int64 is its shape. Sample b is
+/// packed.narrow(0, offsets[b], prod(sizes[b])).view(sizes[b]).
+std::string offsets_field(const std::string& name);
+std::string sizes_field(const std::string& name);
+
+/// The fields a batch carries for samples of `fields`: each fixed-size field as it is, each
+/// variable-size one as its packed field (shape: the typical sample's element count) followed by
+/// its offsets and sizes fields.
+std::vector<FieldSpec> packed_fields(const std::vector<FieldSpec>& fields);
 
 /// A source of samples. get() is called concurrently from worker threads, so it must be
 /// thread-safe, and it must be a pure function of the index (reproducible, order-independent).
@@ -37,8 +53,14 @@ class Dataset {
   virtual int64_t size() const = 0;
   virtual std::vector<FieldSpec> fields() const = 0;
   /// Writes sample `index` into `out`: one contiguous CPU tensor per field, of the declared
-  /// shape and dtype (views into a batch slot; write into them, do not replace them).
-  virtual void get(int64_t index, const std::vector<at::Tensor>& out) const = 0;
+  /// shape and dtype (views into a batch slot; write into them, do not replace them). Datasets
+  /// with fixed-size fields only override this.
+  virtual void get(int64_t index, const std::vector<at::Tensor>& out) const;
+  /// What the loader calls. `out` holds a slot view for each fixed-size field, as get()'s, and
+  /// an undefined tensor for each variable-size one, which the dataset sets to the sample's own
+  /// contiguous CPU tensor (declared dtype and rank; the loader packs it into the slot). The
+  /// default calls get(); datasets with variable-size fields override this instead.
+  virtual void get_sample(int64_t index, std::vector<at::Tensor>& out) const { get(index, out); }
 };
 
 /// The ring a pool of `workers` needs to keep every worker busy: a worker fills a whole batch
@@ -73,6 +95,9 @@ struct LoaderOptions {
   /// DistributedSampler's for one rank and epoch); each in [0, size). Overrides shuffle.
   std::vector<int64_t> indices;
   bool drop_last = true;   ///< drop a final short batch
+  /// A sample whose get_sample() throws is left out of its batch (which is then shorter),
+  /// counted and reported (Loader::skipped()), instead of failing the batch.
+  bool skip_bad = false;
   uint64_t seed = 0;
   Trace* trace = nullptr;  ///< if set: each worker's fills, and the consumer's waits
 };
@@ -83,7 +108,14 @@ struct LoaderOptions {
 /// dataset exists (a runner checks its options at construction with it).
 void check_loader_options(const LoaderOptions& options, int64_t sample_bytes);
 
-/// A filled slot handed to the consumer: fields[f] is (B, ...shape) on the host.
+/// A sample the loader left out (LoaderOptions::skip_bad): its index and why.
+struct SkippedSample {
+  int64_t index = -1;
+  std::string reason;
+};
+
+/// A filled slot handed to the consumer: fields[f] is (B, ...shape) on the host for a fixed-size
+/// field, packed for a variable-size one (Loader::fields(): packed_fields() of the dataset's).
 struct HostBatch {
   int64_t number = -1;           ///< 0, 1, ... within the epoch
   int slot = -1;                 ///< ring slot, for Loader::release
@@ -111,7 +143,10 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   int64_t num_batches() const { return num_batches_; }
+  /// What each batch carries: packed_fields() of the dataset's fields.
   const std::vector<FieldSpec>& fields() const { return fields_; }
+  /// The samples left out so far (skip_bad), in the order the workers met them.
+  std::vector<SkippedSample> skipped() const;
 
   /// The next batch in order; blocks the host until it is filled. nullopt after the last one.
   std::optional<HostBatch> next();
@@ -126,7 +161,8 @@ class Loader {
   struct Slot {
     SlotState state = SlotState::kFree;
     int64_t number = -1;
-    std::vector<at::Tensor> fields;
+    std::vector<at::Tensor> fields;  // per batch field; a variable-size one's is its arena
+    std::vector<int64_t> packed_used;  // per batch field: elements of the arena in use
     std::vector<int64_t> indices;
     std::optional<at::cuda::CUDAEvent> copied;  // recorded by release(); waited before refill
     bool copied_pending = false;
@@ -135,15 +171,22 @@ class Loader {
 
   void worker_loop(int worker);
   int64_t index_at(int64_t position) const;
+  // Packs the variable-size samples `variable[v][i]` into `slot`'s arenas, growing them.
+  void pack(Slot& slot, const std::vector<std::vector<at::Tensor>>& variable, int64_t count);
 
   std::shared_ptr<const Dataset> dataset_;
   LoaderOptions options_;
-  std::vector<FieldSpec> fields_;
+  std::vector<FieldSpec> sample_fields_;  // the dataset's
+  std::vector<FieldSpec> fields_;         // a batch's: packed_fields(sample_fields_)
+  // For sample field s: its batch field, and for a variable-size one its offsets' and sizes'.
+  std::vector<size_t> batch_field_of_;
+  bool pinned_ = false;
+  std::vector<SkippedSample> skipped_;  // guarded by mutex_
   int64_t num_batches_ = 0;
   int64_t epoch_size_ = 0;  // samples this epoch visits
   std::vector<int64_t> order_;  // empty unless shuffling
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<Slot> slots_;
   int64_t next_to_claim_ = 0;

@@ -43,6 +43,9 @@ struct RunOptions {
   /// Sized-to-run sources: 0, every batch full; 1..batch_size-1, the run's last batch has this
   /// many samples (as a dataset whose size is not a multiple of the batch size).
   int64_t last_batch_size = 0;
+  /// Host data: a sample that fails to load (a corrupt file) is left out of its batch and
+  /// reported by skipped(), instead of stopping the run (LoaderOptions::skip_bad).
+  bool skip_bad = false;
   /// If set: the loader's fills and waits, and (Pipeline::set_trace) the stages' intervals.
   Trace* trace = nullptr;
 };
@@ -73,6 +76,8 @@ class Runner {
 
   /// The per-step losses of the last run, in step order (synchronizes).
   std::vector<float> losses() const;
+  /// The samples the last run left out (RunOptions::skip_bad), each with why.
+  std::vector<SkippedSample> skipped() const;
   /// What the last run did that a reader should know: what was captured into graphs, what ran
   /// eagerly and why.
   std::vector<std::string> notes() const;

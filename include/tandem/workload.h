@@ -86,8 +86,8 @@ class DataSource {
   using DatasetFactory = std::function<std::shared_ptr<const Dataset>(int64_t samples)>;
 
   /// Host samples of `dataset`, read by the loader's worker threads into pinned slots and
-  /// copied to the device on the copy lane. A run longer than an epoch starts another one (a
-  /// fresh loader; each epoch's order, when `shuffle`, that of PyTorch's DistributedSampler
+  /// copied to the device on the copy lane. A run longer than an epoch starts another one (with
+  /// drop_last, one loader runs on across epochs; each epoch's order, when `shuffle`, that of PyTorch's DistributedSampler
   /// with seed RunOptions::seed and set_epoch(epoch) — torch.randperm seeded seed + epoch); a short last batch of an epoch is dropped (`drop_last`) or trained on (the
   /// graphed modes run it eagerly: a graph's shapes are fixed).
   static DataSource from_dataset(std::shared_ptr<const Dataset> dataset, bool shuffle = false,
@@ -144,6 +144,9 @@ struct WorkloadOptions {
   /// Workload-specific settings, "key" -> "value" (the CLI's --param key=value); a factory
   /// rejects keys it does not know (check_params).
   std::map<std::string, std::string> params;
+  /// Where a workload that reads files finds them (the CLI's --data: an ImageFolder, say);
+  /// empty for the synthetic ones, which ignore it.
+  std::string data;
 };
 using WorkloadFactory = std::function<Workload(const WorkloadOptions&)>;
 

@@ -536,11 +536,8 @@ __global__ void draw_kernel(DrawLaunch d) {
   allow_next_grid();  // the augment launch that follows may start; it waits for these draws
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= d.batch) return;
-  uint64_t seed = d.rng.seed, offset = d.rng.offset;
-  if (d.rng.captured) {  // as at::cuda::philox::unpack: read when the (replayed) kernel runs
-    seed = static_cast<uint64_t>(*d.rng.seed_ptr);
-    offset = static_cast<uint64_t>(*d.rng.offset_ptr) + d.rng.offset_intragraph;
-  }
+  uint64_t seed, offset;
+  d.rng.unpack(seed, offset);  // read when the (replayed) kernel runs
   const augment_math::Drawn s =
       augment_math::draw_sample(d.spec, seed, offset, static_cast<uint64_t>(b),
                                 d.weights + static_cast<int64_t>(b) * d.spec.taps);

@@ -9,6 +9,7 @@
 
 #include "augment_draw.h"
 #include "augment_math.h"
+#include "rng_source.h"
 
 namespace tandem {
 
@@ -54,17 +55,6 @@ std::string why_no_gathers(int channels, int taps);
 
 /// One launch for the whole batch on `stream`; checks the launch. Capture-safe.
 void launch_augment(const AugmentLaunch& args, cudaStream_t stream);
-
-/// Where the draw's (seed, offset) come from: PyTorch's at::PhiloxCudaState, unpacked the same
-/// way (during graph capture seed and offset are read from device memory when the kernel runs,
-/// so each replay draws anew).
-struct RngSource {
-  bool captured;
-  uint64_t seed, offset;                      // not captured
-  const int64_t* seed_ptr;                    // captured
-  const int64_t* offset_ptr;                  // captured
-  uint64_t offset_intragraph;                 // captured
-};
 
 struct DrawLaunch {
   augment_math::DrawSpec spec;

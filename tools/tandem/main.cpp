@@ -18,6 +18,9 @@
 #include "tandem/mode.h"
 #include "tandem/sweep.h"
 #include "tandem/workloads/registry.h"
+#ifdef TANDEM_HAVE_IMAGES
+#include "data_bench.h"
+#endif
 
 namespace {
 
@@ -105,6 +108,13 @@ struct RunFlags {
     workers_opt = app->add_option("--workers", workers,
                                   "loader worker threads [default: 8 on a GPU, 2 on the CPU]");
     app->add_option("--seed", options.seed, "seed for models and data")->capture_default_str();
+    app->add_option("--data", options.data,
+                    "a folder the workload reads (workload images: an ImageFolder, one "
+                    "subfolder of JPEG/PNG files per class)");
+    app->add_flag("--skip-bad", options.skip_bad,
+                  "leave samples that fail to load (corrupt, truncated, unreadable files) out of "
+                  "their batch, count them and report them at the end and in the JSON, instead "
+                  "of stopping the run");
     app->add_option("--device", options.device, "auto, cpu, cuda or cuda:N")
         ->capture_default_str();
     cudnn_opt = app->add_flag("--cudnn-benchmark,!--no-cudnn-benchmark", cudnn_benchmark,
@@ -238,6 +248,17 @@ int run_augment_bench_command(const std::vector<int64_t>& batch_sizes, const std
   return 0;
 }
 
+#ifdef TANDEM_HAVE_IMAGES
+int run_data_bench_command(tandem::DataBenchOptions options, const std::string& json_path,
+                           const std::string& command) {
+  std::ofstream json = open_output(json_path, "JSON");
+  const tandem::DataBenchResult r = tandem::run_data_bench(options);
+  std::cout << "\n" << tandem::describe_data_bench(r) << std::flush;
+  write_output(json, tandem::data_bench_json(r, command).dump(2) + "\n", json_path);
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -306,6 +327,37 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   aug->add_option("--json", aug_json, "write the rows as JSON to this file");
 
+#ifdef TANDEM_HAVE_IMAGES
+  tandem::DataBenchOptions db;
+  std::string db_json, db_mode = "pipelined";
+  int64_t db_batch = 0, db_steps = -1, db_warmup = -1;
+  CLI::App* data_bench = app.add_subcommand(
+      "data-bench",
+      "How fast tandem reads a folder of images: decode on one core (DCT-scaled and full size), "
+      "the loader with its workers, and workload images fed from the folder beside the same "
+      "step on device-resident data, with the stage report.");
+  data_bench->add_option("--data", db.data, "an ImageFolder: one subfolder of JPEG/PNG per class")
+      ->required();
+  data_bench->add_option("--decode", db.decode, "cpu, gpu (nvJPEG) or auto (both timed)")
+      ->capture_default_str();
+  data_bench->add_option("--images", db.decode_images, "files timed by the decode rows")
+      ->capture_default_str();
+  data_bench->add_option("--workers", db.workers, "loader threads [default: cores - 1]");
+  data_bench->add_option("--batch-size", db_batch, "batch size [default: 256 on a GPU, 4 on the CPU]");
+  data_bench->add_option("--model", db.model, "r50_frozen_head or r18_full")->capture_default_str();
+  data_bench->add_option("--mode", db_mode, "the end-to-end run's mode:" + mode_help())
+      ->capture_default_str();
+  data_bench->add_option("--steps", db_steps,
+                         "timed end-to-end steps; 0 skips the end-to-end rows [default: 100 on a "
+                         "GPU, 4 on the CPU]");
+  data_bench->add_option("--warmup", db_warmup, "untimed end-to-end steps first");
+  data_bench->add_option("--device", db.run.device, "auto, cpu, cuda or cuda:N")
+      ->capture_default_str();
+  data_bench->add_flag("--skip-bad", db.run.skip_bad,
+                       "leave files that fail to load out of their batch and report them");
+  data_bench->add_option("--json", db_json, "write the rows as JSON to this file");
+#endif
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -327,6 +379,18 @@ int main(int argc, char** argv) {
     if (aug->parsed())
       return run_augment_bench_command(aug_batch_sizes, aug_device, aug_repeats, aug_samplings,
                                        aug_json);
+#ifdef TANDEM_HAVE_IMAGES
+    if (data_bench->parsed()) {
+      db.run.workload = tandem::find_reference_workload("images");
+      db.run.mode = tandem::parse_mode(db_mode);
+      if (db_batch) db.run.batch_size = db_batch;
+      if (db_steps >= 0) db.run.steps = db_steps;
+      if (db_warmup >= 0) db.run.warmup = db_warmup;
+      std::string command = "tandem";
+      for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+      return run_data_bench_command(db, db_json, command);
+    }
+#endif
   } catch (const tandem::InvalidArgument& e) {
     std::cerr << "tandem: error: " << tandem::first_line(e.what()) << "\n";
     return kExitUsage;

@@ -6,13 +6,21 @@
 #include "tandem/error.h"
 #include "tandem/mode.h"
 #include "tandem/workloads/cls.h"
+#ifdef TANDEM_HAVE_IMAGES
+#include "tandem/workloads/images.h"
+#endif
 #include "tandem/workloads/mlp.h"
 #include "tandem/workloads/seg.h"
 
 namespace tandem {
 
 const std::vector<WorkloadEntry>& reference_workloads() {
-  static const std::vector<WorkloadEntry> entries{seg_entry(), cls_entry(), mlp_entry()};
+  static const std::vector<WorkloadEntry> entries{seg_entry(), cls_entry(), mlp_entry()
+#ifdef TANDEM_HAVE_IMAGES
+                                                  ,
+                                                  images_entry()
+#endif
+  };
   return entries;
 }
 

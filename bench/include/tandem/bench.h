@@ -49,6 +49,11 @@ struct BenchOptions {
   /// the stage's kernels.
   int64_t device_timing_every = 4;
   uint64_t seed = 0;
+  /// Files the workload reads (WorkloadOptions::data), for those that read any.
+  std::string data;
+  /// Leave samples that fail to load out of their batch and report them, instead of stopping
+  /// (RunOptions::skip_bad).
+  bool skip_bad = false;
 };
 
 /// Defaults: SPEC's sizes on a GPU; small ones on the CPU so a laptop finishes in seconds.
@@ -59,6 +64,9 @@ struct BenchDefaults {
 };
 constexpr BenchDefaults kGpuBenchDefaults{100, 10, 8};
 constexpr BenchDefaults kCpuBenchDefaults{4, 1, 2};
+
+/// "cpu", or the GPU's name ("NVIDIA H200").
+std::string device_name(c10::Device device);
 
 /// Fills the defaults for the chosen device and validates everything (counts bounded: at most
 /// kMaxLoaderWorkers loader threads, loader.h), before anything is built; throws InvalidArgument naming the
@@ -84,6 +92,7 @@ struct BenchResult {
   /// steps_per_s / (1000 / floor_ms).
   double efficiency = 0;
   std::vector<std::string> notes;  ///< the runner's (Runner::notes)
+  std::vector<SkippedSample> skipped;  ///< samples left out (skip_bad), each with why
 };
 
 /// Runs options.warmup + options.steps training steps and times the last options.steps.

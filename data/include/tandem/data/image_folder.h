@@ -11,12 +11,25 @@
 
 namespace tandem::data {
 
-struct ImageFolderOptions {
-  int64_t image_size = 224;  ///< S: Resize(S) + CenterCrop(S), torchvision's evaluation transform
-  int64_t channels = 3;      ///< 3 (RGB) or 1 (gray)
+/// What an ImageFolder sample's image is.
+enum class ImageFolderOutput {
+  /// Resize(S) + CenterCrop(S) on the CPU, in the worker: (C, S, S), every sample alike.
+  kCenterCrop,
+  /// As decoded, at the sample's own size (a variable-size field): the JPEG at the smallest DCT
+  /// scale whose height and width are still >= S (a 640 x 480 photo for S = 224 decodes at
+  /// 320 x 240, for a quarter of the work), a PNG at full size. The GPU crops and resizes the
+  /// batch (resized_crop.h: RandomResizedCrop for training, Resize + CenterCrop for evaluation).
+  kDecoded,
 };
 
-/// Fields: {"image", {C, S, S}, kByte}, {"label", {}, kLong}.
+struct ImageFolderOptions {
+  int64_t image_size = 224;  ///< S: the size the model sees (see ImageFolderOutput)
+  int64_t channels = 3;      ///< 3 (RGB) or 1 (gray)
+  ImageFolderOutput output = ImageFolderOutput::kCenterCrop;
+};
+
+/// Fields: {"image", {C, S, S}, kByte} (kDecoded: variable-size, typical {C, 2S, 2S}),
+/// {"label", {}, kLong}.
 ///
 /// The index, built once by the constructor: classes are the subfolders of `root` (symlinks
 /// followed), sorted by name in byte order, label = position; each class folder is walked
@@ -45,6 +58,9 @@ class ImageFolderDataset : public Dataset {
   std::vector<FieldSpec> fields() const override;
   /// Throws tandem::Error naming the file when it cannot be read or decoded (the loader adds
   /// the sample index), InvalidArgument for an index out of range.
+  void get_sample(int64_t index, std::vector<at::Tensor>& out) const override;
+  /// The same for kCenterCrop (fixed-size samples into `out`'s views); kDecoded samples have no
+  /// fixed size: InvalidArgument, use get_sample().
   void get(int64_t index, const std::vector<at::Tensor>& out) const override;
 
   const std::string& root() const { return root_; }

@@ -12,7 +12,7 @@
 
 namespace tandem {
 
-/// seg, cls and mlp, in that order.
+/// seg, cls and mlp, in that order; then images where the data layer is built.
 const std::vector<WorkloadEntry>& reference_workloads();
 /// Their names, for help texts.
 std::vector<std::string> reference_workload_names();

@@ -1,0 +1,65 @@
+// Crop and resize a batch of images of different sizes on the GPU, as torchvision's
+// RandomResizedCrop + RandomHorizontalFlip (training) or Resize + CenterCrop (evaluation), then
+// normalize: the step after decode, so the loader's workers only decode (loader.h packs their
+// variable-size images; ImageFolderOutput::kDecoded). Boxes are drawn on the device, one kernel
+// for the batch; the resample is another (antialiased bilinear, rounded to pixels as the uint8
+// resize of torchvision rounds). A C++ twin computes the same values to the bit on the CPU.
+//
+//   at::Tensor boxes = draw_crop_boxes(spec, batch.get("image_sizes"), generator);
+//   at::Tensor x = resized_crop(batch.get("image"), batch.get("image_offsets"),
+//                               batch.get("image_sizes"), boxes, spec);   // (B, 3, 224, 224)
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace tandem {
+
+struct ResizedCropSpec {
+  /// true: RandomResizedCrop(out, scale, ratio) — a random box of [scale_min, scale_max] of the
+  /// image's area and width / height log-uniform in [ratio_min, ratio_max], resized to out.
+  /// false: Resize(resize_size) (the shorter side) + CenterCrop(out).
+  bool random = true;
+  int64_t out_h = 224, out_w = 224;
+  double scale_min = 0.08, scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+  int64_t resize_size = 256;        ///< evaluation only
+  double hflip_probability = 0.5;   ///< mirror the output with this probability
+  /// Per channel, in pixel units 0..255: out = (pixel - mean) / std (ImageNet's by default:
+  /// torchvision's 0.485 / 0.229 times 255).
+  std::vector<double> mean{123.675, 116.28, 103.53};
+  std::vector<double> std{58.395, 57.12, 57.375};
+
+  /// torchvision's ImageNet training transform at `size`: RandomResizedCrop + flip.
+  static ResizedCropSpec train(int64_t size = 224);
+  /// Its evaluation transform: Resize(resize) + CenterCrop(size), no flip.
+  static ResizedCropSpec eval(int64_t size = 224, int64_t resize = 256);
+
+  /// Throws InvalidArgument naming the first bad value for images of `channels` channels.
+  void validate(int64_t channels) const;
+};
+
+/// Fields of a box row: crop top, left, height, width in the source; the size the crop is
+/// resized to; where the output starts in the resized crop; flip (0 / 1).
+constexpr int64_t kCropBoxFields = 9;
+
+/// Draws a box per sample for images of `sizes` ((B, 3) int64: C, H, W — a packed batch's sizes
+/// field, loader.h) on their device: (B, kCropBoxFields) int32. On a GPU one kernel, keyed by
+/// `generator`'s seed and next Philox offset (undefined: the device's default generator) —
+/// reproducible for a seed, no host round trip, capturable; on the CPU the same function on the
+/// host from the CPU generator.
+at::Tensor draw_crop_boxes(const ResizedCropSpec& spec, const at::Tensor& sizes,
+                           at::Generator generator = {});
+
+/// Crops, resizes, flips and normalizes the packed batch (`packed` uint8 1-D, `offsets` (B,)
+/// and `sizes` (B, 3) int64, loader.h's layout) by `boxes`: (B, C, out_h, out_w) float32 on the
+/// inputs' device. One CUDA kernel on the current stream, or the C++ reference on the CPU (the
+/// same values to the bit).
+at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
+                        const at::Tensor& sizes, const at::Tensor& boxes,
+                        const ResizedCropSpec& spec);
+
+}  // namespace tandem

@@ -1,0 +1,190 @@
+// torchvision's ResNet (torchvision/models/resnet.py) transcribed to torch::nn: the same
+// children under the same names, in the same registration order, and the same initialization.
+#include "tandem/models/resnet.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/pooling.h>
+#include <torch/nn/init.h>
+
+#include <sstream>
+
+#include "tandem/error.h"
+
+namespace tandem::models {
+namespace {
+
+namespace F = torch::nn::functional;
+
+torch::nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride) {
+  return torch::nn::Conv2d(
+      torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false));
+}
+
+torch::nn::Conv2d conv1x1(int64_t in, int64_t out, int64_t stride) {
+  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false));
+}
+
+// torchvision's downsample: where a block changes the spatial size or the channel count, the
+// identity path is projected by a strided 1x1 conv and a BN. Children "0" and "1".
+torch::nn::Sequential downsample_or_null(int64_t inplanes, int64_t out, int64_t stride) {
+  if (stride == 1 && inplanes == out) return nullptr;
+  return torch::nn::Sequential(conv1x1(inplanes, out, stride), torch::nn::BatchNorm2d(out));
+}
+
+struct NameAndFactory {
+  const char* name;
+  ResNet (*make)(ResNetOptions);
+};
+constexpr NameAndFactory kFactories[] = {
+    {"resnet18", resnet18},
+    {"resnet34", resnet34},
+    {"resnet50", resnet50},
+};
+
+void append_state_dict_keys(const torch::nn::Module& module, const std::string& prefix,
+                            std::vector<std::string>& keys) {
+  // named_parameters / named_buffers with recurse=false already skip undefined tensors; the
+  // defined() checks say so where a reader looks for it.
+  for (const auto& item : module.named_parameters(/*recurse=*/false))
+    if (item.value().defined()) keys.push_back(prefix + item.key());
+  for (const auto& item : module.named_buffers(/*recurse=*/false))
+    if (item.value().defined()) keys.push_back(prefix + item.key());
+  for (const auto& child : module.named_children())
+    append_state_dict_keys(*child.value(), prefix + child.key() + ".", keys);
+}
+
+}  // namespace
+
+BasicBlockImpl::BasicBlockImpl(int64_t inplanes, int64_t planes, int64_t stride) {
+  conv1 = register_module("conv1", conv3x3(inplanes, planes, stride));
+  bn1 = register_module("bn1", torch::nn::BatchNorm2d(planes));
+  conv2 = register_module("conv2", conv3x3(planes, planes, 1));
+  bn2 = register_module("bn2", torch::nn::BatchNorm2d(planes));
+  downsample = downsample_or_null(inplanes, planes * kExpansion, stride);
+  if (downsample) register_module("downsample", downsample);
+}
+
+torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
+  auto out = bn1(conv1(x)).relu_();
+  out = bn2(conv2(out));
+  out += downsample ? downsample->forward(x) : x;
+  return torch::relu_(out);
+}
+
+BottleneckImpl::BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride) {
+  // torchvision's width = planes * (base_width / 64) * groups, which is `planes` for ResNet-50
+  // (base_width 64, groups 1); the wide and ResNeXt variants are not built here.
+  const int64_t width = planes;
+  conv1 = register_module("conv1", conv1x1(inplanes, width, 1));
+  bn1 = register_module("bn1", torch::nn::BatchNorm2d(width));
+  conv2 = register_module("conv2", conv3x3(width, width, stride));
+  bn2 = register_module("bn2", torch::nn::BatchNorm2d(width));
+  conv3 = register_module("conv3", conv1x1(width, planes * kExpansion, 1));
+  bn3 = register_module("bn3", torch::nn::BatchNorm2d(planes * kExpansion));
+  downsample = downsample_or_null(inplanes, planes * kExpansion, stride);
+  if (downsample) register_module("downsample", downsample);
+}
+
+torch::Tensor BottleneckImpl::forward(const torch::Tensor& x) {
+  auto out = bn1(conv1(x)).relu_();
+  out = bn2(conv2(out)).relu_();
+  out = bn3(conv3(out));
+  out += downsample ? downsample->forward(x) : x;
+  return torch::relu_(out);
+}
+
+ResNetImpl::ResNetImpl(ResNetBlock block, std::array<int64_t, 4> blocks, ResNetOptions options) {
+  TANDEM_CHECK_ARG(options.num_classes >= 1, "ResNet: num_classes must be >= 1, got ",
+                   options.num_classes);
+  for (size_t i = 0; i < blocks.size(); ++i)
+    TANDEM_CHECK_ARG(blocks[i] >= 1, "ResNet: layer", i + 1, " needs at least 1 block, got ",
+                     blocks[i]);
+  const int64_t expansion =
+      block == ResNetBlock::kBasic ? BasicBlockImpl::kExpansion : BottleneckImpl::kExpansion;
+
+  conv1 = register_module(
+      "conv1",
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
+  bn1 = register_module("bn1", torch::nn::BatchNorm2d(64));
+  layer1 = register_module("layer1", make_layer(block, 64, blocks[0], 1));
+  layer2 = register_module("layer2", make_layer(block, 128, blocks[1], 2));
+  layer3 = register_module("layer3", make_layer(block, 256, blocks[2], 2));
+  layer4 = register_module("layer4", make_layer(block, 512, blocks[3], 2));
+  feature_dim_ = 512 * expansion;
+  fc = register_module("fc", torch::nn::Linear(feature_dim_, options.num_classes));
+
+  // Every conv and BN already has LibTorch's default init from its constructor; torchvision
+  // then overwrites them in pre-order (self.modules()), and so do we, from the default generator.
+  for (const auto& module : modules(/*include_self=*/false)) {
+    if (auto* conv = module->as<torch::nn::Conv2d>()) {
+      torch::nn::init::kaiming_normal_(conv->weight, /*a=*/0.0, torch::kFanOut, torch::kReLU);
+    } else if (auto* bn = module->as<torch::nn::BatchNorm2d>()) {
+      torch::nn::init::ones_(bn->weight);
+      torch::nn::init::zeros_(bn->bias);
+    }
+  }
+}
+
+torch::nn::Sequential ResNetImpl::make_layer(ResNetBlock block, int64_t planes, int64_t count,
+                                             int64_t stride) {
+  // Only the first block strides and changes the width; the rest keep planes * expansion.
+  torch::nn::Sequential layer;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t s = i == 0 ? stride : 1;
+    if (block == ResNetBlock::kBasic) {
+      layer->push_back(BasicBlock(inplanes_, planes, s));
+      inplanes_ = planes * BasicBlockImpl::kExpansion;
+    } else {
+      layer->push_back(Bottleneck(inplanes_, planes, s));
+      inplanes_ = planes * BottleneckImpl::kExpansion;
+    }
+  }
+  return layer;
+}
+
+torch::Tensor ResNetImpl::features(const torch::Tensor& x) {
+  TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == 3, "ResNet: expected input (B, 3, H, W), got ",
+                   x.sizes());
+  auto y = bn1(conv1(x)).relu_();
+  y = F::max_pool2d(y, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
+  y = layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));
+  y = F::adaptive_avg_pool2d(y, F::AdaptiveAvgPool2dFuncOptions(1));
+  return y.flatten(1);  // (B, feature_dim)
+}
+
+torch::Tensor ResNetImpl::forward(const torch::Tensor& x) { return fc(features(x)); }
+
+ResNet resnet18(ResNetOptions options) {
+  return ResNet(ResNetBlock::kBasic, std::array<int64_t, 4>{2, 2, 2, 2}, options);
+}
+
+ResNet resnet34(ResNetOptions options) {
+  return ResNet(ResNetBlock::kBasic, std::array<int64_t, 4>{3, 4, 6, 3}, options);
+}
+
+ResNet resnet50(ResNetOptions options) {
+  return ResNet(ResNetBlock::kBottleneck, std::array<int64_t, 4>{3, 4, 6, 3}, options);
+}
+
+std::vector<std::string> resnet_names() {
+  std::vector<std::string> names;
+  for (const auto& f : kFactories) names.emplace_back(f.name);
+  return names;
+}
+
+ResNet resnet(const std::string& name, ResNetOptions options) {
+  for (const auto& f : kFactories)
+    if (name == f.name) return f.make(options);
+  std::ostringstream valid;
+  for (const auto& f : kFactories) valid << (&f == kFactories ? "" : ", ") << f.name;
+  TANDEM_CHECK_ARG(false, "unknown ResNet '", name, "'; expected one of: ", valid.str());
+  return nullptr;  // not reached
+}
+
+std::vector<std::string> state_dict_keys(const torch::nn::Module& module) {
+  std::vector<std::string> keys;
+  append_state_dict_keys(module, "", keys);
+  return keys;
+}
+
+}  // namespace tandem::models

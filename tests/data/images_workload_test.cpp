@@ -1,0 +1,215 @@
+// Workload "images" end to end on the CPU: an ImageFolder of JPEGs and PNGs written here, decoded
+// by the loader's workers at their own sizes, cropped on the device side, a ResNet trained —
+// every mode computing serial's losses, a learnable folder learned (accuracy far above chance),
+// and bad files stopping the run with the file named or, with skip_bad, left out and reported.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "fixtures.h"
+#include "tandem/data/image_folder.h"
+#include "tandem/error.h"
+#include "tandem/loader.h"
+#include "tandem/resized_crop.h"
+#include "tandem/runner.h"
+#include "tandem/workloads/images.h"
+#include "../test_util.h"
+
+namespace tandem::data::testing {
+namespace {
+
+// Class k of 3: a disk of colour k (red, green, blue) on a gray, noisy background, at a random
+// place and size, in an image of random size; every fifth file a PNG.
+at::Tensor shape_image(int64_t cls, int64_t h, int64_t w, uint64_t seed) {
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  at::Tensor img = at::randint(90, 140, {3, h, w}, g, at::kByte);
+  const double r = std::min(h, w) * (0.25 + 0.2 * at::rand({1}, g).item<double>());
+  const double cy = h / 2.0 + (at::rand({1}, g).item<double>() - 0.5) * (h - 2 * r);
+  const double cx = w / 2.0 + (at::rand({1}, g).item<double>() - 0.5) * (w - 2 * r);
+  auto a = img.accessor<uint8_t, 3>();
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      if ((y - cy) * (y - cy) + (x - cx) * (x - cx) < r * r)
+        for (int64_t c = 0; c < 3; ++c) a[c][y][x] = c == cls ? 230 : 30;
+  return img;
+}
+
+void write_shapes_folder(const TempDir& dir, int per_class, uint64_t seed) {
+  const char* names[] = {"a_red", "b_green", "c_blue"};  // sorted: label k is colour k
+  for (int64_t cls = 0; cls < 3; ++cls)
+    for (int i = 0; i < per_class; ++i) {
+      const uint64_t s = seed + cls * 1000 + i;
+      const int64_t h = 40 + (s * 7) % 50, w = 40 + (s * 13) % 60;
+      const at::Tensor img = shape_image(cls, h, w, s);
+      const std::string stem = std::string(names[cls]) + "/" + std::to_string(i);
+      if (i % 5 == 4)
+        put(dir, stem + ".png", encode_png(img));
+      else
+        put(dir, stem + ".JPG", encode_jpeg(img, 90));
+    }
+}
+
+WorkloadOptions options_for(const TempDir& dir, const std::string& model, int64_t batch) {
+  WorkloadOptions o;
+  o.batch_size = batch;
+  o.seed = 3;
+  o.data = dir.path();
+  o.params = {{"model", model}, {"size", "32"}};
+  return o;
+}
+
+RunOptions run_options(Mode mode, int64_t batch) {
+  RunOptions r;
+  r.mode = mode;
+  r.batch_size = batch;
+  r.workers = 2;
+  r.seed = 3;
+  return r;
+}
+
+TEST(ImagesWorkloadTest, EveryModeComputesSerialsLossesOnTheCpu) {
+  TempDir dir;
+  write_shapes_folder(dir, 6, 1);
+  for (const std::string model : {"r18_full", "r50_frozen_head"}) {
+    std::vector<float> serial;
+    for (const Mode mode : workload_modes()) {
+      const ImagesWorkload w = make_images(options_for(dir, model, 4));
+      if (mode == Mode::kGraphedK) {  // K steps per graph: the eager crop stage cannot be inside
+        EXPECT_THROW(Runner(w.workload, run_options(mode, 4)), InvalidArgument);
+        continue;
+      }
+      // 18 images, 4 a batch: 4 batches an epoch; 6 steps cross into a second, reshuffled one.
+      const std::vector<float> losses = Runner(w.workload, run_options(mode, 4)).train(6);
+      ASSERT_EQ(losses.size(), 6u);
+      for (float l : losses) ASSERT_TRUE(std::isfinite(l)) << model << " " << to_string(mode);
+      if (mode == Mode::kSerial)
+        serial = losses;
+      else
+        EXPECT_EQ(losses, serial) << model << " " << to_string(mode);
+    }
+  }
+}
+
+// On the GPU: the crop kernel, the packed copy and the graphs, every mode against serial.
+TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLosses) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  tandem::testing::use_deterministic_algorithms();
+  TempDir dir;
+  write_shapes_folder(dir, 6, 5);
+  for (const std::string model : {"r18_full", "r50_frozen_head"}) {
+    std::vector<float> serial;
+    for (const Mode mode : workload_modes()) {
+      if (mode == Mode::kGraphedK) continue;  // refused: see the CPU test
+      WorkloadOptions o = options_for(dir, model, 4);
+      o.device = c10::Device(c10::kCUDA, 0);
+      const ImagesWorkload w = make_images(o);
+      // 4 batches an epoch; 12 steps: warm-up, capture and replays across three epochs.
+      const std::vector<float> losses = Runner(w.workload, run_options(mode, 4)).train(12);
+      ASSERT_EQ(losses.size(), 12u);
+      for (float l : losses) ASSERT_TRUE(std::isfinite(l)) << model << " " << to_string(mode);
+      if (mode == Mode::kSerial)
+        serial = losses;
+      else
+        EXPECT_EQ(losses, serial) << model << " " << to_string(mode);
+    }
+  }
+}
+
+TEST(ImagesWorkloadTest, ASmallResNetLearnsColouredShapesFarAboveChance) {
+  TempDir dir;
+  write_shapes_folder(dir, 24, 2);  // 72 images, 3 classes
+  WorkloadOptions o = options_for(dir, "r18_full", 8);
+  o.params["lr"] = "0.02";
+  const ImagesWorkload w = make_images(o);
+  Runner(w.workload, run_options(Mode::kPipelined, 8)).train(90);  // 10 epochs
+
+  // Evaluate as torchvision would: Resize(36) + CenterCrop(32) of every image, in order.
+  ImageFolderOptions fo;
+  fo.image_size = 32;
+  fo.output = ImageFolderOutput::kDecoded;
+  auto folder = std::make_shared<ImageFolderDataset>(dir.path(), fo);
+  LoaderOptions lo;
+  lo.batch_size = 24;
+  lo.workers = 2;
+  lo.drop_last = false;
+  Loader loader(folder, lo);
+  const ResizedCropSpec eval = ResizedCropSpec::eval(32, 36);
+  int64_t correct = 0, total = 0;
+  while (auto b = loader.next()) {
+    const at::Tensor boxes = draw_crop_boxes(eval, b->fields[2]);
+    const at::Tensor x = resized_crop(b->fields[0], b->fields[1], b->fields[2], boxes, eval);
+    const at::Tensor predicted = w.logits(x).argmax(1);
+    correct += predicted.eq(b->fields[3]).sum().item<int64_t>();
+    total += x.size(0);
+    loader.release(*b);
+  }
+  ASSERT_EQ(total, 72);
+  const double accuracy = static_cast<double>(correct) / total;
+  EXPECT_GE(accuracy, 0.8) << "chance is 0.33";
+}
+
+TEST(ImagesWorkloadTest, ACorruptFileStopsTheRunNamingItOrIsSkippedAndReported) {
+  TempDir dir;
+  write_shapes_folder(dir, 4, 3);
+  const std::string bad = dir.file("b_green/zz_truncated.jpg");
+  std::vector<uint8_t> bytes = encode_jpeg(shape_image(1, 50, 50, 9), 90);
+  bytes.resize(bytes.size() / 3);
+  write_file(bad, bytes);
+  put(dir, "a_red/zz_empty.jpg", {});
+  // 12 good files and 2 bad ones: two batches of 7, each with at least 5 good samples (a
+  // ResNet in training mode needs more than one sample a batch).
+  {
+    const ImagesWorkload w = make_images(options_for(dir, "r18_full", 7));
+    try {
+      Runner(w.workload, run_options(Mode::kSerial, 7)).train(2);
+      FAIL() << "no error";
+    } catch (const RunError& e) {
+      const std::string m = e.what();
+      EXPECT_TRUE(m.find("zz_truncated.jpg") != std::string::npos ||
+                  m.find("zz_empty.jpg") != std::string::npos)
+          << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+  }
+  const ImagesWorkload w = make_images(options_for(dir, "r18_full", 7));
+  RunOptions r = run_options(Mode::kPipelined, 7);
+  r.skip_bad = true;
+  Runner runner(w.workload, r);
+  const std::vector<float> losses = runner.train(2);  // one epoch: every file met once
+  for (float l : losses) EXPECT_TRUE(std::isfinite(l));
+  const auto skipped = runner.skipped();
+  ASSERT_EQ(skipped.size(), 2u);
+  std::string reasons = skipped[0].reason + " | " + skipped[1].reason;
+  EXPECT_NE(reasons.find("zz_truncated.jpg"), std::string::npos) << reasons;
+  EXPECT_NE(reasons.find("zz_empty.jpg"), std::string::npos) << reasons;
+}
+
+TEST(ImagesWorkloadTest, BadSettingsAreNamed) {
+  TempDir dir;
+  write_shapes_folder(dir, 2, 4);
+  auto message = [](const WorkloadOptions& o) {
+    try {
+      make_images(o);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  WorkloadOptions o = options_for(dir, "r18_full", 2);
+  o.data = "";
+  EXPECT_NE(message(o).find("give --data DIR"), std::string::npos);
+  o.data = dir.path() + "/a_red/0.JPG";  // a file, not a folder
+  EXPECT_NE(message(o).find("0.JPG"), std::string::npos) << message(o);
+  o = options_for(dir, "r152", 2);
+  EXPECT_NE(message(o).find("r152"), std::string::npos) << message(o);
+  o = options_for(dir, "r18_full", 2);
+  o.params["size"] = "huge";
+  EXPECT_NE(message(o).find("size 'huge'"), std::string::npos) << message(o);
+}
+
+}  // namespace
+}  // namespace tandem::data::testing

@@ -1,0 +1,225 @@
+// nvjpeg_decoder.h: availability without a GPU (CPU suite), and on a GPU (NvjpegDecoderGpuTest,
+// skipped without CUDA or nvJPEG) batched decode of mixed sizes, gray and progressive JPEGs to
+// 1 and 3 channels against decode_image on the CPU, the packed layout, and every bad input
+// naming its file.
+#include "tandem/data/nvjpeg_decoder.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <gtest/gtest.h>
+#include <turbojpeg.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+#include "fixtures.h"
+#include "tandem/error.h"
+
+namespace tandem::data {
+namespace {
+
+using testing::expect_one_line_naming;
+
+// ---- CPU: what a machine without a GPU (or without nvJPEG) is told.
+
+TEST(NvjpegDecoderTest, ReportsWhyNotWithoutDevice) {
+  if (tandem::testing::have_cuda()) GTEST_SKIP() << "this machine has a CUDA device";
+  std::string why_open, why_available;
+  EXPECT_EQ(NvjpegDecoder::open(0, &why_open), nullptr);
+  EXPECT_FALSE(NvjpegDecoder::available(&why_available));
+  EXPECT_EQ(why_open, why_available);
+  // Built with nvjpeg.h, the library is loaded and resolved before the device is asked for,
+  // so "no CUDA device" here also says libnvjpeg loaded with every function tandem calls.
+  const bool no_device = why_open.find("no CUDA device") != std::string::npos;
+  const bool no_header = why_open.find("built without nvjpeg.h") != std::string::npos;
+  EXPECT_TRUE(no_device || no_header) << why_open;
+  EXPECT_EQ(why_open.find('\n'), std::string::npos) << why_open;
+  EXPECT_EQ(NvjpegDecoder::open(0), nullptr);  // why_not is optional
+}
+
+TEST(NvjpegDecoderTest, NegativeDeviceIsInvalidArgument) {
+  EXPECT_THROW(NvjpegDecoder::open(-1, nullptr), InvalidArgument);
+}
+
+TEST(NvjpegDecoderTest, PackedImagesViewsOneSample) {
+  PackedImages p;
+  p.packed = at::arange(2 * 3 * 4 + 3 * 2 * 2, at::kByte);
+  p.offsets_host = {0, 24};
+  p.sizes_host = {{2, 3, 4}, {3, 2, 2}};
+  ASSERT_EQ(p.size(), 2);
+  EXPECT_EQ(p.image(0).sizes().vec(), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(p.image(1).sizes().vec(), (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(p.image(1)[0][0][0].item<int64_t>(), 24);
+  EXPECT_EQ(p.image(1)[2][1][1].item<int64_t>(), 35);
+  EXPECT_THROW(p.image(2), InvalidArgument);
+}
+
+// ---- GPU.
+
+#define TANDEM_OPEN_NVJPEG_OR_SKIP(decoder)                                              \
+  TANDEM_SKIP_WITHOUT_CUDA();                                                            \
+  std::string why_not_;                                                                  \
+  std::unique_ptr<NvjpegDecoder> decoder = NvjpegDecoder::open(0, &why_not_);            \
+  if (!decoder) GTEST_SKIP() << "nvJPEG unavailable: " << why_not_
+
+struct Fixture {
+  std::string name;
+  std::vector<uint8_t> bytes;
+};
+
+std::vector<uint8_t> progressive_jpeg(const at::Tensor& rgb) {
+  const at::Tensor hwc = rgb.permute({1, 2, 0}).contiguous();
+  tjhandle tj = tjInitCompress();
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;
+  const int status = tjCompress2(tj, hwc.data_ptr<uint8_t>(), static_cast<int>(rgb.size(2)), 0,
+                                 static_cast<int>(rgb.size(1)), TJPF_RGB, &buffer, &size,
+                                 TJSAMP_420, 90, TJFLAG_PROGRESSIVE);
+  std::vector<uint8_t> out;
+  if (status == 0) out.assign(buffer, buffer + size);
+  tjFree(buffer);
+  tjDestroy(tj);
+  if (status != 0) throw std::runtime_error("tjCompress2 (progressive) failed");
+  return out;
+}
+
+// Sizes that are not multiples of the 8 / 16 px blocks, each chroma subsampling, gray, and a
+// progressive file.
+std::vector<Fixture> good_jpegs() {
+  using testing::smooth_image;
+  return {
+      {"/g/small-420.jpg", encode_jpeg(smooth_image(3, 37, 53, 1), 90)},
+      {"/g/wide-444.jpg", encode_jpeg(smooth_image(3, 224, 300, 2), 95, ChromaSubsampling::k444)},
+      {"/g/gray.jpg", encode_jpeg(smooth_image(1, 61, 45, 3), 90)},
+      {"/g/mid-422.jpg", encode_jpeg(smooth_image(3, 75, 100, 4), 90, ChromaSubsampling::k422)},
+      {"/g/progressive.jpg", progressive_jpeg(smooth_image(3, 96, 128, 5))},
+  };
+}
+
+std::vector<EncodedImage> encoded(const std::vector<Fixture>& fixtures) {
+  std::vector<EncodedImage> out;
+  for (const auto& f : fixtures) out.push_back({f.bytes.data(), f.bytes.size(), f.name});
+  return out;
+}
+
+// Decodes on `stream` and checks every sample against decode_image on the CPU.
+void expect_matches_cpu(NvjpegDecoder& decoder, const std::vector<Fixture>& fixtures,
+                        int64_t channels, const c10::cuda::CUDAStream& stream) {
+  const PackedImages out = decoder.decode(encoded(fixtures), channels, stream.stream());
+  ASSERT_EQ(out.size(), static_cast<int64_t>(fixtures.size()));
+  c10::cuda::CUDAStreamGuard guard(stream);  // reads below are ordered after the decode
+  ASSERT_TRUE(out.packed.is_cuda());
+  EXPECT_EQ(out.packed.scalar_type(), at::kByte);
+  EXPECT_EQ(out.offsets.sizes().vec(), (std::vector<int64_t>{out.size()}));
+  EXPECT_EQ(out.sizes.sizes().vec(), (std::vector<int64_t>{out.size(), 3}));
+  const at::Tensor offsets = out.offsets.cpu(), sizes = out.sizes.cpu();
+  int64_t expected_offset = 0;
+  for (int64_t b = 0; b < out.size(); ++b) {
+    const Fixture& f = fixtures[static_cast<size_t>(b)];
+    const at::Tensor cpu = decode_image(f.bytes, f.name, channels);
+    const auto& s = out.sizes_host[static_cast<size_t>(b)];
+    EXPECT_EQ((std::vector<int64_t>{s[0], s[1], s[2]}), cpu.sizes().vec()) << f.name;
+    EXPECT_EQ(out.offsets_host[static_cast<size_t>(b)], expected_offset) << f.name;
+    EXPECT_EQ(offsets[b].item<int64_t>(), expected_offset) << f.name;
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(sizes[b][k].item<int64_t>(), s[k]) << f.name;
+    expected_offset += cpu.numel();
+    const at::Tensor gpu = out.image(b).cpu();
+    if (gpu.sizes() != cpu.sizes()) continue;
+    const at::Tensor diff = gpu.to(at::kInt).sub(cpu.to(at::kInt)).abs();
+    const double mean = diff.to(at::kFloat).mean().item<double>();
+    const int64_t max = diff.max().item<int64_t>();
+    std::printf("[ nvjpeg   ] %s -> %lld channel(s): mean |diff| %.3f, max %lld\n",
+                f.name.c_str(), static_cast<long long>(channels), mean,
+                static_cast<long long>(max));
+    // A different IDCT and chroma upsampling than libjpeg-turbo's: close, not equal.
+    EXPECT_LE(mean, 1.5) << f.name;
+    EXPECT_LE(max, 12) << f.name;
+  }
+  EXPECT_EQ(out.packed.numel(), expected_offset);
+}
+
+TEST(NvjpegDecoderGpuTest, DecodesABatchLikeTheCpuDecoder) {
+  TANDEM_OPEN_NVJPEG_OR_SKIP(decoder);
+  const auto fixtures = good_jpegs();
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  expect_matches_cpu(*decoder, fixtures, 3, side);
+  expect_matches_cpu(*decoder, fixtures, 1, side);  // a new output format re-initialises
+  // A different batch size on the same decoder, on the default stream, one image at a time.
+  for (const auto& f : fixtures)
+    expect_matches_cpu(*decoder, {f}, 3, c10::cuda::getDefaultCUDAStream(0));
+  expect_matches_cpu(*decoder, fixtures, 3, side);
+}
+
+TEST(NvjpegDecoderGpuTest, GrayJpegBecomesThreeEqualChannels) {
+  TANDEM_OPEN_NVJPEG_OR_SKIP(decoder);
+  const auto bytes = encode_jpeg(testing::smooth_image(1, 40, 30, 6), 90);
+  const PackedImages out = decoder->decode({{bytes.data(), bytes.size(), "g.jpg"}}, 3, nullptr);
+  const at::Tensor rgb = out.image(0).cpu();
+  ASSERT_EQ(rgb.sizes().vec(), (std::vector<int64_t>{3, 40, 30}));
+  EXPECT_TRUE(rgb[0].equal(rgb[1]));
+  EXPECT_TRUE(rgb[0].equal(rgb[2]));
+}
+
+TEST(NvjpegDecoderGpuTest, EmptyBatchGivesEmptyTensors) {
+  TANDEM_OPEN_NVJPEG_OR_SKIP(decoder);
+  const PackedImages out = decoder->decode({}, 3, nullptr);
+  EXPECT_EQ(out.size(), 0);
+  EXPECT_EQ(out.packed.numel(), 0);
+  EXPECT_EQ(out.sizes.sizes().vec(), (std::vector<int64_t>{0, 3}));
+  EXPECT_THROW(decoder->decode({}, 2, nullptr), InvalidArgument);
+}
+
+// tandem::Error (not InvalidArgument), one line, naming the file and the cause: alone, and
+// among good images (the whole call fails, naming the bad one).
+void expect_decode_error(NvjpegDecoder& decoder, const Fixture& bad, const std::string& cause) {
+  const auto good = encode_jpeg(testing::smooth_image(3, 32, 32, 7), 90);
+  const std::vector<std::vector<EncodedImage>> batches = {
+      {{bad.bytes.data(), bad.bytes.size(), bad.name}},
+      {{good.data(), good.size(), "/ok/a.jpg"},
+       {bad.bytes.data(), bad.bytes.size(), bad.name},
+       {good.data(), good.size(), "/ok/b.jpg"}}};
+  for (const auto& batch : batches) {
+    try {
+      decoder.decode(batch, 3, nullptr);
+      ADD_FAILURE() << "no error for " << bad.name << " in a batch of " << batch.size();
+    } catch (const InvalidArgument& e) {
+      ADD_FAILURE() << "InvalidArgument instead of Error: " << e.what();
+    } catch (const Error& e) {
+      expect_one_line_naming(e.what(), bad.name, cause);
+      EXPECT_EQ(std::string(e.what()).find("/ok/"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(NvjpegDecoderGpuTest, BadInputsThrowNamingTheFile) {
+  TANDEM_OPEN_NVJPEG_OR_SKIP(decoder);
+  const auto jpeg = encode_jpeg(testing::smooth_image(3, 64, 64, 8), 90);
+  const auto big = encode_jpeg(testing::smooth_image(3, 256, 256, 8), 90);
+  const auto png = encode_png(testing::smooth_image(3, 20, 20, 8));
+  const std::string text = "this is not an image\n";
+  std::vector<uint8_t> corrupt = jpeg;  // garbage over the headers after SOI
+  for (size_t i = 3; i < 200; ++i) corrupt[i] = static_cast<uint8_t>(i * 37);
+  std::vector<uint8_t> cmyk(24 * 16 * 4);
+  for (size_t i = 0; i < cmyk.size(); ++i) cmyk[i] = static_cast<uint8_t>(i * 7);
+
+  expect_decode_error(*decoder, {"/d/empty.jpg", {}}, "empty file");
+  expect_decode_error(*decoder, {"/d/text.jpg", {text.begin(), text.end()}}, "not a JPEG");
+  expect_decode_error(*decoder, {"/d/pic.png", png}, "PNG");
+  expect_decode_error(*decoder, {"/d/head.jpg", {jpeg.begin(), jpeg.begin() + 40}}, "JPEG");
+  expect_decode_error(*decoder, {"/d/corrupt.jpg", corrupt}, "JPEG");
+  expect_decode_error(*decoder, {"/d/half.jpg", {jpeg.begin(), jpeg.begin() + jpeg.size() / 2}},
+                      "truncated JPEG");
+  // Cut inside the entropy-coded data of a larger picture (headers intact).
+  expect_decode_error(*decoder, {"/d/cut.jpg", {big.begin(), big.begin() + big.size() * 3 / 4}},
+                      "truncated JPEG");
+  expect_decode_error(*decoder, {"/d/cmyk.jpg", testing::cmyk_jpeg(cmyk, 24, 16)}, "CMYK");
+
+  // The decoder is still good after all of that.
+  expect_matches_cpu(*decoder, good_jpegs(), 3, c10::cuda::getDefaultCUDAStream(0));
+}
+
+}  // namespace
+}  // namespace tandem::data

@@ -1,0 +1,239 @@
+// Resized crop (RandomResizedCrop / Resize + CenterCrop on packed variable-size batches): the
+// geometry against torchvision's rules, the resample against ATen's antialiased bilinear resize,
+// the draws' ranges and determinism, and the kernel against the C++ reference, to the bit.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+
+#include "tandem/error.h"
+#include "tandem/resized_crop.h"
+#include "test_util.h"
+
+namespace tandem {
+namespace {
+
+struct Packed {
+  at::Tensor packed, offsets, sizes;
+};
+
+// Images (C, h, w) back to back, as the loader packs them.
+Packed pack(const std::vector<at::Tensor>& images) {
+  std::vector<at::Tensor> flat;
+  std::vector<int64_t> offsets, sizes;
+  int64_t at_byte = 0;
+  for (const auto& img : images) {
+    flat.push_back(img.contiguous().view(-1));
+    offsets.push_back(at_byte);
+    for (int d = 0; d < 3; ++d) sizes.push_back(img.size(d));
+    at_byte += img.numel();
+  }
+  const int64_t B = static_cast<int64_t>(images.size());
+  return {at::cat(flat), at::tensor(offsets, at::kLong),
+          at::tensor(sizes, at::kLong).view({B, 3})};
+}
+
+at::Tensor random_image(int64_t c, int64_t h, int64_t w, uint64_t seed) {
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  return at::randint(0, 256, {c, h, w}, g, at::kByte);
+}
+
+std::vector<int32_t> row(const at::Tensor& boxes, int64_t i) {
+  const at::Tensor r = boxes[i].cpu().contiguous();
+  return std::vector<int32_t>(r.data_ptr<int32_t>(), r.data_ptr<int32_t>() + r.numel());
+}
+
+at::Tensor box_tensor(std::vector<int32_t> b) { return at::tensor(b, at::kInt).view({1, 9}); }
+
+ResizedCropSpec plain(int64_t out_h, int64_t out_w) {  // no normalization: pixels out
+  ResizedCropSpec s = ResizedCropSpec::train(out_h);
+  s.out_w = out_w;
+  s.mean = {0, 0, 0};
+  s.std = {1, 1, 1};
+  return s;
+}
+
+// ATen's antialiased bilinear resize of a crop, rounded to pixels as torchvision's uint8 path.
+at::Tensor aten_resize(const at::Tensor& chw, int64_t oh, int64_t ow) {
+  return at::_upsample_bilinear2d_aa(chw.unsqueeze(0).to(at::kFloat), {oh, ow}, false)
+      .squeeze(0)
+      .round()
+      .clamp(0, 255);
+}
+
+TEST(ResizedCropTest, AnImageOfTheOutputSizeWithoutACropIsItsPixelsNormalized) {
+  const at::Tensor img = random_image(3, 17, 17, 1);
+  const Packed p = pack({img});
+  const ResizedCropSpec s = ResizedCropSpec::eval(17, 17);
+  const at::Tensor boxes = draw_crop_boxes(s, p.sizes);
+  EXPECT_EQ(boxes[0][6].item<int32_t>(), 0);
+  EXPECT_EQ(boxes[0][7].item<int32_t>(), 0);
+  const at::Tensor out = resized_crop(p.packed, p.offsets, p.sizes, boxes, s);
+  at::Tensor expected = img.to(at::kFloat).unsqueeze(0);
+  for (int c = 0; c < 3; ++c)
+    expected[0][c] = expected[0][c] * static_cast<float>(1.0 / s.std[c]) +
+                     static_cast<float>(-s.mean[c] / s.std[c]);
+  EXPECT_TRUE(at::allclose(out, expected, 1e-5, 1e-5));
+}
+
+TEST(ResizedCropTest, ACropResizedMatchesATensAntialiasedBilinearWithinOneLevel) {
+  const at::Tensor img = random_image(3, 120, 90, 2);
+  const Packed p = pack({img});
+  for (const auto& [oh, ow] : std::vector<std::pair<int64_t, int64_t>>{{32, 24}, {96, 64}, {150, 140}}) {
+    // top 10, left 5, 100 x 80 crop resized to oh x ow, no flip.
+    const at::Tensor boxes = box_tensor({10, 5, 100, 80, static_cast<int32_t>(oh),
+                                         static_cast<int32_t>(ow), 0, 0, 0});
+    const at::Tensor out = resized_crop(p.packed, p.offsets, p.sizes, boxes, plain(oh, ow));
+    const at::Tensor ref = aten_resize(img.narrow(1, 10, 100).narrow(2, 5, 80), oh, ow);
+    EXPECT_LE((out[0] - ref).abs().max().item<float>(), 1.0f) << oh << "x" << ow;
+    EXPECT_LT((out[0] - ref).abs().mean().item<float>(), 0.05f) << oh << "x" << ow;
+  }
+}
+
+TEST(ResizedCropTest, EvaluationIsResizeOfTheShortSideThenACenterCrop) {
+  const at::Tensor img = random_image(3, 48, 64, 3);  // resize 32: 32 x 42, crop 28: (2, 7)
+  const Packed p = pack({img});
+  ResizedCropSpec s = ResizedCropSpec::eval(28, 32);
+  s.mean = {0, 0, 0};
+  s.std = {1, 1, 1};
+  const at::Tensor boxes = draw_crop_boxes(s, p.sizes);
+  EXPECT_EQ(row(boxes, 0), (std::vector<int32_t>{0, 0, 48, 64, 32, 42, 2, 7, 0}));
+  const at::Tensor out = resized_crop(p.packed, p.offsets, p.sizes, boxes, s);
+  const at::Tensor ref = aten_resize(img, 32, 42).narrow(1, 2, 28).narrow(2, 7, 28);
+  EXPECT_LE((out[0] - ref).abs().max().item<float>(), 1.0f);
+}
+
+TEST(ResizedCropTest, TheFlipMirrorsTheOutputExactly) {
+  const at::Tensor img = random_image(3, 40, 50, 4);
+  const Packed p = pack({img});
+  const ResizedCropSpec s = plain(20, 30);
+  const at::Tensor a = resized_crop(p.packed, p.offsets, p.sizes,
+                                    box_tensor({3, 4, 30, 40, 20, 30, 0, 0, 0}), s);
+  const at::Tensor b = resized_crop(p.packed, p.offsets, p.sizes,
+                                    box_tensor({3, 4, 30, 40, 20, 30, 0, 0, 1}), s);
+  EXPECT_TRUE(at::equal(a.flip({3}), b));
+}
+
+TEST(ResizedCropTest, RandomBoxesFollowTorchvisionsRanges) {
+  std::vector<at::Tensor> imgs;
+  for (int i = 0; i < 400; ++i) imgs.push_back(at::zeros({3, 40 + i % 200, 60 + (7 * i) % 300}, at::kByte));
+  const Packed p = pack(imgs);
+  const ResizedCropSpec s = ResizedCropSpec::train(224);
+  at::Generator g = at::detail::createCPUGenerator(5);
+  const at::Tensor boxes = draw_crop_boxes(s, p.sizes, g);
+  int flips = 0;
+  for (int i = 0; i < 400; ++i) {
+    const std::vector<int32_t> v = row(boxes, i);
+    const int64_t h = p.sizes[i][1].item<int64_t>(), w = p.sizes[i][2].item<int64_t>();
+    ASSERT_GE(v[0], 0);
+    ASSERT_GE(v[1], 0);
+    ASSERT_LE(v[0] + v[2], h);
+    ASSERT_LE(v[1] + v[3], w);
+    const double area = static_cast<double>(v[2]) * v[3] / (static_cast<double>(h) * w);
+    const double ratio = static_cast<double>(v[3]) / v[2];
+    // Rounding the sides to pixels moves area and ratio a little past the drawn ranges.
+    EXPECT_GE(area, 0.08 * 0.8) << i;
+    EXPECT_GE(ratio, 0.75 * 0.9) << i;
+    EXPECT_LE(ratio, 4.0 / 3.0 * 1.1) << i;
+    EXPECT_EQ(v[4], 224);
+    EXPECT_EQ(v[5], 224);
+    flips += v[8];
+  }
+  EXPECT_GT(flips, 150);
+  EXPECT_LT(flips, 250);
+  at::Generator g2 = at::detail::createCPUGenerator(5), g3 = at::detail::createCPUGenerator(6);
+  EXPECT_TRUE(at::equal(boxes, draw_crop_boxes(s, p.sizes, g2)));
+  EXPECT_FALSE(at::equal(boxes, draw_crop_boxes(s, p.sizes, g3)));
+}
+
+TEST(ResizedCropTest, AnImageTooNarrowForTheRatioRangeFallsBackToTheClampedWholeImage) {
+  const Packed p = pack({at::zeros({3, 4, 100}, at::kByte)});  // ratio 25: no try can fit
+  const at::Tensor boxes = draw_crop_boxes(ResizedCropSpec::train(8), p.sizes);
+  // torchvision: h = 4, w = round(4 * 4/3) = 5, centred: left = (100 - 5) / 2 = 47.
+  const std::vector<int32_t> v = row(boxes, 0);
+  EXPECT_EQ(std::vector<int32_t>(v.begin(), v.begin() + 4), (std::vector<int32_t>{0, 47, 4, 5}));
+}
+
+TEST(ResizedCropTest, ASampleWithAnotherChannelCountComesOutAsNan) {
+  const Packed p = pack({random_image(3, 8, 8, 1), random_image(1, 8, 8, 2)});
+  const ResizedCropSpec s = ResizedCropSpec::eval(8, 8);
+  const at::Tensor out = resized_crop(p.packed, p.offsets, p.sizes, draw_crop_boxes(s, p.sizes), s);
+  EXPECT_FALSE(out[0].isnan().any().item<bool>());
+  EXPECT_TRUE(out[1].isnan().all().item<bool>());
+}
+
+TEST(ResizedCropTest, RejectsBadInputNamingTheValue) {
+  const Packed p = pack({random_image(3, 8, 8, 1)});
+  auto message = [&](auto fn) {
+    try {
+      fn();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  ResizedCropSpec s = ResizedCropSpec::train(8);
+  s.scale_min = 0;
+  EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes); }).find("scale range"), std::string::npos);
+  s = ResizedCropSpec::eval(224, 200);
+  EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes); }).find("resize size 200"), std::string::npos);
+  s = ResizedCropSpec::train(8);
+  s.mean = {0};
+  EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes); }).find("std has 3 values for 1 channels"), std::string::npos);
+  s = ResizedCropSpec::train(8);
+  EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes.to(at::kInt)); }).find("(B, 3) int64"),
+            std::string::npos);
+  const at::Tensor boxes = draw_crop_boxes(s, p.sizes);
+  EXPECT_NE(message([&] { resized_crop(p.packed.narrow(0, 0, 100), p.offsets, p.sizes, boxes, s); })
+                .find("outside the 100 packed bytes"),
+            std::string::npos);
+  EXPECT_NE(message([&] { resized_crop(p.packed, p.offsets, p.sizes, boxes.narrow(1, 0, 8), s); })
+                .find("boxes must be"),
+            std::string::npos);
+}
+
+// A batch of photos of assorted sizes (some much larger than the output, some smaller).
+Packed assorted_batch(int n, uint64_t seed) {
+  std::vector<at::Tensor> imgs;
+  for (int i = 0; i < n; ++i)
+    imgs.push_back(random_image(3, 30 + (37 * i) % 500, 20 + (53 * i) % 600, seed + i));
+  return pack(imgs);
+}
+
+TEST(ResizedCropGpuTest, KernelMatchesTheCppReferenceToTheBit) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const Packed p = assorted_batch(24, 10);
+  for (const ResizedCropSpec& s : {ResizedCropSpec::train(224), ResizedCropSpec::eval(224, 256),
+                                   ResizedCropSpec::train(64)}) {
+    const at::Tensor sizes = p.sizes.cuda();
+    const at::Tensor boxes = draw_crop_boxes(s, sizes);
+    const at::Tensor gpu = resized_crop(p.packed.cuda(), p.offsets.cuda(), sizes, boxes, s).cpu();
+    const at::Tensor cpu = resized_crop(p.packed, p.offsets, p.sizes, boxes.cpu(), s);
+    EXPECT_TRUE(at::equal(gpu, cpu)) << "max diff " << (gpu - cpu).abs().max().item<float>()
+                                     << " random " << s.random << " out " << s.out_h;
+  }
+}
+
+TEST(ResizedCropGpuTest, DeviceDrawsAreReproducibleForASeedAndWithinTheImage) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const Packed p = assorted_batch(64, 20);
+  const at::Tensor sizes = p.sizes.cuda();
+  const ResizedCropSpec s = ResizedCropSpec::train(224);
+  at::Generator a = at::cuda::detail::createCUDAGenerator(0), b = at::cuda::detail::createCUDAGenerator(0);
+  a.set_current_seed(7);
+  b.set_current_seed(7);
+  const at::Tensor ba = draw_crop_boxes(s, sizes, a).cpu(), bb = draw_crop_boxes(s, sizes, b).cpu();
+  EXPECT_TRUE(at::equal(ba, bb));
+  EXPECT_FALSE(at::equal(ba, draw_crop_boxes(s, sizes, a).cpu())) << "the next draw differs";
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_LE(ba[i][0].item<int32_t>() + ba[i][2].item<int32_t>(), p.sizes[i][1].item<int64_t>());
+    EXPECT_LE(ba[i][1].item<int32_t>() + ba[i][3].item<int32_t>(), p.sizes[i][2].item<int64_t>());
+  }
+}
+
+}  // namespace
+}  // namespace tandem

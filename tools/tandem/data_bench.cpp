@@ -1,0 +1,270 @@
+// The data bench: see data_bench.h.
+#include "data_bench.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "tandem/auto_mode.h"
+#include "tandem/data/decode.h"
+#include "tandem/data/image_folder.h"
+#include "tandem/data/nvjpeg_decoder.h"
+#include "tandem/error.h"
+#include "tandem/loader.h"
+#include "tandem/progress.h"
+#include "tandem/sampler.h"
+#include "tandem/workloads/images.h"
+
+namespace tandem {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The first `n` files of the folder's index, spread over its classes (every k-th sample).
+std::vector<std::string> pick_files(const data::ImageFolderDataset& folder, int64_t n) {
+  const auto& samples = folder.samples();
+  const int64_t total = static_cast<int64_t>(samples.size());
+  n = std::min(n, total);
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(samples[i * total / n].path);
+  return out;
+}
+
+// One core decoding every file to RGB: at the DCT scale for `size` (min_side = size), or full.
+DataBenchRow time_cpu_decode(const std::vector<std::vector<uint8_t>>& files,
+                             const std::vector<std::string>& paths, int64_t size, bool scaled) {
+  Progress progress(scaled ? "decode (cpu, scaled)" : "decode (cpu, full size)",
+                    static_cast<int64_t>(files.size()));
+  const Clock::time_point start = Clock::now();
+  for (size_t i = 0; i < files.size(); ++i) {
+    data::decode_image(files[i], paths[i], 3, scaled ? size : 0, scaled ? size : 0);
+    progress.update(static_cast<int64_t>(i + 1));
+  }
+  progress.finish();
+  DataBenchRow r;
+  r.job = "decode";
+  r.decode = scaled ? "cpu" : "cpu_full";
+  r.workers = 1;
+  r.images_per_s = static_cast<double>(files.size()) / seconds_since(start);
+  r.images_per_s_per_core = r.images_per_s;
+  r.note = scaled ? "TurboJPEG at the smallest DCT scale keeping both sides >= " +
+                        std::to_string(size)
+                  : "TurboJPEG at full size";
+  return r;
+}
+
+// nvJPEG on the GPU, batches of `batch` files already in host memory (a first, untimed batch
+// warms the decoder up); the rate includes the host's Huffman work nvJPEG does per batch.
+// Returns false, with why_not set, where nvJPEG or a GPU is absent.
+bool time_gpu_decode(const std::vector<std::vector<uint8_t>>& files,
+                     const std::vector<std::string>& paths, int64_t batch, c10::Device device,
+                     DataBenchRow& row, std::string& why_not) {
+  if (!device.is_cuda()) {
+    why_not = "the device is not a GPU";
+    return false;
+  }
+  auto decoder = data::NvjpegDecoder::open(device.index(), &why_not);
+  if (!decoder) return false;
+  std::vector<data::EncodedImage> encoded;
+  for (size_t i = 0; i < files.size(); ++i)
+    encoded.push_back({files[i].data(), files[i].size(), paths[i]});
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const size_t b = static_cast<size_t>(std::max<int64_t>(1, batch));
+  auto run = [&](size_t first, size_t count) {
+    const std::vector<data::EncodedImage> part(encoded.begin() + first,
+                                               encoded.begin() + first + count);
+    decoder->decode(part, 3, stream);
+  };
+  run(0, std::min(b, encoded.size()));
+  c10::cuda::device_synchronize();
+  Progress progress("decode (gpu)", static_cast<int64_t>(encoded.size()));
+  const Clock::time_point start = Clock::now();
+  for (size_t first = 0; first < encoded.size(); first += b) {
+    run(first, std::min(b, encoded.size() - first));
+    progress.update(static_cast<int64_t>(std::min(first + b, encoded.size())));
+  }
+  c10::cuda::device_synchronize();
+  progress.finish();
+  row.job = "decode";
+  row.decode = "gpu";
+  row.batch_size = static_cast<int64_t>(b);
+  row.workers = 1;
+  row.images_per_s = static_cast<double>(encoded.size()) / seconds_since(start);
+  row.note = "nvJPEG batched decode, one host thread, full size";
+  return true;
+}
+
+// The loader alone: workers reading, decoding and packing batches into pinned slots.
+DataBenchRow time_loader(std::shared_ptr<const data::ImageFolderDataset> folder, int workers,
+                         int64_t batch_size, int64_t batches) {
+  LoaderOptions lo;
+  lo.batch_size = batch_size;
+  lo.workers = workers;
+  lo.depth = ring_slots_for(workers);
+  lo.shuffle = true;
+  // Enough indices for `batches` batches plus one warm-up batch, cycling over the folder.
+  const int64_t n = folder->size();
+  const DistributedSampler sampler(n, 1, 0, true, 0);
+  for (int64_t e = 0; static_cast<int64_t>(lo.indices.size()) < (batches + 1) * batch_size; ++e) {
+    const auto epoch = sampler.indices(e);
+    lo.indices.insert(lo.indices.end(), epoch.begin(), epoch.end());
+  }
+  lo.indices.resize((batches + 1) * batch_size);
+  Loader loader(folder, lo);
+  Progress progress("loader", batches + 1);
+  auto first = loader.next();  // the first batch waits for the workers to start: untimed
+  TANDEM_CHECK_ARG(first.has_value(), "the loader gave no batch");
+  loader.release(*first);
+  const Clock::time_point start = Clock::now();
+  int64_t images = 0, got = 0;
+  while (auto b = loader.next()) {
+    images += static_cast<int64_t>(b->indices.size());
+    loader.release(*b);
+    progress.update(++got + 1);
+  }
+  progress.finish();
+  DataBenchRow r;
+  r.job = "loader";
+  r.decode = "cpu";
+  r.batch_size = batch_size;
+  r.workers = workers;
+  r.images_per_s = static_cast<double>(images) / seconds_since(start);
+  r.images_per_s_per_core = r.images_per_s / workers;
+  r.note = "read + scaled decode + pack into pinned slots, no GPU";
+  return r;
+}
+}  // namespace
+
+DataBenchResult run_data_bench(const DataBenchOptions& o) {
+  TANDEM_CHECK_ARG(!o.data.empty(), "data-bench needs --data DIR (an ImageFolder)");
+  TANDEM_CHECK_ARG(o.decode == "cpu" || o.decode == "gpu" || o.decode == "auto", "decode '",
+                   o.decode, "' is not valid: expected cpu, gpu or auto");
+  TANDEM_CHECK_ARG(o.decode_images >= 1, "decode image count ", o.decode_images,
+                   " is not valid: expected >= 1");
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int workers = o.workers > 0 ? o.workers : std::max(1, static_cast<int>(cores) - 1);
+  BenchOptions run = o.run;
+  run.data = o.data;
+  run.params["model"] = o.model;
+  const bool end_to_end = !run.steps || *run.steps > 0;
+  if (!end_to_end) run.steps = 1;
+  run = resolve(run);  // validates the device, batch size and counts before the long work
+  const int64_t size = run.params.count("size") ? std::stoll(run.params.at("size")) : 224;
+
+  data::ImageFolderOptions fo;
+  fo.image_size = size;
+  fo.output = data::ImageFolderOutput::kDecoded;
+  auto folder = std::make_shared<data::ImageFolderDataset>(o.data, fo);
+  DataBenchResult result;
+  result.device_name = device_name(parse_device(run.device));
+  std::cerr << "data-bench: " << folder->size() << " images in " << folder->classes().size()
+            << " classes under " << o.data << "; " << cores << " cores\n";
+
+  // Files read into memory first: the decode rows time decoding, not the disk.
+  const std::vector<std::string> paths = pick_files(*folder, o.decode_images);
+  std::vector<std::vector<uint8_t>> files;
+  for (const auto& p : paths) files.push_back(data::read_file(p));
+  if (o.decode != "gpu") {
+    result.rows.push_back(time_cpu_decode(files, paths, size, true));
+    result.rows.push_back(time_cpu_decode(files, paths, size, false));
+    result.rows.push_back(time_loader(folder, workers, *run.batch_size, o.loader_batches));
+  }
+  if (o.decode != "cpu") {
+    DataBenchRow row;
+    std::string why_not;
+    if (time_gpu_decode(files, paths, *run.batch_size, parse_device(run.device), row, why_not))
+      result.rows.push_back(row);
+    else
+      result.notes.push_back("gpu decode (nvJPEG) not timed: " + why_not);
+  }
+
+  if (end_to_end) {
+    for (const std::string source : {"files", "resident"}) {
+      BenchOptions b = run;
+      b.params["source"] = source;
+      b.workers = workers;
+      std::cerr << "data-bench: workload images (" << o.model << ", " << source << "), "
+                << to_string(b.mode) << ", batch " << *b.batch_size << "\n";
+      const BenchResult r = b.mode == Mode::kAuto ? run_auto(b).result : run_bench(b);
+      if (source == "files") {
+        DataBenchRow row;
+        row.job = o.model;
+        row.decode = "cpu";
+        row.batch_size = *b.batch_size;
+        row.workers = workers;
+        row.images_per_s = r.samples_per_s;
+        result.rows.push_back(row);
+        result.stage_report = describe_result(r);
+      } else {
+        result.rows.back().resident_images_per_s = r.samples_per_s;
+        result.rows.back().note =
+            detail::concat("mode ", to_string(b.mode), "; ",
+                           static_cast<int>(100.0 * result.rows.back().images_per_s /
+                                            r.samples_per_s + 0.5),
+                           "% of the resident rate");
+      }
+    }
+  }
+  return result;
+}
+
+std::string describe_data_bench(const DataBenchResult& r) {
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-16s %-9s %6s %7s %12s %12s %12s  %s\n", "job", "decode",
+                "batch", "workers", "img/s", "img/s/core", "resident", "note");
+  os << line;
+  for (const auto& row : r.rows) {
+    auto num = [](double v) {
+      char b[32];
+      if (v > 0)
+        std::snprintf(b, sizeof b, "%.0f", v);
+      else
+        std::snprintf(b, sizeof b, "-");
+      return std::string(b);
+    };
+    std::snprintf(line, sizeof line, "%-16s %-9s %6s %7d %12s %12s %12s  %s\n", row.job.c_str(),
+                  row.decode.c_str(), row.batch_size ? std::to_string(row.batch_size).c_str() : "-",
+                  row.workers, num(row.images_per_s).c_str(),
+                  num(row.images_per_s_per_core).c_str(), num(row.resident_images_per_s).c_str(),
+                  row.note.c_str());
+    os << line;
+  }
+  for (const auto& n : r.notes) os << "note: " << n << "\n";
+  if (!r.stage_report.empty()) os << "\nend to end, fed from the folder:\n" << r.stage_report;
+  return os.str();
+}
+
+nlohmann::json data_bench_json(const DataBenchResult& r, const std::string& command) {
+  nlohmann::json rows = nlohmann::json::array();
+  auto or_null = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  for (const auto& row : r.rows)
+    rows.push_back({{"impl", "tandem"},
+                    {"job", row.job},
+                    {"batch_size", row.batch_size ? nlohmann::json(row.batch_size)
+                                                  : nlohmann::json(nullptr)},
+                    {"workers", row.workers},
+                    {"decode", row.decode.empty() ? nlohmann::json(nullptr) : nlohmann::json(row.decode)},
+                    {"images_per_s", row.images_per_s},
+                    {"images_per_s_per_core", or_null(row.images_per_s_per_core)},
+                    {"resident_images_per_s", or_null(row.resident_images_per_s)},
+                    {"note", row.note}});
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return {{"device", r.device_name}, {"date", date}, {"command", command}, {"rows", rows},
+          {"notes", r.notes}};
+}
+
+}  // namespace tandem

@@ -1,0 +1,55 @@
+// `tandem data-bench --data DIR`: how fast tandem reads a folder of images — decode on one core
+// (DCT-scaled and full size), the whole loader with its workers, nvJPEG on the GPU where present —
+// and the end-to-end rate of workload "images" fed from the folder beside the same step on
+// device-resident data, with the stage report. Built where the data layer is.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tandem/bench.h"
+
+namespace tandem {
+
+struct DataBenchOptions {
+  std::string data;
+  int64_t decode_images = 1000;  ///< files timed on one core (and on the GPU)
+  int workers = 0;               ///< loader threads; 0: one per core but one
+  int64_t loader_batches = 40;   ///< batches the loader-only run drains
+  std::string decode = "auto";   ///< cpu, gpu or auto (both timed; auto reports both)
+  /// End to end: workload images at these settings (steps, mode, device, batch size, model);
+  /// its params are set by the data bench. steps == 0 skips it.
+  BenchOptions run;
+  std::string model = "r50_frozen_head";
+};
+
+struct DataBenchRow {
+  std::string job;     ///< decode, loader, or the model's name (end to end)
+  std::string decode;  ///< cpu, cpu_full (no DCT scaling), gpu; "" for resident rows
+  int64_t batch_size = 0;
+  int workers = 0;
+  double images_per_s = 0;
+  double images_per_s_per_core = 0;  ///< decode and loader rows
+  double resident_images_per_s = 0;  ///< end-to-end rows
+  std::string note;
+};
+
+struct DataBenchResult {
+  std::vector<DataBenchRow> rows;
+  std::vector<std::string> notes;
+  std::string stage_report;  ///< the end-to-end run's (describe_result)
+  std::string device_name;
+};
+
+/// Runs every part, printing progress to stderr. Throws InvalidArgument for a bad folder or
+/// options, naming them.
+DataBenchResult run_data_bench(const DataBenchOptions& options);
+
+std::string describe_data_bench(const DataBenchResult& result);
+/// {device, date, command, rows: [...]} in bench/results/data.json's row format.
+nlohmann::json data_bench_json(const DataBenchResult& result, const std::string& command);
+
+}  // namespace tandem

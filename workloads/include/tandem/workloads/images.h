@@ -1,0 +1,47 @@
+// Workload "images": an image classifier trained from a folder of JPEG / PNG files. The loader's
+// workers read and decode (TurboJPEG, at the smallest DCT scale that still covers the crop), the
+// GPU crops, resizes, flips and normalizes the packed batch (resized_crop.h), then a torchvision
+// ResNet trains: a frozen ResNet-50 backbone on its own lane feeding a linear head
+// (r50_frozen_head), or a whole ResNet-18 (r18_full). torchvision's ImageFolder + DataLoader +
+// RandomResizedCrop / flip / normalize loop, as tandem runs it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tandem/workload.h"
+
+namespace tandem {
+
+enum class ImagesModel { kR50FrozenHead, kR18Full };
+
+struct ImagesOptions {
+  ImagesModel model = ImagesModel::kR50FrozenHead;
+  /// true: read the folder; false: one device-resident batch of already-cropped images (the
+  /// same step without loading: the rate the loader has to keep up with).
+  bool from_files = true;
+  int64_t image_size = 224;
+  double lr = 0.1, momentum = 0.9;
+};
+
+/// The workload and what evaluating it needs.
+struct ImagesWorkload {
+  Workload workload;
+  /// Class names (the folder's; "0".."9" for resident data), label i is classes[i].
+  std::vector<std::string> classes;
+  /// Logits of (B, 3, S, S) normalized images in evaluation mode (BatchNorm's running
+  /// statistics), without autograd; the model goes back to training mode after.
+  std::function<at::Tensor(const at::Tensor&)> logits;
+};
+
+/// Builds the workload over the ImageFolder at options.data (WorkloadOptions); params: model,
+/// source, size, lr (see images_entry().params). Throws InvalidArgument naming the problem: no
+/// --data, a folder that is not an ImageFolder, an unknown param value.
+ImagesWorkload make_images(const WorkloadOptions& options);
+
+/// The registry's entry (bs 256 on a GPU, 4 on the CPU).
+WorkloadEntry images_entry();
+
+}  // namespace tandem

@@ -1,0 +1,180 @@
+// Workload "images": ImageFolder files -> decode in the loader -> resized crop on the GPU ->
+// ResNet. See images.h.
+#include "tandem/workloads/images.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
+#include "tandem/data/image_folder.h"
+#include "tandem/error.h"
+#include "tandem/models/resnet.h"
+#include "tandem/optim.h"
+#include "tandem/resized_crop.h"
+#include "tandem/workloads/registry.h"
+
+namespace tandem {
+
+namespace {
+const std::vector<WorkloadParam>& images_params() {
+  static const std::vector<WorkloadParam> params{
+      {"model",
+       "r50_frozen_head (a frozen ResNet-50 backbone on its own lane, a linear head trained) or "
+       "r18_full (a whole ResNet-18 trained)",
+       {"r50_frozen_head", "r18_full"}},
+      {"source",
+       "files (the --data folder, decoded by the loader's workers) or resident (one batch "
+       "already on the device: the same step without loading)",
+       {"files", "resident"}},
+      {"size", "the side of the square crop the model sees (default 224)", {}},
+      {"lr", "SGD's learning rate (momentum 0.9; default 0.1)", {}}};
+  return params;
+}
+
+ImagesOptions parse(const WorkloadOptions& o) {
+  check_params("images", o.params, images_params());
+  ImagesOptions io;
+  io.model = param_or_default(o.params, images_params(), "model") == "r18_full"
+                 ? ImagesModel::kR18Full
+                 : ImagesModel::kR50FrozenHead;
+  io.from_files = param_or_default(o.params, images_params(), "source") == "files";
+  if (o.params.count("size")) {
+    const std::string& text = o.params.at("size");
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    TANDEM_CHECK_ARG(end && *end == '\0' && !text.empty() && v >= 8 && v <= 4096,
+                     "workload images: size '", text, "' is not valid: expected 8..4096");
+    io.image_size = v;
+  }
+  if (o.params.count("lr")) {
+    const std::string& text = o.params.at("lr");
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    TANDEM_CHECK_ARG(end && *end == '\0' && !text.empty() && v > 0 && v < 100,
+                     "workload images: lr '", text, "' is not valid: expected a number in (0, 100)");
+    io.lr = v;
+  }
+  return io;
+}
+}  // namespace
+
+ImagesWorkload make_images(const WorkloadOptions& options) {
+  const ImagesOptions io = parse(options);
+  const c10::Device device = options.device;
+  const int64_t S = io.image_size;
+
+  // The data first: its class count sizes the head. Resident data needs no folder.
+  std::shared_ptr<data::ImageFolderDataset> folder;
+  int64_t classes = 10;
+  if (io.from_files) {
+    TANDEM_CHECK_ARG(!options.data.empty(),
+                     "workload images reads an ImageFolder: give --data DIR (one subfolder of "
+                     "JPEG/PNG files per class; scripts/make_image_folder.py makes one)");
+    data::ImageFolderOptions fo;
+    fo.image_size = S;
+    fo.output = data::ImageFolderOutput::kDecoded;
+    folder = std::make_shared<data::ImageFolderDataset>(options.data, fo);
+    classes = static_cast<int64_t>(folder->classes().size());
+  }
+  ImagesWorkload out;
+  if (folder)
+    out.classes = folder->classes();
+  else
+    for (int64_t c = 0; c < classes; ++c) out.classes.push_back(std::to_string(c));
+
+  torch::manual_seed(options.seed);
+  Workload& w = out.workload;
+  w.name = "images";
+  w.device = device;
+
+  at::Generator generator = device.is_cuda()
+                                ? at::cuda::detail::createCUDAGenerator(device.index())
+                                : at::make_generator<at::CPUGeneratorImpl>();
+  generator.set_current_seed(options.seed);
+  if (io.from_files) {
+    w.data = DataSource::from_dataset(folder, /*shuffle=*/true, /*drop_last=*/true);
+    const ResizedCropSpec spec = ResizedCropSpec::train(S);
+    // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
+    // resample kernel per batch, so a graph would save two launches.
+    w.feeds.push_back({"augment",
+                       "augment",
+                       {"image", offsets_field("image"), sizes_field("image")},
+                       {"x"},
+                       [spec, generator](const Tensors& in) {
+                         const at::Tensor boxes = draw_crop_boxes(spec, in[2], generator);
+                         return Tensors{resized_crop(in[0], in[1], in[2], boxes, spec)};
+                       },
+                       "RandomResizedCrop + flip + normalize of the packed batch",
+                       {generator},
+                       Capture::kNever});
+  } else {
+    const int64_t B = options.batch_size;
+    at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+    Batch b;
+    b.set("x", at::randn({B, 3, S, S}, cpu).to(device));
+    b.set("label", at::randint(0, classes, {B}, cpu, at::kLong).to(device));
+    w.data = DataSource::resident({b});
+  }
+
+  if (io.model == ImagesModel::kR50FrozenHead) {
+    models::ResNet backbone = models::resnet50();
+    backbone->to(device);
+    backbone->eval();  // frozen: BatchNorm uses its running statistics
+    for (auto& p : backbone->parameters()) p.set_requires_grad(false);
+    auto head = torch::nn::Linear(backbone->feature_dim(), classes);
+    head->to(device);
+    auto bb = backbone.ptr();
+    w.feeds.push_back({"backbone",
+                       "backbone",
+                       {"x"},
+                       {"features"},
+                       [bb](const Tensors& in) { return Tensors{bb->features(in[0])}; },
+                       "frozen ResNet-50 to pooled features"});
+    auto h = head.ptr();
+    w.train.inputs = {"features", "label"};
+    w.train.loss = [h](const Tensors& in) {
+      return deterministic_cross_entropy(h->forward(in[0]), in[1]);
+    };
+    w.train.optimizer = std::make_shared<optim::Sgd>(
+        head->parameters(), optim::SgdOptions{io.lr, io.momentum});
+    w.train.what = "linear head, cross-entropy";
+    out.logits = [bb, h](const at::Tensor& x) {
+      at::NoGradGuard no_grad;
+      return h->forward(bb->features(x));
+    };
+  } else {
+    models::ResNet net = models::resnet18(models::ResNetOptions{classes});
+    net->to(device);
+    net->train();
+    auto n = net.ptr();
+    w.train.inputs = {"x", "label"};
+    w.train.loss = [n](const Tensors& in) {
+      return deterministic_cross_entropy(n->forward(in[0]), in[1]);
+    };
+    w.train.optimizer =
+        std::make_shared<optim::Sgd>(net->parameters(), optim::SgdOptions{io.lr, io.momentum});
+    w.train.what = "ResNet-18 forward, cross-entropy";
+    out.logits = [n](const at::Tensor& x) {
+      at::NoGradGuard no_grad;
+      n->eval();
+      at::Tensor y = n->forward(x);
+      n->train();
+      return y;
+    };
+  }
+  return out;
+}
+
+WorkloadEntry images_entry() {
+  return {"images",
+          "a torchvision ResNet trained from an ImageFolder (--data DIR): JPEG/PNG decoded by "
+          "the loader's workers, cropped / resized / flipped on the GPU",
+          256,
+          4,
+          images_params(),
+          [](const WorkloadOptions& o) { return make_images(o).workload; }};
+}
+
+}  // namespace tandem
