@@ -73,7 +73,7 @@ crop_math::DrawSpec draw_spec_of(const ResizedCropSpec& s) {
 
 void check_sizes(const at::Tensor& sizes) {
   TANDEM_CHECK_ARG(sizes.scalar_type() == at::kLong && sizes.dim() == 2 && sizes.size(1) == 3,
-                   "image sizes must be (B, 3) int64 (C, H, W per sample), got ",
+                   "image sizes must be (B, 3) int64 (H, W, C per sample), got ",
                    sizes.scalar_type(), " ", sizes.sizes());
 }
 }  // namespace
@@ -90,9 +90,9 @@ at::Tensor draw_crop_boxes(const ResizedCropSpec& spec, const at::Tensor& sizes,
     const uint64_t seed = next_host_seed(generator);
     const int64_t* sz = s.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
-      TANDEM_CHECK_ARG(sz[b * 3 + 1] >= 1 && sz[b * 3 + 2] >= 1, "sample ", b, " is ",
-                       sz[b * 3 + 1], "x", sz[b * 3 + 2], ": expected a non-empty image");
-      crop_math::draw_box(ds, static_cast<int>(sz[b * 3 + 1]), static_cast<int>(sz[b * 3 + 2]),
+      TANDEM_CHECK_ARG(sz[b * 3] >= 1 && sz[b * 3 + 1] >= 1, "sample ", b, " is ", sz[b * 3],
+                       "x", sz[b * 3 + 1], ": expected a non-empty image");
+      crop_math::draw_box(ds, static_cast<int>(sz[b * 3]), static_cast<int>(sz[b * 3 + 1]),
                           seed, 0, static_cast<uint64_t>(b),
                           boxes.data_ptr<int32_t>() + b * kCropBoxFields);
     }
@@ -111,7 +111,7 @@ at::Tensor draw_crop_boxes(const ResizedCropSpec& spec, const at::Tensor& sizes,
 
 namespace {
 // The reference for one sample: the kernel's loop, pixel by pixel.
-void crop_one(const uint8_t* src, int c_in, int h, int w, const int32_t* box,
+void crop_one(const uint8_t* src, int w, int c_in, const int32_t* box,
               const ResizedCropSpec& spec, const crop_math::Normalization* norm, float* out) {
   namespace cm = crop_math;
   const int C = static_cast<int>(spec.mean.size()), oh = static_cast<int>(spec.out_h),
@@ -130,8 +130,7 @@ void crop_one(const uint8_t* src, int c_in, int h, int w, const int32_t* box,
         cm::axis_window(box[cm::kOffsetY] + y, box[cm::kHeight], box[cm::kResizedH]);
     for (int x = 0; x < ow; ++x)
       for (int c = 0; c < C; ++c) {
-        const float v = cm::resample(src + static_cast<int64_t>(c) * h * w, w, box[cm::kTop],
-                                     box[cm::kLeft], rows, cols[x]);
+        const float v = cm::resample(src, w, C, c, box[cm::kTop], box[cm::kLeft], rows, cols[x]);
         out[c * plane + y * ow + x] = cm::normalize(v, norm[c]);
       }
   }
@@ -190,8 +189,8 @@ at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
                      "x", sz[b * 3 + 2], ") lies outside the ", n, " packed bytes");
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
-      crop_one(p.data_ptr<uint8_t>() + off[b], static_cast<int>(sz[b * 3]),
-               static_cast<int>(sz[b * 3 + 1]), static_cast<int>(sz[b * 3 + 2]),
+      crop_one(p.data_ptr<uint8_t>() + off[b], static_cast<int>(sz[b * 3 + 1]),
+               static_cast<int>(sz[b * 3 + 2]),
                bxp + b * kCropBoxFields, spec, norm,
                out.data_ptr<float>() + b * C * spec.out_h * spec.out_w);
   });

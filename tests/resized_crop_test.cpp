@@ -21,13 +21,14 @@ struct Packed {
   at::Tensor packed, offsets, sizes;
 };
 
-// Images (C, h, w) back to back, as the loader packs them.
+// Images (C, h, w) back to back as (h, w, C), as the loader packs ImageFolder's decoded ones.
 Packed pack(const std::vector<at::Tensor>& images) {
   std::vector<at::Tensor> flat;
   std::vector<int64_t> offsets, sizes;
   int64_t at_byte = 0;
-  for (const auto& img : images) {
-    flat.push_back(img.contiguous().view(-1));
+  for (const auto& chw : images) {
+    const at::Tensor img = chw.permute({1, 2, 0}).contiguous();
+    flat.push_back(img.view(-1));
     offsets.push_back(at_byte);
     for (int d = 0; d < 3; ++d) sizes.push_back(img.size(d));
     at_byte += img.numel();
@@ -128,7 +129,7 @@ TEST(ResizedCropTest, RandomBoxesFollowTorchvisionsRanges) {
   int flips = 0;
   for (int i = 0; i < 400; ++i) {
     const std::vector<int32_t> v = row(boxes, i);
-    const int64_t h = p.sizes[i][1].item<int64_t>(), w = p.sizes[i][2].item<int64_t>();
+    const int64_t h = p.sizes[i][0].item<int64_t>(), w = p.sizes[i][1].item<int64_t>();
     ASSERT_GE(v[0], 0);
     ASSERT_GE(v[1], 0);
     ASSERT_LE(v[0] + v[2], h);
@@ -230,8 +231,8 @@ TEST(ResizedCropGpuTest, DeviceDrawsAreReproducibleForASeedAndWithinTheImage) {
   EXPECT_TRUE(at::equal(ba, bb));
   EXPECT_FALSE(at::equal(ba, draw_crop_boxes(s, sizes, a).cpu())) << "the next draw differs";
   for (int i = 0; i < 64; ++i) {
-    EXPECT_LE(ba[i][0].item<int32_t>() + ba[i][2].item<int32_t>(), p.sizes[i][1].item<int64_t>());
-    EXPECT_LE(ba[i][1].item<int32_t>() + ba[i][3].item<int32_t>(), p.sizes[i][2].item<int64_t>());
+    EXPECT_LE(ba[i][0].item<int32_t>() + ba[i][2].item<int32_t>(), p.sizes[i][0].item<int64_t>());
+    EXPECT_LE(ba[i][1].item<int32_t>() + ba[i][3].item<int32_t>(), p.sizes[i][1].item<int64_t>());
   }
 }
 

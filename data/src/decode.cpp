@@ -162,8 +162,9 @@ void check_decompress(int status, TjHandle& tj, const std::string& path) {
   fail(path, "corrupt or truncated JPEG (" + message + ")");
 }
 
+// (C, H, W), or (H, W, C) when `interleaved` (as libjpeg writes it: no transposition).
 at::Tensor decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, int64_t channels,
-                       int64_t min_height, int64_t min_width) {
+                       int64_t min_height, int64_t min_width, bool interleaved) {
   const JpegHeader header = read_jpeg_header(bytes, path);
   const tjscalingfactor scale = choose_scale(header.width, header.height, min_width, min_height);
   const int width = TJSCALED(header.width, scale), height = TJSCALED(header.height, scale);
@@ -185,7 +186,8 @@ at::Tensor decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& pat
         rgb[3 * i + c] = static_cast<uint8_t>((v * k + 127u) / 255u);  // (255-C)(255-K)/255
       }
     }
-    return detail::interleaved_to_planar(rgb.data(), height, width, 3, channels);
+    at::Tensor planar = detail::interleaved_to_planar(rgb.data(), height, width, 3, channels);
+    return interleaved ? planar.permute({1, 2, 0}).contiguous() : planar;
   }
 
   // Gray JPEGs decode to TJPF_RGB by replication, color ones to TJPF_GRAY as their Y plane
@@ -194,6 +196,7 @@ at::Tensor decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& pat
   check_decompress(tjDecompress2(tj.get(), bytes.data(), size, hwc.data_ptr<uint8_t>(), width, 0,
                                  height, channels == 1 ? TJPF_GRAY : TJPF_RGB, 0),
                    tj, path);
+  if (interleaved) return hwc;
   if (channels == 1) return hwc.view({1, height, width});
   return hwc.permute({2, 0, 1}).contiguous();
 }
@@ -255,15 +258,29 @@ ImageInfo read_image_info(const std::vector<uint8_t>& bytes, const std::string& 
   return info;
 }
 
-at::Tensor decode_image(const std::vector<uint8_t>& bytes, const std::string& path,
-                        int64_t channels, int64_t min_height, int64_t min_width) {
+namespace {
+at::Tensor decode_any(const std::vector<uint8_t>& bytes, const std::string& path,
+                      int64_t channels, int64_t min_height, int64_t min_width, bool interleaved) {
   TANDEM_CHECK_ARG(channels == 1 || channels == 3, "decode_image(", path,
                    "): channels must be 1 (gray) or 3 (RGB), got ", channels);
   TANDEM_CHECK_ARG(min_height >= 0 && min_width >= 0, "decode_image(", path,
                    "): minimum size must be >= 0, got ", min_height, " x ", min_width);
-  if (sniff_or_fail(bytes, path) == ImageFormat::kPng)
-    return detail::decode_png(bytes, path, channels);
-  return decode_jpeg(bytes, path, channels, min_height, min_width);
+  if (sniff_or_fail(bytes, path) == ImageFormat::kPng) {
+    at::Tensor chw = detail::decode_png(bytes, path, channels);
+    return interleaved ? chw.permute({1, 2, 0}).contiguous() : chw;
+  }
+  return decode_jpeg(bytes, path, channels, min_height, min_width, interleaved);
+}
+}  // namespace
+
+at::Tensor decode_image(const std::vector<uint8_t>& bytes, const std::string& path,
+                        int64_t channels, int64_t min_height, int64_t min_width) {
+  return decode_any(bytes, path, channels, min_height, min_width, false);
+}
+
+at::Tensor decode_image_interleaved(const std::vector<uint8_t>& bytes, const std::string& path,
+                                    int64_t channels, int64_t min_height, int64_t min_width) {
+  return decode_any(bytes, path, channels, min_height, min_width, true);
 }
 
 at::Tensor decode_mask(const std::vector<uint8_t>& bytes, const std::string& path) {

@@ -92,7 +92,7 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
 std::vector<FieldSpec> ImageFolderDataset::fields() const {
   const int64_t s = options_.image_size;
   if (options_.output == ImageFolderOutput::kDecoded)  // typical: between S and 2S a side
-    return {{"image", {options_.channels, 2 * s, 2 * s}, at::kByte, true},
+    return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"label", {}, at::kLong}};
   return {{"image", {options_.channels, s, s}, at::kByte}, {"label", {}, at::kLong}};
 }
@@ -113,8 +113,8 @@ void ImageFolderDataset::get_sample(int64_t index, std::vector<at::Tensor>& out)
   const Sample& sample = samples_[static_cast<size_t>(index)];
   const std::vector<uint8_t> bytes = read_file(sample.path);
   if (options_.output == ImageFolderOutput::kDecoded) {
-    out[0] = decode_image(bytes, sample.path, options_.channels, options_.image_size,
-                          options_.image_size);
+    out[0] = decode_image_interleaved(bytes, sample.path, options_.channels,
+                                      options_.image_size, options_.image_size);
   } else {
     const ImageInfo info = read_image_info(bytes, sample.path);
     out[0].copy_(detail::load_eval_image(bytes, sample.path, options_.channels,

@@ -46,7 +46,7 @@ struct ResizedCropSpec {
 /// resized to; where the output starts in the resized crop; flip (0 / 1).
 constexpr int64_t kCropBoxFields = 9;
 
-/// Draws a box per sample for images of `sizes` ((B, 3) int64: C, H, W — a packed batch's sizes
+/// Draws a box per sample for images of `sizes` ((B, 3) int64: H, W, C — a packed batch's sizes
 /// field, loader.h) on their device: (B, kCropBoxFields) int32. On a GPU one kernel, keyed by
 /// `generator`'s seed and next Philox offset (undefined: the device's default generator) —
 /// reproducible for a seed, no host round trip, capturable; on the CPU the same function on the
@@ -54,8 +54,9 @@ constexpr int64_t kCropBoxFields = 9;
 at::Tensor draw_crop_boxes(const ResizedCropSpec& spec, const at::Tensor& sizes,
                            at::Generator generator = {});
 
-/// Crops, resizes, flips and normalizes the packed batch (`packed` uint8 1-D, `offsets` (B,)
-/// and `sizes` (B, 3) int64, loader.h's layout) by `boxes`: (B, C, out_h, out_w) float32 on the
+/// Crops, resizes, flips and normalizes the packed batch (`packed` uint8 1-D holding each sample
+/// as (H, W, C) interleaved — ImageFolderOutput::kDecoded's layout —, `offsets` (B,) and `sizes`
+/// (B, 3) int64, loader.h's packing) by `boxes`: (B, C, out_h, out_w) float32 on the
 /// inputs' device. One CUDA kernel on the current stream, or the C++ reference on the CPU (the
 /// same values to the bit).
 at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,

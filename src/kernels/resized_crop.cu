@@ -14,8 +14,8 @@ __global__ void crop_draw_kernel(CropDrawLaunch d) {
   if (b >= d.batch) return;
   uint64_t seed, offset;
   d.rng.unpack(seed, offset);
-  crop_math::draw_box(d.spec, static_cast<int>(d.sizes[b * 3 + 1]),
-                      static_cast<int>(d.sizes[b * 3 + 2]), seed, offset,
+  crop_math::draw_box(d.spec, static_cast<int>(d.sizes[b * 3]),
+                      static_cast<int>(d.sizes[b * 3 + 1]), seed, offset,
                       static_cast<uint64_t>(b), d.boxes + b * crop_math::kBoxFields);
 }
 
@@ -28,8 +28,7 @@ __global__ void resized_crop_kernel(CropLaunch a) {
   const int y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x >= a.out_w || y >= a.out_h) return;
   const int32_t* box = a.boxes + b * cm::kBoxFields;
-  const int c_in = static_cast<int>(a.sizes[b * 3]);
-  const int h = static_cast<int>(a.sizes[b * 3 + 1]), w = static_cast<int>(a.sizes[b * 3 + 2]);
+  const int w = static_cast<int>(a.sizes[b * 3 + 1]), c_in = static_cast<int>(a.sizes[b * 3 + 2]);
   const int64_t plane = static_cast<int64_t>(a.out_h) * a.out_w;
   float* out = a.out + static_cast<int64_t>(b) * a.channels * plane + y * a.out_w + x;
   if (c_in != a.channels) {
@@ -43,8 +42,7 @@ __global__ void resized_crop_kernel(CropLaunch a) {
                                               box[cm::kResizedW]);
   const uint8_t* src = a.packed + a.offsets[b];
   for (int c = 0; c < a.channels; ++c) {
-    const float v = cm::resample(src + static_cast<int64_t>(c) * h * w, w, box[cm::kTop],
-                                 box[cm::kLeft], rows, cols);
+    const float v = cm::resample(src, w, a.channels, c, box[cm::kTop], box[cm::kLeft], rows, cols);
     out[c * plane] = cm::normalize(v, a.normalization[c]);
   }
 }

@@ -17,7 +17,7 @@ struct CropDrawLaunch {
   crop_math::DrawSpec spec;
   RngSource rng;
   int batch;
-  const int64_t* sizes;  // (B, 3): C, H, W
+  const int64_t* sizes;  // (B, 3): H, W, C
   int32_t* boxes;        // (B, kBoxFields)
 };
 
@@ -25,7 +25,7 @@ struct CropDrawLaunch {
 void launch_crop_draw(const CropDrawLaunch& args, cudaStream_t stream);
 
 struct CropLaunch {
-  const uint8_t* packed;   // the samples back to back, each (C, H, W)
+  const uint8_t* packed;   // the samples back to back, each (H, W, C)
   const int64_t* offsets;  // (B,): where sample b starts in packed
   const int64_t* sizes;    // (B, 3)
   const int32_t* boxes;    // (B, kBoxFields)

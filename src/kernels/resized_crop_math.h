@@ -148,18 +148,19 @@ TANDEM_HD float to_pixel(float v) {
   return r < 0.0f ? 0.0f : (r > 255.0f ? 255.0f : r);
 }
 
-/// Output pixel (y, x) of one channel: `plane` is the sample's channel (h x w, row stride w);
-/// rows / cols the axis windows of resized index y0 + y and x0 + x (flip applied by the caller),
-/// relative to the box's top / left. Sum over rows of weight * (sum over columns of weight *
-/// pixel), in tap order, each product-sum one fmadd.
-TANDEM_HD float resample(const uint8_t* plane, int w, int top, int left, const AxisWindow& rows,
-                         const AxisWindow& cols) {
+/// Output pixel (y, x) of channel c: `image` is the sample, (h, w, C) interleaved (pixel (y, x)
+/// at (y * w + x) * C), rows / cols the axis windows of resized index y0 + y and x0 + x (flip
+/// applied by the caller), relative to the box's top / left. Sum over rows of weight * (sum over
+/// columns of weight * pixel), in tap order, each product-sum one fmadd.
+TANDEM_HD float resample(const uint8_t* image, int w, int C, int c, int top, int left,
+                         const AxisWindow& rows, const AxisWindow& cols) {
   float acc = 0.0f;
   for (int ky = 0; ky < rows.count; ++ky) {
-    const uint8_t* line = plane + static_cast<int64_t>(top + rows.first + ky) * w + left + cols.first;
+    const uint8_t* line =
+        image + (static_cast<int64_t>(top + rows.first + ky) * w + left + cols.first) * C + c;
     float row = 0.0f;
     for (int kx = 0; kx < cols.count; ++kx)
-      row = fmadd(weight(cols, kx), static_cast<float>(line[kx]), row);
+      row = fmadd(weight(cols, kx), static_cast<float>(line[kx * C]), row);
     acc = fmadd(weight(rows, ky), row, acc);
   }
   return to_pixel(acc);

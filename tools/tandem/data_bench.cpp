@@ -48,7 +48,7 @@ DataBenchRow time_cpu_decode(const std::vector<std::vector<uint8_t>>& files,
                     static_cast<int64_t>(files.size()));
   const Clock::time_point start = Clock::now();
   for (size_t i = 0; i < files.size(); ++i) {
-    data::decode_image(files[i], paths[i], 3, scaled ? size : 0, scaled ? size : 0);
+    data::decode_image_interleaved(files[i], paths[i], 3, scaled ? size : 0, scaled ? size : 0);
     progress.update(static_cast<int64_t>(i + 1));
   }
   progress.finish();

@@ -60,6 +60,12 @@ ImageInfo read_image_info(const std::vector<uint8_t>& bytes, const std::string& 
 at::Tensor decode_image(const std::vector<uint8_t>& bytes, const std::string& path,
                         int64_t channels, int64_t min_height = 0, int64_t min_width = 0);
 
+/// decode_image's pixels as (H, W, channels), interleaved as the decoders write them: a JPEG
+/// needs no transposition (the loader's workers use this; resized_crop reads this layout).
+at::Tensor decode_image_interleaved(const std::vector<uint8_t>& bytes, const std::string& path,
+                                    int64_t channels, int64_t min_height = 0,
+                                    int64_t min_width = 0);
+
 /// Decodes a PNG of class ids (a segmentation mask) into an (H, W) int64 CPU tensor of its raw
 /// sample values: the palette index of a palette PNG (as PIL's mode "P" gives them), the value
 /// of a gray PNG (8 or 16 bits; alpha of gray + alpha ignored). Throws tandem::Error naming

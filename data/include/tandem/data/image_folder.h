@@ -15,7 +15,7 @@ namespace tandem::data {
 enum class ImageFolderOutput {
   /// Resize(S) + CenterCrop(S) on the CPU, in the worker: (C, S, S), every sample alike.
   kCenterCrop,
-  /// As decoded, at the sample's own size (a variable-size field): the JPEG at the smallest DCT
+  /// As decoded, at the sample's own size (a variable-size field), (H, W, C) interleaved: the JPEG at the smallest DCT
   /// scale whose height and width are still >= S (a 640 x 480 photo for S = 224 decodes at
   /// 320 x 240, for a quarter of the work), a PNG at full size. The GPU crops and resizes the
   /// batch (resized_crop.h: RandomResizedCrop for training, Resize + CenterCrop for evaluation).
@@ -28,7 +28,7 @@ struct ImageFolderOptions {
   ImageFolderOutput output = ImageFolderOutput::kCenterCrop;
 };
 
-/// Fields: {"image", {C, S, S}, kByte} (kDecoded: variable-size, typical {C, 2S, 2S}),
+/// Fields: {"image", {C, S, S}, kByte} (kDecoded: (H, W, C), variable-size, typical 1.5 S a side),
 /// {"label", {}, kLong}.
 ///
 /// The index, built once by the constructor: classes are the subfolders of `root` (symlinks
