@@ -13,8 +13,12 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "codec_util.h"
 #include "tandem/data/decode.h"
@@ -50,7 +54,8 @@ bool NvjpegDecoder::available(std::string* why_not) {
   return false;
 }
 
-std::unique_ptr<NvjpegDecoder> NvjpegDecoder::open(int device, std::string* why_not) {
+std::unique_ptr<NvjpegDecoder> NvjpegDecoder::open(int device, std::string* why_not,
+                                                   NvjpegBackend) {
   TANDEM_CHECK_ARG(device >= 0, "NvjpegDecoder::open: device ", device,
                    " is negative; expected a CUDA device index >= 0");
   if (why_not) *why_not = kNoHeader;
@@ -64,6 +69,9 @@ NvjpegDecoder::~NvjpegDecoder() = default;
 PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>&, int64_t, cudaStream_t) {
   throw Error(kNoHeader);  // unreachable: open() never returns a decoder in this build
 }
+
+const char* NvjpegDecoder::backend() const { return "none"; }
+bool NvjpegDecoder::has_hardware() const { return false; }
 
 #else  // TANDEM_HAVE_NVJPEG_H
 
@@ -81,11 +89,17 @@ struct NvjpegApi {
   decltype(&nvjpegDecodeBatchedInitialize) batched_initialize = nullptr;
   decltype(&nvjpegDecodeBatched) decode_batched = nullptr;
   decltype(&nvjpegDecode) decode = nullptr;
+  // Only for the hardware engines (which image they take); without them, no hardware path.
+  decltype(&nvjpegJpegStreamCreate) stream_create = nullptr;
+  decltype(&nvjpegJpegStreamDestroy) stream_destroy = nullptr;
+  decltype(&nvjpegJpegStreamParseHeader) stream_parse_header = nullptr;
+  decltype(&nvjpegDecodeBatchedSupported) batched_supported = nullptr;
 };
 
 struct LoadedApi {
   NvjpegApi api;
-  std::string error;  // empty when every entry point resolved
+  std::string error;     // empty when every required entry point resolved
+  std::string hw_error;  // empty when the hardware path's entry points resolved too
 };
 
 // The soname matching the header's ABI: libnvjpeg.so.13 for CUDA 13's nvjpeg.h.
@@ -131,6 +145,12 @@ LoadedApi load_api() {
   resolve(lib, "nvjpegDecodeBatched", &a.decode_batched, &missing);
   resolve(lib, "nvjpegDecode", &a.decode, &missing);
   if (!missing.empty()) loaded.error = soname() + " lacks " + missing;
+  std::string missing_hw;
+  resolve(lib, "nvjpegJpegStreamCreate", &a.stream_create, &missing_hw);
+  resolve(lib, "nvjpegJpegStreamDestroy", &a.stream_destroy, &missing_hw);
+  resolve(lib, "nvjpegJpegStreamParseHeader", &a.stream_parse_header, &missing_hw);
+  resolve(lib, "nvjpegDecodeBatchedSupported", &a.batched_supported, &missing_hw);
+  if (!missing_hw.empty()) loaded.hw_error = soname() + " lacks " + missing_hw;
   return loaded;
 }
 
@@ -243,23 +263,307 @@ std::string first_bytes_hex(const uint8_t* p, size_t n) {
 
 }  // namespace
 
-// The nvJPEG handle and the two decode states of one decoder. Handles are bound to the device
-// current when they are created, so every call below runs under a guard for device_.
-struct NvjpegDecoder::State {
-  const NvjpegApi* api = nullptr;
-  nvjpegHandle_t handle = nullptr;
-  nvjpegJpegState_t batched = nullptr;  // nvjpegDecodeBatched's state
-  nvjpegJpegState_t single = nullptr;   // nvjpegDecode's, for the per-image fallback
-  // What nvjpegDecodeBatchedInitialize was last called with; re-initialised when either
-  // changes, and after a failed batch (nvJPEG requires it to reset the state).
-  bool batched_ready = false;
+namespace {
+
+// The paths a decode() used, as bits in the order backend() names them.
+constexpr unsigned kUsedHardware = 1, kUsedHybrid = 2, kUsedDefault = 4;
+
+const char* backend_name(unsigned used) {
+  static const char* const kNames[8] = {
+      "none",    "hardware",         "hybrid",         "hardware+hybrid",
+      "default", "hardware+default", "hybrid+default", "hardware+hybrid+default"};
+  return kNames[used & 7u];
+}
+
+// NVJPEG_BACKEND_GPU_HYBRID's batched decode runs the Huffman decode on the GPU only for
+// batches larger than 50 (nvjpeg.h); below that it is the default backend's host decode.
+constexpr size_t kHybridMinBatch = 51;
+
+NvjpegBackend backend_from_environment() {
+  const char* env = std::getenv("TANDEM_NVJPEG_BACKEND");
+  if (env == nullptr || *env == '\0') return NvjpegBackend::kAuto;
+  const std::string value(env);
+  if (value == "auto") return NvjpegBackend::kAuto;
+  if (value == "hardware") return NvjpegBackend::kHardware;
+  if (value == "hybrid") return NvjpegBackend::kHybrid;
+  if (value == "default") return NvjpegBackend::kDefault;
+  throw InvalidArgument("TANDEM_NVJPEG_BACKEND=" + value +
+                        " names no nvJPEG backend; expected auto, hardware, hybrid or default");
+}
+
+// nvjpegCreateEx with strict bitstream checking where the library knows the flag (a corrupt
+// stream is an error, not a picture); an older library that rejects it gets the default.
+// Its own cudaMalloc / cudaHostAlloc allocators: its buffers grow only to the largest batch,
+// so their synchronising frees are rare, and the caching allocator's stream semantics would
+// not know which stream nvJPEG last used a buffer on.
+nvjpegStatus_t create_handle(const NvjpegApi& api, nvjpegBackend_t backend, unsigned flags,
+                             nvjpegHandle_t* handle) {
+  nvjpegStatus_t status = api.create_ex(backend, nullptr, nullptr, flags, handle);
+  if (status != NVJPEG_STATUS_SUCCESS && flags != NVJPEG_FLAGS_DEFAULT)
+    status = api.create_ex(backend, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, handle);
+  if (status != NVJPEG_STATUS_SUCCESS) *handle = nullptr;
+  return status;
+}
+
+// A batched decode state and what nvjpegDecodeBatchedInitialize was last called with on it:
+// re-initialised only when the batch size or the output format changes, and after a failed
+// batch (nvJPEG requires it to reset the state).
+struct Batched {
+  nvjpegJpegState_t state = nullptr;
+  bool ready = false;
   int batch_size = 0;
   nvjpegOutputFormat_t format = NVJPEG_OUTPUT_RGB;
+};
+
+// One nvjpegDecodeBatched call's inputs and outputs (kept across calls: no reallocation).
+struct Gathered {
+  std::vector<const unsigned char*> data;
+  std::vector<size_t> lengths;
+  std::vector<nvjpegImage_t> destinations;
+
+  void clear() {
+    data.clear();
+    lengths.clear();
+    destinations.clear();
+  }
+};
+
+// nvjpegDecodeBatched of `batch` on `b`, initialised first when needed: the status of whichever
+// call failed, or success.
+nvjpegStatus_t run_batched(const NvjpegApi& api, nvjpegHandle_t handle, Batched& b,
+                           Gathered& batch, nvjpegOutputFormat_t format, cudaStream_t stream) {
+  const int n = static_cast<int>(batch.data.size());
+  if (!b.ready || b.batch_size != n || b.format != format) {
+    b.ready = false;
+    const nvjpegStatus_t status =
+        api.batched_initialize(handle, b.state, n, /*max_cpu_threads=*/1, format);
+    if (status != NVJPEG_STATUS_SUCCESS) return status;
+    b.ready = true;
+    b.batch_size = n;
+    b.format = format;
+  }
+  const nvjpegStatus_t status = api.decode_batched(handle, b.state, batch.data.data(),
+                                                   batch.lengths.data(),
+                                                   batch.destinations.data(), stream);
+  if (status != NVJPEG_STATUS_SUCCESS) b.ready = false;
+  return status;
+}
+
+// A pinned host buffer the hardware path copies a batch's bitstreams into before decoding.
+// nvJPEG may upload them with asynchronous copies on the stream: from pinned memory that is a
+// plain DMA (from pageable memory the driver stages every image through a buffer of its own),
+// and the caller's bytes, pinned or not, are free once decode() returns, as documented. Two
+// buffers alternate, each rewritten only once the event recorded after the decode that last
+// read it has completed: the host waits only when the GPU is two batches behind.
+struct Staging {
+  uint8_t* data = nullptr;
+  size_t capacity = 0;
+  cudaEvent_t done = nullptr;
+  bool pending = false;  // `done` was recorded after a decode that read `data`
+};
+
+}  // namespace
+
+// The nvJPEG handles and decode states of one decoder: the default backend's (image headers,
+// batched decode, and single-image decode to name a bad file), the hardware engines' (when the
+// device has them and they are wanted) and GPU_HYBRID's (created on first use). Handles are
+// bound to the device current when they are created, so every call below runs under a guard
+// for the decoder's device.
+struct NvjpegDecoder::State {
+  const NvjpegApi* api = nullptr;
+  NvjpegBackend prefer = NvjpegBackend::kAuto;
+
+  nvjpegHandle_t handle = nullptr;      // default backend
+  Batched batched;                      // its nvjpegDecodeBatched state
+  nvjpegJpegState_t single = nullptr;   // its nvjpegDecode state, for the per-image fallback
+
+  nvjpegHandle_t hw_handle = nullptr;   // hardware engines; null when not in use
+  Batched hw;
+  nvjpegJpegStream_t hw_stream = nullptr;  // one image's parsed headers: is it supported?
+  std::array<Staging, 2> staging;
+  int next_staging = 0;
+
+  nvjpegHandle_t hybrid_handle = nullptr;  // GPU_HYBRID; null until used, or when it failed
+  Batched hybrid;
+  bool hybrid_tried = false;
+  std::string hybrid_error;
+
+  unsigned last_used = 0;  // backend()'s bits for the last non-empty batch
+  Gathered hw_batch, rest_batch;
+  std::vector<uint8_t> on_hardware;
 
   ~State() {  // statuses ignored: a destructor never throws
+    if (api == nullptr) return;
+    release_hardware();
+    for (Batched* b : {&hybrid, &batched})
+      if (b->state) api->state_destroy(b->state);
     if (single) api->state_destroy(single);
-    if (batched) api->state_destroy(batched);
+    if (hybrid_handle) api->destroy(hybrid_handle);
     if (handle) api->destroy(handle);
+  }
+
+  // The hardware engines' handle, state, header stream and staging events, or false with `why`.
+  bool open_hardware(std::string* why) {
+    const LoadedApi& loaded = loaded_api();
+    if (!loaded.hw_error.empty()) {
+      *why = loaded.hw_error;
+      return false;
+    }
+    nvjpegStatus_t status =
+        create_handle(*api, NVJPEG_BACKEND_HARDWARE, NVJPEG_FLAGS_DEFAULT, &hw_handle);
+    if (status != NVJPEG_STATUS_SUCCESS) {
+      *why = "nvjpegCreateEx(NVJPEG_BACKEND_HARDWARE): " + status_name(status);
+      return false;
+    }
+    status = api->state_create(hw_handle, &hw.state);
+    if (status == NVJPEG_STATUS_SUCCESS) status = api->stream_create(hw_handle, &hw_stream);
+    if (status != NVJPEG_STATUS_SUCCESS) {
+      *why = "nvJPEG hardware state: " + status_name(status);
+      release_hardware();
+      return false;
+    }
+    for (Staging& st : staging) {
+      if (cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming) != cudaSuccess) {
+        st.done = nullptr;
+        *why = std::string("cudaEventCreateWithFlags: ") + cudaGetErrorString(cudaGetLastError());
+        release_hardware();
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void release_hardware() {
+    for (Staging& st : staging) {
+      if (st.done) {
+        if (st.pending) cudaEventSynchronize(st.done);
+        cudaEventDestroy(st.done);
+      }
+      if (st.data) cudaFreeHost(st.data);
+      st = Staging{};
+    }
+    if (hw_stream) api->stream_destroy(hw_stream);
+    if (hw.state) api->state_destroy(hw.state);
+    if (hw_handle) api->destroy(hw_handle);
+    hw_stream = nullptr;
+    hw = Batched{};
+    hw_handle = nullptr;
+  }
+
+  // GPU_HYBRID's handle and batched state, created on first use; false (with `why`, if given)
+  // when that failed, then and on every later call.
+  bool ensure_hybrid(std::string* why) {
+    if (!hybrid_tried) {
+      hybrid_tried = true;
+      nvjpegStatus_t status = create_handle(*api, NVJPEG_BACKEND_GPU_HYBRID,
+                                            NVJPEG_FLAGS_BITSTREAM_STRICT, &hybrid_handle);
+      if (status == NVJPEG_STATUS_SUCCESS) {
+        status = api->state_create(hybrid_handle, &hybrid.state);
+        if (status != NVJPEG_STATUS_SUCCESS) {
+          hybrid.state = nullptr;
+          api->destroy(hybrid_handle);
+          hybrid_handle = nullptr;
+        }
+      }
+      if (status != NVJPEG_STATUS_SUCCESS)
+        hybrid_error = "nvjpegCreateEx(NVJPEG_BACKEND_GPU_HYBRID): " + status_name(status);
+    }
+    if (hybrid_handle == nullptr && why) *why = hybrid_error;
+    return hybrid_handle != nullptr;
+  }
+
+  // Whether the hardware engines take this JPEG (baseline, one scan, a subsampling they know).
+  bool hardware_supports(const uint8_t* p, size_t n) {
+    if (hw_handle == nullptr) return false;
+    if (api->stream_parse_header(hw_handle, p, n, hw_stream) != NVJPEG_STATUS_SUCCESS)
+      return false;
+    int is_supported = -1;  // 0 means supported (nvjpeg.h)
+    return api->batched_supported(hw_handle, hw_stream, &is_supported) ==
+               NVJPEG_STATUS_SUCCESS &&
+           is_supported == 0;
+  }
+
+  // The images `which` on the hardware engines, their bitstreams staged in pinned memory;
+  // false when nvJPEG refused the batch (nothing thrown: the caller decodes them another way).
+  bool decode_hardware(const std::vector<EncodedImage>& images, const std::vector<size_t>& which,
+                       const std::vector<nvjpegImage_t>& destinations,
+                       nvjpegOutputFormat_t format, cudaStream_t stream) {
+    Staging& st = staging[static_cast<size_t>(next_staging)];
+    next_staging ^= 1;
+    if (st.pending) {  // the decode that last read this buffer must be done with it
+      cudaEventSynchronize(st.done);
+      st.pending = false;
+    }
+    size_t total = 0;
+    for (size_t b : which) total += images[b].size;
+    if (st.capacity < total) {
+      if (st.data) cudaFreeHost(st.data);
+      st.data = nullptr;
+      st.capacity = 0;
+      const size_t want = std::max<size_t>(total + total / 4, size_t{1} << 20);
+      void* p = nullptr;
+      if (cudaHostAlloc(&p, want, cudaHostAllocDefault) == cudaSuccess) {
+        st.data = static_cast<uint8_t*>(p);
+        st.capacity = want;
+      } else {
+        cudaGetLastError();  // not sticky: decode from the caller's bytes instead
+      }
+    }
+    Gathered& g = hw_batch;
+    g.clear();
+    size_t at = 0;
+    for (size_t b : which) {
+      const uint8_t* src = images[b].data;
+      if (st.data) {
+        std::memcpy(st.data + at, src, images[b].size);
+        src = st.data + at;
+        at += images[b].size;
+      }
+      g.data.push_back(src);
+      g.lengths.push_back(images[b].size);
+      g.destinations.push_back(destinations[b]);
+    }
+    const nvjpegStatus_t status = run_batched(*api, hw_handle, hw, g, format, stream);
+    if (st.data) {
+      if (cudaEventRecord(st.done, stream) == cudaSuccess) {
+        st.pending = true;
+      } else {  // no event to wait on before the buffer is rewritten: wait for the copy now
+        cudaGetLastError();
+        cudaStreamSynchronize(stream);
+      }
+    }
+    return status == NVJPEG_STATUS_SUCCESS;
+  }
+
+  // The images `which` (in batch order) without the engines: GPU_HYBRID's batched decode for a
+  // batch it runs on the GPU (or always, when preferred), else the default backend's; a batch
+  // either refuses is decoded again image by image with nvjpegDecode, and the first image that
+  // fails there is the one the error names (a failed batch names none). Rewriting slots in
+  // stream order is safe: the later write wins. Returns the backend bit that decoded.
+  unsigned decode_rest(const std::vector<EncodedImage>& images, const std::vector<size_t>& which,
+                       const std::vector<nvjpegImage_t>& destinations,
+                       nvjpegOutputFormat_t format, cudaStream_t stream) {
+    Gathered& g = rest_batch;
+    g.clear();
+    for (size_t b : which) {
+      g.data.push_back(images[b].data);
+      g.lengths.push_back(images[b].size);
+      g.destinations.push_back(destinations[b]);
+    }
+    const bool try_hybrid = prefer == NvjpegBackend::kHybrid ||
+                            (prefer != NvjpegBackend::kDefault && which.size() >= kHybridMinBatch);
+    if (try_hybrid && ensure_hybrid(nullptr) &&
+        run_batched(*api, hybrid_handle, hybrid, g, format, stream) == NVJPEG_STATUS_SUCCESS)
+      return kUsedHybrid;
+    if (run_batched(*api, handle, batched, g, format, stream) == NVJPEG_STATUS_SUCCESS)
+      return kUsedDefault;
+    for (size_t k = 0; k < which.size(); ++k) {
+      const nvjpegStatus_t status = api->decode(handle, single, g.data[k], g.lengths[k], format,
+                                                &g.destinations[k], stream);
+      if (status != NVJPEG_STATUS_SUCCESS)
+        fail(images[which[k]].name, decode_failure("nvjpegDecode", status));
+    }
+    return kUsedDefault;
   }
 };
 
@@ -272,41 +576,49 @@ bool NvjpegDecoder::available(std::string* why_not) {
   return true;
 }
 
-std::unique_ptr<NvjpegDecoder> NvjpegDecoder::open(int device, std::string* why_not) {
+std::unique_ptr<NvjpegDecoder> NvjpegDecoder::open(int device, std::string* why_not,
+                                                   NvjpegBackend prefer) {
   TANDEM_CHECK_ARG(device >= 0, "NvjpegDecoder::open: device ", device,
                    " is negative; expected a CUDA device index >= 0");
+  if (prefer == NvjpegBackend::kAuto) prefer = backend_from_environment();
   if (!available(why_not)) return nullptr;
   const int count = c10::cuda::device_count();
   TANDEM_CHECK_ARG(device < count, "NvjpegDecoder::open: device ", device,
                    " does not exist; this machine has ", count, " CUDA device(s)");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const std::string where = " on cuda:" + std::to_string(device);
 
   auto state = std::make_unique<State>();
   state->api = &loaded_api().api;
+  state->prefer = prefer;
   const NvjpegApi& api = *state->api;
   // The default backend lets nvJPEG pick hybrid (host Huffman) or GPU-assisted Huffman per
-  // image. Strict bitstream checking where the library knows the flag: a corrupt stream is an
-  // error, not a picture; an older library that rejects the flag gets the default.
-  // Its own cudaMalloc / cudaHostAlloc allocators: its buffers grow only to the largest batch,
-  // so their synchronising frees are rare, and the caching allocator's stream semantics would
-  // not know which stream nvJPEG last used a buffer on.
-  nvjpegStatus_t status =
-      api.create_ex(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, NVJPEG_FLAGS_BITSTREAM_STRICT,
-                    &state->handle);
-  if (status != NVJPEG_STATUS_SUCCESS)
-    status = api.create_ex(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT,
-                           &state->handle);
+  // image; it is every path's last resort, and reads the headers.
+  nvjpegStatus_t status = create_handle(api, NVJPEG_BACKEND_DEFAULT,
+                                        NVJPEG_FLAGS_BITSTREAM_STRICT, &state->handle);
   if (status != NVJPEG_STATUS_SUCCESS) {
-    state->handle = nullptr;
-    if (why_not) *why_not = "nvjpegCreateEx failed on cuda:" + std::to_string(device) + ": " +
-                            status_name(status);
+    if (why_not) *why_not = "nvjpegCreateEx failed" + where + ": " + status_name(status);
     return nullptr;
   }
-  for (nvjpegJpegState_t* s : {&state->batched, &state->single}) {
+  for (nvjpegJpegState_t* s : {&state->batched.state, &state->single}) {
     status = api.state_create(state->handle, s);
     if (status != NVJPEG_STATUS_SUCCESS) {
       *s = nullptr;
       if (why_not) *why_not = "nvjpegJpegStateCreate failed: " + status_name(status);
+      return nullptr;
+    }
+  }
+  if (prefer == NvjpegBackend::kAuto || prefer == NvjpegBackend::kHardware) {
+    std::string why_hw;
+    if (!state->open_hardware(&why_hw) && prefer == NvjpegBackend::kHardware) {
+      if (why_not) *why_not = "no nvJPEG hardware decoder" + where + " (" + why_hw + ")";
+      return nullptr;
+    }
+  }
+  if (prefer == NvjpegBackend::kHybrid) {
+    std::string why_hybrid;
+    if (!state->ensure_hybrid(&why_hybrid)) {
+      if (why_not) *why_not = "no nvJPEG GPU_HYBRID backend" + where + " (" + why_hybrid + ")";
       return nullptr;
     }
   }
@@ -326,18 +638,26 @@ NvjpegDecoder::~NvjpegDecoder() {
   if (restore) cudaSetDevice(previous);
 }
 
+const char* NvjpegDecoder::backend() const { return backend_name(state_->last_used); }
+
+bool NvjpegDecoder::has_hardware() const { return state_->hw_handle != nullptr; }
+
 PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int64_t channels,
                                    cudaStream_t stream) {
   TANDEM_CHECK_ARG(channels == 1 || channels == 3, "NvjpegDecoder::decode: channels ", channels,
                    " not supported; expected 1 (gray) or 3 (RGB)");
-  const NvjpegApi& api = *state_->api;
+  State& s = *state_;
+  const NvjpegApi& api = *s.api;
   const size_t batch = images.size();
+  c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device_));
 
   // 1. Headers, on the host: validate every image and size its slot before any GPU work, so a
-  //    bad file fails the call before anything is queued.
+  //    bad file fails the call before anything is queued; and which images the hardware
+  //    engines take.
   PackedImages out;
   out.offsets_host.resize(batch);
   out.sizes_host.resize(batch);
+  s.on_hardware.assign(batch, 0);
   int64_t total = 0;
   for (size_t b = 0; b < batch; ++b) {
     const EncodedImage& im = images[b];
@@ -356,8 +676,8 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
     int widths[NVJPEG_MAX_COMPONENT] = {0};
     int heights[NVJPEG_MAX_COMPONENT] = {0};
     const JpegMarkers markers = walk_markers(im.data, im.size);
-    const nvjpegStatus_t status = api.get_image_info(state_->handle, im.data, im.size,
-                                                     &components, &subsampling, widths, heights);
+    const nvjpegStatus_t status = api.get_image_info(s.handle, im.data, im.size, &components,
+                                                     &subsampling, widths, heights);
     if (status != NVJPEG_STATUS_SUCCESS && markers.components == 4) components = 4;
     else if (status != NVJPEG_STATUS_SUCCESS)
       fail(im.name, (status == NVJPEG_STATUS_JPEG_NOT_SUPPORTED ||
@@ -380,12 +700,12 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
     out.sizes_host[b] = {channels, height, width};
     out.offsets_host[b] = total;
     total += channels * height * width;
+    s.on_hardware[b] = s.hardware_supports(im.data, im.size) ? 1 : 0;
   }
 
   // 2. Output, allocated on `stream` itself (the caching allocator ties the block to the
   //    stream current at allocation), so freeing it after work queued on `stream` is safe
   //    without recordStream.
-  c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device_));
   const auto index = static_cast<c10::DeviceIndex>(device_);
   const c10::cuda::CUDAStream lane = stream != nullptr
                                          ? c10::cuda::getStreamFromExternal(stream, index)
@@ -394,17 +714,18 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
   const auto on_device = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, index);
   out.packed = at::empty({total}, on_device);
   {
-    // (B,) and (B, 3) int64 through pinned staging: an asynchronous copy on the lane (the
-    // caching host allocator keeps the staging block until the copy is done).
-    const auto pinned = at::TensorOptions().dtype(at::kLong).pinned_memory(true);
-    at::Tensor offsets = at::empty({static_cast<int64_t>(batch)}, pinned);
-    at::Tensor sizes = at::empty({static_cast<int64_t>(batch), 3}, pinned);
-    std::copy(out.offsets_host.begin(), out.offsets_host.end(), offsets.data_ptr<int64_t>());
+    // offsets (B,) and sizes (B, 3) as two views of one (4B,) int64 block: one pinned staging
+    // block (the caching host allocator keeps it until the copy is done) and one asynchronous
+    // copy on the lane.
+    const auto n = static_cast<int64_t>(batch);
+    at::Tensor both = at::empty({4 * n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    int64_t* p = both.data_ptr<int64_t>();
+    std::copy(out.offsets_host.begin(), out.offsets_host.end(), p);
     for (size_t b = 0; b < batch; ++b)
-      std::copy(out.sizes_host[b].begin(), out.sizes_host[b].end(),
-                sizes.data_ptr<int64_t>() + 3 * b);
-    out.offsets = offsets.to(on_device.dtype(at::kLong), /*non_blocking=*/true);
-    out.sizes = sizes.to(on_device.dtype(at::kLong), /*non_blocking=*/true);
+      std::copy(out.sizes_host[b].begin(), out.sizes_host[b].end(), p + n + 3 * b);
+    const at::Tensor on_gpu = both.to(on_device.dtype(at::kLong), /*non_blocking=*/true);
+    out.offsets = on_gpu.narrow(0, 0, n);
+    out.sizes = on_gpu.narrow(0, n, 3 * n).view({n, 3});
   }
   if (batch == 0) return out;
 
@@ -413,8 +734,6 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
   //    (C, H, W) layout needs no transpose afterwards.
   const nvjpegOutputFormat_t format = channels == 3 ? NVJPEG_OUTPUT_RGB : NVJPEG_OUTPUT_Y;
   std::vector<nvjpegImage_t> destinations(batch);
-  std::vector<const unsigned char*> data(batch);
-  std::vector<size_t> lengths(batch);
   uint8_t* base = out.packed.data_ptr<uint8_t>();
   for (size_t b = 0; b < batch; ++b) {
     const auto [c, h, w] = out.sizes_host[b];
@@ -424,40 +743,27 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
       d.channel[k] = base + out.offsets_host[b] + k * h * w;
       d.pitch[k] = static_cast<size_t>(w);
     }
-    data[b] = images[b].data;
-    lengths[b] = images[b].size;
   }
 
-  // 4. One batched call: nvJPEG spreads the Huffman decode of the whole batch and launches one
-  //    set of kernels for it, where per-image calls would launch per image. But a failed batch
-  //    names no image, and the batched path rejects some streams the single-image one accepts;
-  //    so on failure every image is decoded again on its own with nvjpegDecode, and the first
-  //    that fails there is the one the error names. (Rewriting slots in stream order is safe:
-  //    the later write wins.) The decoupled API would give per-image errors up front but costs
-  //    a parse, a host and a device phase per image, with their own buffers; not worth it while
-  //    bad files are rare.
-  State& s = *state_;
-  if (!s.batched_ready || s.batch_size != static_cast<int>(batch) || s.format != format) {
-    const nvjpegStatus_t status = api.batched_initialize(
-        s.handle, s.batched, static_cast<int>(batch), /*max_cpu_threads=*/1, format);
-    if (status != NVJPEG_STATUS_SUCCESS)
-      throw Error("nvjpegDecodeBatchedInitialize failed for a batch of " +
-                  std::to_string(batch) + ": " + status_name(status));
-    s.batched_ready = true;
-    s.batch_size = static_cast<int>(batch);
-    s.format = format;
+  // 4. Batched calls: nvJPEG decodes a whole batch with one set of kernels (or one submission
+  //    to the hardware engines), where per-image calls would launch per image. The images the
+  //    engines take go there; the rest, and all of them if the engines refuse the batch, go
+  //    through decode_rest (which names a bad file). The decoupled API would give per-image
+  //    errors up front but costs a parse, a host and a device phase per image, with their own
+  //    buffers; not worth it while bad files are rare.
+  std::vector<size_t> on_hardware, rest;
+  for (size_t b = 0; b < batch; ++b) (s.on_hardware[b] ? on_hardware : rest).push_back(b);
+  unsigned used = 0;
+  if (!on_hardware.empty()) {
+    if (s.decode_hardware(images, on_hardware, destinations, format, stream)) {
+      used |= kUsedHardware;
+    } else {
+      rest.insert(rest.end(), on_hardware.begin(), on_hardware.end());
+      std::sort(rest.begin(), rest.end());  // an error names the first bad image in batch order
+    }
   }
-  const nvjpegStatus_t batched = api.decode_batched(s.handle, s.batched, data.data(),
-                                                    lengths.data(), destinations.data(), stream);
-  if (batched == NVJPEG_STATUS_SUCCESS) return out;
-
-  s.batched_ready = false;  // a failed batch must be re-initialised before the next
-  for (size_t b = 0; b < batch; ++b) {
-    const nvjpegStatus_t status = api.decode(s.handle, s.single, data[b], lengths[b], format,
-                                             &destinations[b], stream);
-    if (status != NVJPEG_STATUS_SUCCESS)
-      fail(images[b].name, decode_failure("nvjpegDecode", status));
-  }
+  if (!rest.empty()) used |= s.decode_rest(images, rest, destinations, format, stream);
+  s.last_used = used;
   return out;
 }
 

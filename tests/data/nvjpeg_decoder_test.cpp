@@ -1,7 +1,8 @@
 // nvjpeg_decoder.h: availability without a GPU (CPU suite), and on a GPU (NvjpegDecoderGpuTest,
-// skipped without CUDA or nvJPEG) batched decode of mixed sizes, gray and progressive JPEGs to
-// 1 and 3 channels against decode_image on the CPU, the packed layout, and every bad input
-// naming its file.
+// NvjpegBackendTest; skipped without CUDA or nvJPEG) batched decode of mixed sizes, gray and
+// progressive JPEGs to 1 and 3 channels against decode_image on the CPU, the packed layout,
+// every bad input naming its file, and each backend (hardware engines, GPU_HYBRID, default)
+// on batches large enough for it, reporting which one decoded.
 #include "tandem/data/nvjpeg_decoder.h"
 
 #include <ATen/ATen.h>
@@ -10,7 +11,9 @@
 #include <gtest/gtest.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -42,6 +45,7 @@ TEST(NvjpegDecoderTest, ReportsWhyNotWithoutDevice) {
 
 TEST(NvjpegDecoderTest, NegativeDeviceIsInvalidArgument) {
   EXPECT_THROW(NvjpegDecoder::open(-1, nullptr), InvalidArgument);
+  EXPECT_THROW(NvjpegDecoder::open(-1, nullptr, NvjpegBackend::kHardware), InvalidArgument);
 }
 
 TEST(NvjpegDecoderTest, PackedImagesViewsOneSample) {
@@ -99,15 +103,33 @@ std::vector<Fixture> good_jpegs() {
   };
 }
 
+// `count` baseline color JPEGs of varied sizes (none a multiple of the 16 px block) and the
+// three chroma subsamplings: what the hardware engines take, in a batch above GPU_HYBRID's
+// threshold of 50 for Huffman decode on the GPU.
+std::vector<Fixture> baseline_jpegs(int count, int seed = 0) {
+  std::vector<Fixture> out;
+  for (int i = 0; i < count; ++i) {
+    const int64_t h = 24 + (i * 37 + seed) % 90, w = 30 + (i * 53 + seed) % 110;
+    const ChromaSubsampling css = i % 5 == 3   ? ChromaSubsampling::k444
+                                  : i % 5 == 4 ? ChromaSubsampling::k422
+                                               : ChromaSubsampling::k420;
+    out.push_back({"/b/" + std::to_string(seed) + "-" + std::to_string(i) + ".jpg",
+                   encode_jpeg(testing::smooth_image(3, h, w, i + seed), 90, css)});
+  }
+  return out;
+}
+
 std::vector<EncodedImage> encoded(const std::vector<Fixture>& fixtures) {
   std::vector<EncodedImage> out;
   for (const auto& f : fixtures) out.push_back({f.bytes.data(), f.bytes.size(), f.name});
   return out;
 }
 
-// Decodes on `stream` and checks every sample against decode_image on the CPU.
+// Decodes on `stream` and checks every sample against decode_image on the CPU (printing each
+// sample's differences when `verbose`, else the batch's worst).
 void expect_matches_cpu(NvjpegDecoder& decoder, const std::vector<Fixture>& fixtures,
-                        int64_t channels, const c10::cuda::CUDAStream& stream) {
+                        int64_t channels, const c10::cuda::CUDAStream& stream,
+                        bool verbose = true) {
   const PackedImages out = decoder.decode(encoded(fixtures), channels, stream.stream());
   ASSERT_EQ(out.size(), static_cast<int64_t>(fixtures.size()));
   c10::cuda::CUDAStreamGuard guard(stream);  // reads below are ordered after the decode
@@ -117,6 +139,8 @@ void expect_matches_cpu(NvjpegDecoder& decoder, const std::vector<Fixture>& fixt
   EXPECT_EQ(out.sizes.sizes().vec(), (std::vector<int64_t>{out.size(), 3}));
   const at::Tensor offsets = out.offsets.cpu(), sizes = out.sizes.cpu();
   int64_t expected_offset = 0;
+  double worst_mean = 0;
+  int64_t worst_max = 0;
   for (int64_t b = 0; b < out.size(); ++b) {
     const Fixture& f = fixtures[static_cast<size_t>(b)];
     const at::Tensor cpu = decode_image(f.bytes, f.name, channels);
@@ -131,14 +155,22 @@ void expect_matches_cpu(NvjpegDecoder& decoder, const std::vector<Fixture>& fixt
     const at::Tensor diff = gpu.to(at::kInt).sub(cpu.to(at::kInt)).abs();
     const double mean = diff.to(at::kFloat).mean().item<double>();
     const int64_t max = diff.max().item<int64_t>();
-    std::printf("[ nvjpeg   ] %s -> %lld channel(s): mean |diff| %.3f, max %lld\n",
-                f.name.c_str(), static_cast<long long>(channels), mean,
-                static_cast<long long>(max));
+    if (verbose)
+      std::printf("[ nvjpeg   ] %s -> %lld channel(s): mean |diff| %.3f, max %lld\n",
+                  f.name.c_str(), static_cast<long long>(channels), mean,
+                  static_cast<long long>(max));
+    worst_mean = std::max(worst_mean, mean);
+    worst_max = std::max(worst_max, max);
     // A different IDCT and chroma upsampling than libjpeg-turbo's: close, not equal.
     EXPECT_LE(mean, 1.5) << f.name;
     EXPECT_LE(max, 12) << f.name;
   }
   EXPECT_EQ(out.packed.numel(), expected_offset);
+  if (!verbose)
+    std::printf("[ nvjpeg   ] %zu images -> %lld channel(s) (%s): worst mean |diff| %.3f, "
+                "max %lld\n",
+                fixtures.size(), static_cast<long long>(channels), decoder.backend(), worst_mean,
+                static_cast<long long>(worst_max));
 }
 
 TEST(NvjpegDecoderGpuTest, DecodesABatchLikeTheCpuDecoder) {
@@ -220,6 +252,86 @@ TEST(NvjpegDecoderGpuTest, BadInputsThrowNamingTheFile) {
   // The decoder is still good after all of that.
   expect_matches_cpu(*decoder, good_jpegs(), 3, c10::cuda::getDefaultCUDAStream(0));
 }
+
+// kAuto: the hardware engines for a batch they take whole, where the device has them; else
+// GPU_HYBRID for a batch above 50; a progressive JPEG (no engine takes it) in a small batch
+// goes to the default backend. Batch sizes that change and repeat (re-initialisation, the
+// alternating staging buffers growing and being reused) decode right each time.
+TEST(NvjpegDecoderGpuTest, ReportsTheBackendThatDecoded) {
+  if (std::getenv("TANDEM_NVJPEG_BACKEND") != nullptr)
+    GTEST_SKIP() << "TANDEM_NVJPEG_BACKEND is set";
+  TANDEM_OPEN_NVJPEG_OR_SKIP(decoder);
+  EXPECT_STREQ(decoder->backend(), "none");
+  std::printf("[ nvjpeg   ] hardware JPEG decoder: %s\n", decoder->has_hardware() ? "yes" : "no");
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  const char* const large = decoder->has_hardware() ? "hardware" : "hybrid";
+  const auto a = baseline_jpegs(64, 1), b = baseline_jpegs(100, 2), c = baseline_jpegs(64, 3);
+  for (const auto* batch : {&a, &b, &c, &a}) {
+    expect_matches_cpu(*decoder, *batch, 3, side, /*verbose=*/false);
+    EXPECT_STREQ(decoder->backend(), large);
+  }
+  expect_matches_cpu(*decoder, a, 1, side, /*verbose=*/false);
+  EXPECT_STREQ(decoder->backend(), large);
+  decoder->decode({}, 3, side.stream());  // an empty batch leaves backend() as it was
+  EXPECT_STREQ(decoder->backend(), large);
+
+  expect_matches_cpu(*decoder, good_jpegs(), 3, side);
+  const std::string mixed = decoder->backend();
+  EXPECT_NE(mixed.find("default"), std::string::npos) << mixed;  // the progressive one
+  if (decoder->has_hardware()) {
+    EXPECT_NE(mixed.find("hardware"), std::string::npos) << mixed;
+  }
+}
+
+// Each backend asked for by name: the same pixels, layout and errors, and backend() names it
+// for a batch of baseline JPEGs above 50. Skipped where that backend is unavailable.
+class NvjpegBackendTest : public ::testing::TestWithParam<NvjpegBackend> {};
+
+const char* name_of(NvjpegBackend backend) {
+  switch (backend) {
+    case NvjpegBackend::kAuto: return "auto";
+    case NvjpegBackend::kHardware: return "hardware";
+    case NvjpegBackend::kHybrid: return "hybrid";
+    case NvjpegBackend::kDefault: return "default";
+  }
+  return "?";
+}
+
+TEST_P(NvjpegBackendTest, DecodesLikeTheCpuDecoder) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  std::string why_not;
+  const std::unique_ptr<NvjpegDecoder> decoder = NvjpegDecoder::open(0, &why_not, GetParam());
+  if (!decoder) GTEST_SKIP() << name_of(GetParam()) << " unavailable: " << why_not;
+  EXPECT_EQ(decoder->has_hardware(), GetParam() == NvjpegBackend::kHardware);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  const auto large = baseline_jpegs(64, 4);
+  for (int64_t channels : {3, 1}) {
+    expect_matches_cpu(*decoder, large, channels, side, /*verbose=*/false);
+    EXPECT_STREQ(decoder->backend(), name_of(GetParam())) << channels << " channel(s)";
+  }
+  for (int64_t channels : {3, 1}) expect_matches_cpu(*decoder, good_jpegs(), channels, side);
+  for (const auto& f : good_jpegs())
+    expect_matches_cpu(*decoder, {f}, 3, c10::cuda::getDefaultCUDAStream(0));
+
+  const auto gray = encode_jpeg(testing::smooth_image(1, 40, 30, 6), 90);
+  const PackedImages out = decoder->decode({{gray.data(), gray.size(), "g.jpg"}}, 3, nullptr);
+  const at::Tensor rgb = out.image(0).cpu();
+  EXPECT_TRUE(rgb[0].equal(rgb[1]));
+  EXPECT_TRUE(rgb[0].equal(rgb[2]));
+
+  const auto jpeg = encode_jpeg(testing::smooth_image(3, 64, 64, 8), 90);
+  expect_decode_error(*decoder, {"/d/half.jpg", {jpeg.begin(), jpeg.begin() + jpeg.size() / 2}},
+                      "truncated JPEG");
+  expect_decode_error(*decoder, {"/d/head.jpg", {jpeg.begin(), jpeg.begin() + 40}}, "JPEG");
+  expect_matches_cpu(*decoder, large, 3, side, /*verbose=*/false);  // still good after those
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, NvjpegBackendTest,
+                         ::testing::Values(NvjpegBackend::kHardware, NvjpegBackend::kHybrid,
+                                           NvjpegBackend::kDefault),
+                         [](const ::testing::TestParamInfo<NvjpegBackend>& info) {
+                           return std::string(name_of(info.param));
+                         });
 
 }  // namespace
 }  // namespace tandem::data

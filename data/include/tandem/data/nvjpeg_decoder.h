@@ -43,15 +43,34 @@ struct PackedImages {
   at::Tensor image(int64_t b) const;
 };
 
-/// A GPU JPEG decoder on one device: an nvJPEG library handle and decode state, reused across
-/// calls (their internal device and pinned buffers grow to the largest batch seen, then stay).
+/// Which nvJPEG path decodes: what NvjpegDecoder::open() is asked to prefer.
+enum class NvjpegBackend {
+  /// The GPU's hardware JPEG engines (NVJPEG_BACKEND_HARDWARE: A100, A30, H100, H200...) for
+  /// every image they support (baseline, single scan, not 4:1:0 / 4:1:1); the rest of a batch
+  /// through the GPU_HYBRID backend when more than 50 of them remain, else the default
+  /// backend. Without the engines, the same minus the hardware. The environment variable
+  /// TANDEM_NVJPEG_BACKEND (auto, hardware, hybrid or default) overrides kAuto alone.
+  kAuto,
+  /// As kAuto, but open() fails (nullptr, `why_not` saying why) without the hardware engines.
+  kHardware,
+  /// Never the engines: NVJPEG_BACKEND_GPU_HYBRID batched decode, whose Huffman decode runs on
+  /// the GPU for baseline JPEGs in batches of more than 50 (on the host for smaller ones).
+  kHybrid,
+  /// The default backend alone: Huffman decode on the host, in the calling thread.
+  kDefault,
+};
+
+/// A GPU JPEG decoder on one device: nvJPEG library handles, decode states and staging buffers,
+/// reused across calls (their device and pinned buffers grow to the largest batch seen, then
+/// stay; a batched decode is re-initialised only when its batch size or output format changes).
 ///
 /// Not thread-safe: a decoder is used by one thread at a time (nvJPEG's decode state is per
 /// thread); a loader gives each worker its own. Neither copied nor moved: held by unique_ptr.
 ///
-///   host bytes ──(Huffman decode on the host inside decode())──► [stream] IDCT, color
-///   conversion ──► packed   (the caller's later work on `stream` sees the pixels; other
-///   streams must wait on an event recorded on `stream` after decode())
+///   host bytes ──(headers checked on the host)──► hardware JPEG engines, or Huffman decode on
+///   the GPU (hybrid) or on the host (default) ──► [stream] IDCT, color conversion ──► packed
+///   (the caller's later work on `stream` sees the pixels; other streams must wait on an event
+///   recorded on `stream` after decode())
 class NvjpegDecoder {
  public:
   /// Whether open() can succeed here, without creating a decoder: tandem was built with
@@ -60,10 +79,12 @@ class NvjpegDecoder {
   static bool available(std::string* why_not = nullptr);
 
   /// A decoder on CUDA device `device`, or nullptr with `*why_not` (if given) set to a one-line
-  /// reason when CUDA has no device, tandem was built without nvjpeg.h, or libnvjpeg cannot be
-  /// loaded or initialised. Throws tandem::InvalidArgument for a negative device or one past
-  /// the last (when devices exist).
-  static std::unique_ptr<NvjpegDecoder> open(int device, std::string* why_not = nullptr);
+  /// reason when CUDA has no device, tandem was built without nvjpeg.h, libnvjpeg cannot be
+  /// loaded or initialised, or `prefer` is kHardware and the device has no JPEG engines.
+  /// Throws tandem::InvalidArgument for a negative device or one past the last (when devices
+  /// exist), or a TANDEM_NVJPEG_BACKEND that names no backend.
+  static std::unique_ptr<NvjpegDecoder> open(int device, std::string* why_not = nullptr,
+                                             NvjpegBackend prefer = NvjpegBackend::kAuto);
 
   ~NvjpegDecoder();
   NvjpegDecoder(const NvjpegDecoder&) = delete;
@@ -82,14 +103,27 @@ class NvjpegDecoder {
   /// Throws tandem::InvalidArgument for channels not 1 or 3, and tandem::Error naming the
   /// image's `name` and the cause, in one line, for an empty, non-JPEG (a PNG included),
   /// truncated, corrupt or unsupported (e.g. CMYK / YCCK: decode_image reads those) input, or
-  /// one of more than kMaxImagePixels pixels. Not capture-safe (host work, allocation).
+  /// one of more than kMaxImagePixels pixels. Those checks read the headers on the host before
+  /// any GPU work; damage inside the entropy-coded data that leaves the headers and the
+  /// end-of-image marker intact may decode to wrong pixels on the hardware engines (which
+  /// report no per-image errors) rather than throw. Not capture-safe (host work, allocation).
   PackedImages decode(const std::vector<EncodedImage>& images, int64_t channels,
                       cudaStream_t stream);
+
+  /// Which nvJPEG path produced the pixels of the last decode() of a non-empty batch:
+  /// "hardware" (the JPEG engines), "hybrid" (GPU_HYBRID: Huffman decode on the GPU) or
+  /// "default" (Huffman decode on the host); several joined by '+' (in that order) when the
+  /// batch was split, e.g. "hardware+default" for a progressive JPEG among baseline ones;
+  /// "none" before the first. A static string.
+  const char* backend() const;
+
+  /// Whether this decoder uses the hardware JPEG engines where it can.
+  bool has_hardware() const;
 
   int device() const { return device_; }
 
  private:
-  struct State;  // nvJPEG handle and states (nvjpeg_decoder.cpp)
+  struct State;  // nvJPEG handles, states and staging (nvjpeg_decoder.cpp)
   NvjpegDecoder(int device, std::unique_ptr<State> state);
 
   int device_;
