@@ -425,7 +425,7 @@ fi
 # ImageFolder + DataLoader, PIL / torchvision.io decode) and tandem data-bench in one call;
 # data.json in OUT merges both. env TANDEM_DATA_DIR (where the folder goes; kept if it exists),
 # TANDEM_DATA_COUNT (6000), TANDEM_DATA_BS ("64 256"), TANDEM_DATA_MODELS ("r50_frozen_head
-# r18_full"), TANDEM_DATA_STEPS (60), TANDEM_DATA_MODE (pipelined+graphed),
+# r18_full"), TANDEM_DATA_STEPS (60), TANDEM_DATA_MODE (pipelined+graphed), TANDEM_DATA_DECODE ("cpu gpu": one run each),
 # TANDEM_DATA_PY_WORKERS (8).
 if has_phase data; then
   data_dir=${TANDEM_DATA_DIR:-/tmp/tandem-imagefolder}
@@ -442,17 +442,15 @@ if has_phase data; then
   python3 bench/python/data_bench.py --data "$data_dir" --jobs "$jobs" \
     --batch-sizes "$(echo $data_bs | tr ' ' ',')" --workers "${TANDEM_DATA_PY_WORKERS:-8}" \
     --steps "$data_steps" --out "$RAW/data-python.json" 2>&1 | tee -a "$LOG" || status=1
-  first=1
   for model in $data_models; do
     for bs in $data_bs; do
-      decode_args=(--images 1000)
-      [ $first = 1 ] || decode_args=(--decode gpu --images 1000)  # decode rows once
-      say "tandem data-bench --model $model --batch-size $bs"
-      "$TANDEM" data-bench --data "$data_dir" --model "$model" --batch-size "$bs" \
-        --mode "${TANDEM_DATA_MODE:-pipelined+graphed}" --steps "$data_steps" --warmup 10 \
-        "${decode_args[@]}" --json "$RAW/data-tandem-$model-$bs.json" 2>&1 | tee -a "$LOG" ||
-        status=1
-      first=0
+      for decode in ${TANDEM_DATA_DECODE:-cpu gpu}; do
+        say "tandem data-bench --model $model --batch-size $bs --decode $decode"
+        "$TANDEM" data-bench --data "$data_dir" --model "$model" --batch-size "$bs" \
+          --mode "${TANDEM_DATA_MODE:-pipelined+graphed}" --steps "$data_steps" --warmup 10 \
+          --decode "$decode" --images 1000 \
+          --json "$RAW/data-tandem-$model-$bs-$decode.json" 2>&1 | tee -a "$LOG" || status=1
+      done
     done
   done
   python3 - "$OUT/data.json" "$RAW"/data-python.json "$RAW"/data-tandem-*.json <<'PY' 2>&1 | tee -a "$LOG"

@@ -64,9 +64,10 @@ std::vector<FieldSpec> packed_fields(const std::vector<FieldSpec>& fields) {
                        ": expected sizes >= 0");
       typical *= d;
     }
-    out.push_back({f.name, {typical}, f.dtype, true});
-    out.push_back({offsets_field(f.name), {}, at::kLong});
-    out.push_back({sizes_field(f.name), {static_cast<int64_t>(f.shape.size())}, at::kLong});
+    out.push_back({f.name, {typical}, f.dtype, true, f.stays_on_host});
+    out.push_back({offsets_field(f.name), {}, at::kLong, false, f.stays_on_host});
+    out.push_back({sizes_field(f.name), {static_cast<int64_t>(f.shape.size())}, at::kLong, false,
+                   f.stays_on_host});
   }
   return out;
 }
@@ -368,8 +369,9 @@ void load_next_batch(Loader& loader, Batch& batch, const Lane& lane) {
   TORCH_CHECK(host.has_value(), "the loader ran out of batches at step ", batch.index);
   const auto& fields = loader.fields();
   for (size_t f = 0; f < fields.size(); ++f) {
-    at::Tensor t = lane.is_cuda() ? host->fields[f].to(lane.device(), /*non_blocking=*/true)
-                                  : host->fields[f].clone();
+    at::Tensor t = lane.is_cuda() && !fields[f].stays_on_host
+                       ? host->fields[f].to(lane.device(), /*non_blocking=*/true)
+                       : host->fields[f].clone();
     batch.set(fields[f].name, std::move(t));
   }
   loader.release(*host, &lane);

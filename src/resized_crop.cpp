@@ -111,7 +111,7 @@ at::Tensor draw_crop_boxes(const ResizedCropSpec& spec, const at::Tensor& sizes,
 
 namespace {
 // The reference for one sample: the kernel's loop, pixel by pixel.
-void crop_one(const uint8_t* src, int w, int c_in, const int32_t* box,
+void crop_one(const uint8_t* src, int h, int w, int c_in, const int32_t* box,
               const ResizedCropSpec& spec, const crop_math::Normalization* norm, float* out) {
   namespace cm = crop_math;
   const int C = static_cast<int>(spec.mean.size()), oh = static_cast<int>(spec.out_h),
@@ -121,6 +121,7 @@ void crop_one(const uint8_t* src, int w, int c_in, const int32_t* box,
     std::fill(out, out + C * plane, NAN);
     return;
   }
+  const cm::Layout layout = cm::layout_of(spec.planar, h, w, C);
   std::vector<cm::AxisWindow> cols(ow);
   for (int x = 0; x < ow; ++x)
     cols[x] = cm::axis_window(box[cm::kOffsetX] + (box[cm::kFlip] ? ow - 1 - x : x),
@@ -130,7 +131,7 @@ void crop_one(const uint8_t* src, int w, int c_in, const int32_t* box,
         cm::axis_window(box[cm::kOffsetY] + y, box[cm::kHeight], box[cm::kResizedH]);
     for (int x = 0; x < ow; ++x)
       for (int c = 0; c < C; ++c) {
-        const float v = cm::resample(src, w, C, c, box[cm::kTop], box[cm::kLeft], rows, cols[x]);
+        const float v = cm::resample(src, layout, c, box[cm::kTop], box[cm::kLeft], rows, cols[x]);
         out[c * plane + y * ow + x] = cm::normalize(v, norm[c]);
       }
   }
@@ -175,6 +176,7 @@ at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
     a.channels = static_cast<int>(C);
     a.out_h = static_cast<int>(spec.out_h);
     a.out_w = static_cast<int>(spec.out_w);
+    a.planar = spec.planar;
     for (int64_t c = 0; c < C; ++c) a.normalization[c] = norm[c];
     launch_resized_crop(a, c10::cuda::getCurrentCUDAStream(packed.device().index()).stream());
     return out;
@@ -189,8 +191,8 @@ at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
                      "x", sz[b * 3 + 2], ") lies outside the ", n, " packed bytes");
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
-      crop_one(p.data_ptr<uint8_t>() + off[b], static_cast<int>(sz[b * 3 + 1]),
-               static_cast<int>(sz[b * 3 + 2]),
+      crop_one(p.data_ptr<uint8_t>() + off[b], static_cast<int>(sz[b * 3]),
+               static_cast<int>(sz[b * 3 + 1]), static_cast<int>(sz[b * 3 + 2]),
                bxp + b * kCropBoxFields, spec, norm,
                out.data_ptr<float>() + b * C * spec.out_h * spec.out_w);
   });

@@ -22,15 +22,16 @@ struct Packed {
 };
 
 // Images (C, h, w) back to back as (h, w, C), as the loader packs ImageFolder's decoded ones.
-Packed pack(const std::vector<at::Tensor>& images) {
+// planar: each (C, h, w) as it is, as nvJPEG writes them (sizes still h, w, C).
+Packed pack(const std::vector<at::Tensor>& images, bool planar = false) {
   std::vector<at::Tensor> flat;
   std::vector<int64_t> offsets, sizes;
   int64_t at_byte = 0;
   for (const auto& chw : images) {
-    const at::Tensor img = chw.permute({1, 2, 0}).contiguous();
+    const at::Tensor img = planar ? chw.contiguous() : chw.permute({1, 2, 0}).contiguous();
     flat.push_back(img.view(-1));
     offsets.push_back(at_byte);
-    for (int d = 0; d < 3; ++d) sizes.push_back(img.size(d));
+    for (int d : {1, 2, 0}) sizes.push_back(chw.size(d));
     at_byte += img.numel();
   }
   const int64_t B = static_cast<int64_t>(images.size());
@@ -119,6 +120,16 @@ TEST(ResizedCropTest, TheFlipMirrorsTheOutputExactly) {
   EXPECT_TRUE(at::equal(a.flip({3}), b));
 }
 
+TEST(ResizedCropTest, PlanarSamplesGiveTheSameOutputAsInterleavedOnes) {
+  const std::vector<at::Tensor> imgs{random_image(3, 40, 50, 7), random_image(3, 90, 31, 8)};
+  const Packed hwc = pack(imgs), chw = pack(imgs, /*planar=*/true);
+  ResizedCropSpec s = ResizedCropSpec::train(24);
+  const at::Tensor boxes = draw_crop_boxes(s, hwc.sizes);
+  const at::Tensor a = resized_crop(hwc.packed, hwc.offsets, hwc.sizes, boxes, s);
+  s.planar = true;
+  EXPECT_TRUE(at::equal(a, resized_crop(chw.packed, chw.offsets, chw.sizes, boxes, s)));
+}
+
 TEST(ResizedCropTest, RandomBoxesFollowTorchvisionsRanges) {
   std::vector<at::Tensor> imgs;
   for (int i = 0; i < 400; ++i) imgs.push_back(at::zeros({3, 40 + i % 200, 60 + (7 * i) % 300}, at::kByte));
@@ -198,18 +209,20 @@ TEST(ResizedCropTest, RejectsBadInputNamingTheValue) {
 }
 
 // A batch of photos of assorted sizes (some much larger than the output, some smaller).
-Packed assorted_batch(int n, uint64_t seed) {
+Packed assorted_batch(int n, uint64_t seed, bool planar = false) {
   std::vector<at::Tensor> imgs;
   for (int i = 0; i < n; ++i)
     imgs.push_back(random_image(3, 30 + (37 * i) % 500, 20 + (53 * i) % 600, seed + i));
-  return pack(imgs);
+  return pack(imgs, planar);
 }
 
 TEST(ResizedCropGpuTest, KernelMatchesTheCppReferenceToTheBit) {
   TANDEM_SKIP_WITHOUT_CUDA();
-  const Packed p = assorted_batch(24, 10);
+  ResizedCropSpec planar = ResizedCropSpec::train(96);
+  planar.planar = true;
   for (const ResizedCropSpec& s : {ResizedCropSpec::train(224), ResizedCropSpec::eval(224, 256),
-                                   ResizedCropSpec::train(64)}) {
+                                   ResizedCropSpec::train(64), planar}) {
+    const Packed p = assorted_batch(24, 10, s.planar);
     const at::Tensor sizes = p.sizes.cuda();
     const at::Tensor boxes = draw_crop_boxes(s, sizes);
     const at::Tensor gpu = resized_crop(p.packed.cuda(), p.offsets.cuda(), sizes, boxes, s).cpu();

@@ -2,10 +2,14 @@
 // per-sample load.
 #include "tandem/data/image_folder.h"
 
+#include <ATen/ops/empty.h>
+
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <utility>
 
+#include "codec_util.h"
 #include "dataset_util.h"
 #include "posix_fs.h"
 #include "tandem/data/decode.h"
@@ -91,6 +95,8 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
 
 std::vector<FieldSpec> ImageFolderDataset::fields() const {
   const int64_t s = options_.image_size;
+  if (options_.output == ImageFolderOutput::kEncoded)  // typical: a 4:2:0 JPEG of 2S x 2S
+    return {{"jpeg", {s * s}, at::kByte, true, true}, {"label", {}, at::kLong}};
   if (options_.output == ImageFolderOutput::kDecoded)  // typical: between S and 2S a side
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"label", {}, at::kLong}};
@@ -112,7 +118,18 @@ void ImageFolderDataset::get_sample(int64_t index, std::vector<at::Tensor>& out)
                    "got ", out.size());
   const Sample& sample = samples_[static_cast<size_t>(index)];
   const std::vector<uint8_t> bytes = read_file(sample.path);
-  if (options_.output == ImageFolderOutput::kDecoded) {
+  if (options_.output == ImageFolderOutput::kEncoded) {
+    const ImageInfo info = read_image_info(bytes, sample.path);  // names a bad file
+    if (info.format != ImageFormat::kJpeg)
+      detail::fail(sample.path, std::string("a ") + format_name(info.format) +
+                                    " file: GPU decode reads JPEGs (decode on the CPU instead)");
+    if (info.channels == 4)
+      detail::fail(sample.path, "a CMYK JPEG: GPU decode reads gray and YCbCr JPEGs (decode on "
+                                "the CPU instead)");
+    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::memcpy(t.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+    out[0] = t;
+  } else if (options_.output == ImageFolderOutput::kDecoded) {
     out[0] = decode_image_interleaved(bytes, sample.path, options_.channels,
                                       options_.image_size, options_.image_size);
   } else {

@@ -261,10 +261,6 @@ std::string first_bytes_hex(const uint8_t* p, size_t n) {
   return head;
 }
 
-}  // namespace
-
-namespace {
-
 // The paths a decode() used, as bits in the order backend() names them.
 constexpr unsigned kUsedHardware = 1, kUsedHybrid = 2, kUsedDefault = 4;
 
@@ -329,15 +325,21 @@ struct Gathered {
 };
 
 // nvjpegDecodeBatched of `batch` on `b`, initialised first when needed: the status of whichever
-// call failed, or success.
+// call failed (`*initialize_failed`, if given, says whether it was the initialisation), or
+// success.
 nvjpegStatus_t run_batched(const NvjpegApi& api, nvjpegHandle_t handle, Batched& b,
-                           Gathered& batch, nvjpegOutputFormat_t format, cudaStream_t stream) {
+                           Gathered& batch, nvjpegOutputFormat_t format, cudaStream_t stream,
+                           bool* initialize_failed = nullptr) {
   const int n = static_cast<int>(batch.data.size());
+  if (initialize_failed) *initialize_failed = false;
   if (!b.ready || b.batch_size != n || b.format != format) {
     b.ready = false;
     const nvjpegStatus_t status =
         api.batched_initialize(handle, b.state, n, /*max_cpu_threads=*/1, format);
-    if (status != NVJPEG_STATUS_SUCCESS) return status;
+    if (status != NVJPEG_STATUS_SUCCESS) {
+      if (initialize_failed) *initialize_failed = true;
+      return status;
+    }
     b.ready = true;
     b.batch_size = n;
     b.format = format;
@@ -382,6 +384,10 @@ struct NvjpegDecoder::State {
   nvjpegJpegStream_t hw_stream = nullptr;  // one image's parsed headers: is it supported?
   std::array<Staging, 2> staging;
   int next_staging = 0;
+  // Output formats the engines refused to initialise a batch for (bit 1: Y, bit 2: RGB): not
+  // a property of any image, so those go straight to the other backends from then on.
+  unsigned hw_refused_formats = 0;
+  unsigned hw_decoded_formats = 0;  // formats the engines have decoded a batch to
 
   nvjpegHandle_t hybrid_handle = nullptr;  // GPU_HYBRID; null until used, or when it failed
   Batched hybrid;
@@ -416,7 +422,12 @@ struct NvjpegDecoder::State {
       return false;
     }
     status = api->state_create(hw_handle, &hw.state);
-    if (status == NVJPEG_STATUS_SUCCESS) status = api->stream_create(hw_handle, &hw_stream);
+    if (status != NVJPEG_STATUS_SUCCESS) {
+      hw.state = nullptr;
+    } else {
+      status = api->stream_create(hw_handle, &hw_stream);
+      if (status != NVJPEG_STATUS_SUCCESS) hw_stream = nullptr;
+    }
     if (status != NVJPEG_STATUS_SUCCESS) {
       *why = "nvJPEG hardware state: " + status_name(status);
       release_hardware();
@@ -472,9 +483,14 @@ struct NvjpegDecoder::State {
     return hybrid_handle != nullptr;
   }
 
-  // Whether the hardware engines take this JPEG (baseline, one scan, a subsampling they know).
-  bool hardware_supports(const uint8_t* p, size_t n) {
-    if (hw_handle == nullptr) return false;
+  static unsigned format_bit(nvjpegOutputFormat_t format) {
+    return format == NVJPEG_OUTPUT_Y ? 1u : 2u;
+  }
+
+  // Whether the hardware engines take this JPEG (baseline, one scan, a subsampling they know)
+  // to `format`.
+  bool hardware_supports(const uint8_t* p, size_t n, nvjpegOutputFormat_t format) {
+    if (hw_handle == nullptr || (hw_refused_formats & format_bit(format)) != 0) return false;
     if (api->stream_parse_header(hw_handle, p, n, hw_stream) != NVJPEG_STATUS_SUCCESS)
       return false;
     int is_supported = -1;  // 0 means supported (nvjpeg.h)
@@ -523,7 +539,13 @@ struct NvjpegDecoder::State {
       g.lengths.push_back(images[b].size);
       g.destinations.push_back(destinations[b]);
     }
-    const nvjpegStatus_t status = run_batched(*api, hw_handle, hw, g, format, stream);
+    bool initialize_failed = false;
+    const nvjpegStatus_t status =
+        run_batched(*api, hw_handle, hw, g, format, stream, &initialize_failed);
+    // The engines refused to initialise for a format they never decoded to: never again.
+    if (initialize_failed && (hw_decoded_formats & format_bit(format)) == 0)
+      hw_refused_formats |= format_bit(format);
+    if (status == NVJPEG_STATUS_SUCCESS) hw_decoded_formats |= format_bit(format);
     if (st.data) {
       if (cudaEventRecord(st.done, stream) == cudaSuccess) {
         st.pending = true;
@@ -649,6 +671,7 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
   State& s = *state_;
   const NvjpegApi& api = *s.api;
   const size_t batch = images.size();
+  const nvjpegOutputFormat_t format = channels == 3 ? NVJPEG_OUTPUT_RGB : NVJPEG_OUTPUT_Y;
   c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device_));
 
   // 1. Headers, on the host: validate every image and size its slot before any GPU work, so a
@@ -664,11 +687,11 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
     TANDEM_CHECK_ARG(im.data != nullptr || im.size == 0, "NvjpegDecoder::decode: image ", b,
                      " (", im.name, ") has ", im.size, " bytes at a null pointer");
     if (im.size == 0) fail(im.name, "empty file (0 bytes), not an image");
-    const ImageFormat format = sniff_format(im.data, im.size);
-    if (format == ImageFormat::kPng)
+    const ImageFormat kind = sniff_format(im.data, im.size);
+    if (kind == ImageFormat::kPng)
       fail(im.name, "a PNG, not a JPEG: the GPU decoder reads JPEGs only (decode_image reads "
                     "PNGs)");
-    if (format != ImageFormat::kJpeg)
+    if (kind != ImageFormat::kJpeg)
       fail(im.name, "not a JPEG file (it starts with bytes " + first_bytes_hex(im.data, im.size) +
                         ")");
     int components = 0;
@@ -700,7 +723,7 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
     out.sizes_host[b] = {channels, height, width};
     out.offsets_host[b] = total;
     total += channels * height * width;
-    s.on_hardware[b] = s.hardware_supports(im.data, im.size) ? 1 : 0;
+    s.on_hardware[b] = s.hardware_supports(im.data, im.size, format) ? 1 : 0;
   }
 
   // 2. Output, allocated on `stream` itself (the caching allocator ties the block to the
@@ -732,7 +755,6 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
   // 3. Planar destinations inside `packed`: channel c of sample b is its (H, W) plane at
   //    offsets[b] + c*H*W, pitch W. Planar RGB / Y output writes each plane separately, so the
   //    (C, H, W) layout needs no transpose afterwards.
-  const nvjpegOutputFormat_t format = channels == 3 ? NVJPEG_OUTPUT_RGB : NVJPEG_OUTPUT_Y;
   std::vector<nvjpegImage_t> destinations(batch);
   uint8_t* base = out.packed.data_ptr<uint8_t>();
   for (size_t b = 0; b < batch; ++b) {

@@ -31,6 +31,9 @@ struct FieldSpec {
   /// typical sample's, which sizes the loader's slots (a slot grows when a batch needs more);
   /// only its rank binds. A batch carries such a field packed — see packed_fields().
   bool variable_size = false;
+  /// The load stage hands the stages a host copy of this field instead of a device copy: bytes a
+  /// host library reads, such as JPEG bitstreams for nvJPEG (which moves them itself).
+  bool stays_on_host = false;
 };
 
 /// The names under which a batch carries variable-size field `name`: `name` itself is every
@@ -196,7 +199,7 @@ class Loader {
 };
 
 /// The load stage of every host data source (the runner's): takes the loader's next batch, copies each field to
-/// `lane`'s device on that lane (asynchronously from pinned memory; a copy on the CPU, where the
+/// `lane`'s device on that lane (a FieldSpec::stays_on_host field: to host memory of its own) (asynchronously from pinned memory; a copy on the CPU, where the
 /// slot's memory is refilled once released), sets it in `batch` under the field's name, and
 /// releases the slot behind the copy. Throws if the loader has no batch left.
 void load_next_batch(Loader& loader, Batch& batch, const Lane& lane);

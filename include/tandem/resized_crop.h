@@ -32,6 +32,9 @@ struct ResizedCropSpec {
   /// torchvision's 0.485 / 0.229 times 255).
   std::vector<double> mean{123.675, 116.28, 103.53};
   std::vector<double> std{58.395, 57.12, 57.375};
+  /// Each packed sample is (C, H, W) planar (nvJPEG's output) instead of (H, W, C) interleaved
+  /// (the CPU decoders'); sizes stay (H, W, C) either way.
+  bool planar = false;
 
   /// torchvision's ImageNet training transform at `size`: RandomResizedCrop + flip.
   static ResizedCropSpec train(int64_t size = 224);

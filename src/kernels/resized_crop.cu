@@ -28,7 +28,8 @@ __global__ void resized_crop_kernel(CropLaunch a) {
   const int y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x >= a.out_w || y >= a.out_h) return;
   const int32_t* box = a.boxes + b * cm::kBoxFields;
-  const int w = static_cast<int>(a.sizes[b * 3 + 1]), c_in = static_cast<int>(a.sizes[b * 3 + 2]);
+  const int h = static_cast<int>(a.sizes[b * 3]), w = static_cast<int>(a.sizes[b * 3 + 1]),
+            c_in = static_cast<int>(a.sizes[b * 3 + 2]);
   const int64_t plane = static_cast<int64_t>(a.out_h) * a.out_w;
   float* out = a.out + static_cast<int64_t>(b) * a.channels * plane + y * a.out_w + x;
   if (c_in != a.channels) {
@@ -41,8 +42,9 @@ __global__ void resized_crop_kernel(CropLaunch a) {
   const cm::AxisWindow cols = cm::axis_window(box[cm::kOffsetX] + xr, box[cm::kWidth],
                                               box[cm::kResizedW]);
   const uint8_t* src = a.packed + a.offsets[b];
+  const cm::Layout layout = cm::layout_of(a.planar, h, w, a.channels);
   for (int c = 0; c < a.channels; ++c) {
-    const float v = cm::resample(src, w, a.channels, c, box[cm::kTop], box[cm::kLeft], rows, cols);
+    const float v = cm::resample(src, layout, c, box[cm::kTop], box[cm::kLeft], rows, cols);
     out[c * plane] = cm::normalize(v, a.normalization[c]);
   }
 }

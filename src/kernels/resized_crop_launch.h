@@ -31,6 +31,7 @@ struct CropLaunch {
   const int32_t* boxes;    // (B, kBoxFields)
   float* out;              // (B, C, out_h, out_w)
   int batch, channels, out_h, out_w;
+  bool planar;  // samples (C, H, W) instead of (H, W, C)
   crop_math::Normalization normalization[kCropMaxChannels];
 };
 

@@ -148,19 +148,30 @@ TANDEM_HD float to_pixel(float v) {
   return r < 0.0f ? 0.0f : (r > 255.0f ? 255.0f : r);
 }
 
-/// Output pixel (y, x) of channel c: `image` is the sample, (h, w, C) interleaved (pixel (y, x)
-/// at (y * w + x) * C), rows / cols the axis windows of resized index y0 + y and x0 + x (flip
-/// applied by the caller), relative to the box's top / left. Sum over rows of weight * (sum over
-/// columns of weight * pixel), in tap order, each product-sum one fmadd.
-TANDEM_HD float resample(const uint8_t* image, int w, int C, int c, int top, int left,
+/// Where a sample's pixels are: pixel (y, x) of channel c at y * row + x * pixel + c * channel.
+/// (h, w, C) interleaved (the CPU decoders'): row w * C, pixel C, channel 1; (C, h, w) planar
+/// (nvJPEG's): row w, pixel 1, channel h * w.
+struct Layout {
+  int64_t row, pixel, channel;
+};
+TANDEM_HD Layout layout_of(bool planar, int h, int w, int C) {
+  return planar ? Layout{w, 1, static_cast<int64_t>(h) * w}
+                : Layout{static_cast<int64_t>(w) * C, C, 1};
+}
+
+/// Output pixel (y, x) of channel c of the sample at `image` laid out as `l`; rows / cols the
+/// axis windows of resized index y0 + y and x0 + x (flip applied by the caller), relative to the
+/// box's top / left. Sum over rows of weight * (sum over columns of weight * pixel), in tap
+/// order, each product-sum one fmadd.
+TANDEM_HD float resample(const uint8_t* image, const Layout& l, int c, int top, int left,
                          const AxisWindow& rows, const AxisWindow& cols) {
   float acc = 0.0f;
   for (int ky = 0; ky < rows.count; ++ky) {
-    const uint8_t* line =
-        image + (static_cast<int64_t>(top + rows.first + ky) * w + left + cols.first) * C + c;
+    const uint8_t* line = image + (top + rows.first + ky) * l.row +
+                          (left + cols.first) * l.pixel + c * l.channel;
     float row = 0.0f;
     for (int kx = 0; kx < cols.count; ++kx)
-      row = fmadd(weight(cols, kx), static_cast<float>(line[kx * C]), row);
+      row = fmadd(weight(cols, kx), static_cast<float>(line[kx * l.pixel]), row);
     acc = fmadd(weight(rows, ky), row, acc);
   }
   return to_pixel(acc);

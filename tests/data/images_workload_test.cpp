@@ -38,7 +38,8 @@ at::Tensor shape_image(int64_t cls, int64_t h, int64_t w, uint64_t seed) {
   return img;
 }
 
-void write_shapes_folder(const TempDir& dir, int per_class, uint64_t seed) {
+void write_shapes_folder(const TempDir& dir, int per_class, uint64_t seed,
+                         bool jpeg_only = false) {
   const char* names[] = {"a_red", "b_green", "c_blue"};  // sorted: label k is colour k
   for (int64_t cls = 0; cls < 3; ++cls)
     for (int i = 0; i < per_class; ++i) {
@@ -46,7 +47,7 @@ void write_shapes_folder(const TempDir& dir, int per_class, uint64_t seed) {
       const int64_t h = 40 + (s * 7) % 50, w = 40 + (s * 13) % 60;
       const at::Tensor img = shape_image(cls, h, w, s);
       const std::string stem = std::string(names[cls]) + "/" + std::to_string(i);
-      if (i % 5 == 4)
+      if (i % 5 == 4 && !jpeg_only)
         put(dir, stem + ".png", encode_png(img));
       else
         put(dir, stem + ".JPG", encode_jpeg(img, 90));
@@ -99,12 +100,15 @@ TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLosses) {
   TANDEM_SKIP_WITHOUT_CUDA();
   tandem::testing::use_deterministic_algorithms();
   TempDir dir;
-  write_shapes_folder(dir, 6, 5);
-  for (const std::string model : {"r18_full", "r50_frozen_head"}) {
+  write_shapes_folder(dir, 6, 5, /*jpeg_only=*/true);  // nvJPEG reads JPEGs
+  for (const std::string model : {"r18_full", "r50_frozen_head"})
+  for (const std::string decode : {"cpu", "gpu"}) {
+    SCOPED_TRACE(model + " decode=" + decode);
     std::vector<float> serial;
     for (const Mode mode : workload_modes()) {
       if (mode == Mode::kGraphedK) continue;  // refused: see the CPU test
       WorkloadOptions o = options_for(dir, model, 4);
+      o.params["decode"] = decode;
       o.device = c10::Device(c10::kCUDA, 0);
       const ImagesWorkload w = make_images(o);
       // 4 batches an epoch; 12 steps: warm-up, capture and replays across three epochs.
@@ -186,6 +190,21 @@ TEST(ImagesWorkloadTest, ACorruptFileStopsTheRunNamingItOrIsSkippedAndReported) 
   std::string reasons = skipped[0].reason + " | " + skipped[1].reason;
   EXPECT_NE(reasons.find("zz_truncated.jpg"), std::string::npos) << reasons;
   EXPECT_NE(reasons.find("zz_empty.jpg"), std::string::npos) << reasons;
+}
+
+TEST(ImagesWorkloadTest, GpuDecodeWithoutAGpuSaysSoAndDecodesOnTheCpu) {
+  TempDir dir;
+  write_shapes_folder(dir, 3, 6);
+  WorkloadOptions o = options_for(dir, "r18_full", 3);
+  o.params["decode"] = "gpu";
+  ::testing::internal::CaptureStderr();
+  const ImagesWorkload gpu = make_images(o);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("decoding on the CPU"), std::string::npos) << said;
+  o.params["decode"] = "cpu";
+  const ImagesWorkload cpu = make_images(o);
+  EXPECT_EQ(Runner(gpu.workload, run_options(Mode::kSerial, 3)).train(2),
+            Runner(cpu.workload, run_options(Mode::kSerial, 3)).train(2));
 }
 
 TEST(ImagesWorkloadTest, BadSettingsAreNamed) {

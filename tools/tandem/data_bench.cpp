@@ -101,7 +101,7 @@ bool time_gpu_decode(const std::vector<std::vector<uint8_t>>& files,
   row.batch_size = static_cast<int64_t>(b);
   row.workers = 1;
   row.images_per_s = static_cast<double>(encoded.size()) / seconds_since(start);
-  row.note = "nvJPEG batched decode, one host thread, full size";
+  row.note = std::string("nvJPEG (") + decoder->backend() + "), one host thread, full size";
   return true;
 }
 
@@ -157,6 +157,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   BenchOptions run = o.run;
   run.data = o.data;
   run.params["model"] = o.model;
+  run.params["decode"] = o.decode;  // the end-to-end run decodes as asked (auto: by a trial)
   const bool end_to_end = !run.steps || *run.steps > 0;
   if (!end_to_end) run.steps = 1;
   run = resolve(run);  // validates the device, batch size and counts before the long work
@@ -178,7 +179,8 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   if (o.decode != "gpu") {
     result.rows.push_back(time_cpu_decode(files, paths, size, true));
     result.rows.push_back(time_cpu_decode(files, paths, size, false));
-    result.rows.push_back(time_loader(folder, workers, *run.batch_size, o.loader_batches));
+    result.rows.push_back(time_loader(folder, workers, *run.batch_size,
+                                      std::max<int64_t>(1, o.loader_images / *run.batch_size)));
   }
   if (o.decode != "cpu") {
     DataBenchRow row;
@@ -200,7 +202,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
       if (source == "files") {
         DataBenchRow row;
         row.job = o.model;
-        row.decode = "cpu";
+        row.decode = o.decode;
         row.batch_size = *b.batch_size;
         row.workers = workers;
         row.images_per_s = r.samples_per_s;

@@ -18,8 +18,10 @@ struct DataBenchOptions {
   std::string data;
   int64_t decode_images = 1000;  ///< files timed on one core (and on the GPU)
   int workers = 0;               ///< loader threads; 0: one per core but one
-  int64_t loader_batches = 40;   ///< batches the loader-only run drains
-  std::string decode = "auto";   ///< cpu, gpu or auto (both timed; auto reports both)
+  int64_t loader_images = 8000;  ///< images the loader-only run drains (whole batches)
+  /// cpu, gpu or auto: which decode rows are timed (auto: both), and how the end-to-end run
+  /// decodes (workload images' decode param; auto: whichever a short trial finds faster).
+  std::string decode = "auto";
   /// End to end: workload images at these settings (steps, mode, device, batch size, model);
   /// its params are set by the data bench. steps == 0 skips it.
   BenchOptions run;

@@ -338,7 +338,10 @@ int main(int argc, char** argv) {
       "step on device-resident data, with the stage report.");
   data_bench->add_option("--data", db.data, "an ImageFolder: one subfolder of JPEG/PNG per class")
       ->required();
-  data_bench->add_option("--decode", db.decode, "cpu, gpu (nvJPEG) or auto (both timed)")
+  data_bench->add_option("--decode", db.decode,
+                         "cpu (TurboJPEG in the loader's workers), gpu (nvJPEG on the augment "
+                         "lane) or auto (a short trial picks): the end-to-end run's decode, and "
+                         "which decode rows are timed (auto: both)")
       ->capture_default_str();
   data_bench->add_option("--images", db.decode_images, "files timed by the decode rows")
       ->capture_default_str();

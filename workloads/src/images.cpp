@@ -3,12 +3,20 @@
 #include "tandem/workloads/images.h"
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <thread>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
+#include "tandem/data/decode.h"
 #include "tandem/data/image_folder.h"
+#include "tandem/data/nvjpeg_decoder.h"
 #include "tandem/error.h"
 #include "tandem/models/resnet.h"
 #include "tandem/optim.h"
@@ -28,9 +36,54 @@ const std::vector<WorkloadParam>& images_params() {
        "files (the --data folder, decoded by the loader's workers) or resident (one batch "
        "already on the device: the same step without loading)",
        {"files", "resident"}},
+      {"decode",
+       "where JPEGs are decoded: cpu (TurboJPEG in the loader's workers), gpu (nvJPEG on the "
+       "augment lane; the workers only read files) or auto (whichever a short trial measures "
+       "faster)",
+       {"cpu", "gpu", "auto"}},
       {"size", "the side of the square crop the model sees (default 224)", {}},
       {"lr", "SGD's learning rate (momentum 0.9; default 0.1)", {}}};
   return params;
+}
+
+// decode=auto: a short trial of both on this machine's files — one core's TurboJPEG rate times
+// the cores the loader can use, against nvJPEG's on a batch. Returns "cpu" or "gpu" and says why.
+std::string choose_decode(const data::ImageFolderDataset& folder, c10::Device device,
+                          int64_t size, std::string& why) {
+  std::string why_not;
+  auto decoder = device.is_cuda() ? data::NvjpegDecoder::open(device.index(), &why_not)
+                                  : nullptr;
+  if (!device.is_cuda()) why_not = "the device is not a GPU";
+  if (!decoder) {
+    why = "nvJPEG unavailable (" + why_not + ")";
+    return "cpu";
+  }
+  const int64_t n = std::min<int64_t>(128, folder.size());
+  std::vector<std::vector<uint8_t>> files;
+  std::vector<data::EncodedImage> encoded;
+  for (int64_t i = 0; i < n; ++i) files.push_back(data::read_file(folder.samples()[i * folder.size() / n].path));
+  for (int64_t i = 0; i < n; ++i)
+    encoded.push_back({files[i].data(), files[i].size(), folder.samples()[i].path});
+  using Clock = std::chrono::steady_clock;
+  auto t = Clock::now();
+  for (const auto& f : files) data::decode_image_interleaved(f, "trial", 3, size, size);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  const double cpu = n * cores / std::chrono::duration<double>(Clock::now() - t).count();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  try {
+    decoder->decode(encoded, 3, stream);  // warm-up
+    c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+    t = Clock::now();
+    decoder->decode(encoded, 3, stream);
+    c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+  } catch (const std::exception& e) {
+    why = std::string("nvJPEG failed on a trial batch (") + first_line(e.what()) + ")";
+    return "cpu";
+  }
+  const double gpu = n / std::chrono::duration<double>(Clock::now() - t).count();
+  why = detail::concat("trial: cpu ", static_cast<int64_t>(cpu), " img/s (", cores,
+                       " cores), gpu ", static_cast<int64_t>(gpu), " img/s");
+  return gpu > cpu ? "gpu" : "cpu";
 }
 
 ImagesOptions parse(const WorkloadOptions& o) {
@@ -68,6 +121,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   // The data first: its class count sizes the head. Resident data needs no folder.
   std::shared_ptr<data::ImageFolderDataset> folder;
   int64_t classes = 10;
+  std::string decode = param_or_default(options.params, images_params(), "decode");
   if (io.from_files) {
     TANDEM_CHECK_ARG(!options.data.empty(),
                      "workload images reads an ImageFolder: give --data DIR (one subfolder of "
@@ -77,6 +131,23 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     fo.output = data::ImageFolderOutput::kDecoded;
     folder = std::make_shared<data::ImageFolderDataset>(options.data, fo);
     classes = static_cast<int64_t>(folder->classes().size());
+    std::string why;
+    if (decode == "auto") {
+      decode = choose_decode(*folder, device, S, why);
+      std::cerr << "images: decode=auto chose " << decode << ": " << why << "\n";
+    } else if (decode == "gpu") {
+      std::string why_not;
+      if (!device.is_cuda() || !data::NvjpegDecoder::open(device.index(), &why_not)) {
+        std::cerr << "images: decode=gpu: nvJPEG unavailable ("
+                  << (device.is_cuda() ? why_not : "the device is not a GPU")
+                  << "); decoding on the CPU\n";
+        decode = "cpu";
+      }
+    }
+    if (decode == "gpu") {
+      fo.output = data::ImageFolderOutput::kEncoded;
+      folder = std::make_shared<data::ImageFolderDataset>(options.data, fo);
+    }
   }
   ImagesWorkload out;
   if (folder)
@@ -95,7 +166,41 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   generator.set_current_seed(options.seed);
   if (io.from_files) {
     w.data = DataSource::from_dataset(folder, /*shuffle=*/true, /*drop_last=*/true);
-    const ResizedCropSpec spec = ResizedCropSpec::train(S);
+    ResizedCropSpec spec = ResizedCropSpec::train(S);
+    if (decode == "gpu") {
+      // The workers only read files; nvJPEG decodes the batch on the augment lane (its output
+      // is planar), then the same crop kernel. One decoder per instance, used by that stage's
+      // thread alone.
+      spec.planar = true;
+      auto decoder = std::shared_ptr<data::NvjpegDecoder>(
+          data::NvjpegDecoder::open(device.index(), nullptr).release());
+      w.feeds.push_back(
+          {"augment",
+           "augment",
+           {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
+           {"x"},
+           [spec, generator, decoder, device](const Tensors& in) {
+             const int64_t B = in[1].size(0);
+             const uint8_t* bytes = in[0].data_ptr<uint8_t>();
+             const int64_t* off = in[1].data_ptr<int64_t>();
+             const int64_t* len = in[2].data_ptr<int64_t>();
+             std::vector<data::EncodedImage> encoded;
+             for (int64_t b = 0; b < B; ++b)
+               encoded.push_back({bytes + off[b], static_cast<size_t>(len[b]),
+                                  "image " + std::to_string(b) + " of the batch"});
+             const data::PackedImages p = decoder->decode(
+                 encoded, 3, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+             std::vector<int64_t> hwc;  // the crop's sizes are (H, W, C) in either layout
+             for (const auto& s : p.sizes_host) hwc.insert(hwc.end(), {s[1], s[2], s[0]});
+             const at::Tensor sizes =
+                 at::tensor(hwc, at::kLong).view({B, 3}).to(device, /*non_blocking=*/true);
+             const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
+             return Tensors{resized_crop(p.packed, p.offsets, sizes, boxes, spec)};
+           },
+           "nvJPEG decode, then RandomResizedCrop + flip + normalize",
+           {generator},
+           Capture::kNever});
+    } else {
     // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
     // resample kernel per batch, so a graph would save two launches.
     w.feeds.push_back({"augment",
@@ -109,6 +214,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
                        "RandomResizedCrop + flip + normalize of the packed batch",
                        {generator},
                        Capture::kNever});
+    }
   } else {
     const int64_t B = options.batch_size;
     at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>(options.seed);

@@ -20,6 +20,10 @@ enum class ImageFolderOutput {
   /// 320 x 240, for a quarter of the work), a PNG at full size. The GPU crops and resizes the
   /// batch (resized_crop.h: RandomResizedCrop for training, Resize + CenterCrop for evaluation).
   kDecoded,
+  /// The JPEG file's bytes, undecoded (a variable-size field "jpeg" that stays on the host: the
+  /// GPU decodes it, NvjpegDecoder). The worker reads the header first, so a file that is not a
+  /// JPEG, or a CMYK one nvJPEG cannot decode, stops (or, with skip_bad, is skipped) naming it.
+  kEncoded,
 };
 
 struct ImageFolderOptions {
@@ -28,8 +32,8 @@ struct ImageFolderOptions {
   ImageFolderOutput output = ImageFolderOutput::kCenterCrop;
 };
 
-/// Fields: {"image", {C, S, S}, kByte} (kDecoded: (H, W, C), variable-size, typical 1.5 S a side),
-/// {"label", {}, kLong}.
+/// Fields: {"image", {C, S, S}, kByte} (kDecoded: (H, W, C), variable-size, typical 1.5 S a side;
+/// kEncoded: "jpeg" instead, the file's bytes), {"label", {}, kLong}.
 ///
 /// The index, built once by the constructor: classes are the subfolders of `root` (symlinks
 /// followed), sorted by name in byte order, label = position; each class folder is walked
