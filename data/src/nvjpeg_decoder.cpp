@@ -395,10 +395,20 @@ struct NvjpegDecoder::State {
   std::string hybrid_error;
 
   unsigned last_used = 0;  // backend()'s bits for the last non-empty batch
+  // Recorded after each decode's work on its stream; the next decode waits for it, so at most
+  // one batch is in flight in the decode states and buffers this decoder reuses (the pipeline
+  // runs ahead of the device: in a graphed mode the next batch's decode was issued while the
+  // last one's was still in flight, and the losses went non-finite).
+  cudaEvent_t previous_done = nullptr;
+  bool previous_pending = false;
   Gathered hw_batch, rest_batch;
   std::vector<uint8_t> on_hardware;
 
   ~State() {  // statuses ignored: a destructor never throws
+    if (previous_done) {
+      if (previous_pending) cudaEventSynchronize(previous_done);
+      cudaEventDestroy(previous_done);
+    }
     if (api == nullptr) return;
     release_hardware();
     for (Batched* b : {&hybrid, &batched})
@@ -671,6 +681,10 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
   State& s = *state_;
   const NvjpegApi& api = *s.api;
   const size_t batch = images.size();
+  if (s.previous_pending) {
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(s.previous_done));
+    s.previous_pending = false;
+  }
   const nvjpegOutputFormat_t format = channels == 3 ? NVJPEG_OUTPUT_RGB : NVJPEG_OUTPUT_Y;
   c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device_));
 
@@ -786,6 +800,10 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
   }
   if (!rest.empty()) used |= s.decode_rest(images, rest, destinations, format, stream);
   s.last_used = used;
+  if (!s.previous_done)
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&s.previous_done, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventRecord(s.previous_done, stream));
+  s.previous_pending = true;
   return out;
 }
 
