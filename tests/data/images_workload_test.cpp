@@ -114,11 +114,13 @@ TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLosses) {
       // 4 batches an epoch; 12 steps: warm-up, capture and replays across three epochs.
       const std::vector<float> losses = Runner(w.workload, run_options(mode, 4)).train(12);
       ASSERT_EQ(losses.size(), 12u);
-      for (float l : losses) ASSERT_TRUE(std::isfinite(l)) << model << " " << to_string(mode);
+      std::string text;
+      for (float l : losses) text += std::to_string(l) + " ";
+      for (float l : losses) EXPECT_TRUE(std::isfinite(l)) << to_string(mode) << ": " << text;
       if (mode == Mode::kSerial)
         serial = losses;
       else
-        EXPECT_EQ(losses, serial) << model << " " << to_string(mode);
+        EXPECT_EQ(losses, serial) << to_string(mode) << ": " << text;
     }
   }
 }
