@@ -2,6 +2,7 @@
 // samples; the loader on top; every bad folder and bad file.
 #include "tandem/data/image_folder.h"
 
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <gtest/gtest.h>
 
@@ -254,3 +255,53 @@ TEST(ImageFolderTest, BadFilesFailInGetNamingTheFile) {
 
 }  // namespace
 }  // namespace tandem::data
+
+namespace tandem::data::testing {
+namespace {
+
+// kDecoded: each image at its own size, (H, W, C), at the DCT scale that still covers S; the
+// loader packs them. kEncoded: the JPEG's bytes, host-side; a PNG or CMYK JPEG is named.
+TEST(ImageFolderTest, DecodedAndEncodedOutputsCarryEachImageAsItIs) {
+  TempDir dir;
+  const std::string root = join(dir.path(), "root");
+  const auto big = encode_jpeg(smooth_image(3, 100, 140, 1), 90);  // >= 2 x 48: decoded at 1/2
+  const auto small = encode_jpeg(smooth_image(3, 60, 50, 2), 90);  // < 2 x 48: full size
+  put(dir, "root/a/0.jpg", big);
+  put(dir, "root/b/1.jpg", small);
+  ImageFolderOptions o;
+  o.image_size = 48;
+  o.output = ImageFolderOutput::kDecoded;
+  const ImageFolderDataset decoded(root, o);
+  ASSERT_TRUE(decoded.fields()[0].variable_size);
+  std::vector<at::Tensor> out{at::Tensor(), at::empty({}, at::kLong)};
+  decoded.get_sample(0, out);
+  EXPECT_EQ(out[0].sizes(), (std::vector<int64_t>{50, 70, 3}));
+  EXPECT_TRUE(at::equal(out[0], decode_image(big, "big", 3, 48, 48).permute({1, 2, 0})));
+  out[0] = at::Tensor();
+  decoded.get_sample(1, out);
+  EXPECT_EQ(out[0].sizes(), (std::vector<int64_t>{60, 50, 3}));
+  EXPECT_EQ(out[1].item<int64_t>(), 1);
+  std::vector<at::Tensor> fixed{at::empty({50, 70, 3}, at::kByte), at::empty({}, at::kLong)};
+  EXPECT_THROW(decoded.get(0, fixed), InvalidArgument);  // no fixed shape to write into
+
+  o.output = ImageFolderOutput::kEncoded;
+  const std::string png = put(dir, "root/b/2.png", encode_png(smooth_image(3, 20, 20, 3)));
+  const ImageFolderDataset encoded(root, o);
+  ASSERT_TRUE(encoded.fields()[0].stays_on_host);
+  out[0] = at::Tensor();
+  encoded.get_sample(1, out);
+  ASSERT_EQ(out[0].numel(), static_cast<int64_t>(small.size()));
+  EXPECT_EQ(std::vector<uint8_t>(out[0].data_ptr<uint8_t>(),
+                                 out[0].data_ptr<uint8_t>() + out[0].numel()),
+            small);
+  out[0] = at::Tensor();
+  try {
+    encoded.get_sample(2, out);
+    ADD_FAILURE() << "no error for a PNG";
+  } catch (const Error& e) {
+    expect_one_line_naming(e.what(), png, "GPU decode reads JPEGs");
+  }
+}
+
+}  // namespace
+}  // namespace tandem::data::testing
