@@ -32,6 +32,8 @@ if "$tandem" --help | grep -q data-bench; then  # built with the data layer
   expect_fail 2 "does not exist" -- bench --workload images --device cpu --data /nonexistent/folder
   expect_fail 2 "does not exist" -- data-bench --data /nonexistent/folder --device cpu
   expect_fail 2 "decode 'tpu' is not valid: expected cpu, gpu or auto" -- data-bench --data /tmp --decode tpu --device cpu
+  expect_fail 2 "decode='tpu' is not valid for workload images: expected cpu, gpu or auto" -- bench --workload images --decode tpu --device cpu
+  expect_fail 2 "parameter 'decode' is not known to workload seg" -- bench --decode gpu --device cpu
 fi
 expect_fail 2 "mode 'fast' is not valid: expected serial, pipelined, graphed, pipelined+graphed, graphed_k or auto" -- bench --mode fast
 expect_fail 2 "mode 'cpu_aug' is not valid: expected serial" -- bench --scenario cls --mode cpu_aug

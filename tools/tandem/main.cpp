@@ -92,6 +92,7 @@ struct RunFlags {
   bool cudnn_benchmark = false;
   std::string workload = "seg";
   std::vector<std::string> params;
+  std::string decode;  // --decode: workload images' decode parameter
   CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *batch_size_opt = nullptr;
 
   void add(CLI::App* app, tandem::BenchOptions& options) {
@@ -111,6 +112,10 @@ struct RunFlags {
     app->add_option("--data", options.data,
                     "a folder the workload reads (workload images: an ImageFolder, one "
                     "subfolder of JPEG/PNG files per class)");
+    app->add_option("--decode", decode,
+                    "where workload images decodes JPEGs: cpu (the loader's workers), gpu "
+                    "(nvJPEG on the augment lane) or auto (a short trial picks); the same as "
+                    "--param decode=...");
     app->add_flag("--skip-bad", options.skip_bad,
                   "leave samples that fail to load (corrupt, truncated, unreadable files) out of "
                   "their batch, count them and report them at the end and in the JSON, instead "
@@ -138,6 +143,7 @@ struct RunFlags {
         throw tandem::InvalidArgument("parameter '" + kv + "' is not valid: expected KEY=VALUE");
       options.params[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
+    if (!decode.empty()) options.params["decode"] = decode;  // checked by the workload's params
     if (batch_size_opt && batch_size_opt->count()) options.batch_size = batch_size;
     if (steps_opt->count()) options.steps = steps;
     if (warmup_opt->count()) options.warmup = warmup;
