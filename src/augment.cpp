@@ -15,6 +15,7 @@
 #include <mutex>
 #include <vector>
 
+#include "check_normalization.h"
 #include "kernels/augment_draw.h"
 #include "kernels/augment_launch.h"
 #include "kernels/augment_math.h"
@@ -48,14 +49,7 @@ void AugmentSpec::validate(int64_t channels, int64_t in_h, int64_t in_w) const {
                    "the radius below the size)");
   TANDEM_CHECK_ARG(sigma_min > 0 && sigma_max >= sigma_min, "sigma range [", sigma_min, ", ",
                    sigma_max, "] is not valid: expected 0 < min <= max");
-  TANDEM_CHECK_ARG(channels >= 1 && channels <= kAugmentMaxChannels, "channel count ", channels,
-                   " is not valid: expected 1..", kAugmentMaxChannels);
-  TANDEM_CHECK_ARG(static_cast<int64_t>(mean.size()) == channels, "mean has ", mean.size(),
-                   " values for ", channels, " channels");
-  TANDEM_CHECK_ARG(static_cast<int64_t>(std.size()) == channels, "std has ", std.size(),
-                   " values for ", channels, " channels");
-  for (size_t c = 0; c < std.size(); ++c)
-    TANDEM_CHECK_ARG(std[c] != 0.0, "std[", c, "] is 0: expected a non-zero value");
+  detail::check_normalization(channels, kAugmentMaxChannels, mean, std);
   TANDEM_CHECK_ARG(hflip_probability >= 0 && hflip_probability <= 1, "flip probability ",
                    hflip_probability, " is not valid: expected 0..1");
 }

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "draw_seeds.h"
+#include "check_normalization.h"
 #include "kernels/resized_crop_launch.h"
 #include "tandem/error.h"
 
@@ -44,14 +45,7 @@ void ResizedCropSpec::validate(int64_t channels) const {
                    out_w, ": expected at least the crop's sides (and at most 16384)");
   TANDEM_CHECK_ARG(hflip_probability >= 0 && hflip_probability <= 1, "flip probability ",
                    hflip_probability, " is not valid: expected 0..1");
-  TANDEM_CHECK_ARG(channels >= 1 && channels <= kCropMaxChannels, "channel count ", channels,
-                   " is not valid: expected 1..", kCropMaxChannels);
-  TANDEM_CHECK_ARG(static_cast<int64_t>(mean.size()) == channels, "mean has ", mean.size(),
-                   " values for ", channels, " channels");
-  TANDEM_CHECK_ARG(static_cast<int64_t>(std.size()) == channels, "std has ", std.size(),
-                   " values for ", channels, " channels");
-  for (size_t c = 0; c < std.size(); ++c)
-    TANDEM_CHECK_ARG(std[c] != 0.0, "std[", c, "] is 0: expected a non-zero value");
+  detail::check_normalization(channels, kCropMaxChannels, mean, std);
 }
 
 namespace {

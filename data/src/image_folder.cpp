@@ -103,6 +103,20 @@ std::vector<FieldSpec> ImageFolderDataset::fields() const {
   return {{"image", {options_.channels, s, s}, at::kByte}, {"label", {}, at::kLong}};
 }
 
+std::vector<ImageFolderDataset::Sample> ImageFolderDataset::spread_samples(int64_t n) const {
+  const int64_t total = size();
+  n = std::min(n, total);
+  std::vector<Sample> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(samples_[static_cast<size_t>(i * total / n)]);
+  return out;
+}
+
+ImageFolderDataset ImageFolderDataset::with_output(ImageFolderOutput output) const {
+  ImageFolderDataset copy = *this;
+  copy.options_.output = output;
+  return copy;
+}
+
 void ImageFolderDataset::get(int64_t index, const std::vector<at::Tensor>& out) const {
   TANDEM_CHECK_ARG(options_.output == ImageFolderOutput::kCenterCrop,
                    "ImageFolder: samples decoded at their own size have no fixed shape: read "

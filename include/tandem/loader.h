@@ -198,10 +198,11 @@ class Loader {
   std::vector<std::thread> workers_;
 };
 
-/// The load stage of every host data source (the runner's): takes the loader's next batch, copies each field to
-/// `lane`'s device on that lane (a FieldSpec::stays_on_host field: to host memory of its own) (asynchronously from pinned memory; a copy on the CPU, where the
-/// slot's memory is refilled once released), sets it in `batch` under the field's name, and
-/// releases the slot behind the copy. Throws if the loader has no batch left.
+/// The load stage of every host data source (the runner's): takes the loader's next batch, copies
+/// each field to `lane`'s device on that lane (asynchronously from pinned memory), or to host
+/// memory of its own (on the CPU, or for a FieldSpec::stays_on_host field: the slot is refilled
+/// once released), sets it in `batch` under the field's name, and releases the slot behind the
+/// copy. Throws if the loader has no batch left.
 void load_next_batch(Loader& loader, Batch& batch, const Lane& lane);
 
 }  // namespace tandem

@@ -54,45 +54,55 @@ const std::vector<WorkloadParam>& images_params() {
 // engines only serve data-bench's decode rate.
 constexpr data::NvjpegBackend kPipelineBackend = data::NvjpegBackend::kHybrid;
 
-// decode=auto: a short trial of both on this machine's files — one core's TurboJPEG rate times
-// the cores the loader can use, against nvJPEG's on a batch. Returns "cpu" or "gpu" and says why.
-std::string choose_decode(const data::ImageFolderDataset& folder, c10::Device device,
-                          int64_t size, std::string& why) {
-  std::string why_not;
-  auto decoder = device.is_cuda()
-                     ? data::NvjpegDecoder::open(device.index(), &why_not, kPipelineBackend)
-                     : nullptr;
-  if (!device.is_cuda()) why_not = "the device is not a GPU";
+// A decoder for `decode` (gpu or auto) on `device`, or null to decode on the CPU: always for
+// decode=cpu; for gpu when nvJPEG cannot open (said on stderr); for auto when a short trial on
+// this machine's files finds one core's TurboJPEG rate times the cores the loader can use
+// faster than nvJPEG on a batch (the choice and both rates said on stderr).
+std::shared_ptr<data::NvjpegDecoder> gpu_decoder(const data::ImageFolderDataset& folder,
+                                                 c10::Device device, int64_t size,
+                                                 const std::string& decode) {
+  if (decode == "cpu") return nullptr;
+  std::string why_not = "the device is not a GPU";
+  std::shared_ptr<data::NvjpegDecoder> decoder;
+  if (device.is_cuda())
+    decoder = data::NvjpegDecoder::open(device.index(), &why_not, kPipelineBackend);
   if (!decoder) {
-    why = "nvJPEG unavailable (" + why_not + ")";
-    return "cpu";
+    std::cerr << "images: decode=" << decode << ": nvJPEG unavailable (" << why_not
+              << "); decoding on the CPU\n";
+    return nullptr;
   }
-  const int64_t n = std::min<int64_t>(128, folder.size());
+  if (decode == "gpu") return decoder;
   std::vector<std::vector<uint8_t>> files;
   std::vector<data::EncodedImage> encoded;
-  for (int64_t i = 0; i < n; ++i) files.push_back(data::read_file(folder.samples()[i * folder.size() / n].path));
-  for (int64_t i = 0; i < n; ++i)
-    encoded.push_back({files[i].data(), files[i].size(), folder.samples()[i].path});
+  for (const auto& sample : folder.spread_samples(128)) {
+    files.push_back(data::read_file(sample.path));
+    encoded.push_back({files.back().data(), files.back().size(), sample.path});
+  }
+  const auto n = static_cast<double>(files.size());
   using Clock = std::chrono::steady_clock;
   auto t = Clock::now();
-  for (const auto& f : files) data::decode_image_interleaved(f, "trial", 3, size, size);
+  for (size_t i = 0; i < files.size(); ++i)
+    data::decode_image_interleaved(files[i], encoded[i].name, 3, size, size);
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
   const double cpu = n * cores / std::chrono::duration<double>(Clock::now() - t).count();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
+  double gpu = 0;
   try {
-    decoder->decode(encoded, 3, stream);  // warm-up
-    c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+    decoder->decode(encoded, 3, stream.stream());  // warm-up
+    stream.synchronize();
     t = Clock::now();
-    decoder->decode(encoded, 3, stream);
-    c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+    decoder->decode(encoded, 3, stream.stream());
+    stream.synchronize();
+    gpu = n / std::chrono::duration<double>(Clock::now() - t).count();
   } catch (const std::exception& e) {
-    why = std::string("nvJPEG failed on a trial batch (") + first_line(e.what()) + ")";
-    return "cpu";
+    std::cerr << "images: decode=auto chose cpu: nvJPEG failed on a trial batch ("
+              << first_line(e.what()) << ")\n";
+    return nullptr;
   }
-  const double gpu = n / std::chrono::duration<double>(Clock::now() - t).count();
-  why = detail::concat("trial: cpu ", static_cast<int64_t>(cpu), " img/s (", cores,
-                       " cores), gpu ", static_cast<int64_t>(gpu), " img/s");
-  return gpu > cpu ? "gpu" : "cpu";
+  std::cerr << "images: decode=auto chose " << (gpu > cpu ? "gpu" : "cpu") << ": trial: cpu "
+            << static_cast<int64_t>(cpu) << " img/s (" << cores << " cores), gpu "
+            << static_cast<int64_t>(gpu) << " img/s\n";
+  return gpu > cpu ? decoder : nullptr;
 }
 
 ImagesOptions parse(const WorkloadOptions& o) {
@@ -129,8 +139,8 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
 
   // The data first: its class count sizes the head. Resident data needs no folder.
   std::shared_ptr<data::ImageFolderDataset> folder;
+  std::shared_ptr<data::NvjpegDecoder> decoder;  // null: the loader's workers decode
   int64_t classes = 10;
-  std::string decode = param_or_default(options.params, images_params(), "decode");
   if (io.from_files) {
     TANDEM_CHECK_ARG(!options.data.empty(),
                      "workload images reads an ImageFolder: give --data DIR (one subfolder of "
@@ -140,24 +150,11 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     fo.output = data::ImageFolderOutput::kDecoded;
     folder = std::make_shared<data::ImageFolderDataset>(options.data, fo);
     classes = static_cast<int64_t>(folder->classes().size());
-    std::string why;
-    if (decode == "auto") {
-      decode = choose_decode(*folder, device, S, why);
-      std::cerr << "images: decode=auto chose " << decode << ": " << why << "\n";
-    } else if (decode == "gpu") {
-      std::string why_not;
-      if (!device.is_cuda() ||
-          !data::NvjpegDecoder::open(device.index(), &why_not, kPipelineBackend)) {
-        std::cerr << "images: decode=gpu: nvJPEG unavailable ("
-                  << (device.is_cuda() ? why_not : "the device is not a GPU")
-                  << "); decoding on the CPU\n";
-        decode = "cpu";
-      }
-    }
-    if (decode == "gpu") {
-      fo.output = data::ImageFolderOutput::kEncoded;
-      folder = std::make_shared<data::ImageFolderDataset>(options.data, fo);
-    }
+    decoder = gpu_decoder(*folder, device, S,
+                          param_or_default(options.params, images_params(), "decode"));
+    if (decoder)
+      folder = std::make_shared<data::ImageFolderDataset>(
+          folder->with_output(data::ImageFolderOutput::kEncoded));
   }
   ImagesWorkload out;
   if (folder)
@@ -177,13 +174,11 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   if (io.from_files) {
     w.data = DataSource::from_dataset(folder, /*shuffle=*/true, /*drop_last=*/true);
     ResizedCropSpec spec = ResizedCropSpec::train(S);
-    if (decode == "gpu") {
+    if (decoder) {
       // The workers only read files; nvJPEG decodes the batch on the augment lane (its output
       // is planar), then the same crop kernel. One decoder per instance, used by that stage's
       // thread alone.
       spec.planar = true;
-      auto decoder = std::shared_ptr<data::NvjpegDecoder>(
-          data::NvjpegDecoder::open(device.index(), nullptr, kPipelineBackend).release());
       w.feeds.push_back(
           {"augment",
            "augment",
@@ -247,7 +242,8 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
                        {"x"},
                        {"features"},
                        [bb](const Tensors& in) { return Tensors{bb->features(in[0])}; },
-                       "frozen ResNet-50 to pooled features"});
+                       "frozen ResNet-50 to pooled features",
+                       {}});  // no random draws: nothing to register with its graph
     auto h = head.ptr();
     w.train.inputs = {"features", "label"};
     w.train.loss = [h](const Tensors& in) {

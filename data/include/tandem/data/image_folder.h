@@ -72,6 +72,11 @@ class ImageFolderDataset : public Dataset {
   /// Class names; label i is classes()[i].
   const std::vector<std::string>& classes() const { return classes_; }
   const std::vector<Sample>& samples() const { return samples_; }
+  /// `n` samples (all, if fewer) spread evenly over the index — every class represented — for
+  /// trials and benchmarks: samples()[i * size() / n].
+  std::vector<Sample> spread_samples(int64_t n) const;
+  /// The same index with another output (no second walk of the folder).
+  ImageFolderDataset with_output(ImageFolderOutput output) const;
 
  private:
   std::string root_;
