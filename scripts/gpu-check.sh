@@ -456,7 +456,7 @@ if has_phase data; then
   python3 - "$OUT/data.json" "$RAW"/data-python.json "$RAW"/data-tandem-*.json <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys, datetime
 out, parts = sys.argv[1], sys.argv[2:]
-rows, device, commands = [], None, []
+rows, loader, device, commands = [], [], None, []
 for p in parts:
     try:
         d = json.load(open(p))
@@ -466,8 +466,10 @@ for p in parts:
     device = device or d.get("device")
     commands.append(d.get("command", p))
     rows += d.get("rows", [])
+    loader += d.get("loader", [])
 json.dump({"device": device, "date": datetime.datetime.utcnow().isoformat() + "Z",
-           "command": " ; ".join(commands), "rows": rows}, open(out, "w"), indent=2)
+           "command": " ; ".join(commands), "rows": rows, "loader": loader},
+          open(out, "w"), indent=2)
 print(f"wrote {out}: {len(rows)} rows")
 PY
 fi

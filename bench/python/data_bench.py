@@ -83,7 +83,8 @@ def bench_decode(files):
             for p in files:
                 decode(p)
             rate = len(files) / (time.perf_counter() - t0)
-            rows.append({"impl": "python", "job": "decode", "decode": name, "batch_size": None,
+            rows.append({"impl": "python", "job": "decode", "decode": "cpu", "decoder": name,
+                         "batch_size": None,
                          "workers": 1, "precision": None, "images_per_s": rate,
                          "images_per_s_per_core": rate, "resident_images_per_s": None})
             print_row(rows[-1])

@@ -31,16 +31,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The first `n` files of the folder's index, spread over its classes (every k-th sample).
-std::vector<std::string> pick_files(const data::ImageFolderDataset& folder, int64_t n) {
-  const auto& samples = folder.samples();
-  const int64_t total = static_cast<int64_t>(samples.size());
-  n = std::min(n, total);
-  std::vector<std::string> out;
-  for (int64_t i = 0; i < n; ++i) out.push_back(samples[i * total / n].path);
-  return out;
-}
-
 // One core decoding every file to RGB: at the DCT scale for `size` (min_side = size), or full.
 DataBenchRow time_cpu_decode(const std::vector<std::vector<uint8_t>>& files,
                              const std::vector<std::string>& paths, int64_t size, bool scaled) {
@@ -54,7 +44,8 @@ DataBenchRow time_cpu_decode(const std::vector<std::vector<uint8_t>>& files,
   progress.finish();
   DataBenchRow r;
   r.job = "decode";
-  r.decode = scaled ? "cpu" : "cpu_full";
+  r.decode = "cpu";
+  r.decoder = scaled ? "turbojpeg_scaled" : "turbojpeg_full";
   r.workers = 1;
   r.images_per_s = static_cast<double>(files.size()) / seconds_since(start);
   r.images_per_s_per_core = r.images_per_s;
@@ -98,6 +89,7 @@ bool time_gpu_decode(const std::vector<std::vector<uint8_t>>& files,
   progress.finish();
   row.job = "decode";
   row.decode = "gpu";
+  row.decoder = "nvjpeg";
   row.batch_size = static_cast<int64_t>(b);
   row.workers = 1;
   row.images_per_s = static_cast<double>(encoded.size()) / seconds_since(start);
@@ -173,9 +165,12 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
             << " classes under " << o.data << "; " << cores << " cores\n";
 
   // Files read into memory first: the decode rows time decoding, not the disk.
-  const std::vector<std::string> paths = pick_files(*folder, o.decode_images);
+  std::vector<std::string> paths;
   std::vector<std::vector<uint8_t>> files;
-  for (const auto& p : paths) files.push_back(data::read_file(p));
+  for (const auto& sample : folder->spread_samples(o.decode_images)) {
+    paths.push_back(sample.path);
+    files.push_back(data::read_file(sample.path));
+  }
   if (o.decode != "gpu") {
     result.rows.push_back(time_cpu_decode(files, paths, size, true));
     result.rows.push_back(time_cpu_decode(files, paths, size, false));
@@ -202,7 +197,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
       if (source == "files") {
         DataBenchRow row;
         row.job = o.model;
-        row.decode = o.decode;
+        row.decode = o.decode == "auto" ? "" : o.decode;  // auto's choice is on stderr
         row.batch_size = *b.batch_size;
         row.workers = workers;
         row.images_per_s = r.samples_per_s;
@@ -224,7 +219,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
 std::string describe_data_bench(const DataBenchResult& r) {
   std::ostringstream os;
   char line[256];
-  std::snprintf(line, sizeof line, "%-16s %-9s %6s %7s %12s %12s %12s  %s\n", "job", "decode",
+  std::snprintf(line, sizeof line, "%-16s %-16s %6s %7s %12s %12s %12s  %s\n", "job", "decode",
                 "batch", "workers", "img/s", "img/s/core", "resident", "note");
   os << line;
   for (const auto& row : r.rows) {
@@ -236,8 +231,8 @@ std::string describe_data_bench(const DataBenchResult& r) {
         std::snprintf(b, sizeof b, "-");
       return std::string(b);
     };
-    std::snprintf(line, sizeof line, "%-16s %-9s %6s %7d %12s %12s %12s  %s\n", row.job.c_str(),
-                  row.decode.c_str(), row.batch_size ? std::to_string(row.batch_size).c_str() : "-",
+    std::snprintf(line, sizeof line, "%-16s %-16s %6s %7d %12s %12s %12s  %s\n", row.job.c_str(),
+                  (row.decoder.empty() ? row.decode : row.decoder).c_str(), row.batch_size ? std::to_string(row.batch_size).c_str() : "-",
                   row.workers, num(row.images_per_s).c_str(),
                   num(row.images_per_s_per_core).c_str(), num(row.resident_images_per_s).c_str(),
                   row.note.c_str());
@@ -249,10 +244,10 @@ std::string describe_data_bench(const DataBenchResult& r) {
 }
 
 nlohmann::json data_bench_json(const DataBenchResult& r, const std::string& command) {
-  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json rows = nlohmann::json::array(), loader = nlohmann::json::array();
   auto or_null = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
   for (const auto& row : r.rows)
-    rows.push_back({{"impl", "tandem"},
+    (row.job == "loader" ? loader : rows).push_back({{"impl", "tandem"},
                     {"job", row.job},
                     {"batch_size", row.batch_size ? nlohmann::json(row.batch_size)
                                                   : nlohmann::json(nullptr)},
@@ -261,12 +256,14 @@ nlohmann::json data_bench_json(const DataBenchResult& r, const std::string& comm
                     {"images_per_s", row.images_per_s},
                     {"images_per_s_per_core", or_null(row.images_per_s_per_core)},
                     {"resident_images_per_s", or_null(row.resident_images_per_s)},
+                    {"decoder", row.decoder.empty() ? nlohmann::json(nullptr)
+                                                    : nlohmann::json(row.decoder)},
                     {"note", row.note}});
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   return {{"device", r.device_name}, {"date", date}, {"command", command}, {"rows", rows},
-          {"notes", r.notes}};
+          {"loader", loader}, {"notes", r.notes}};
 }
 
 }  // namespace tandem

@@ -30,7 +30,8 @@ struct DataBenchOptions {
 
 struct DataBenchRow {
   std::string job;     ///< decode, loader, or the model's name (end to end)
-  std::string decode;  ///< cpu, cpu_full (no DCT scaling), gpu; "" for resident rows
+  std::string decode;   ///< cpu or gpu; "" when not known (an end-to-end run with auto)
+  std::string decoder;  ///< decode rows: turbojpeg_scaled, turbojpeg_full or nvjpeg
   int64_t batch_size = 0;
   int workers = 0;
   double images_per_s = 0;
@@ -51,7 +52,9 @@ struct DataBenchResult {
 DataBenchResult run_data_bench(const DataBenchOptions& options);
 
 std::string describe_data_bench(const DataBenchResult& result);
-/// {device, date, command, rows: [...]} in bench/results/data.json's row format.
+/// {device, date, command, rows: [...], loader: [...]}: the decode and end-to-end rows in
+/// bench/results/data.json's row format (decode "cpu" | "gpu" | null, the decoder named apart);
+/// the loader-only rows, a job that format does not have, under "loader".
 nlohmann::json data_bench_json(const DataBenchResult& result, const std::string& command);
 
 }  // namespace tandem
