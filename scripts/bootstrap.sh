@@ -13,7 +13,8 @@ say() { echo "[bootstrap] $*" >&2; }
 # --- Debian packages ------------------------------------------------------------------------
 DEB_PACKAGES=(build-essential ccache ninja-build pkg-config libgtest-dev libgmock-dev
   libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libjpeg-dev
-  libpng-dev libturbojpeg0-dev zlib1g-dev)
+  libpng-dev libturbojpeg0-dev zlib1g-dev
+  dataset-fashion-mnist)  # IDX files for `tandem train`'s main job and its CPU acceptance test
 if command -v dpkg-query >/dev/null 2>&1; then
   missing=()
   for p in "${DEB_PACKAGES[@]}"; do

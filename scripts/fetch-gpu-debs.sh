@@ -6,5 +6,5 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$root/.ref/debs"
 cd "$root/.ref/debs"
-apt-get download libturbojpeg0 libturbojpeg0-dev 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
+apt-get download libturbojpeg0 libturbojpeg0-dev dataset-fashion-mnist 2>&1 | grep -v "^W: Download is performed unsandboxed" || true
 ls -1 "$root/.ref/debs"

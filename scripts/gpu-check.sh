@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign data
+#   redesign data train
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -467,13 +467,126 @@ for p in parts:
     commands.append(d.get("command", p))
     rows += d.get("rows", [])
     loader += d.get("loader", [])
-json.dump({"device": device, "date": datetime.datetime.utcnow().isoformat() + "Z",
+json.dump({"device": device,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ; ".join(commands), "rows": rows, "loader": loader},
           open(out, "w"), indent=2)
 print(f"wrote {out}: {len(rows)} rows")
 PY
 fi
 
-tar -C "$RAW" -czf "$OUT/raw.tar.gz" . 2>/dev/null
+# tandem train (issue 18): Fashion-MNIST with the small CNN (accuracy), then issue 7's JPEG
+# folder with a frozen ResNet-50 + head and a full ResNet-18 in fp32 and bf16 beside the same
+# step on device-resident data and beside the Python loops; train.json in OUT. Python loads the
+# exported ResNet-18 weights into torchvision's model (scripts/check_export.py).
+#   env: TANDEM_FMNIST_EPOCHS (10), TANDEM_TRAIN_EPOCHS (4, image jobs), TANDEM_TRAIN_JOBS
+#        ("fmnist images"), TANDEM_TRAIN_PRECISIONS ("fp32 bf16"), TANDEM_TRAIN_BS (256),
+#        TANDEM_TRAIN_LAYOUTS ("channels_last"; "nchw channels_last" for both)
+if has_phase train; then
+  fm=${TANDEM_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+  if [ ! -f "$fm/train-images-idx3-ubyte.gz" ]; then
+    deb=$(ls ${TANDEM_DEBS:-.ref/debs}/dataset-fashion-mnist_*.deb 2>/dev/null | head -1)
+    if [ -n "$deb" ]; then
+      mkdir -p "$ROOT/$BUILD-deps" && dpkg -x "$deb" "$ROOT/$BUILD-deps"
+      fm="$ROOT/$BUILD-deps/usr/share/datasets/fashion-mnist"
+      say "Fashion-MNIST from $deb"
+    fi
+  fi
+  train_jobs=${TANDEM_TRAIN_JOBS:-fmnist images}
+  if [[ " $train_jobs " == *" fmnist "* ]]; then
+    say "tandem train: small CNN on Fashion-MNIST, ${TANDEM_FMNIST_EPOCHS:-10} epochs"
+    "$TANDEM" train --data "$fm" --model small_cnn --epochs "${TANDEM_FMNIST_EPOCHS:-10}" \
+      --out "$RAW/run-fmnist" --json "$RAW/train-tandem-fmnist.json" 2>&1 | tee -a "$LOG" || status=1
+    say "python train_bench.py --jobs fashion_mnist"
+    python3 bench/python/train_bench.py --jobs fashion_mnist --fashion-dir "$fm" --precision fp32 \
+      --epochs "${TANDEM_FMNIST_EPOCHS:-10}" --out "$RAW/train-python-fmnist.json" 2>&1 |
+      tee -a "$LOG" || status=1
+  fi
+  if [[ " $train_jobs " == *" images "* ]]; then
+    data_dir=${TANDEM_DATA_DIR:-/tmp/tandem-imagefolder}
+    if [ ! -d "$data_dir" ]; then
+      say "make_image_folder.py $data_dir --count ${TANDEM_DATA_COUNT:-6000}"
+      python3 scripts/make_image_folder.py "$data_dir" --count "${TANDEM_DATA_COUNT:-6000}" \
+        --classes 10 2>&1 | tail -3 | tee -a "$LOG"
+    fi
+    tbs=${TANDEM_TRAIN_BS:-256}
+    for model in r50_frozen_head r18_full; do
+      case $model in
+        r50_frozen_head) args=(--model resnet50 --freeze backbone) ;;
+        *) args=(--model resnet18) ;;
+      esac
+      for prec in ${TANDEM_TRAIN_PRECISIONS:-fp32 bf16}; do
+        for layout in ${TANDEM_TRAIN_LAYOUTS:-channels_last}; do
+          [ "$layout" = nchw ] && lflag=--no-channels-last || lflag=--channels-last
+          tag=$model-$prec-$layout
+          say "tandem train $model $prec $layout bs $tbs, ${TANDEM_TRAIN_EPOCHS:-4} epochs"
+          "$TANDEM" train --data "$data_dir" "${args[@]}" --optimizer sgd --lr 0.1 $lflag \
+            --batch-size "$tbs" --precision "$prec" --epochs "${TANDEM_TRAIN_EPOCHS:-4}" \
+            --val-split 0.1 --val-subset 512 --out "$RAW/run-$tag" \
+            --json "$RAW/train-tandem-$tag.json" 2>&1 | grep -v "^epoch" | tee -a "$LOG" || status=1
+          say "tandem bench images resident $model $prec $layout"
+          "$TANDEM" bench --workload images --param source=resident --param model=$model \
+            --param precision=$prec --param layout=$layout --batch-size "$tbs" \
+            --mode pipelined+graphed --steps 60 --warmup 10 --json "$RAW/resident-$tag.json" 2>&1 |
+            grep -E "^images|efficiency" | tee -a "$LOG" || status=1
+        done
+      done
+    done
+    say "python train_bench.py --jobs r50_frozen_head,r18_full"
+    python3 bench/python/train_bench.py --jobs r50_frozen_head,r18_full --data "$data_dir" \
+      --precision "$(echo ${TANDEM_TRAIN_PRECISIONS:-fp32 bf16} | tr ' ' ',')" \
+      --batch-sizes "$tbs" --steps 60 --out "$RAW/train-python-images.json" 2>&1 |
+      tee -a "$LOG" || status=1
+    say "check_export.py: torchvision loads tandem's ResNet-18 weights"
+    python3 scripts/check_export.py \
+      --weights "$(ls -d "$RAW"/run-r18_full-fp32-* | head -1)/model.safetensors" \
+      --arch resnet18 --num-classes 10 2>&1 | tee -a "$LOG" || status=1
+  fi
+  python3 - "$OUT/train.json" "$RAW" <<'PY' 2>&1 | tee -a "$LOG"
+import glob, json, os, sys, datetime
+out, raw = sys.argv[1], sys.argv[2]
+rows, commands, device = [], [], None
+def load(p):
+    try:
+        return json.load(open(p))
+    except Exception as e:
+        print(f"train.json: skipping {p}: {e}")
+        return None
+def resident(tag):
+    d = load(f"{raw}/resident-{tag}.json")
+    if not d:
+        return None
+    d = d["runs"][0] if "runs" in d else d
+    return d.get("samples_per_s")
+for p in sorted(glob.glob(f"{raw}/train-tandem-*.json")):
+    d = load(p)
+    if not d:
+        continue
+    commands.append(d["command"])
+    device = device or d.get("device")
+    tag = os.path.basename(p)[len("train-tandem-"):-len(".json")]
+    job = "fashion_mnist" if tag == "fmnist" else tag.split("-")[0]
+    layout = None if tag == "fmnist" else tag.split("-")[2]
+    rows.append({"impl": "tandem", "job": job, "precision": d["precision"],
+                 "batch_size": d["batch_size"], "images_per_s": d["images_per_s"],
+                 "resident_images_per_s": None if job == "fashion_mnist" else resident(tag),
+                 "accuracy": d["accuracy"], "epochs": d["epochs"], "layout": layout})
+for p in sorted(glob.glob(f"{raw}/train-python-*.json")):
+    d = load(p)
+    if not d:
+        continue
+    commands.append(d.get("command", p))
+    device = d.get("device") or device
+    rows += d.get("rows", [])
+json.dump({"device": device, "date": datetime.datetime.utcnow().isoformat() + "Z",
+           "command": " ; ".join(commands), "rows": rows}, open(out, "w"), indent=2)
+print(f"wrote {out}: {len(rows)} rows")
+for r in rows:
+    print(r)
+PY
+fi
+
+# Run folders' checkpoints (hundreds of MB for the ResNets) stay out of the archive.
+tar -C "$RAW" --exclude='./run-*/checkpoints' -czf "$OUT/raw.tar.gz" . 2>/dev/null
 say "done, status $status"
 exit $status

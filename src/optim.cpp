@@ -5,7 +5,11 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "tandem/error.h"
@@ -236,6 +240,108 @@ LrSchedule linear_warmup(int64_t warmup_steps, LrSchedule after) {
     if (step >= warmup_steps) return after(step - warmup_steps);
     return after(0) * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
   };
+}
+
+}  // namespace tandem::optim
+
+namespace tandem::optim {
+
+void Optimizer::set_lr(double) {
+  TANDEM_CHECK_ARG(false, name(), " takes no learning-rate schedule: expected tandem::optim::Sgd, "
+                   "Adam or AdamW");
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Optimizer::state() const {
+  TANDEM_CHECK_ARG(false, name(), " cannot be checkpointed: expected tandem::optim::Sgd, Adam "
+                   "or AdamW");
+  return {};
+}
+
+void Optimizer::load_state(const std::vector<std::pair<std::string, at::Tensor>>&) {
+  TANDEM_CHECK_ARG(false, name(), " cannot be restored from a checkpoint: expected "
+                   "tandem::optim::Sgd, Adam or AdamW");
+}
+
+namespace {
+
+// Checks a saved state against the names and shapes an optimizer expects (`expected`: name ->
+// the tensor it goes into; `optional` names may be absent) and copies it in. Every problem is
+// listed; nothing is copied unless there is none.
+void copy_state(const std::string& who,
+                const std::vector<std::pair<std::string, at::Tensor>>& state,
+                const std::map<std::string, at::Tensor>& expected,
+                const std::function<bool(const std::string&)>& optional) {
+  std::vector<std::string> problems;
+  std::map<std::string, const at::Tensor*> given;
+  for (const auto& [name, t] : state) {
+    const auto it = expected.find(name);
+    if (it == expected.end()) {
+      problems.push_back("unexpected '" + name + "'");
+      continue;
+    }
+    if (!t.defined() || t.sizes() != it->second.sizes()) {
+      problems.push_back("'" + name + "' has shape " +
+                         (t.defined() ? c10::str(t.sizes()) : std::string("undefined")) +
+                         ", expected " + c10::str(it->second.sizes()));
+      continue;
+    }
+    given[name] = &t;
+  }
+  for (const auto& [name, t] : expected)
+    if (!given.count(name) && !optional(name) &&
+        std::none_of(state.begin(), state.end(), [&](const auto& e) { return e.first == name; }))
+      problems.push_back("missing '" + name + "'");
+  if (!problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+    TANDEM_CHECK_ARG(false, who, ": the saved optimizer state does not fit: ", all);
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, t] : given) expected.at(name).copy_(*t);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> Sgd::state() const {
+  std::vector<std::pair<std::string, at::Tensor>> out{{"lr", lr_}};
+  for (size_t i = 0; i < momentum_buffers_.size(); ++i)
+    if (momentum_buffers_[i].defined())
+      out.emplace_back("momentum_buffer." + std::to_string(i), momentum_buffers_[i]);
+  return out;
+}
+
+void Sgd::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  // Buffers the state names are made here (a parameter without one had no step yet).
+  std::map<std::string, at::Tensor> expected{{"lr", lr_}};
+  std::vector<at::Tensor> made = momentum_buffers_;
+  if (options_.momentum != 0)
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!made[i].defined()) made[i] = at::zeros_like(params_[i]);
+      expected["momentum_buffer." + std::to_string(i)] = made[i];
+    }
+  copy_state(name(), state, expected,
+             [](const std::string& n) { return n.rfind("momentum_buffer.", 0) == 0; });
+  for (size_t i = 0; i < made.size(); ++i) {
+    const std::string key = "momentum_buffer." + std::to_string(i);
+    const bool named = std::any_of(state.begin(), state.end(),
+                                   [&](const auto& e) { return e.first == key; });
+    momentum_buffers_[i] = named ? made[i] : at::Tensor();
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Adam::state() const {
+  std::vector<std::pair<std::string, at::Tensor>> out{{"lr", lr_}, {"step", step_}};
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back("exp_avg." + std::to_string(i), exp_avg_[i]);
+    out.emplace_back("exp_avg_sq." + std::to_string(i), exp_avg_sq_[i]);
+  }
+  return out;
+}
+
+void Adam::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::map<std::string, at::Tensor> expected;
+  for (const auto& [name, t] : this->state()) expected[name] = t;
+  copy_state(name(), state, expected, [](const std::string&) { return false; });
 }
 
 }  // namespace tandem::optim

@@ -193,4 +193,23 @@ at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
   return out;
 }
 
+FeedStage resized_crop_feed(const ResizedCropSpec& spec, at::Generator generator,
+                            bool channels_last, const std::string& field) {
+  FeedStage f;
+  f.name = "augment";
+  f.lane = "augment";
+  f.inputs = {field, offsets_field(field), sizes_field(field)};
+  f.outputs = {"x"};
+  f.fn = [spec, generator, channels_last](const Tensors& in) {
+    const at::Tensor boxes = draw_crop_boxes(spec, in[2], generator);
+    at::Tensor x = resized_crop(in[0], in[1], in[2], boxes, spec);
+    return Tensors{channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
+  };
+  f.what = spec.random ? "RandomResizedCrop + flip + normalize of the packed batch"
+                       : "Resize + CenterCrop + normalize of the packed batch";
+  f.generators = {generator};
+  f.capture = Capture::kNever;  // one draw and one resample kernel per batch, of varying sizes
+  return f;
+}
+
 }  // namespace tandem

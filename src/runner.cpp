@@ -7,6 +7,8 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -161,6 +163,16 @@ struct Runner::Impl {
   std::unique_ptr<Pipeline> pipeline;
   int64_t num_steps = 0;
 
+  // RunOptions::record_generator_states: per group with generators, their states before each
+  // recent item (by item), written by the group's stage thread, read by the last stage's hook.
+  struct GeneratorSnapshots {
+    std::vector<at::Generator> generators;  // the group's, in generators() order
+    std::vector<size_t> positions;          // where each sits in generators()
+    mutable std::mutex mutex;
+    std::map<int64_t, std::vector<at::Tensor>> by_item;
+  };
+  std::vector<std::unique_ptr<GeneratorSnapshots>> snapshots;  // per group; null: none
+
   // Host data: the current epoch's loader.
   std::shared_ptr<const Dataset> run_dataset;
   std::unique_ptr<Loader> loader;
@@ -181,6 +193,12 @@ Runner::Runner(const Workload& workload, RunOptions options)
   TANDEM_CHECK_ARG(options_.steps_per_graph >= 1, "steps per graph ", options_.steps_per_graph,
                    " is not valid: expected >= 1");
   const bool host = workload_.data.on_host();
+  TANDEM_CHECK_ARG(options_.first_step >= 0, "first step ", options_.first_step,
+                   " is not valid: expected >= 0");
+  TANDEM_CHECK_ARG(options_.first_step == 0 ||
+                       workload_.data.kind() != DataSource::Kind::kSizedToRun,
+                   "first step ", options_.first_step, " is not valid for workload ",
+                   workload_.name, ": its data is made for each run, expected 0");
   if (host) {
     TANDEM_CHECK_ARG(options_.batch_size > 0, "batch size ", options_.batch_size,
                      " is not valid: expected a positive number of samples");
@@ -326,21 +344,32 @@ Pipeline& Runner::prepare(int64_t num_steps) {
       LoaderOptions lo = loader_options(o);
       if (source->kind() == DataSource::Kind::kDataset) {
         // PyTorch's DistributedSampler order (one rank): shuffled per epoch from seed + epoch.
+        // A run from a later global step (o.first_step) starts that many batches in.
         const int64_t n = impl->run_dataset->size();
         const DistributedSampler sampler(n, 1, 0, source->shuffle(), o.seed);
-        const int64_t per_epoch = (n / o.batch_size) * o.batch_size;  // its full batches
-        if (source->drop_last() && per_epoch > 0) {
+        const int64_t batches = source->drop_last() ? n / o.batch_size
+                                                    : (n + o.batch_size - 1) / o.batch_size;
+        const int64_t skip_batches = batches > 0 ? o.first_step % batches : 0;
+        const bool first_loader = !impl->loader;
+        if (first_loader && batches > 0) impl->epoch = o.first_step / batches;
+        if (source->drop_last() && batches > 0) {
           // Every epoch of the run in one loader, each epoch's full batches back to back: the
           // workers run on across epoch boundaries. (A loader per epoch starts cold: its first
           // batch costs a whole batch of decodes while the device waits — a stall per epoch.)
+          const int64_t per_epoch = batches * o.batch_size;
           const int64_t wanted = num_steps * o.batch_size;
-          for (int64_t e = 0; static_cast<int64_t>(lo.indices.size()) < wanted; ++e) {
+          for (int64_t e = impl->epoch; static_cast<int64_t>(lo.indices.size()) < wanted; ++e) {
             const std::vector<int64_t> epoch = sampler.indices(e);
-            lo.indices.insert(lo.indices.end(), epoch.begin(), epoch.begin() + per_epoch);
+            const int64_t from = e == impl->epoch ? skip_batches * o.batch_size : 0;
+            lo.indices.insert(lo.indices.end(), epoch.begin() + from, epoch.begin() + per_epoch);
           }
           lo.indices.resize(wanted);
         } else {
           lo.indices = sampler.indices(impl->epoch);
+          if (first_loader)
+            lo.indices.erase(lo.indices.begin(),
+                             lo.indices.begin() + std::min<int64_t>(skip_batches * o.batch_size,
+                                                                    n));
         }
       }
       lo.drop_last = source->drop_last();
@@ -372,6 +401,22 @@ Pipeline& Runner::prepare(int64_t num_steps) {
          }});
   }
   im.graphed.resize(im.groups.size());
+  im.snapshots.clear();
+  im.snapshots.resize(im.groups.size());
+  {
+    size_t position = 0;
+    for (size_t gi = 0; gi < im.groups.size(); ++gi)
+      for (const Unit* u : im.groups[gi].units)
+        for (const auto& gen : u->generators) {
+          if (!gen.defined()) continue;
+          if (options_.record_generator_states) {
+            if (!im.snapshots[gi]) im.snapshots[gi] = std::make_unique<Impl::GeneratorSnapshots>();
+            im.snapshots[gi]->generators.push_back(gen);
+            im.snapshots[gi]->positions.push_back(position);
+          }
+          ++position;
+        }
+  }
   for (size_t gi = 0; gi < im.groups.size(); ++gi) {
     const Group* g = &im.groups[gi];
     GraphOptions go;
@@ -406,10 +451,21 @@ Pipeline& Runner::prepare(int64_t num_steps) {
       run = [work](const Lane&, int64_t, const Tensors& in) { return work(in); };
     }
     const DataSource* resident = !host && gi == 0 ? &data : nullptr;
-    auto fn = [g, run, resident](Batch& b, const Lane& lane) {
+    Impl::GeneratorSnapshots* snap = im.snapshots[gi].get();
+    const int64_t first_step = options_.first_step;
+    auto fn = [g, run, resident, snap, first_step](Batch& b, const Lane& lane) {
       if (resident) {  // step i reads resident batch i % n: no loader, no copy
-        const auto& src = resident->batches()[b.index % resident->batches().size()];
+        const int64_t step = first_step + b.index;
+        const auto& src = resident->batches()[step % resident->batches().size()];
         for (const auto& [name, t] : src.tensors()) b.set(name, t);
+      }
+      if (snap) {  // the states this item's draws start from; a few dozen items are kept
+        std::vector<at::Tensor> states;
+        for (const auto& gen : snap->generators) states.push_back(gen.get_state());
+        std::lock_guard<std::mutex> lock(snap->mutex);
+        snap->by_item[b.index] = std::move(states);
+        while (!snap->by_item.empty() && snap->by_item.begin()->first < b.index - 64)
+          snap->by_item.erase(snap->by_item.begin());
       }
       Tensors in;
       in.reserve(g->inputs.size());
@@ -451,6 +507,41 @@ std::vector<SkippedSample> Runner::skipped() const {
   if (impl_->loader) {
     std::vector<SkippedSample> current = impl_->loader->skipped();
     out.insert(out.end(), current.begin(), current.end());
+  }
+  return out;
+}
+
+int64_t Runner::steps_per_epoch() const {
+  const DataSource& data = workload_.data;
+  if (data.kind() != DataSource::Kind::kDataset) return 0;
+  const int64_t n = data.dataset()->size(), b = options_.batch_size;
+  return data.drop_last() ? n / b : (n + b - 1) / b;
+}
+
+std::vector<at::Generator> Runner::generators() const {
+  std::vector<at::Generator> out;
+  for (const Unit& u : impl_->units)
+    for (const auto& gen : u.generators)
+      if (gen.defined()) out.push_back(gen);
+  return out;
+}
+
+std::vector<at::Tensor> Runner::generator_states_before(int64_t item) const {
+  TANDEM_CHECK_ARG(options_.record_generator_states,
+                   "generator_states_before: set RunOptions::record_generator_states first");
+  const std::vector<at::Generator> gens = generators();
+  std::vector<at::Tensor> out(gens.size());
+  for (const auto& snap : impl_->snapshots) {
+    if (!snap) continue;
+    std::lock_guard<std::mutex> lock(snap->mutex);
+    const auto it = snap->by_item.find(item);
+    const bool started = it != snap->by_item.end();
+    // Not started yet: no draw of this item has happened (the stage records before it draws,
+    // under this lock), so the current state is the one it will start from.
+    TANDEM_CHECK_ARG(started || snap->by_item.empty() || snap->by_item.rbegin()->first < item,
+                     "generator states before item ", item, " are no longer kept");
+    for (size_t i = 0; i < snap->generators.size(); ++i)
+      out[snap->positions[i]] = started ? it->second[i] : snap->generators[i].get_state();
   }
   return out;
 }

@@ -35,6 +35,50 @@ if "$tandem" --help | grep -q data-bench; then  # built with the data layer
   expect_fail 2 "decode='tpu' is not valid for workload images: expected cpu, gpu or auto" -- bench --workload images --decode tpu --device cpu
   expect_fail 2 "parameter 'decode' is not known to workload seg" -- bench --decode gpu --device cpu
 fi
+if "$tandem" --help | grep -q "^  train"; then  # built with the train layer
+  # A tiny IDX folder (256 random 28x28 images, label 1) written with the shell alone.
+  idx=$tmp/idx && mkdir -p "$idx"
+  { printf '\x00\x00\x08\x03\x00\x00\x01\x00\x00\x00\x00\x1c\x00\x00\x00\x1c'
+    head -c $((256 * 784)) /dev/urandom; } >"$idx/train-images-idx3-ubyte"
+  { printf '\x00\x00\x08\x01\x00\x00\x01\x00'; head -c 256 /dev/zero | tr '\0' '\1'; } \
+    >"$idx/train-labels-idx1-ubyte"
+  cp "$idx/train-images-idx3-ubyte" "$idx/t10k-images-idx3-ubyte"
+  cp "$idx/train-labels-idx1-ubyte" "$idx/t10k-labels-idx1-ubyte"
+  mkdir -p "$tmp/taken" && echo keep >"$tmp/taken/notes.txt"
+  expect_fail 2 "--data is required" -- train --out "$tmp/run0"
+  expect_fail 2 "--out is required" -- train --data "$idx"
+  expect_fail 2 "is a file: expected a folder" -- train --data "$idx/train-images-idx3-ubyte" --out "$tmp/run0" --device cpu
+  expect_fail 2 "does not exist" -- train --data /nonexistent/folder --out "$tmp/run0" --device cpu
+  expect_fail 2 "already exists and is not empty: pass --resume" -- train --data "$idx" --out "$tmp/taken" --device cpu
+  expect_fail 2 "--resume: no checkpoint in" -- train --data "$idx" --out "$tmp/empty" --resume --device cpu
+  expect_fail 2 "model resnet18 takes 3-channel images" -- train --data "$idx" --model resnet18 --out "$tmp/run0" --device cpu
+  expect_fail 2 "--precision" -- train --data "$idx" --out "$tmp/run0" --precision fp8
+  expect_fail 2 "the training set's 256 samples make no batch of 1000" -- train --data "$idx" --out "$tmp/run0" --batch-size 1000 --device cpu
+  # Ctrl-C: the step finishes, a checkpoint is written, exit 130 with how to resume; --resume
+  # then finishes the run.
+  "$tandem" train --data "$idx" --out "$tmp/run1" --device cpu --epochs 40 --batch-size 16 \
+    --workers 1 >"$tmp/out" 2>"$tmp/err" &
+  pid=$!
+  for _ in $(seq 100); do grep -q "^run folder" "$tmp/out" 2>/dev/null && break; sleep 0.1; done
+  sleep 1.5
+  kill -INT $pid
+  wait $pid
+  rc=$?
+  if [ $rc -eq 130 ] && grep -q "stopped by SIGINT" "$tmp/err" && grep -q "\-\-resume" "$tmp/err" &&
+     ls "$tmp/run1/checkpoints" | grep -q "^step-"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1)); echo "FAIL: train stopped by SIGINT (exit $rc)"; cat "$tmp/out" "$tmp/err"
+  fi
+  if "$tandem" train --data "$idx" --out "$tmp/run1" --device cpu --epochs 40 --batch-size 16 \
+       --workers 1 --resume --json "$tmp/t.json" >"$tmp/out" 2>"$tmp/err" &&
+     grep -q "^resuming at step" "$tmp/out" && grep -q '"epochs": 40' "$tmp/t.json" &&
+     [ "$(wc -l <"$tmp/run1/metrics.jsonl")" -eq 40 ] && [ -f "$tmp/run1/model.safetensors" ]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1)); echo "FAIL: train --resume after SIGINT"; cat "$tmp/out" "$tmp/err"
+  fi
+fi
 expect_fail 2 "mode 'fast' is not valid: expected serial, pipelined, graphed, pipelined+graphed, graphed_k or auto" -- bench --mode fast
 expect_fail 2 "mode 'cpu_aug' is not valid: expected serial" -- bench --scenario cls --mode cpu_aug
 expect_fail 2 "parameter augment='tpu' is not valid for workload cls: expected gpu or cpu" -- bench --scenario cls --param augment=tpu --device cpu

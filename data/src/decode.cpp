@@ -1,6 +1,7 @@
 // Format sniffing, file reading, and the JPEG half of decode.h through the TurboJPEG API: one
-// decompressor and one compressor handle per thread, scaled decode by powers of two, CMYK /
-// YCCK converted by hand (TurboJPEG decodes those only to CMYK).
+// decompressor and one compressor handle per thread, scaled decode by powers of two (with the
+// fast IDCT and upsampling when a minimum size says the image will be resized), CMYK / YCCK
+// converted by hand (TurboJPEG decodes those only to CMYK).
 #include "tandem/data/decode.h"
 
 #include <ATen/ops/empty.h>
@@ -133,9 +134,13 @@ bool has_adobe_marker(const std::vector<uint8_t>& b) {
 }
 
 // The scale in {1, 1/2, 1/4, 1/8} with the fewest output pixels that still covers the minimum
-// size. Only these four: libjpeg-turbo's SIMD IDCTs are the 1/2, 1/4, 1/8 ones (the 3/8, 5/8...
-// factors run in plain C), and a fractional scale next to the target would leave the resize
-// almost nothing to antialias.
+// size. Only these four: libjpeg-turbo's SIMD IDCTs are the 8x8, 4x4, 2x2 and 1x1 ones; the
+// fractional factors (7/8, 3/4, 5/8, 3/8) run in plain C (and so does their chroma, scaled by
+// IDCT to twice the luma's size to spare the upsampler). Measured on a 2-core CPU box, one
+// thread, 600 scripts/make_image_folder.py files (320-640 px, quality 90), min 224 x 224: with
+// the fractional factors allowed the set decoded at ~820 img/s, slower than full size (~940);
+// with these four, ~1040. (Two thirds of those files have a side under 448 px: only full size
+// covers 224 there.)
 tjscalingfactor choose_scale(int width, int height, int64_t min_width, int64_t min_height) {
   tjscalingfactor best{1, 1};
   if (min_width <= 0 && min_height <= 0) return best;  // no minimum given: full size
@@ -154,6 +159,19 @@ tjscalingfactor choose_scale(int width, int height, int64_t min_width, int64_t m
   return best;
 }
 
+// TurboJPEG flags. Without a minimum size: libjpeg's defaults (accurate integer IDCT, "fancy"
+// triangle-filter chroma upsampling), the decode PIL gives. With one, the image is about to be
+// resized (the loader's path), so both speed-for-accuracy trades are taken:
+// TJFLAG_FASTDCT (the SIMD "ifast" 8x8 IDCT; at 1/2 .. 1/8 it touches only the chroma, which
+// libjpeg decodes with the 8x8 IDCT there) and TJFLAG_FASTUPSAMPLE (chroma replicated, not
+// interpolated; a no-op at 1/2 .. 1/8 for 4:2:0, where chroma needs no upsampling). Same box and
+// files: ~8 % more img/s, and against the accurate decode at the same scale a mean |diff| of
+// 1.22 gray levels (max 77, at sharp color edges: the upsampling) at full size, 0.57 (max 4) at
+// 1/2.
+int decode_flags(int64_t min_width, int64_t min_height) {
+  return min_width > 0 || min_height > 0 ? TJFLAG_FASTDCT | TJFLAG_FASTUPSAMPLE : 0;
+}
+
 void check_decompress(int status, TjHandle& tj, const std::string& path) {
   if (status == 0) return;
   const bool warning = tjGetErrorCode(tj.get()) == TJERR_WARNING;
@@ -168,15 +186,16 @@ at::Tensor decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& pat
   const JpegHeader header = read_jpeg_header(bytes, path);
   const tjscalingfactor scale = choose_scale(header.width, header.height, min_width, min_height);
   const int width = TJSCALED(header.width, scale), height = TJSCALED(header.height, scale);
+  const int flags = decode_flags(min_width, min_height);
   detail::check_pixel_count(height, width, path);
   TjHandle& tj = decompressor();
   const auto size = static_cast<unsigned long>(bytes.size());
 
   if (is_cmyk(header.colorspace)) {
     std::vector<uint8_t> cmyk(static_cast<size_t>(width) * height * 4);
-    check_decompress(
-        tjDecompress2(tj.get(), bytes.data(), size, cmyk.data(), width, 0, height, TJPF_CMYK, 0),
-        tj, path);
+    check_decompress(tjDecompress2(tj.get(), bytes.data(), size, cmyk.data(), width, 0, height,
+                                   TJPF_CMYK, flags),
+                     tj, path);
     const bool inverted = has_adobe_marker(bytes);
     std::vector<uint8_t> rgb(static_cast<size_t>(width) * height * 3);
     for (size_t i = 0, n = static_cast<size_t>(width) * height; i < n; ++i) {
@@ -194,7 +213,7 @@ at::Tensor decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& pat
   // (BT.601 luma, computed by the encoder), both inside libjpeg.
   at::Tensor hwc = at::empty({height, width, channels}, at::kByte);
   check_decompress(tjDecompress2(tj.get(), bytes.data(), size, hwc.data_ptr<uint8_t>(), width, 0,
-                                 height, channels == 1 ? TJPF_GRAY : TJPF_RGB, 0),
+                                 height, channels == 1 ? TJPF_GRAY : TJPF_RGB, flags),
                    tj, path);
   if (interleaved) return hwc;
   if (channels == 1) return hwc.view({1, height, width});

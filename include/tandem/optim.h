@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem::optim {
@@ -31,6 +32,18 @@ class Optimizer {
   virtual bool capturable() const = 0;
   /// For messages: "tandem::optim::Sgd", ...
   virtual std::string name() const = 0;
+
+  /// Enqueues a change of the learning rate on the current stream (see the schedules below).
+  /// The default throws InvalidArgument: the optimizer takes no schedule.
+  virtual void set_lr(double lr);
+  /// What step() reads besides the parameters and their gradients, as named live tensors, for
+  /// checkpoints (the learning rate, step counts, moments). The default throws InvalidArgument:
+  /// the optimizer cannot be checkpointed.
+  virtual std::vector<std::pair<std::string, at::Tensor>> state() const;
+  /// Copies `state`, named as state() names it, into this optimizer on the current stream.
+  /// Checks everything first: InvalidArgument listing every unexpected name, missing name and
+  /// shape that differs; nothing is copied then.
+  virtual void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
 };
 
 struct SgdOptions {
@@ -66,8 +79,12 @@ class Sgd : public Optimizer {
   /// steps and replays of a graph captured earlier that run after it on that stream use the new
   /// value. Call it outside the captured body (inside, the fill would be recorded and every
   /// replay would write the same value again).
-  void set_lr(double lr);
+  void set_lr(double lr) override;
   const at::Tensor& lr() const { return lr_; }  ///< 0-dim float32 on the params' device
+  /// "lr", then "momentum_buffer.<i>" for each parameter i that has one (after its first step).
+  std::vector<std::pair<std::string, at::Tensor>> state() const override;
+  /// Creates the momentum buffers it names: a resumed step continues the momentum.
+  void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) override;
 
  private:
   std::vector<at::Tensor> params_;
@@ -108,8 +125,11 @@ class Adam : public Optimizer {
   }
   /// Enqueues an update of the learning-rate tensor on the current stream (lr >= 0): replays of
   /// a graph captured earlier use the new value (a schedule that works under replay).
-  void set_lr(double lr);
+  void set_lr(double lr) override;
   const at::Tensor& lr() const { return lr_; }     ///< 0-dim float32 on the device
+  /// "lr", "step", then "exp_avg.<i>" and "exp_avg_sq.<i>" for each parameter i.
+  std::vector<std::pair<std::string, at::Tensor>> state() const override;
+  void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) override;
   const at::Tensor& steps() const { return step_; }  ///< 0-dim float32: steps taken
 
  private:

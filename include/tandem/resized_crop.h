@@ -14,7 +14,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "tandem/workload.h"
 
 namespace tandem {
 
@@ -65,5 +68,12 @@ at::Tensor draw_crop_boxes(const ResizedCropSpec& spec, const at::Tensor& sizes,
 at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
                         const at::Tensor& sizes, const at::Tensor& boxes,
                         const ResizedCropSpec& spec);
+
+/// The feed stage (lane "augment", eager: its input sizes vary) that turns a loader's packed
+/// batch of decoded images — the variable-size field `field` with its offsets and sizes — into
+/// "x" (B, C, out, out) float: draw_crop_boxes from `generator` (registered with the stage),
+/// then resized_crop; laid out channels-last when `channels_last`.
+FeedStage resized_crop_feed(const ResizedCropSpec& spec, at::Generator generator,
+                            bool channels_last = false, const std::string& field = "image");
 
 }  // namespace tandem

@@ -14,6 +14,8 @@
 // shapes differ from the captured ones (a short last batch) runs eagerly; notes() says so.
 #pragma once
 
+#include <ATen/core/Generator.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -48,6 +50,14 @@ struct RunOptions {
   bool skip_bad = false;
   /// If set: the loader's fills and waits, and (Pipeline::set_trace) the stages' intervals.
   Trace* trace = nullptr;
+  /// Dataset sources: the global step the run's first step is (a resumed run). The loader
+  /// starts where a run from step 0 would be at that step: epoch first_step / steps_per_epoch()
+  /// of the shuffled order, that many batches into it. Losses and items still count from 0.
+  int64_t first_step = 0;
+  /// Keep, for each of the last steps, the state of every generator the workload's stages
+  /// register (FeedStage/TrainStage::generators) as it was just before that step's draws:
+  /// generator_states_before() reads them (checkpoints of runs that resume exactly).
+  bool record_generator_states = false;
 };
 
 /// Runs a stage that failed: what() names the stage, its lane, the step, the mode and the batch
@@ -81,6 +91,18 @@ class Runner {
   /// What the last run did that a reader should know: what was captured into graphs, what ran
   /// eagerly and why.
   std::vector<std::string> notes() const;
+
+  /// Full batches an epoch of the dataset source has (drop_last), or all its batches (the
+  /// short one included) otherwise; 0 for other sources.
+  int64_t steps_per_epoch() const;
+  /// The workload's registered generators, feeds' first then the train stage's, in order.
+  std::vector<at::Generator> generators() const;
+  /// With RunOptions::record_generator_states: the state (at::Generator::get_state) of each of
+  /// generators() just before item `item` of the current run drew from it — for a stage that has
+  /// not started that item yet, its current state, which is the same. Call it from the
+  /// pipeline's hook of the last stage for `item` (run()'s on_item), when every earlier stage
+  /// has started the item and the last has not. Throws if the item is no longer kept.
+  std::vector<at::Tensor> generator_states_before(int64_t item) const;
 
   const Workload& workload() const { return workload_; }
   const RunOptions& options() const { return options_; }

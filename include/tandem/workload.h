@@ -175,4 +175,9 @@ void check_params(const std::string& workload, const std::map<std::string, std::
 std::string param_or_default(const std::map<std::string, std::string>& params,
                              const std::vector<WorkloadParam>& known, const std::string& key);
 
+/// Mean cross-entropy of `logits` (B, C, ...) against int64 `labels` (B, ...): the value of
+/// CrossEntropyLoss(), computed as per-element losses then a mean, which is deterministic on
+/// CUDA (the fused mean reductions of nll_loss/nll_loss2d accumulate with atomics).
+at::Tensor deterministic_cross_entropy(const at::Tensor& logits, const at::Tensor& labels);
+
 }  // namespace tandem

@@ -187,4 +187,12 @@ std::vector<std::string> state_dict_keys(const torch::nn::Module& module) {
   return keys;
 }
 
+void to_channels_last(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters())
+    if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
+  for (auto& b : module.buffers())
+    if (b.dim() == 4) b.set_data(b.data().contiguous(at::MemoryFormat::ChannelsLast));
+}
+
 }  // namespace tandem::models

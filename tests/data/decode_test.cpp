@@ -109,12 +109,36 @@ TEST(DecodeTest, ScaledJpegDecodePicksTheSmallestScaleCoveringTheMinimum) {
   EXPECT_EQ(shape(241, 10), (std::vector<int64_t>{3, 480, 640}));   // 1/2 too small
   EXPECT_EQ(shape(10, 321), (std::vector<int64_t>{3, 480, 640}));
   EXPECT_EQ(shape(1000, 1000), (std::vector<int64_t>{3, 480, 640}));  // never upscales
+  // 5/8 (300 x 400) would cover this too, but libjpeg-turbo's fractional scales run a plain-C
+  // IDCT that decodes slower than full size: only 1/2, 1/4 and 1/8 are used.
+  EXPECT_EQ(shape(300, 300), (std::vector<int64_t>{3, 480, 640}));
 
   // The 1/2 decode is the picture at half size: close to a 2 x 2 box filter of the full one.
   const at::Tensor full = decode_image(bytes, "big.jpg", 3).to(at::kFloat);
   const at::Tensor box = full.view({3, 240, 2, 320, 2}).mean({2, 4});
   const at::Tensor half = decode_image(bytes, "big.jpg", 3, 224, 224);
   EXPECT_LT(mean_abs_diff(half, box), 1.5);
+}
+
+// Without a minimum size the decode is libjpeg's accurate one (TurboJPEG's defaults: islow IDCT,
+// fancy upsampling; what PIL gives). With one the image is going to be resized, so the fast IDCT
+// and chroma upsampling are used: close to the accurate decode, not equal.
+TEST(DecodeTest, DecodeWithAMinimumSizeIsTheFastOneAndCloseToTheAccurateOne) {
+  const int h = 90, w = 120;
+  const auto bytes = encode_jpeg(testing::smooth_image(3, h, w, 11), 90);  // 4:2:0
+  at::Tensor hwc = at::empty({h, w, 3}, at::kByte);
+  tjhandle tj = tjInitDecompress();
+  const int status = tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()),
+                                   hwc.data_ptr<uint8_t>(), w, 0, h, TJPF_RGB, 0);
+  tjDestroy(tj);
+  ASSERT_EQ(status, 0);
+  const at::Tensor accurate = hwc.permute({2, 0, 1}).contiguous();
+  EXPECT_TRUE(decode_image(bytes, "a.jpg", 3).equal(accurate));
+  const at::Tensor fast = decode_image(bytes, "a.jpg", 3, h, w);  // covered only at full size
+  ASSERT_EQ(fast.sizes(), accurate.sizes());
+  EXPECT_FALSE(fast.equal(accurate));
+  EXPECT_LT(mean_abs_diff(fast, accurate), 1.5);
+  EXPECT_LE(max_abs_diff(fast, accurate), 24);
 }
 
 TEST(DecodeTest, ProgressiveJpegsAndHarmlessJunkBetweenSegmentsDecode) {

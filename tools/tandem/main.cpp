@@ -21,6 +21,9 @@
 #ifdef TANDEM_HAVE_IMAGES
 #include "data_bench.h"
 #endif
+#ifdef TANDEM_HAVE_TRAIN
+#include "train_command.h"
+#endif
 
 namespace {
 
@@ -367,6 +370,11 @@ int main(int argc, char** argv) {
   data_bench->add_option("--json", db_json, "write the rows as JSON to this file");
 #endif
 
+#ifdef TANDEM_HAVE_TRAIN
+  tandem::TrainCommand train_command;
+  CLI::App* train = train_command.add(app);
+#endif
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -398,6 +406,13 @@ int main(int argc, char** argv) {
       std::string command = "tandem";
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
       return run_data_bench_command(db, db_json, command);
+    }
+#endif
+#ifdef TANDEM_HAVE_TRAIN
+    if (train->parsed()) {
+      std::string command = "tandem";
+      for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+      return train_command.run(command);
     }
 #endif
   } catch (const tandem::InvalidArgument& e) {

@@ -42,7 +42,14 @@ const std::vector<WorkloadParam>& images_params() {
        "faster)",
        {"cpu", "gpu", "auto"}},
       {"size", "the side of the square crop the model sees (default 224)", {}},
-      {"lr", "SGD's learning rate (momentum 0.9; default 0.1)", {}}};
+      {"lr", "SGD's learning rate (momentum 0.9; default 0.1)", {}},
+      {"precision",
+       "fp32, or bf16 (the forward passes under bf16 autocast, fp32 master weights)",
+       {"fp32", "bf16"}},
+      {"layout",
+       "nchw, or channels_last (weights and inputs NHWC: tensor-core convolutions without "
+       "transposes, as tandem train does on a GPU)",
+       {"nchw", "channels_last"}}};
   return params;
 }
 
@@ -120,6 +127,8 @@ ImagesOptions parse(const WorkloadOptions& o) {
                      "workload images: size '", text, "' is not valid: expected 8..4096");
     io.image_size = v;
   }
+  io.precision = parse_precision(param_or_default(o.params, images_params(), "precision"));
+  io.channels_last = param_or_default(o.params, images_params(), "layout") == "channels_last";
   if (o.params.count("lr")) {
     const std::string& text = o.params.at("lr");
     char* end = nullptr;
@@ -136,6 +145,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   const ImagesOptions io = parse(options);
   const c10::Device device = options.device;
   const int64_t S = io.image_size;
+  const bool nhwc = io.channels_last;
 
   // The data first: its class count sizes the head. Resident data needs no folder.
   std::shared_ptr<data::ImageFolderDataset> folder;
@@ -184,7 +194,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
            "augment",
            {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
            {"x"},
-           [spec, generator, decoder, device](const Tensors& in) {
+           [spec, generator, decoder, device, nhwc](const Tensors& in) {
              const int64_t B = in[1].size(0);
              const uint8_t* bytes = in[0].data_ptr<uint8_t>();
              const int64_t* off = in[1].data_ptr<int64_t>();
@@ -200,31 +210,23 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
              const at::Tensor sizes =
                  at::tensor(hwc, at::kLong).view({B, 3}).to(device, /*non_blocking=*/true);
              const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
-             return Tensors{resized_crop(p.packed, p.offsets, sizes, boxes, spec)};
+             at::Tensor x = resized_crop(p.packed, p.offsets, sizes, boxes, spec);
+             return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
            },
            "nvJPEG decode, then RandomResizedCrop + flip + normalize",
            {generator},
            Capture::kNever});
     } else {
-    // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
-    // resample kernel per batch, so a graph would save two launches.
-    w.feeds.push_back({"augment",
-                       "augment",
-                       {"image", offsets_field("image"), sizes_field("image")},
-                       {"x"},
-                       [spec, generator](const Tensors& in) {
-                         const at::Tensor boxes = draw_crop_boxes(spec, in[2], generator);
-                         return Tensors{resized_crop(in[0], in[1], in[2], boxes, spec)};
-                       },
-                       "RandomResizedCrop + flip + normalize of the packed batch",
-                       {generator},
-                       Capture::kNever});
+      // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
+      // resample kernel per batch, so a graph would save two launches.
+      w.feeds.push_back(resized_crop_feed(spec, generator, nhwc));
     }
   } else {
     const int64_t B = options.batch_size;
     at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>(options.seed);
     Batch b;
-    b.set("x", at::randn({B, 3, S, S}, cpu).to(device));
+    at::Tensor x = at::randn({B, 3, S, S}, cpu).to(device);
+    b.set("x", nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x);
     b.set("label", at::randint(0, classes, {B}, cpu, at::kLong).to(device));
     w.data = DataSource::resident({b});
   }
@@ -232,6 +234,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   if (io.model == ImagesModel::kR50FrozenHead) {
     models::ResNet backbone = models::resnet50();
     backbone->to(device);
+    if (nhwc) models::to_channels_last(*backbone);
     backbone->eval();  // frozen: BatchNorm uses its running statistics
     for (auto& p : backbone->parameters()) p.set_requires_grad(false);
     auto head = torch::nn::Linear(backbone->feature_dim(), classes);
@@ -241,7 +244,10 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
                        "backbone",
                        {"x"},
                        {"features"},
-                       [bb](const Tensors& in) { return Tensors{bb->features(in[0])}; },
+                       [bb, device, precision = io.precision](const Tensors& in) {
+                         AutocastScope autocast(device, precision);
+                         return Tensors{bb->features(in[0]).to(at::kFloat)};
+                       },
                        "frozen ResNet-50 to pooled features",
                        {}});  // no random draws: nothing to register with its graph
     auto h = head.ptr();
@@ -259,11 +265,13 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   } else {
     models::ResNet net = models::resnet18(models::ResNetOptions{classes});
     net->to(device);
+    if (nhwc) models::to_channels_last(*net);
     net->train();
     auto n = net.ptr();
     w.train.inputs = {"x", "label"};
-    w.train.loss = [n](const Tensors& in) {
-      return deterministic_cross_entropy(n->forward(in[0]), in[1]);
+    w.train.loss = [n, device, precision = io.precision](const Tensors& in) {
+      AutocastScope autocast(device, precision);
+      return deterministic_cross_entropy(n->forward(in[0]).to(at::kFloat), in[1]);
     };
     w.train.optimizer =
         std::make_shared<optim::Sgd>(net->parameters(), optim::SgdOptions{io.lr, io.momentum});

@@ -37,8 +37,4 @@ const WorkloadEntry& find_reference_workload(const std::string& name) {
                         join_choices(reference_workload_names()));
 }
 
-at::Tensor deterministic_cross_entropy(const at::Tensor& logits, const at::Tensor& labels) {
-  return at::cross_entropy_loss(logits, labels, {}, at::Reduction::None).mean();
-}
-
 }  // namespace tandem

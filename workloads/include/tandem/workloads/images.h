@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/autocast.h"
 #include "tandem/workload.h"
 
 namespace tandem {
@@ -24,6 +25,9 @@ struct ImagesOptions {
   bool from_files = true;
   int64_t image_size = 224;
   double lr = 0.1, momentum = 0.9;
+  /// bf16: the forward passes (backbone, model) under bf16 autocast, fp32 master weights.
+  Precision precision = Precision::kFp32;
+  bool channels_last = false;  ///< weights and inputs NHWC (models::to_channels_last)
 };
 
 /// The workload and what evaluating it needs.

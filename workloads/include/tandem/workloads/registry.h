@@ -19,9 +19,4 @@ std::vector<std::string> reference_workload_names();
 /// The reference workload called `name`; throws InvalidArgument naming it and the known ones.
 const WorkloadEntry& find_reference_workload(const std::string& name);
 
-/// Mean cross-entropy of `logits` (B, C, ...) against int64 `labels` (B, ...): the value of
-/// CrossEntropyLoss(), computed as per-element losses then a mean, which is deterministic on
-/// CUDA (the fused mean reductions of nll_loss/nll_loss2d accumulate with atomics).
-at::Tensor deterministic_cross_entropy(const at::Tensor& logits, const at::Tensor& labels);
-
 }  // namespace tandem

@@ -1,0 +1,327 @@
+// `tandem train`: flags -> ClassifierOptions + TrainOptions, then the Trainer; progress, table,
+// JSON. See train_command.h.
+#include "train_command.h"
+
+#include <ATen/Context.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include "tandem/bench.h"  // device_name
+#include "tandem/error.h"
+#include "tandem/lane.h"
+#include "tandem/mode.h"
+#include "tandem/train/checkpoint.h"
+#include "tandem/train/trainer.h"
+
+namespace tandem {
+
+namespace {
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[32];
+  if (s < 60)
+    std::snprintf(buf, sizeof buf, "%.0fs", s);
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600,
+                  static_cast<int>(s) % 3600 / 60);
+  return buf;
+}
+
+}  // namespace
+
+CLI::App* TrainCommand::add(CLI::App& app) {
+  CLI::App* c = app.add_subcommand(
+      "train",
+      "Train a classifier on your images and keep the weights: IDX files (MNIST / "
+      "Fashion-MNIST: the small CNN) or an ImageFolder (one subfolder per class: ResNet-18/34/"
+      "50, optionally a frozen backbone), with an evaluation after each epoch, metrics "
+      "(RUN_DIR/metrics.jsonl, .csv), atomic checkpoints, --resume, and bf16.");
+  c->add_option("--data", job.data,
+                "training data: a folder of IDX files (train-images-idx3-ubyte[.gz], ...) or an "
+                "ImageFolder")
+      ->required();
+  auto* val = c->add_option("--val", job.val,
+                            "held-out data of the same kind [default: an IDX folder's t10k "
+                            "files; none for an ImageFolder unless --val-split]");
+  c->add_option("--val-split", job.val_split,
+                "ImageFolder: hold out this fraction of --data (every k-th file) for evaluation")
+      ->excludes(val);
+  c->add_option("--model", job.model,
+                "small_cnn, resnet18, resnet34, resnet50, or auto (small_cnn for IDX, resnet18 "
+                "for an ImageFolder)")
+      ->capture_default_str();
+  c->add_option("--weights", job.weights,
+                "start from these weights (safetensors, torchvision's names: "
+                "safetensors.torch.save_file(model.state_dict(), F)); a head of another class "
+                "count starts fresh");
+  c->add_option("--freeze", freeze, "backbone: train only the classifier head (ResNets)")
+      ->check(CLI::IsMember({"backbone"}));
+  c->add_option("--epochs", epochs, "epochs to train")->capture_default_str();
+  c->add_option("--batch-size", batch_size,
+                "samples per step [default: small_cnn 128; ResNets 256 on a GPU, 16 on the CPU]");
+  c->add_option("--optimizer", job.optimizer, "sgd or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  c->add_option("--lr", job.lr, "peak learning rate [default: adamw 1e-3, sgd 0.1]");
+  c->add_option("--momentum", job.momentum, "sgd's momentum")->capture_default_str();
+  c->add_option("--weight-decay", job.weight_decay, "[default: adamw 1e-2, sgd 5e-4]");
+  c->add_option("--schedule", schedule,
+                "learning rate per step: cosine (to 0 at the end), step (x gamma every "
+                "--step-epochs), constant")
+      ->check(CLI::IsMember({"cosine", "step", "constant"}))
+      ->capture_default_str();
+  c->add_option("--warmup-epochs", warmup_epochs, "linear warm-up into the schedule (epochs)")
+      ->capture_default_str();
+  c->add_option("--step-epochs", step_epochs, "--schedule step: epochs between decays "
+                                              "[default: a third of --epochs]");
+  c->add_option("--gamma", gamma, "--schedule step: the decay factor")->capture_default_str();
+  c->add_option("--precision", precision,
+                "fp32, or bf16 (autocast in every mode, fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  c->add_option("--mode", mode,
+                "how steps run: auto (pipelined_graphed on a GPU, serial on the CPU), serial, "
+                "pipelined, graphed, pipelined_graphed")
+      ->capture_default_str();
+  c->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  c->add_option("--workers", workers, "loader threads [default: cores - 1 on a GPU, 2 on the CPU]");
+  c->add_option("--image-size", job.image_size, "ImageFolder: the crop the ResNet sees")
+      ->capture_default_str();
+  c->add_option("--subset", job.subset, "train on this many samples (spread over the set)");
+  c->add_option("--val-subset", job.val_subset, "evaluate on this many samples");
+  c->add_option("--seed", seed, "seed for weights, data order and augmentation")
+      ->capture_default_str();
+  c->add_option("--out", out, "the run folder: metrics, checkpoints, model.safetensors")
+      ->required();
+  c->add_flag("--resume", resume,
+              "continue the run in --out from its newest checkpoint (same settings)");
+  c->add_option("--checkpoint-every", checkpoint_every,
+                "also checkpoint every N steps [default: 0, at each epoch end only]");
+  c->add_option("--keep", keep, "checkpoints kept")->capture_default_str();
+  c->add_flag("--skip-bad", skip_bad, "leave files that fail to load out and report them");
+  c->add_flag("--deterministic", deterministic,
+              "deterministic algorithms (cuDNN autotuning off): a resumed run repeats the "
+              "losses; slower");
+  c->add_flag("--tf32,!--no-tf32", tf32, "TF32 matmuls and convolutions in fp32 [default: on]");
+  channels_last_opt = c->add_flag(
+      "--channels-last,!--no-channels-last", channels_last,
+      "ResNets: weights and inputs channels-last (NHWC), tensor-core convolutions without "
+      "transposes [default: on with a GPU]");
+  c->add_option("--json", json, "write a summary (per-epoch rows) as JSON to this file");
+  c->add_flag("--quiet", quiet, "no progress line");
+  return c;
+}
+
+int TrainCommand::run(const std::string& command_line) {
+  const c10::Device dev = parse_device(device);
+  job.device = dev;
+  job.precision = parse_precision(precision);
+  job.freeze_backbone = freeze == "backbone";
+  const bool idx = train::is_idx_folder(job.data);
+  const bool cnn = job.model == "small_cnn" || (job.model == "auto" && idx);
+  if (batch_size <= 0) batch_size = cnn ? 128 : (dev.is_cuda() ? 256 : 16);
+  if (workers <= 0)
+    workers = dev.is_cuda()
+                  ? std::max(1, std::min(15, static_cast<int>(std::thread::hardware_concurrency()) - 1))
+                  : 2;
+  job.batch_size = batch_size;
+  job.workers = workers;
+  job.channels_last = channels_last_opt && channels_last_opt->count() ? channels_last
+                                                                      : dev.is_cuda() && !cnn;
+  job.seed = seed;
+  const Mode m = mode == "auto" ? (dev.is_cuda() ? Mode::kPipelinedGraphed : Mode::kSerial)
+                                : parse_mode(mode);
+  TANDEM_CHECK_ARG(m != Mode::kGraphedK, "mode graphed_k is not offered by train: expected "
+                                         "auto, serial, pipelined, graphed or pipelined_graphed");
+  if (dev.is_cuda()) {
+    at::globalContext().setBenchmarkCuDNN(!deterministic);
+    at::globalContext().setAllowTF32CuBLAS(tf32);
+    at::globalContext().setAllowTF32CuDNN(tf32);
+  }
+  if (deterministic) {
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
+
+  train::TrainJob tj = train::make_classifier(job);
+  const int64_t n = tj.workload.data.dataset()->size();
+  const int64_t spe = n / batch_size;
+  TANDEM_CHECK_ARG(spe >= 1, "the training set's ", n, " samples make no batch of ", batch_size,
+                   ": expected a smaller --batch-size");
+  const int64_t total = epochs * spe;
+  const double lr = tj.config["lr"].get<double>();
+  const int64_t warm = static_cast<int64_t>(std::llround(warmup_epochs * spe));
+  TANDEM_CHECK_ARG(warmup_epochs >= 0 && warm < total, "warm-up of ", warmup_epochs,
+                   " epochs is not valid: expected >= 0 and shorter than the run");
+  optim::LrSchedule after;
+  if (schedule == "cosine")
+    after = optim::cosine(lr, total - warm);
+  else if (schedule == "step")
+    after = optim::step_decay(lr, std::max<int64_t>(1, (step_epochs > 0 ? step_epochs
+                                                                        : std::max<int64_t>(1, epochs / 3)) * spe),
+                              gamma);
+  else
+    after = optim::constant_lr(lr);
+  tj.config["schedule"] = schedule;
+  tj.config["warmup_epochs"] = warmup_epochs;
+  if (schedule == "step") {
+    tj.config["step_epochs"] = step_epochs;
+    tj.config["gamma"] = gamma;
+  }
+
+  std::atomic<int> stop{0};
+  train::TrainOptions to;
+  to.epochs = epochs;
+  to.batch_size = batch_size;
+  to.mode = m;
+  to.workers = workers;
+  to.seed = seed;
+  to.skip_bad = skip_bad;
+  to.schedule = warm > 0 ? optim::linear_warmup(warm, after) : after;
+  to.out_dir = out;
+  to.resume = resume;
+  to.checkpoint_every = checkpoint_every;
+  to.keep_checkpoints = keep;
+  to.stop = &stop;
+  const bool tty = !quiet && ::isatty(STDERR_FILENO);
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  to.on_progress = [&](const train::TrainOptions::Progress& p) {
+    if (!tty) return;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+    const double eta = p.images_per_s > 0
+                           ? static_cast<double>((p.total_steps - p.step) * batch_size) /
+                                 p.images_per_s
+                           : NAN;
+    const int width = 24;
+    const int filled = static_cast<int>(width * p.step_in_epoch / std::max<int64_t>(1, p.steps_per_epoch));
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar += std::string(static_cast<size_t>(width - filled), '.');
+    std::fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] step %lld/%lld  loss %.4f  %.0f img/s  "
+                         "elapsed %s  ETA %s",
+                 static_cast<long long>(p.epoch + 1), static_cast<long long>(p.epochs),
+                 bar.c_str(), static_cast<long long>(p.step_in_epoch),
+                 static_cast<long long>(p.steps_per_epoch), p.loss, p.images_per_s,
+                 format_duration(elapsed).c_str(), format_duration(eta).c_str());
+    std::fflush(stderr);
+  };
+  to.on_epoch = [&](const train::EpochRecord& r) {
+    if (tty) std::fprintf(stderr, "\r\033[K");
+    std::string metrics;
+    for (const auto& [k, v] : r.metrics) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, k == "accuracy" ? "  %s %.2f%%" : "  %s %.4f", k.c_str(),
+                    k == "accuracy" ? 100 * v : v);
+      metrics += buf;
+    }
+    std::printf("epoch %lld/%lld  train_loss %.4f%s  %.0f img/s  lr %.3g\n",
+                static_cast<long long>(r.epoch), static_cast<long long>(epochs), r.train_loss,
+                metrics.c_str(), r.images_per_s, r.lr);
+    std::fflush(stdout);
+  };
+
+  std::printf("train      %s\n", tj.name.c_str());
+  std::printf("device     %s, mode %s, precision %s, batch %lld, %lld steps/epoch x %lld epochs, "
+              "%d workers\n",
+              dev.str().c_str(), to_string(m), precision.c_str(),
+              static_cast<long long>(batch_size), static_cast<long long>(spe),
+              static_cast<long long>(epochs), workers);
+  std::printf("optimizer  %s lr %g (%s%s), weight decay %g\n", job.optimizer.c_str(), lr,
+              schedule.c_str(), warm > 0 ? ", warm-up" : "",
+              tj.config["weight_decay"].get<double>());
+  std::printf("run folder %s%s\n", out.c_str(), resume ? " (resuming)" : "");
+  std::fflush(stdout);
+
+  train::Trainer trainer(tj, to);
+  if (resume)
+    std::printf("resuming at step %lld (epoch %lld, step %lld of it)\n",
+                static_cast<long long>(trainer.start_step()),
+                static_cast<long long>(trainer.start_step() / spe + 1),
+                static_cast<long long>(trainer.start_step() % spe));
+  train::install_stop_handlers(&stop);
+  const train::TrainResult r = trainer.run();
+  if (tty) std::fprintf(stderr, "\r\033[K");
+
+  // The table of every epoch so far (a resumed run's earlier ones included).
+  std::printf("\n%6s %12s %10s %10s %12s %10s\n", "epoch", "train_loss", "accuracy", "val_loss",
+              "img/s", "seconds");
+  std::vector<double> run_ips;  // this run's epochs' img/s (not a resumed run's earlier ones)
+  for (const auto& e : r.epochs) {
+    auto metric = [&](const char* k) { return e.metrics.count(k) ? e.metrics.at(k) : NAN; };
+    std::printf("%6lld %12.4f %9.2f%% %10.4f %12.0f %10.1f\n", static_cast<long long>(e.epoch),
+                e.train_loss, 100 * metric("accuracy"), metric("val_loss"), e.images_per_s,
+                e.train_seconds + e.eval_seconds);
+    if (e.step - spe >= std::max<int64_t>(r.resumed_from, 0)) run_ips.push_back(e.images_per_s);
+  }
+  // The steady rate: the first epoch of a run also pays for the warm-up steps, graph capture
+  // and cuDNN's autotuning, so with two or more it is left out of the mean.
+  double ips_sum = 0;
+  const size_t ips_from = run_ips.size() >= 2 ? 1 : 0;
+  for (size_t i = ips_from; i < run_ips.size(); ++i) ips_sum += run_ips[i];
+  const double steady_ips =
+      run_ips.size() > ips_from ? ips_sum / static_cast<double>(run_ips.size() - ips_from) : 0;
+  if (!run_ips.empty())
+    std::printf("speed      %.0f img/s (training, mean over %s)\n", steady_ips,
+                ips_from ? "the epochs after the first" : "the run");
+  for (const auto& note : r.notes) std::printf("note: %s\n", note.c_str());
+  if (!r.skipped.empty()) {
+    std::printf("skipped %zu bad samples (--skip-bad):\n", r.skipped.size());
+    for (size_t i = 0; i < std::min<size_t>(10, r.skipped.size()); ++i)
+      std::printf("  sample %lld: %s\n", static_cast<long long>(r.skipped[i].index),
+                  r.skipped[i].reason.c_str());
+  }
+  if (!json.empty()) {
+    nlohmann::json j;
+    j["command"] = command_line;
+    j["device"] = device_name(dev);
+    j["job"] = tj.name;
+    j["config"] = tj.config;
+    j["mode"] = to_string(m);
+    j["precision"] = precision;
+    j["batch_size"] = batch_size;
+    j["images_per_s"] = steady_ips;
+    j["images_per_s_note"] = ips_from ? "mean over this run's epochs after the first"
+                                      : "mean over this run's epochs";
+    j["accuracy"] = r.epochs.empty() || !r.epochs.back().metrics.count("accuracy")
+                        ? nlohmann::json(nullptr)
+                        : nlohmann::json(r.epochs.back().metrics.at("accuracy"));
+    j["epochs"] = static_cast<int64_t>(r.epochs.size());
+    j["stopped_by_signal"] = r.stopped_by_signal;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& e : r.epochs) {
+      nlohmann::json row{{"epoch", e.epoch}, {"train_loss", e.train_loss},
+                         {"images_per_s", e.images_per_s}, {"lr", e.lr},
+                         {"train_seconds", e.train_seconds}, {"eval_seconds", e.eval_seconds}};
+      for (const auto& [k, v] : e.metrics) row[k] = v;
+      rows.push_back(row);
+    }
+    j["rows"] = rows;
+    train::write_file_atomic(json, j.dump(2) + "\n");
+    std::printf("wrote %s\n", json.c_str());
+  }
+  if (r.stopped_by_signal != 0) {
+    const char* name = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
+    std::fprintf(stderr,
+                 "tandem: stopped by %s after step %lld (epoch %lld); checkpoint %s. Resume with "
+                 "the same command and --resume.\n",
+                 name, static_cast<long long>(r.steps), static_cast<long long>(r.steps / spe + 1),
+                 r.last_checkpoint.c_str());
+    return 128 + r.stopped_by_signal;
+  }
+  std::printf("weights    %s\n", r.weights.c_str());
+  return 0;
+}
+
+}  // namespace tandem

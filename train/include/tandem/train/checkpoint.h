@@ -1,0 +1,64 @@
+// Checkpoints of a training run: the model's weights, the optimizer's state, the random
+// generators' states and the run's position, written so that a crash, a full disk or a kill at
+// any moment never leaves a half-written checkpoint where a resume would read it, and never
+// loses the last good one.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/models/safetensors.h"
+
+namespace tandem::train {
+
+/// One checkpoint as it is saved and loaded: three tensor files and the run's state.
+struct Checkpoint {
+  int64_t step = 0;                   ///< training steps done (the global step to resume at)
+  models::NamedTensors model;         ///< the model's state_dict
+  models::NamedTensors optimizer;     ///< Optimizer::state()
+  models::NamedTensors rng;           ///< generator states, "generator.<i>", "default"
+  nlohmann::json state;               ///< epoch, config, metrics so far (trainer.h)
+};
+
+/// A folder of checkpoints, RUN_DIR/checkpoints/step-<step, 9 digits>/, each holding
+/// model.safetensors, optimizer.safetensors, rng.safetensors and state.json.
+///
+///   save:  write every file into step-N.tmp/ ── fsync each ── rename to step-N ── fsync folder
+///          ── only then remove the oldest beyond `keep`
+///
+/// A folder without ".tmp" is complete by construction (rename is atomic), so latest() never
+/// sees a partial checkpoint, and the previous ones stay until the new one is whole.
+class CheckpointStore {
+ public:
+  /// `dir`: the checkpoints folder (made when missing, with its parents); `keep` >= 1.
+  CheckpointStore(std::string dir, int keep);
+
+  /// Writes `checkpoint` as step-<checkpoint.step>, replacing one of that step. Throws
+  /// tandem::Error naming the path and the system's reason (read-only, disk full, ...); the
+  /// half-written folder is removed then, the earlier checkpoints are untouched.
+  std::string save(const Checkpoint& checkpoint);
+  /// The newest complete checkpoint's folder, or nullopt when there is none.
+  std::optional<std::string> latest() const;
+  /// Every complete checkpoint's folder, oldest first.
+  std::vector<std::string> list() const;
+  const std::string& dir() const { return dir_; }
+
+  /// Reads a checkpoint folder. Throws tandem::Error naming the file that is missing or corrupt.
+  static Checkpoint load(const std::string& folder);
+
+ private:
+  std::string dir_;
+  int keep_;
+};
+
+/// Makes `path` and its missing parents (mkdir -p). Throws tandem::Error naming the path.
+void make_dirs(const std::string& path);
+/// Writes `text` to `path` atomically (path.tmp, fsync, rename, fsync the folder). Throws
+/// tandem::Error naming the path and the reason.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace tandem::train

@@ -1,0 +1,61 @@
+// Image classification jobs for the Trainer, from a folder on disk: Fashion-MNIST-style IDX
+// files with the small CNN, or an ImageFolder with torchvision's ResNets (optionally a frozen
+// backbone on its own lane and a trained head). What `tandem train` runs.
+//
+//   ClassifierOptions c;
+//   c.data = "/usr/share/datasets/fashion-mnist";       // IDX: the small CNN, test set = t10k
+//   TrainJob job = make_classifier(c);
+//   Trainer(job, options).run();
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+
+#include "tandem/autocast.h"
+#include "tandem/train/trainer.h"
+
+namespace tandem::train {
+
+using tandem::Precision;  // autocast.h: kFp32, kBf16
+
+struct ClassifierOptions {
+  /// An IDX folder (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], and for
+  /// evaluation t10k-*) or an ImageFolder (one subfolder of JPEG/PNG files per class).
+  std::string data;
+  /// A held-out ImageFolder; empty: an IDX folder's t10k files, or val_split of the training
+  /// folder, or no evaluation.
+  std::string val;
+  double val_split = 0;  ///< ImageFolder: this fraction of the samples (every k-th) held out
+  int64_t subset = 0;      ///< train on this many samples spread over the set; 0: all
+  int64_t val_subset = 0;  ///< evaluate on this many; 0: all
+  /// small_cnn, resnet18, resnet34, resnet50; "auto": small_cnn for IDX, resnet18 otherwise.
+  std::string model = "auto";
+  std::string weights;  ///< safetensors to start from (torchvision's names); empty: random init
+  bool freeze_backbone = false;  ///< ResNets: train fc only, the backbone frozen on its own lane
+  std::string optimizer = "adamw";  ///< sgd | adamw
+  double lr = -1;                   ///< < 0: 1e-3 for adamw, 0.1 for sgd
+  double momentum = 0.9;            ///< sgd
+  double weight_decay = -1;         ///< < 0: 1e-2 for adamw, 5e-4 for sgd
+  Precision precision = Precision::kFp32;
+  int64_t image_size = 224;  ///< ImageFolder: the crop the ResNet sees
+  /// ResNets: weights and inputs channels-last (models::to_channels_last): tensor-core
+  /// convolutions without layout transposes. The saved weights are the same either way.
+  bool channels_last = false;
+  int64_t batch_size = 64;
+  int workers = 4;           ///< evaluation loader's workers (ImageFolder)
+  c10::Device device = c10::Device(c10::kCPU);
+  uint64_t seed = 0;
+};
+
+/// Builds the job: datasets, model (weights loaded), optimizer, the step (augmentation and a
+/// frozen backbone as feed stages, bf16 autocast inside the stages when asked) and the
+/// evaluation (accuracy and mean loss). Throws InvalidArgument naming the bad option or input,
+/// tandem::Error for unreadable data or weights.
+TrainJob make_classifier(const ClassifierOptions& options);
+
+/// Whether `dir` holds IDX training files (train-images-idx3-ubyte[.gz]).
+bool is_idx_folder(const std::string& dir);
+
+}  // namespace tandem::train

@@ -1,0 +1,150 @@
+// Trainer: a training run over epochs on top of the Runner — the learning-rate schedule, an
+// evaluation after each epoch, metrics files, atomic checkpoints, an exact resume, and a clean
+// stop on SIGINT/SIGTERM. It works in every mode: the run is one Runner pass over all the
+// epochs' steps (one loader, graphs captured once), and everything between steps happens in
+// the pipeline's hook of the train stage, on the train lane, between step n-1 and step n:
+//
+//   train lane: ..[step n-1]──[set_lr(g)][eval?][checkpoint?]──[step n]..
+//   feed lanes: ..[feeds n+1][feeds n+2]..  (they run ahead, reading no trained weight)
+//
+// Feed stages must not read weights the train stage updates (a frozen backbone is fine).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/error.h"
+#include "tandem/lane.h"
+#include "tandem/loader.h"
+#include "tandem/mode.h"
+#include "tandem/optim.h"
+#include "tandem/workload.h"
+
+namespace tandem::train {
+
+/// Metrics by name ("accuracy", "loss", ...), as an evaluation returns them.
+using Metrics = std::map<std::string, double>;
+
+/// What a Trainer trains: built by make_classifier (classifier.h), or by hand.
+struct TrainJob {
+  std::string name;  ///< for reports: "small_cnn on fashion-mnist"
+  /// The training step over the training set: a dataset source (DataSource::from_dataset,
+  /// shuffled, drop_last), its optimizer tandem's Sgd, Adam or AdamW (checkpointable).
+  Workload workload;
+  /// Every weight the run trains and saves, under its state_dict keys (frozen parts included:
+  /// the file is the whole model).
+  std::shared_ptr<torch::nn::Module> model;
+  /// Evaluates the model on held-out data on `lane` (the train lane, between two steps) and
+  /// returns its metrics; the first is the headline (accuracy). May synchronize. Empty: none.
+  std::function<Metrics(const Lane& lane)> evaluate;
+  /// What must match for a resume (model, data, batch size, optimizer...): a checkpoint made
+  /// under another configuration is refused, naming both.
+  nlohmann::json config;
+};
+
+struct TrainOptions {
+  int64_t epochs = 10;
+  int64_t batch_size = 64;
+  Mode mode = Mode::kPipelinedGraphed;  ///< not kAuto (the CLI resolves it)
+  int workers = 4;
+  uint64_t seed = 0;
+  bool skip_bad = false;
+  /// The learning rate of each global step (optim.h's schedules); empty: the optimizer's own.
+  optim::LrSchedule schedule;
+  /// RUN_DIR: metrics.jsonl, metrics.csv, checkpoints/, model.safetensors (the final weights).
+  std::string out_dir;
+  /// Continue the run in out_dir from its newest checkpoint. Without it an existing, non-empty
+  /// out_dir is refused (nothing is overwritten).
+  bool resume = false;
+  int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0: at each epoch end only
+  int keep_checkpoints = 3;
+  /// Set (to the signal number) to stop: the step in flight finishes, a checkpoint is written,
+  /// and run() returns with TrainResult::stopped_by_signal set. Polled between steps.
+  const std::atomic<int>* stop = nullptr;
+  /// Called on the train stage's thread about every `progress_seconds`, and at each epoch end.
+  struct Progress {
+    int64_t epoch = 0, epochs = 0;           ///< 0-based epoch in progress
+    int64_t step_in_epoch = 0, steps_per_epoch = 0;
+    int64_t step = 0, total_steps = 0;       ///< global steps done
+    double loss = 0;                         ///< the latest step's
+    double images_per_s = 0;                 ///< over this run so far, evaluation excluded
+  };
+  std::function<void(const Progress&)> on_progress;
+  double progress_seconds = 0.5;
+  /// Called after each epoch's evaluation, once its record is in metrics.jsonl.
+  std::function<void(const struct EpochRecord&)> on_epoch;
+};
+
+/// One epoch's record, as written to metrics.jsonl / .csv.
+struct EpochRecord {
+  int64_t epoch = 0;          ///< 1-based, as people count them
+  int64_t step = 0;           ///< global steps done at its end
+  double train_loss = 0;      ///< mean over the epoch's steps
+  double lr = 0;              ///< the last step's learning rate
+  /// Training img/s in the epoch's steady state: from its (pipeline depth + 2)-th step to its
+  /// end (the first steps after a boundary find inputs the feeds made during the evaluation).
+  double images_per_s = 0;
+  double epoch_images_per_s = 0;  ///< the whole epoch's images over train_seconds
+  double train_seconds = 0, eval_seconds = 0;  ///< checkpoints count in neither
+  Metrics metrics;            ///< the evaluation's
+};
+
+struct TrainResult {
+  std::vector<EpochRecord> epochs;  ///< this run's and, on a resume, the earlier ones'
+  int64_t steps = 0;                ///< global steps done
+  std::vector<float> losses;        ///< this run's steps' losses
+  int stopped_by_signal = 0;        ///< the signal that stopped it, or 0
+  std::string last_checkpoint;      ///< folder, or empty
+  std::string weights;              ///< RUN_DIR/model.safetensors once complete, else empty
+  std::vector<SkippedSample> skipped;
+  std::vector<std::string> notes;   ///< the runner's (what was captured, ...)
+  int64_t resumed_from = -1;        ///< the step resumed at, or -1
+};
+
+/// Thrown when a step's loss is NaN or infinite: what() names the step, the epoch and the
+/// last good checkpoint, which is kept.
+class NonFiniteLoss : public Error {
+ public:
+  using Error::Error;
+};
+
+class Trainer {
+ public:
+  /// Validates the options (InvalidArgument naming the first bad one) and the run folder: an
+  /// existing non-empty out_dir without resume, or resume without a checkpoint in it, is
+  /// refused. On resume, loads the newest checkpoint into the model and optimizer now
+  /// (InvalidArgument when it was made for another configuration or does not fit the model).
+  Trainer(TrainJob job, TrainOptions options);
+  ~Trainer();
+
+  /// Trains the remaining epochs. Throws RunError / NonFiniteLoss / tandem::Error (a checkpoint
+  /// that cannot be written) after keeping the last good checkpoint.
+  TrainResult run();
+
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t start_step() const { return start_step_; }
+
+ private:
+  struct State;
+  TrainJob job_;
+  TrainOptions options_;
+  int64_t steps_per_epoch_ = 0;
+  int64_t start_step_ = 0;
+  std::vector<EpochRecord> history_;       // from the checkpoint resumed
+  std::vector<at::Tensor> resume_rng_;     // generator states to restore, in Runner order
+  at::Tensor resume_default_rng_;          // the device's default generator
+};
+
+/// Installs SIGINT and SIGTERM handlers that store the signal in `flag` (the first one; a
+/// second signal of the same kind restores the default action, so a second Ctrl-C kills).
+void install_stop_handlers(std::atomic<int>* flag);
+
+}  // namespace tandem::train

@@ -1,0 +1,366 @@
+// make_classifier: the datasets, model, optimizer, step and evaluation of an image classifier,
+// as a TrainJob (classifier.h).
+#include "tandem/train/classifier.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <sys/stat.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
+#include <iostream>
+
+#include "tandem/autocast.h"
+#include "tandem/batch.h"
+#include "tandem/data/idx.h"
+#include "tandem/data/image_folder.h"
+#include "tandem/error.h"
+#include "tandem/models/resnet.h"
+#include "tandem/models/safetensors.h"
+#include "tandem/models/small_cnn.h"
+#include "tandem/resized_crop.h"
+
+namespace tandem::train {
+
+namespace {
+
+bool is_file(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The IDX file `stem` in `dir`, gzip-compressed or raw; empty when neither exists.
+std::string idx_file(const std::string& dir, const std::string& stem) {
+  for (const char* ext : {".gz", ""})
+    if (is_file(dir + "/" + stem + ext)) return dir + "/" + stem + ext;
+  return "";
+}
+
+// Samples `indices` of another dataset (a subset, or one side of a split).
+class SubsetDataset : public Dataset {
+ public:
+  SubsetDataset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices)
+      : base_(std::move(base)), indices_(std::move(indices)) {}
+  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
+  std::vector<FieldSpec> fields() const override { return base_->fields(); }
+  void get(int64_t index, const std::vector<at::Tensor>& out) const override {
+    base_->get(indices_.at(static_cast<size_t>(index)), out);
+  }
+  void get_sample(int64_t index, std::vector<at::Tensor>& out) const override {
+    base_->get_sample(indices_.at(static_cast<size_t>(index)), out);
+  }
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  std::vector<int64_t> indices_;
+};
+
+// n indices spread evenly over [0, size): every class of a class-ordered folder is drawn from.
+std::vector<int64_t> spread(int64_t size, int64_t n) {
+  std::vector<int64_t> out;
+  n = std::min(n, size);
+  for (int64_t i = 0; i < n; ++i) out.push_back(i * size / n);
+  return out;
+}
+
+std::shared_ptr<const Dataset> take(std::shared_ptr<const Dataset> d, int64_t n) {
+  if (n <= 0 || n >= d->size()) return d;
+  return std::make_shared<SubsetDataset>(d, spread(d->size(), n));
+}
+
+// The model's trainable tensors, for the optimizer.
+std::vector<at::Tensor> trainable(const torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+// Loads `path` into `model` by name. A classifier `fc` of another class count (torchvision's
+// ImageNet weights on a 10-class folder) keeps the model's own fresh head, said on stderr; any
+// other missing, unexpected or mis-shaped tensor is an error listing them (load_state_dict).
+void load_weights(torch::nn::Module& model, const std::string& path) {
+  models::NamedTensors file = models::load_safetensors(path);
+  const models::NamedTensors own = models::state_dict(model);
+  auto own_of = [&](const std::string& k) -> const at::Tensor* {
+    for (const auto& [name, t] : own)
+      if (name == k) return &t;
+    return nullptr;
+  };
+  const at::Tensor* fc = own_of("fc.weight");
+  bool head_replaced = false;
+  for (auto& [name, t] : file)
+    if (fc && (name == "fc.weight" || name == "fc.bias") && own_of(name) &&
+        t.sizes() != own_of(name)->sizes()) {
+      t = own_of(name)->detach().cpu();
+      head_replaced = true;
+    }
+  if (head_replaced)
+    std::cerr << "weights " << path << ": its fc has another class count; the head starts fresh ("
+              << fc->size(0) << " classes)\n";
+  try {
+    models::load_state_dict(model, file, /*strict=*/true);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("weights " + path + " do not fit the model: " + e.what());
+  }
+}
+
+Metrics accuracy_metrics(int64_t correct, double loss_sum, int64_t n) {
+  return {{"accuracy", n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0},
+          {"val_loss", n > 0 ? loss_sum / static_cast<double>(n) : 0}};
+}
+
+}  // namespace
+
+bool is_idx_folder(const std::string& dir) {
+  return !idx_file(dir, "train-images-idx3-ubyte").empty();
+}
+
+TrainJob make_classifier(const ClassifierOptions& o) {
+  TANDEM_CHECK_ARG(!o.data.empty(), "no training data: expected --data DIR (IDX files or an "
+                                    "ImageFolder)");
+  struct stat st{};
+  TANDEM_CHECK_ARG(::stat(o.data.c_str(), &st) == 0, "--data ", o.data, " does not exist");
+  TANDEM_CHECK_ARG(S_ISDIR(st.st_mode), "--data ", o.data,
+                   " is a file: expected a folder (IDX files or one subfolder per class)");
+  TANDEM_CHECK_ARG(o.val_split >= 0 && o.val_split < 1, "validation split ", o.val_split,
+                   " is not valid: expected a fraction in [0, 1)");
+  TANDEM_CHECK_ARG(o.optimizer == "sgd" || o.optimizer == "adamw", "optimizer '", o.optimizer,
+                   "' is not valid: expected sgd or adamw");
+  TANDEM_CHECK_ARG(o.subset >= 0 && o.val_subset >= 0, "subset sizes must be >= 0");
+  const bool idx = is_idx_folder(o.data);
+  const std::string model_name =
+      o.model == "auto" ? (idx ? "small_cnn" : "resnet18") : o.model;
+  TANDEM_CHECK_ARG(model_name == "small_cnn" || model_name == "resnet18" ||
+                       model_name == "resnet34" || model_name == "resnet50",
+                   "model '", o.model,
+                   "' is not valid: expected small_cnn, resnet18, resnet34, resnet50 or auto");
+  const bool adamw = o.optimizer == "adamw";
+  const double lr = o.lr >= 0 ? o.lr : (adamw ? 1e-3 : 0.1);
+  const double wd = o.weight_decay >= 0 ? o.weight_decay : (adamw ? 1e-2 : 5e-4);
+  TANDEM_CHECK_ARG(lr > 0, "learning rate ", lr, " is not valid: expected > 0");
+  const c10::Device device = o.device;
+  const Precision precision = o.precision;
+
+  TrainJob job;
+  job.config = {{"model", model_name},       {"data", o.data},
+                {"val", o.val},              {"val_split", o.val_split},
+                {"subset", o.subset},        {"val_subset", o.val_subset},
+                {"optimizer", o.optimizer},  {"lr", lr},
+                {"momentum", o.momentum},    {"weight_decay", wd},
+                {"precision", to_string(precision)},
+                {"freeze_backbone", o.freeze_backbone}, {"weights", o.weights},
+                {"channels_last", o.channels_last && !idx}};
+  torch::manual_seed(o.seed);
+  Workload& w = job.workload;
+  w.device = device;
+
+  if (idx) {
+    TANDEM_CHECK_ARG(model_name == "small_cnn", "model ", model_name, " takes 3-channel images: ",
+                     o.data, " holds IDX (28x28 gray) files, expected --model small_cnn");
+    TANDEM_CHECK_ARG(!o.freeze_backbone, "--freeze backbone is for the ResNets");
+    const std::string images = idx_file(o.data, "train-images-idx3-ubyte");
+    const std::string labels = idx_file(o.data, "train-labels-idx1-ubyte");
+    TANDEM_CHECK_ARG(!labels.empty(), o.data, " has ", images,
+                     " but no train-labels-idx1-ubyte[.gz]");
+    auto train_set = std::make_shared<data::IdxDataset>(images, labels);
+    const int64_t side = train_set->rows();
+    TANDEM_CHECK_ARG(train_set->cols() == side && side % 4 == 0, images, " holds ",
+                     train_set->rows(), "x", train_set->cols(),
+                     " images: the small CNN expects square ones, a multiple of 4 a side");
+    std::shared_ptr<const Dataset> train_data = take(train_set, o.subset);
+    // Evaluation: --val (an IDX folder's t10k files, or its train files) or this folder's t10k.
+    const std::string val_dir = o.val.empty() ? o.data : o.val;
+    std::string val_images = idx_file(val_dir, "t10k-images-idx3-ubyte");
+    std::string val_labels = idx_file(val_dir, "t10k-labels-idx1-ubyte");
+    if (val_images.empty() && !o.val.empty()) {
+      val_images = idx_file(val_dir, "train-images-idx3-ubyte");
+      val_labels = idx_file(val_dir, "train-labels-idx1-ubyte");
+    }
+    int64_t classes = 10;
+    for (int64_t i = 0; i < train_set->size(); ++i)
+      classes = std::max(classes, train_set->label(i) + 1);
+
+    auto net = models::SmallCnn(models::SmallCnnOptions{1, classes, side});
+    if (!o.weights.empty()) load_weights(*net, o.weights);
+    net->to(device);
+    net->train();
+    job.name = "small_cnn on " + o.data;
+    job.model = net.ptr();
+    w.name = "small_cnn";
+    w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
+    // Fashion-MNIST's pixel mean and standard deviation (of x / 255).
+    constexpr double kMean = 0.2860, kStd = 0.3530;
+    w.feeds.push_back({"normalize",
+                       "augment",
+                       {"image"},
+                       {"x"},
+                       [](const Tensors& in) {
+                         return Tensors{in[0].to(at::kFloat).div_(255).sub_(kMean).div_(kStd)};
+                       },
+                       "uint8 -> normalized float",
+                       {}});
+    auto n = net.ptr();
+    w.train.inputs = {"x", "label"};
+    w.train.loss = [n, device, precision](const Tensors& in) {
+      AutocastScope autocast(device, precision);
+      return deterministic_cross_entropy(n->forward(in[0]).to(at::kFloat), in[1]);
+    };
+    w.train.what = "small CNN, cross-entropy";
+    if (!val_images.empty() && !val_labels.empty()) {
+      auto val_set = std::make_shared<data::IdxDataset>(val_images, val_labels);
+      const std::vector<int64_t> pick =
+          spread(val_set->size(), o.val_subset > 0 ? o.val_subset : val_set->size());
+      // The test set lives on the device, normalized, from the start: 10 000 images are 31 MB.
+      at::Tensor x = at::empty({static_cast<int64_t>(pick.size()), 1, side, side}, at::kByte);
+      at::Tensor y = at::empty({static_cast<int64_t>(pick.size())}, at::kLong);
+      for (size_t i = 0; i < pick.size(); ++i)
+        val_set->get(pick[i], {x[static_cast<int64_t>(i)], y[static_cast<int64_t>(i)]});
+      const at::Tensor xv = x.to(device).to(at::kFloat).div_(255).sub_(kMean).div_(kStd);
+      const at::Tensor yv = y.to(device);
+      job.evaluate = [n, xv, yv, device, precision](const Lane&) {
+        at::NoGradGuard no_grad;
+        n->eval();
+        at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
+        at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+        const int64_t N = xv.size(0);
+        for (int64_t i = 0; i < N; i += 1000) {
+          const int64_t e = std::min(N, i + 1000);
+          AutocastScope autocast(device, precision);
+          const at::Tensor logits = n->forward(xv.slice(0, i, e)).to(at::kFloat);
+          const at::Tensor labels = yv.slice(0, i, e);
+          correct += logits.argmax(1).eq(labels).sum();
+          loss += at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).to(at::kDouble);
+        }
+        n->train();
+        return accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), N);
+      };
+    } else {
+      std::cerr << "no t10k-*-idx*-ubyte files in " << val_dir << ": no evaluation\n";
+    }
+  } else {
+    TANDEM_CHECK_ARG(model_name != "small_cnn", "model small_cnn takes 28x28 IDX images: ",
+                     o.data, " is an image folder, expected a ResNet (resnet18/34/50)");
+    data::ImageFolderOptions fo;
+    fo.image_size = o.image_size;
+    fo.output = data::ImageFolderOutput::kDecoded;
+    auto folder = std::make_shared<data::ImageFolderDataset>(o.data, fo);
+    const int64_t classes = static_cast<int64_t>(folder->classes().size());
+    std::shared_ptr<const Dataset> train_data = folder, val_data;
+    if (!o.val.empty()) {
+      auto v = std::make_shared<data::ImageFolderDataset>(o.val, fo);
+      TANDEM_CHECK_ARG(v->classes() == folder->classes(), "--val ", o.val,
+                       " has other class folders than --data ", o.data);
+      val_data = v;
+    } else if (o.val_split > 0) {
+      // Every k-th sample held out (k = 1 / split): each class is split alike.
+      const int64_t n = folder->size();
+      const int64_t held = std::max<int64_t>(1, static_cast<int64_t>(o.val_split * n));
+      std::vector<int64_t> val_idx = spread(n, held), train_idx;
+      std::vector<bool> is_val(static_cast<size_t>(n), false);
+      for (int64_t i : val_idx) is_val[static_cast<size_t>(i)] = true;
+      for (int64_t i = 0; i < n; ++i)
+        if (!is_val[static_cast<size_t>(i)]) train_idx.push_back(i);
+      train_data = std::make_shared<SubsetDataset>(folder, train_idx);
+      val_data = std::make_shared<SubsetDataset>(folder, val_idx);
+    }
+    train_data = take(train_data, o.subset);
+    if (val_data) val_data = take(val_data, o.val_subset);
+
+    models::ResNet net = models::resnet(model_name, models::ResNetOptions{classes});
+    if (!o.weights.empty()) load_weights(*net, o.weights);
+    net->to(device);
+    const bool nhwc = o.channels_last;
+    if (nhwc) models::to_channels_last(*net);
+    job.name = model_name + (o.freeze_backbone ? " (frozen backbone)" : "") + " on " + o.data;
+    job.model = net.ptr();
+    w.name = model_name;
+    w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
+    const int64_t S = o.image_size;
+    at::Generator generator = device.is_cuda()
+                                  ? at::cuda::detail::createCUDAGenerator(device.index())
+                                  : at::make_generator<at::CPUGeneratorImpl>();
+    generator.set_current_seed(o.seed);
+    w.feeds.push_back(resized_crop_feed(ResizedCropSpec::train(S), generator, nhwc));
+    auto n = net.ptr();
+    if (o.freeze_backbone) {
+      net->eval();  // BatchNorm keeps its running statistics
+      for (auto& p : net->parameters()) p.set_requires_grad(false);
+      for (auto& p : net->fc->parameters()) p.set_requires_grad(true);
+      w.feeds.push_back({"backbone",
+                         "backbone",
+                         {"x"},
+                         {"features"},
+                         [n, device, precision](const Tensors& in) {
+                           AutocastScope autocast(device, precision);
+                           return Tensors{n->features(in[0]).to(at::kFloat)};
+                         },
+                         "frozen " + model_name + " to pooled features",
+                         {}});
+      w.train.inputs = {"features", "label"};
+      w.train.loss = [n](const Tensors& in) {
+        return deterministic_cross_entropy(n->fc->forward(in[0]), in[1]);
+      };
+      w.train.what = "linear head, cross-entropy";
+    } else {
+      net->train();
+      w.train.inputs = {"x", "label"};
+      w.train.loss = [n, device, precision](const Tensors& in) {
+        AutocastScope autocast(device, precision);
+        return deterministic_cross_entropy(n->forward(in[0]).to(at::kFloat), in[1]);
+      };
+      w.train.what = model_name + ", cross-entropy";
+    }
+    if (val_data) {
+      const ResizedCropSpec eval_spec = ResizedCropSpec::eval(S, S * 256 / 224);
+      at::Generator eval_gen = device.is_cuda()
+                                   ? at::cuda::detail::createCUDAGenerator(device.index())
+                                   : at::make_generator<at::CPUGeneratorImpl>();
+      const int64_t bs = o.batch_size;
+      const int workers = o.workers;
+      const bool frozen = o.freeze_backbone;
+      job.evaluate = [n, val_data, eval_spec, eval_gen, bs, workers, device, precision, frozen,
+                      nhwc](const Lane& lane) {
+        at::NoGradGuard no_grad;
+        n->eval();
+        LoaderOptions lo;
+        lo.batch_size = bs;
+        lo.workers = workers;
+        lo.depth = ring_slots_for(workers);
+        lo.drop_last = false;
+        Loader loader(val_data, lo);
+        at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
+        at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+        int64_t seen = 0;
+        for (int64_t b = 0; b < loader.num_batches(); ++b) {
+          Batch batch;
+          load_next_batch(loader, batch, lane);
+          const at::Tensor sizes = batch.get(sizes_field("image"));
+          const at::Tensor boxes = draw_crop_boxes(eval_spec, sizes, eval_gen);
+          at::Tensor x = resized_crop(batch.get("image"), batch.get(offsets_field("image")),
+                                      sizes, boxes, eval_spec);
+          if (nhwc) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+          const at::Tensor labels = batch.get("label");
+          AutocastScope autocast(device, precision);
+          const at::Tensor logits = n->forward(x).to(at::kFloat);
+          correct += logits.argmax(1).eq(labels).sum();
+          loss += at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).to(at::kDouble);
+          seen += labels.size(0);
+        }
+        if (!frozen) n->train();
+        return accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), seen);
+      };
+    }
+  }
+  auto params = trainable(*job.model);
+  if (adamw)
+    w.train.optimizer = std::make_shared<optim::Adam>(params, optim::AdamOptions::adamw(lr, wd));
+  else
+    w.train.optimizer =
+        std::make_shared<optim::Sgd>(params, optim::SgdOptions{lr, o.momentum, 0, false, wd});
+  return job;
+}
+
+}  // namespace tandem::train
