@@ -142,13 +142,16 @@ torch::nn::Sequential ResNetImpl::make_layer(ResNetBlock block, int64_t planes, 
   return layer;
 }
 
-torch::Tensor ResNetImpl::features(const torch::Tensor& x) {
+torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
   TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == 3, "ResNet: expected input (B, 3, H, W), got ",
                    x.sizes());
   auto y = bn1(conv1(x)).relu_();
   y = F::max_pool2d(y, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
-  y = layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));
-  y = F::adaptive_avg_pool2d(y, F::AdaptiveAvgPool2dFuncOptions(1));
+  return layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));
+}
+
+torch::Tensor ResNetImpl::features(const torch::Tensor& x) {
+  auto y = F::adaptive_avg_pool2d(feature_map(x), F::AdaptiveAvgPool2dFuncOptions(1));
   return y.flatten(1);  // (B, feature_dim)
 }
 

@@ -156,6 +156,41 @@ TEST(TrainerTest, WritesMetricsAndLearns) {
   EXPECT_NO_THROW(models::load_safetensors(r.weights));
 }
 
+// bf16 autocast is entered inside each stage's function (autocast is thread-local), so it holds
+// in the pipelined modes' stage threads too: the loss is computed in bf16 there (it differs from
+// fp32's), stays finite, and the run learns; the weights stay fp32.
+class Bf16Test : public ::testing::TestWithParam<Mode> {};
+
+TEST_P(Bf16Test, TrainsInEveryMode) {
+  Fixture f;
+  ClassifierOptions c = small_job(f.data);
+  TrainOptions o = options(f.tmp.path() + "/fp32", GetParam(), 2);
+  o.schedule = optim::constant_lr(3e-3);
+  const TrainResult fp32 = Trainer(make_classifier(c), o).run();
+  c.precision = Precision::kBf16;
+  o.out_dir = f.tmp.path() + "/bf16";
+  const TrainResult bf16 = Trainer(make_classifier(c), o).run();
+  ASSERT_EQ(bf16.losses.size(), fp32.losses.size());
+  EXPECT_NE(bf16.losses[0], fp32.losses[0]);  // computed in bf16, not silently in fp32
+  EXPECT_NEAR(bf16.losses[0], fp32.losses[0], 0.05);
+  for (float l : bf16.losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_LT(bf16.epochs.back().train_loss, bf16.epochs.front().train_loss);
+  for (const auto& [name, t] : models::load_safetensors(bf16.weights))
+    if (t.is_floating_point()) {
+      EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Bf16Test,
+                         ::testing::Values(Mode::kSerial, Mode::kPipelined, Mode::kGraphed,
+                                           Mode::kPipelinedGraphed),
+                         [](const auto& info) {
+                           std::string n = to_string(info.param);
+                           for (char& ch : n)
+                             if (ch == '+') ch = '_';
+                           return n;
+                         });
+
 TEST(TrainerTest, RefusesAnExistingRunFolderWithoutResume) {
   Fixture f;
   const std::string out = f.tmp.path() + "/run";
@@ -325,6 +360,74 @@ TEST(ClassifierTest, BadOptionsAreNamed) {
   EXPECT_THROW(make_classifier(c), InvalidArgument);  // a file, not a folder
   c = small_job(f.data);
   c.optimizer = "lbfgs";
+  EXPECT_THROW(make_classifier(c), InvalidArgument);
+}
+
+// A segmentation folder of n 64x64 pairs: one half of each image dark (class 0), the other
+// bright (class 1), the bright side alternating, with a few ignored (255) pixels on the border.
+std::string write_pairs(const TempDir& tmp, int n) {
+  for (int i = 0; i < n; ++i) {
+    at::Tensor img = at::empty({3, 64, 64}, at::kByte), mask = at::empty({1, 64, 64}, at::kByte);
+    uint8_t* p = img.data_ptr<uint8_t>();
+    uint8_t* m = mask.data_ptr<uint8_t>();
+    for (int y = 0; y < 64; ++y)
+      for (int x = 0; x < 64; ++x) {
+        const bool right = x >= 32;
+        const int cls = (i % 2 == 0) == right ? 1 : 0;
+        for (int c = 0; c < 3; ++c)
+          p[(c * 64 + y) * 64 + x] = static_cast<uint8_t>((cls ? 170 : 30) + (x * 7 + y * 3 + c * 11 + i) % 50);
+        m[y * 64 + x] = static_cast<uint8_t>(y == 0 ? 255 : cls);
+      }
+    const std::string stem = "s" + std::to_string(i);
+    data::testing::put(tmp, "seg/images/" + stem + ".png", data::encode_png(img));
+    data::testing::put(tmp, "seg/masks/" + stem + ".png", data::encode_png(mask));
+  }
+  return tmp.path() + "/seg";
+}
+
+TEST(SegmenterTest, LearnsTheHalvesAndReportsMiou) {
+  TempDir tmp;
+  ClassifierOptions c;
+  c.data = write_pairs(tmp, 48);
+  c.classes = 2;
+  c.image_size = 64;
+  c.val_split = 0.25;
+  c.batch_size = 8;
+  c.seed = 1;
+  TrainJob job = make_classifier(c);
+  EXPECT_EQ(job.config.at("model"), "fcn_resnet18");
+  TrainOptions o = options(tmp.path() + "/run", Mode::kSerial, 4);
+  o.batch_size = 8;
+  o.schedule = optim::constant_lr(1e-3);
+  const TrainResult r = Trainer(job, o).run();
+  ASSERT_EQ(r.epochs.size(), 4u);
+  const Metrics& m = r.epochs.back().metrics;
+  std::printf("segmentation, 4 CPU epochs: miou %.3f, pixel accuracy %.3f\n", m.at("miou"),
+              m.at("pixel_accuracy"));
+  EXPECT_GT(m.at("miou"), 0.6);  // predicting one class everywhere scores 0.25
+  EXPECT_GT(m.at("pixel_accuracy"), 0.8);
+  EXPECT_LT(r.epochs.back().train_loss, r.epochs.front().train_loss);
+  // The weights are the whole FCN under torchvision's names.
+  bool head = false, backbone = false;
+  for (const auto& [name, t] : models::load_safetensors(r.weights)) {
+    head = head || name == "classifier.4.weight";
+    backbone = backbone || name == "backbone.layer4.1.bn2.running_var";
+  }
+  EXPECT_TRUE(head && backbone);
+}
+
+TEST(SegmenterTest, NeedsTheClassCount) {
+  TempDir tmp;
+  ClassifierOptions c;
+  c.data = write_pairs(tmp, 2);
+  try {
+    make_classifier(c);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--classes"), std::string::npos) << e.what();
+  }
+  c.classes = 2;
+  c.model = "resnet18";
   EXPECT_THROW(make_classifier(c), InvalidArgument);
 }
 

@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -44,13 +46,14 @@ std::string format_duration(double s) {
 CLI::App* TrainCommand::add(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "train",
-      "Train a classifier on your images and keep the weights: IDX files (MNIST / "
-      "Fashion-MNIST: the small CNN) or an ImageFolder (one subfolder per class: ResNet-18/34/"
-      "50, optionally a frozen backbone), with an evaluation after each epoch, metrics "
+      "Train a model on your images and keep the weights: IDX files (MNIST / Fashion-MNIST: the "
+      "small CNN), an ImageFolder (one subfolder per class: ResNet-18/34/50, optionally a "
+      "frozen backbone) or image + mask pairs (images/ and masks/: an FCN over a ResNet, "
+      "--classes N), with an evaluation after each epoch (accuracy, or mIoU), metrics "
       "(RUN_DIR/metrics.jsonl, .csv), atomic checkpoints, --resume, and bf16.");
   c->add_option("--data", job.data,
-                "training data: a folder of IDX files (train-images-idx3-ubyte[.gz], ...) or an "
-                "ImageFolder")
+                "training data: a folder of IDX files (train-images-idx3-ubyte[.gz], ...), an "
+                "ImageFolder, or images/ + masks/ (segmentation)")
       ->required();
   auto* val = c->add_option("--val", job.val,
                             "held-out data of the same kind [default: an IDX folder's t10k "
@@ -59,13 +62,18 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "ImageFolder: hold out this fraction of --data (every k-th file) for evaluation")
       ->excludes(val);
   c->add_option("--model", job.model,
-                "small_cnn, resnet18, resnet34, resnet50, or auto (small_cnn for IDX, resnet18 "
-                "for an ImageFolder)")
+                "small_cnn, resnet18, resnet34, resnet50, fcn_resnet18/34/50, or auto (small_cnn "
+                "for IDX, fcn_resnet18 for image + mask pairs, resnet18 for an ImageFolder)")
       ->capture_default_str();
   c->add_option("--weights", job.weights,
                 "start from these weights (safetensors, torchvision's names: "
                 "safetensors.torch.save_file(model.state_dict(), F)); a head of another class "
                 "count starts fresh");
+  c->add_option("--classes", job.classes,
+                "segmentation: the class count (mask ids 0 .. N-1)");
+  c->add_option("--ignore-index", job.ignore_index,
+                "segmentation: the mask id that no loss or metric counts")
+      ->capture_default_str();
   c->add_option("--freeze", freeze, "backbone: train only the classifier head (ResNets)")
       ->check(CLI::IsMember({"backbone"}));
   c->add_option("--epochs", epochs, "epochs to train")->capture_default_str();
@@ -97,8 +105,9 @@ CLI::App* TrainCommand::add(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   c->add_option("--workers", workers, "loader threads [default: cores - 1 on a GPU, 2 on the CPU]");
-  c->add_option("--image-size", job.image_size, "ImageFolder: the crop the ResNet sees")
-      ->capture_default_str();
+  c->add_option("--image-size", job.image_size,
+                "ImageFolder and segmentation: the square the model sees [default: 224; "
+                "segmentation on the CPU 128]");
   c->add_option("--subset", job.subset, "train on this many samples (spread over the set)");
   c->add_option("--val-subset", job.val_subset, "evaluate on this many samples");
   c->add_option("--seed", seed, "seed for weights, data order and augmentation")
@@ -131,7 +140,10 @@ int TrainCommand::run(const std::string& command_line) {
   job.freeze_backbone = freeze == "backbone";
   const bool idx = train::is_idx_folder(job.data);
   const bool cnn = job.model == "small_cnn" || (job.model == "auto" && idx);
-  if (batch_size <= 0) batch_size = cnn ? 128 : (dev.is_cuda() ? 256 : 16);
+  const bool seg = train::is_pairs_folder(job.data);
+  if (batch_size <= 0)
+    batch_size = cnn ? 128 : seg ? (dev.is_cuda() ? 32 : 4) : (dev.is_cuda() ? 256 : 16);
+  if (seg && job.image_size == 224 && !dev.is_cuda()) job.image_size = 128;  // a laptop finishes
   if (workers <= 0)
     workers = dev.is_cuda()
                   ? std::max(1, std::min(15, static_cast<int>(std::thread::hardware_concurrency()) - 1))
@@ -222,8 +234,9 @@ int TrainCommand::run(const std::string& command_line) {
     std::string metrics;
     for (const auto& [k, v] : r.metrics) {
       char buf[64];
-      std::snprintf(buf, sizeof buf, k == "accuracy" ? "  %s %.2f%%" : "  %s %.4f", k.c_str(),
-                    k == "accuracy" ? 100 * v : v);
+      const bool fraction = k.find("loss") == std::string::npos;  // accuracy, miou, ...
+      std::snprintf(buf, sizeof buf, fraction ? "  %s %.2f%%" : "  %s %.4f", k.c_str(),
+                    fraction ? 100 * v : v);
       metrics += buf;
     }
     std::printf("epoch %lld/%lld  train_loss %.4f%s  %.0f img/s  lr %.3g\n",
@@ -255,14 +268,27 @@ int TrainCommand::run(const std::string& command_line) {
   if (tty) std::fprintf(stderr, "\r\033[K");
 
   // The table of every epoch so far (a resumed run's earlier ones included).
-  std::printf("\n%6s %12s %10s %10s %12s %10s\n", "epoch", "train_loss", "accuracy", "val_loss",
-              "img/s", "seconds");
+  std::vector<std::string> metric_names;  // every metric any epoch reported, in name order
+  for (const auto& e : r.epochs)
+    for (const auto& [k, v] : e.metrics)
+      if (std::find(metric_names.begin(), metric_names.end(), k) == metric_names.end())
+        metric_names.push_back(k);
+  std::sort(metric_names.begin(), metric_names.end());
+  std::printf("\n%6s %12s", "epoch", "train_loss");
+  for (const auto& k : metric_names) std::printf(" %14s", k.c_str());
+  std::printf(" %12s %10s\n", "img/s", "seconds");
   std::vector<double> run_ips;  // this run's epochs' img/s (not a resumed run's earlier ones)
   for (const auto& e : r.epochs) {
-    auto metric = [&](const char* k) { return e.metrics.count(k) ? e.metrics.at(k) : NAN; };
-    std::printf("%6lld %12.4f %9.2f%% %10.4f %12.0f %10.1f\n", static_cast<long long>(e.epoch),
-                e.train_loss, 100 * metric("accuracy"), metric("val_loss"), e.images_per_s,
-                e.train_seconds + e.eval_seconds);
+    std::printf("%6lld %12.4f", static_cast<long long>(e.epoch), e.train_loss);
+    for (const auto& k : metric_names) {
+      if (!e.metrics.count(k))
+        std::printf(" %14s", "-");
+      else if (k.find("loss") == std::string::npos)  // fractions: accuracy, miou, ...
+        std::printf(" %13.2f%%", 100 * e.metrics.at(k));
+      else
+        std::printf(" %14.4f", e.metrics.at(k));
+    }
+    std::printf(" %12.0f %10.1f\n", e.images_per_s, e.train_seconds + e.eval_seconds);
     if (e.step - spe >= std::max<int64_t>(r.resumed_from, 0)) run_ips.push_back(e.images_per_s);
   }
   // The steady rate: the first epoch of a run also pays for the warm-up steps, graph capture
@@ -294,9 +320,12 @@ int TrainCommand::run(const std::string& command_line) {
     j["images_per_s"] = steady_ips;
     j["images_per_s_note"] = ips_from ? "mean over this run's epochs after the first"
                                       : "mean over this run's epochs";
-    j["accuracy"] = r.epochs.empty() || !r.epochs.back().metrics.count("accuracy")
+    // The headline metric: accuracy for a classifier, mIoU for a segmenter.
+    const char* headline = seg ? "miou" : "accuracy";
+    j["accuracy"] = r.epochs.empty() || !r.epochs.back().metrics.count(headline)
                         ? nlohmann::json(nullptr)
-                        : nlohmann::json(r.epochs.back().metrics.at("accuracy"));
+                        : nlohmann::json(r.epochs.back().metrics.at(headline));
+    j["accuracy_metric"] = headline;
     j["epochs"] = static_cast<int64_t>(r.epochs.size());
     j["stopped_by_signal"] = r.stopped_by_signal;
     nlohmann::json rows = nlohmann::json::array();

@@ -21,8 +21,11 @@
 #include "tandem/models/safetensors.h"
 #include "tandem/models/small_cnn.h"
 #include "tandem/resized_crop.h"
+#include "job_util.h"
 
 namespace tandem::train {
+
+using namespace detail;  // job_util.h
 
 namespace {
 
@@ -38,75 +41,6 @@ std::string idx_file(const std::string& dir, const std::string& stem) {
   return "";
 }
 
-// Samples `indices` of another dataset (a subset, or one side of a split).
-class SubsetDataset : public Dataset {
- public:
-  SubsetDataset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices)
-      : base_(std::move(base)), indices_(std::move(indices)) {}
-  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
-  std::vector<FieldSpec> fields() const override { return base_->fields(); }
-  void get(int64_t index, const std::vector<at::Tensor>& out) const override {
-    base_->get(indices_.at(static_cast<size_t>(index)), out);
-  }
-  void get_sample(int64_t index, std::vector<at::Tensor>& out) const override {
-    base_->get_sample(indices_.at(static_cast<size_t>(index)), out);
-  }
-
- private:
-  std::shared_ptr<const Dataset> base_;
-  std::vector<int64_t> indices_;
-};
-
-// n indices spread evenly over [0, size): every class of a class-ordered folder is drawn from.
-std::vector<int64_t> spread(int64_t size, int64_t n) {
-  std::vector<int64_t> out;
-  n = std::min(n, size);
-  for (int64_t i = 0; i < n; ++i) out.push_back(i * size / n);
-  return out;
-}
-
-std::shared_ptr<const Dataset> take(std::shared_ptr<const Dataset> d, int64_t n) {
-  if (n <= 0 || n >= d->size()) return d;
-  return std::make_shared<SubsetDataset>(d, spread(d->size(), n));
-}
-
-// The model's trainable tensors, for the optimizer.
-std::vector<at::Tensor> trainable(const torch::nn::Module& m) {
-  std::vector<at::Tensor> out;
-  for (const auto& p : m.parameters())
-    if (p.requires_grad()) out.push_back(p);
-  return out;
-}
-
-// Loads `path` into `model` by name. A classifier `fc` of another class count (torchvision's
-// ImageNet weights on a 10-class folder) keeps the model's own fresh head, said on stderr; any
-// other missing, unexpected or mis-shaped tensor is an error listing them (load_state_dict).
-void load_weights(torch::nn::Module& model, const std::string& path) {
-  models::NamedTensors file = models::load_safetensors(path);
-  const models::NamedTensors own = models::state_dict(model);
-  auto own_of = [&](const std::string& k) -> const at::Tensor* {
-    for (const auto& [name, t] : own)
-      if (name == k) return &t;
-    return nullptr;
-  };
-  const at::Tensor* fc = own_of("fc.weight");
-  bool head_replaced = false;
-  for (auto& [name, t] : file)
-    if (fc && (name == "fc.weight" || name == "fc.bias") && own_of(name) &&
-        t.sizes() != own_of(name)->sizes()) {
-      t = own_of(name)->detach().cpu();
-      head_replaced = true;
-    }
-  if (head_replaced)
-    std::cerr << "weights " << path << ": its fc has another class count; the head starts fresh ("
-              << fc->size(0) << " classes)\n";
-  try {
-    models::load_state_dict(model, file, /*strict=*/true);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument("weights " + path + " do not fit the model: " + e.what());
-  }
-}
-
 Metrics accuracy_metrics(int64_t correct, double loss_sum, int64_t n) {
   return {{"accuracy", n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0},
           {"val_loss", n > 0 ? loss_sum / static_cast<double>(n) : 0}};
@@ -116,6 +50,12 @@ Metrics accuracy_metrics(int64_t correct, double loss_sum, int64_t n) {
 
 bool is_idx_folder(const std::string& dir) {
   return !idx_file(dir, "train-images-idx3-ubyte").empty();
+}
+
+bool is_pairs_folder(const std::string& dir) {
+  struct stat a{}, b{};
+  return ::stat((dir + "/images").c_str(), &a) == 0 && S_ISDIR(a.st_mode) &&
+         ::stat((dir + "/masks").c_str(), &b) == 0 && S_ISDIR(b.st_mode);
 }
 
 TrainJob make_classifier(const ClassifierOptions& o) {
@@ -130,6 +70,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
   TANDEM_CHECK_ARG(o.optimizer == "sgd" || o.optimizer == "adamw", "optimizer '", o.optimizer,
                    "' is not valid: expected sgd or adamw");
   TANDEM_CHECK_ARG(o.subset >= 0 && o.val_subset >= 0, "subset sizes must be >= 0");
+  if (is_pairs_folder(o.data)) return make_segmenter(o);
   const bool idx = is_idx_folder(o.data);
   const std::string model_name =
       o.model == "auto" ? (idx ? "small_cnn" : "resnet18") : o.model;
@@ -145,14 +86,10 @@ TrainJob make_classifier(const ClassifierOptions& o) {
   const Precision precision = o.precision;
 
   TrainJob job;
-  job.config = {{"model", model_name},       {"data", o.data},
-                {"val", o.val},              {"val_split", o.val_split},
-                {"subset", o.subset},        {"val_subset", o.val_subset},
-                {"optimizer", o.optimizer},  {"lr", lr},
-                {"momentum", o.momentum},    {"weight_decay", wd},
-                {"precision", to_string(precision)},
-                {"freeze_backbone", o.freeze_backbone}, {"weights", o.weights},
-                {"channels_last", o.channels_last && !idx}};
+  job.config = common_config(o, model_name, lr, wd);
+  job.config.update({{"freeze_backbone", o.freeze_backbone},
+                     {"channels_last", o.channels_last && !idx}});
+  if (!idx) job.config["image_size"] = o.image_size;
   torch::manual_seed(o.seed);
   Workload& w = job.workload;
   w.device = device;
@@ -255,16 +192,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
                        " has other class folders than --data ", o.data);
       val_data = v;
     } else if (o.val_split > 0) {
-      // Every k-th sample held out (k = 1 / split): each class is split alike.
-      const int64_t n = folder->size();
-      const int64_t held = std::max<int64_t>(1, static_cast<int64_t>(o.val_split * n));
-      std::vector<int64_t> val_idx = spread(n, held), train_idx;
-      std::vector<bool> is_val(static_cast<size_t>(n), false);
-      for (int64_t i : val_idx) is_val[static_cast<size_t>(i)] = true;
-      for (int64_t i = 0; i < n; ++i)
-        if (!is_val[static_cast<size_t>(i)]) train_idx.push_back(i);
-      train_data = std::make_shared<SubsetDataset>(folder, train_idx);
-      val_data = std::make_shared<SubsetDataset>(folder, val_idx);
+      std::tie(train_data, val_data) = split_every_kth(folder, o.val_split);
     }
     train_data = take(train_data, o.subset);
     if (val_data) val_data = take(val_data, o.val_subset);
@@ -325,12 +253,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
                       nhwc](const Lane& lane) {
         at::NoGradGuard no_grad;
         n->eval();
-        LoaderOptions lo;
-        lo.batch_size = bs;
-        lo.workers = workers;
-        lo.depth = ring_slots_for(workers);
-        lo.drop_last = false;
-        Loader loader(val_data, lo);
+        Loader loader(val_data, eval_loader_options(bs, workers));
         at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
         at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         int64_t seen = 0;

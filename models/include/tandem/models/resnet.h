@@ -75,6 +75,9 @@ class ResNetImpl : public torch::nn::Module {
   /// The pooled features fc reads: (B, 3, H, W) -> (B, feature_dim()). Same lane and
   /// capture-safety as forward.
   torch::Tensor features(const torch::Tensor& x);
+  /// layer4's output before the pool, (B, 3, H, W) -> (B, feature_dim(), ~H/32, ~W/32): what a
+  /// segmentation head reads (fcn.h).
+  torch::Tensor feature_map(const torch::Tensor& x);
   /// 512 for BasicBlock nets (18/34), 2048 for Bottleneck ones (50): fc's in_features.
   int64_t feature_dim() const { return feature_dim_; }
 

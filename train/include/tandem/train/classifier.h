@@ -1,6 +1,7 @@
-// Image classification jobs for the Trainer, from a folder on disk: Fashion-MNIST-style IDX
-// files with the small CNN, or an ImageFolder with torchvision's ResNets (optionally a frozen
-// backbone on its own lane and a trained head). What `tandem train` runs.
+// Image classification and segmentation jobs for the Trainer, from a folder on disk:
+// Fashion-MNIST-style IDX files with the small CNN, an ImageFolder with torchvision's ResNets
+// (optionally a frozen backbone on its own lane and a trained head), or image + mask pairs with
+// an FCN head over a ResNet (segmenter.cpp). What `tandem train` runs.
 //
 //   ClassifierOptions c;
 //   c.data = "/usr/share/datasets/fashion-mnist";       // IDX: the small CNN, test set = t10k
@@ -22,7 +23,8 @@ using tandem::Precision;  // autocast.h: kFp32, kBf16
 
 struct ClassifierOptions {
   /// An IDX folder (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], and for
-  /// evaluation t10k-*) or an ImageFolder (one subfolder of JPEG/PNG files per class).
+  /// evaluation t10k-*), an ImageFolder (one subfolder of JPEG/PNG files per class), or a
+  /// segmentation folder (images/ and masks/: PNG masks of class ids, matched by stem).
   std::string data;
   /// A held-out ImageFolder; empty: an IDX folder's t10k files, or val_split of the training
   /// folder, or no evaluation.
@@ -30,8 +32,11 @@ struct ClassifierOptions {
   double val_split = 0;  ///< ImageFolder: this fraction of the samples (every k-th) held out
   int64_t subset = 0;      ///< train on this many samples spread over the set; 0: all
   int64_t val_subset = 0;  ///< evaluate on this many; 0: all
-  /// small_cnn, resnet18, resnet34, resnet50; "auto": small_cnn for IDX, resnet18 otherwise.
+  /// small_cnn, resnet18, resnet34, resnet50, fcn_resnet18/34/50; "auto": small_cnn for IDX,
+  /// fcn_resnet18 for image + mask pairs, resnet18 for an ImageFolder.
   std::string model = "auto";
+  int64_t classes = 0;          ///< segmentation: the class count (required)
+  int64_t ignore_index = 255;   ///< segmentation: the mask id no loss or metric counts
   std::string weights;  ///< safetensors to start from (torchvision's names); empty: random init
   bool freeze_backbone = false;  ///< ResNets: train fc only, the backbone frozen on its own lane
   std::string optimizer = "adamw";  ///< sgd | adamw
@@ -57,5 +62,13 @@ TrainJob make_classifier(const ClassifierOptions& options);
 
 /// Whether `dir` holds IDX training files (train-images-idx3-ubyte[.gz]).
 bool is_idx_folder(const std::string& dir);
+/// Whether `dir` has images/ and masks/ subfolders (a segmentation set).
+bool is_pairs_folder(const std::string& dir);
+
+/// The segmentation job make_classifier builds for a pairs folder: Resize + CenterCrop of
+/// image and mask in the loader, normalization on the augment lane, an FCN over a ResNet,
+/// cross-entropy over the pixels that are not ignore_index; evaluation: mIoU, pixel accuracy
+/// and loss on --val / --val-split.
+TrainJob make_segmenter(const ClassifierOptions& options);
 
 }  // namespace tandem::train

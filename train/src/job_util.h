@@ -1,0 +1,129 @@
+// Helpers the train jobs share (classifier.cpp, segmenter.cpp): subsets and splits of a
+// dataset, the trainable tensors of a model, and weights loaded by name.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <iostream>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "tandem/error.h"
+#include "tandem/loader.h"
+#include "tandem/models/safetensors.h"
+#include "tandem/train/classifier.h"
+
+namespace tandem::train::detail {
+
+// Samples `indices` of another dataset (a subset, or one side of a split).
+class SubsetDataset : public Dataset {
+ public:
+  SubsetDataset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices)
+      : base_(std::move(base)), indices_(std::move(indices)) {}
+  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
+  std::vector<FieldSpec> fields() const override { return base_->fields(); }
+  void get(int64_t index, const std::vector<at::Tensor>& out) const override {
+    base_->get(indices_.at(static_cast<size_t>(index)), out);
+  }
+  void get_sample(int64_t index, std::vector<at::Tensor>& out) const override {
+    base_->get_sample(indices_.at(static_cast<size_t>(index)), out);
+  }
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  std::vector<int64_t> indices_;
+};
+
+// n indices spread evenly over [0, size): every class of a class-ordered folder is drawn from.
+inline std::vector<int64_t> spread(int64_t size, int64_t n) {
+  std::vector<int64_t> out;
+  n = std::min(n, size);
+  for (int64_t i = 0; i < n; ++i) out.push_back(i * size / n);
+  return out;
+}
+
+inline std::shared_ptr<const Dataset> take(std::shared_ptr<const Dataset> d, int64_t n) {
+  if (n <= 0 || n >= d->size()) return d;
+  return std::make_shared<SubsetDataset>(d, spread(d->size(), n));
+}
+
+// The model's trainable tensors, for the optimizer.
+inline std::vector<at::Tensor> trainable(const torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+// Loads `path` into `model` by name. A classifier `fc` of another class count (torchvision's
+// ImageNet weights on a 10-class folder) keeps the model's own fresh head, said on stderr; any
+// other missing, unexpected or mis-shaped tensor is an error listing them (load_state_dict).
+inline void load_weights(torch::nn::Module& model, const std::string& path) {
+  models::NamedTensors file = models::load_safetensors(path);
+  const models::NamedTensors own = models::state_dict(model);
+  auto own_of = [&](const std::string& k) -> const at::Tensor* {
+    for (const auto& [name, t] : own)
+      if (name == k) return &t;
+    return nullptr;
+  };
+  const at::Tensor* fc = own_of("fc.weight");
+  bool head_replaced = false;
+  for (auto& [name, t] : file)
+    if (fc && (name == "fc.weight" || name == "fc.bias") && own_of(name) &&
+        t.sizes() != own_of(name)->sizes()) {
+      t = own_of(name)->detach().cpu();
+      head_replaced = true;
+    }
+  if (head_replaced)
+    std::cerr << "weights " << path << ": its fc has another class count; the head starts fresh ("
+              << fc->size(0) << " classes)\n";
+  try {
+    models::load_state_dict(model, file, /*strict=*/true);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("weights " + path + " do not fit the model: " + e.what());
+  }
+}
+
+/// What every job's resume must match (Trainer refuses a checkpoint of another config); the job
+/// adds its own keys.
+inline nlohmann::json common_config(const ClassifierOptions& o, const std::string& model,
+                                    double lr, double weight_decay) {
+  return {{"model", model},           {"data", o.data},
+          {"val", o.val},             {"val_split", o.val_split},
+          {"subset", o.subset},       {"val_subset", o.val_subset},
+          {"optimizer", o.optimizer}, {"lr", lr},
+          {"momentum", o.momentum},   {"weight_decay", weight_decay},
+          {"precision", to_string(o.precision)}, {"weights", o.weights}};
+}
+
+/// Loader settings for an evaluation pass: every sample once, in order, the short last batch
+/// included.
+inline LoaderOptions eval_loader_options(int64_t batch_size, int workers) {
+  LoaderOptions lo;
+  lo.batch_size = batch_size;
+  lo.workers = workers;
+  lo.depth = ring_slots_for(workers);
+  lo.drop_last = false;
+  return lo;
+}
+
+/// The training and held-out sides of `d`: every k-th sample (k = 1 / fraction, at least one)
+/// held out, so a class-ordered folder is split alike in every class.
+inline std::pair<std::shared_ptr<const Dataset>, std::shared_ptr<const Dataset>> split_every_kth(
+    std::shared_ptr<const Dataset> d, double fraction) {
+  const int64_t n = d->size();
+  const int64_t held = std::max<int64_t>(1, static_cast<int64_t>(fraction * n));
+  std::vector<int64_t> val_idx = spread(n, held), train_idx;
+  std::vector<bool> is_val(static_cast<size_t>(n), false);
+  for (int64_t i : val_idx) is_val[static_cast<size_t>(i)] = true;
+  for (int64_t i = 0; i < n; ++i)
+    if (!is_val[static_cast<size_t>(i)]) train_idx.push_back(i);
+  return {std::make_shared<SubsetDataset>(d, train_idx),
+          std::make_shared<SubsetDataset>(d, val_idx)};
+}
+
+}  // namespace tandem::train::detail

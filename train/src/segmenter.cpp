@@ -1,0 +1,169 @@
+// make_segmenter: semantic segmentation from image + mask pairs, as a TrainJob (classifier.h):
+// an FCN head over a ResNet, pixel cross-entropy that skips ignore_index, mIoU evaluation.
+#include <ATen/ATen.h>
+#include <sys/stat.h>
+#include <torch/utils.h>
+
+#include "job_util.h"
+#include "tandem/autocast.h"
+#include "tandem/batch.h"
+#include "tandem/data/image_mask_pairs.h"
+#include "tandem/error.h"
+#include "tandem/models/fcn.h"
+#include "tandem/train/classifier.h"
+
+namespace tandem::train {
+
+using namespace detail;  // job_util.h
+
+namespace {
+
+// ImageNet's channel statistics, as torchvision's segmentation references normalize.
+constexpr double kMean[3] = {0.485, 0.456, 0.406}, kStd[3] = {0.229, 0.224, 0.225};
+
+// (B, 3, S, S) uint8 -> normalized float on the current stream.
+at::Tensor normalize(const at::Tensor& image, bool channels_last) {
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(image.device());
+  const at::Tensor mean = at::tensor({kMean[0], kMean[1], kMean[2]}, at::kDouble)
+                              .to(opts)
+                              .view({1, 3, 1, 1}) * 255;
+  const at::Tensor std = at::tensor({kStd[0], kStd[1], kStd[2]}, at::kDouble)
+                             .to(opts)
+                             .view({1, 3, 1, 1}) * 255;
+  at::Tensor x = (image.to(at::kFloat) - mean) / std;
+  return channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+}
+
+// Mean pixel cross-entropy over the pixels whose id is not `ignore`: per-pixel losses, then a
+// sum over a count (deterministic on CUDA, unlike the fused mean of nll_loss2d).
+at::Tensor pixel_cross_entropy(const at::Tensor& logits, const at::Tensor& mask, int64_t ignore) {
+  const at::Tensor per_pixel =
+      at::cross_entropy_loss(logits, mask, {}, at::Reduction::None, ignore);
+  const at::Tensor valid = mask.ne(ignore).sum().clamp_min(1).to(at::kFloat);
+  return per_pixel.sum() / valid;
+}
+
+}  // namespace
+
+TrainJob make_segmenter(const ClassifierOptions& o) {
+  TANDEM_CHECK_ARG(o.classes >= 1, "segmentation data ", o.data,
+                   ": give the class count, --classes N (mask ids 0 .. N-1; --ignore-index ",
+                   o.ignore_index, " is skipped)");
+  const std::string model_name = o.model == "auto" ? "fcn_resnet18" : o.model;
+  TANDEM_CHECK_ARG(model_name.rfind("fcn_", 0) == 0, "model '", model_name, "' classifies: ",
+                   o.data, " holds image + mask pairs, expected fcn_resnet18, fcn_resnet34 or "
+                   "fcn_resnet50");
+  TANDEM_CHECK_ARG(!o.freeze_backbone, "--freeze backbone is for the classifiers");
+  const bool adamw = o.optimizer == "adamw";
+  const double lr = o.lr >= 0 ? o.lr : (adamw ? 1e-3 : 0.01);
+  const double wd = o.weight_decay >= 0 ? o.weight_decay : (adamw ? 1e-2 : 1e-4);
+  const c10::Device device = o.device;
+  const Precision precision = o.precision;
+  const bool nhwc = o.channels_last;
+  const int64_t ignore = o.ignore_index;
+
+  data::ImageMaskPairsOptions po;
+  po.image_size = o.image_size;
+  po.classes = o.classes;
+  po.ignore_index = ignore;
+  auto pairs = std::make_shared<data::ImageMaskPairs>(o.data, po);
+  std::shared_ptr<const Dataset> train_data = pairs, val_data;
+  if (!o.val.empty()) {
+    TANDEM_CHECK_ARG(is_pairs_folder(o.val), "--val ", o.val,
+                     " is not a segmentation folder: expected images/ and masks/ in it");
+    val_data = std::make_shared<data::ImageMaskPairs>(o.val, po);
+  } else if (o.val_split > 0) {
+    std::tie(train_data, val_data) = split_every_kth(pairs, o.val_split);
+  }
+  train_data = take(train_data, o.subset);
+  if (val_data) val_data = take(val_data, o.val_subset);
+
+  TrainJob job;
+  job.config = common_config(o, model_name, lr, wd);
+  job.config.update({{"classes", o.classes},
+                     {"ignore_index", ignore},
+                     {"image_size", o.image_size},
+                     {"channels_last", nhwc}});
+  torch::manual_seed(o.seed);
+  models::FcnOptions fo;
+  fo.backbone = model_name.substr(4);
+  fo.num_classes = o.classes;
+  auto net = models::FcnResNet(fo);
+  // A classification checkpoint of the ResNet (torchvision's names) starts the backbone.
+  if (!o.weights.empty()) load_weights(*net->backbone, o.weights);
+  for (auto& p : net->backbone->fc->parameters()) p.set_requires_grad(false);  // unused
+  net->to(device);
+  if (nhwc) models::to_channels_last(*net);
+  net->train();
+  job.name = model_name + " on " + o.data;
+  job.model = net.ptr();
+
+  Workload& w = job.workload;
+  w.name = model_name;
+  w.device = device;
+  w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
+  w.feeds.push_back({"normalize",
+                     "augment",
+                     {"image"},
+                     {"x"},
+                     [nhwc](const Tensors& in) { return Tensors{normalize(in[0], nhwc)}; },
+                     "uint8 -> normalized float",
+                     {}});
+  auto n = net.ptr();
+  w.train.inputs = {"x", "mask"};
+  w.train.loss = [n, device, precision, ignore](const Tensors& in) {
+    AutocastScope autocast(device, precision);
+    return pixel_cross_entropy(n->forward(in[0]).to(at::kFloat), in[1], ignore);
+  };
+  w.train.what = model_name + ", pixel cross-entropy";
+  auto params = trainable(*net);
+  if (adamw)
+    w.train.optimizer = std::make_shared<optim::Adam>(params, optim::AdamOptions::adamw(lr, wd));
+  else
+    w.train.optimizer =
+        std::make_shared<optim::Sgd>(params, optim::SgdOptions{lr, o.momentum, 0, false, wd});
+
+  if (val_data) {
+    const int64_t K = o.classes, bs = o.batch_size;
+    const int workers = o.workers;
+    job.evaluate = [n, val_data, K, bs, workers, device, precision, ignore,
+                    nhwc](const Lane& lane) {
+      at::NoGradGuard no_grad;
+      n->eval();
+      Loader loader(val_data, eval_loader_options(bs, workers));
+      // confusion[label * K + prediction], over the pixels that are not ignored
+      at::Tensor confusion = at::zeros({K * K}, at::TensorOptions().dtype(at::kLong).device(device));
+      at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+      at::Tensor pixels = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
+      for (int64_t b = 0; b < loader.num_batches(); ++b) {
+        Batch batch;
+        load_next_batch(loader, batch, lane);
+        const at::Tensor mask = batch.get("mask");
+        AutocastScope autocast(device, precision);
+        const at::Tensor logits = n->forward(normalize(batch.get("image"), nhwc)).to(at::kFloat);
+        const at::Tensor valid = mask.ne(ignore);
+        const at::Tensor pred = logits.argmax(1);
+        confusion += at::bincount((mask.masked_select(valid) * K + pred.masked_select(valid)),
+                                  {}, K * K);
+        loss += at::cross_entropy_loss(logits, mask, {}, at::Reduction::Sum, ignore)
+                    .to(at::kDouble);
+        pixels += valid.sum();
+      }
+      n->train();
+      const at::Tensor cm = confusion.view({K, K}).to(at::kCPU).to(at::kDouble);
+      const at::Tensor tp = cm.diag(), unions = cm.sum(0) + cm.sum(1) - tp;
+      const at::Tensor present = unions.gt(0);
+      const double miou =
+          present.any().item<bool>() ? (tp / unions.clamp_min(1)).masked_select(present).mean()
+                                           .item<double>()
+                                     : 0;
+      const int64_t count = pixels.item<int64_t>();
+      return Metrics{{"miou", miou},
+                     {"pixel_accuracy", count > 0 ? tp.sum().item<double>() / count : 0},
+                     {"val_loss", count > 0 ? loss.item<double>() / count : 0}};
+    };
+  }
+  return job;
+}
+
+}  // namespace tandem::train
