@@ -416,6 +416,37 @@ TEST(SegmenterTest, LearnsTheHalvesAndReportsMiou) {
   EXPECT_TRUE(head && backbone);
 }
 
+// On the GPU the normalize stage and the train step are captured (pipelined+graphed): nothing
+// in them may copy from the host (the first version built its mean/std on the CPU each call and
+// failed to capture on the H200).
+TEST(SegmenterGpuTest, CapturesItsStagesAndTrains) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TempDir tmp;
+  ClassifierOptions c;
+  c.data = write_pairs(tmp, 32);
+  c.classes = 2;
+  c.image_size = 64;
+  c.val_split = 0.25;
+  c.batch_size = 8;
+  c.device = c10::Device(c10::kCUDA, 0);
+  c.channels_last = true;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    c.precision = p;
+    TrainOptions o = options(tmp.path() + "/run-" + to_string(p), Mode::kPipelinedGraphed, 3);
+    o.batch_size = 8;
+    o.schedule = optim::constant_lr(1e-3);
+    const TrainResult r = Trainer(make_classifier(c), o).run();
+    for (float l : r.losses) EXPECT_TRUE(std::isfinite(l)) << to_string(p);
+    bool normalize = false, train = false;
+    for (const auto& note : r.notes) {
+      normalize = normalize || note.rfind("captured: normalize", 0) == 0;
+      train = train || note.rfind("captured: train", 0) == 0;
+    }
+    EXPECT_TRUE(normalize && train) << to_string(p);
+    EXPECT_GT(r.epochs.back().metrics.at("pixel_accuracy"), 0.8) << to_string(p);
+  }
+}
+
 TEST(SegmenterTest, NeedsTheClassCount) {
   TempDir tmp;
   ClassifierOptions c;

@@ -21,15 +21,11 @@ namespace {
 // ImageNet's channel statistics, as torchvision's segmentation references normalize.
 constexpr double kMean[3] = {0.485, 0.456, 0.406}, kStd[3] = {0.229, 0.224, 0.225};
 
-// (B, 3, S, S) uint8 -> normalized float on the current stream.
-at::Tensor normalize(const at::Tensor& image, bool channels_last) {
-  const auto opts = at::TensorOptions().dtype(at::kFloat).device(image.device());
-  const at::Tensor mean = at::tensor({kMean[0], kMean[1], kMean[2]}, at::kDouble)
-                              .to(opts)
-                              .view({1, 3, 1, 1}) * 255;
-  const at::Tensor std = at::tensor({kStd[0], kStd[1], kStd[2]}, at::kDouble)
-                             .to(opts)
-                             .view({1, 3, 1, 1}) * 255;
+// (B, 3, S, S) uint8 -> normalized float on the current stream. `mean` and `std` are
+// (1, 3, 1, 1) float on the image's device, in 0..255 units, made once: a graph captures this
+// stage, and a host-to-device copy of the constants would not be capturable.
+at::Tensor normalize(const at::Tensor& image, const at::Tensor& mean, const at::Tensor& std,
+                     bool channels_last) {
   at::Tensor x = (image.to(at::kFloat) - mean) / std;
   return channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
 }
@@ -98,6 +94,11 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
   job.name = model_name + " on " + o.data;
   job.model = net.ptr();
 
+  const auto on_device = at::TensorOptions().dtype(at::kFloat).device(device);
+  const at::Tensor mean = at::tensor({kMean[0], kMean[1], kMean[2]}, at::kDouble)
+                             .mul(255).to(on_device).view({1, 3, 1, 1});
+  const at::Tensor std = at::tensor({kStd[0], kStd[1], kStd[2]}, at::kDouble)
+                            .mul(255).to(on_device).view({1, 3, 1, 1});
   Workload& w = job.workload;
   w.name = model_name;
   w.device = device;
@@ -106,7 +107,9 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
                      "augment",
                      {"image"},
                      {"x"},
-                     [nhwc](const Tensors& in) { return Tensors{normalize(in[0], nhwc)}; },
+                     [mean, std, nhwc](const Tensors& in) {
+                       return Tensors{normalize(in[0], mean, std, nhwc)};
+                     },
                      "uint8 -> normalized float",
                      {}});
   auto n = net.ptr();
@@ -126,7 +129,7 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
   if (val_data) {
     const int64_t K = o.classes, bs = o.batch_size;
     const int workers = o.workers;
-    job.evaluate = [n, val_data, K, bs, workers, device, precision, ignore,
+    job.evaluate = [n, val_data, K, bs, workers, device, precision, ignore, mean, std,
                     nhwc](const Lane& lane) {
       at::NoGradGuard no_grad;
       n->eval();
@@ -140,7 +143,8 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
         load_next_batch(loader, batch, lane);
         const at::Tensor mask = batch.get("mask");
         AutocastScope autocast(device, precision);
-        const at::Tensor logits = n->forward(normalize(batch.get("image"), nhwc)).to(at::kFloat);
+        const at::Tensor x = normalize(batch.get("image"), mean, std, nhwc);
+        const at::Tensor logits = n->forward(x).to(at::kFloat);
         const at::Tensor valid = mask.ne(ignore);
         const at::Tensor pred = logits.argmax(1);
         confusion += at::bincount((mask.masked_select(valid) * K + pred.masked_select(valid)),
