@@ -53,6 +53,9 @@ if "$tandem" --help | grep -q "^  train"; then  # built with the train layer
   expect_fail 2 "--resume: no checkpoint in" -- train --data "$idx" --out "$tmp/empty" --resume --device cpu
   expect_fail 2 "model resnet18 takes 3-channel images" -- train --data "$idx" --model resnet18 --out "$tmp/run0" --device cpu
   expect_fail 2 "--precision" -- train --data "$idx" --out "$tmp/run0" --precision fp8
+  mkdir -p "$tmp/seg/images" "$tmp/seg/masks"
+  expect_fail 2 "give the class count, --classes N" -- train --data "$tmp/seg" --out "$tmp/run0" --device cpu
+  expect_fail 2 "model 'small_cnn' classifies" -- train --data "$tmp/seg" --classes 2 --model small_cnn --out "$tmp/run0" --device cpu
   expect_fail 2 "the training set's 256 samples make no batch of 1000" -- train --data "$idx" --out "$tmp/run0" --batch-size 1000 --device cpu
   # Ctrl-C: the step finishes, a checkpoint is written, exit 130 with how to resume; --resume
   # then finishes the run.

@@ -375,7 +375,8 @@ std::string write_pairs(const TempDir& tmp, int n) {
         const bool right = x >= 32;
         const int cls = (i % 2 == 0) == right ? 1 : 0;
         for (int c = 0; c < 3; ++c)
-          p[(c * 64 + y) * 64 + x] = static_cast<uint8_t>((cls ? 170 : 30) + (x * 7 + y * 3 + c * 11 + i) % 50);
+          p[(c * 64 + y) * 64 + x] =
+              static_cast<uint8_t>((cls ? 170 : 30) + (x * 7 + y * 3 + c * 11 + i) % 50);
         m[y * 64 + x] = static_cast<uint8_t>(y == 0 ? 255 : cls);
       }
     const std::string stem = "s" + std::to_string(i);

@@ -105,7 +105,7 @@ CLI::App* TrainCommand::add(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   c->add_option("--workers", workers, "loader threads [default: cores - 1 on a GPU, 2 on the CPU]");
-  c->add_option("--image-size", job.image_size,
+  image_size_opt = c->add_option("--image-size", job.image_size,
                 "ImageFolder and segmentation: the square the model sees [default: 224; "
                 "segmentation on the CPU 128]");
   c->add_option("--subset", job.subset, "train on this many samples (spread over the set)");
@@ -143,11 +143,11 @@ int TrainCommand::run(const std::string& command_line) {
   const bool seg = train::is_pairs_folder(job.data);
   if (batch_size <= 0)
     batch_size = cnn ? 128 : seg ? (dev.is_cuda() ? 32 : 4) : (dev.is_cuda() ? 256 : 16);
-  if (seg && job.image_size == 224 && !dev.is_cuda()) job.image_size = 128;  // a laptop finishes
-  if (workers <= 0)
-    workers = dev.is_cuda()
-                  ? std::max(1, std::min(15, static_cast<int>(std::thread::hardware_concurrency()) - 1))
-                  : 2;
+  if (seg && !dev.is_cuda() && !image_size_opt->count()) job.image_size = 128;  // CPU: finishes
+  if (workers <= 0) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    workers = dev.is_cuda() ? std::max(1, std::min(15, cores - 1)) : 2;
+  }
   job.batch_size = batch_size;
   job.workers = workers;
   job.channels_last = channels_last_opt && channels_last_opt->count() ? channels_last
@@ -180,10 +180,10 @@ int TrainCommand::run(const std::string& command_line) {
   optim::LrSchedule after;
   if (schedule == "cosine")
     after = optim::cosine(lr, total - warm);
-  else if (schedule == "step")
-    after = optim::step_decay(lr, std::max<int64_t>(1, (step_epochs > 0 ? step_epochs
-                                                                        : std::max<int64_t>(1, epochs / 3)) * spe),
-                              gamma);
+  else if (schedule == "step") {
+    const int64_t every = step_epochs > 0 ? step_epochs : std::max<int64_t>(1, epochs / 3);
+    after = optim::step_decay(lr, std::max<int64_t>(1, every * spe), gamma);
+  }
   else
     after = optim::constant_lr(lr);
   tj.config["schedule"] = schedule;
@@ -218,7 +218,8 @@ int TrainCommand::run(const std::string& command_line) {
                                  p.images_per_s
                            : NAN;
     const int width = 24;
-    const int filled = static_cast<int>(width * p.step_in_epoch / std::max<int64_t>(1, p.steps_per_epoch));
+    const int filled =
+        static_cast<int>(width * p.step_in_epoch / std::max<int64_t>(1, p.steps_per_epoch));
     std::string bar(static_cast<size_t>(filled), '#');
     bar += std::string(static_cast<size_t>(width - filled), '.');
     std::fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] step %lld/%lld  loss %.4f  %.0f img/s  "

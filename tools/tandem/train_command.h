@@ -34,6 +34,7 @@ struct TrainCommand {
   bool tf32 = true;
   bool channels_last = false;
   CLI::Option* channels_last_opt = nullptr;  // not given: on for ResNets on a GPU
+  CLI::Option* image_size_opt = nullptr;     // not given: 224, segmentation on the CPU 128
   std::string json;            // summary JSON file
   bool quiet = false;
 

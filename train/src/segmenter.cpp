@@ -135,7 +135,8 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
       n->eval();
       Loader loader(val_data, eval_loader_options(bs, workers));
       // confusion[label * K + prediction], over the pixels that are not ignored
-      at::Tensor confusion = at::zeros({K * K}, at::TensorOptions().dtype(at::kLong).device(device));
+      const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+      at::Tensor confusion = at::zeros({K * K}, longs);
       at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
       at::Tensor pixels = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
       for (int64_t b = 0; b < loader.num_batches(); ++b) {
