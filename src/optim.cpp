@@ -242,10 +242,6 @@ LrSchedule linear_warmup(int64_t warmup_steps, LrSchedule after) {
   };
 }
 
-}  // namespace tandem::optim
-
-namespace tandem::optim {
-
 void Optimizer::set_lr(double) {
   TANDEM_CHECK_ARG(false, name(), " takes no learning-rate schedule: expected tandem::optim::Sgd, "
                    "Adam or AdamW");

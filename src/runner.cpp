@@ -347,8 +347,7 @@ Pipeline& Runner::prepare(int64_t num_steps) {
         // A run from a later global step (o.first_step) starts that many batches in.
         const int64_t n = impl->run_dataset->size();
         const DistributedSampler sampler(n, 1, 0, source->shuffle(), o.seed);
-        const int64_t batches = source->drop_last() ? n / o.batch_size
-                                                    : (n + o.batch_size - 1) / o.batch_size;
+        const int64_t batches = source->batches_per_epoch(o.batch_size);
         const int64_t skip_batches = batches > 0 ? o.first_step % batches : 0;
         const bool first_loader = !impl->loader;
         if (first_loader && batches > 0) impl->epoch = o.first_step / batches;
@@ -509,13 +508,6 @@ std::vector<SkippedSample> Runner::skipped() const {
     out.insert(out.end(), current.begin(), current.end());
   }
   return out;
-}
-
-int64_t Runner::steps_per_epoch() const {
-  const DataSource& data = workload_.data;
-  if (data.kind() != DataSource::Kind::kDataset) return 0;
-  const int64_t n = data.dataset()->size(), b = options_.batch_size;
-  return data.drop_last() ? n / b : (n + b - 1) / b;
 }
 
 std::vector<at::Generator> Runner::generators() const {

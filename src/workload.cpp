@@ -132,6 +132,12 @@ std::string param_or_default(const std::map<std::string, std::string>& params,
   throw InvalidArgument("parameter '" + key + "' is not declared");
 }
 
+int64_t DataSource::batches_per_epoch(int64_t batch_size) const {
+  if (kind_ != Kind::kDataset || batch_size <= 0) return 0;
+  const int64_t n = dataset_->size();
+  return drop_last_ ? n / batch_size : (n + batch_size - 1) / batch_size;
+}
+
 at::Tensor deterministic_cross_entropy(const at::Tensor& logits, const at::Tensor& labels) {
   return at::cross_entropy_loss(logits, labels, {}, at::Reduction::None).mean();
 }

@@ -51,8 +51,8 @@ struct RunOptions {
   /// If set: the loader's fills and waits, and (Pipeline::set_trace) the stages' intervals.
   Trace* trace = nullptr;
   /// Dataset sources: the global step the run's first step is (a resumed run). The loader
-  /// starts where a run from step 0 would be at that step: epoch first_step / steps_per_epoch()
-  /// of the shuffled order, that many batches into it. Losses and items still count from 0.
+  /// starts where a run from step 0 would be at that step: epoch first_step /
+  /// DataSource::batches_per_epoch() of the shuffled order, that many batches into it. Losses and items still count from 0.
   int64_t first_step = 0;
   /// Keep, for each of the last steps, the state of every generator the workload's stages
   /// register (FeedStage/TrainStage::generators) as it was just before that step's draws:
@@ -92,9 +92,6 @@ class Runner {
   /// eagerly and why.
   std::vector<std::string> notes() const;
 
-  /// Full batches an epoch of the dataset source has (drop_last), or all its batches (the
-  /// short one included) otherwise; 0 for other sources.
-  int64_t steps_per_epoch() const;
   /// The workload's registered generators, feeds' first then the train stage's, in order.
   std::vector<at::Generator> generators() const;
   /// With RunOptions::record_generator_states: the state (at::Generator::get_state) of each of

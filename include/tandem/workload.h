@@ -105,6 +105,9 @@ class DataSource {
   std::vector<std::string> field_names() const;
   /// Bytes of one host sample (0 for resident data): what the loader's ring holds per sample.
   int64_t host_sample_bytes() const;
+  /// Steps an epoch of a dataset source takes at `batch_size`: its full batches (drop_last),
+  /// or all of them, the short one included; 0 for the other sources.
+  int64_t batches_per_epoch(int64_t batch_size) const;
 
   const std::shared_ptr<const Dataset>& dataset() const { return dataset_; }
   const DatasetFactory& factory() const { return factory_; }

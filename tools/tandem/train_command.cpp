@@ -41,6 +41,10 @@ std::string format_duration(double s) {
   return buf;
 }
 
+// Whether a metric is a fraction, printed as a percentage (accuracy, miou, pixel_accuracy), or
+// a loss, printed as it is.
+bool is_fraction(const std::string& metric) { return metric.find("loss") == std::string::npos; }
+
 }  // namespace
 
 CLI::App* TrainCommand::add(CLI::App& app) {
@@ -168,9 +172,10 @@ int TrainCommand::run(const std::string& command_line) {
   }
 
   train::TrainJob tj = train::make_classifier(job);
-  const int64_t n = tj.workload.data.dataset()->size();
-  const int64_t spe = n / batch_size;
-  TANDEM_CHECK_ARG(spe >= 1, "the training set's ", n, " samples make no batch of ", batch_size,
+  // The Trainer checks this too, but the schedule below needs the epoch's length first.
+  const int64_t spe = tj.workload.data.batches_per_epoch(batch_size);
+  TANDEM_CHECK_ARG(spe >= 1, "the training set's ", tj.workload.data.dataset()->size(),
+                   " samples make no batch of ", batch_size,
                    ": expected a smaller --batch-size");
   const int64_t total = epochs * spe;
   const double lr = tj.config["lr"].get<double>();
@@ -235,7 +240,7 @@ int TrainCommand::run(const std::string& command_line) {
     std::string metrics;
     for (const auto& [k, v] : r.metrics) {
       char buf[64];
-      const bool fraction = k.find("loss") == std::string::npos;  // accuracy, miou, ...
+      const bool fraction = is_fraction(k);
       std::snprintf(buf, sizeof buf, fraction ? "  %s %.2f%%" : "  %s %.4f", k.c_str(),
                     fraction ? 100 * v : v);
       metrics += buf;
@@ -284,7 +289,7 @@ int TrainCommand::run(const std::string& command_line) {
     for (const auto& k : metric_names) {
       if (!e.metrics.count(k))
         std::printf(" %14s", "-");
-      else if (k.find("loss") == std::string::npos)  // fractions: accuracy, miou, ...
+      else if (is_fraction(k))
         std::printf(" %13.2f%%", 100 * e.metrics.at(k));
       else
         std::printf(" %14.4f", e.metrics.at(k));
@@ -330,13 +335,7 @@ int TrainCommand::run(const std::string& command_line) {
     j["epochs"] = static_cast<int64_t>(r.epochs.size());
     j["stopped_by_signal"] = r.stopped_by_signal;
     nlohmann::json rows = nlohmann::json::array();
-    for (const auto& e : r.epochs) {
-      nlohmann::json row{{"epoch", e.epoch}, {"train_loss", e.train_loss},
-                         {"images_per_s", e.images_per_s}, {"lr", e.lr},
-                         {"train_seconds", e.train_seconds}, {"eval_seconds", e.eval_seconds}};
-      for (const auto& [k, v] : e.metrics) row[k] = v;
-      rows.push_back(row);
-    }
+    for (const auto& e : r.epochs) rows.push_back(train::to_json(e));  // metrics.jsonl's rows
     j["rows"] = rows;
     train::write_file_atomic(json, j.dump(2) + "\n");
     std::printf("wrote %s\n", json.c_str());

@@ -47,6 +47,8 @@ at::Generator default_generator(c10::Device device) {
   return at::detail::getDefaultCPUGenerator();
 }
 
+}  // namespace
+
 nlohmann::json to_json(const EpochRecord& r) {
   nlohmann::json j{{"epoch", r.epoch},
                    {"step", r.step},
@@ -59,6 +61,8 @@ nlohmann::json to_json(const EpochRecord& r) {
   for (const auto& [k, v] : r.metrics) j[k] = v;
   return j;
 }
+
+namespace {
 
 EpochRecord from_json(const nlohmann::json& j) {
   EpochRecord r;
@@ -134,9 +138,8 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
   TANDEM_CHECK_ARG(data.kind() == DataSource::Kind::kDataset && data.drop_last(),
                    "train job '", job_.name,
                    "': expected a dataset source with drop_last (DataSource::from_dataset)");
-  const int64_t n = data.dataset()->size();
-  steps_per_epoch_ = n / o.batch_size;
-  TANDEM_CHECK_ARG(steps_per_epoch_ >= 1, "the training set's ", n,
+  steps_per_epoch_ = data.batches_per_epoch(o.batch_size);
+  TANDEM_CHECK_ARG(steps_per_epoch_ >= 1, "the training set's ", data.dataset()->size(),
                    " samples make no full batch of ", o.batch_size,
                    ": expected a smaller --batch-size");
   job_.config["batch_size"] = o.batch_size;

@@ -97,6 +97,9 @@ struct EpochRecord {
   Metrics metrics;            ///< the evaluation's
 };
 
+/// The record as a line of metrics.jsonl: its fields by name, then each metric by its name.
+nlohmann::json to_json(const EpochRecord& record);
+
 struct TrainResult {
   std::vector<EpochRecord> epochs;  ///< this run's and, on a resume, the earlier ones'
   int64_t steps = 0;                ///< global steps done
