@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign data train
+#   redesign data train ddp
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -91,7 +91,9 @@ if has_phase test; then
   tail -5 "$LOG" | grep -E "tests passed|tests failed" || true
 elif has_phase gputest; then
   say "tests labelled gpu"
-  (cd "$BUILD" && ctest --output-on-failure -L gpu --timeout 180) >>"$LOG" 2>&1 || { status=1; say "TESTS FAILED"; }
+  # TANDEM_GPUTEST_REGEX: only the tests whose names match (ctest -R).
+  (cd "$BUILD" && ctest --output-on-failure -L gpu --timeout 180 \
+     ${TANDEM_GPUTEST_REGEX:+-R "$TANDEM_GPUTEST_REGEX"}) >>"$LOG" 2>&1 || { status=1; say "TESTS FAILED"; }
   grep -E "tests passed|tests failed|\(Failed\)" "$LOG" | tail -12 || true
 fi
 
@@ -542,6 +544,22 @@ if has_phase train; then
       --weights "$(ls -d "$RAW"/run-r18_full-fp32-* | head -1)/model.safetensors" \
       --arch resnet18 --num-classes 10 2>&1 | tee -a "$LOG" || status=1
   fi
+  if [[ " $train_jobs " == *" seg "* ]]; then
+    seg_dir=${TANDEM_SEG_DIR:-/tmp/tandem-segpairs}
+    if [ ! -d "$seg_dir/masks" ]; then
+      say "make_seg_pairs.py $seg_dir --count ${TANDEM_SEG_COUNT:-2000}"
+      python3 scripts/make_seg_pairs.py "$seg_dir" --count "${TANDEM_SEG_COUNT:-2000}" \
+        --classes 6 2>&1 | tail -4 | tee -a "$LOG"
+    fi
+    for prec in ${TANDEM_TRAIN_PRECISIONS:-fp32 bf16}; do
+      say "tandem train fcn_resnet18 (segmentation) $prec, ${TANDEM_SEG_EPOCHS:-8} epochs"
+      "$TANDEM" train --data "$seg_dir" --model fcn_resnet18 --classes 6 --ignore-index 255 \
+        --optimizer sgd --lr 0.02 --epochs "${TANDEM_SEG_EPOCHS:-8}" --batch-size 32 \
+        --precision "$prec" --val-split 0.1 --out "$RAW/run-seg-$prec" \
+        --json "$RAW/train-tandem-seg_fcn_r18-$prec-channels_last.json" 2>&1 | grep -v "^epoch [0-9]*/.*step" |
+        tail -16 | tee -a "$LOG" || status=1
+    done
+  fi
   python3 - "$OUT/train.json" "$RAW" <<'PY' 2>&1 | tee -a "$LOG"
 import glob, json, os, sys, datetime
 out, raw = sys.argv[1], sys.argv[2]
@@ -569,8 +587,12 @@ for p in sorted(glob.glob(f"{raw}/train-tandem-*.json")):
     layout = None if tag == "fmnist" else tag.split("-")[2]
     rows.append({"impl": "tandem", "job": job, "precision": d["precision"],
                  "batch_size": d["batch_size"], "images_per_s": d["images_per_s"],
-                 "resident_images_per_s": None if job == "fashion_mnist" else resident(tag),
-                 "accuracy": d["accuracy"], "epochs": d["epochs"], "layout": layout})
+                 "resident_images_per_s": None if job in ("fashion_mnist", "seg_fcn_r18")
+                                          else resident(tag),
+                 # tandem train's headline metric: mIoU for segmentation, else accuracy
+                 "accuracy": None if job == "seg_fcn_r18" else d.get("accuracy"),
+                 "miou": d.get("accuracy") if job == "seg_fcn_r18" else None,
+                 "epochs": d["epochs"], "layout": layout})
 for p in sorted(glob.glob(f"{raw}/train-python-*.json")):
     d = load(p)
     if not d:
@@ -583,6 +605,73 @@ json.dump({"device": device, "date": datetime.datetime.utcnow().isoformat() + "Z
 print(f"wrote {out}: {len(rows)} rows")
 for r in rows:
     print(r)
+PY
+fi
+
+# Data parallel (issue 19): tandem bench --nproc W beside PyTorch DDP (bench/python/
+# ddp_reference.py under torchrun) on the seeds' loops, world 1 and 2 in this call; ddp.json in
+# OUT. Needs the nvidia-h200-x2 kind for world 2.
+#   env: TANDEM_DDP_WORLDS ("1 2"), TANDEM_DDP_SEG_BS ("8 32"), TANDEM_DDP_CLS_BS ("32 128"),
+#        TANDEM_DDP_MODES ("pipelined pipelined+graphed": the all-reduce eager, then captured),
+#        TANDEM_DDP_PYTHON (1: run the Python reference), TANDEM_DDP_SCENARIOS ("seg cls")
+if has_phase ddp; then
+  for world in ${TANDEM_DDP_WORLDS:-1 2}; do
+    for scen in ${TANDEM_DDP_SCENARIOS:-seg cls}; do
+      [ "$scen" = seg ] && bss=${TANDEM_DDP_SEG_BS:-8 32} || bss=${TANDEM_DDP_CLS_BS:-32 128}
+      for bs in $bss; do
+        for mode in ${TANDEM_DDP_MODES:-pipelined pipelined+graphed}; do
+          say "tandem bench --nproc $world $scen $mode bs $bs"
+          timeout 180 "$TANDEM" bench --workload "$scen" --mode "$mode" --batch-size "$bs" --workers 8 \
+            --nproc "$world" --json "$RAW/ddp-tandem-$scen-$mode-$bs-w$world.json" \
+            >"$RAW/ddp-tandem-$scen-$mode-$bs-w$world.log" 2>&1 || status=1
+          grep -E "^$scen +[a-z]|^data parallel:|error" "$RAW/ddp-tandem-$scen-$mode-$bs-w$world.log" | tee -a "$LOG"
+        done
+      done
+    done
+    if [ "${TANDEM_DDP_PYTHON:-1}" = 1 ]; then
+      for scen in ${TANDEM_DDP_SCENARIOS:-seg cls}; do
+        [ "$scen" = seg ] && bss=${TANDEM_DDP_SEG_BS:-8 32} || bss=${TANDEM_DDP_CLS_BS:-32 128}
+        say "python ddp_reference.py --scenario $scen world $world"
+        timeout 300 torchrun --nproc-per-node "$world" bench/python/ddp_reference.py --scenario "$scen" \
+          --bs "$(echo $bss | tr ' ' ',')" ${REF:+--reference-dir "$REF"} \
+          --json "$RAW/ddp-python.json" --append 2>&1 | grep -v "^W[0-9]* " | tail -4 | tee -a "$LOG" || status=1
+      done
+    fi
+  done
+  python3 - "$OUT/ddp.json" "$RAW" <<'PY' 2>&1 | tee -a "$LOG"
+import datetime, glob, json, os, re, sys
+out, raw = sys.argv[1], sys.argv[2]
+rows, commands, device = [], [], None
+for p in sorted(glob.glob(f"{raw}/ddp-tandem-*.json")):
+    d = json.load(open(p))
+    m = re.match(r"ddp-tandem-(\w+)-(.+)-(\d+)-w(\d+)\.json", os.path.basename(p))
+    scen, mode, bs, world = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+    device = device or d.get("device")
+    dp = d.get("data_parallel") or {}
+    rows.append({"impl": "tandem", "scenario": scen, "mode": mode, "batch_size_per_gpu": bs,
+                 "world": world, "steps_per_s_per_gpu": d["steps_per_s"],
+                 "steps_per_s_slowest_rank": dp.get("steps_per_s_slowest_rank", d["steps_per_s"]),
+                 "backend": dp.get("backend")})
+    commands.append(f"tandem bench --workload {scen} --mode {mode} --batch-size {bs} --workers 8 --nproc {world}")
+py = f"{raw}/ddp-python.json"
+if os.path.exists(py):
+    d = json.load(open(py))
+    rows += d["rows"]
+    commands.append(d.get("command", "ddp_reference.py"))
+json.dump({"device": device, "date": datetime.datetime.utcnow().isoformat() + "Z",
+           "command": "scripts/gpu-check.sh OUT build ddp: " + " ; ".join(commands), "rows": rows},
+          open(out, "w"), indent=2)
+print(f"wrote {out}: {len(rows)} rows")
+best = {}
+for r in rows:
+    k = (r["impl"], r["scenario"], r["batch_size_per_gpu"], r["world"])
+    best[k] = max(best.get(k, 0), r["steps_per_s_per_gpu"])
+for (impl, scen, bs, world), v in sorted(best.items()):
+    w1 = best.get((impl, scen, bs, 1))
+    py2 = best.get(("python", scen, bs, world))
+    print(f"{impl:7s} {scen} bs {bs:4d} world {world}: {v:8.2f} steps/s/GPU"
+          + (f"  scaling {v / w1:.3f}" if w1 and world > 1 else "")
+          + (f"  vs python {v / py2:.2f}x" if impl == "tandem" and py2 else ""))
 PY
 fi
 

@@ -193,6 +193,10 @@ Runner::Runner(const Workload& workload, RunOptions options)
   TANDEM_CHECK_ARG(options_.steps_per_graph >= 1, "steps per graph ", options_.steps_per_graph,
                    " is not valid: expected >= 1");
   const bool host = workload_.data.on_host();
+  TANDEM_CHECK_ARG(options_.world_size >= 1 && options_.rank >= 0 &&
+                       options_.rank < options_.world_size,
+                   "rank ", options_.rank, " of world size ", options_.world_size,
+                   " is not valid: expected a world size >= 1 and 0 <= rank < world size");
   TANDEM_CHECK_ARG(options_.first_step >= 0, "first step ", options_.first_step,
                    " is not valid: expected >= 0");
   TANDEM_CHECK_ARG(options_.first_step == 0 ||
@@ -278,7 +282,8 @@ Runner::Runner(const Workload& workload, RunOptions options)
   const auto loss_fn = train.loss;
   const auto optimizer = train.optimizer;
   const std::string train_name = train.name;
-  t.work = [impl, loss_fn, optimizer, train_name](const Tensors& in) {
+  const std::shared_ptr<GradientSync> sync = train.gradient_sync;
+  t.work = [impl, loss_fn, optimizer, train_name, sync](const Tensors& in) {
     optimizer->zero_grad();  // set to none: backward writes fresh gradients (see GraphedStep)
     at::Tensor loss = loss_fn(in);
     TANDEM_CHECK_ARG(
@@ -286,7 +291,9 @@ Runner::Runner(const Workload& workload, RunOptions options)
         "' returned ",
         loss.defined() ? "a loss that is not one element requiring grad" : "an undefined loss",
         ": expected the scalar loss of the forward pass");
+    if (sync) sync->before_backward();
     loss.backward();
+    if (sync) sync->after_backward();
     optimizer->step();
     impl->log->record(loss.scalar_type() == at::kFloat ? loss.detach()
                                                        : loss.detach().to(at::kFloat));
@@ -343,11 +350,11 @@ Pipeline& Runner::prepare(int64_t num_steps) {
     auto next_loader = [impl, o, source, num_steps]() {
       LoaderOptions lo = loader_options(o);
       if (source->kind() == DataSource::Kind::kDataset) {
-        // PyTorch's DistributedSampler order (one rank): shuffled per epoch from seed + epoch.
-        // A run from a later global step (o.first_step) starts that many batches in.
+        // PyTorch's DistributedSampler order: shuffled per epoch from seed + epoch, this rank's
+        // shard. A run from a later global step (o.first_step) starts that many batches in.
         const int64_t n = impl->run_dataset->size();
-        const DistributedSampler sampler(n, 1, 0, source->shuffle(), o.seed);
-        const int64_t batches = source->batches_per_epoch(o.batch_size);
+        const DistributedSampler sampler(n, o.world_size, o.rank, source->shuffle(), o.seed);
+        const int64_t batches = source->batches_per_epoch(o.batch_size, o.world_size);
         const int64_t skip_batches = batches > 0 ? o.first_step % batches : 0;
         const bool first_loader = !impl->loader;
         if (first_loader && batches > 0) impl->epoch = o.first_step / batches;
@@ -367,8 +374,9 @@ Pipeline& Runner::prepare(int64_t num_steps) {
           lo.indices = sampler.indices(impl->epoch);
           if (first_loader)
             lo.indices.erase(lo.indices.begin(),
-                             lo.indices.begin() + std::min<int64_t>(skip_batches * o.batch_size,
-                                                                    n));
+                             lo.indices.begin() +
+                                 std::min<int64_t>(skip_batches * o.batch_size,
+                                                   static_cast<int64_t>(lo.indices.size())));
         }
       }
       lo.drop_last = source->drop_last();
@@ -546,8 +554,12 @@ std::vector<std::string> Runner::notes() const {
   const Impl& im = *impl_;
   const Mode mode = options_.mode;
   std::vector<std::string> out;
+  if (workload_.train.gradient_sync) out.push_back(workload_.train.gradient_sync->what());
   if (!captures_graphs(mode) || !im.pipeline) return out;
-  if (!workload_.device.is_cuda()) return {cpu_graph_note(mode)};
+  if (!workload_.device.is_cuda()) {
+    out.push_back(cpu_graph_note(mode));
+    return out;
+  }
   const bool host = workload_.data.on_host();
   bool any = false;
   for (size_t gi = 0; gi < im.groups.size(); ++gi) {

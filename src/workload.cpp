@@ -132,9 +132,9 @@ std::string param_or_default(const std::map<std::string, std::string>& params,
   throw InvalidArgument("parameter '" + key + "' is not declared");
 }
 
-int64_t DataSource::batches_per_epoch(int64_t batch_size) const {
-  if (kind_ != Kind::kDataset || batch_size <= 0) return 0;
-  const int64_t n = dataset_->size();
+int64_t DataSource::batches_per_epoch(int64_t batch_size, int64_t world_size) const {
+  if (kind_ != Kind::kDataset || batch_size <= 0 || world_size < 1) return 0;
+  const int64_t n = (dataset_->size() + world_size - 1) / world_size;  // a rank's shard
   return drop_last_ ? n / batch_size : (n + batch_size - 1) / batch_size;
 }
 

@@ -80,7 +80,11 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   wo.seed = options.seed;
   wo.params = options.params;
   wo.data = options.data;
+  wo.rank = options.rank;
+  wo.world_size = options.world_size;
   RunOptions ro;
+  ro.rank = options.rank;
+  ro.world_size = options.world_size;
   ro.mode = options.mode;
   ro.batch_size = batch_size;
   ro.workers = *options.workers;
@@ -93,7 +97,9 @@ BenchResult run_bench(const BenchOptions& unresolved) {
     trace = std::make_unique<Trace>();
     ro.trace = trace.get();
   }
-  Runner runner(options.workload.make(wo), ro);
+  Workload workload = options.workload.make(wo);
+  if (options.prepare_workload) options.prepare_workload(workload);
+  Runner runner(workload, ro);
   Pipeline* pipeline = &runner.prepare(warmup + steps);
 
   // The clock starts when step `warmup` begins its exclusive work: in serial mode when it

@@ -32,6 +32,8 @@ class Optimizer {
   virtual bool capturable() const = 0;
   /// For messages: "tandem::optim::Sgd", ...
   virtual std::string name() const = 0;
+  /// The tensors step() updates (data parallel averages their gradients and broadcasts them).
+  virtual std::vector<at::Tensor> parameters() const = 0;
 
   /// Enqueues a change of the learning rate on the current stream (see the schedules below).
   /// The default throws InvalidArgument: the optimizer takes no schedule.
@@ -75,6 +77,7 @@ class Sgd : public Optimizer {
   void step() override;
   bool capturable() const override { return true; }
   std::string name() const override { return "tandem::optim::Sgd"; }
+  std::vector<at::Tensor> parameters() const override { return params_; }
   /// Enqueues an update of the learning-rate tensor on the current stream (lr >= 0): eager
   /// steps and replays of a graph captured earlier that run after it on that stream use the new
   /// value. Call it outside the captured body (inside, the fill would be recorded and every
@@ -123,6 +126,7 @@ class Adam : public Optimizer {
   std::string name() const override {
     return options_.decoupled_weight_decay ? "tandem::optim::AdamW" : "tandem::optim::Adam";
   }
+  std::vector<at::Tensor> parameters() const override { return params_; }
   /// Enqueues an update of the learning-rate tensor on the current stream (lr >= 0): replays of
   /// a graph captured earlier use the new value (a schedule that works under replay).
   void set_lr(double lr) override;

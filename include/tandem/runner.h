@@ -38,6 +38,10 @@ struct RunOptions {
   /// Host batch slots in the loader's ring; 0: ring_slots_for(workers) (loader.h).
   int loader_depth = 0;
   uint64_t seed = 0;  ///< the loader's shuffle
+  /// Data parallel: a dataset source is sharded as PyTorch's DistributedSampler shards it
+  /// (every world_size-th index of the epoch's order from `rank`), so each rank trains on its
+  /// own batch_size samples per step. 0 and 1 for one process.
+  int rank = 0, world_size = 1;
   /// Priority of the train lane in the pipelined modes (see LanePriority).
   LanePriority train_priority = LanePriority::kHigh;
   int graph_warmup_steps = kGraphWarmupSteps;  ///< eager steps before a stage captures

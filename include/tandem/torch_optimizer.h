@@ -23,6 +23,12 @@ class LibTorchOptimizer : public Optimizer {
   void step() override { optimizer_->step(); }
   bool capturable() const override { return false; }
   std::string name() const override { return name_; }
+  std::vector<at::Tensor> parameters() const override {
+    std::vector<at::Tensor> out;
+    for (const auto& group : optimizer_->param_groups())
+      out.insert(out.end(), group.params().begin(), group.params().end());
+    return out;
+  }
   torch::optim::Optimizer& get() { return *optimizer_; }
 
  private:

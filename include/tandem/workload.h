@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tandem/batch.h"
+#include "tandem/gradient_sync.h"
 #include "tandem/loader.h"
 #include "tandem/optim.h"
 
@@ -64,8 +65,9 @@ struct FeedStage {
 };
 
 /// The one stage that trains: the runner calls optimizer->zero_grad(), then loss(inputs)
-/// (forward and loss over the trainable modules), backward, optimizer->step(), and records the
-/// loss on the device (LossLog: no host sync), all on the train lane.
+/// (forward and loss over the trainable modules), backward (between gradient_sync's hooks, when
+/// set), optimizer->step(), and records the loss on the device (LossLog: no host sync), all on
+/// the train lane.
 struct TrainStage {
   std::string name = "train";
   std::string lane = "train";
@@ -77,6 +79,9 @@ struct TrainStage {
   std::string what;  ///< for notes: "decoder forward, cross-entropy"
   std::vector<at::Generator> generators;  ///< as FeedStage::generators
   Capture capture = Capture::kAllowed;
+  /// Data parallel: averages the gradients over the ranks during backward (dist::GradientBuckets,
+  /// dist/include/tandem/dist/data_parallel.h); empty for one process.
+  std::shared_ptr<GradientSync> gradient_sync;
 };
 
 /// Where the batches come from.
@@ -105,9 +110,10 @@ class DataSource {
   std::vector<std::string> field_names() const;
   /// Bytes of one host sample (0 for resident data): what the loader's ring holds per sample.
   int64_t host_sample_bytes() const;
-  /// Steps an epoch of a dataset source takes at `batch_size`: its full batches (drop_last),
-  /// or all of them, the short one included; 0 for the other sources.
-  int64_t batches_per_epoch(int64_t batch_size) const;
+  /// Steps an epoch of a dataset source takes at `batch_size` on each of `world_size` ranks:
+  /// the full batches (drop_last), or all of them, the short one included, of a rank's shard
+  /// (DistributedSampler: ceil(size / world_size) samples); 0 for the other sources.
+  int64_t batches_per_epoch(int64_t batch_size, int64_t world_size = 1) const;
 
   const std::shared_ptr<const Dataset>& dataset() const { return dataset_; }
   const DatasetFactory& factory() const { return factory_; }
@@ -144,6 +150,14 @@ struct WorkloadOptions {
   int64_t batch_size = 8;
   c10::Device device = c10::Device(c10::kCPU);
   uint64_t seed = 0;  ///< models, data and anything random derive from it
+  /// Data parallel: this process's rank among world_size. Models are built from `seed` on every
+  /// rank (the same weights); synthetic data and augmentation draw from data_seed().
+  int rank = 0, world_size = 1;
+  /// The seed of this rank's data: `seed` on rank 0 (so one process and rank 0 draw alike),
+  /// another per rank on the others.
+  uint64_t data_seed() const {
+    return seed + static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull;
+  }
   /// Workload-specific settings, "key" -> "value" (the CLI's --param key=value); a factory
   /// rejects keys it does not know (check_params).
   std::map<std::string, std::string> params;

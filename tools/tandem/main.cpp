@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
@@ -18,6 +19,7 @@
 #include "tandem/mode.h"
 #include "tandem/sweep.h"
 #include "tandem/workloads/registry.h"
+#include "data_parallel.h"
 #ifdef TANDEM_HAVE_IMAGES
 #include "data_bench.h"
 #endif
@@ -156,11 +158,22 @@ struct RunFlags {
 };
 
 int run_bench_command(tandem::BenchOptions options, const std::string& json_path) {
+  // Data parallel (torchrun, or the ranks --nproc started): join, then run as this rank; rank 0
+  // alone prints and writes.
+  const std::shared_ptr<tandem::dist::ProcessGroup> group =
+      tandem::join_data_parallel(options.device);
+  tandem::apply_data_parallel(options, group);
+  const bool lead = !group || group->rank() == 0;
+  if (!lead) options.trace_path.clear();
   options = tandem::resolve(options);
-  std::ofstream json = open_output(json_path, "JSON");
+  std::ofstream json = open_output(lead ? json_path : std::string(), "JSON");
   std::ofstream trace_probe = open_output(options.trace_path, "trace");
   trace_probe.close();
-  std::cout << tandem::describe_config(options) << std::flush;
+  if (lead) std::cout << tandem::describe_config(options) << std::flush;
+  if (group && lead)
+    std::cout << "data parallel  " << group->world_size() << " ranks over "
+              << group->backend() << ", batch size " << *options.batch_size
+              << " per rank\n" << std::flush;
   nlohmann::json out;
   tandem::BenchResult result;
   if (options.mode == tandem::Mode::kAuto) {
@@ -203,6 +216,30 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
   } else {
     result = tandem::run_bench(options);
     out = tandem::to_json(result);
+  }
+  if (group) {
+    // Losses: the mean over the ranks (the global batch's). Rates: every rank's; ranks run in
+    // lockstep (an all-reduce per step), so they agree closely.
+    const int W = group->world_size();
+    std::vector<double> losses(result.losses.begin(), result.losses.end());
+    losses = group->all_reduce_host(losses);
+    result.losses.assign(losses.begin(), losses.end());
+    std::vector<double> rates(W, 0.0);
+    rates[group->rank()] = result.steps_per_s;
+    rates = group->all_reduce_host(rates, tandem::dist::ProcessGroup::HostOp::kSum);
+    group->finish();
+    if (!lead) return 0;
+    out = tandem::to_json(result);
+    const double slowest = *std::min_element(rates.begin(), rates.end());
+    out["data_parallel"] = {{"world_size", W},
+                            {"backend", group->backend()},
+                            {"steps_per_s_per_gpu", result.steps_per_s},
+                            {"steps_per_s_by_rank", rates},
+                            {"steps_per_s_slowest_rank", slowest},
+                            {"samples_per_s_total", result.samples_per_s * W}};
+    std::printf("\ndata parallel: %d ranks; per rank %.2f steps/s (slowest rank %.2f), %.1f "
+                "samples/s in total\n",
+                W, result.steps_per_s, slowest, result.samples_per_s * W);
   }
   std::cout << "\n" << tandem::describe_result(result) << std::flush;
   write_output(json, out.dump(2) + "\n", json_path);
@@ -292,6 +329,12 @@ int main(int argc, char** argv) {
                     "write a Chrome-trace timeline of the timed steps to this file "
                     "(open in ui.perfetto.dev or chrome://tracing)");
   bench->add_option("--json", bench_json, "also write the result as JSON to this file");
+  int bench_nproc = 0;
+  bench->add_option("--nproc", bench_nproc,
+                    "data parallel on this machine: start N ranks (one per GPU, or N CPU "
+                    "processes with --device cpu) under torchrun's environment contract; "
+                    "--batch-size is per rank. torchrun --nproc-per-node N --no-python tandem "
+                    "bench ... does the same");
 
   tandem::SweepOptions sweep_options;
   std::string sweep_csv, sweep_json, sweep_svg;
@@ -387,6 +430,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (bench->parsed()) {
+      if (auto code = tandem::launch_if_asked(bench_nproc, argc, argv)) return *code;
       bench_flags.apply(bench_options);
       bench_options.mode = tandem::parse_mode(bench_mode);
     }

@@ -82,7 +82,7 @@ ClsWorkload make_cls(const WorkloadOptions& options, ClsOptions cls) {
   Workload& w = c.workload;
   w.name = "cls";
   w.device = options.device;
-  const uint64_t seed = options.seed;
+  const uint64_t seed = options.data_seed();  // data and augmentation: per rank
   const bool learnable = cls.learnable;
   const AugmentSpec spec = cls.augment;
   if (cls.augment_on == AugmentOn::kCpu) {

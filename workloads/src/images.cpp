@@ -180,7 +180,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   at::Generator generator = device.is_cuda()
                                 ? at::cuda::detail::createCUDAGenerator(device.index())
                                 : at::make_generator<at::CPUGeneratorImpl>();
-  generator.set_current_seed(options.seed);
+  generator.set_current_seed(options.data_seed());  // augmentation: per rank
   if (io.from_files) {
     w.data = DataSource::from_dataset(folder, /*shuffle=*/true, /*drop_last=*/true);
     ResizedCropSpec spec = ResizedCropSpec::train(S);
@@ -223,7 +223,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     }
   } else {
     const int64_t B = options.batch_size;
-    at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+    at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>(options.data_seed());
     Batch b;
     at::Tensor x = at::randn({B, 3, S, S}, cpu).to(device);
     b.set("x", nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x);

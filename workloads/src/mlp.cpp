@@ -32,6 +32,8 @@ MlpWorkload make_mlp(const WorkloadOptions& options) {
   Workload& w = m.workload;
   w.name = "mlp";
   w.device = options.device;
+  // Rank 0 draws what one process draws; another rank, its own data (the model is the same).
+  if (options.rank != 0) torch::manual_seed(options.data_seed());
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device);
   std::vector<Batch> batches(kMlpDistinctBatches);  // GPU-resident data, as the reference's
   for (auto& b : batches) {

@@ -75,7 +75,7 @@ SegWorkload make_seg(const WorkloadOptions& options) {
   Workload& w = s.workload;
   w.name = "seg";
   w.device = options.device;
-  const uint64_t seed = options.seed;
+  const uint64_t seed = options.data_seed();
   w.data = DataSource::sized_to_run(
       [seed](int64_t samples) { return std::make_shared<SegDataset>(samples, seed); });
   auto encoder = s.encoder.ptr();  // shared_ptrs: forward() from const lambdas

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -54,6 +55,12 @@ struct BenchOptions {
   /// Leave samples that fail to load out of their batch and report them, instead of stopping
   /// (RunOptions::skip_bad).
   bool skip_bad = false;
+  /// Data parallel, set by a front end that joined a job (tools/tandem/data_parallel.h): this
+  /// process's rank among world_size, which picks its data (WorkloadOptions/RunOptions::rank),
+  /// and what makes each fresh workload instance data parallel before it runs
+  /// (dist::make_data_parallel). Defaults: one process.
+  int rank = 0, world_size = 1;
+  std::function<void(Workload&)> prepare_workload;
 };
 
 /// Defaults: SPEC's sizes on a GPU; small ones on the CPU so a laptop finishes in seconds.
