@@ -634,8 +634,26 @@ if has_phase ddp; then
         say "python ddp_reference.py --scenario $scen world $world"
         timeout 300 torchrun --nproc-per-node "$world" bench/python/ddp_reference.py --scenario "$scen" \
           --bs "$(echo $bss | tr ' ' ',')" ${REF:+--reference-dir "$REF"} \
-          --json "$RAW/ddp-python.json" --append 2>&1 | grep -v "^W[0-9]* " | tail -4 | tee -a "$LOG" || status=1
+          --json "$RAW/ddp-python.json" --append >"$RAW/ddp-python-$scen-w$world.log" 2>&1 || status=1
+        grep -E '^\{|error' "$RAW/ddp-python-$scen-w$world.log" | tail -6 | tee -a "$LOG"
       done
+    fi
+    # TANDEM_DDP_NCCL_VARIANTS: ';'-separated NCCL settings, each one extra run of seg at the
+    # first batch size, pipelined+graphed (not in ddp.json; for tuning).
+    if [ "$world" -gt 1 ] && [ -n "${TANDEM_DDP_NCCL_VARIANTS:-}" ]; then
+      IFS=';' read -ra variants <<<"$TANDEM_DDP_NCCL_VARIANTS"
+      for v in "${variants[@]}"; do
+        bs=$(echo ${TANDEM_DDP_SEG_BS:-8 32} | cut -d' ' -f1)
+        say "variant $v: tandem bench --nproc $world seg pipelined+graphed bs $bs"
+        env $v timeout 180 "$TANDEM" bench --workload seg --mode pipelined+graphed --batch-size "$bs" \
+          --workers 8 --nproc "$world" 2>&1 | grep -E "^seg +[a-z]|error" | tee -a "$LOG"
+      done
+    fi
+    if [ "$world" -gt 1 ]; then
+      say "allreduce_floor.py: one NCCL all-reduce of the workloads' gradient bytes, world $world"
+      timeout 120 torchrun --nproc-per-node "$world" bench/python/allreduce_floor.py \
+        --mb ${TANDEM_DDP_FLOOR_MB:-179 25 1} --json "$RAW/allreduce-floor-w$world.json" \
+        2>&1 | grep '^{' | tee -a "$LOG"
     fi
   done
   python3 - "$OUT/ddp.json" "$RAW" <<'PY' 2>&1 | tee -a "$LOG"
