@@ -664,7 +664,7 @@ for p in sorted(glob.glob(f"{raw}/ddp-tandem-*.json")):
     d = json.load(open(p))
     m = re.match(r"ddp-tandem-(\w+)-(.+)-(\d+)-w(\d+)\.json", os.path.basename(p))
     scen, mode, bs, world = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
-    device = device or d.get("device")
+    device = device or d.get("device_name") or d.get("device")
     dp = d.get("data_parallel") or {}
     rows.append({"impl": "tandem", "scenario": scen, "mode": mode, "batch_size_per_gpu": bs,
                  "world": world, "steps_per_s_per_gpu": d["steps_per_s"],
