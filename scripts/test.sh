@@ -39,8 +39,10 @@ fi
 
 echo "[test] examples: frozen_backbone --device cpu"
 "$prefix/examples/frozen_backbone" --device cpu --steps 4 --batch-size 4
+echo "[test] examples: data_parallel --nproc 2 --device cpu"
+"$prefix/examples/data_parallel" --nproc 2 --device cpu --steps 16
 echo "[test] examples: augmented_classifier --device cpu --mode auto --sweep --trace"
 "$prefix/examples/augmented_classifier" --device cpu --steps 2 --batch-size 2 --mode auto \
   --sweep --trace "$prefix/trace.json"
 [ -s "$prefix/trace.json" ] || { echo "[test] FAILED: no trace written" >&2; exit 1; }
-echo "[test] passed: ctest, and the installed package with both examples (${SECONDS} s)"
+echo "[test] passed: ctest, and the installed package with its examples (${SECONDS} s)"

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,6 +98,10 @@ int run_local_ranks(int nproc, const std::vector<std::string>& argv) {
     const pid_t pid = fork();
     if (pid < 0) throw Error(std::string("fork(): ") + std::strerror(errno));
     if (pid == 0) {
+      // A process group of the ranks' own: a terminal's Ctrl-C reaches the launcher alone, which
+      // passes it on once (twice would kill a rank whose first SIGINT starts a clean stop).
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // a launcher killed outright takes its ranks along
       sigaction(SIGINT, &old_int, nullptr);
       sigaction(SIGTERM, &old_term, nullptr);
       setenv("RANK", std::to_string(r).c_str(), 1);

@@ -255,6 +255,10 @@ std::vector<double> ProcessGroup::all_reduce_host(const std::vector<double>& val
   return out;
 }
 
+std::vector<std::vector<uint8_t>> ProcessGroup::all_gather_host(const std::vector<uint8_t>& bytes) {
+  return impl_->exchange->exchange(bytes);
+}
+
 void ProcessGroup::barrier() { impl_->exchange->exchange({}); }
 
 void ProcessGroup::finish() {

@@ -122,5 +122,44 @@ else
   echo "skipped: torchrun two-node run (no torchrun given)"
 fi
 
+# 5. tandem train --nproc 2: rank 0 alone writes the run folder and prints; a Ctrl-C (SIGINT to
+#    the launcher) stops both ranks at one step with a checkpoint, and --resume then ends with
+#    the weights of an uninterrupted run, bit for bit.
+fm=/usr/share/datasets/fashion-mnist
+if "$tandem" --help | grep -q "^  train" && [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
+  train=(train --data "$fm" --subset 1024 --val-subset 256 --batch-size 32 --epochs 2
+         --device cpu --workers 1 --nproc 2)
+  "$tandem" "${train[@]}" --out "$tmp/whole" --json "$tmp/whole.json" >"$tmp/whole.out" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q '"world_size": 2' "$tmp/whole.json" &&
+     [ "$(grep -c '^epoch 1/2' "$tmp/whole.out")" -eq 1 ] &&
+     [ "$(wc -l <"$tmp/whole/metrics.jsonl")" -eq 2 ] && [ -f "$tmp/whole/model.safetensors" ]; then
+    ok
+  else
+    fail "tandem train --nproc 2 (exit $rc):"; cat "$tmp/whole.out"
+  fi
+  "$tandem" "${train[@]}" --checkpoint-every 8 --out "$tmp/cut" >"$tmp/cut.out" 2>"$tmp/cut.err" &
+  launcher=$!
+  for _ in $(seq 1 1200); do  # until the first checkpoint (step 8) is there
+    ls "$tmp/cut/checkpoints" 2>/dev/null | grep -q "^step-" && break
+    sleep 0.1
+  done
+  kill -INT $launcher
+  timeout 120 tail --pid=$launcher -f /dev/null
+  wait $launcher
+  rc_cut=$?
+  "$tandem" "${train[@]}" --out "$tmp/cut" --resume >"$tmp/resume.out" 2>&1
+  rc_resume=$?
+  if [ $rc_cut -eq 130 ] && grep -q "Resume with" "$tmp/cut.err" && [ $rc_resume -eq 0 ] &&
+     cmp -s "$tmp/whole/model.safetensors" "$tmp/cut/model.safetensors"; then
+    ok
+  else
+    fail "train --nproc 2: SIGINT exit $rc_cut, resume exit $rc_resume, weights $(cmp "$tmp/whole/model.safetensors" "$tmp/cut/model.safetensors" 2>&1 && echo equal):"
+    cat "$tmp/cut.err" "$tmp/resume.out" | tail -20
+  fi
+else
+  echo "skipped: tandem train --nproc (no train layer or no Fashion-MNIST)"
+fi
+
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

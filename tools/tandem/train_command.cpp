@@ -2,6 +2,8 @@
 // JSON. See train_command.h.
 #include "train_command.h"
 
+#include "data_parallel.h"
+
 #include <ATen/Context.h>
 #include <unistd.h>
 
@@ -134,11 +136,21 @@ CLI::App* TrainCommand::add(CLI::App& app) {
       "transposes [default: on with a GPU]");
   c->add_option("--json", json, "write a summary (per-epoch rows) as JSON to this file");
   c->add_flag("--quiet", quiet, "no progress line");
+  c->add_option("--nproc", nproc,
+                "data parallel on this machine: N ranks, one per GPU (or N CPU processes with "
+                "--device cpu); --batch-size is per rank; rank 0 writes the run folder. torchrun "
+                "--nproc-per-node N --no-python tandem train ... does the same");
   return c;
 }
 
 int TrainCommand::run(const std::string& command_line) {
-  const c10::Device dev = parse_device(device);
+  // Data parallel (torchrun, or the ranks --nproc started): this rank's device; rank 0 alone
+  // prints and writes.
+  const std::shared_ptr<dist::ProcessGroup> group = join_data_parallel(device);
+  const bool lead = !group || group->rank() == 0;
+  const int world = group ? group->world_size() : 1;
+  if (!lead) quiet = true;
+  const c10::Device dev = group ? group->device() : parse_device(device);
   job.device = dev;
   job.precision = parse_precision(precision);
   job.freeze_backbone = freeze == "backbone";
@@ -173,7 +185,7 @@ int TrainCommand::run(const std::string& command_line) {
 
   train::TrainJob tj = train::make_classifier(job);
   // The Trainer checks this too, but the schedule below needs the epoch's length first.
-  const int64_t spe = tj.workload.data.batches_per_epoch(batch_size);
+  const int64_t spe = tj.workload.data.batches_per_epoch(batch_size, world);
   TANDEM_CHECK_ARG(spe >= 1, "the training set's ", tj.workload.data.dataset()->size(),
                    " samples make no batch of ", batch_size,
                    ": expected a smaller --batch-size");
@@ -212,6 +224,7 @@ int TrainCommand::run(const std::string& command_line) {
   to.checkpoint_every = checkpoint_every;
   to.keep_checkpoints = keep;
   to.stop = &stop;
+  to.group = group;
   const bool tty = !quiet && ::isatty(STDERR_FILENO);
   using Clock = std::chrono::steady_clock;
   const auto started = Clock::now();
@@ -236,6 +249,7 @@ int TrainCommand::run(const std::string& command_line) {
     std::fflush(stderr);
   };
   to.on_epoch = [&](const train::EpochRecord& r) {
+    if (!lead) return;
     if (tty) std::fprintf(stderr, "\r\033[K");
     std::string metrics;
     for (const auto& [k, v] : r.metrics) {
@@ -251,7 +265,12 @@ int TrainCommand::run(const std::string& command_line) {
     std::fflush(stdout);
   };
 
+  // Every rank runs the lines below; only rank 0's stdout is kept (the others' goes nowhere).
+  if (!lead) std::freopen("/dev/null", "w", stdout);
   std::printf("train      %s\n", tj.name.c_str());
+  if (group)
+    std::printf("data parallel %d ranks over %s, batch %lld per rank\n", world,
+                group->backend().c_str(), static_cast<long long>(batch_size));
   std::printf("device     %s, mode %s, precision %s, batch %lld, %lld steps/epoch x %lld epochs, "
               "%d workers\n",
               dev.str().c_str(), to_string(m), precision.c_str(),
@@ -271,6 +290,7 @@ int TrainCommand::run(const std::string& command_line) {
                 static_cast<long long>(trainer.start_step() % spe));
   train::install_stop_handlers(&stop);
   const train::TrainResult r = trainer.run();
+  if (group) group->finish();
   if (tty) std::fprintf(stderr, "\r\033[K");
 
   // The table of every epoch so far (a resumed run's earlier ones included).
@@ -314,7 +334,7 @@ int TrainCommand::run(const std::string& command_line) {
       std::printf("  sample %lld: %s\n", static_cast<long long>(r.skipped[i].index),
                   r.skipped[i].reason.c_str());
   }
-  if (!json.empty()) {
+  if (!json.empty() && lead) {
     nlohmann::json j;
     j["command"] = command_line;
     j["device"] = device_name(dev);
@@ -323,6 +343,7 @@ int TrainCommand::run(const std::string& command_line) {
     j["mode"] = to_string(m);
     j["precision"] = precision;
     j["batch_size"] = batch_size;
+    j["world_size"] = world;
     j["images_per_s"] = steady_ips;
     j["images_per_s_note"] = ips_from ? "mean over this run's epochs after the first"
                                       : "mean over this run's epochs";
@@ -341,6 +362,7 @@ int TrainCommand::run(const std::string& command_line) {
     std::printf("wrote %s\n", json.c_str());
   }
   if (r.stopped_by_signal != 0) {
+    if (!lead) return 128 + r.stopped_by_signal;
     const char* name = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
     std::fprintf(stderr,
                  "tandem: stopped by %s after step %lld (epoch %lld); checkpoint %s. Resume with "

@@ -37,6 +37,7 @@ struct TrainCommand {
   CLI::Option* image_size_opt = nullptr;     // not given: 224, segmentation on the CPU 128
   std::string json;            // summary JSON file
   bool quiet = false;
+  int nproc = 0;  ///< --nproc: data parallel over that many local ranks (main launches them)
 
   /// Adds the subcommand and its flags to `app`.
   CLI::App* add(CLI::App& app);

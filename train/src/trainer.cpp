@@ -14,6 +14,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "tandem/dist/data_parallel.h"
+#include "tandem/dist/process_group.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/runner.h"
 #include "tandem/train/checkpoint.h"
@@ -98,6 +100,38 @@ std::string config_difference(const nlohmann::json& saved, const nlohmann::json&
 }
 
 // Thrown from the hook to end the run on a stop request (the runner wraps it in a RunError).
+constexpr auto kMax = dist::ProcessGroup::HostOp::kMax;
+constexpr auto kMean = dist::ProcessGroup::HostOp::kMean;
+
+/// Every rank's generator states (uint8 CPU tensors), gathered on every rank, in rank order.
+std::vector<std::vector<at::Tensor>> gather_states(dist::ProcessGroup& group,
+                                                   const std::vector<at::Tensor>& states) {
+  std::vector<uint8_t> mine;  // per state: its byte count (8 bytes), then its bytes
+  for (const auto& t : states) {
+    const at::Tensor c = t.contiguous();
+    const uint64_t n = static_cast<uint64_t>(c.numel());
+    const auto* np = reinterpret_cast<const uint8_t*>(&n);
+    mine.insert(mine.end(), np, np + sizeof n);
+    const auto* d = c.data_ptr<uint8_t>();
+    mine.insert(mine.end(), d, d + n);
+  }
+  std::vector<std::vector<at::Tensor>> out;
+  for (const auto& bytes : group.all_gather_host(mine)) {
+    std::vector<at::Tensor> theirs;
+    for (size_t at_byte = 0; at_byte < bytes.size();) {
+      uint64_t n = 0;
+      std::memcpy(&n, bytes.data() + at_byte, sizeof n);
+      at_byte += sizeof n;
+      at::Tensor t = at::empty({static_cast<int64_t>(n)}, at::kByte);
+      std::memcpy(t.data_ptr<uint8_t>(), bytes.data() + at_byte, n);
+      at_byte += n;
+      theirs.push_back(t);
+    }
+    out.push_back(std::move(theirs));
+  }
+  return out;
+}
+
 struct StopRequested : Error {
   StopRequested() : Error("stop requested") {}
 };
@@ -138,20 +172,34 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
   TANDEM_CHECK_ARG(data.kind() == DataSource::Kind::kDataset && data.drop_last(),
                    "train job '", job_.name,
                    "': expected a dataset source with drop_last (DataSource::from_dataset)");
-  steps_per_epoch_ = data.batches_per_epoch(o.batch_size);
+  if (o.group) {
+    world_ = o.group->world_size();
+    rank_ = o.group->rank();
+  }
+  const bool lead = rank_ == 0;
+  steps_per_epoch_ = data.batches_per_epoch(o.batch_size, world_);
   TANDEM_CHECK_ARG(steps_per_epoch_ >= 1, "the training set's ", data.dataset()->size(),
                    " samples make no full batch of ", o.batch_size,
                    ": expected a smaller --batch-size");
   job_.config["batch_size"] = o.batch_size;
   job_.config["epochs"] = o.epochs;
   job_.config["seed"] = o.seed;
+  if (world_ > 1) job_.config["world_size"] = world_;
 
   if (!o.resume) {
-    TANDEM_CHECK_ARG(!non_empty_dir(o.out_dir), "run folder ", o.out_dir,
-                     " already exists and is not empty: pass --resume to continue that run, "
-                     "or choose a new --out (nothing is overwritten)");
-    make_dirs(o.out_dir);
-    write_file_atomic(o.out_dir + "/config.json", job_.config.dump(2) + "\n");
+    if (lead) {
+      TANDEM_CHECK_ARG(!non_empty_dir(o.out_dir), "run folder ", o.out_dir,
+                       " already exists and is not empty: pass --resume to continue that run, "
+                       "or choose a new --out (nothing is overwritten)");
+      make_dirs(o.out_dir);
+      write_file_atomic(o.out_dir + "/config.json", job_.config.dump(2) + "\n");
+    }
+    // Data parallel: the others wait for rank 0's check of the folder (a refusal ends rank 0,
+    // and the group's watchdog the others), then take rank 0's weights.
+    if (o.group) {
+      o.group->barrier();
+      dist::make_data_parallel(job_.workload, o.group);
+    }
     return;
   }
   // Checked before a store is opened: opening one makes its folder, which would turn a mistyped
@@ -170,15 +218,21 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
                    "): expected the same model, data and settings");
   models::load_state_dict(*job_.model, c.model);
   job_.workload.train.optimizer->load_state(c.optimizer);
+  // Generator states: "generator.<i>" and "default", each prefixed "rank<r>." in a data
+  // parallel run (every rank draws its own augmentation).
+  const std::string mine = world_ > 1 ? "rank" + std::to_string(rank_) + "." : "";
   for (const auto& [name, t] : c.rng) {
-    if (name == "default")
+    if (name.compare(0, mine.size(), mine) != 0) continue;
+    const std::string rest = name.substr(mine.size());
+    if (rest == "default")
       resume_default_rng_ = t;
-    else
+    else if (rest.rfind("generator.", 0) == 0)
       resume_rng_.push_back(t);
   }
   for (const auto& e : c.state.value("epochs", nlohmann::json::array()))
     history_.push_back(from_json(e));
   start_step_ = c.step;
+  if (o.group) dist::make_data_parallel(job_.workload, o.group);  // the same weights everywhere
 }
 
 Trainer::~Trainer() = default;
@@ -204,6 +258,10 @@ TrainResult Trainer::run() {
   ro.skip_bad = o.skip_bad;
   ro.first_step = start;
   ro.record_generator_states = true;
+  ro.rank = rank_;
+  ro.world_size = world_;
+  const bool lead = rank_ == 0;
+  dist::ProcessGroup* group = o.group.get();
   Runner runner(job_.workload, ro);
   const std::vector<at::Generator> gens = runner.generators();
   if (o.resume) {
@@ -240,6 +298,7 @@ TrainResult Trainer::run() {
            << r.eval_seconds << '\n';
       csv += line.str();
     }
+    if (!lead) return;
     write_file_atomic(o.out_dir + "/metrics.jsonl", jsonl);
     write_file_atomic(o.out_dir + "/metrics.csv", csv);
   };
@@ -275,21 +334,27 @@ TrainResult Trainer::run() {
   double lr_now = 0;
 
   // Reads the losses of steps done (synchronizes the current stream: call under the train
-  // lane) and stops the run at the first non-finite one.
+  // lane) and stops the run at the first non-finite one — on every rank: in a data-parallel
+  // run the ranks agree first (every rank calls this at the same steps), so none goes on alone
+  // and rank 0 never saves weights another rank's loss spoiled.
   auto read_losses = [&]() {
     losses = runner.losses();
-    for (; checked < losses.size(); ++checked)
+    for (; checked < losses.size() && nonfinite.empty(); ++checked)
       if (!std::isfinite(losses[checked])) {
         const int64_t g = start + static_cast<int64_t>(checked);
         nonfinite = "the loss of step " + std::to_string(g) + " (epoch " +
-                    std::to_string(g / spe + 1) + ") is " +
-                    (std::isnan(losses[checked]) ? "NaN" : "infinite") +
-                    ": training stopped; the last good checkpoint, " +
-                    (result.last_checkpoint.empty() ? std::string("none")
-                                                    : result.last_checkpoint) +
-                    ", is kept (try a lower --lr)";
-        throw NonFiniteLoss(nonfinite);
+                    std::to_string(g / spe + 1) + ")" +
+                    (world_ > 1 ? " on rank " + std::to_string(rank_) : std::string()) + " is " +
+                    (std::isnan(losses[checked]) ? "NaN" : "infinite");
       }
+    bool stop = !nonfinite.empty();
+    if (group) stop = group->all_reduce_host({stop ? 1.0 : 0.0}, kMax)[0] > 0;
+    if (!stop) return;
+    if (nonfinite.empty()) nonfinite = "a loss on another rank is not finite";
+    nonfinite += ": training stopped; the last good checkpoint, " +
+                 (result.last_checkpoint.empty() ? std::string("none") : result.last_checkpoint) +
+                 ", is kept (try a lower --lr)";
+    throw NonFiniteLoss(nonfinite);
   };
 
   // A checkpoint of the state after `g` global steps; `item` = g - start.
@@ -300,10 +365,21 @@ TrainResult Trainer::run() {
     c.step = g;
     c.model = models::state_dict(*job_.model);
     c.optimizer = optimizer->state();
-    const std::vector<at::Tensor> states = runner.generator_states_before(g - start);
-    for (size_t i = 0; i < states.size(); ++i)
-      c.rng.emplace_back("generator." + std::to_string(i), states[i]);
-    c.rng.emplace_back("default", default_generator(device).get_state());
+    std::vector<at::Tensor> states = runner.generator_states_before(g - start);
+    states.push_back(default_generator(device).get_state());
+    // Data parallel: every rank's states, gathered to rank 0, which alone writes.
+    const std::vector<std::vector<at::Tensor>> all =
+        group ? gather_states(*group, states) : std::vector<std::vector<at::Tensor>>{states};
+    if (!lead) {
+      last_saved = g;
+      return;
+    }
+    for (size_t r = 0; r < all.size(); ++r) {
+      const std::string prefix = world_ > 1 ? "rank" + std::to_string(r) + "." : "";
+      for (size_t i = 0; i + 1 < all[r].size(); ++i)
+        c.rng.emplace_back(prefix + "generator." + std::to_string(i), all[r][i]);
+      c.rng.emplace_back(prefix + "default", all[r].back());
+    }
     nlohmann::json history = nlohmann::json::array();
     for (const auto& r : result.epochs) history.push_back(to_json(r));
     c.state = {{"config", job_.config},
@@ -328,6 +404,7 @@ TrainResult Trainer::run() {
     double sum = 0;
     for (int64_t i = from; i < to; ++i) sum += losses[static_cast<size_t>(i)];
     r.train_loss = to > from ? sum / static_cast<double>(to - from) : 0;
+    if (group) r.train_loss = group->all_reduce_host({r.train_loss}, kMean)[0];
     r.lr = lr_now;
     r.train_seconds = train_seconds;
     r.epoch_images_per_s = train_seconds > 0 ? static_cast<double>((to - from) * o.batch_size) /
@@ -338,8 +415,11 @@ TrainResult Trainer::run() {
                          ? static_cast<double>((g - steady_from) * o.batch_size) / steady_seconds
                          : r.epoch_images_per_s;
     steady_marked = false;
+    // img/s counts every rank's images: the ranks run in lockstep.
+    r.images_per_s *= world_;
+    r.epoch_images_per_s *= world_;
     const auto t = Clock::now();
-    if (job_.evaluate) r.metrics = job_.evaluate(train_lane);
+    if (job_.evaluate && lead) r.metrics = job_.evaluate(train_lane);
     r.eval_seconds = seconds_since(t);
     eval_seconds_total += r.eval_seconds;
     result.epochs.push_back(r);
@@ -379,18 +459,34 @@ TrainResult Trainer::run() {
       steady_t = Clock::now();
       steady_excluded = 0;
     }
-    if (o.stop && o.stop->load() != 0) {
+    // A stop, and (rank 0's clock) whether to report progress: alone, at every step; data
+    // parallel, agreed by every rank every kAgreeEvery steps (a store round trip).
+    int stop_now = o.stop ? o.stop->load() : 0;
+    bool report = o.on_progress && seconds_since(last_progress) >= o.progress_seconds;
+    if (group) {
+      if (g % kAgreeEvery != 0) {
+        stop_now = 0;
+        report = false;
+      } else {
+        const std::vector<double> v =
+            group->all_reduce_host({static_cast<double>(stop_now), report ? 1.0 : 0.0}, kMax);
+        stop_now = static_cast<int>(v[0]);
+        report = v[1] > 0;
+      }
+    }
+    if (stop_now != 0) {
       if (last_saved != g) checkpoint(g);
-      stopped = o.stop->load();
+      stopped = stop_now;
       throw StopRequested();
     }
     if (o.schedule) {
       lr_now = o.schedule(g);
       optimizer->set_lr(lr_now);
     }
-    if (o.on_progress && seconds_since(last_progress) >= o.progress_seconds) {
+    if (report) {
       last_progress = Clock::now();
       read_losses();
+      if (!o.on_progress) return;
       TrainOptions::Progress p;
       p.epoch = g / spe;
       p.epochs = o.epochs;
@@ -400,7 +496,7 @@ TrainResult Trainer::run() {
       p.total_steps = total;
       p.loss = losses.empty() ? 0 : losses.back();
       const double busy = seconds_since(run_start) - eval_seconds_total;
-      p.images_per_s = busy > 0 ? static_cast<double>(item * o.batch_size) / busy : 0;
+      p.images_per_s = busy > 0 ? static_cast<double>(item * o.batch_size * world_) / busy : 0;
       o.on_progress(p);
     }
   };
@@ -423,6 +519,7 @@ TrainResult Trainer::run() {
   result.losses = runner.losses();
   result.skipped = runner.skipped();
   result.notes = runner.notes();
+  if (!lead) return result;
   result.weights = o.out_dir + "/model.safetensors";
   models::save_safetensors(result.weights, models::state_dict(*job_.model),
                            {{"format", "pt"}, {"job", job_.name}});

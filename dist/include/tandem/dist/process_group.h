@@ -61,6 +61,9 @@ class ProcessGroup {
   /// element, the same on every rank. For losses and metrics, not for the hot path.
   enum class HostOp { kMean, kSum, kMax };
   std::vector<double> all_reduce_host(const std::vector<double>& values, HostOp op = HostOp::kMean);
+  /// Every rank's `bytes`, in rank order, on every rank (through the store): small host data,
+  /// such as generator states for a checkpoint.
+  std::vector<std::vector<uint8_t>> all_gather_host(const std::vector<uint8_t>& bytes);
   /// Every rank reaches this point before any leaves it (through the store).
   void barrier();
   /// Leaves the job cleanly: marks this rank done (its watchdog's silence is then no death),

@@ -28,6 +28,10 @@
 #include "tandem/optim.h"
 #include "tandem/workload.h"
 
+namespace tandem::dist {
+class ProcessGroup;
+}
+
 namespace tandem::train {
 
 /// Metrics by name ("accuracy", "loss", ...), as an evaluation returns them.
@@ -81,7 +85,17 @@ struct TrainOptions {
   double progress_seconds = 0.5;
   /// Called after each epoch's evaluation, once its record is in metrics.jsonl.
   std::function<void(const struct EpochRecord&)> on_epoch;
+  /// Data parallel (tandem::dist): every rank builds the same job and runs a Trainer with the
+  /// same options; batch_size is per rank and each rank trains on its shard. Rank 0 alone
+  /// writes the run folder (checkpoints hold every rank's generator states), evaluates and
+  /// reports; the ranks agree every kAgreeEvery steps on a stop (a signal on any rank) and on
+  /// a non-finite loss, so all stop at one step. Losses are averaged over the ranks; img/s
+  /// counts every rank's images. Empty: one process.
+  std::shared_ptr<dist::ProcessGroup> group;
 };
+
+/// Data parallel: steps between the ranks' agreements on a stop (a store round trip each).
+constexpr int64_t kAgreeEvery = 8;
 
 /// One epoch's record, as written to metrics.jsonl / .csv.
 struct EpochRecord {
@@ -141,6 +155,7 @@ class Trainer {
   TrainOptions options_;
   int64_t steps_per_epoch_ = 0;
   int64_t start_step_ = 0;
+  int world_ = 1, rank_ = 0;  // data parallel: this process among the group's (1, 0: alone)
   std::vector<EpochRecord> history_;       // from the checkpoint resumed
   std::vector<at::Tensor> resume_rng_;     // generator states to restore, in Runner order
   at::Tensor resume_default_rng_;          // the device's default generator
