@@ -41,6 +41,11 @@ echo "[test] examples: frozen_backbone --device cpu"
 "$prefix/examples/frozen_backbone" --device cpu --steps 4 --batch-size 4
 echo "[test] examples: data_parallel --nproc 2 --device cpu"
 "$prefix/examples/data_parallel" --nproc 2 --device cpu --steps 16
+if [ -x "$prefix/examples/train_your_job" ]; then
+  echo "[test] examples: train_your_job --epochs 2, then --resume (the run is complete)"
+  "$prefix/examples/train_your_job" --out "$prefix/run" --epochs 2
+  "$prefix/examples/train_your_job" --out "$prefix/run" --epochs 2 --resume
+fi
 echo "[test] examples: augmented_classifier --device cpu --mode auto --sweep --trace"
 "$prefix/examples/augmented_classifier" --device cpu --steps 2 --batch-size 2 --mode auto \
   --sweep --trace "$prefix/trace.json"

@@ -13,13 +13,14 @@
 #include "tandem/augmented_dataset.h"
 #include "tandem/runner.h"
 #include "tandem/workloads/cls.h"
+#include "tandem/models/seed_nets.h"
 #include "test_util.h"
 
 namespace tandem {
 namespace {
 
 TEST(ClsTest, ModelHasTheSpecsShapeAndParameterCount) {
-  auto m = make_cls_model();
+  auto m = models::seed_cls_net();
   int64_t n = 0;
   for (const auto& p : m->parameters()) n += p.numel();
   EXPECT_EQ(n, 44746784 + 4096 * 10 + 10);

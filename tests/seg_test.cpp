@@ -7,6 +7,7 @@
 #include "tandem/error.h"
 #include "tandem/runner.h"
 #include "tandem/workloads/seg.h"
+#include "tandem/models/seed_nets.h"
 #include "test_util.h"
 
 namespace tandem {
@@ -19,16 +20,16 @@ int64_t count_parameters(torch::nn::Sequential& m) {
 }
 
 TEST(SegTest, ParameterCountsMatchTheSpec) {
-  auto enc = make_seg_encoder();
-  auto dec = make_seg_decoder();
+  auto enc = models::seed_seg_encoder();
+  auto dec = models::seed_seg_decoder();
   EXPECT_EQ(count_parameters(enc), 44746784);
   EXPECT_EQ(count_parameters(dec), 44744090);
 }
 
 TEST(SegTest, ShapesFlowFromImageToPerPixelLogits) {
   at::NoGradGuard no_grad;
-  auto enc = make_seg_encoder();
-  auto dec = make_seg_decoder();
+  auto enc = models::seed_seg_encoder();
+  auto dec = models::seed_seg_decoder();
   const at::Tensor x = at::rand({1, 3, 256, 256});
   const at::Tensor f = enc->forward(x);
   EXPECT_EQ(f.sizes(), (at::IntArrayRef{1, 4096, 1, 1}));

@@ -304,6 +304,7 @@ TrainResult Trainer::run() {
   };
 
   if (start >= total) {  // the run was complete
+    result.last_checkpoint = store.latest().value_or("");
     result.weights = exists(o.out_dir + "/model.safetensors") ? o.out_dir + "/model.safetensors"
                                                               : std::string();
     return result;

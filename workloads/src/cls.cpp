@@ -4,26 +4,17 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
 #include "tandem/augmented_dataset.h"
 #include "tandem/error.h"
+#include "tandem/models/seed_nets.h"
 #include "tandem/optim.h"
 #include "tandem/sample_rng.h"
 #include "tandem/workloads/registry.h"
 #include "tandem/workloads/seg.h"
 
 namespace tandem {
-
-namespace nn = torch::nn;
-
-torch::nn::Sequential make_cls_model() {
-  nn::Sequential seq = make_seg_encoder();  // SPEC: the same 9-conv stack
-  seq->push_back(nn::Flatten());
-  seq->push_back(nn::Linear(4096, kClsClasses));
-  return seq;
-}
 
 ClsDataset::ClsDataset(int64_t size, uint64_t seed, bool learnable, int64_t image_size,
                        int64_t classes)
@@ -75,7 +66,7 @@ ClsWorkload make_cls(const WorkloadOptions& options, ClsOptions cls) {
   cls.augment.validate(3, kClsImageSize, kClsImageSize);
   torch::manual_seed(options.seed);
   ClsWorkload c;
-  c.model = make_cls_model();
+  c.model = models::seed_cls_net(kClsClasses);
   c.model->to(options.device);
   c.model->train();
 

@@ -2,43 +2,17 @@
 #include "tandem/workloads/seg.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/modules/activation.h>
-#include <torch/nn/modules/conv.h>
 #include <torch/utils.h>
 
 #include <cstring>
 #include <memory>
 
 #include "tandem/error.h"
+#include "tandem/models/seed_nets.h"
 #include "tandem/sample_rng.h"
 #include "tandem/workloads/registry.h"
 
 namespace tandem {
-
-namespace nn = torch::nn;
-
-torch::nn::Sequential make_seg_encoder() {
-  nn::Sequential seq;
-  seq->push_back(nn::Conv2d(nn::Conv2dOptions(3, 16, 1)));
-  seq->push_back(nn::ReLU(nn::ReLUOptions().inplace(true)));
-  int64_t c = 16;
-  for (int i = 0; i < 8; ++i, c *= 2) {
-    seq->push_back(nn::Conv2d(nn::Conv2dOptions(c, c * 2, 2).stride(2)));
-    if (i < 7) seq->push_back(nn::ReLU(nn::ReLUOptions().inplace(true)));
-  }
-  return seq;
-}
-
-torch::nn::Sequential make_seg_decoder() {
-  nn::Sequential seq;
-  int64_t c = 4096;
-  for (int i = 0; i < 8; ++i, c /= 2) {
-    seq->push_back(nn::ConvTranspose2d(nn::ConvTranspose2dOptions(c, c / 2, 2).stride(2)));
-    seq->push_back(nn::ReLU(nn::ReLUOptions().inplace(true)));
-  }
-  seq->push_back(nn::Conv2d(nn::Conv2dOptions(16, kSegClasses, 3).padding(1)));
-  return seq;
-}
 
 SegDataset::SegDataset(int64_t size, uint64_t seed, int64_t image_size, int64_t classes)
     : size_(size), seed_(seed), image_size_(image_size), classes_(classes) {
@@ -64,8 +38,8 @@ SegWorkload make_seg(const WorkloadOptions& options) {
   check_params("seg", options.params, {});
   torch::manual_seed(options.seed);
   SegWorkload s;
-  s.encoder = make_seg_encoder();
-  s.decoder = make_seg_decoder();
+  s.encoder = models::seed_seg_encoder();
+  s.decoder = models::seed_seg_decoder(kSegClasses);
   s.encoder->to(options.device);
   s.decoder->to(options.device);
   s.encoder->eval();

@@ -17,9 +17,7 @@ constexpr int64_t kClsImageSize = 256;
 constexpr int64_t kClsClasses = 10;
 constexpr double kClsLearningRate = 1e-3;  // torch.optim.SGD's default, as the reference uses
 
-/// The seg encoder's 9 convolutions (ReLU after all but the last), Flatten, Linear(4096 -> 10).
-/// (N, 3, 256, 256) float -> (N, 10). 44,787,754 parameters.
-torch::nn::Sequential make_cls_model();
+// The network: models::seed_cls_net() (tandem/models/seed_nets.h).
 
 /// Random uint8 images (3, S, S) and int64 labels () in [0, classes), a pure function of
 /// (seed, index). `learnable`: a toy task a model can learn through the augmentation, for

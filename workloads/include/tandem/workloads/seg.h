@@ -15,12 +15,7 @@ constexpr int64_t kSegImageSize = 256;
 constexpr int64_t kSegClasses = 10;
 constexpr double kSegLearningRate = 1e-3;  // torch.optim.SGD's default, as the reference uses
 
-/// Conv2d(3->16, k1), then eight Conv2d k2 s2 doubling 16->4096; ReLU after all but the last.
-/// (N, 3, 256, 256) float -> (N, 4096, 1, 1). 44,746,784 parameters.
-torch::nn::Sequential make_seg_encoder();
-/// Eight ConvTranspose2d k2 s2 halving 4096->16, ReLU after each, then Conv2d(16->10, k3, p1).
-/// (N, 4096, 1, 1) -> (N, 10, 256, 256). 44,744,090 parameters.
-torch::nn::Sequential make_seg_decoder();
+// The networks: models::seed_seg_encoder() and seed_seg_decoder() (tandem/models/seed_nets.h).
 
 /// Random uint8 images (3, S, S) and int64 label maps (S, S) in [0, classes); sample i is a
 /// pure function of (seed, i), so any worker produces the same bytes for it.

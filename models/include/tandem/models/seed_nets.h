@@ -1,0 +1,24 @@
+// The seed experiments' networks (SPEC.md's seg and cls), as the reference workloads train
+// them: a 9-conv encoder that halves the image 8 times to (4096, 1, 1), the decoder that
+// mirrors it back to per-pixel logits, and the classifier of the same encoder plus a linear
+// head. Plain nn::Sequential stacks: their state_dict keys are the Python reference's
+// (seg_models.py's Encoder / Decoder layers by index).
+#pragma once
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+
+namespace tandem::models {
+
+/// Conv2d(3->16, k1), then eight Conv2d k2 s2 doubling 16->4096; ReLU after all but the last.
+/// (N, 3, 256, 256) float -> (N, 4096, 1, 1). 44,746,784 parameters.
+torch::nn::Sequential seed_seg_encoder();
+/// Eight ConvTranspose2d k2 s2 halving 4096->16, ReLU after each, then Conv2d(16->classes, k3,
+/// p1). (N, 4096, 1, 1) -> (N, classes, 256, 256). 44,744,090 parameters at 10 classes.
+torch::nn::Sequential seed_seg_decoder(int64_t classes = 10);
+/// seed_seg_encoder()'s 9 convolutions, Flatten, Linear(4096 -> classes).
+/// (N, 3, 256, 256) float -> (N, classes). 44,787,754 parameters at 10 classes.
+torch::nn::Sequential seed_cls_net(int64_t classes = 10);
+
+}  // namespace tandem::models
