@@ -71,6 +71,11 @@ else
     "$PY" -m pip install -q "nvidia-nvjpeg==13.0.*" >&2 ||
       say "warning: could not install nvidia-nvjpeg; the GPU JPEG decoder will be compiled out"
   fi
+  # The Python package (python/): scikit-build-core builds it, pytest tests it.
+  if ! "$PY" -c "import scikit_build_core, pytest" 2>/dev/null; then
+    say "installing scikit-build-core and pytest into the venv (the Python package's build, tests)"
+    "$PY" -m pip install -q "scikit-build-core>=0.10" pytest >&2
+  fi
   say "torch $("$PY" -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda)') ready"
 fi
 "$PY" -c "import torch; print(torch.utils.cmake_prefix_path)" 2>/dev/null

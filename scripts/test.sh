@@ -50,4 +50,14 @@ echo "[test] examples: augmented_classifier --device cpu --mode auto --sweep --t
 "$prefix/examples/augmented_classifier" --device cpu --steps 2 --batch-size 2 --mode auto \
   --sweep --trace "$prefix/trace.json"
 [ -s "$prefix/trace.json" ] || { echo "[test] FAILED: no trace written" >&2; exit 1; }
-echo "[test] passed: ctest, and the installed package with its examples (${SECONDS} s)"
+
+# The Python package (python/): built against the installed tandem and the venv's torch into a
+# folder of its own, then its tests (GPU ones skip without CUDA).
+echo "[test] python: pip install --no-build-isolation ./python (against $prefix/usr)"
+"$TANDEM_PYTHON" -m pip install -q --no-build-isolation --target "$prefix/py" "$root/python" \
+  -C cmake.define.CMAKE_PREFIX_PATH="$prefix/usr" -C build-dir="$prefix/py-build" \
+  >"$prefix/pip.log" 2>&1 ||
+  { tail -40 "$prefix/pip.log"; echo "[test] FAILED: building the Python package" >&2; exit 1; }
+echo "[test] python: pytest python/tests"
+PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" -m pytest -q "$root/python/tests" -p no:cacheprovider
+echo "[test] passed: ctest, the installed package with its examples, and the Python package (${SECONDS} s)"

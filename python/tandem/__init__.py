@@ -1,0 +1,18 @@
+"""tandem: overlap the parts of a GPU training step on CUDA streams, capture it into CUDA graphs.
+
+This package is tandem's C++ library seen from Python. Today: the fused GPU augmentation as a
+torch operator, ``tandem.augment``, which torch.compile traces through.
+
+    import torch, tandem
+    spec = tandem.AugmentSpec(crop=(192, 192), out=(224, 224), max_rotation_deg=15,
+                              blur_kernel=3, mean=(123.7, 116.3, 103.5), std=(58.4, 57.1, 57.4),
+                              hflip_probability=0.5)
+    x = tandem.augment(batch_uint8_on_gpu, spec)      # (B, 3, 224, 224) float32
+"""
+import torch  # first: the extension links the torch this Python runs
+
+from . import _C  # registers torch.ops.tandem.*
+from .augment import AugmentSpec, augment
+
+__all__ = ["AugmentSpec", "augment"]
+__version__ = "0.1.0"
