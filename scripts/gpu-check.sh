@@ -564,6 +564,7 @@ if has_phase train; then
 import glob, json, os, sys, datetime
 out, raw = sys.argv[1], sys.argv[2]
 rows, commands, device = [], [], None
+seg_rows, seg_commands = [], []
 def load(p):
     try:
         return json.load(open(p))
@@ -585,14 +586,18 @@ for p in sorted(glob.glob(f"{raw}/train-tandem-*.json")):
     tag = os.path.basename(p)[len("train-tandem-"):-len(".json")]
     job = "fashion_mnist" if tag == "fmnist" else tag.split("-")[0]
     layout = None if tag == "fmnist" else tag.split("-")[2]
+    if job == "seg_fcn_r18":  # segmentation: train-seg.json (train.json's jobs are classifiers)
+        seg_rows.append({"impl": "tandem", "job": job, "precision": d["precision"],
+                         "batch_size": d["batch_size"], "images_per_s": d["images_per_s"],
+                         "miou": d.get("accuracy"),  # tandem train's headline metric
+                         "epochs": d["epochs"], "layout": layout})
+        seg_commands.append(d["command"])
+        commands.pop()
+        continue
     rows.append({"impl": "tandem", "job": job, "precision": d["precision"],
                  "batch_size": d["batch_size"], "images_per_s": d["images_per_s"],
-                 "resident_images_per_s": None if job in ("fashion_mnist", "seg_fcn_r18")
-                                          else resident(tag),
-                 # tandem train's headline metric: mIoU for segmentation, else accuracy
-                 "accuracy": None if job == "seg_fcn_r18" else d.get("accuracy"),
-                 "miou": d.get("accuracy") if job == "seg_fcn_r18" else None,
-                 "epochs": d["epochs"], "layout": layout})
+                 "resident_images_per_s": None if job == "fashion_mnist" else resident(tag),
+                 "accuracy": d.get("accuracy"), "epochs": d["epochs"], "layout": layout})
 for p in sorted(glob.glob(f"{raw}/train-python-*.json")):
     d = load(p)
     if not d:
@@ -600,9 +605,17 @@ for p in sorted(glob.glob(f"{raw}/train-python-*.json")):
     commands.append(d.get("command", p))
     device = d.get("device") or device
     rows += d.get("rows", [])
-json.dump({"device": device, "date": datetime.datetime.utcnow().isoformat() + "Z",
-           "command": " ; ".join(commands), "rows": rows}, open(out, "w"), indent=2)
-print(f"wrote {out}: {len(rows)} rows")
+now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+if rows:
+    json.dump({"device": device, "date": now, "command": " ; ".join(commands), "rows": rows},
+              open(out, "w"), indent=2)
+    print(f"wrote {out}: {len(rows)} rows")
+if seg_rows:
+    seg_out = os.path.join(os.path.dirname(out), "train-seg.json")
+    json.dump({"device": device, "date": now, "command": " ; ".join(seg_commands),
+               "rows": seg_rows}, open(seg_out, "w"), indent=2)
+    print(f"wrote {seg_out}: {len(seg_rows)} rows")
+rows += seg_rows
 for r in rows:
     print(r)
 PY
