@@ -8,7 +8,10 @@
 
 namespace py = pybind11;
 
+void bind_data(py::module_& m);  // data_bindings.cpp
+
 PYBIND11_MODULE(_C, m) {
+  bind_data(m);
   m.doc() = "tandem's C++ extension: torch.ops.tandem.* and the library's defaults";
   m.def("augment_spec_defaults", [] {
     const tandem::AugmentSpec s;

@@ -1,7 +1,8 @@
 """tandem: overlap the parts of a GPU training step on CUDA streams, capture it into CUDA graphs.
 
 This package is tandem's C++ library seen from Python. Today: the fused GPU augmentation as a
-torch operator, ``tandem.augment``, which torch.compile traces through.
+torch operator, ``tandem.augment``, which torch.compile traces through, and ``tandem.data``:
+tandem's datasets and C++ loader as an iterable of batches for any PyTorch loop.
 
     import torch, tandem
     spec = tandem.AugmentSpec(crop=(192, 192), out=(224, 224), max_rotation_deg=15,
@@ -12,7 +13,8 @@ torch operator, ``tandem.augment``, which torch.compile traces through.
 import torch  # first: the extension links the torch this Python runs
 
 from . import _C  # registers torch.ops.tandem.*
+from . import data
 from .augment import AugmentSpec, augment
 
-__all__ = ["AugmentSpec", "augment"]
+__all__ = ["AugmentSpec", "augment", "data"]
 __version__ = "0.1.0"

@@ -1,0 +1,74 @@
+"""tandem.data: tandem's datasets and its C++ loader as a Python iterable of batches.
+
+    ds = tandem.data.ImageFolder("photos/", image_size=224)         # or Idx(...), ImageMaskPairs(...)
+    loader = tandem.data.Loader(ds, batch_size=256, workers=8, shuffle=True, device="cuda")
+    for batch in loader:                                           # a new order each pass
+        x, y = batch["image"], batch["label"]                       # (B, 3, 224, 224) uint8, (B,)
+
+Worker threads in C++ decode and fill pinned host slots ahead of the loop (no Python, no GIL,
+no processes); with a CUDA `device` each batch is copied on the current stream and its slot is
+refilled only after the copy. The order is PyTorch's: with `shuffle`, torch.randperm seeded
+`seed + epoch` (DistributedSampler's), so a tandem loop and a PyTorch loop see the same batches.
+"""
+import math
+from typing import Iterator, Optional
+
+from . import _C
+
+Dataset = _C.Dataset
+
+
+def ImageFolder(root: str, image_size: int = 224, channels: int = 3) -> Dataset:
+    """One subfolder of JPEG/PNG files per class (torchvision's ImageFolder order and labels);
+    each image decoded (DCT-scaled where it can) then Resize + CenterCrop to image_size.
+    Fields: image (C, S, S) uint8, label () int64."""
+    return _C.image_folder(root, image_size, channels)
+
+
+def ImageMaskPairs(root: str, classes: int, image_size: int = 512,
+                   ignore_index: int = 255) -> Dataset:
+    """root/images/* and root/masks/*.png paired by file stem; masks of class ids.
+    Fields: image (3, S, S) uint8, mask (S, S) int64."""
+    return _C.image_mask_pairs(root, classes, image_size, ignore_index)
+
+
+def Idx(images: str, labels: str) -> Dataset:
+    """MNIST's IDX files (gzip or raw). Fields: image (1, rows, cols) uint8, label () int64."""
+    return _C.idx(images, labels)
+
+
+class Loader:
+    """Batches of `dataset` from C++ worker threads, as dicts of tensors (every field, plus
+    "indices": the dataset indices of the batch's samples)."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, *, workers: int = 4,
+                 shuffle: bool = False, seed: int = 0, drop_last: bool = True,
+                 device: Optional[str] = None, skip_bad: bool = False, depth: int = 0):
+        if batch_size < 1:
+            raise ValueError(f"batch_size {batch_size} is not valid: expected >= 1")
+        if workers < 1:
+            raise ValueError(f"workers {workers} is not valid: expected >= 1")
+        self.dataset, self.batch_size, self.workers = dataset, batch_size, workers
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.device, self.skip_bad, self.depth = device, skip_bad, depth
+        self.epoch = 0
+        self._last = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next pass shuffles for (each pass advances it by one)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[dict]:
+        self._last = _C.epoch(self.dataset, self.batch_size, self.workers, self.depth,
+                              self.shuffle, self.seed, self.epoch, self.drop_last, self.skip_bad,
+                              self.device)
+        self.epoch += 1
+        return iter(self._last)
+
+    def skipped(self):
+        """(index, reason) of each sample the last pass left out (skip_bad)."""
+        return self._last.skipped() if self._last is not None else []
