@@ -195,6 +195,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const LaunchEnv& env, c10::D
                                           "): expected MASTER_ADDR:MASTER_PORT of a running rank 0"));
   }
   im->join();
+  im->store->setTimeout(options.collective_timeout);  // the join's deadline was its own
   im->exchange = std::make_shared<StoreExchange>(im->store, im->prefix + "x/", env.rank,
                                                  env.world_size, im->store_name());
   if (device.is_cuda() && !options.force_store_collectives)

@@ -23,8 +23,13 @@
 namespace tandem::dist {
 
 struct ProcessGroupOptions {
-  /// How long a rank waits for the others to join, and for any store read.
+  /// How long a rank waits for the others to join (and to leave, in finish()).
   std::chrono::seconds join_timeout{120};
+  /// How long a host collective (all_reduce_host, barrier, the CPU's device collectives) waits
+  /// for the other ranks: long, because a rank may be busy for minutes between two of them
+  /// (rank 0 evaluating a large validation set while the others wait). A dead rank is found by
+  /// the heartbeat much sooner.
+  std::chrono::seconds collective_timeout{1800};
   /// A rank whose heartbeat stops for this long is declared dead.
   double dead_after_s = 10.0;
   /// Device collectives over the store even on CUDA (tests); default: NCCL on CUDA.
