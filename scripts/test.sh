@@ -60,4 +60,11 @@ echo "[test] python: pip install --no-build-isolation ./python (against $prefix/
   { tail -40 "$prefix/pip.log"; echo "[test] FAILED: building the Python package" >&2; exit 1; }
 echo "[test] python: pytest python/tests"
 PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" -m pytest -q "$root/python/tests" -p no:cacheprovider
+fm=/usr/share/datasets/fashion-mnist
+if [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
+  echo "[test] python: examples/plain_loop.py on Fashion-MNIST, 100 steps"
+  PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" "$root/python/examples/plain_loop.py" \
+    "$fm/train-images-idx3-ubyte.gz" "$fm/train-labels-idx1-ubyte.gz" --device cpu --epochs 1 \
+    --max-steps 100
+fi
 echo "[test] passed: ctest, the installed package with its examples, and the Python package (${SECONDS} s)"
