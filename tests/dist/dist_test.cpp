@@ -219,7 +219,9 @@ std::string temp_dir() {
 // A port no other test of this run uses: the tests of this binary may run in parallel (ctest).
 int test_port(int offset) { return 29000 + (getpid() % 400) * 5 + offset; }
 
-class DataParallelTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+// Parameters by value (std::string, not const char*): ctest's test names print them, and a
+// pointer would print as an address.
+class DataParallelTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 TEST_P(DataParallelTest, RanksAgreeAndMatchOneProcessOnTheGlobalBatch) {
   const auto [world, mode] = GetParam();
@@ -250,17 +252,17 @@ TEST_P(DataParallelTest, RanksAgreeAndMatchOneProcessOnTheGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndModes, DataParallelTest,
-                         ::testing::Values(std::make_tuple(2, "serial"),
-                                           std::make_tuple(3, "serial"),
-                                           std::make_tuple(2, "pipelined")));
+                         ::testing::Values(std::make_tuple(2, std::string("serial")),
+                                           std::make_tuple(3, std::string("serial")),
+                                           std::make_tuple(2, std::string("pipelined"))));
 
 // Two GPUs over NCCL, the all-reduce eager (serial) and captured in the train step's graph
 // (pipelined+graphed): the ranks agree bitwise and match one GPU on the global batch.
-class DataParallelGpuTest : public ::testing::TestWithParam<const char*> {};
+class DataParallelGpuTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DataParallelGpuTest, RanksAgreeAndMatchOneGpuOnTheGlobalBatch) {
   if (c10::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  const char* mode = GetParam();
+  const std::string mode = GetParam();
   const std::string dir = temp_dir();
   auto ranks = start_ranks(2, "DataParallelWorker.TrainsOneEpoch", dir, mode, test_port(40),
                            {{"TANDEM_DIST_TEST_DEVICE=cuda"}, {"TANDEM_DIST_TEST_DEVICE=cuda"}});
@@ -277,7 +279,8 @@ TEST_P(DataParallelGpuTest, RanksAgreeAndMatchOneGpuOnTheGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, DataParallelGpuTest,
-                         ::testing::Values("serial", "pipelined", "pipelined+graphed"));
+                         ::testing::Values(std::string("serial"), std::string("pipelined"),
+                                           std::string("pipelined+graphed")));
 
 TEST(DataParallelFailureTest, AKilledRankStopsTheOthersWithinThirtySeconds) {
   for (int victim : {1, 0}) {  // a plain rank, then the one hosting the store
