@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign data train ddp
+#   redesign data train ddp python
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -704,6 +704,32 @@ for (impl, scen, bs, world), v in sorted(best.items()):
           + (f"  scaling {v / w1:.3f}" if w1 and world > 1 else "")
           + (f"  vs python {v / py2:.2f}x" if impl == "tandem" and py2 else ""))
 PY
+fi
+
+# The Python package (issue 20) on the GPU: installed against this build, then python/tests
+# (the CUDA ones included) and python/examples/plain_loop.py on CUDA.
+if has_phase python; then
+  say "python: install tandem, pip install --no-build-isolation ./python"
+  pyprefix="$ROOT/$BUILD-py"
+  rm -rf "$pyprefix" && cmake --install "$BUILD" --prefix "$pyprefix/usr" >"$RAW/py-install.log" 2>&1 &&
+    python3 -m pip install -q --no-build-isolation --target "$pyprefix/py" ./python \
+      -C cmake.define.CMAKE_PREFIX_PATH="$pyprefix/usr" -C build-dir="$pyprefix/build" \
+      >"$RAW/py-pip.log" 2>&1 || { tail -30 "$RAW/py-pip.log" | tee -a "$LOG"; status=1; }
+  say "python: pytest python/tests"
+  PYTHONPATH="$pyprefix/py" python3 -m pytest -q python/tests -p no:cacheprovider 2>&1 |
+    tail -15 | tee -a "$LOG" || status=1
+  fm=${TANDEM_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+  deb=$(ls ${TANDEM_DEBS:-.ref/debs}/dataset-fashion-mnist_*.deb 2>/dev/null | head -1)
+  if [ ! -f "$fm/train-images-idx3-ubyte.gz" ] && [ -n "$deb" ]; then
+    mkdir -p "$ROOT/$BUILD-deps" && dpkg -x "$deb" "$ROOT/$BUILD-deps"
+    fm="$ROOT/$BUILD-deps/usr/share/datasets/fashion-mnist"
+  fi
+  if [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
+    say "python: examples/plain_loop.py on CUDA, 2 epochs"
+    PYTHONPATH="$pyprefix/py" python3 python/examples/plain_loop.py \
+      "$fm/train-images-idx3-ubyte.gz" "$fm/train-labels-idx1-ubyte.gz" --device cuda \
+      --epochs 2 2>&1 | tail -3 | tee -a "$LOG" || status=1
+  fi
 fi
 
 # Run folders' checkpoints (hundreds of MB for the ResNets) stay out of the archive.
