@@ -715,8 +715,14 @@ if has_phase python; then
     python3 -m pip install -q --no-build-isolation --target "$pyprefix/py" ./python \
       -C cmake.define.CMAKE_PREFIX_PATH="$pyprefix/usr" -C build-dir="$pyprefix/build" \
       >"$RAW/py-pip.log" 2>&1 || { tail -30 "$RAW/py-pip.log" | tee -a "$LOG"; status=1; }
+  pytest_path=
+  if ! python3 -c "import pytest" 2>/dev/null; then  # offline: the wheels fetch-gpu-debs.sh got
+    python3 -m pip install -q --no-index --find-links "${TANDEM_DEBS:-.ref/debs}/wheels" \
+      --target "$pyprefix/pytest" pytest >>"$RAW/py-pip.log" 2>&1 || say "no pytest to install"
+    pytest_path=":$pyprefix/pytest"
+  fi
   say "python: pytest python/tests"
-  PYTHONPATH="$pyprefix/py" python3 -m pytest -q python/tests -p no:cacheprovider 2>&1 |
+  PYTHONPATH="$pyprefix/py$pytest_path" python3 -m pytest -q python/tests -p no:cacheprovider 2>&1 |
     tail -15 | tee -a "$LOG" || status=1
   fm=${TANDEM_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
   deb=$(ls ${TANDEM_DEBS:-.ref/debs}/dataset-fashion-mnist_*.deb 2>/dev/null | head -1)
