@@ -144,6 +144,51 @@ def prepare_out_dir(a):
         os.makedirs(os.path.join(a.out_dir, f"class_{k:02d}"), exist_ok=True)
 
 
+def add_photo_args(p):
+    """The options both generators take (this one and make_seg_pairs.py): image sides, JPEG
+    quality, seed and worker processes."""
+    p.add_argument("--min-side", type=int, default=320, help="smallest side length (default 320)")
+    p.add_argument("--max-side", type=int, default=640, help="largest side length (default 640)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality 1..100 (default 90)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="processes (default: CPU count)")
+
+
+def check_photo_args(p, a):
+    """Exits through p.error naming the first bad value of add_photo_args' options."""
+    if not 16 <= a.min_side <= a.max_side:
+        p.error("need 16 <= --min-side <= --max-side")
+    if not 1 <= a.quality <= 100:
+        p.error("--quality must be in 1..100")
+    if a.workers < 1 or a.seed < 0:
+        p.error("--workers must be >= 1 and --seed >= 0")
+
+
+def run_chunks(work_fn, chunks, init_fn, sources, workers, on_part=None):
+    """work_fn over every chunk, in `workers` processes (each given the photos once, through
+    init_fn(sources)), or in this one; the results concatenated, in completion order.
+    on_part(done, results) after each chunk."""
+    results = []
+    if workers == 1:
+        init_fn(sources)
+        parts = map(work_fn, chunks)
+        pool = None
+    else:
+        pool = multiprocessing.Pool(workers, init_fn, (sources,))
+        parts = pool.imap_unordered(work_fn, chunks)
+    try:
+        for done, part in enumerate(parts, 1):
+            results += part
+            if on_part:
+                on_part(done, results)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    return results
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         description="Make a JPEG ImageFolder (OUT_DIR/class_XX/NNNNN.jpg) of random crops of "
@@ -152,12 +197,7 @@ def parse_args(argv):
     p.add_argument("out_dir", metavar="OUT_DIR", help="output folder (created; must be empty)")
     p.add_argument("--count", type=int, default=6000, help="number of images (default 6000)")
     p.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
-    p.add_argument("--min-side", type=int, default=320, help="smallest side length (default 320)")
-    p.add_argument("--max-side", type=int, default=640, help="largest side length (default 640)")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality 1..95 (default 90)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="processes (default: CPU count)")
+    add_photo_args(p)
     p.add_argument("--gray-fraction", type=float, default=0.02,
                    help="share of images saved as grayscale JPEG (default 0.02)")
     p.add_argument("--force", action="store_true",
@@ -167,14 +207,9 @@ def parse_args(argv):
         p.error("--count and --classes must be >= 1")
     if a.classes > a.count:
         p.error(f"--classes ({a.classes}) > --count ({a.count}): some classes would be empty")
-    if not 16 <= a.min_side <= a.max_side:
-        p.error("need 16 <= --min-side <= --max-side")
-    if not 1 <= a.quality <= 100:
-        p.error("--quality must be in 1..100")
+    check_photo_args(p, a)
     if not 0.0 <= a.gray_fraction <= 1.0:
         p.error("--gray-fraction must be in [0, 1]")
-    if a.workers < 1 or a.seed < 0:
-        p.error("--workers must be >= 1 and --seed >= 0")
     return a
 
 
@@ -191,15 +226,7 @@ def main(argv=None):
     # Chunks of ~64 images keep the per-task overhead small and the load balanced.
     n_chunks = max(1, min(a.count // 64, a.workers * 8))
     chunks = [(list(range(c, a.count, n_chunks)), a.classes, a) for c in range(n_chunks)]
-    results = []
-    if a.workers == 1:
-        init_worker(sources)
-        for c in chunks:
-            results += work(c)
-    else:
-        with multiprocessing.Pool(a.workers, init_worker, (sources,)) as pool:
-            for part in pool.imap_unordered(work, chunks):
-                results += part
+    results = run_chunks(work, chunks, init_worker, sources, a.workers)
     secs = time.perf_counter() - t0
     sizes = [r[0] for r in results]
     ws, hs = [r[1] for r in results], [r[2] for r in results]

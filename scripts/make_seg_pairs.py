@@ -30,7 +30,6 @@ Usage: make_seg_pairs.py OUT_DIR [--count 2000] [--classes 6] [--min-side 320]
 import argparse
 import colorsys
 import math
-import multiprocessing
 import os
 import sys
 import time
@@ -40,7 +39,7 @@ from PIL import Image, ImageDraw, ImageEnhance
 
 # The classification sibling's photo loader, from this script's folder, not copied.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_image_folder import load_sources  # noqa: E402
+from make_image_folder import add_photo_args, check_photo_args, load_sources, run_chunks  # noqa: E402
 
 IGNORE = 255                 # the mask id no loss counts (ImageMaskPairsOptions::ignore_index)
 FAMILIES = ["disc", "rectangle", "triangle", "ring", "star",
@@ -275,12 +274,7 @@ def parse_args(argv):
     p.add_argument("--count", type=int, default=2000, help="number of pairs (default 2000)")
     p.add_argument("--classes", type=int, default=6,
                    help="classes including background 0; objects are 1..C-1 (default 6)")
-    p.add_argument("--min-side", type=int, default=320, help="smallest side length (default 320)")
-    p.add_argument("--max-side", type=int, default=640, help="largest side length (default 640)")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality 1..100 (default 90)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="processes (default: CPU count)")
+    add_photo_args(p)
     p.add_argument("--ignore-border", action=argparse.BooleanOptionalAction, default=True,
                    help=f"set the pixels on both sides of each class boundary to {IGNORE} "
                         "(VOC's void border; default on)")
@@ -293,12 +287,7 @@ def parse_args(argv):
     if not 2 <= a.classes <= IGNORE:
         p.error(f"--classes must be in 2..{IGNORE} (ids 0..C-1 in an 8-bit mask, "
                 f"{IGNORE} is the ignore index)")
-    if not 16 <= a.min_side <= a.max_side:
-        p.error("need 16 <= --min-side <= --max-side")
-    if not 1 <= a.quality <= 100:
-        p.error("--quality must be in 1..100")
-    if a.workers < 1 or a.seed < 0:
-        p.error("--workers must be >= 1 and --seed >= 0")
+    check_photo_args(p, a)
     return a
 
 
@@ -318,24 +307,14 @@ def main(argv=None):
           ", ".join(f"{n} {im.size[0]}x{im.size[1]}" for n, im in sources), flush=True)
     n_chunks = max(1, min(a.count // 16, a.workers * 8))
     chunks = [(list(range(c, a.count, n_chunks)), a) for c in range(n_chunks)]
-    results = []
     step = max(1, n_chunks // 10)
 
-    def progress(done):
+    def progress(done, results):
         if done % step == 0 or done == n_chunks:
             print(f"  {len(results)}/{a.count} pairs, {time.perf_counter() - t0:.1f} s",
                   flush=True)
 
-    if a.workers == 1:
-        init_worker(sources)
-        for done, c in enumerate(chunks, 1):
-            results += work(c)
-            progress(done)
-    else:
-        with multiprocessing.Pool(a.workers, init_worker, (sources,)) as pool:
-            for done, part in enumerate(pool.imap_unordered(work, chunks), 1):
-                results += part
-                progress(done)
+    results = run_chunks(work, chunks, init_worker, sources, a.workers, progress)
     secs = time.perf_counter() - t0
     isz, msz = [r[0] for r in results], [r[1] for r in results]
     ws, hs = [r[2] for r in results], [r[3] for r in results]
