@@ -484,16 +484,23 @@ fi
 #   env: TANDEM_FMNIST_EPOCHS (10), TANDEM_TRAIN_EPOCHS (4, image jobs), TANDEM_TRAIN_JOBS
 #        ("fmnist images"), TANDEM_TRAIN_PRECISIONS ("fp32 bf16"), TANDEM_TRAIN_BS (256),
 #        TANDEM_TRAIN_LAYOUTS ("channels_last"; "nchw channels_last" for both)
-if has_phase train; then
-  fm=${TANDEM_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+# Prints the Fashion-MNIST folder: TANDEM_FASHION_MNIST or the Debian package's, else the
+# carried .deb unpacked next to the build (the GPU machine has no registry).
+fashion_mnist_dir() {
+  local fm=${TANDEM_FASHION_MNIST:-/usr/share/datasets/fashion-mnist} deb
   if [ ! -f "$fm/train-images-idx3-ubyte.gz" ]; then
     deb=$(ls ${TANDEM_DEBS:-.ref/debs}/dataset-fashion-mnist_*.deb 2>/dev/null | head -1)
     if [ -n "$deb" ]; then
       mkdir -p "$ROOT/$BUILD-deps" && dpkg -x "$deb" "$ROOT/$BUILD-deps"
       fm="$ROOT/$BUILD-deps/usr/share/datasets/fashion-mnist"
-      say "Fashion-MNIST from $deb"
+      say "Fashion-MNIST from $deb" >&2
     fi
   fi
+  echo "$fm"
+}
+
+if has_phase train; then
+  fm=$(fashion_mnist_dir)
   train_jobs=${TANDEM_TRAIN_JOBS:-fmnist images}
   if [[ " $train_jobs " == *" fmnist "* ]]; then
     say "tandem train: small CNN on Fashion-MNIST, ${TANDEM_FMNIST_EPOCHS:-10} epochs"
@@ -724,12 +731,7 @@ if has_phase python; then
   say "python: pytest python/tests"
   PYTHONPATH="$pyprefix/py$pytest_path" python3 -m pytest -q python/tests -p no:cacheprovider 2>&1 |
     tail -15 | tee -a "$LOG" || status=1
-  fm=${TANDEM_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
-  deb=$(ls ${TANDEM_DEBS:-.ref/debs}/dataset-fashion-mnist_*.deb 2>/dev/null | head -1)
-  if [ ! -f "$fm/train-images-idx3-ubyte.gz" ] && [ -n "$deb" ]; then
-    mkdir -p "$ROOT/$BUILD-deps" && dpkg -x "$deb" "$ROOT/$BUILD-deps"
-    fm="$ROOT/$BUILD-deps/usr/share/datasets/fashion-mnist"
-  fi
+  fm=$(fashion_mnist_dir)
   if [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
     say "python: examples/plain_loop.py on CUDA, 2 epochs"
     PYTHONPATH="$pyprefix/py" python3 python/examples/plain_loop.py \

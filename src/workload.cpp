@@ -9,6 +9,7 @@
 
 #include "tandem/error.h"
 #include "tandem/mode.h"
+#include "tandem/sampler.h"
 
 namespace tandem {
 
@@ -134,7 +135,8 @@ std::string param_or_default(const std::map<std::string, std::string>& params,
 
 int64_t DataSource::batches_per_epoch(int64_t batch_size, int64_t world_size) const {
   if (kind_ != Kind::kDataset || batch_size <= 0 || world_size < 1) return 0;
-  const int64_t n = (dataset_->size() + world_size - 1) / world_size;  // a rank's shard
+  // A rank's shard, as the runner's loader takes it.
+  const int64_t n = DistributedSampler(dataset_->size(), world_size).num_samples();
   return drop_last_ ? n / batch_size : (n + batch_size - 1) / batch_size;
 }
 

@@ -42,6 +42,16 @@ std::string LaunchEnv::describe() const {
                         agent_store ? " hosted by torchrun's agent" : " hosted by rank 0");
 }
 
+std::string rank_prefix(int rank, int world_size) {
+  return world_size > 1 ? detail::concat("[rank ", rank, "] ") : std::string();
+}
+
+std::string rank_prefix() {
+  const char* rank = get("RANK");
+  const char* world = get("WORLD_SIZE");
+  return rank && world ? rank_prefix(std::atoi(rank), std::atoi(world)) : std::string();
+}
+
 std::optional<LaunchEnv> launch_env_from_environment() {
   if (!get("RANK") && !get("WORLD_SIZE") && !get("LOCAL_RANK")) return std::nullopt;
   LaunchEnv e;

@@ -35,8 +35,9 @@ std::string process_token() {
 
 /// Ends the process at once with one line: a peer is gone and this rank cannot go on without
 /// it (a collective would wait forever). _Exit: no destructor may block on the dead peer.
-[[noreturn]] void die(int rank, const std::string& why) {
-  std::fprintf(stderr, "[rank %d] tandem: error: %s; stopping this rank\n", rank, why.c_str());
+[[noreturn]] void die(int rank, int world_size, const std::string& why) {
+  std::fprintf(stderr, "%standem: error: %s; stopping this rank\n",
+               rank_prefix(rank, world_size).c_str(), why.c_str());
   std::fflush(stderr);
   std::_Exit(1);
 }
@@ -83,7 +84,7 @@ struct ProcessGroup::Impl {
       s = store->clone();  // a connection of its own: the main thread may block in a read
       s->setTimeout(std::chrono::seconds(5));
     } catch (const std::exception& e) {
-      die(r, "the watchdog could not connect to the store at " + store_name() + ": " +
+      die(r, W, "the watchdog could not connect to the store at " + store_name() + ": " +
                  first_line(e.what()));
     }
     std::vector<int64_t> last(W, -1);
@@ -105,13 +106,14 @@ struct ProcessGroup::Impl {
             seen[p] = now;
           } else if (std::chrono::duration<double>(now - seen[p]).count() > options.dead_after_s &&
                      !stop.load()) {
-            die(r, detail::concat("rank ", p, " of ", W, " stopped responding (no heartbeat for ",
-                                  options.dead_after_s, " s): it has died or hung"));
+            die(r, W,
+                detail::concat("rank ", p, " of ", W, " stopped responding (no heartbeat for ",
+                               options.dead_after_s, " s): it has died or hung"));
           }
         }
       } catch (const std::exception& e) {
         if (stop.load()) break;
-        die(r, "lost the rendezvous store at " + store_name() +
+        die(r, W, "lost the rendezvous store at " + store_name() +
                    ": the rank or launcher hosting it has exited (" + first_line(e.what()) + ")");
       }
       std::unique_lock<std::mutex> lock(mu);
@@ -229,6 +231,9 @@ std::string ProcessGroup::backend() const { return impl_->collectives->name(); }
 
 void ProcessGroup::all_reduce_mean_(const std::vector<at::Tensor>& tensors) {
   if (impl_->env.world_size == 1 || tensors.empty()) return;
+  for (const auto& t : tensors)  // a mean of integers: neither backend has one
+    TANDEM_CHECK_ARG(at::isFloatingType(t.scalar_type()), "all_reduce_mean_: a ",
+                     t.scalar_type(), " tensor: expected floating point");
   impl_->collectives->all_reduce_mean_(tensors);
 }
 
@@ -279,11 +284,6 @@ void ProcessGroup::finish() {
   // Phase 2: rank 0, when it hosts the store, keeps it up until every rank is done with it.
   im.store->add(im.key("exit2"), 1);
   if (im.env.rank == 0 && !im.env.agent_store) im.wait_count("exit2", W, std::chrono::seconds(30));
-}
-
-std::string rank_prefix(const ProcessGroup* group) {
-  if (!group || group->world_size() <= 1) return "";
-  return detail::concat("[rank ", group->rank(), "] ");
 }
 
 // ---- StoreExchange

@@ -386,14 +386,20 @@ std::string write_pairs(const TempDir& tmp, int n) {
   return tmp.path() + "/seg";
 }
 
-TEST(SegmenterTest, LearnsTheHalvesAndReportsMiou) {
-  TempDir tmp;
+// A segmentation job over `count` pairs write_pairs makes: 2 classes, 64 px, batch 8.
+ClassifierOptions pairs_job(TempDir& tmp, int count) {
   ClassifierOptions c;
-  c.data = write_pairs(tmp, 48);
+  c.data = write_pairs(tmp, count);
   c.classes = 2;
   c.image_size = 64;
   c.val_split = 0.25;
   c.batch_size = 8;
+  return c;
+}
+
+TEST(SegmenterTest, LearnsTheHalvesAndReportsMiou) {
+  TempDir tmp;
+  ClassifierOptions c = pairs_job(tmp, 48);
   c.seed = 1;
   TrainJob job = make_classifier(c);
   EXPECT_EQ(job.config.at("model"), "fcn_resnet18");
@@ -423,12 +429,7 @@ TEST(SegmenterTest, LearnsTheHalvesAndReportsMiou) {
 TEST(SegmenterGpuTest, CapturesItsStagesAndTrains) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   TempDir tmp;
-  ClassifierOptions c;
-  c.data = write_pairs(tmp, 32);
-  c.classes = 2;
-  c.image_size = 64;
-  c.val_split = 0.25;
-  c.batch_size = 8;
+  ClassifierOptions c = pairs_job(tmp, 32);
   c.device = c10::Device(c10::kCUDA, 0);
   c.channels_last = true;
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {

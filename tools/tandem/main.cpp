@@ -20,6 +20,7 @@
 #include "tandem/sweep.h"
 #include "tandem/workloads/registry.h"
 #include "data_parallel.h"
+#include "tandem/dist/launch_env.h"
 #ifdef TANDEM_HAVE_IMAGES
 #include "data_bench.h"
 #endif
@@ -31,15 +32,6 @@ namespace {
 
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
-
-/// "[rank 1] " in a data-parallel job of more than one rank (RANK and WORLD_SIZE set), else "":
-/// the prefix of this process's error lines, so a job's log says which rank failed.
-std::string rank_tag() {
-  const char* rank = std::getenv("RANK");
-  const char* world = std::getenv("WORLD_SIZE");
-  if (!rank || !world || std::atoi(world) <= 1) return "";
-  return std::string("[rank ") + rank + "] ";
-}
 
 /// Opens `path` for writing now, so a bad path fails before a long run, not after it.
 std::ofstream open_output(const std::string& path, const std::string& what) {
@@ -470,18 +462,18 @@ int main(int argc, char** argv) {
     }
 #endif
   } catch (const tandem::InvalidArgument& e) {
-    std::cerr << rank_tag() << "tandem: error: " << tandem::first_line(e.what()) << "\n";
+    std::cerr << tandem::dist::rank_prefix() << "tandem: error: " << tandem::first_line(e.what()) << "\n";
     return kExitUsage;
   } catch (const c10::Error& e) {
     // TANDEM_DEBUG=1: the whole message, with LibTorch's C++ backtrace of where it was thrown
     // (stage threads included) when TORCH_SHOW_CPP_STACKTRACES=1 is set too.
-    std::cerr << rank_tag() << "tandem: error: "
+    std::cerr << tandem::dist::rank_prefix() << "tandem: error: "
               << (std::getenv("TANDEM_DEBUG") ? std::string(e.what())
                                               : tandem::first_line(e.what_without_backtrace()))
               << "\n";
     return kExitFailure;
   } catch (const std::exception& e) {
-    std::cerr << rank_tag() << "tandem: error: "
+    std::cerr << tandem::dist::rank_prefix() << "tandem: error: "
               << (std::getenv("TANDEM_DEBUG") ? std::string(e.what()) : tandem::first_line(e.what()))
               << "\n";
     return kExitFailure;

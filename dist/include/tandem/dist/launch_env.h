@@ -43,4 +43,11 @@ struct LaunchEnv {
 /// 1..65535.
 std::optional<LaunchEnv> launch_env_from_environment();
 
+/// "[rank 1] " for rank 1 of a job of more than one rank, else "": the prefix of a rank's log and
+/// error lines, so a job's output says which rank spoke.
+std::string rank_prefix(int rank, int world_size);
+/// rank_prefix() of this process, from RANK and WORLD_SIZE as a launcher set them ("" when they
+/// are unset or not numbers; never throws: error paths call it).
+std::string rank_prefix();
+
 }  // namespace tandem::dist

@@ -83,7 +83,4 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-/// The prefix of this process's log lines in a job of more than one rank: "[rank 1] ", else "".
-std::string rank_prefix(const ProcessGroup* group);
-
 }  // namespace tandem::dist
