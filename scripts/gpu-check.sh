@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign data train ddp python
+#   redesign data train ddp python pybench
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -35,7 +35,8 @@ set -uo pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUT [build test sanitize seg cls augment]}
 shift
 PHASES=${*:-build test sanitize seg cls augment graphs sweep}
-PHASES=${PHASES//bench/seg}
+PHASES=" $PHASES "
+PHASES=${PHASES// bench / seg }  # the word only: phase pybench stays
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)  # the script works from the repository root
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -715,11 +716,19 @@ fi
 
 # The Python package (issue 20) on the GPU: installed against this build, then python/tests
 # (the CUDA ones included) and python/examples/plain_loop.py on CUDA.
+# TurboJPEG unpacked from a .deb next to the build (phase build) is outside the loader's path.
+deps_lib="$ROOT/$BUILD-deps/usr/lib/x86_64-linux-gnu"
+if [ -d "$deps_lib" ]; then export LD_LIBRARY_PATH="$deps_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+# On the H200 machine (Ubuntu 24.04, Python 3.12, /opt/torch), the first C++ exception or the
+# first run through tandem._C crashed ("free(): invalid pointer", SIGSEGV) unless libstdc++ is
+# preloaded — the very same file the process loads anyway (NOTES.md: cause not yet found).
+py_preload=$(${CXX:-c++} -print-file-name=libstdc++.so.6 2>/dev/null)
+[ -f "$py_preload" ] || py_preload=
 if has_phase python; then
   say "python: install tandem, pip install --no-build-isolation ./python"
   pyprefix="$ROOT/$BUILD-py"
   rm -rf "$pyprefix" && cmake --install "$BUILD" --prefix "$pyprefix/usr" >"$RAW/py-install.log" 2>&1 &&
-    python3 -m pip install -q --no-build-isolation --target "$pyprefix/py" ./python \
+    python3 -m pip install -q --no-build-isolation --no-deps --target "$pyprefix/py" ./python \
       -C cmake.define.CMAKE_PREFIX_PATH="$pyprefix/usr" -C build-dir="$pyprefix/build" \
       >"$RAW/py-pip.log" 2>&1 || { tail -30 "$RAW/py-pip.log" | tee -a "$LOG"; status=1; }
   pytest_path=
@@ -729,15 +738,27 @@ if has_phase python; then
     pytest_path=":$pyprefix/pytest"
   fi
   say "python: pytest python/tests"
-  PYTHONPATH="$pyprefix/py$pytest_path" python3 -m pytest -q python/tests -p no:cacheprovider 2>&1 |
-    tail -15 | tee -a "$LOG" || status=1
+  LD_PRELOAD=$py_preload PYTHONPATH="$pyprefix/py$pytest_path" python3 -m pytest -q python/tests -p no:cacheprovider \
+    >"$OUT/pytest.log" 2>&1 || status=1
+  tail -15 "$OUT/pytest.log" | tee -a "$LOG"
   fm=$(fashion_mnist_dir)
   if [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
     say "python: examples/plain_loop.py on CUDA, 2 epochs"
-    PYTHONPATH="$pyprefix/py" python3 python/examples/plain_loop.py \
+    LD_PRELOAD=$py_preload PYTHONPATH="$pyprefix/py" python3 python/examples/plain_loop.py \
       "$fm/train-images-idx3-ubyte.gz" "$fm/train-labels-idx1-ubyte.gz" --device cuda \
       --epochs 2 2>&1 | tail -3 | tee -a "$LOG" || status=1
   fi
+fi
+
+# tandem.Trainer's benchmark (issue 20): the seeds' loops written with the Trainer
+# (python/examples/*_trainer.py) beside the C++ CLI and the seeds' Python loops, and
+# tandem.augment beside torchvision's batch transform. Needs phase python's package.
+if has_phase pybench; then
+  say "pybench: bench/python/python_bench.py (seg bs ${TANDEM_SEG_BS:-8,32}, cls bs ${TANDEM_CLS_BS_PY:-32,128})"
+  LD_PRELOAD=$py_preload PYTHONPATH="$ROOT/$BUILD-py/py" python3 bench/python/python_bench.py --tandem "$BUILD/tandem" \
+    --reference "$REF" --seg-bs "${TANDEM_SEG_BS:-8,32}" --cls-bs "${TANDEM_CLS_BS_PY:-32,128}" \
+    --scenarios "${TANDEM_PY_SCENARIOS:-seg,cls}" --out "$OUT/python.json" \
+    2>&1 | tee -a "$LOG" || status=1
 fi
 
 # Run folders' checkpoints (hundreds of MB for the ResNets) stay out of the archive.

@@ -60,6 +60,10 @@ echo "[test] python: pip install --no-build-isolation ./python (against $prefix/
   { tail -40 "$prefix/pip.log"; echo "[test] FAILED: building the Python package" >&2; exit 1; }
 echo "[test] python: pytest python/tests"
 PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" -m pytest -q "$root/python/tests" -p no:cacheprovider
+echo "[test] python: examples/cls_trainer.py (tandem.Trainer) on the CPU, 2 steps"
+PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" "$root/python/examples/cls_trainer.py" --device cpu \
+  --bs 2 --steps 2 >"$prefix/cls_trainer.log" ||
+  { cat "$prefix/cls_trainer.log"; echo "[test] FAILED: cls_trainer.py" >&2; exit 1; }
 fm=/usr/share/datasets/fashion-mnist
 if [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
   echo "[test] python: examples/plain_loop.py on Fashion-MNIST, 100 steps"

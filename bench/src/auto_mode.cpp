@@ -50,9 +50,9 @@ int64_t second_trial_steps(int64_t steps, double steps_per_s, int64_t cap) {
   return longer > steps ? longer : 0;
 }
 
-AutoResult run_auto(const BenchOptions& unresolved) {
-  BenchOptions options = resolve(unresolved);
-  AutoResult out;
+std::vector<Trial> run_trials(const BenchOptions& unresolved, double* seconds) {
+  const BenchOptions options = resolve(unresolved);
+  std::vector<Trial> trials;
   const auto start = std::chrono::steady_clock::now();
   for (const Mode mode : workload_modes()) {
     BenchOptions trial = options;
@@ -73,12 +73,21 @@ AutoResult run_auto(const BenchOptions& unresolved) {
         t.runs.push_back(run_bench(trial).steps_per_s);
       t.steps_per_s = trial_rate(t.runs);
     } catch (const std::exception& e) {
+      // A cancelled run is the caller's stop, not this mode's failure.
+      if (options.cancel && options.cancel->load()) throw;
       t.error = first_line(e.what());
     }
-    out.trials.push_back(t);
+    trials.push_back(t);
   }
-  out.trial_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (seconds)
+    *seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return trials;
+}
+
+AutoResult run_auto(const BenchOptions& unresolved) {
+  BenchOptions options = resolve(unresolved);
+  AutoResult out;
+  out.trials = run_trials(options, &out.trial_seconds);
   out.decision = choose_mode(out.trials);
   options.mode = parse_mode(out.decision.mode);
   out.result = run_bench(options);

@@ -116,6 +116,8 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   using Clock = std::chrono::steady_clock;
   Clock::time_point start = Clock::now();
   runner.run([&](int stage, int64_t item) {
+    if (options.cancel && options.cancel->load(std::memory_order_relaxed))
+      throw Error("cancelled before this step");
     if (stage == clock_stage && item == warmup) {
       synchronize(device);
       start = Clock::now();

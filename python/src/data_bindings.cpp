@@ -13,8 +13,10 @@
 #include <optional>
 #include <string>
 
+#include "py_dataset.h"
 #include "tandem/lane.h"
 #include "tandem/loader.h"
+#include "tandem/random_dataset.h"
 #include "tandem/sampler.h"
 #ifdef TANDEM_PY_HAVE_DATA
 #include "tandem/data/idx.h"
@@ -25,17 +27,6 @@
 namespace py = pybind11;
 
 namespace {
-
-/// A dataset as Python holds it: tandem's, shared with the loaders reading it.
-struct PyDataset {
-  std::shared_ptr<const tandem::Dataset> dataset;
-  int64_t size() const { return dataset->size(); }
-  std::vector<std::string> fields() const {
-    std::vector<std::string> out;
-    for (const auto& f : dataset->fields()) out.push_back(f.name);
-    return out;
-  }
-};
 
 /// One pass over a dataset: the batches of an epoch, in order.
 class PyEpoch {
@@ -106,6 +97,22 @@ void bind_data(py::module_& m) {
     return PyDataset{std::make_shared<tandem::data::IdxDataset>(images, labels)};
   }, py::arg("images"), py::arg("labels"));
 #endif
+  m.def("random_dataset", [](const std::vector<std::tuple<std::string, std::vector<int64_t>,
+                                                          std::string, double, double>>& fields,
+                              int64_t size, uint64_t seed) {
+    std::vector<tandem::RandomField> f;
+    for (const auto& [name, shape, dtype, low, high] : fields) {
+      const at::ScalarType t = dtype == "uint8"   ? at::kByte
+                               : dtype == "int32" ? at::kInt
+                               : dtype == "int64" ? at::kLong
+                               : dtype == "float32"
+                                   ? at::kFloat
+                                   : throw py::value_error("random field '" + name + "' has dtype " + dtype +
+                                                           ": expected torch.uint8, int32, int64 or float32");
+      f.push_back({name, shape, t, low, high});
+    }
+    return PyDataset{std::make_shared<tandem::RandomDataset>(std::move(f), size, seed)};
+  }, py::arg("fields"), py::arg("size"), py::arg("seed"));
   py::class_<PyEpoch>(m, "Epoch", "One epoch of batches from the C++ loader")
       .def("__len__", &PyEpoch::size)
       .def("__iter__", [](PyEpoch& e) -> PyEpoch& { return e; }, py::return_value_policy::reference)

@@ -5,13 +5,28 @@
 #include <pybind11/stl.h>
 
 #include "tandem/augment.h"
+#include "tandem/error.h"
 
 namespace py = pybind11;
 
-void bind_data(py::module_& m);  // data_bindings.cpp
+void bind_data(py::module_& m);     // data_bindings.cpp
+void bind_optim(py::module_& m);    // optim_bindings.cpp
+void bind_trainer(py::module_& m);  // trainer_bindings.cpp
 
 PYBIND11_MODULE(_C, m) {
+  // A bad argument the C++ library names is a ValueError in Python (other tandem errors are
+  // RuntimeErrors, as std::runtime_error). Local: for this module's functions only — torch's
+  // own exception handling (its operators, torch.ops.tandem.* included) stays untouched.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const tandem::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
   bind_data(m);
+  bind_optim(m);
+  bind_trainer(m);
   m.doc() = "tandem's C++ extension: torch.ops.tandem.* and the library's defaults";
   m.def("augment_spec_defaults", [] {
     const tandem::AugmentSpec s;

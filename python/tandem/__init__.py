@@ -1,8 +1,10 @@
 """tandem: overlap the parts of a GPU training step on CUDA streams, capture it into CUDA graphs.
 
-This package is tandem's C++ library seen from Python. Today: the fused GPU augmentation as a
-torch operator, ``tandem.augment``, which torch.compile traces through, and ``tandem.data``:
-tandem's datasets and C++ loader as an iterable of batches for any PyTorch loop.
+This package is tandem's C++ library seen from Python: ``tandem.Trainer``, which runs your
+own modules on tandem's lanes and CUDA graphs (every mode computes the plain loop's losses);
+the fused GPU augmentation as a torch operator, ``tandem.augment``, which torch.compile traces
+through; ``tandem.data``: tandem's datasets and C++ loader as an iterable of batches for any
+PyTorch loop; ``tandem.optim``: optimizers that CUDA graphs can capture.
 
     import torch, tandem
     spec = tandem.AugmentSpec(crop=(192, 192), out=(224, 224), max_rotation_deg=15,
@@ -13,8 +15,9 @@ tandem's datasets and C++ loader as an iterable of batches for any PyTorch loop.
 import torch  # first: the extension links the torch this Python runs
 
 from . import _C  # registers torch.ops.tandem.*
-from . import data
+from . import data, optim
 from .augment import AugmentSpec, augment
+from .trainer import FitResult, Trainer
 
-__all__ = ["AugmentSpec", "augment", "data"]
+__all__ = ["AugmentSpec", "FitResult", "Trainer", "augment", "data", "optim"]
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """tandem.data: tandem's datasets and its C++ loader as a Python iterable of batches.
 
-    ds = tandem.data.ImageFolder("photos/", image_size=224)         # or Idx(...), ImageMaskPairs(...)
+    ds = tandem.data.ImageFolder("photos/", image_size=224)  # or Idx, ImageMaskPairs, Random
     loader = tandem.data.Loader(ds, batch_size=256, workers=8, shuffle=True, device="cuda")
     for batch in loader:                                           # a new order each pass
         x, y = batch["image"], batch["label"]                       # (B, 3, 224, 224) uint8, (B,)
@@ -12,6 +12,8 @@ refilled only after the copy. The order is PyTorch's: with `shuffle`, torch.rand
 """
 import math
 from typing import Iterator, Optional
+
+import torch
 
 from . import _C
 
@@ -35,6 +37,47 @@ def ImageMaskPairs(root: str, classes: int, image_size: int = 512,
 def Idx(images: str, labels: str) -> Dataset:
     """MNIST's IDX files (gzip or raw). Fields: image (1, rows, cols) uint8, label () int64."""
     return _C.idx(images, labels)
+
+
+_DTYPES = {torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",
+           torch.float32: "float32"}
+
+
+def Random(size: int, seed: int = 0, **fields) -> Dataset:
+    """Synthetic samples: each field's values uniform at random, sample i a pure function of
+    (seed, i). A field is ``name=(shape, dtype)`` or ``(shape, dtype, high)`` or
+    ``(shape, dtype, low, high)``: values in [low, high); uint8 defaults to [0, 256), float32 to
+    [0, 1), and integer fields need a high. dtype: torch.uint8, int32, int64 or float32.
+
+        tandem.data.Random(100_000, image=((3, 256, 256), torch.uint8),
+                           label=((), torch.int64, 10))"""
+    if size < 1:
+        raise ValueError(f"size {size} is not valid: expected >= 1 samples")
+    if not fields:
+        raise ValueError("tandem.data.Random needs at least one field, e.g. "
+                         "image=((3, 224, 224), torch.uint8)")
+    specs = []
+    for name, spec in fields.items():
+        if not isinstance(spec, (tuple, list)) or not 2 <= len(spec) <= 4:
+            raise ValueError(f"field {name}={spec!r} is not valid: expected (shape, dtype), "
+                             "(shape, dtype, high) or (shape, dtype, low, high)")
+        shape, dtype, *bounds = spec
+        if dtype not in _DTYPES:
+            raise ValueError(f"field {name} has dtype {dtype}: expected torch.uint8, "
+                             "torch.int32, torch.int64 or torch.float32")
+        if len(bounds) == 2:
+            low, high = bounds
+        elif len(bounds) == 1:
+            low, high = 0, bounds[0]
+        elif dtype == torch.uint8:
+            low, high = 0, 256
+        elif dtype == torch.float32:
+            low, high = 0.0, 1.0
+        else:
+            raise ValueError(f"field {name} is {dtype}: give its range, "
+                             f"e.g. {name}=({tuple(shape)}, {dtype}, 10) for values 0..9")
+        specs.append((name, [int(d) for d in shape], _DTYPES[dtype], float(low), float(high)))
+    return _C.random_dataset(specs, int(size), int(seed))
 
 
 class Loader:

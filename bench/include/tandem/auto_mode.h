@@ -61,6 +61,11 @@ struct AutoResult {
   BenchResult result;        ///< the full run of the picked mode
 };
 
+/// The trials alone: each mode of workload_modes() measured as described above, in that
+/// order; a mode that fails has its error instead of a rate. Adds the wall time of all trials,
+/// model set-up included, to `*seconds` when given. Prints nothing.
+std::vector<Trial> run_trials(const BenchOptions& options, double* seconds = nullptr);
+
 /// Runs the trials for options.workload, prints nothing, then the full run of the pick.
 /// `options.mode` is ignored.
 AutoResult run_auto(const BenchOptions& options);

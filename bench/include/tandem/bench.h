@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -61,6 +62,10 @@ struct BenchOptions {
   /// (dist::make_data_parallel). Defaults: one process.
   int rank = 0, world_size = 1;
   std::function<void(Workload&)> prepare_workload;
+  /// If set: read before every stage of every step; once true, the run stops there and
+  /// run_bench throws RunError ("... cancelled"). How a front end that cannot signal the
+  /// runner's threads (Python's Ctrl-C) stops a run cleanly.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 /// Defaults: SPEC's sizes on a GPU; small ones on the CPU so a laptop finishes in seconds.

@@ -1,0 +1,350 @@
+"""tandem.Trainer: your modules, your data, tandem's runner.
+
+    enc.requires_grad_(False).eval().cuda(); dec.train().cuda()
+    trainer = tandem.Trainer(
+        model=dec, loss_fn=torch.nn.CrossEntropyLoss(),
+        optimizer=torch.optim.SGD(dec.parameters(), lr=1e-3),
+        data=tandem.data.Random(100_000, image=((3, 256, 256), torch.uint8),
+                                mask=((256, 256), torch.int64, 10)),
+        feed=[lambda x: enc(x.float())],          # frozen stages before the model, no grad
+        batch_size=32)                             # mode="auto": timed trials pick the mode
+    result = trainer.fit(steps=1000)               # result.losses, print(result)
+
+A step is: the batch's input field through `augment` (tandem's fused GPU augmentation) and each
+`feed` stage in order, all without gradients; then ``loss_fn(model(x), target)``, backward and
+``optimizer.step()``. Every mode computes the plain loop's losses:
+
+    serial              the plain loop, on one CUDA stream
+    pipelined           each stage on its own stream and thread: step n+1's feeds beside step n
+    graphed             the whole step captured into one CUDA graph, replayed
+    pipelined+graphed   pipelined, each stage replaying its own graph
+    graphed_k           graphed, K steps per graph
+    auto                short timed trials of each on copies of your modules, then the fastest
+
+Eager modes call your Python code from tandem's stage threads (under the GIL). The graphed
+modes call it while they warm up and capture, then replay CUDA graphs from C++ with no Python
+and no GIL: so code in your modules that must run every step on the host (printing, counters,
+random choices made in Python) runs only during capture there. Python optimizers are
+capturable when every param group has ``capturable=True`` (torch.optim.Adam/AdamW) or for
+torch.optim.SGD (its float lr is baked into the graph); tandem.optim's always are.
+"""
+import copy
+import dataclasses
+import math
+import os
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _C
+from .augment import AugmentSpec
+from .data import Dataset
+from .optim import _TandemOptimizer
+
+MODES = ("auto", "serial", "pipelined", "graphed", "pipelined+graphed", "graphed_k")
+_GRAPHED = ("graphed", "pipelined+graphed", "graphed_k")
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What a fit (or a benchmark) did. ``report`` is the CLI's JSON report (`tandem bench
+    --json`): per-stage host and device times, the floor (the slowest stage) and efficiency,
+    GPU utilization, the runner's notes. ``print(result)`` shows the CLI's table."""
+    losses: List[float]
+    mode: str
+    steps: int
+    seconds: float
+    steps_per_s: float
+    samples_per_s: float
+    report: dict
+    table: str
+    trials: Optional[dict] = None  # mode auto: every mode's trial rate and why one was picked
+
+    def __str__(self) -> str:
+        text = self.table
+        if self.trials:
+            rows = ", ".join(f"{t['mode']} {t['steps_per_s']:.1f}" if t["steps_per_s"]
+                             else f"{t['mode']} failed" for t in self.trials["trials"])
+            text += f"\nauto: {self.trials['reason']}" + (f" (trials, steps/s: {rows})"
+                                                          if rows else "")
+        return text
+
+
+def _device_of(optimizer) -> torch.device:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            return p.device
+    raise ValueError("the optimizer has no parameters: expected the model's trainable ones")
+
+
+def _capturable(optimizer) -> bool:
+    if isinstance(optimizer, _TandemOptimizer):
+        return True
+    if type(optimizer) is torch.optim.SGD:
+        return True  # no host-side state but its lr, constant unless you change it
+    return all(g.get("capturable", False) for g in optimizer.param_groups)
+
+
+def _optimizer_name(optimizer) -> str:
+    return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+
+
+def _stage_name(fn, taken) -> str:
+    base = getattr(fn, "__name__", None) or type(fn).__name__
+    base = "".join(c if c.isalnum() or c == "_" else "_" for c in base).strip("_").lower()
+    base = base or "feed"
+    if base in ("lambda", "function"):
+        base = "feed"
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}{n}", n + 1
+    return name
+
+
+def _tensors_of(objects) -> List[torch.Tensor]:
+    """Every parameter and buffer of the modules in `objects` (for the trials' safety check)."""
+    out = []
+    for o in objects:
+        if isinstance(o, torch.nn.Module):
+            out += list(o.parameters()) + list(o.buffers())
+    return out
+
+
+class Trainer:
+    """Trains ``model`` on ``data`` with tandem's runner (see the module's help).
+
+    model: the trainable module (any callable of the input). loss_fn: ``loss_fn(output,
+    target)``, or ``loss_fn(output)`` when ``target=None``; returns one value that requires
+    grad. optimizer: a torch.optim optimizer over the model's parameters, or a tandem.optim one.
+    data: a tandem.data dataset (ImageFolder, ImageMaskPairs, Idx, Random), read by C++ workers
+    into pinned memory and copied to the device, or a list of batches already on the device,
+    each a tuple ``(input, target)`` or a dict of named tensors (step i trains on batch
+    i % len). feed: callables (frozen modules, conversions) applied to the input in order,
+    without gradients, each a stage of its own; ``(name, fn)`` names one. augment: an
+    AugmentSpec applied to the (B, C, H, W) uint8 input first. input / target: the data's field
+    names (default: its first two). batch_size: samples per step from a dataset. workers:
+    loader threads (default 8 on CUDA, 2 on the CPU, at most the cores less one). shuffle /
+    drop_last / seed: the dataset's order per epoch (PyTorch's DistributedSampler order),
+    augmentation's generator. skip_bad: leave samples that fail to load out and report them.
+    device: default the optimizer's parameters' device. cudnn_benchmark: cuDNN's autotuner
+    during the run (default on CUDA: as the CLI); your setting is put back afterwards.
+    """
+
+    def __init__(self, model: Callable, loss_fn: Callable, optimizer: Any,
+                 data: Union[Dataset, Sequence], *, feed: Sequence = (),
+                 augment: Optional[AugmentSpec] = None, mode: str = "auto",
+                 batch_size: Optional[int] = None, input: Optional[str] = None,
+                 target: Union[str, None, type(...)] = ..., workers: Optional[int] = None,
+                 shuffle: bool = True, drop_last: bool = True, seed: int = 0,
+                 skip_bad: bool = False, device: Union[str, torch.device, None] = None,
+                 cudnn_benchmark: Optional[bool] = None):
+        if not callable(model):
+            raise TypeError(f"model is a {type(model).__name__}: expected a module or callable")
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn is a {type(loss_fn).__name__}: expected a callable "
+                            "such as torch.nn.CrossEntropyLoss()")
+        if not (isinstance(optimizer, (torch.optim.Optimizer, _TandemOptimizer))
+                or (hasattr(optimizer, "step") and hasattr(optimizer, "param_groups"))):
+            raise TypeError(f"optimizer is a {type(optimizer).__name__}: expected a "
+                            "torch.optim optimizer or a tandem.optim one")
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not valid: expected one of {', '.join(MODES)}")
+        if augment is not None and not isinstance(augment, AugmentSpec):
+            raise TypeError(f"augment is a {type(augment).__name__}: expected a "
+                            "tandem.AugmentSpec or None")
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.device = torch.device(device) if device is not None else _device_of(optimizer)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.augment, self.mode, self.seed = augment, mode, int(seed)
+        self.name = getattr(model, "__name__", None) or type(model).__name__  # in reports
+        self.shuffle, self.drop_last, self.skip_bad = shuffle, drop_last, skip_bad
+        self.cudnn_benchmark = (self.device.type == "cuda" if cudnn_benchmark is None
+                                else bool(cudnn_benchmark))
+        cores = os.cpu_count() or 2
+        self.workers = workers if workers is not None else max(
+            1, min(8 if self.device.type == "cuda" else 2, cores - 1))
+        if self.workers < 1:
+            raise ValueError(f"workers {self.workers} is not valid: expected >= 1")
+
+        self._feeds: List[Tuple[str, Callable]] = []
+        taken = {"augment", "train", "copy", "load"}
+        for item in feed:
+            name, fn = item if isinstance(item, tuple) else (None, item)
+            if not callable(fn):
+                raise TypeError(f"feed item {item!r} is not callable: expected a module, a "
+                                "function, or a (name, callable) pair")
+            name = name or _stage_name(fn, taken)
+            if name in taken:
+                raise ValueError(f"feed stage name {name!r} is used twice (or reserved): "
+                                 "give each stage its own name")
+            taken.add(name)
+            self._feeds.append((name, fn))
+
+        self._data, fields = self._read_data(data, batch_size)
+        self.input = input or fields[0]
+        if self.input not in fields:
+            raise ValueError(f"input {self.input!r} is not a field of the data: its fields are "
+                             f"{', '.join(fields)}")
+        if target is ...:
+            rest = [f for f in fields if f != self.input]
+            target = rest[0] if rest else None
+        if target is not None and target not in fields:
+            raise ValueError(f"target {target!r} is not a field of the data: its fields are "
+                             f"{', '.join(fields)}")
+        self.target = target
+        self._trials: Optional[dict] = None
+
+    # ---- data ----
+    def _read_data(self, data, batch_size):
+        if isinstance(data, Dataset):
+            if batch_size is None or batch_size < 1:
+                raise ValueError(f"batch_size {batch_size} is not valid for a dataset: "
+                                 "expected the samples per step, >= 1")
+            if len(data) < batch_size and self.drop_last:
+                raise ValueError(f"the dataset has {len(data)} samples, fewer than one batch of "
+                                 f"{batch_size}: expected a smaller batch_size or "
+                                 "drop_last=False")
+            self.batch_size = int(batch_size)
+            self.steps_per_epoch = (len(data) // batch_size if self.drop_last
+                                    else math.ceil(len(data) / batch_size))
+            return data, list(data.fields)
+        if isinstance(data, torch.utils.data.Dataset):
+            raise TypeError("data is a torch.utils.data.Dataset: expected a tandem.data "
+                            "dataset (ImageFolder, ImageMaskPairs, Idx, Random) or a list of "
+                            "batches on the device, e.g. [(x, y) for x, y in loader]")
+        if not isinstance(data, (list, tuple)) or not data:
+            raise TypeError(f"data is a {type(data).__name__}: expected a tandem.data dataset "
+                            "or a non-empty list of batches on the device")
+        batches = []
+        for i, b in enumerate(data):
+            if isinstance(b, dict):
+                named = dict(b)
+            elif isinstance(b, (tuple, list)) and len(b) in (1, 2):
+                named = dict(zip(("input", "target"), b))
+            else:
+                raise TypeError(f"batch {i} is a {type(b).__name__}: expected (input, target), "
+                                "(input,) or a dict of tensors")
+            for k, t in named.items():
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"batch {i} field {k!r} is a {type(t).__name__}: "
+                                    "expected a torch.Tensor")
+                if t.device != self.device:
+                    raise ValueError(f"batch {i} field {k!r} is on {t.device}: expected "
+                                     f"{self.device} (list batches must already be there)")
+            if batches and named.keys() != batches[0].keys():
+                raise ValueError(f"batch {i} has fields {sorted(named)}, batch 0 "
+                                 f"{sorted(batches[0])}: expected the same in every batch")
+            batches.append(named)
+        first = next(iter(batches[0].values()))
+        self.batch_size = first.shape[0] if first.dim() > 0 else 1
+        if batch_size is not None and batch_size != self.batch_size:
+            raise ValueError(f"batch_size {batch_size} differs from the batches' own size "
+                             f"{self.batch_size}: leave it out for a list of batches")
+        self.steps_per_epoch = len(batches)
+        return batches, list(batches[0].keys())
+
+    # ---- runs ----
+    def _instance(self, copies: bool):
+        feeds, model, loss_fn, opt = self._feeds, self.model, self.loss_fn, self.optimizer
+        if copies:
+            names = [n for n, _ in feeds]
+            fns, model, loss_fn, opt = copy.deepcopy(([f for _, f in feeds], model, loss_fn,
+                                                      opt))
+            feeds = list(zip(names, fns))
+        impl = opt._impl if isinstance(opt, _TandemOptimizer) else opt
+        return feeds, model, loss_fn, impl, _capturable(opt), _optimizer_name(opt)
+
+    def _config(self, mode, steps, warmup, copies, progress=False, trace=None,
+                gpu_monitor=True):
+        spec = None
+        if self.augment is not None:
+            spec = dataclasses.asdict(self.augment)
+        return dict(name=self.name, instance=self._instance, copy=copies, data=self._data, input=self.input,
+                    target=self.target, augment=spec, device=str(self.device), mode=mode,
+                    batch_size=self.batch_size, steps=int(steps), warmup=int(warmup),
+                    workers=self.workers, seed=self.seed, skip_bad=self.skip_bad,
+                    trace=None if trace is None else os.fspath(trace), progress=progress,
+                    cudnn_benchmark=self.cudnn_benchmark, gpu_monitor=gpu_monitor,
+                    shuffle=self.shuffle, drop_last=self.drop_last)
+
+    def _check_mode(self, mode):
+        if mode in _GRAPHED and not _capturable(self.optimizer):
+            raise ValueError(
+                f"mode {mode!r} captures the training step into a CUDA graph, but "
+                f"{_optimizer_name(self.optimizer)} keeps host-side state a graph would freeze: "
+                "create it with capturable=True (torch.optim.Adam, AdamW), or use "
+                "torch.optim.SGD or tandem.optim.SGD/Adam/AdamW, or mode 'pipelined'")
+
+    def choose_mode(self, steps: int = 300) -> str:
+        """Mode auto's choice, made once and kept: on the CPU, serial (no streams or graphs to
+        gain from); on CUDA, short timed trials of every mode on deep copies of your modules
+        and optimizer (yours are untouched) — the fastest, unless a simpler mode is within
+        1.5% of it. ``trials`` holds every mode's rate and the reason."""
+        if self.mode != "auto":
+            return self.mode
+        if self._trials is None:
+            if self.device.type != "cuda":
+                self._trials = dict(mode="serial", trials=[], seconds=0.0,
+                                    reason="serial on the CPU: no CUDA streams or graphs")
+            else:
+                watched = _tensors_of([self.model, *[f for _, f in self._feeds]])
+                versions = [t._version for t in watched]
+                self._trials = _C.trials(self._config("serial", steps, 5, copies=True,
+                                                      gpu_monitor=False))
+                if [t._version for t in watched] != versions:
+                    raise RuntimeError(
+                        "mode auto's trials changed your modules' tensors: a model or feed "
+                        "reaches modules that deepcopy does not copy (a closure?). Pass an "
+                        "explicit mode instead of 'auto'")
+        return self._trials["mode"]
+
+    @property
+    def trials(self) -> Optional[dict]:
+        return self._trials
+
+    def _steps_for(self, steps, epochs) -> int:
+        if (steps is None) == (epochs is None):
+            raise ValueError("give steps or epochs (one of them)")
+        if epochs is not None:
+            if epochs < 1:
+                raise ValueError(f"epochs {epochs} is not valid: expected >= 1")
+            return int(epochs) * self.steps_per_epoch
+        if steps < 1:
+            raise ValueError(f"steps {steps} is not valid: expected >= 1")
+        return int(steps)
+
+    def _result(self, report: dict, mode: str) -> FitResult:
+        return FitResult(losses=list(report.pop("losses")), mode=mode, steps=report["steps"],
+                         seconds=report["seconds"], steps_per_s=report["steps_per_s"],
+                         samples_per_s=report["samples_per_s"], table=report.pop("table"),
+                         report=report, trials=self._trials)
+
+    def fit(self, steps: Optional[int] = None, epochs: Optional[int] = None, *,
+            progress: bool = True, trace: Optional[str] = None) -> FitResult:
+        """Trains your modules for ``steps`` steps or ``epochs`` passes over the data and
+        returns every step's loss and the run's report. ``progress``: a progress line on a
+        terminal's stderr. ``trace``: write a Chrome-trace timeline (chrome://tracing,
+        Perfetto) of the run to this file. Ctrl-C stops the run at its next step and raises
+        KeyboardInterrupt; an exception in your code stops every stage and is raised here with
+        its traceback."""
+        n = self._steps_for(steps, epochs)
+        mode = self.choose_mode(min(n, 300))
+        self._check_mode(mode)
+        report = _C.run(self._config(mode, n, 0, copies=False, progress=progress, trace=trace))
+        return self._result(report, mode)
+
+    def benchmark(self, steps: int = 100, warmup: int = 10, mode: Optional[str] = None,
+                  trace: Optional[str] = None) -> FitResult:
+        """Times ``steps`` steps after ``warmup`` untimed ones, as ``tandem bench`` does, on
+        deep copies of your modules and optimizer (yours are not trained)."""
+        if steps < 1 or warmup < 0:
+            raise ValueError(f"steps {steps} / warmup {warmup} are not valid: expected >= 1 "
+                             "and >= 0")
+        mode = mode or self.choose_mode(steps)
+        if mode not in MODES or mode == "auto":
+            raise ValueError(f"mode {mode!r} is not valid: expected one of {', '.join(MODES[1:])}")
+        self._check_mode(mode)
+        report = _C.run(self._config(mode, steps, warmup, copies=True, progress=False,
+                                     trace=trace))
+        return self._result(report, mode)

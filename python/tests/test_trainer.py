@@ -1,0 +1,279 @@
+"""tandem.Trainer: every mode computes the plain Python loop's losses (same seed, same data),
+frozen feed stages get no gradient, a Python exception inside a stage comes back with its
+traceback and leaves nothing running, Ctrl-C stops a run, bad arguments are refused by name.
+CPU tests run in CI; the CUDA ones skip without a GPU (scripts/gpu-check.sh runs them)."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tandem
+
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
+EAGER = ["serial", "pipelined"]
+ALL_MODES = ["serial", "pipelined", "graphed", "pipelined+graphed", "graphed_k"]
+SPEC = tandem.AugmentSpec(crop=(12, 12), out=(8, 8), max_rotation_deg=20, blur_kernel=3,
+                          mean=(128.0, 128.0, 128.0), std=(64.0, 64.0, 64.0),
+                          hflip_probability=0.5)
+
+
+def dataset(size=40, classes=4):
+    return tandem.data.Random(size, seed=3, image=((3, 16, 16), torch.uint8),
+                              label=((), torch.int64, classes))
+
+
+def job(device, optimizer="sgd"):
+    """A frozen conv encoder (feed) and a trainable head, seeded: the same weights every call."""
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).to(device)
+    encoder.requires_grad_(False).eval()
+    head = nn.Sequential(nn.Conv2d(8, 8, 3, stride=2), nn.ReLU(), nn.Flatten(),
+                         nn.LazyLinear(4)).to(device)
+    head(torch.zeros(1, 8, 8, 8, device=device))  # materialize the lazy layer
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(head.parameters(), lr=0.05, momentum=0.9)
+    elif optimizer == "adam":
+        opt = torch.optim.Adam(head.parameters(), lr=1e-3, capturable=device == "cuda")
+    else:
+        opt = tandem.optim.SGD(head.parameters(), lr=0.05, momentum=0.9)
+    return encoder, head, opt
+
+
+def plain_losses(device, steps, batch_size=8, spec=SPEC, optimizer="sgd"):
+    """The loop a PyTorch user writes, on tandem's loader (PyTorch's shuffled order)."""
+    encoder, head, opt = job(device, optimizer)
+    loss_fn = nn.CrossEntropyLoss()
+    loader = tandem.data.Loader(dataset(), batch_size, shuffle=True, seed=0, device=device)
+    g = torch.Generator(device).manual_seed(0)
+    losses = []
+    while len(losses) < steps:
+        for batch in loader:
+            x, y = batch["image"], batch["label"]
+            with torch.no_grad():
+                if spec is not None:
+                    x = tandem.augment(x, spec, g)
+                x = encoder(x)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(head(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if len(losses) == steps:
+                break
+    return losses, head
+
+
+def trainer(device, mode, spec=SPEC, optimizer="sgd", **kw):
+    encoder, head, opt = job(device, optimizer)
+    t = tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(), feed=[encoder],
+                       augment=spec, mode=mode, batch_size=8, workers=2, **kw)
+    return t, encoder, head
+
+
+def close(a, b, device):
+    tol = 1e-6 if device == "cpu" else 1e-4  # CUDA: cuDNN's algorithms may differ by call
+    torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_every_mode_computes_the_plain_loops_losses(device, mode):
+    steps = 12  # 5 batches per epoch: three epochs, each in its own shuffled order
+    expected, plain_head = plain_losses(device, steps)
+    t, _, head = trainer(device, mode)
+    result = t.fit(steps=steps, progress=False)
+    assert result.mode == mode and len(result.losses) == steps
+    close(result.losses, expected, device)
+    for a, b in zip(head.parameters(), plain_head.parameters()):
+        close(a.detach().cpu(), b.detach().cpu(), device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tandems_optimizer_matches_torchs(device):
+    expected, _ = plain_losses(device, 8, optimizer="sgd")
+    t, _, _ = trainer(device, "graphed" if device == "cuda" else "serial", optimizer="tandem")
+    close(t.fit(steps=8, progress=False).losses, expected, device)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_a_capturable_torch_adam_is_captured_and_exact():
+    expected, _ = plain_losses("cuda", 10, optimizer="adam")
+    t, _, _ = trainer("cuda", "pipelined+graphed", optimizer="adam")
+    result = t.fit(steps=10, progress=False)
+    close(result.losses, expected, "cuda")
+    assert any("graph" in n for n in result.report["notes"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_gradient_reaches_a_frozen_feed(device):
+    torch.manual_seed(0)
+    encoder = nn.Conv2d(3, 8, 3, padding=1).to(device)  # requires_grad left on, on purpose
+    before = [p.detach().clone() for p in encoder.parameters()]
+    head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 16 * 16, 4)).to(device)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    t = tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(), feed=[
+        lambda x: x.float() / 255, encoder], batch_size=8, mode="pipelined", workers=1)
+    t.fit(steps=6, progress=False)
+    assert all(p.grad is None for p in encoder.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, encoder.parameters()))
+    assert all(p.grad is not None for p in head.parameters())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_resident_batches_train_in_order(device):
+    torch.manual_seed(1)
+    xs = [torch.randn(4, 6, device=device) for _ in range(3)]
+    ys = [torch.randint(0, 3, (4,), device=device) for _ in range(3)]
+
+    def fresh():
+        torch.manual_seed(0)
+        m = nn.Linear(6, 3).to(device)
+        return m, torch.optim.SGD(m.parameters(), lr=0.5)
+    m, opt = fresh()
+    expected = []
+    for i in range(7):  # step i reads batch i % 3
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(m(xs[i % 3]), ys[i % 3])
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    m, opt = fresh()
+    t = tandem.Trainer(m, nn.CrossEntropyLoss(), opt, list(zip(xs, ys)), mode="pipelined")
+    assert (t.input, t.target, t.batch_size, t.steps_per_epoch) == ("input", "target", 4, 3)
+    close(t.fit(steps=7, progress=False).losses, expected, device)
+
+
+def test_epochs_count_the_datasets_batches():
+    t, _, _ = trainer("cpu", "serial")
+    assert t.steps_per_epoch == 5
+    assert len(t.fit(epochs=2, progress=False).losses) == 10
+
+
+def test_a_loss_without_target_and_the_report():
+    torch.manual_seed(0)
+    m = nn.Linear(5, 5)
+    data = [{"x": torch.randn(3, 5)} for _ in range(2)]
+    t = tandem.Trainer(m, lambda out: out.pow(2).mean(), torch.optim.SGD(m.parameters(), lr=0.1),
+                       data, mode="serial")
+    assert t.target is None
+    r = t.fit(steps=4, progress=False)
+    assert r.losses[-1] < r.losses[0]  # it descends: the squares shrink
+    assert {s["name"] for s in r.report["stages"]} == {"train"}
+    assert "steps/s" in str(r) and r.steps_per_s > 0
+
+
+class Boom(Exception):
+    pass
+
+
+def exploding_loss_at(step):
+    calls = {"n": 0}
+
+    def loss_fn(out, target):
+        calls["n"] += 1
+        if calls["n"] == step:
+            raise Boom(f"boom at call {step}")
+        return nn.functional.cross_entropy(out, target)
+    return loss_fn
+
+
+@pytest.mark.parametrize("mode", EAGER)
+def test_an_exception_in_the_loss_surfaces_with_its_traceback(mode):
+    encoder, head, opt = job("cpu")
+    t = tandem.Trainer(head, exploding_loss_at(3), opt, dataset(), feed=[encoder],
+                       augment=SPEC, mode=mode, batch_size=8, workers=2)
+    with pytest.raises(Boom, match="boom at call 3") as info:
+        t.fit(steps=20, progress=False)
+    assert any(entry.name == "loss_fn" for entry in info.traceback)  # the user's own frame
+    notes = getattr(info.value, "__notes__", [])
+    if notes:  # Python >= 3.11: the runner's context
+        assert "stage 'train'" in notes[0] and "step 2" in notes[0]
+    # Nothing was left running: the same trainer runs again, to the end.
+    t.loss_fn = nn.CrossEntropyLoss()
+    assert len(t.fit(steps=6, progress=False).losses) == 6
+
+
+def test_an_exception_in_a_feed_names_the_stage():
+    def bad_feed(x):
+        return x.float().view(-1, 7)  # 3*16*16 is not a multiple of 7
+
+    encoder, head, opt = job("cpu")
+    t = tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(), feed=[bad_feed],
+                       mode="pipelined", batch_size=8)
+    with pytest.raises(RuntimeError, match="shape") as info:
+        t.fit(steps=3, progress=False)
+    assert any(entry.name == "bad_feed" for entry in info.traceback)
+
+
+def test_results_of_the_wrong_kind_are_refused_by_name():
+    encoder, head, opt = job("cpu")
+    t = tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(),
+                       feed=[lambda x: (x, x)], mode="serial", batch_size=8)
+    with pytest.raises(TypeError, match="feed 'feed' returned tuple: expected one torch.Tensor"):
+        t.fit(steps=2, progress=False)
+    t = tandem.Trainer(head, nn.CrossEntropyLoss(reduction="none"), opt, dataset(),
+                       augment=SPEC, feed=[encoder], mode="serial", batch_size=8)
+    with pytest.raises(ValueError, match=r"loss_fn returned a tensor of shape \[8\]"):
+        t.fit(steps=2, progress=False)
+
+
+def test_bad_arguments_are_refused_by_name():
+    encoder, head, opt = job("cpu")
+    loss = nn.CrossEntropyLoss()
+    with pytest.raises(ValueError, match="mode 'fast' is not valid"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size=8, mode="fast")
+    with pytest.raises(ValueError, match="batch_size None is not valid"):
+        tandem.Trainer(head, loss, opt, dataset())
+    with pytest.raises(ValueError, match="target 'mask' is not a field"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size=8, target="mask")
+    with pytest.raises(TypeError, match="torch.utils.data.Dataset"):
+        tandem.Trainer(head, loss, opt, torch.utils.data.TensorDataset(torch.zeros(2)))
+    with pytest.raises(ValueError, match="give steps or epochs"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size=8).fit()
+    with pytest.raises(ValueError, match="used twice"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size=8,
+                       feed=[("enc", encoder), ("enc", encoder)])
+    adam = torch.optim.Adam(head.parameters())  # capturable=False: host-side step count
+    with pytest.raises(ValueError, match="capturable=True"):
+        tandem.Trainer(head, loss, adam, dataset(), batch_size=8, mode="graphed").fit(steps=1)
+    if CUDA:
+        with pytest.raises(ValueError, match="expected cuda"):
+            tandem.Trainer(head.cuda(), loss, torch.optim.SGD(head.parameters()),
+                           [(torch.zeros(2, 3), torch.zeros(2))])
+
+
+def test_auto_on_the_cpu_is_serial():
+    t, _, _ = trainer("cpu", "auto")
+    r = t.fit(steps=3, progress=False)
+    assert r.mode == "serial" and "CPU" in t.trials["reason"]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_auto_times_copies_and_leaves_the_users_modules_alone():
+    t, encoder, head = trainer("cuda", "auto")
+    before = [p.detach().clone() for p in head.parameters()]
+    mode = t.choose_mode(steps=20)
+    assert mode in ALL_MODES and len(t.trials["trials"]) == len(ALL_MODES)
+    assert all(torch.equal(a, b) for a, b in zip(before, head.parameters()))
+    expected, _ = plain_losses("cuda", 12)
+    close(t.fit(steps=12, progress=False).losses, expected, "cuda")
+
+
+def test_ctrl_c_stops_a_run_and_raises_keyboard_interrupt():
+    m = nn.Linear(64, 64)
+    data = [(torch.randn(32, 64), torch.randn(32, 64))]
+    t = tandem.Trainer(m, nn.MSELoss(), torch.optim.SGD(m.parameters(), lr=1e-3), data,
+                       mode="pipelined")
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        t.fit(steps=10_000_000, progress=False)
+    assert time.monotonic() - start < 30
+    timer.join()
+    assert len(t.fit(steps=2, progress=False).losses) == 2  # and the trainer still works
