@@ -58,6 +58,23 @@ echo "[test] python: pip install --no-build-isolation ./python (against $prefix/
   -C cmake.define.CMAKE_PREFIX_PATH="$prefix/usr" -C build-dir="$prefix/py-build" \
   >"$prefix/pip.log" 2>&1 ||
   { tail -40 "$prefix/pip.log"; echo "[test] FAILED: building the Python package" >&2; exit 1; }
+echo "[test] python: pip wheel (one per torch minor: its version and torch pin)"
+"$TANDEM_PYTHON" -m pip wheel -q --no-build-isolation --no-deps -w "$prefix/wheel" "$root/python" \
+  -C cmake.define.CMAKE_PREFIX_PATH="$prefix/usr" -C build-dir="$prefix/py-build" \
+  >"$prefix/wheel.log" 2>&1 ||
+  { tail -40 "$prefix/wheel.log"; echo "[test] FAILED: building the wheel" >&2; exit 1; }
+"$TANDEM_PYTHON" - "$prefix"/wheel/tandem-*.whl <<'PY'
+import re, sys, zipfile, torch
+major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+wheel = sys.argv[1]
+assert f"+torch{major}.{minor}-" in wheel, f"{wheel}: expected the version to name torch {major}.{minor}"
+meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+requires = [l for l in zipfile.ZipFile(wheel).read(meta).decode().splitlines()
+            if l.startswith("Requires-Dist: torch")]
+pin = sorted(requires[0].split(": ")[1].replace("torch", "").split(","))
+assert pin == sorted([f">={major}.{minor}", f"<{major}.{minor + 1}"]), requires
+print(f"[test] wheel {wheel.rsplit('/', 1)[-1]} requires {requires[0].split(': ')[1]}")
+PY
 echo "[test] python: pytest python/tests"
 PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" -m pytest -q "$root/python/tests" -p no:cacheprovider
 echo "[test] python: examples/cls_trainer.py (tandem.Trainer) on the CPU, 2 steps"

@@ -2,6 +2,7 @@
 frozen feed stages get no gradient, a Python exception inside a stage comes back with its
 traceback and leaves nothing running, Ctrl-C stops a run, bad arguments are refused by name.
 CPU tests run in CI; the CUDA ones skip without a GPU (scripts/gpu-check.sh runs them)."""
+import json
 import os
 import signal
 import threading
@@ -154,17 +155,19 @@ def test_epochs_count_the_datasets_batches():
     assert len(t.fit(epochs=2, progress=False).losses) == 10
 
 
-def test_a_loss_without_target_and_the_report():
+def test_a_loss_without_target_the_report_and_a_trace(tmp_path):
     torch.manual_seed(0)
     m = nn.Linear(5, 5)
     data = [{"x": torch.randn(3, 5)} for _ in range(2)]
     t = tandem.Trainer(m, lambda out: out.pow(2).mean(), torch.optim.SGD(m.parameters(), lr=0.1),
-                       data, mode="serial")
+                       data, mode="pipelined")
     assert t.target is None
-    r = t.fit(steps=4, progress=False)
+    r = t.fit(steps=4, progress=False, trace=tmp_path / "trace.json")
     assert r.losses[-1] < r.losses[0]  # it descends: the squares shrink
     assert {s["name"] for s in r.report["stages"]} == {"train"}
     assert "steps/s" in str(r) and r.steps_per_s > 0
+    events = json.load(open(tmp_path / "trace.json"))["traceEvents"]
+    assert any(e.get("name") == "train" for e in events)  # the stage's intervals
 
 
 class Boom(Exception):

@@ -3,6 +3,9 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "tandem/dist/data_parallel.h"
 #include "tandem/dist/launch_env.h"
 #include "tandem/dist/launcher.h"
@@ -19,6 +22,14 @@ std::optional<int> launch_if_asked(int nproc, int argc, char** argv) {
         "(torchrun starts the ranks) or run without torchrun"));
   std::vector<std::string> args(argv, argv + argc);
   return dist::run_local_ranks(nproc, dist::without_flag(args, "--nproc"));
+}
+
+int default_loader_workers(c10::Device device) {
+  if (!device.is_cuda()) return 2;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const std::optional<dist::LaunchEnv> env = dist::launch_env_from_environment();
+  const int local_ranks = env ? std::max(1, env->local_world_size) : 1;
+  return std::max(1, std::min(15, (cores - 1) / local_ranks));
 }
 
 std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device_flag) {

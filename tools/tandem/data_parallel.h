@@ -23,6 +23,12 @@ std::optional<int> launch_if_asked(int nproc, int argc, char** argv);
 /// ranks than GPUs or an explicit cuda:N.
 std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device_flag);
 
+/// Loader threads for a process training on `device` when the user gives no count: on a GPU
+/// the machine's cores less one (at most 15), shared by the LOCAL_WORLD_SIZE ranks of this
+/// machine when a launch describes them (two ranks on 16 cores: 7 each, not 15 each fighting for
+/// the same cores); 2 on the CPU.
+int default_loader_workers(c10::Device device);
+
 /// Makes `options` run as this rank of `group`: device, rank, world size, data parallel
 /// workloads, progress on rank 0 only. Refuses mode auto (its trials are timed per process, and
 /// ranks could pick different modes): InvalidArgument.

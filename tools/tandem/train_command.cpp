@@ -110,7 +110,7 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "pipelined, graphed, pipelined_graphed")
       ->capture_default_str();
   c->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  c->add_option("--workers", workers, "loader threads [default: cores - 1 on a GPU, 2 on the CPU]");
+  c->add_option("--workers", workers, "loader threads [default: cores - 1 on a GPU (at most 15), shared by this machine's ranks; 2 on the CPU]");
   image_size_opt = c->add_option("--image-size", job.image_size,
                 "ImageFolder and segmentation: the square the model sees [default: 224; "
                 "segmentation on the CPU 128]");
@@ -160,10 +160,7 @@ int TrainCommand::run(const std::string& command_line) {
   if (batch_size <= 0)
     batch_size = cnn ? 128 : seg ? (dev.is_cuda() ? 32 : 4) : (dev.is_cuda() ? 256 : 16);
   if (seg && !dev.is_cuda() && !image_size_opt->count()) job.image_size = 128;  // CPU: finishes
-  if (workers <= 0) {
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    workers = dev.is_cuda() ? std::max(1, std::min(15, cores - 1)) : 2;
-  }
+  if (workers <= 0) workers = default_loader_workers(dev);
   job.batch_size = batch_size;
   job.workers = workers;
   job.channels_last = channels_last_opt && channels_last_opt->count() ? channels_last
