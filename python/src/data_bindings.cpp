@@ -36,6 +36,12 @@ class PyEpoch {
         device_(device) {
     for (const auto& f : loader_->fields()) names_.push_back(f.name);
   }
+  /// The workers may be waiting for the GIL (a Python dataset's __getitem__): joining them
+  /// while holding it would never end.
+  ~PyEpoch() {
+    py::gil_scoped_release no_gil;
+    loader_.reset();
+  }
   int64_t size() const { return loader_->num_batches(); }
 
   py::dict next() {

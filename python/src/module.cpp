@@ -10,6 +10,7 @@
 namespace py = pybind11;
 
 void bind_data(py::module_& m);     // data_bindings.cpp
+void bind_python_dataset(py::module_& m);  // python_dataset.cpp
 void bind_optim(py::module_& m);    // optim_bindings.cpp
 void bind_trainer(py::module_& m);  // trainer_bindings.cpp
 
@@ -25,6 +26,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   bind_data(m);
+  bind_python_dataset(m);
   bind_optim(m);
   bind_trainer(m);
   m.doc() = "tandem's C++ extension: torch.ops.tandem.* and the library's defaults";

@@ -1,6 +1,7 @@
 """tandem.data: tandem's datasets and its C++ loader as a Python iterable of batches.
 
-    ds = tandem.data.ImageFolder("photos/", image_size=224)  # or Idx, ImageMaskPairs, Random
+    ds = tandem.data.ImageFolder("photos/", image_size=224)  # or Idx, ImageMaskPairs, Random,
+                                                             # TorchDataset(your_dataset)
     loader = tandem.data.Loader(ds, batch_size=256, workers=8, shuffle=True, device="cuda")
     for batch in loader:                                           # a new order each pass
         x, y = batch["image"], batch["label"]                       # (B, 3, 224, 224) uint8, (B,)
@@ -37,6 +38,19 @@ def ImageMaskPairs(root: str, classes: int, image_size: int = 512,
 def Idx(images: str, labels: str) -> Dataset:
     """MNIST's IDX files (gzip or raw). Fields: image (1, rows, cols) uint8, label () int64."""
     return _C.idx(images, labels)
+
+
+def TorchDataset(dataset, fields=None) -> Dataset:
+    """Your own map-style dataset (``len(dataset)`` and ``dataset[i]``, e.g. a
+    torch.utils.data.Dataset) for the C++ loader and tandem.Trainer. A sample is a tensor (or
+    anything torch.as_tensor takes), a tuple of them (fields "input", "target" for a pair) or a
+    dict (its keys); ``fields`` renames them. Every sample needs sample 0's shapes and dtypes,
+    on the CPU. The loader's threads call ``__getitem__`` under the GIL, one at a time: fine for
+    cheap items; for decoding files, tandem.data.ImageFolder & co. decode in C++ in parallel."""
+    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise TypeError(f"{type(dataset).__name__} is not a map-style dataset: expected "
+                        "__len__ and __getitem__ (an IterableDataset cannot be indexed)")
+    return _C.python_dataset(dataset, list(fields or []))
 
 
 _DTYPES = {torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",

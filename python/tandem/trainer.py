@@ -38,7 +38,7 @@ import torch
 
 from . import _C
 from .augment import AugmentSpec
-from .data import Dataset
+from .data import Dataset, TorchDataset
 from .optim import _TandemOptimizer
 
 MODES = ("auto", "serial", "pipelined", "graphed", "pipelined+graphed", "graphed_k")
@@ -117,7 +117,9 @@ class Trainer:
     target)``, or ``loss_fn(output)`` when ``target=None``; returns one value that requires
     grad. optimizer: a torch.optim optimizer over the model's parameters, or a tandem.optim one.
     data: a tandem.data dataset (ImageFolder, ImageMaskPairs, Idx, Random), read by C++ workers
-    into pinned memory and copied to the device, or a list of batches already on the device,
+    into pinned memory and copied to the device; your own map-style torch Dataset (its
+    __getitem__ called by those workers under the GIL: tandem.data.TorchDataset); or a list of
+    batches already on the device,
     each a tuple ``(input, target)`` or a dict of named tensors (step i trains on batch
     i % len). feed: callables (frozen modules, conversions) applied to the input in order,
     without gradients, each a stage of its own; ``(name, fn)`` names one. augment: an
@@ -209,10 +211,12 @@ class Trainer:
             self.steps_per_epoch = (len(data) // batch_size if self.drop_last
                                     else math.ceil(len(data) / batch_size))
             return data, list(data.fields)
-        if isinstance(data, torch.utils.data.Dataset):
-            raise TypeError("data is a torch.utils.data.Dataset: expected a tandem.data "
-                            "dataset (ImageFolder, ImageMaskPairs, Idx, Random) or a list of "
-                            "batches on the device, e.g. [(x, y) for x, y in loader]")
+        if isinstance(data, torch.utils.data.IterableDataset):
+            raise TypeError("data is a torch IterableDataset: expected a map-style dataset "
+                            "(len and indexing), a tandem.data dataset, or a list of batches "
+                            "on the device, e.g. [(x.cuda(), y.cuda()) for x, y in loader]")
+        if isinstance(data, torch.utils.data.Dataset):  # your own: read through the GIL
+            return self._read_data(TorchDataset(data), batch_size)
         if not isinstance(data, (list, tuple)) or not data:
             raise TypeError(f"data is a {type(data).__name__}: expected a tandem.data dataset "
                             "or a non-empty list of batches on the device")

@@ -170,6 +170,11 @@ def test_a_loss_without_target_the_report_and_a_trace(tmp_path):
     assert any(e.get("name") == "train" for e in events)  # the stage's intervals
 
 
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter([])
+
+
 class Boom(Exception):
     pass
 
@@ -234,8 +239,8 @@ def test_bad_arguments_are_refused_by_name():
         tandem.Trainer(head, loss, opt, dataset())
     with pytest.raises(ValueError, match="target 'mask' is not a field"):
         tandem.Trainer(head, loss, opt, dataset(), batch_size=8, target="mask")
-    with pytest.raises(TypeError, match="torch.utils.data.Dataset"):
-        tandem.Trainer(head, loss, opt, torch.utils.data.TensorDataset(torch.zeros(2)))
+    with pytest.raises(TypeError, match="IterableDataset"):
+        tandem.Trainer(head, loss, opt, Stream(), batch_size=2)
     with pytest.raises(ValueError, match="give steps or epochs"):
         tandem.Trainer(head, loss, opt, dataset(), batch_size=8).fit()
     with pytest.raises(ValueError, match="used twice"):
@@ -280,3 +285,66 @@ def test_ctrl_c_stops_a_run_and_raises_keyboard_interrupt():
     assert time.monotonic() - start < 30
     timer.join()
     assert len(t.fit(steps=2, progress=False).losses) == 2  # and the trainer still works
+
+
+class Squares(torch.utils.data.Dataset):
+    """A user's own dataset: sample i is (a 6-vector, a class), from i alone."""
+
+    def __init__(self, n=24, broken=None, odd_shape=None):
+        self.n, self.broken, self.odd_shape = n, broken, odd_shape
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.broken:
+            raise OSError(f"cannot read sample {i}")
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(7 if i == self.odd_shape else 6, generator=g)
+        return x, i % 3
+
+
+def test_a_torch_dataset_trains_as_a_dataloader_feeds_it():
+    ds = Squares()
+
+    def fresh():
+        torch.manual_seed(0)
+        m = nn.Linear(6, 3)
+        return m, torch.optim.SGD(m.parameters(), lr=0.5)
+    m, opt = fresh()
+    expected = []
+    for x, y in torch.utils.data.DataLoader(ds, batch_size=4, shuffle=False, drop_last=True):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    m, opt = fresh()
+    t = tandem.Trainer(m, nn.CrossEntropyLoss(), opt, ds, batch_size=4, shuffle=False,
+                       mode="pipelined", workers=3)
+    assert (t.input, t.target, t.steps_per_epoch) == ("input", "target", 6)
+    close(t.fit(epochs=1, progress=False).losses, expected, "cpu")
+
+
+def test_the_loader_reads_a_torch_dataset_in_order():
+    ds = tandem.data.TorchDataset(Squares(), fields=("x", "y"))
+    assert len(ds) == 24 and ds.fields == ["x", "y"]
+    batches = list(tandem.data.Loader(ds, batch_size=8, workers=2))
+    assert len(batches) == 3
+    torch.testing.assert_close(batches[1]["x"], torch.stack([Squares()[i][0] for i in range(8, 16)]))
+    assert batches[2]["y"].tolist() == [i % 3 for i in range(16, 24)]
+
+
+def test_a_torch_datasets_bad_sample_is_named_or_skipped():
+    def run(ds, **kw):
+        torch.manual_seed(0)
+        m = nn.Linear(6, 3)
+        t = tandem.Trainer(m, nn.CrossEntropyLoss(), torch.optim.SGD(m.parameters(), lr=0.1),
+                           ds, batch_size=4, shuffle=False, mode="serial", **kw)
+        return t.fit(epochs=1, progress=False)
+    with pytest.raises(RuntimeError, match=r"__getitem__\(9\) raised OSError: cannot read sample 9"):
+        run(Squares(broken=9))
+    with pytest.raises(RuntimeError, match="sample 5 field 'input' is Float \\[7\\]"):
+        run(Squares(odd_shape=5))
+    r = run(Squares(broken=9), skip_bad=True)
+    assert [s["index"] for s in r.report["skipped"]] == [9]
