@@ -123,7 +123,13 @@ BenchResult run_bench(const BenchOptions& unresolved) {
       start = Clock::now();
       if (options.gpu_monitor) monitor.start();
     }
-    if (stage == last_stage) progress.update(item);
+    if (stage == last_stage) {
+      progress.update(item);
+      if (options.before_train_step) {
+        const LaneGuard guard(pipeline->lane_of(last_stage), "before the train step");
+        options.before_train_step(item);
+      }
+    }
   });
   synchronize(device);
   monitor.stop();

@@ -69,7 +69,8 @@ class PythonOptimizer : public optim::Optimizer {
 /// What tandem.Trainer hands over for a run (a dict from trainer.py, read under the GIL).
 struct RunConfig {
   /// instance(copy) -> (feeds [(name, callable)], model, loss_fn, optimizer, capturable,
-  /// optimizer name): the user's objects, or deep copies of them (trials, benchmarks).
+  /// optimizer name, apply_lr(step) or None): the user's objects, or deep copies of them
+  /// (trials, benchmarks).
   std::string name;  // the model's, for reports
   PyRef instance;
   bool copy = false;
@@ -78,6 +79,7 @@ struct RunConfig {
   std::vector<Batch> resident;
   std::string input, target;  // target empty: loss_fn(output)
   std::optional<AugmentSpec> augment;
+  bool lr_schedule = false;  // instance()'s 7th part applies one before each train step
   BenchOptions bench;  // everything but the workload
 };
 
@@ -101,10 +103,15 @@ at::Tensor checked_loss(const py::object& value) {
   return loss.scalar_type() == at::kFloat ? loss.reshape({}) : loss.reshape({}).to(at::kFloat);
 }
 
+/// The learning-rate setter of the instance a run built, for BenchOptions::before_train_step
+/// (the run's factory makes the instance, so it fills this in).
+using LrApplier = std::shared_ptr<PyRef>;
+
 Workload make_workload(const RunConfig& c, const WorkloadOptions& o,
-                       const std::shared_ptr<PythonCalls>& calls) {
+                       const std::shared_ptr<PythonCalls>& calls, const LrApplier& apply_lr) {
   py::gil_scoped_acquire gil;
   const py::tuple parts = (*c.instance)(c.copy);
+  if (c.lr_schedule) *apply_lr = hold(parts[6]);
   Workload w;
   w.name = c.name;
   w.device = o.device;
@@ -187,6 +194,7 @@ RunConfig read_config(const py::dict& d) {
   }
   c.input = d["input"].cast<std::string>();
   c.target = d["target"].is_none() ? "" : d["target"].cast<std::string>();
+  c.lr_schedule = d["lr_schedule"].cast<bool>();
   if (!d["augment"].is_none()) {
     const py::dict a = d["augment"];
     AugmentSpec s;
@@ -282,12 +290,15 @@ R run_interruptible(F f, std::atomic<bool>& cancel, PythonCalls& calls) {
   return std::move(*result);
 }
 
-WorkloadEntry entry_for(const RunConfig& c, const std::shared_ptr<PythonCalls>& calls) {
+WorkloadEntry entry_for(const RunConfig& c, const std::shared_ptr<PythonCalls>& calls,
+                        const LrApplier& apply_lr) {
   WorkloadEntry e;
   e.name = c.name;
   e.description = "a tandem.Trainer's modules";
   e.gpu_batch_size = e.cpu_batch_size = 1;  // resident data: the batches' own size counts
-  e.make = [c, calls](const WorkloadOptions& o) { return make_workload(c, o, calls); };
+  e.make = [c, calls, apply_lr](const WorkloadOptions& o) {
+    return make_workload(c, o, calls, apply_lr);
+  };
   return e;
 }
 
@@ -309,8 +320,13 @@ struct PreparedRun {
   BenchOptions options;
   explicit PreparedRun(const py::dict& config) {
     RunConfig c = read_config(config);
-    c.bench.workload = entry_for(c, calls);
+    const auto apply_lr = std::make_shared<PyRef>();
+    c.bench.workload = entry_for(c, calls, apply_lr);
     c.bench.cancel = &cancel;
+    if (c.lr_schedule)  // on the train lane, before the step: set_lr is ordered before it
+      c.bench.before_train_step = [calls = calls, apply_lr](int64_t step) {
+        calls->call("lr_schedule", [&] { (**apply_lr)(step); });
+      };
     options = c.bench;
   }
   /// run_interruptible(f) with the cuDNN benchmark switch put back afterwards.

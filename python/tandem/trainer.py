@@ -130,6 +130,10 @@ class Trainer:
     augmentation's generator. skip_bad: leave samples that fail to load out and report them.
     device: default the optimizer's parameters' device. cudnn_benchmark: cuDNN's autotuner
     during the run (default on CUDA: as the CLI); your setting is put back afterwards.
+    lr_schedule: step -> learning rate, applied before every step of a run (step 0 first; each
+    fit starts again at 0): tandem.optim's set_lr, or every param group's lr of a torch.optim
+    optimizer — in the graphed modes on CUDA that lr must be a tensor on the device
+    (``lr=torch.tensor(0.1, device="cuda")``, capturable=True), which is updated in place.
     """
 
     def __init__(self, model: Callable, loss_fn: Callable, optimizer: Any,
@@ -139,7 +143,8 @@ class Trainer:
                  target: Union[str, None, type(...)] = ..., workers: Optional[int] = None,
                  shuffle: bool = True, drop_last: bool = True, seed: int = 0,
                  skip_bad: bool = False, device: Union[str, torch.device, None] = None,
-                 cudnn_benchmark: Optional[bool] = None):
+                 cudnn_benchmark: Optional[bool] = None,
+                 lr_schedule: Optional[Callable[[int], float]] = None):
         if not callable(model):
             raise TypeError(f"model is a {type(model).__name__}: expected a module or callable")
         if not callable(loss_fn):
@@ -154,7 +159,11 @@ class Trainer:
         if augment is not None and not isinstance(augment, AugmentSpec):
             raise TypeError(f"augment is a {type(augment).__name__}: expected a "
                             "tandem.AugmentSpec or None")
+        if lr_schedule is not None and not callable(lr_schedule):
+            raise TypeError(f"lr_schedule is a {type(lr_schedule).__name__}: expected a "
+                            "function of the step (0, 1, ...) returning the learning rate")
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.lr_schedule = lr_schedule
         self.device = torch.device(device) if device is not None else _device_of(optimizer)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -257,7 +266,26 @@ class Trainer:
                                                       opt))
             feeds = list(zip(names, fns))
         impl = opt._impl if isinstance(opt, _TandemOptimizer) else opt
-        return feeds, model, loss_fn, impl, _capturable(opt), _optimizer_name(opt)
+        return (feeds, model, loss_fn, impl, _capturable(opt), _optimizer_name(opt),
+                self._lr_setter(opt))
+
+    def _lr_setter(self, opt):
+        """step -> None, setting lr_schedule(step) on `opt` (called on the train lane)."""
+        schedule = self.lr_schedule
+        if schedule is None:
+            return None
+        if isinstance(opt, _TandemOptimizer):
+            return lambda step: opt.set_lr(float(schedule(step)))  # enqueued on the lane
+        groups = opt.param_groups
+
+        def set_lr(step):
+            lr = float(schedule(step))
+            for g in groups:
+                if isinstance(g["lr"], torch.Tensor):
+                    g["lr"].fill_(lr)  # on the lane, before the replay that reads it
+                else:
+                    g["lr"] = lr
+        return set_lr
 
     def _config(self, mode, steps, warmup, copies, progress=False, trace=None,
                 gpu_monitor=True):
@@ -270,9 +298,20 @@ class Trainer:
                     workers=self.workers, seed=self.seed, skip_bad=self.skip_bad,
                     trace=None if trace is None else os.fspath(trace), progress=progress,
                     cudnn_benchmark=self.cudnn_benchmark, gpu_monitor=gpu_monitor,
-                    shuffle=self.shuffle, drop_last=self.drop_last)
+                    shuffle=self.shuffle, drop_last=self.drop_last,
+                    lr_schedule=self.lr_schedule is not None)
 
     def _check_mode(self, mode):
+        graphed_on_cuda = mode in _GRAPHED and self.device.type == "cuda"
+        if (graphed_on_cuda and self.lr_schedule is not None
+                and not isinstance(self.optimizer, _TandemOptimizer)
+                and not all(isinstance(g["lr"], torch.Tensor)
+                            for g in self.optimizer.param_groups)):
+            raise ValueError(
+                f"mode {mode!r} replays a CUDA graph, which keeps the float lr of "
+                f"{_optimizer_name(self.optimizer)} it was captured with, so lr_schedule could "
+                "not change it: use tandem.optim.SGD/Adam/AdamW, or give the optimizer "
+                "lr=torch.tensor(lr, device='cuda') (with capturable=True), or mode 'pipelined'")
         if mode in _GRAPHED and not _capturable(self.optimizer):
             raise ValueError(
                 f"mode {mode!r} captures the training step into a CUDA graph, but "

@@ -40,12 +40,26 @@ def job(device, optimizer="sgd"):
         opt = torch.optim.SGD(head.parameters(), lr=0.05, momentum=0.9)
     elif optimizer == "adam":
         opt = torch.optim.Adam(head.parameters(), lr=1e-3, capturable=device == "cuda")
+    elif optimizer == "adam_tensor_lr":  # an lr a graph reads from memory: schedulable
+        opt = torch.optim.Adam(head.parameters(), lr=torch.tensor(1e-3, device=device),
+                               capturable=device == "cuda")
     else:
         opt = tandem.optim.SGD(head.parameters(), lr=0.05, momentum=0.9)
     return encoder, head, opt
 
 
-def plain_losses(device, steps, batch_size=8, spec=SPEC, optimizer="sgd"):
+def set_lr(opt, lr):
+    if isinstance(opt, tandem.optim.SGD):
+        opt.set_lr(lr)
+        return
+    for g in opt.param_groups:
+        if isinstance(g["lr"], torch.Tensor):
+            g["lr"].fill_(lr)
+        else:
+            g["lr"] = lr
+
+
+def plain_losses(device, steps, batch_size=8, spec=SPEC, optimizer="sgd", schedule=None):
     """The loop a PyTorch user writes, on tandem's loader (PyTorch's shuffled order)."""
     encoder, head, opt = job(device, optimizer)
     loss_fn = nn.CrossEntropyLoss()
@@ -59,6 +73,8 @@ def plain_losses(device, steps, batch_size=8, spec=SPEC, optimizer="sgd"):
                 if spec is not None:
                     x = tandem.augment(x, spec, g)
                 x = encoder(x)
+            if schedule is not None:
+                set_lr(opt, schedule(len(losses)))
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(head(x), y)
             loss.backward()
@@ -99,6 +115,30 @@ def test_tandems_optimizer_matches_torchs(device):
     expected, _ = plain_losses(device, 8, optimizer="sgd")
     t, _, _ = trainer(device, "graphed" if device == "cuda" else "serial", optimizer="tandem")
     close(t.fit(steps=8, progress=False).losses, expected, device)
+
+
+def halving(step):
+    return 0.05 * 0.5 ** (step // 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("optimizer", ["sgd", "tandem", "adam_tensor_lr"])
+def test_an_lr_schedule_gives_the_plain_loops_losses(device, optimizer):
+    if device == "cuda" and optimizer == "sgd":
+        pytest.skip("a float lr cannot be scheduled under CUDA graphs (refused: next test)")
+    expected, _ = plain_losses(device, 10, optimizer=optimizer, schedule=halving)
+    mode = "pipelined+graphed" if device == "cuda" else "pipelined"
+    t, _, _ = trainer(device, mode, optimizer=optimizer, lr_schedule=halving)
+    close(t.fit(steps=10, progress=False).losses, expected, device)
+    unscheduled, _ = plain_losses(device, 10, optimizer=optimizer)
+    assert unscheduled[-1] != expected[-1]  # the schedule changed the run
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_a_float_lr_schedule_under_graphs_is_refused():
+    t, _, _ = trainer("cuda", "graphed", optimizer="sgd", lr_schedule=halving)
+    with pytest.raises(ValueError, match="float lr"):
+        t.fit(steps=2, progress=False)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

@@ -66,6 +66,10 @@ struct BenchOptions {
   /// run_bench throws RunError ("... cancelled"). How a front end that cannot signal the
   /// runner's threads (Python's Ctrl-C) stops a run cleanly.
   const std::atomic<bool>* cancel = nullptr;
+  /// If set: called before each step's train stage (step 0, 1, ... of the run, warm-up
+  /// included), on that stage's thread with its lane current — where a learning-rate schedule
+  /// enqueues Optimizer::set_lr so that the step, eager or a graph replay, reads it (optim.h).
+  std::function<void(int64_t step)> before_train_step;
 };
 
 /// Defaults: SPEC's sizes on a GPU; small ones on the CPU so a laptop finishes in seconds.
