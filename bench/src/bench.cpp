@@ -90,6 +90,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   ro.workers = *options.workers;
   ro.seed = options.seed;
   ro.skip_bad = options.skip_bad;
+  ro.first_step = options.first_step;
   ro.train_priority =
       options.train_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
   std::unique_ptr<Trace> trace;
@@ -127,7 +128,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
       progress.update(item);
       if (options.before_train_step) {
         const LaneGuard guard(pipeline->lane_of(last_stage), "before the train step");
-        options.before_train_step(item);
+        options.before_train_step(options.first_step + item);
       }
     }
   });

@@ -79,6 +79,7 @@ struct RunConfig {
   std::vector<Batch> resident;
   std::string input, target;  // target empty: loss_fn(output)
   std::optional<AugmentSpec> augment;
+  std::optional<at::Generator> augment_generator;  // the Trainer's; none: a fresh one per run
   bool lr_schedule = false;  // instance()'s 7th part applies one before each train step
   BenchOptions bench;  // everything but the workload
 };
@@ -118,12 +119,17 @@ Workload make_workload(const RunConfig& c, const WorkloadOptions& o,
   w.data = c.dataset ? DataSource::from_dataset(c.dataset, c.shuffle, c.drop_last)
                      : DataSource::resident(c.resident);
   if (c.augment) {
-    // As workload cls: one generator per instance, seeded, drawn from in step order, so every
-    // mode draws what a plain loop calling tandem.augment(x, spec, generator) draws.
-    at::Generator generator = o.device.is_cuda()
-                                  ? at::cuda::detail::createCUDAGenerator(o.device.index())
-                                  : at::make_generator<at::CPUGeneratorImpl>();
-    generator.set_current_seed(o.data_seed());
+    // Drawn from in step order, the same amount each step, so every mode draws what a plain
+    // loop calling tandem.augment(x, spec, generator) draws: the Trainer's own generator, which
+    // successive fits go on drawing from, or for copies (trials) a fresh one, seeded alike.
+    at::Generator generator;
+    if (c.augment_generator) {
+      generator = *c.augment_generator;
+    } else {
+      generator = o.device.is_cuda() ? at::cuda::detail::createCUDAGenerator(o.device.index())
+                                     : at::make_generator<at::CPUGeneratorImpl>();
+      generator.set_current_seed(o.data_seed());
+    }
     const AugmentSpec spec = *c.augment;
     w.feeds.push_back({"augment", "augment", {c.input}, {c.input},
                        [spec, generator](const Tensors& in) {
@@ -211,6 +217,8 @@ RunConfig read_config(const py::dict& d) {
     s.std = a["std"].cast<std::vector<double>>();
     s.hflip_probability = a["hflip_probability"].cast<double>();
     c.augment = s;
+    if (!d["augment_generator"].is_none())
+      c.augment_generator = d["augment_generator"].cast<at::Generator>();
   }
   BenchOptions& b = c.bench;
   b.device = d["device"].cast<std::string>();
@@ -221,6 +229,7 @@ RunConfig read_config(const py::dict& d) {
   b.workers = d["workers"].cast<int>();
   b.seed = d["seed"].cast<uint64_t>();
   b.skip_bad = d["skip_bad"].cast<bool>();
+  b.first_step = d["first_step"].cast<int64_t>();
   b.trace_path = d["trace"].is_none() ? "" : d["trace"].cast<std::string>();
   b.progress = d["progress"].cast<bool>();
   b.cudnn_benchmark = d["cudnn_benchmark"].cast<bool>();

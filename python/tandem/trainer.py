@@ -130,8 +130,8 @@ class Trainer:
     augmentation's generator. skip_bad: leave samples that fail to load out and report them.
     device: default the optimizer's parameters' device. cudnn_benchmark: cuDNN's autotuner
     during the run (default on CUDA: as the CLI); your setting is put back afterwards.
-    lr_schedule: step -> learning rate, applied before every step of a run (step 0 first; each
-    fit starts again at 0): tandem.optim's set_lr, or every param group's lr of a torch.optim
+    lr_schedule: step -> learning rate, applied before every step (the global step: a second
+    fit goes on from the first's last): tandem.optim's set_lr, or every param group's lr of a torch.optim
     optimizer — in the graphed modes on CUDA that lr must be a tensor on the device
     (``lr=torch.tensor(0.1, device="cuda")``, capturable=True), which is updated in place.
     """
@@ -205,6 +205,12 @@ class Trainer:
                              f"{', '.join(fields)}")
         self.target = target
         self._trials: Optional[dict] = None
+        # Fits continue each other: the data order, the augmentation's draws and lr_schedule's
+        # step go on from where the last completed fit stopped.
+        self.steps_done = 0
+        self._augment_generator = None
+        if augment is not None:
+            self._augment_generator = torch.Generator(self.device).manual_seed(self.seed)
 
     # ---- data ----
     def _read_data(self, data, batch_size):
@@ -296,6 +302,8 @@ class Trainer:
                     target=self.target, augment=spec, device=str(self.device), mode=mode,
                     batch_size=self.batch_size, steps=int(steps), warmup=int(warmup),
                     workers=self.workers, seed=self.seed, skip_bad=self.skip_bad,
+                    first_step=0 if copies else self.steps_done,
+                    augment_generator=None if copies else self._augment_generator,
                     trace=None if trace is None else os.fspath(trace), progress=progress,
                     cudnn_benchmark=self.cudnn_benchmark, gpu_monitor=gpu_monitor,
                     shuffle=self.shuffle, drop_last=self.drop_last,
@@ -366,7 +374,9 @@ class Trainer:
     def fit(self, steps: Optional[int] = None, epochs: Optional[int] = None, *,
             progress: bool = True, trace: Optional[str] = None) -> FitResult:
         """Trains your modules for ``steps`` steps or ``epochs`` passes over the data and
-        returns every step's loss and the run's report. ``progress``: a progress line on a
+        returns every step's loss and the run's report. A fit continues the last one: the data
+        order, the augmentation's random draws and lr_schedule's step go on from
+        ``steps_done``, so two fits of 5 steps train as one of 10. ``progress``: a progress line on a
         terminal's stderr. ``trace``: write a Chrome-trace timeline (chrome://tracing,
         Perfetto) of the run to this file. Ctrl-C stops the run at its next step and raises
         KeyboardInterrupt; an exception in your code stops every stage and is raised here with
@@ -375,6 +385,7 @@ class Trainer:
         mode = self.choose_mode(min(n, 300))
         self._check_mode(mode)
         report = _C.run(self._config(mode, n, 0, copies=False, progress=progress, trace=trace))
+        self.steps_done += n
         return self._result(report, mode)
 
     def benchmark(self, steps: int = 100, warmup: int = 10, mode: Optional[str] = None,

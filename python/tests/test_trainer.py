@@ -134,6 +134,20 @@ def test_an_lr_schedule_gives_the_plain_loops_losses(device, optimizer):
     assert unscheduled[-1] != expected[-1]  # the schedule changed the run
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fits_continue_where_the_last_one_stopped(device):
+    # 7 + 5 steps: the second fit starts mid-epoch, its augmentation draws and its learning
+    # rates going on from the first's.
+    optimizer = "tandem" if device == "cuda" else "sgd"
+    expected, _ = plain_losses(device, 12, optimizer=optimizer, schedule=halving)
+    mode = "pipelined+graphed" if device == "cuda" else "pipelined"
+    t, _, _ = trainer(device, mode, optimizer=optimizer, lr_schedule=halving)
+    first = t.fit(steps=7, progress=False).losses
+    second = t.fit(steps=5, progress=False).losses
+    assert t.steps_done == 12
+    close(first + second, expected, device)
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_a_float_lr_schedule_under_graphs_is_refused():
     t, _, _ = trainer("cuda", "graphed", optimizer="sgd", lr_schedule=halving)

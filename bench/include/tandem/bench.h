@@ -66,9 +66,14 @@ struct BenchOptions {
   /// run_bench throws RunError ("... cancelled"). How a front end that cannot signal the
   /// runner's threads (Python's Ctrl-C) stops a run cleanly.
   const std::atomic<bool>* cancel = nullptr;
-  /// If set: called before each step's train stage (step 0, 1, ... of the run, warm-up
-  /// included), on that stage's thread with its lane current — where a learning-rate schedule
-  /// enqueues Optimizer::set_lr so that the step, eager or a graph replay, reads it (optim.h).
+  /// The global step the run starts at, for a run that continues an earlier one: a dataset
+  /// source starts there in its epoch order, resident batches at that index
+  /// (RunOptions::first_step). Steps, losses and timing still count from the run's first.
+  int64_t first_step = 0;
+  /// If set: called before each step's train stage with its global step (first_step, then
+  /// first_step + 1, ..., warm-up included), on that stage's thread with its lane current —
+  /// where a learning-rate schedule enqueues Optimizer::set_lr so that the step, eager or a
+  /// graph replay, reads it (optim.h).
   std::function<void(int64_t step)> before_train_step;
 };
 
