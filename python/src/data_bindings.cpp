@@ -113,8 +113,9 @@ void bind_data(py::module_& m) {
                                : dtype == "int64" ? at::kLong
                                : dtype == "float32"
                                    ? at::kFloat
-                                   : throw py::value_error("random field '" + name + "' has dtype " + dtype +
-                                                           ": expected torch.uint8, int32, int64 or float32");
+                                   : throw py::value_error(
+                                         "random field '" + name + "' has dtype " + dtype +
+                                         ": expected torch.uint8, int32, int64 or float32");
       f.push_back({name, shape, t, low, high});
     }
     return PyDataset{std::make_shared<tandem::RandomDataset>(std::move(f), size, seed)};

@@ -46,7 +46,8 @@ class PythonDataset : public Dataset {
         s = sample(index, nullptr);
       } catch (py::error_already_set& e) {
         const std::string m = e.what();
-        throw Error("__getitem__(" + std::to_string(index) + ") raised " + m.substr(0, m.find('\n')));
+        throw Error("__getitem__(" + std::to_string(index) + ") raised " +
+                    m.substr(0, m.find('\n')));
       } catch (py::builtin_exception& e) {
         throw Error(e.what());
       }
@@ -80,9 +81,14 @@ class PythonDataset : public Dataset {
     }
     if (names) {
       if (names->empty()) {
-        if (!keys.empty()) *names = keys;
-        else if (values.size() <= 2) *names = {"input", "target"};
-        else for (size_t i = 0; i < values.size(); ++i) names->push_back("field" + std::to_string(i));
+        if (!keys.empty()) {
+          *names = keys;
+        } else if (values.size() <= 2) {
+          *names = {"input", "target"};
+        } else {
+          for (size_t i = 0; i < values.size(); ++i)
+            names->push_back("field" + std::to_string(i));
+        }
         names->resize(values.size());
       }
       if (names->size() != values.size())

@@ -49,7 +49,8 @@ class PythonOptimizer : public optim::Optimizer {
       : optimizer_(std::move(optimizer)), name_(std::move(name)), capturable_(capturable),
         params_(std::move(params)), calls_(std::move(calls)) {}
   void zero_grad() override {
-    calls_->call(name_ + ".zero_grad", [&] { optimizer_->attr("zero_grad")(py::arg("set_to_none") = true); });
+    calls_->call(name_ + ".zero_grad",
+                 [&] { optimizer_->attr("zero_grad")(py::arg("set_to_none") = true); });
   }
   void step() override {
     calls_->call(name_ + ".step", [&] { optimizer_->attr("step")(); });
@@ -86,7 +87,8 @@ struct RunConfig {
 
 at::Tensor tensor_result(const py::object& value, const std::string& who) {
   if (!THPVariable_Check(value.ptr()))
-    throw py::type_error(who + " returned " + std::string(py::str(py::type::of(value).attr("__name__"))) +
+    throw py::type_error(who + " returned " +
+                         std::string(py::str(py::type::of(value).attr("__name__"))) +
                          ": expected one torch.Tensor");
   return THPVariable_Unpack(value.ptr());
 }
@@ -204,7 +206,8 @@ RunConfig read_config(const py::dict& d) {
   if (!d["augment"].is_none()) {
     const py::dict a = d["augment"];
     AugmentSpec s;
-    const auto crop = a["crop"].cast<std::vector<int64_t>>(), out = a["out"].cast<std::vector<int64_t>>();
+    const auto crop = a["crop"].cast<std::vector<int64_t>>();
+    const auto out = a["out"].cast<std::vector<int64_t>>();
     s.crop_h = crop.at(0);
     s.crop_w = crop.at(1);
     s.out_h = out.at(0);
@@ -390,5 +393,6 @@ void bind_trainer(py::module_& m) {
   m.def("run", &tandem::python::run, py::arg("config"),
         "Runs a tandem.Trainer's steps through the runner; returns the report (trainer.py)");
   m.def("trials", &tandem::python::trials, py::arg("config"),
-        "Times every mode on copies of a tandem.Trainer's modules; returns the trials and the pick");
+        "Times every mode on copies of a tandem.Trainer's modules; returns the trials and the "
+        "pick");
 }

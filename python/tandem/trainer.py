@@ -131,8 +131,8 @@ class Trainer:
     device: default the optimizer's parameters' device. cudnn_benchmark: cuDNN's autotuner
     during the run (default on CUDA: as the CLI); your setting is put back afterwards.
     lr_schedule: step -> learning rate, applied before every step (the global step: a second
-    fit goes on from the first's last): tandem.optim's set_lr, or every param group's lr of a torch.optim
-    optimizer — in the graphed modes on CUDA that lr must be a tensor on the device
+    fit goes on from the first's last): tandem.optim's set_lr, or every param group's lr of a
+    torch.optim optimizer — in the graphed modes on CUDA that lr must be a tensor on the device
     (``lr=torch.tensor(0.1, device="cuda")``, capturable=True), which is updated in place.
     """
 
@@ -298,8 +298,9 @@ class Trainer:
         spec = None
         if self.augment is not None:
             spec = dataclasses.asdict(self.augment)
-        return dict(name=self.name, instance=self._instance, copy=copies, data=self._data, input=self.input,
-                    target=self.target, augment=spec, device=str(self.device), mode=mode,
+        return dict(name=self.name, instance=self._instance, copy=copies, data=self._data,
+                    input=self.input, target=self.target, augment=spec,
+                    device=str(self.device), mode=mode,
                     batch_size=self.batch_size, steps=int(steps), warmup=int(warmup),
                     workers=self.workers, seed=self.seed, skip_bad=self.skip_bad,
                     first_step=0 if copies else self.steps_done,
@@ -309,23 +310,29 @@ class Trainer:
                     shuffle=self.shuffle, drop_last=self.drop_last,
                     lr_schedule=self.lr_schedule is not None)
 
-    def _check_mode(self, mode):
+    def _mode_problem(self, mode) -> Optional[str]:
+        """Why `mode` cannot run this trainer's optimizer and schedule, or None."""
         graphed_on_cuda = mode in _GRAPHED and self.device.type == "cuda"
         if (graphed_on_cuda and self.lr_schedule is not None
                 and not isinstance(self.optimizer, _TandemOptimizer)
                 and not all(isinstance(g["lr"], torch.Tensor)
                             for g in self.optimizer.param_groups)):
-            raise ValueError(
-                f"mode {mode!r} replays a CUDA graph, which keeps the float lr of "
-                f"{_optimizer_name(self.optimizer)} it was captured with, so lr_schedule could "
-                "not change it: use tandem.optim.SGD/Adam/AdamW, or give the optimizer "
-                "lr=torch.tensor(lr, device='cuda') (with capturable=True), or mode 'pipelined'")
+            return (f"mode {mode!r} replays a CUDA graph, which keeps the float lr of "
+                    f"{_optimizer_name(self.optimizer)} it was captured with, so lr_schedule "
+                    "could not change it: use tandem.optim.SGD/Adam/AdamW, or give the "
+                    "optimizer lr=torch.tensor(lr, device='cuda') (with capturable=True), or "
+                    "mode 'pipelined'")
         if mode in _GRAPHED and not _capturable(self.optimizer):
-            raise ValueError(
-                f"mode {mode!r} captures the training step into a CUDA graph, but "
-                f"{_optimizer_name(self.optimizer)} keeps host-side state a graph would freeze: "
-                "create it with capturable=True (torch.optim.Adam, AdamW), or use "
-                "torch.optim.SGD or tandem.optim.SGD/Adam/AdamW, or mode 'pipelined'")
+            return (f"mode {mode!r} captures the training step into a CUDA graph, but "
+                    f"{_optimizer_name(self.optimizer)} keeps host-side state a graph would "
+                    "freeze: create it with capturable=True (torch.optim.Adam, AdamW), or use "
+                    "torch.optim.SGD or tandem.optim.SGD/Adam/AdamW, or mode 'pipelined'")
+        return None
+
+    def _check_mode(self, mode):
+        problem = self._mode_problem(mode)
+        if problem:
+            raise ValueError(problem)
 
     def choose_mode(self, steps: int = 300) -> str:
         """Mode auto's choice, made once and kept: on the CPU, serial (no streams or graphs to
@@ -343,6 +350,14 @@ class Trainer:
                 versions = [t._version for t in watched]
                 self._trials = _C.trials(self._config("serial", steps, 5, copies=True,
                                                       gpu_monitor=False))
+                if self._mode_problem(self._trials["mode"]):  # the fastest allowed instead
+                    allowed = [t for t in self._trials["trials"]
+                               if t["steps_per_s"] and not self._mode_problem(t["mode"])]
+                    best = max(allowed, key=lambda t: t["steps_per_s"])
+                    self._trials["reason"] = (
+                        f"{best['mode']} was the fastest mode that can run the lr_schedule "
+                        f"({best['steps_per_s']:.1f} steps/s; {self._trials['mode']} cannot)")
+                    self._trials["mode"] = best["mode"]
                 if [t._version for t in watched] != versions:
                     raise RuntimeError(
                         "mode auto's trials changed your modules' tensors: a model or feed "
@@ -376,8 +391,8 @@ class Trainer:
         """Trains your modules for ``steps`` steps or ``epochs`` passes over the data and
         returns every step's loss and the run's report. A fit continues the last one: the data
         order, the augmentation's random draws and lr_schedule's step go on from
-        ``steps_done``, so two fits of 5 steps train as one of 10. ``progress``: a progress line on a
-        terminal's stderr. ``trace``: write a Chrome-trace timeline (chrome://tracing,
+        ``steps_done``, so two fits of 5 steps train as one of 10. ``progress``: a progress line
+        on a terminal's stderr. ``trace``: write a Chrome-trace timeline (chrome://tracing,
         Perfetto) of the run to this file. Ctrl-C stops the run at its next step and raises
         KeyboardInterrupt; an exception in your code stops every stage and is raised here with
         its traceback."""

@@ -385,7 +385,8 @@ def test_the_loader_reads_a_torch_dataset_in_order():
     assert len(ds) == 24 and ds.fields == ["x", "y"]
     batches = list(tandem.data.Loader(ds, batch_size=8, workers=2))
     assert len(batches) == 3
-    torch.testing.assert_close(batches[1]["x"], torch.stack([Squares()[i][0] for i in range(8, 16)]))
+    torch.testing.assert_close(batches[1]["x"],
+                               torch.stack([Squares()[i][0] for i in range(8, 16)]))
     assert batches[2]["y"].tolist() == [i % 3 for i in range(16, 24)]
 
 
@@ -396,7 +397,8 @@ def test_a_torch_datasets_bad_sample_is_named_or_skipped():
         t = tandem.Trainer(m, nn.CrossEntropyLoss(), torch.optim.SGD(m.parameters(), lr=0.1),
                            ds, batch_size=4, shuffle=False, mode="serial", **kw)
         return t.fit(epochs=1, progress=False)
-    with pytest.raises(RuntimeError, match=r"__getitem__\(9\) raised OSError: cannot read sample 9"):
+    with pytest.raises(RuntimeError,
+                       match=r"__getitem__\(9\) raised OSError: cannot read sample 9"):
         run(Squares(broken=9))
     with pytest.raises(RuntimeError, match="sample 5 field 'input' is Float \\[7\\]"):
         run(Squares(odd_shape=5))
