@@ -104,10 +104,12 @@ class PythonDataset : public Dataset {
           throw py::value_error("sample " + std::to_string(index) + " has key '" + keys[i] +
                                 "' where sample 0 has '" + fields_[i].name + "'");
     }
-    static const py::object as_tensor = py::module_::import("torch").attr("as_tensor");
+    // Never destroyed: a static py::object would be released after the interpreter is gone.
+    static const py::object* const as_tensor =
+        new py::object(py::module_::import("torch").attr("as_tensor"));
     std::vector<at::Tensor> out;
     for (size_t i = 0; i < values.size(); ++i) {
-      at::Tensor t = THPVariable_Unpack(as_tensor(values[i]).ptr());
+      at::Tensor t = THPVariable_Unpack((*as_tensor)(values[i]).ptr());
       if (!t.device().is_cpu())
         throw py::value_error("sample " + std::to_string(index) + " field " + std::to_string(i) +
                               " is on " + t.device().str() +
