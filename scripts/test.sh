@@ -81,6 +81,9 @@ echo "[test] python: examples/cls_trainer.py (tandem.Trainer) on the CPU, 2 step
 PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" "$root/python/examples/cls_trainer.py" --device cpu \
   --bs 2 --steps 2 >"$prefix/cls_trainer.log" ||
   { cat "$prefix/cls_trainer.log"; echo "[test] FAILED: cls_trainer.py" >&2; exit 1; }
+echo "[test] python: examples/own_data.py (a torch Dataset through tandem.Trainer) on the CPU"
+PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" "$root/python/examples/own_data.py" --device cpu \
+  --epochs 4 | tail -1
 fm=/usr/share/datasets/fashion-mnist
 if [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
   echo "[test] python: examples/plain_loop.py on Fashion-MNIST, 100 steps"
