@@ -9,14 +9,14 @@
 
 #include <optional>
 
+#include "augment_spec.h"
 #include "tandem/augment.h"
 
-namespace {
-
-tandem::AugmentSpec spec_from(at::IntArrayRef crop, at::IntArrayRef out, double max_rotation_deg,
-                              int64_t blur_kernel, double sigma_min, double sigma_max,
-                              at::ArrayRef<double> mean, at::ArrayRef<double> std,
-                              double hflip_probability) {
+tandem::AugmentSpec augment_spec_from(at::IntArrayRef crop, at::IntArrayRef out,
+                                      double max_rotation_deg, int64_t blur_kernel,
+                                      double sigma_min, double sigma_max,
+                                      at::ArrayRef<double> mean, at::ArrayRef<double> std,
+                                      double hflip_probability) {
   TORCH_CHECK(crop.size() == 2 && out.size() == 2, "tandem.augment: crop and out are (h, w) "
               "pairs; got ", crop.size(), " and ", out.size(), " values");
   tandem::AugmentSpec s;
@@ -34,6 +34,8 @@ tandem::AugmentSpec spec_from(at::IntArrayRef crop, at::IntArrayRef out, double 
   return s;
 }
 
+namespace {
+
 void check_images(const at::Tensor& images) {
   TORCH_CHECK(images.dim() == 4 && images.scalar_type() == at::kByte,
               "tandem.augment: expected a (B, C, H, W) uint8 batch; got a ", images.scalar_type(),
@@ -45,8 +47,9 @@ at::Tensor augment_op(const at::Tensor& images, at::IntArrayRef crop, at::IntArr
                       double sigma_max, at::ArrayRef<double> mean, at::ArrayRef<double> std,
                       double hflip_probability, std::optional<at::Generator> generator) {
   check_images(images);
-  const tandem::AugmentSpec spec = spec_from(crop, out, max_rotation_deg, blur_kernel, sigma_min,
-                                             sigma_max, mean, std, hflip_probability);
+  const tandem::AugmentSpec spec = augment_spec_from(crop, out, max_rotation_deg, blur_kernel,
+                                                     sigma_min, sigma_max, mean, std,
+                                                     hflip_probability);
   spec.validate(images.size(1), images.size(2), images.size(3));
   const tandem::AugmentParams p =
       tandem::draw_augment_params(spec, images.size(0), images.size(2), images.size(3),

@@ -104,20 +104,11 @@ void bind_data(py::module_& m) {
   }, py::arg("images"), py::arg("labels"));
 #endif
   m.def("random_dataset", [](const std::vector<std::tuple<std::string, std::vector<int64_t>,
-                                                          std::string, double, double>>& fields,
+                                                          at::ScalarType, double, double>>& fields,
                               int64_t size, uint64_t seed) {
-    std::vector<tandem::RandomField> f;
-    for (const auto& [name, shape, dtype, low, high] : fields) {
-      const at::ScalarType t = dtype == "uint8"   ? at::kByte
-                               : dtype == "int32" ? at::kInt
-                               : dtype == "int64" ? at::kLong
-                               : dtype == "float32"
-                                   ? at::kFloat
-                                   : throw py::value_error(
-                                         "random field '" + name + "' has dtype " + dtype +
-                                         ": expected torch.uint8, int32, int64 or float32");
-      f.push_back({name, shape, t, low, high});
-    }
+    std::vector<tandem::RandomField> f;  // RandomDataset checks each (dtype included)
+    for (const auto& [name, shape, dtype, low, high] : fields)
+      f.push_back({name, shape, dtype, low, high});
     return PyDataset{std::make_shared<tandem::RandomDataset>(std::move(f), size, seed)};
   }, py::arg("fields"), py::arg("size"), py::arg("seed"));
   py::class_<PyEpoch>(m, "Epoch", "One epoch of batches from the C++ loader")

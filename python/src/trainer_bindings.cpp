@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "augment_spec.h"
 #include "py_dataset.h"
 #include "python_calls.h"
 #include "tandem/augment.h"
@@ -139,6 +140,7 @@ Workload make_workload(const RunConfig& c, const WorkloadOptions& o,
                          TANDEM_CHECK_ARG(x.dim() == 4 && x.scalar_type() == at::kByte,
                                           "augment expects a (B, C, H, W) uint8 batch; got a ",
                                           x.scalar_type(), " tensor of shape ", x.sizes());
+                         spec.validate(x.size(1), x.size(2), x.size(3));  // as the op does
                          const AugmentParams p = draw_augment_params(
                              spec, x.size(0), x.size(2), x.size(3), x.device(), generator);
                          return Tensors{augment(x, p, spec)};
@@ -205,21 +207,12 @@ RunConfig read_config(const py::dict& d) {
   c.lr_schedule = d["lr_schedule"].cast<bool>();
   if (!d["augment"].is_none()) {
     const py::dict a = d["augment"];
-    AugmentSpec s;
-    const auto crop = a["crop"].cast<std::vector<int64_t>>();
-    const auto out = a["out"].cast<std::vector<int64_t>>();
-    s.crop_h = crop.at(0);
-    s.crop_w = crop.at(1);
-    s.out_h = out.at(0);
-    s.out_w = out.at(1);
-    s.max_rotation_deg = a["max_rotation_deg"].cast<double>();
-    s.blur_kernel = a["blur_kernel"].cast<int64_t>();
-    s.sigma_min = a["sigma_min"].cast<double>();
-    s.sigma_max = a["sigma_max"].cast<double>();
-    s.mean = a["mean"].cast<std::vector<double>>();
-    s.std = a["std"].cast<std::vector<double>>();
-    s.hflip_probability = a["hflip_probability"].cast<double>();
-    c.augment = s;
+    c.augment = augment_spec_from(
+        a["crop"].cast<std::vector<int64_t>>(), a["out"].cast<std::vector<int64_t>>(),
+        a["max_rotation_deg"].cast<double>(), a["blur_kernel"].cast<int64_t>(),
+        a["sigma_min"].cast<double>(), a["sigma_max"].cast<double>(),
+        a["mean"].cast<std::vector<double>>(), a["std"].cast<std::vector<double>>(),
+        a["hflip_probability"].cast<double>());
     if (!d["augment_generator"].is_none())
       c.augment_generator = d["augment_generator"].cast<at::Generator>();
   }

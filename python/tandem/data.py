@@ -53,8 +53,7 @@ def TorchDataset(dataset, fields=None) -> Dataset:
     return _C.python_dataset(dataset, list(fields or []))
 
 
-_DTYPES = {torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",
-           torch.float32: "float32"}
+_DTYPES = (torch.uint8, torch.int32, torch.int64, torch.float32)  # RandomDataset's
 
 
 def Random(size: int, seed: int = 0, **fields) -> Dataset:
@@ -90,7 +89,7 @@ def Random(size: int, seed: int = 0, **fields) -> Dataset:
         else:
             raise ValueError(f"field {name} is {dtype}: give its range, "
                              f"e.g. {name}=({tuple(shape)}, {dtype}, 10) for values 0..9")
-        specs.append((name, [int(d) for d in shape], _DTYPES[dtype], float(low), float(high)))
+        specs.append((name, [int(d) for d in shape], dtype, float(low), float(high)))
     return _C.random_dataset(specs, int(size), int(seed))
 
 

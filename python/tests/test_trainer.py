@@ -284,6 +284,15 @@ def test_results_of_the_wrong_kind_are_refused_by_name():
         t.fit(steps=2, progress=False)
 
 
+def test_a_bad_augment_spec_is_refused_by_name():
+    encoder, head, opt = job("cpu")
+    bad = tandem.AugmentSpec(crop=(12, 12), out=(8, 8), blur_kernel=4)
+    t = tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(), augment=bad,
+                       feed=[encoder], mode="serial", batch_size=8)
+    with pytest.raises(RuntimeError, match="blur kernel size 4 is not valid"):
+        t.fit(steps=1, progress=False)
+
+
 def test_bad_arguments_are_refused_by_name():
     encoder, head, opt = job("cpu")
     loss = nn.CrossEntropyLoss()
