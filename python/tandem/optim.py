@@ -68,13 +68,10 @@ class _TandemOptimizer:
     def __deepcopy__(self, memo):
         # A fresh optimizer over the copies of the parameters (memo maps them when the model is
         # copied in the same deepcopy call, as tandem.Trainer's trials do).
-        return type(self)(copy.deepcopy(self._params, memo), **self._public_options())
-
-    def _public_options(self) -> dict:
-        return dict(self._options)
+        return type(self)(copy.deepcopy(self._params, memo), **self._options)
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v}" for k, v in self._public_options().items())
+        args = ", ".join(f"{k}={v}" for k, v in self._options.items())
         return f"tandem.optim.{type(self).__name__}({args})"
 
 
