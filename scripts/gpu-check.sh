@@ -719,11 +719,6 @@ fi
 # TurboJPEG unpacked from a .deb next to the build (phase build) is outside the loader's path.
 deps_lib="$ROOT/$BUILD-deps/usr/lib/x86_64-linux-gnu"
 if [ -d "$deps_lib" ]; then export LD_LIBRARY_PATH="$deps_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
-# On the H200 machine (Ubuntu 24.04, Python 3.12, /opt/torch), the first C++ exception or the
-# first run through tandem._C crashed ("free(): invalid pointer", SIGSEGV) unless libstdc++ is
-# preloaded — the very same file the process loads anyway (NOTES.md: cause not yet found).
-py_preload=$(${CXX:-c++} -print-file-name=libstdc++.so.6 2>/dev/null)
-[ -f "$py_preload" ] || py_preload=
 if has_phase python; then
   say "python: install tandem, pip install --no-build-isolation ./python"
   pyprefix="$ROOT/$BUILD-py"
@@ -738,13 +733,13 @@ if has_phase python; then
     pytest_path=":$pyprefix/pytest"
   fi
   say "python: pytest python/tests"
-  LD_PRELOAD=$py_preload PYTHONPATH="$pyprefix/py$pytest_path" python3 -m pytest -q python/tests -p no:cacheprovider \
+  PYTHONPATH="$pyprefix/py$pytest_path" python3 -m pytest -q python/tests -p no:cacheprovider \
     >"$OUT/pytest.log" 2>&1 || status=1
   tail -15 "$OUT/pytest.log" | tee -a "$LOG"
   fm=$(fashion_mnist_dir)
   if [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
     say "python: examples/plain_loop.py on CUDA, 2 epochs"
-    LD_PRELOAD=$py_preload PYTHONPATH="$pyprefix/py" python3 python/examples/plain_loop.py \
+    PYTHONPATH="$pyprefix/py" python3 python/examples/plain_loop.py \
       "$fm/train-images-idx3-ubyte.gz" "$fm/train-labels-idx1-ubyte.gz" --device cuda \
       --epochs 2 2>&1 | tail -3 | tee -a "$LOG" || status=1
   fi
@@ -755,7 +750,7 @@ fi
 # tandem.augment beside torchvision's batch transform. Needs phase python's package.
 if has_phase pybench; then
   say "pybench: bench/python/python_bench.py (seg bs ${TANDEM_SEG_BS:-8,32}, cls bs ${TANDEM_CLS_BS_PY:-32,128})"
-  LD_PRELOAD=$py_preload PYTHONPATH="$ROOT/$BUILD-py/py" python3 bench/python/python_bench.py --tandem "$BUILD/tandem" \
+  PYTHONPATH="$ROOT/$BUILD-py/py" python3 bench/python/python_bench.py --tandem "$BUILD/tandem" \
     --reference "$REF" --seg-bs "${TANDEM_SEG_BS:-8,32}" --cls-bs "${TANDEM_CLS_BS_PY:-32,128}" \
     --scenarios "${TANDEM_PY_SCENARIOS:-seg,cls}" --out "$OUT/python.json" \
     2>&1 | tee -a "$LOG" || status=1
