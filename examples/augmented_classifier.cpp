@@ -8,7 +8,6 @@
 //                        [--trace FILE] [--sweep]
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <torch/nn.h>
 #include <torch/utils.h>
 
@@ -56,24 +55,15 @@ tandem::Workload make_classifier(const tandem::WorkloadOptions& o) {
   spec.hflip_probability = 0.5;
   spec.mean = {127.5, 127.5, 127.5};  // (pixel - mean) / std, in pixel units (0..255)
   spec.std = {64, 64, 64};
-  at::Generator gen = o.device.is_cuda() ? at::cuda::detail::createCUDAGenerator(o.device.index())
-                                         : at::make_generator<at::CPUGeneratorImpl>();
-  gen.set_current_seed(o.seed);
-  // (B, 3, 40, 40) uint8 -> (B, 3, 32, 32) float32; per-sample parameters drawn on the device.
-  auto augment = [spec, gen](const tandem::Tensors& in) {
-    const at::Tensor& images = in[0];
-    const tandem::AugmentParams p = tandem::draw_augment_params(
-        spec, images.size(0), images.size(2), images.size(3), images.device(), gen);
-    return tandem::Tensors{tandem::augment(images, p, spec)};
-  };
 
   tandem::Workload w;
   w.name = "aug-cls";
   w.device = o.device;
   w.data = tandem::DataSource::from_dataset(std::make_shared<BandsDataset>());
-  // Registering gen makes each graph replay draw fresh parameters, the ones an eager step would.
-  w.feeds.push_back(
-      {"augment", "augment", {"image"}, {"image"}, augment, "crop, flip, normalize", {gen}});
+  // (B, 3, 40, 40) uint8 -> (B, 3, 32, 32) float32; per-sample parameters drawn on the device
+  // from a generator of the run's own, which the stage registers: each graph replay draws fresh
+  // parameters, the ones an eager step would.
+  w.feeds.push_back(tandem::augment_feed(spec, tandem::seeded_generator(o.device, o.seed)));
   w.train.inputs = {"image", "label"};
   w.train.loss = [net = net.ptr()](const tandem::Tensors& in) {  // per-sample, then a mean:
     return at::cross_entropy_loss(net->forward(in[0]), in[1], {}, at::Reduction::None).mean();

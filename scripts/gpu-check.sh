@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign data train ddp python pybench
+#   redesign data decode train ddp python pybench
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -424,6 +424,18 @@ if has_phase redesign; then
   esac
 fi
 
+# Prints the generated JPEG ImageFolder's path (TANDEM_DATA_DIR, default /tmp/tandem-imagefolder),
+# making it first (TANDEM_DATA_COUNT files, 6000) where it does not exist yet.
+image_folder() {
+  local dir=${TANDEM_DATA_DIR:-/tmp/tandem-imagefolder}
+  if [ ! -d "$dir" ]; then
+    say "make_image_folder.py $dir --count ${TANDEM_DATA_COUNT:-6000}" >&2
+    python3 scripts/make_image_folder.py "$dir" --count "${TANDEM_DATA_COUNT:-6000}" \
+      --classes 10 2>&1 | tail -3 | tee -a "$LOG" >&2
+  fi
+  echo "$dir"
+}
+
 # Real images (issue 17): a generated JPEG ImageFolder; the Python reference (torchvision
 # ImageFolder + DataLoader, PIL / torchvision.io decode) and tandem data-bench in one call;
 # data.json in OUT merges both. env TANDEM_DATA_DIR (where the folder goes; kept if it exists),
@@ -431,12 +443,7 @@ fi
 # r18_full"), TANDEM_DATA_STEPS (60), TANDEM_DATA_MODE (pipelined+graphed), TANDEM_DATA_DECODE ("cpu gpu": one run each),
 # TANDEM_DATA_PY_WORKERS (8).
 if has_phase data; then
-  data_dir=${TANDEM_DATA_DIR:-/tmp/tandem-imagefolder}
-  if [ ! -d "$data_dir" ]; then
-    say "make_image_folder.py $data_dir --count ${TANDEM_DATA_COUNT:-6000}"
-    python3 scripts/make_image_folder.py "$data_dir" --count "${TANDEM_DATA_COUNT:-6000}" \
-      --classes 10 2>&1 | tail -3 | tee -a "$LOG"
-  fi
+  data_dir=$(image_folder)
   data_bs=${TANDEM_DATA_BS:-64 256}
   data_models=${TANDEM_DATA_MODELS:-r50_frozen_head r18_full}
   data_steps=${TANDEM_DATA_STEPS:-60}
@@ -478,6 +485,53 @@ print(f"wrote {out}: {len(rows)} rows")
 PY
 fi
 
+# CPU decode per core (issue 17), in rounds: tandem data-bench's decode rows and the Python
+# decoders (PIL, torchvision.io) alternate, each pinned to the same core, on the same 1000 files
+# of the generated folder; decode.json in OUT holds every round and the median ratios.
+#   env: TANDEM_DECODE_ROUNDS (5), TANDEM_DECODE_CORE (2), TANDEM_DATA_DIR, TANDEM_DATA_COUNT
+if has_phase decode; then
+  data_dir=$(image_folder)
+  core=${TANDEM_DECODE_CORE:-2}
+  for round in $(seq 1 "${TANDEM_DECODE_ROUNDS:-5}"); do
+    say "decode round $round on core $core: tandem data-bench --steps 0, then data_bench.py --jobs decode"
+    taskset -c "$core" "$TANDEM" data-bench --data "$data_dir" --decode cpu --steps 0 --images 1000 \
+      --workers 1 --json "$RAW/decode-tandem-$round.json" >>"$LOG" 2>&1 || status=1
+    taskset -c "$core" python3 bench/python/data_bench.py --data "$data_dir" --jobs decode \
+      --out "$RAW/decode-python-$round.json" >>"$LOG" 2>&1 || status=1
+  done
+  python3 - "$OUT/decode.json" "$RAW" <<'PY' 2>&1 | tee -a "$LOG"
+import glob, json, os, statistics, sys, datetime
+out, raw = sys.argv[1], sys.argv[2]
+rows, per_round = [], []
+for t in sorted(glob.glob(os.path.join(raw, "decode-tandem-*.json"))):
+    n = t.rsplit("-", 1)[1].split(".")[0]
+    rates = {}
+    for p in (t, os.path.join(raw, f"decode-python-{n}.json")):
+        for r in json.load(open(p))["rows"]:
+            if r.get("job") == "decode" and r.get("decode") == "cpu":
+                r["round"] = int(n)
+                rows.append(r)
+                rates[r["decoder"]] = r["images_per_s_per_core"]
+    per_round.append(rates)
+summary = {}
+for d in ("turbojpeg_scaled", "turbojpeg_full", "pil", "torchvision.io"):
+    vals = [r[d] for r in per_round if d in r]
+    if vals:
+        summary[d] = statistics.median(vals)
+ratios = [r["turbojpeg_scaled"] / r["pil"] for r in per_round if "pil" in r and "turbojpeg_scaled" in r]
+summary["scaled_over_pil_per_round"] = ratios
+summary["scaled_over_pil_median"] = statistics.median(ratios) if ratios else None
+json.dump({"device": "NVIDIA H200 host CPU, one pinned core",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": "scripts/gpu-check.sh OUT build decode (rounds of: taskset -c CORE tandem "
+                      "data-bench --decode cpu --steps 0 --images 1000 --workers 1; taskset -c CORE "
+                      "python3 bench/python/data_bench.py --jobs decode)",
+           "summary": summary, "rows": rows}, open(out, "w"), indent=2)
+print("decode medians (img/s on one core):", {k: round(v, 1) for k, v in summary.items() if isinstance(v, float)})
+print("scaled / PIL per round:", [round(x, 3) for x in ratios])
+PY
+fi
+
 # tandem train (issue 18): Fashion-MNIST with the small CNN (accuracy), then issue 7's JPEG
 # folder with a frozen ResNet-50 + head and a full ResNet-18 in fp32 and bf16 beside the same
 # step on device-resident data and beside the Python loops; train.json in OUT. Python loads the
@@ -513,12 +567,7 @@ if has_phase train; then
       tee -a "$LOG" || status=1
   fi
   if [[ " $train_jobs " == *" images "* ]]; then
-    data_dir=${TANDEM_DATA_DIR:-/tmp/tandem-imagefolder}
-    if [ ! -d "$data_dir" ]; then
-      say "make_image_folder.py $data_dir --count ${TANDEM_DATA_COUNT:-6000}"
-      python3 scripts/make_image_folder.py "$data_dir" --count "${TANDEM_DATA_COUNT:-6000}" \
-        --classes 10 2>&1 | tail -3 | tee -a "$LOG"
-    fi
+    data_dir=$(image_folder)
     tbs=${TANDEM_TRAIN_BS:-256}
     for model in r50_frozen_head r18_full; do
       case $model in

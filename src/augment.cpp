@@ -345,4 +345,25 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
   return out;
 }
 
+FeedStage augment_feed(const AugmentSpec& spec, at::Generator generator,
+                       const std::string& field) {
+  FeedStage f;
+  f.name = "augment";
+  f.lane = "augment";
+  f.inputs = {field};
+  f.outputs = {field};
+  f.fn = [spec, generator](const Tensors& in) {
+    const at::Tensor& x = in[0];
+    TANDEM_CHECK_ARG(x.dim() == 4 && x.scalar_type() == at::kByte,
+                     "augment expects a (B, C, H, W) uint8 batch; got a ", x.scalar_type(),
+                     " tensor of shape ", x.sizes());  // before the draw reads its sizes
+    const AugmentParams p =
+        draw_augment_params(spec, x.size(0), x.size(2), x.size(3), x.device(), generator);
+    return Tensors{augment(x, p, spec)};
+  };
+  f.what = "fused augment kernel, parameters drawn from the run's generator";
+  f.generators = {generator};
+  return f;
+}
+
 }  // namespace tandem

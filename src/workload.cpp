@@ -3,6 +3,8 @@
 #include "tandem/workload.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 
 #include <algorithm>
 #include <set>
@@ -12,6 +14,14 @@
 #include "tandem/sampler.h"
 
 namespace tandem {
+
+at::Generator seeded_generator(c10::Device device, uint64_t seed) {
+  at::Generator generator = device.is_cuda()
+                                ? at::cuda::detail::createCUDAGenerator(device.index())
+                                : at::make_generator<at::CPUGeneratorImpl>();
+  generator.set_current_seed(seed);
+  return generator;
+}
 
 DataSource DataSource::from_dataset(std::shared_ptr<const Dataset> dataset, bool shuffle,
                                     bool drop_last) {

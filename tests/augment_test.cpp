@@ -203,6 +203,33 @@ TEST(AugmentTest, SameSeedSameParametersAndOutputs) {
   EXPECT_FALSE(a.first.equal(c.first));
 }
 
+TEST(AugmentTest, AugmentFeedDrawsFromItsSeededGeneratorAsAPlainLoopWould) {
+  const at::Tensor img = random_images(3, 3, 64, 64, 6);
+  const AugmentSpec s = spec_for(32, 48, 7);
+  const c10::Device cpu(c10::kCPU);
+  const FeedStage stage = augment_feed(s, seeded_generator(cpu, 11), "pixels");
+  EXPECT_EQ(stage.lane, "augment");
+  EXPECT_EQ(stage.inputs, std::vector<std::string>{"pixels"});
+  EXPECT_EQ(stage.outputs, std::vector<std::string>{"pixels"});
+  ASSERT_EQ(stage.generators.size(), 1u);
+  // Two batches through the stage: what draw + augment give from a generator seeded alike.
+  const at::Generator loop_gen = seeded_generator(cpu, 11);
+  for (int step = 0; step < 2; ++step) {
+    const Tensors out = stage.fn({img});
+    const auto p = draw_augment_params(s, 3, 64, 64, cpu, loop_gen);
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_TRUE(out[0].equal(augment(img, p, s))) << "step " << step;
+  }
+  try {
+    stage.fn({img.to(at::kFloat)});
+    ADD_FAILURE() << "a float batch was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("uint8 batch; got a Float tensor of shape [3, 3, 64, 64]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(AugmentTest, HostDrawsAreAFunctionOfSeedAndIndex) {
   const AugmentSpec s;
   const auto a = draw_augment_params_host(s, 256, 256, 3, 10);

@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -66,9 +65,7 @@ std::vector<AugmentBenchRow> run_augment_bench(const std::vector<int64_t>& batch
       inputs.push_back(at::randint(0, 256, {bs, 3, 256, 256}, cpu_gen,
                                    at::TensorOptions().dtype(at::kByte))
                            .to(device));
-    at::Generator gen = device.is_cuda() ? at::cuda::detail::createCUDAGenerator(device.index())
-                                         : at::make_generator<at::CPUGeneratorImpl>();
-    gen.set_current_seed(bs);
+    const at::Generator gen = seeded_generator(device, bs);
     const AugmentParams params = draw_augment_params(spec, bs, 256, 256, device, gen);
     const double bytes = static_cast<double>(bs) * 3 * 256 * 256 +
                          static_cast<double>(bs) * 3 * spec.out_h * spec.out_w * 4;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/workload.h"
+
 namespace tandem {
 
 /// What to do; the defaults are SPEC's cls pipeline. Rotation is sampled nearest-neighbour in
@@ -88,5 +90,14 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
 /// `row` of CPU `params`, written into `out` (C, out_h, out_w) float32 contiguous CPU.
 void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, int64_t row,
                         const AugmentSpec& spec, at::Tensor& out);
+
+/// The feed stage (lane "augment") that augments the batch field `field`, (B, C, H, W) uint8,
+/// into (B, C, out_h, out_w) float32 under the same name: parameters drawn by
+/// draw_augment_params from `generator` (registered with the stage, so a graph replay draws
+/// what an eager step would), then augment(), which checks the batch against `spec`
+/// (InvalidArgument naming what is wrong).
+/// `generator`: seeded_generator(device, seed) for a reproducible run.
+FeedStage augment_feed(const AugmentSpec& spec, at::Generator generator,
+                       const std::string& field = "image");
 
 }  // namespace tandem

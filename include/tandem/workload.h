@@ -64,6 +64,12 @@ struct FeedStage {
   Capture capture = Capture::kAllowed;
 };
 
+/// A generator of its own for a stage's random draws (FeedStage::generators): a new CUDA
+/// generator of `device`'s index, or a new CPU generator, seeded with `seed`. Kept apart from
+/// the device's default generator, so the model's own randomness (initialisation, dropout)
+/// does not shift what the stage draws, whatever the mode.
+at::Generator seeded_generator(c10::Device device, uint64_t seed);
+
 /// The one stage that trains: the runner calls optimizer->zero_grad(), then loss(inputs)
 /// (forward and loss over the trainable modules), backward (between gradient_sync's hooks, when
 /// set), optimizer->step(), and records the loss on the device (LossLog: no host sync), all on

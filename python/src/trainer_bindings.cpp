@@ -9,8 +9,6 @@
 // eager steps call the user's modules there; a graphed stage calls them while it warms up and
 // while it is captured, then replays its CUDA graph with no Python and no GIL at all.
 #include <ATen/Context.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -125,28 +123,10 @@ Workload make_workload(const RunConfig& c, const WorkloadOptions& o,
     // Drawn from in step order, the same amount each step, so every mode draws what a plain
     // loop calling tandem.augment(x, spec, generator) draws: the Trainer's own generator, which
     // successive fits go on drawing from, or for copies (trials) a fresh one, seeded alike.
-    at::Generator generator;
-    if (c.augment_generator) {
-      generator = *c.augment_generator;
-    } else {
-      generator = o.device.is_cuda() ? at::cuda::detail::createCUDAGenerator(o.device.index())
-                                     : at::make_generator<at::CPUGeneratorImpl>();
-      generator.set_current_seed(o.data_seed());
-    }
-    const AugmentSpec spec = *c.augment;
-    w.feeds.push_back({"augment", "augment", {c.input}, {c.input},
-                       [spec, generator](const Tensors& in) {
-                         const at::Tensor& x = in[0];
-                         TANDEM_CHECK_ARG(x.dim() == 4 && x.scalar_type() == at::kByte,
-                                          "augment expects a (B, C, H, W) uint8 batch; got a ",
-                                          x.scalar_type(), " tensor of shape ", x.sizes());
-                         spec.validate(x.size(1), x.size(2), x.size(3));  // as the op does
-                         const AugmentParams p = draw_augment_params(
-                             spec, x.size(0), x.size(2), x.size(3), x.device(), generator);
-                         return Tensors{augment(x, p, spec)};
-                       },
-                       "tandem's fused augmentation, parameters from the run's generator",
-                       {generator}});
+    const at::Generator generator = c.augment_generator
+                                        ? *c.augment_generator
+                                        : seeded_generator(o.device, o.data_seed());
+    w.feeds.push_back(augment_feed(*c.augment, generator, c.input));
   }
   for (const py::handle item : py::list(parts[0])) {
     const auto pair = py::reinterpret_borrow<py::tuple>(item);

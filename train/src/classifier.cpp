@@ -3,9 +3,7 @@
 #include "tandem/train/classifier.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <sys/stat.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
@@ -207,11 +205,8 @@ TrainJob make_classifier(const ClassifierOptions& o) {
     w.name = model_name;
     w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
     const int64_t S = o.image_size;
-    at::Generator generator = device.is_cuda()
-                                  ? at::cuda::detail::createCUDAGenerator(device.index())
-                                  : at::make_generator<at::CPUGeneratorImpl>();
-    generator.set_current_seed(o.seed);
-    w.feeds.push_back(resized_crop_feed(ResizedCropSpec::train(S), generator, nhwc));
+    w.feeds.push_back(
+        resized_crop_feed(ResizedCropSpec::train(S), seeded_generator(device, o.seed), nhwc));
     auto n = net.ptr();
     if (o.freeze_backbone) {
       net->eval();  // BatchNorm keeps its running statistics
@@ -243,9 +238,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
     }
     if (val_data) {
       const ResizedCropSpec eval_spec = ResizedCropSpec::eval(S, S * 256 / 224);
-      at::Generator eval_gen = device.is_cuda()
-                                   ? at::cuda::detail::createCUDAGenerator(device.index())
-                                   : at::make_generator<at::CPUGeneratorImpl>();
+      const at::Generator eval_gen = seeded_generator(device, o.seed);  // draws no randomness
       const int64_t bs = o.batch_size;
       const int workers = o.workers;
       const bool frozen = o.freeze_backbone;

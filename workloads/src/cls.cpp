@@ -2,8 +2,6 @@
 #include "tandem/workloads/cls.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <torch/utils.h>
 
 #include "tandem/augmented_dataset.h"
@@ -89,24 +87,8 @@ ClsWorkload make_cls(const WorkloadOptions& options, ClsOptions cls) {
     // order and the same amount each step, so every mode draws the same ones for a step; the
     // graph that draws registers it (FeedStage::generators), so a replay draws what an eager
     // step would.
-    at::Generator generator = options.device.is_cuda()
-                                  ? at::cuda::detail::createCUDAGenerator(options.device.index())
-                                  : at::make_generator<at::CPUGeneratorImpl>();
-    generator.set_current_seed(seed);
     // (B, 3, 256, 256) uint8 in, (B, 3, out_h, out_w) float32 out.
-    w.feeds.push_back({"augment",
-                       "augment",
-                       {"image"},
-                       {"image"},
-                       [spec, generator](const Tensors& in) {
-                         const at::Tensor& images = in[0];
-                         const AugmentParams p =
-                             draw_augment_params(spec, images.size(0), images.size(2),
-                                                 images.size(3), images.device(), generator);
-                         return Tensors{augment(images, p, spec)};
-                       },
-                       "parameters drawn from the run's generator, fused augment kernel",
-                       {generator}});
+    w.feeds.push_back(augment_feed(spec, seeded_generator(options.device, seed)));
   }
   auto model = c.model.ptr();           // shared_ptr: forward() from a const lambda
   w.train.inputs = {"image", "label"};  // (B, 3, H, W) float32, (B,) int64

@@ -10,7 +10,6 @@
 #include <iostream>
 #include <thread>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
@@ -177,10 +176,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   w.name = "images";
   w.device = device;
 
-  at::Generator generator = device.is_cuda()
-                                ? at::cuda::detail::createCUDAGenerator(device.index())
-                                : at::make_generator<at::CPUGeneratorImpl>();
-  generator.set_current_seed(options.data_seed());  // augmentation: per rank
+  const at::Generator generator = seeded_generator(device, options.data_seed());  // per rank
   if (io.from_files) {
     w.data = DataSource::from_dataset(folder, /*shuffle=*/true, /*drop_last=*/true);
     ResizedCropSpec spec = ResizedCropSpec::train(S);
