@@ -361,7 +361,7 @@ FeedStage augment_feed(const AugmentSpec& spec, at::Generator generator,
         draw_augment_params(spec, x.size(0), x.size(2), x.size(3), x.device(), generator);
     return Tensors{augment(x, p, spec)};
   };
-  f.what = "fused augment kernel, parameters drawn from the run's generator";
+  f.what = "parameters drawn from the run's generator, fused augment kernel";
   f.generators = {generator};
   return f;
 }
