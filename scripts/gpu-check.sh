@@ -451,7 +451,8 @@ if has_phase data; then
   say "python data_bench.py --jobs $jobs --batch-sizes $(echo $data_bs | tr ' ' ',')"
   python3 bench/python/data_bench.py --data "$data_dir" --jobs "$jobs" \
     --batch-sizes "$(echo $data_bs | tr ' ' ',')" --workers "${TANDEM_DATA_PY_WORKERS:-8}" \
-    --steps "$data_steps" --out "$RAW/data-python.json" 2>&1 | tee -a "$LOG" || status=1
+    --steps "$data_steps" --decode-files 1000 --out "$RAW/data-python.json" 2>&1 | tee -a "$LOG" ||
+    status=1  # the 1000 files data-bench's --images 1000 decodes
   for model in $data_models; do
     for bs in $data_bs; do
       for decode in ${TANDEM_DATA_DECODE:-cpu gpu}; do
@@ -486,18 +487,22 @@ PY
 fi
 
 # CPU decode per core (issue 17), in rounds: tandem data-bench's decode rows and the Python
-# decoders (PIL, torchvision.io) alternate, each pinned to the same core, on the same 1000 files
-# of the generated folder; decode.json in OUT holds every round and the median ratios.
-#   env: TANDEM_DECODE_ROUNDS (5), TANDEM_DECODE_CORE (2), TANDEM_DATA_DIR, TANDEM_DATA_COUNT
+# decoders (PIL, torchvision.io) alternate, each pinned to the same core, on the same files of
+# the generated folder; decode.json in OUT holds every round and the median ratios.
+#   env: TANDEM_DECODE_ROUNDS (5), TANDEM_DECODE_IMAGES (1000), TANDEM_DECODE_CORE (2),
+#        TANDEM_DATA_DIR, TANDEM_DATA_COUNT
 if has_phase decode; then
   data_dir=$(image_folder)
   core=${TANDEM_DECODE_CORE:-2}
+  decode_images=${TANDEM_DECODE_IMAGES:-1000}  # both pick the same files, spread over the classes
   for round in $(seq 1 "${TANDEM_DECODE_ROUNDS:-5}"); do
     say "decode round $round on core $core: tandem data-bench --steps 0, then data_bench.py --jobs decode"
-    taskset -c "$core" "$TANDEM" data-bench --data "$data_dir" --decode cpu --steps 0 --images 1000 \
-      --workers 1 --json "$RAW/decode-tandem-$round.json" >>"$LOG" 2>&1 || status=1
+    taskset -c "$core" "$TANDEM" data-bench --data "$data_dir" --decode cpu --steps 0 \
+      --images "$decode_images" --workers 1 --json "$RAW/decode-tandem-$round.json" >>"$LOG" 2>&1 ||
+      status=1
     taskset -c "$core" python3 bench/python/data_bench.py --data "$data_dir" --jobs decode \
-      --out "$RAW/decode-python-$round.json" >>"$LOG" 2>&1 || status=1
+      --decode-files "$decode_images" --out "$RAW/decode-python-$round.json" >>"$LOG" 2>&1 ||
+      status=1
   done
   python3 - "$OUT/decode.json" "$RAW" <<'PY' 2>&1 | tee -a "$LOG"
 import glob, json, os, statistics, sys, datetime
@@ -524,8 +529,9 @@ summary["scaled_over_pil_median"] = statistics.median(ratios) if ratios else Non
 json.dump({"device": "NVIDIA H200 host CPU, one pinned core",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "scripts/gpu-check.sh OUT build decode (rounds of: taskset -c CORE tandem "
-                      "data-bench --decode cpu --steps 0 --images 1000 --workers 1; taskset -c CORE "
-                      "python3 bench/python/data_bench.py --jobs decode)",
+                      "data-bench --decode cpu --steps 0 --images N --workers 1; taskset -c CORE "
+                      "python3 bench/python/data_bench.py --jobs decode --decode-files N), N = "
+                      + os.environ.get("TANDEM_DECODE_IMAGES", "1000"),
            "summary": summary, "rows": rows}, open(out, "w"), indent=2)
 print("decode medians (img/s on one core):", {k: round(v, 1) for k, v in summary.items() if isinstance(v, float)})
 print("scaled / PIL per round:", [round(x, 3) for x in ratios])
