@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign data decode train ddp python pybench
+#   redesign data train ddp python decode pybench
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -486,58 +486,6 @@ print(f"wrote {out}: {len(rows)} rows")
 PY
 fi
 
-# CPU decode per core (issue 17), in rounds: tandem data-bench's decode rows and the Python
-# decoders (PIL, torchvision.io) alternate, each pinned to the same core, on the same files of
-# the generated folder; decode.json in OUT holds every round and the median ratios.
-#   env: TANDEM_DECODE_ROUNDS (5), TANDEM_DECODE_IMAGES (1000), TANDEM_DECODE_CORE (2),
-#        TANDEM_DATA_DIR, TANDEM_DATA_COUNT
-if has_phase decode; then
-  data_dir=$(image_folder)
-  core=${TANDEM_DECODE_CORE:-2}
-  decode_images=${TANDEM_DECODE_IMAGES:-1000}  # both pick the same files, spread over the classes
-  for round in $(seq 1 "${TANDEM_DECODE_ROUNDS:-5}"); do
-    say "decode round $round on core $core: tandem data-bench --steps 0, then data_bench.py --jobs decode"
-    taskset -c "$core" "$TANDEM" data-bench --data "$data_dir" --decode cpu --steps 0 \
-      --images "$decode_images" --workers 1 --json "$RAW/decode-tandem-$round.json" >>"$LOG" 2>&1 ||
-      status=1
-    taskset -c "$core" python3 bench/python/data_bench.py --data "$data_dir" --jobs decode \
-      --decode-files "$decode_images" --out "$RAW/decode-python-$round.json" >>"$LOG" 2>&1 ||
-      status=1
-  done
-  python3 - "$OUT/decode.json" "$RAW" <<'PY' 2>&1 | tee -a "$LOG"
-import glob, json, os, statistics, sys, datetime
-out, raw = sys.argv[1], sys.argv[2]
-rows, per_round = [], []
-for t in sorted(glob.glob(os.path.join(raw, "decode-tandem-*.json"))):
-    n = t.rsplit("-", 1)[1].split(".")[0]
-    rates = {}
-    for p in (t, os.path.join(raw, f"decode-python-{n}.json")):
-        for r in json.load(open(p))["rows"]:
-            if r.get("job") == "decode" and r.get("decode") == "cpu":
-                r["round"] = int(n)
-                rows.append(r)
-                rates[r["decoder"]] = r["images_per_s_per_core"]
-    per_round.append(rates)
-summary = {}
-for d in ("turbojpeg_scaled", "turbojpeg_full", "pil", "torchvision.io"):
-    vals = [r[d] for r in per_round if d in r]
-    if vals:
-        summary[d] = statistics.median(vals)
-ratios = [r["turbojpeg_scaled"] / r["pil"] for r in per_round if "pil" in r and "turbojpeg_scaled" in r]
-summary["scaled_over_pil_per_round"] = ratios
-summary["scaled_over_pil_median"] = statistics.median(ratios) if ratios else None
-json.dump({"device": "NVIDIA H200 host CPU, one pinned core",
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": "scripts/gpu-check.sh OUT build decode (rounds of: taskset -c CORE tandem "
-                      "data-bench --decode cpu --steps 0 --images N --workers 1; taskset -c CORE "
-                      "python3 bench/python/data_bench.py --jobs decode --decode-files N), N = "
-                      + os.environ.get("TANDEM_DECODE_IMAGES", "1000"),
-           "summary": summary, "rows": rows}, open(out, "w"), indent=2)
-print("decode medians (img/s on one core):", {k: round(v, 1) for k, v in summary.items() if isinstance(v, float)})
-print("scaled / PIL per round:", [round(x, 3) for x in ratios])
-PY
-fi
-
 # tandem train (issue 18): Fashion-MNIST with the small CNN (accuracy), then issue 7's JPEG
 # folder with a frozen ResNet-50 + head and a full ResNet-18 in fp32 and bf16 beside the same
 # step on device-resident data and beside the Python loops; train.json in OUT. Python loads the
@@ -798,6 +746,68 @@ if has_phase python; then
       "$fm/train-images-idx3-ubyte.gz" "$fm/train-labels-idx1-ubyte.gz" --device cuda \
       --epochs 2 2>&1 | tail -3 | tee -a "$LOG" || status=1
   fi
+fi
+
+# CPU decode per core (issue 17), in rounds pinned to one core, on the same files of the
+# generated folder: tandem data-bench's decode rows, then data_bench.py's decoders taking turns
+# per 25 files in one process — PIL, torchvision.io and, with phase python's package,
+# tandem.data.decode_image — whose ratios hold on a host whose speed drifts. decode.json in OUT
+# holds every round and the medians.
+#   env: TANDEM_DECODE_ROUNDS (5), TANDEM_DECODE_IMAGES (1000), TANDEM_DECODE_CORE (2),
+#        TANDEM_DATA_DIR, TANDEM_DATA_COUNT
+if has_phase decode; then
+  data_dir=$(image_folder)
+  core=${TANDEM_DECODE_CORE:-2}
+  decode_images=${TANDEM_DECODE_IMAGES:-1000}  # both pick the same files, spread over the classes
+  for round in $(seq 1 "${TANDEM_DECODE_ROUNDS:-5}"); do
+    say "decode round $round on core $core: tandem data-bench --steps 0, then data_bench.py --jobs decode"
+    taskset -c "$core" "$TANDEM" data-bench --data "$data_dir" --decode cpu --steps 0 \
+      --images "$decode_images" --workers 1 --json "$RAW/decode-tandem-$round.json" >>"$LOG" 2>&1 ||
+      status=1
+    PYTHONPATH="$ROOT/$BUILD-py/py" taskset -c "$core" python3 bench/python/data_bench.py --data "$data_dir" --jobs decode \
+      --decode-files "$decode_images" --out "$RAW/decode-python-$round.json" >>"$LOG" 2>&1 ||
+      status=1
+  done
+  python3 - "$OUT/decode.json" "$RAW" <<'PY' 2>&1 | tee -a "$LOG"
+import glob, json, os, statistics, sys, datetime
+out, raw = sys.argv[1], sys.argv[2]
+rows, per_round = [], []
+for t in sorted(glob.glob(os.path.join(raw, "decode-tandem-*.json"))):
+    n = t.rsplit("-", 1)[1].split(".")[0]
+    rates = {}
+    for p in (t, os.path.join(raw, f"decode-python-{n}.json")):
+        for r in json.load(open(p))["rows"]:
+            if r.get("job") == "decode" and r.get("decode") == "cpu":
+                r["round"] = int(n)
+                rows.append(r)
+                rates[r["decoder"]] = r["images_per_s_per_core"]
+    per_round.append(rates)
+summary = {}
+for d in ("turbojpeg_scaled", "turbojpeg_full", "pil", "torchvision.io", "tandem_scaled",
+          "tandem_full"):
+    vals = [r[d] for r in per_round if d in r]
+    if vals:
+        summary[d] = statistics.median(vals)
+def ratio(num, den):
+    return [r[num] / r[den] for r in per_round if num in r and den in r]
+for name, num in (("cli_scaled_over_pil", "turbojpeg_scaled"),
+                  ("interleaved_scaled_over_pil", "tandem_scaled"),
+                  ("interleaved_full_over_pil", "tandem_full")):
+    ratios = ratio(num, "pil")
+    summary[name + "_per_round"] = ratios
+    summary[name + "_median"] = statistics.median(ratios) if ratios else None
+json.dump({"device": "NVIDIA H200 host CPU, one pinned core",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": "scripts/gpu-check.sh OUT build decode (rounds of: taskset -c CORE tandem "
+                      "data-bench --decode cpu --steps 0 --images N --workers 1; taskset -c CORE "
+                      "python3 bench/python/data_bench.py --jobs decode --decode-files N), N = "
+                      + os.environ.get("TANDEM_DECODE_IMAGES", "1000"),
+           "summary": summary, "rows": rows}, open(out, "w"), indent=2)
+print("decode medians (img/s on one core):", {k: round(v, 2) for k, v in summary.items() if isinstance(v, float)})
+for k, v in summary.items():
+    if k.endswith("_per_round"):
+        print(k, [round(x, 3) for x in v])
+PY
 fi
 
 # tandem.Trainer's benchmark (issue 20): the seeds' loops written with the Trainer

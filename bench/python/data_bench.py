@@ -5,7 +5,9 @@
 Jobs (--jobs, comma-separated):
   decode           single-core JPEG decode rate over --decode-files files (every k-th): PIL
                    (Image.open(p).convert('RGB'), full decode) and torchvision.io.decode_jpeg
-                   (read_file, RGB) with torch.set_num_threads(1).
+                   (read_file, RGB) with torch.set_num_threads(1), and tandem.data.decode_image
+                   (scaled for 224, and full size) where tandem is importable; the decoders
+                   take turns per 25 files, so their ratios survive a drifting host.
   r50_frozen_head  ResNet-50 backbone frozen (eval mode, no_grad), a trained Linear head.
   r18_full         ResNet-18 fully trained (train mode).
 Training jobs feed ImageFolder(RandomResizedCrop(224), RandomHorizontalFlip, ToTensor,
@@ -60,36 +62,62 @@ def pick_files(samples, n):
     return [samples[i * len(samples) // n][0] for i in range(n)]
 
 
-def bench_decode(files):
+def bench_decode(files, chunk=25):
     """Single-core decode rates. Every file is read once beforehand so the page cache is warm
-    and both decoders are timed on decoding (plus the small cost of reading a cached file)."""
+    and each decoder is timed on reading a cached file and decoding it. The decoders take turns
+    per `chunk` files (the first of each turn rotating), so a host whose speed drifts during
+    the run (shared cores, frequency changes) slows them alike and their ratios hold. Where
+    the tandem package is importable, tandem.data.decode_image (the loader workers' decode)
+    takes its turns too, at the DCT scale for a 224 target and at full size."""
     for p in files:
         with open(p, "rb") as f:
             f.read()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rgb = torchvision.io.ImageReadMode.RGB  # grayscale files come out as 3 channels, as in PIL
-    decoders = {
-        "pil": lambda p: Image.open(p).convert("RGB"),  # convert() forces the full decode
-        "torchvision.io": lambda p: torchvision.io.decode_jpeg(torchvision.io.read_file(p),
-                                                                mode=rgb),
+    decoders = {  # name: (impl, decode, note)
+        "pil": ("python", lambda p: Image.open(p).convert("RGB"),  # convert(): the full decode
+                "PIL Image.open(p).convert('RGB')"),
+        "torchvision.io": ("python", lambda p: torchvision.io.decode_jpeg(
+            torchvision.io.read_file(p), mode=rgb), "torchvision.io.decode_jpeg(read_file(p))"),
     }
-    rows = []
     try:
-        for name, decode in decoders.items():
+        import tandem  # noqa: F401  (PYTHONPATH: an installed tandem package)
+        decoders["tandem_scaled"] = (
+            "tandem", lambda p: tandem.data.decode_image(p, min_size=224, layout="HWC"),
+            "tandem.data.decode_image(p, min_size=224): TurboJPEG at the smallest of 1/2, 1/4, "
+            "1/8, 1 keeping both sides >= 224, fast IDCT and upsampling")
+        decoders["tandem_full"] = (
+            "tandem", lambda p: tandem.data.decode_image(p, layout="HWC"),
+            "tandem.data.decode_image(p): TurboJPEG at full size, accurate IDCT and upsampling")
+    except ImportError as e:
+        log(f"decode: no tandem package to time beside them ({e})")
+    names = list(decoders)
+    seconds = dict.fromkeys(names, 0.0)
+    try:
+        for name in names:
             for p in files[:10]:  # warm up (lazy imports, allocator)
-                decode(p)
-            t0 = time.perf_counter()
-            for p in files:
-                decode(p)
-            rate = len(files) / (time.perf_counter() - t0)
-            rows.append({"impl": "python", "job": "decode", "decode": "cpu", "decoder": name,
-                         "batch_size": None,
-                         "workers": 1, "precision": None, "images_per_s": rate,
-                         "images_per_s_per_core": rate, "resident_images_per_s": None})
-            print_row(rows[-1])
+                decoders[name][1](p)
+        for turn, start in enumerate(range(0, len(files), chunk)):
+            part = files[start:start + chunk]
+            for k in range(len(names)):
+                name = names[(turn + k) % len(names)]
+                decode = decoders[name][1]
+                t0 = time.perf_counter()
+                for p in part:
+                    decode(p)
+                seconds[name] += time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
+    rows = []
+    for name in names:
+        impl, _, note = decoders[name]
+        rate = len(files) / seconds[name]
+        rows.append({"impl": impl, "job": "decode", "decode": "cpu", "decoder": name,
+                     "batch_size": None, "workers": 1, "precision": None, "images_per_s": rate,
+                     "images_per_s_per_core": rate, "resident_images_per_s": None,
+                     "note": f"{note}; in turns of {chunk} files with the other decoders"})
+        print_row(rows[-1])
     return rows
 
 

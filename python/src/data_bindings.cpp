@@ -19,6 +19,7 @@
 #include "tandem/random_dataset.h"
 #include "tandem/sampler.h"
 #ifdef TANDEM_PY_HAVE_DATA
+#include "tandem/data/decode.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/data/image_mask_pairs.h"
@@ -102,6 +103,26 @@ void bind_data(py::module_& m) {
   m.def("idx", [](const std::string& images, const std::string& labels) {
     return PyDataset{std::make_shared<tandem::data::IdxDataset>(images, labels)};
   }, py::arg("images"), py::arg("labels"));
+  // The loader workers' decode for one image, without the GIL (threads decode in parallel).
+  m.def("decode_image", [](const py::bytes& data, int64_t channels, int64_t min_size,
+                           bool interleaved, const std::string& name) {
+    const std::string_view view(data);
+    const std::vector<uint8_t> bytes(view.begin(), view.end());
+    py::gil_scoped_release no_gil;
+    return interleaved
+               ? tandem::data::decode_image_interleaved(bytes, name, channels, min_size, min_size)
+               : tandem::data::decode_image(bytes, name, channels, min_size, min_size);
+  }, py::arg("data"), py::arg("channels"), py::arg("min_size"), py::arg("interleaved"),
+     py::arg("name"));
+  m.def("encode_image", [](const at::Tensor& image, const std::string& format, int quality) {
+    std::vector<uint8_t> out;
+    {
+      py::gil_scoped_release no_gil;
+      out = format == "png" ? tandem::data::encode_png(image)
+                            : tandem::data::encode_jpeg(image, quality);
+    }
+    return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+  }, py::arg("image"), py::arg("format"), py::arg("quality"));
 #endif
   m.def("random_dataset", [](const std::vector<std::tuple<std::string, std::vector<int64_t>,
                                                           at::ScalarType, double, double>>& fields,

@@ -12,6 +12,7 @@ refilled only after the copy. The order is PyTorch's: with `shuffle`, torch.rand
 `seed + epoch` (DistributedSampler's), so a tandem loop and a PyTorch loop see the same batches.
 """
 import math
+import os
 from typing import Iterator, Optional
 
 import torch
@@ -38,6 +39,38 @@ def ImageMaskPairs(root: str, classes: int, image_size: int = 512,
 def Idx(images: str, labels: str) -> Dataset:
     """MNIST's IDX files (gzip or raw). Fields: image (1, rows, cols) uint8, label () int64."""
     return _C.idx(images, labels)
+
+
+def decode_image(data, channels: int = 3, min_size: int = 0, layout: str = "CHW") -> torch.Tensor:
+    """Decodes one JPEG or PNG as tandem's loader workers do, on this thread with the GIL
+    released, into a uint8 CPU tensor: (C, H, W), or (H, W, C) with layout="HWC" (the JPEG
+    decoder's own order, no transposition).
+
+    data: the file's bytes (bytes, bytearray, memoryview) or its path. channels: 3 (RGB) or 1
+    (gray); gray, CMYK, palette, 16-bit and alpha images are converted. min_size > 0: a JPEG
+    decodes at the smallest DCT scale of 1/2, 1/4, 1/8 whose sides both stay >= min_size, with
+    the fast IDCT and upsampling (for an image about to be resized); otherwise at full size,
+    libjpeg's accurate decode. A file that is not an image, or is truncated or corrupt, raises
+    RuntimeError naming it."""
+    if layout not in ("CHW", "HWC"):
+        raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+    if isinstance(data, (str, os.PathLike)):
+        name = os.fspath(data)
+        with open(name, "rb") as f:
+            data = f.read()
+    else:
+        name = "<bytes>"
+        if not isinstance(data, bytes):
+            data = bytes(data)
+    return _C.decode_image(data, channels, min_size, layout == "HWC", name)
+
+
+def encode_image(image: torch.Tensor, format: str = "jpeg", quality: int = 90) -> bytes:
+    """A (C, H, W) uint8 CPU tensor, C = 1 or 3, as the bytes of a baseline JPEG (4:2:0 chroma,
+    `quality` 1..100) or of a PNG (lossless): TurboJPEG's and libpng's encoders."""
+    if format not in ("jpeg", "png"):
+        raise ValueError(f"format must be 'jpeg' or 'png', got {format!r}")
+    return _C.encode_image(image, format, quality)
 
 
 def TorchDataset(dataset, fields=None) -> Dataset:

@@ -65,3 +65,57 @@ def test_batches_land_on_the_device(idx_files):
     for b in loader:
         assert b["image"].is_cuda
         assert torch.equal(b["image"][:, 0, 0, 0].long().cpu(), b["indices"])
+
+
+def _photo_like(h, w):
+    """A smooth RGB image (gradients and a soft disc), which JPEG keeps close."""
+    y = torch.linspace(0, 1, h).view(h, 1)
+    x = torch.linspace(0, 1, w).view(1, w)
+    disc = ((y - 0.5) ** 2 + (x - 0.5) ** 2 < 0.1).float()
+    rgb = torch.stack([x.expand(h, w), y.expand(h, w), 0.3 + 0.5 * disc])
+    return (rgb * 255).round().to(torch.uint8)
+
+
+def test_decode_image_reads_png_exactly_and_jpeg_closely_in_either_layout(tmp_path):
+    image = _photo_like(30, 40)
+    png = tandem.data.encode_image(image, "png")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert torch.equal(tandem.data.decode_image(png), image)
+    assert torch.equal(tandem.data.decode_image(png, layout="HWC"), image.permute(1, 2, 0))
+    gray = tandem.data.decode_image(bytearray(png), channels=1)
+    assert gray.shape == (1, 30, 40)
+
+    jpeg = tandem.data.encode_image(image, "jpeg", quality=95)
+    path = tmp_path / "a.jpg"
+    path.write_bytes(jpeg)
+    decoded = tandem.data.decode_image(str(path))
+    assert decoded.shape == (3, 30, 40) and decoded.dtype == torch.uint8
+    assert (decoded.float() - image.float()).abs().mean() < 6  # a swapped channel: ~100
+
+
+def test_decode_image_min_size_picks_the_smallest_dct_scale_that_covers_it():
+    jpeg = tandem.data.encode_image(_photo_like(480, 640), "jpeg")
+    assert tandem.data.decode_image(jpeg).shape == (3, 480, 640)
+    assert tandem.data.decode_image(jpeg, min_size=224).shape == (3, 240, 320)  # 1/2
+    assert tandem.data.decode_image(jpeg, min_size=100).shape == (3, 120, 160)  # 1/4
+    assert tandem.data.decode_image(jpeg, min_size=241).shape == (3, 480, 640)  # 1/2 too small
+    half = tandem.data.decode_image(jpeg, min_size=224).float()
+    full = tandem.data.decode_image(jpeg).float()
+    pooled = torch.nn.functional.avg_pool2d(full.unsqueeze(0), 2).squeeze(0)
+    assert (half - pooled).abs().mean() < 2  # the DCT-domain 1/2 is close to a 2x2 mean
+
+
+def test_decode_image_names_bad_input(tmp_path):
+    jpeg = tandem.data.encode_image(_photo_like(64, 64), "jpeg")
+    bad = tmp_path / "cut.jpg"
+    bad.write_bytes(jpeg[: len(jpeg) // 2])
+    with pytest.raises(RuntimeError, match="cut.jpg.*truncated"):
+        tandem.data.decode_image(str(bad))
+    with pytest.raises(RuntimeError, match="<bytes>.*not a JPEG or PNG"):
+        tandem.data.decode_image(b"GIF89a....")
+    with pytest.raises(ValueError, match="channels must be 1 .* or 3"):
+        tandem.data.decode_image(jpeg, channels=2)
+    with pytest.raises(ValueError, match="layout"):
+        tandem.data.decode_image(jpeg, layout="NCHW")
+    with pytest.raises(ValueError, match="format"):
+        tandem.data.encode_image(_photo_like(8, 8), "gif")
