@@ -11,6 +11,7 @@ no processes); with a CUDA `device` each batch is copied on the current stream a
 refilled only after the copy. The order is PyTorch's: with `shuffle`, torch.randperm seeded
 `seed + epoch` (DistributedSampler's), so a tandem loop and a PyTorch loop see the same batches.
 """
+import ctypes
 import math
 import os
 from typing import Iterator, Optional
@@ -46,7 +47,8 @@ def decode_image(data, channels: int = 3, min_size: int = 0, layout: str = "CHW"
     released, into a uint8 CPU tensor: (C, H, W), or (H, W, C) with layout="HWC" (the JPEG
     decoder's own order, no transposition).
 
-    data: the file's bytes (bytes, bytearray, memoryview) or its path. channels: 3 (RGB) or 1
+    data: the file's bytes (bytes, bytearray, memoryview, a 1-D uint8 CPU tensor) or its
+    path. channels: 3 (RGB) or 1
     (gray); gray, CMYK, palette, 16-bit and alpha images are converted. min_size > 0: a JPEG
     decodes at the smallest DCT scale of 1/2, 1/4, 1/8 whose sides both stay >= min_size, with
     the fast IDCT and upsampling (for an image about to be resized); otherwise at full size,
@@ -58,6 +60,13 @@ def decode_image(data, channels: int = 3, min_size: int = 0, layout: str = "CHW"
         name = os.fspath(data)
         with open(name, "rb") as f:
             data = f.read()
+    elif isinstance(data, torch.Tensor):  # e.g. torchvision.io.read_file's
+        if data.dtype != torch.uint8 or data.dim() != 1 or data.device.type != "cpu":
+            raise ValueError("decode_image: a tensor of the file's bytes must be 1-D uint8 on "
+                             f"the CPU, got {data.dtype} of shape {tuple(data.shape)} on "
+                             f"{data.device}")
+        data = data.contiguous()
+        name, data = "<tensor>", ctypes.string_at(data.data_ptr(), data.numel())  # no numpy
     else:
         name = "<bytes>"
         if not isinstance(data, bytes):

@@ -90,6 +90,8 @@ def test_decode_image_reads_png_exactly_and_jpeg_closely_in_either_layout(tmp_pa
     path.write_bytes(jpeg)
     decoded = tandem.data.decode_image(str(path))
     assert decoded.shape == (3, 30, 40) and decoded.dtype == torch.uint8
+    assert torch.equal(tandem.data.decode_image(torch.frombuffer(bytearray(jpeg), dtype=torch.uint8)),
+                       decoded)
     assert (decoded.float() - image.float()).abs().mean() < 6  # a swapped channel: ~100
 
 
@@ -115,6 +117,8 @@ def test_decode_image_names_bad_input(tmp_path):
         tandem.data.decode_image(b"GIF89a....")
     with pytest.raises(ValueError, match="channels must be 1 .* or 3"):
         tandem.data.decode_image(jpeg, channels=2)
+    with pytest.raises(ValueError, match="1-D uint8 on the CPU, got torch.float32"):
+        tandem.data.decode_image(torch.zeros(10))
     with pytest.raises(ValueError, match="layout"):
         tandem.data.decode_image(jpeg, layout="NCHW")
     with pytest.raises(ValueError, match="format"):
