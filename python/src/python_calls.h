@@ -29,6 +29,13 @@ inline PyRef hold(py::object object) {
   });
 }
 
+/// "<what> raised <Type>: <message>", the first line of `e`'s text: how the runner and the
+/// loader name a Python exception in their one-line errors.
+inline std::string raised(const std::string& what, const py::error_already_set& e) {
+  const std::string message = e.what();
+  return what + " raised " + message.substr(0, message.find('\n'));
+}
+
 /// The first Python exception raised by any call of a run, kept to be raised again, unchanged,
 /// in the thread that started the run.
 class __attribute__((visibility("hidden"))) PythonCalls {
@@ -49,9 +56,9 @@ class __attribute__((visibility("hidden"))) PythonCalls {
   }
   /// Keeps `e` (if first) and returns the runner's error for it. Call with the GIL.
   Error kept(const std::string& what, py::error_already_set e) {
-    const std::string message = e.what();
+    Error error(raised(what, e));
     keep(std::move(e));
-    return Error(what + " raised " + message.substr(0, message.find('\n')));
+    return error;
   }
   /// Keeps `e` unless an exception is kept already. Call with the GIL.
   void keep(py::error_already_set e) {

@@ -45,9 +45,7 @@ class PythonDataset : public Dataset {
       try {
         s = sample(index, nullptr);
       } catch (py::error_already_set& e) {
-        const std::string m = e.what();
-        throw Error("__getitem__(" + std::to_string(index) + ") raised " +
-                    m.substr(0, m.find('\n')));
+        throw Error(raised("__getitem__(" + std::to_string(index) + ")", e));
       } catch (py::builtin_exception& e) {
         throw Error(e.what());
       }

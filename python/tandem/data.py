@@ -48,8 +48,8 @@ def decode_image(data, channels: int = 3, min_size: int = 0, layout: str = "CHW"
     decoder's own order, no transposition).
 
     data: the file's bytes (bytes, bytearray, memoryview, a 1-D uint8 CPU tensor) or its
-    path. channels: 3 (RGB) or 1
-    (gray); gray, CMYK, palette, 16-bit and alpha images are converted. min_size > 0: a JPEG
+    path. channels: 3 (RGB) or 1 (gray); gray, CMYK, palette, 16-bit and alpha images are
+    converted. min_size > 0: a JPEG
     decodes at the smallest DCT scale of 1/2, 1/4, 1/8 whose sides both stay >= min_size, with
     the fast IDCT and upsampling (for an image about to be resized); otherwise at full size,
     libjpeg's accurate decode. A file that is not an image, or is truncated or corrupt, raises

@@ -16,6 +16,11 @@ import torch
 from . import _C
 
 
+def _check_lr(lr) -> None:
+    if not lr >= 0:
+        raise ValueError(f"learning rate {lr} is not valid: expected >= 0")
+
+
 def _param_list(params, who: str):
     params = list(params)
     if not params:
@@ -36,6 +41,7 @@ class _TandemOptimizer:
     _impl: _C.Optimizer
 
     def __init__(self, params, options: dict):
+        _check_lr(options["lr"])
         self._params = _param_list(params, type(self).__name__)
         self._options = options
         self._impl = self._make(self._params, **options)
@@ -51,8 +57,7 @@ class _TandemOptimizer:
     def set_lr(self, lr: float) -> None:
         """Enqueues a new learning rate on the current stream: later steps and graph replays on
         that stream use it. Call it between replays, not inside a captured step."""
-        if not lr >= 0:
-            raise ValueError(f"learning rate {lr} is not valid: expected >= 0")
+        _check_lr(lr)
         self._impl.set_lr(float(lr))
 
     @property
@@ -80,8 +85,6 @@ class SGD(_TandemOptimizer):
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3, momentum: float = 0.0,
                  dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0):
-        if not lr >= 0:
-            raise ValueError(f"learning rate {lr} is not valid: expected >= 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       nesterov=nesterov, weight_decay=weight_decay))
 
@@ -97,8 +100,6 @@ class Adam(_TandemOptimizer):
     def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
-        if not lr >= 0:
-            raise ValueError(f"learning rate {lr} is not valid: expected >= 0")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay))
 

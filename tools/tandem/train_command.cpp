@@ -110,7 +110,9 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "pipelined, graphed, pipelined_graphed")
       ->capture_default_str();
   c->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  c->add_option("--workers", workers, "loader threads [default: cores - 1 on a GPU (at most 15), shared by this machine's ranks; 2 on the CPU]");
+  c->add_option("--workers", workers,
+                "loader threads [default: cores - 1 on a GPU (at most 15), shared by this "
+                "machine's ranks; 2 on the CPU]");
   image_size_opt = c->add_option("--image-size", job.image_size,
                 "ImageFolder and segmentation: the square the model sees [default: 224; "
                 "segmentation on the CPU 128]");
