@@ -637,7 +637,9 @@ fi
 # OUT. Needs the nvidia-h200-x2 kind for world 2.
 #   env: TANDEM_DDP_WORLDS ("1 2"), TANDEM_DDP_SEG_BS ("8 32"), TANDEM_DDP_CLS_BS ("32 128"),
 #        TANDEM_DDP_MODES ("pipelined pipelined+graphed": the all-reduce eager, then captured),
-#        TANDEM_DDP_PYTHON (1: run the Python reference), TANDEM_DDP_SCENARIOS ("seg cls")
+#        TANDEM_DDP_PYTHON (1: run the Python reference), TANDEM_DDP_SCENARIOS ("seg cls"),
+#        TANDEM_DDP_ALLREDUCED (1: at world > 1, pipelined+graphed also with --no-gathered-grad:
+#        the GatheredGrad layers' gradients all-reduced like the rest, rows "gathered_grad": false)
 if has_phase ddp; then
   for world in ${TANDEM_DDP_WORLDS:-1 2}; do
     for scen in ${TANDEM_DDP_SCENARIOS:-seg cls}; do
@@ -649,6 +651,13 @@ if has_phase ddp; then
             --nproc "$world" --json "$RAW/ddp-tandem-$scen-$mode-$bs-w$world.json" \
             >"$RAW/ddp-tandem-$scen-$mode-$bs-w$world.log" 2>&1 || status=1
           grep -E "^$scen +[a-z]|^data parallel:|error" "$RAW/ddp-tandem-$scen-$mode-$bs-w$world.log" | tee -a "$LOG"
+          if [ "$world" -gt 1 ] && [ "$mode" = pipelined+graphed ] && [ "${TANDEM_DDP_ALLREDUCED:-1}" = 1 ]; then
+            say "tandem bench --nproc $world $scen $mode bs $bs --no-gathered-grad"
+            timeout 180 "$TANDEM" bench --workload "$scen" --mode "$mode" --batch-size "$bs" --workers 8 \
+              --nproc "$world" --no-gathered-grad --json "$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.json" \
+              >"$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.log" 2>&1 || status=1
+            grep -E "^$scen +[a-z]|^data parallel:|error" "$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.log" | tee -a "$LOG"
+          fi
         done
       done
     done
@@ -680,32 +689,56 @@ if has_phase ddp; then
         2>&1 | grep '^{' | tee -a "$LOG"
     fi
   done
+  # tandem train --nproc W on the generated ImageFolder (ResNet-18, the loader's default
+  # threads: shared by the ranks of this machine): the CLI's data parallel on real data.
+  # env TANDEM_DDP_TRAIN (1), TANDEM_DDP_TRAIN_EPOCHS (2), TANDEM_DDP_TRAIN_BS (128 per rank).
+  if [ "${TANDEM_DDP_TRAIN:-1}" = 1 ]; then
+    data_dir=$(image_folder)
+    for world in ${TANDEM_DDP_WORLDS:-1 2}; do
+      say "tandem train --nproc $world resnet18 on $data_dir, bs ${TANDEM_DDP_TRAIN_BS:-128} per rank"
+      timeout 300 "$TANDEM" train --data "$data_dir" --model resnet18 --optimizer sgd --lr 0.1 \
+        --batch-size "${TANDEM_DDP_TRAIN_BS:-128}" --epochs "${TANDEM_DDP_TRAIN_EPOCHS:-2}" \
+        --val-split 0.1 --nproc "$world" --out "$RAW/ddp-train-w$world" \
+        --json "$RAW/ddp-train-w$world.json" >"$RAW/ddp-train-w$world.log" 2>&1 || status=1
+      grep -v "step" "$RAW/ddp-train-w$world.log" | tail -8 | tee -a "$LOG"
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('ddp-train world', sys.argv[2], {k: d.get(k) for k in ('images_per_s','accuracy','epochs','batch_size','workers','world_size')})" \
+        "$RAW/ddp-train-w$world.json" "$world" 2>&1 | tee -a "$LOG"
+    done
+  fi
   python3 - "$OUT/ddp.json" "$RAW" <<'PY' 2>&1 | tee -a "$LOG"
 import datetime, glob, json, os, re, sys
 out, raw = sys.argv[1], sys.argv[2]
 rows, commands, device = [], [], None
 for p in sorted(glob.glob(f"{raw}/ddp-tandem-*.json")):
     d = json.load(open(p))
-    m = re.match(r"ddp-tandem-(\w+)-(.+)-(\d+)-w(\d+)\.json", os.path.basename(p))
+    m = re.match(r"ddp-tandem-(\w+)-(.+)-(\d+)-w(\d+)(-allreduced)?\.json", os.path.basename(p))
     scen, mode, bs, world = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+    gathered = m.group(5) is None
     device = device or d.get("device_name") or d.get("device")
     dp = d.get("data_parallel") or {}
     rows.append({"impl": "tandem", "scenario": scen, "mode": mode, "batch_size_per_gpu": bs,
                  "world": world, "steps_per_s_per_gpu": d["steps_per_s"],
                  "steps_per_s_slowest_rank": dp.get("steps_per_s_slowest_rank", d["steps_per_s"]),
-                 "backend": dp.get("backend")})
-    commands.append(f"tandem bench --workload {scen} --mode {mode} --batch-size {bs} --workers 8 --nproc {world}")
+                 "backend": dp.get("backend"), "gathered_grad": gathered if world > 1 else None})
+    commands.append(f"tandem bench --workload {scen} --mode {mode} --batch-size {bs} --workers 8 --nproc {world}"
+                    + ("" if gathered else " --no-gathered-grad"))
 py = f"{raw}/ddp-python.json"
 if os.path.exists(py):
     d = json.load(open(py))
     rows += d["rows"]
     commands.append(d.get("command", "ddp_reference.py"))
-json.dump({"device": device, "date": datetime.datetime.utcnow().isoformat() + "Z",
+worlds = max([r["world"] for r in rows] or [1])
+if device and worlds > 1:
+    device = f"{worlds}x {device} (one host)"
+json.dump({"device": device,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "command": "scripts/gpu-check.sh OUT build ddp: " + " ; ".join(commands), "rows": rows},
           open(out, "w"), indent=2)
 print(f"wrote {out}: {len(rows)} rows")
 best = {}
 for r in rows:
+    if r.get("gathered_grad") is False:
+        continue  # the comparison runs, printed below
     k = (r["impl"], r["scenario"], r["batch_size_per_gpu"], r["world"])
     best[k] = max(best.get(k, 0), r["steps_per_s_per_gpu"])
 for (impl, scen, bs, world), v in sorted(best.items()):
@@ -714,6 +747,15 @@ for (impl, scen, bs, world), v in sorted(best.items()):
     print(f"{impl:7s} {scen} bs {bs:4d} world {world}: {v:8.2f} steps/s/GPU"
           + (f"  scaling {v / w1:.3f}" if w1 and world > 1 else "")
           + (f"  vs python {v / py2:.2f}x" if impl == "tandem" and py2 else ""))
+for r in rows:
+    if r.get("gathered_grad") is False:
+        g = [x for x in rows if x.get("gathered_grad") and x["scenario"] == r["scenario"]
+             and x["mode"] == r["mode"] and x["batch_size_per_gpu"] == r["batch_size_per_gpu"]
+             and x["world"] == r["world"]]
+        if g:
+            print(f"gathered vs all-reduced: {r['scenario']} bs {r['batch_size_per_gpu']} world {r['world']} "
+                  f"{r['mode']}: {g[0]['steps_per_s_per_gpu']:.2f} vs {r['steps_per_s_per_gpu']:.2f} steps/s/GPU "
+                  f"({g[0]['steps_per_s_per_gpu'] / r['steps_per_s_per_gpu']:.3f}x)")
 PY
 fi
 

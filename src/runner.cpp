@@ -285,7 +285,11 @@ Runner::Runner(const Workload& workload, RunOptions options)
   const std::shared_ptr<GradientSync> sync = train.gradient_sync;
   t.work = [impl, loss_fn, optimizer, train_name, sync](const Tensors& in) {
     optimizer->zero_grad();  // set to none: backward writes fresh gradients (see GraphedStep)
-    at::Tensor loss = loss_fn(in);
+    at::Tensor loss;
+    {
+      GradientSync::Scope scope(sync.get());  // for GatheredGrad layers in the forward
+      loss = loss_fn(in);
+    }
     TANDEM_CHECK_ARG(
         loss.defined() && loss.numel() == 1 && loss.requires_grad(), "train stage '", train_name,
         "' returned ",

@@ -550,6 +550,12 @@ struct NvjpegDecoder::State {
       g.destinations.push_back(destinations[b]);
     }
     bool initialize_failed = false;
+    // The engines do not wait for the work queued before them on `stream`: they may write a
+    // batch's output while an earlier kernel still reads that memory (the caching allocator
+    // hands a block back in stream order, assuming stream-ordered writers). In mode graphed the
+    // previous step's graph on this stream read such a block and trained to non-finite losses;
+    // with this wait every mode computes the serial loop's losses (ImagesWorkloadGpuTest).
+    cudaStreamSynchronize(stream);
     const nvjpegStatus_t status =
         run_batched(*api, hw_handle, hw, g, format, stream, &initialize_failed);
     // The engines refused to initialise for a format they never decoded to: never again.

@@ -46,6 +46,9 @@ class DeviceCollectives {
   virtual ~DeviceCollectives() = default;
   virtual void all_reduce_mean_(const std::vector<at::Tensor>& tensors) = 0;
   virtual void broadcast_(const std::vector<at::Tensor>& tensors, int root) = 0;
+  /// ProcessGroup::all_gather_, its arguments checked.
+  virtual void all_gather_(const std::vector<at::Tensor>& inputs,
+                           const std::vector<at::Tensor>& outputs) = 0;
   virtual std::string name() const = 0;
   /// Leaves cleanly (finish) or tears down without waiting for peers (abort: a failed run).
   virtual void shutdown(bool abort) {}

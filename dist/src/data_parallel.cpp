@@ -2,12 +2,15 @@
 #include "tandem/dist/data_parallel.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+
+#include "tandem/gathered_grad.h"
 
 #include <mutex>
 #include <optional>
@@ -29,6 +32,8 @@ struct ReadyHook : torch::autograd::PostAccumulateGradHook {
 
 struct GradientBuckets::Impl {
   std::vector<at::Tensor> params;
+  int64_t own_params = 0, own_bytes = 0;  // GatheredGrad's: averaged by their layer
+  std::vector<at::Tensor> marked;         // GatheredGrad's, all-reduced (gathered_grad off)
   std::shared_ptr<ProcessGroup> group;
   DataParallelOptions options;
   struct Bucket {
@@ -43,7 +48,7 @@ struct GradientBuckets::Impl {
   std::mutex mu;
   bool cuda = false;
   std::optional<c10::cuda::CUDAStream> comm;  // the comm lane (CUDA)
-  at::cuda::CUDAEvent ready, done;
+  at::cuda::CUDAEvent ready, done, gathered;
 
   void reset() {
     for (auto& b : buckets) {
@@ -90,11 +95,24 @@ GradientBuckets::GradientBuckets(std::vector<at::Tensor> params,
                    " MB are not valid: expected > 0");
   im.group = std::move(group);
   im.options = options;
-  for (auto& p : params)
-    if (p.defined() && p.requires_grad()) im.params.push_back(p);
-  TANDEM_CHECK_ARG(!im.params.empty(),
+  std::optional<c10::Device> device;  // the first trained parameter's
+  for (auto& p : params) {
+    if (!p.defined() || !p.requires_grad()) continue;
+    if (!device) device = p.device();
+    if (GatheredGradImpl::averages_its_own_gradient(p) && !options.gathered_grad) {
+      im.marked.push_back(p);  // all-reduced here after all; the mark is restored in the end
+      torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+      im.params.push_back(p);
+    } else if (GatheredGradImpl::averages_its_own_gradient(p)) {
+      ++im.own_params;
+      im.own_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    } else {
+      im.params.push_back(p);
+    }
+  }
+  TANDEM_CHECK_ARG(device.has_value(),
                    "data parallel: the train stage has no parameter that requires grad");
-  im.cuda = im.params[0].is_cuda();
+  im.cuda = device->is_cuda();
   for (const auto& p : im.params) {
     TANDEM_CHECK_ARG(p.device() == im.params[0].device(), "data parallel: parameters on ",
                      im.params[0].device(), " and ", p.device(),
@@ -123,7 +141,7 @@ GradientBuckets::GradientBuckets(std::vector<at::Tensor> params,
     im.bucket_of[k] = im.buckets.size() - 1;
   }
   if (im.cuda) im.comm = c10::cuda::getStreamFromPool(/*isHighPriority=*/true,
-                                                      im.params[0].device().index());
+                                                      device->index());
   for (size_t i = 0; i < im.params.size(); ++i)
     torch::autograd::impl::set_post_acc_grad_hooks(im.params[i],
                                                    std::make_unique<ReadyHook>(this, i));
@@ -132,6 +150,7 @@ GradientBuckets::GradientBuckets(std::vector<at::Tensor> params,
 
 GradientBuckets::~GradientBuckets() {
   for (auto& p : impl_->params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+  for (auto& p : impl_->marked) GatheredGradImpl::mark_averaged_by_its_layer(p);
 }
 
 size_t GradientBuckets::num_buckets() const { return impl_->buckets.size(); }
@@ -156,7 +175,7 @@ void GradientBuckets::after_backward() {
   // Buckets with a gradient that never came (a parameter unused this step) go now, in order.
   while (im.next < im.buckets.size()) im.launch(im.next++);
   if (im.cuda) {
-    const c10::DeviceIndex index = im.params[0].device().index();
+    const c10::DeviceIndex index = im.comm->device_index();
     im.done.record(*im.comm);
     im.done.block(c10::cuda::getCurrentCUDAStream(index));
   }
@@ -166,11 +185,49 @@ std::string GradientBuckets::what() const {
   const Impl& im = *impl_;
   int64_t bytes = 0;
   for (const auto& b : im.buckets) bytes += b.bytes;
+  std::string own;
+  if (im.own_params > 0)
+    own = detail::concat("; ", im.own_params, " parameters (", im.own_bytes / 1e6,
+                         " MB) from every rank's gathered batch (GatheredGrad)");
   return detail::concat("data parallel: gradients averaged over ", im.group->world_size(),
                         " ranks (", im.group->backend(), ") during backward, ",
                         im.params.size(), " parameters (", bytes / 1e6, " MB) in ",
                         im.buckets.size(), " buckets of <= ", im.options.bucket_cap_mb, " MB",
-                        im.cuda ? ", on a comm lane" : "");
+                        own, im.cuda ? ", on a comm lane" : "");
+}
+
+int GradientBuckets::world_size() const { return impl_->group->world_size(); }
+
+bool GradientBuckets::gathers_layer_batches() const { return impl_->options.gathered_grad; }
+
+std::vector<at::Tensor> GradientBuckets::all_gather_batch(const std::vector<at::Tensor>& local) {
+  Impl& im = *impl_;
+  std::lock_guard<std::mutex> lock(im.mu);
+  std::vector<at::Tensor> inputs, outputs;
+  for (const auto& t : local) {
+    TANDEM_CHECK_ARG(t.defined() && t.dim() >= 1, "all_gather_batch: expected batch-first ",
+                     "tensors, got ", t.defined() ? "a scalar" : "an undefined tensor");
+    inputs.push_back(t.contiguous());
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[0] *= im.group->world_size();
+    // Allocated on the current stream, which waits for the gather below before it uses them.
+    outputs.push_back(at::empty(shape, t.options()));
+  }
+  if (!im.cuda) {
+    im.group->all_gather_(inputs, outputs);
+    return outputs;
+  }
+  // On the comm lane, after the buckets launched so far: one order of collectives on every rank.
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(im.comm->device_index());
+  im.ready.record(current);
+  im.ready.block(*im.comm);
+  {
+    c10::cuda::CUDAStreamGuard guard(*im.comm);
+    im.group->all_gather_(inputs, outputs);
+  }
+  im.gathered.record(*im.comm);
+  im.gathered.block(current);
+  return outputs;
 }
 
 void make_data_parallel(Workload& workload, std::shared_ptr<ProcessGroup> group,

@@ -97,6 +97,19 @@ class NcclCollectives : public DeviceCollectives {
     check(ncclGroupEnd(), "ncclGroupEnd (broadcast)");
   }
 
+  void all_gather_(const std::vector<at::Tensor>& inputs,
+                   const std::vector<at::Tensor>& outputs) override {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    for (const auto& t : inputs) check_tensor(t, device_);
+    for (const auto& t : outputs) check_tensor(t, device_);
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (size_t i = 0; i < inputs.size(); ++i)
+      check(ncclAllGather(inputs[i].data_ptr(), outputs[i].data_ptr(), inputs[i].numel(),
+                          nccl_type(inputs[i]), comm_, stream),
+            "ncclAllGather");
+    check(ncclGroupEnd(), "ncclGroupEnd (all-gather)");
+  }
+
   std::string name() const override { return name_; }
 
   void shutdown(bool abort) override {

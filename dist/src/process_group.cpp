@@ -244,6 +244,32 @@ void ProcessGroup::broadcast_(const std::vector<at::Tensor>& tensors, int root) 
   impl_->collectives->broadcast_(tensors, root);
 }
 
+void ProcessGroup::all_gather_(const std::vector<at::Tensor>& inputs,
+                               const std::vector<at::Tensor>& outputs) {
+  TANDEM_CHECK_ARG(inputs.size() == outputs.size(), "all_gather_: ", inputs.size(),
+                   " inputs and ", outputs.size(), " outputs: expected one output per input");
+  const int world = impl_->env.world_size;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor &in = inputs[i], &out = outputs[i];
+    TANDEM_CHECK_ARG(in.dim() >= 1 && in.is_contiguous() && out.is_contiguous(),
+                     "all_gather_: tensor ", i, " of shape ", in.sizes(),
+                     ": expected contiguous tensors of at least one dimension");
+    std::vector<int64_t> expected = in.sizes().vec();
+    expected[0] *= world;
+    TANDEM_CHECK_ARG(out.sizes() == at::IntArrayRef(expected) &&
+                         out.scalar_type() == in.scalar_type() && out.device() == in.device(),
+                     "all_gather_: output ", i, " is ", out.scalar_type(), out.sizes(), " on ",
+                     out.device(), ": expected ", in.scalar_type(), at::IntArrayRef(expected),
+                     " on ", in.device());
+  }
+  if (inputs.empty()) return;
+  if (world == 1) {
+    for (size_t i = 0; i < inputs.size(); ++i) outputs[i].copy_(inputs[i]);
+    return;
+  }
+  impl_->collectives->all_gather_(inputs, outputs);
+}
+
 std::vector<double> ProcessGroup::all_reduce_host(const std::vector<double>& values, HostOp op) {
   std::vector<uint8_t> mine(values.size() * sizeof(double));
   if (!values.empty()) std::memcpy(mine.data(), values.data(), mine.size());

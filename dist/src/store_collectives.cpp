@@ -3,6 +3,7 @@
 // store, so it is for tests and small CPU models; NCCL carries the GPU's.
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
 
@@ -74,6 +75,32 @@ class StoreCollectives : public DeviceCollectives {
       offset += n;
       at::Tensor target = tensors[i].detach();
       target.copy_(host[i]);
+    }
+  }
+
+  // Each rank's bytes, as they are: the gathered rows are the very bits every rank sent.
+  void all_gather_(const std::vector<at::Tensor>& inputs,
+                   const std::vector<at::Tensor>& outputs) override {
+    std::vector<at::Tensor> host;
+    std::vector<uint8_t> mine;
+    for (const auto& t : inputs) {
+      host.push_back(t.detach().to(at::kCPU).contiguous());
+      const auto b = to_bytes(host.back());
+      mine.insert(mine.end(), b.begin(), b.end());
+    }
+    const auto all = exchange_->exchange(mine);
+    for (size_t r = 0; r < all.size(); ++r) {
+      TORCH_CHECK(all[r].size() == mine.size(), "all_gather_: rank ", r, " sent ", all[r].size(),
+                  " bytes, this rank ", mine.size(), ": expected the same tensors on every rank");
+      size_t offset = 0;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const int64_t rows = inputs[i].size(0);
+        at::Tensor part = at::empty_like(host[i]);
+        const size_t n = part.numel() * part.element_size();
+        if (n) std::memcpy(part.data_ptr(), all[r].data() + offset, n);
+        offset += n;
+        outputs[i].narrow(0, static_cast<int64_t>(r) * rows, rows).copy_(part);
+      }
     }
   }
 

@@ -7,11 +7,13 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "fixtures.h"
 #include "tandem/data/image_folder.h"
+#include "tandem/data/nvjpeg_decoder.h"
 #include "tandem/error.h"
 #include "tandem/loader.h"
 #include "tandem/resized_crop.h"
@@ -95,14 +97,13 @@ TEST(ImagesWorkloadTest, EveryModeComputesSerialsLossesOnTheCpu) {
   }
 }
 
-// On the GPU: the crop kernel, the packed copy and the graphs, every mode against serial.
-TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLosses) {
-  TANDEM_SKIP_WITHOUT_CUDA();
+// Every mode's losses on the GPU against serial, for these decode settings.
+void expect_every_mode_computes_serials_losses(const std::vector<std::string>& decodes) {
   tandem::testing::use_deterministic_algorithms();
   TempDir dir;
   write_shapes_folder(dir, 6, 5, /*jpeg_only=*/true);  // nvJPEG reads JPEGs
   for (const std::string model : {"r18_full", "r50_frozen_head"})
-  for (const std::string decode : {"cpu", "gpu"}) {
+  for (const std::string& decode : decodes) {
     SCOPED_TRACE(model + " decode=" + decode);
     std::vector<float> serial;
     for (const Mode mode : workload_modes()) {
@@ -123,6 +124,30 @@ TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLosses) {
         EXPECT_EQ(losses, serial) << to_string(mode) << ": " << text;
     }
   }
+}
+
+// On the GPU: the crop kernel, the packed copy and the graphs, every mode against serial.
+TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLosses) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  expect_every_mode_computes_serials_losses({"cpu", "gpu"});
+}
+
+// The same through nvJPEG's hardware engines (which the pipeline uses only when asked): they
+// once wrote a batch before the previous step's graph was done with that memory (mode graphed,
+// non-finite losses); now they wait for their stream.
+TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLossesOnTheJpegEngines) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  std::string why_not;
+  if (!data::NvjpegDecoder::open(0, &why_not, data::NvjpegBackend::kHardware))
+    GTEST_SKIP() << why_not;
+  const char* before = std::getenv("TANDEM_NVJPEG_BACKEND");
+  const std::string saved = before ? before : "";
+  setenv("TANDEM_NVJPEG_BACKEND", "hardware", 1);
+  expect_every_mode_computes_serials_losses({"gpu"});
+  if (before)
+    setenv("TANDEM_NVJPEG_BACKEND", saved.c_str(), 1);
+  else
+    unsetenv("TANDEM_NVJPEG_BACKEND");
 }
 
 TEST(ImagesWorkloadTest, ASmallResNetLearnsColouredShapesFarAboveChance) {

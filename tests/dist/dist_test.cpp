@@ -1,7 +1,8 @@
 // Data parallel across processes, on the CPU (the store collectives): this test binary re-runs
 // itself as the ranks of a job (DataParallelWorker.*, which run only when TANDEM_DIST_TEST_DIR
 // is set), each rank writes its final weights, and the parent compares them — with each other
-// (bitwise) and with one process trained on the global batch (within 1e-6). Also: a rank killed
+// (bitwise) and with one process trained on the global batch (within 1e-6), with the first
+// layer's gradient all-reduced or formed from the gathered batch (GatherGrad). Also: a rank killed
 // mid-run ends every other rank within 30 s with a line naming it, and bad environments.
 #include <fcntl.h>
 #include <signal.h>
@@ -25,6 +26,7 @@
 #include "tandem/dist/data_parallel.h"
 #include "tandem/dist/launch_env.h"
 #include "tandem/dist/process_group.h"
+#include "tandem/gathered_grad.h"
 #include "tandem/runner.h"
 
 namespace tandem {
@@ -53,14 +55,28 @@ class TableDataset : public Dataset {
   at::Tensor x_, y_;
 };
 
+// The test's model, from one seed; `gathered`: its first layer a GatheredGrad (the same
+// parameters, the same forward).
+torch::nn::Sequential make_model(bool gathered) {
+  torch::manual_seed(3);
+  torch::nn::Linear first(kIn, kHidden);
+  torch::nn::Sequential model;
+  if (gathered)
+    model->push_back(GatheredGrad(first));
+  else
+    model->push_back(first);
+  model->push_back(torch::nn::Tanh());
+  model->push_back(torch::nn::Linear(kHidden, kOut));
+  return model;
+}
+
 // Trains one epoch of the table in `mode` at `batch` per process and returns the weights.
 // With a group: as its rank, data parallel. The model is built from one seed on every rank.
 std::vector<at::Tensor> train_epoch(Mode mode, int64_t batch,
                                     const std::shared_ptr<dist::ProcessGroup>& group,
-                                    c10::Device device = c10::Device(c10::kCPU)) {
-  torch::manual_seed(3);
-  torch::nn::Sequential model(torch::nn::Linear(kIn, kHidden), torch::nn::Tanh(),
-                              torch::nn::Linear(kHidden, kOut));
+                                    c10::Device device = c10::Device(c10::kCPU),
+                                    bool gathered = false) {
+  torch::nn::Sequential model = make_model(gathered);
   model->to(device);
   Workload w;
   w.name = "table";
@@ -86,6 +102,13 @@ std::vector<at::Tensor> train_epoch(Mode mode, int64_t batch,
       for (auto& p : model->parameters()) p.add_(1.0);
     }
     dist::make_data_parallel(w, group);
+    // The first layer's two parameters left the buckets: its backward must gather, or the
+    // ranks' weights part.
+    if (gathered)
+      EXPECT_NE(w.train.gradient_sync->what().find("2 parameters (0.000448 MB) from every rank's "
+                                                   "gathered batch"),
+                std::string::npos)
+          << w.train.gradient_sync->what();
     ro.rank = group->rank();
     ro.world_size = group->world_size();
   }
@@ -134,7 +157,9 @@ TEST(DataParallelWorker, TrainsOneEpoch) {
                                  : c10::Device(c10::kCPU);
   auto group = dist::ProcessGroup::connect(*env, device);
   const Mode mode = parse_mode(std::getenv("TANDEM_DIST_TEST_MODE"));
-  const auto weights = train_epoch(mode, kBatchPerRank, group, device);
+  const char* gathered = std::getenv("TANDEM_DIST_TEST_GATHERED");
+  const auto weights = train_epoch(mode, kBatchPerRank, group, device,
+                                   gathered != nullptr && std::string(gathered) == "1");
   save(weights, dir_of_test() + "/rank" + std::to_string(env->rank) + ".bin");
   group->finish();
 }
@@ -221,13 +246,18 @@ int test_port(int offset) { return 29000 + (getpid() % 400) * 5 + offset; }
 
 // Parameters by value (std::string, not const char*): ctest's test names print them, and a
 // pointer would print as an address.
-class DataParallelTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+class DataParallelTest
+    : public ::testing::TestWithParam<std::tuple<int, std::string, std::string>> {};
 
 TEST_P(DataParallelTest, RanksAgreeAndMatchOneProcessOnTheGlobalBatch) {
-  const auto [world, mode] = GetParam();
+  const auto [world, mode, first_layer] = GetParam();
+  const bool gathered = first_layer == "gathered";
   const std::string dir = temp_dir();
+  const std::vector<std::string> env = {std::string("TANDEM_DIST_TEST_GATHERED=") +
+                                        (gathered ? "1" : "0")};
   auto ranks = start_ranks(world, "DataParallelWorker.TrainsOneEpoch", dir, mode,
-                           test_port(world));
+                           test_port(world + (gathered ? 10 : 0) + (mode == "serial" ? 0 : 20)),
+                           std::vector<std::vector<std::string>>(world, env));
   for (auto& r : ranks)
     ASSERT_EQ(wait_for(r.pid, std::chrono::seconds(300)), 0) << read_file(r.log);
   const auto single = train_epoch(parse_mode(mode), kBatchPerRank * world, nullptr);
@@ -242,30 +272,34 @@ TEST_P(DataParallelTest, RanksAgreeAndMatchOneProcessOnTheGlobalBatch) {
     EXPECT_LE(diff, 1e-6) << "parameter " << i << ": data parallel vs one process";
   }
   // The runs did train: the weights moved from their initial values.
-  torch::manual_seed(3);
-  torch::nn::Sequential initial(torch::nn::Linear(kIn, kHidden), torch::nn::Tanh(),
-                                torch::nn::Linear(kHidden, kOut));
-  const auto initial_params = initial->parameters();
+  const auto initial_params = make_model(false)->parameters();
   for (size_t i = 0; i < single.size(); ++i)
     EXPECT_GT((single[i] - initial_params[i]).abs().max().item<double>(), 1e-3)
         << "parameter " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndModes, DataParallelTest,
-                         ::testing::Values(std::make_tuple(2, std::string("serial")),
-                                           std::make_tuple(3, std::string("serial")),
-                                           std::make_tuple(2, std::string("pipelined"))));
+                         ::testing::Values(std::make_tuple(2, std::string("serial"), std::string("all_reduced")),
+                                           std::make_tuple(3, std::string("serial"), std::string("all_reduced")),
+                                           std::make_tuple(2, std::string("pipelined"), std::string("all_reduced")),
+                                           std::make_tuple(2, std::string("serial"), std::string("gathered")),
+                                           std::make_tuple(3, std::string("pipelined"), std::string("gathered"))));
 
 // Two GPUs over NCCL, the all-reduce eager (serial) and captured in the train step's graph
 // (pipelined+graphed): the ranks agree bitwise and match one GPU on the global batch.
-class DataParallelGpuTest : public ::testing::TestWithParam<std::string> {};
+class DataParallelGpuTest
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(DataParallelGpuTest, RanksAgreeAndMatchOneGpuOnTheGlobalBatch) {
   if (c10::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  const std::string mode = GetParam();
+  const auto [mode, first_layer] = GetParam();
+  const bool gathered = first_layer == "gathered";
   const std::string dir = temp_dir();
-  auto ranks = start_ranks(2, "DataParallelWorker.TrainsOneEpoch", dir, mode, test_port(40),
-                           {{"TANDEM_DIST_TEST_DEVICE=cuda"}, {"TANDEM_DIST_TEST_DEVICE=cuda"}});
+  const std::vector<std::string> env = {"TANDEM_DIST_TEST_DEVICE=cuda",
+                                        std::string("TANDEM_DIST_TEST_GATHERED=") +
+                                            (gathered ? "1" : "0")};
+  auto ranks = start_ranks(2, "DataParallelWorker.TrainsOneEpoch", dir, mode,
+                           test_port(40 + (gathered ? 1 : 0)), {env, env});
   for (auto& r : ranks)
     ASSERT_EQ(wait_for(r.pid, std::chrono::seconds(300)), 0) << read_file(r.log);
   const auto single =
@@ -279,8 +313,11 @@ TEST_P(DataParallelGpuTest, RanksAgreeAndMatchOneGpuOnTheGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, DataParallelGpuTest,
-                         ::testing::Values(std::string("serial"), std::string("pipelined"),
-                                           std::string("pipelined+graphed")));
+                         ::testing::Combine(::testing::Values(std::string("serial"),
+                                                              std::string("pipelined"),
+                                                              std::string("pipelined+graphed")),
+                                            ::testing::Values(std::string("all_reduced"),
+                                                              std::string("gathered"))));
 
 TEST(DataParallelFailureTest, AKilledRankStopsTheOthersWithinThirtySeconds) {
   for (int victim : {1, 0}) {  // a plain rank, then the one hosting the store

@@ -56,7 +56,8 @@ std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device
   return dist::ProcessGroup::connect(*env, device);
 }
 
-void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group) {
+void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group,
+                         const dist::DataParallelOptions& data_parallel) {
   if (!group) return;
   TANDEM_CHECK_ARG(options.mode != Mode::kAuto,
                    "mode auto under data parallel: its trials are timed by each process, and "
@@ -67,7 +68,9 @@ void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::Proc
   options.world_size = group->world_size();
   options.progress = options.progress && group->rank() == 0;
   options.gpu_monitor = options.gpu_monitor && group->rank() == 0;
-  options.prepare_workload = [group](Workload& w) { dist::make_data_parallel(w, group); };
+  options.prepare_workload = [group, data_parallel](Workload& w) {
+    dist::make_data_parallel(w, group, data_parallel);
+  };
 }
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tandem/bench.h"
+#include "tandem/dist/data_parallel.h"
 #include "tandem/dist/process_group.h"
 
 namespace tandem {
@@ -32,6 +33,7 @@ int default_loader_workers(c10::Device device);
 /// Makes `options` run as this rank of `group`: device, rank, world size, data parallel
 /// workloads, progress on rank 0 only. Refuses mode auto (its trials are timed per process, and
 /// ranks could pick different modes): InvalidArgument.
-void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group);
+void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group,
+                         const dist::DataParallelOptions& data_parallel = {});
 
 }  // namespace tandem

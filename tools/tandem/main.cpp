@@ -158,12 +158,15 @@ struct RunFlags {
   }
 };
 
-int run_bench_command(tandem::BenchOptions options, const std::string& json_path) {
+int run_bench_command(tandem::BenchOptions options, const std::string& json_path,
+                      bool gathered_grad) {
   // Data parallel (torchrun, or the ranks --nproc started): join, then run as this rank; rank 0
   // alone prints and writes.
   const std::shared_ptr<tandem::dist::ProcessGroup> group =
       tandem::join_data_parallel(options.device);
-  tandem::apply_data_parallel(options, group);
+  tandem::dist::DataParallelOptions data_parallel;
+  data_parallel.gathered_grad = gathered_grad;
+  tandem::apply_data_parallel(options, group, data_parallel);
   const bool lead = !group || group->rank() == 0;
   if (!lead) options.trace_path.clear();
   options = tandem::resolve(options);
@@ -336,6 +339,10 @@ int main(int argc, char** argv) {
                     "processes with --device cpu) under torchrun's environment contract; "
                     "--batch-size is per rank. torchrun --nproc-per-node N --no-python tandem "
                     "bench ... does the same");
+  bool bench_gathered_grad = true;
+  bench->add_flag("--gathered-grad,!--no-gathered-grad", bench_gathered_grad,
+                  "data parallel: the model's GatheredGrad layers form their weight gradients "
+                  "from every rank's gathered batch instead of all-reducing them [default: on]");
 
   tandem::SweepOptions sweep_options;
   std::string sweep_csv, sweep_json, sweep_svg;
@@ -436,7 +443,7 @@ int main(int argc, char** argv) {
       bench_options.mode = tandem::parse_mode(bench_mode);
     }
     if (sweep->parsed()) sweep_flags.apply(sweep_options.base);
-    if (bench->parsed()) return run_bench_command(bench_options, bench_json);
+    if (bench->parsed()) return run_bench_command(bench_options, bench_json, bench_gathered_grad);
     if (sweep->parsed()) return run_sweep_command(sweep_options, sweep_csv, sweep_json, sweep_svg);
     if (aug->parsed())
       return run_augment_bench_command(aug_batch_sizes, aug_device, aug_repeats, aug_samplings,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 #include <ATen/CPUGeneratorImpl.h>
@@ -53,11 +54,10 @@ const std::vector<WorkloadParam>& images_params() {
 }
 
 // The nvJPEG path the pipeline decodes with: GPU_HYBRID (Huffman on the GPU), not the hardware
-// engines. With the engines, mode graphed (one lane, the train graph between decodes) trained
-// to non-finite losses on the H200 while serial, pipelined and pipelined+graphed matched, and
-// the hybrid and default backends matched in every mode (ImagesWorkloadGpuTest); a device sync
-// after each decode or slack after the output did not change it. Until that is understood the
-// engines only serve data-bench's decode rate.
+// engines, which took ~41 ms per batch of 256 in the step (r50 at 0.74 of resident). The
+// engines compute the serial losses in every mode too, since they wait for their stream before
+// each batch (nvjpeg_decoder.cpp); TANDEM_NVJPEG_BACKEND (hardware, hybrid, default, auto)
+// overrides this choice, as ImagesWorkloadGpuTest does to check the engines.
 constexpr data::NvjpegBackend kPipelineBackend = data::NvjpegBackend::kHybrid;
 
 // A decoder for `decode` (gpu or auto) on `device`, or null to decode on the CPU: always for
@@ -71,7 +71,9 @@ std::shared_ptr<data::NvjpegDecoder> gpu_decoder(const data::ImageFolderDataset&
   std::string why_not = "the device is not a GPU";
   std::shared_ptr<data::NvjpegDecoder> decoder;
   if (device.is_cuda())
-    decoder = data::NvjpegDecoder::open(device.index(), &why_not, kPipelineBackend);
+    decoder = data::NvjpegDecoder::open(
+        device.index(), &why_not,
+        std::getenv("TANDEM_NVJPEG_BACKEND") ? data::NvjpegBackend::kAuto : kPipelineBackend);
   if (!decoder) {
     std::cerr << "images: decode=" << decode << ": nvJPEG unavailable (" << why_not
               << "); decoding on the CPU\n";

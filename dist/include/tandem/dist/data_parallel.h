@@ -32,6 +32,9 @@ struct DataParallelOptions {
   /// The first bucket (the last layers, whose gradients come first) is smaller, so
   /// communication starts early in backward (DDP's 1 MB).
   double first_bucket_cap_mb = 1.0;
+  /// GatheredGrad layers (gathered_grad.h) form their gradients from the ranks' gathered
+  /// batch; false: their gradients are all-reduced in the buckets like every other (to compare).
+  bool gathered_grad = true;
 };
 
 /// Averages the gradients of `params` over `group`'s ranks during backward. Parameters are
@@ -39,7 +42,8 @@ struct DataParallelOptions {
 /// a post-accumulate-grad hook, and a bucket whose gradients are all there is all-reduced on the
 /// comm lane, buckets strictly in order so every rank issues the same collectives. A parameter
 /// that got no gradient in a step gets zeros (every rank must send every bucket). The hooks are
-/// removed when this is destroyed.
+/// removed when this is destroyed. Parameters of a GatheredGrad layer (gathered_grad.h) stay
+/// out of the buckets: their layer averages them from every rank's batch (all_gather_batch).
 class GradientBuckets : public GradientSync {
  public:
   GradientBuckets(std::vector<at::Tensor> params, std::shared_ptr<ProcessGroup> group,
@@ -51,6 +55,10 @@ class GradientBuckets : public GradientSync {
   void before_backward() override;
   void after_backward() override;
   std::string what() const override;
+  int world_size() const override;
+  bool gathers_layer_batches() const override;
+  /// On the comm lane, in order with the buckets (GatheredGrad's backward calls it).
+  std::vector<at::Tensor> all_gather_batch(const std::vector<at::Tensor>& local) override;
 
   size_t num_buckets() const;
   /// Called by a parameter's hook when its gradient is accumulated (the autograd thread).

@@ -62,6 +62,11 @@ class ProcessGroup {
   void all_reduce_mean_(const std::vector<at::Tensor>& tensors);
   /// Overwrites each tensor with rank `root`'s, in place (same contract as all_reduce_mean_).
   void broadcast_(const std::vector<at::Tensor>& tensors, int root = 0);
+  /// Every rank's inputs[i], concatenated along dim 0 in rank order, written into outputs[i]
+  /// (its dim 0 world_size() times inputs[i]'s, the rest of its shape, dtype and device the
+  /// same; contiguous): on the current stream (NCCL, grouped, capture-safe) or synchronously
+  /// (store). Every rank calls it with the same shapes in the same order, as all_reduce_mean_.
+  void all_gather_(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
   /// Host values reduced over the ranks (through the store): the mean, sum or max of each
   /// element, the same on every rank. For losses and metrics, not for the hot path.
   enum class HostOp { kMean, kSum, kMax };
