@@ -120,14 +120,18 @@ struct GatheredGradFunction : torch::autograd::Function<GatheredGradFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor& w = saved[1];
+    // In the weight's dtype: under autocast the forward ran in a lower precision, and its
+    // output gradient arrives in it, while the input was saved as it came.
+    const at::Tensor x = saved[0].to(w.scalar_type());
     const auto kind = static_cast<Kind>(ctx->saved_data["kind"].toInt());
     const int64_t k = ctx->saved_data["k"].toInt();
     auto* sync = reinterpret_cast<GradientSync*>(
         static_cast<intptr_t>(ctx->saved_data["sync"].toInt()));
-    const at::Tensor gy = grads[0].contiguous();
+    const at::Tensor gy = grads[0].to(w.scalar_type()).contiguous();
     at::Tensor gx, dw, db;
-    if (ctx->needs_input_grad(0)) gx = input_grad(kind, k, gy, x, w);
+    if (ctx->needs_input_grad(0))
+      gx = input_grad(kind, k, gy, x, w).to(saved[0].scalar_type());
     const auto all = sync->all_gather_batch({x, gy});
     const bool want_bias = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2);
     std::tie(dw, db) = weight_grads(kind, k, all[0], all[1], w, want_bias);

@@ -6,6 +6,7 @@
 #include "tandem/gathered_grad.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/container/sequential.h>
 
@@ -125,6 +126,36 @@ TEST(GatheredGradGpuTest, PatchConvsMatchTheMeanOfTheRanksGradientsOnCuda) {
       torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(8, 6, 2).stride(2)),
       {3, 8, 1, 1}, cuda);
   check_against_layer(torch::nn::Linear(5, 7), {4, 3, 5}, cuda);
+}
+
+// Under autocast the forward runs in bfloat16 and its output gradient comes back in it; the
+// gradients still come out in the parameters' and input's dtypes, near the layer's own.
+TEST(GatheredGradTest, AutocastGivesGradientsInTheParametersDtype) {
+  at::manual_seed(5);
+  torch::nn::Linear layer(16, 8);
+  GatheredGrad wrapped(layer);
+  const at::Tensor x0 = at::randn({4, 16}), x1 = at::randn({4, 16});
+  const at::Tensor g0 = at::randn({4, 8}), g1 = at::randn({4, 8});
+  auto plain = [&](const at::Tensor& x) { return layer->forward(x); };
+  auto through = [&](const at::Tensor& x) { return wrapped->forward(x); };
+  const Grads r0 = own_grads(plain, *layer, x0, g0), r1 = own_grads(plain, *layer, x1, g1);
+  TwoRankSync sync({x1, g1});
+  Grads both;
+  {
+    GradientSync::Scope scope(&sync);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    EXPECT_EQ(wrapped->forward(x0).scalar_type(), at::kBFloat16);
+    both = own_grads(through, *wrapped, x0, g0);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+  }
+  EXPECT_EQ(sync.calls, 1);
+  EXPECT_EQ(both.x.scalar_type(), at::kFloat);
+  EXPECT_EQ(both.w.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::allclose(both.x, r0.x, 0.05, 0.05));
+  EXPECT_TRUE(at::allclose(both.w, (r0.w + r1.w) / 2, 0.05, 0.05));
+  EXPECT_TRUE(at::allclose(both.b, (r0.b + r1.b) / 2, 0.05, 0.05));
 }
 
 TEST(GatheredGradTest, FrozenOrNoGradModeMakesNoCollective) {
