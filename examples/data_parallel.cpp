@@ -2,8 +2,11 @@
 // plainly, it launches itself as --nproc ranks (dist::run_local_ranks, torchrun's environment
 // contract); under torchrun it is one of them. Each rank builds the same workload, joins the
 // group, and make_data_parallel broadcasts rank 0's weights and averages the gradients during
-// backward; each rank reads its shard of the dataset. At the end the ranks compare their
-// weights: they must be bitwise identical.
+// backward; each rank reads its shard of the dataset. The first layer is a tandem::GatheredGrad:
+// its gradient is formed from every rank's inputs and output gradients, gathered, instead of
+// all-reduced (worth it where the weight is much larger than batch x (in + out): seg's
+// 4096-channel layers, not this small one, which is here to show it). At the end the ranks
+// compare their weights: they must be bitwise identical.
 //
 //   data_parallel [--nproc N] [--device cpu|cuda] [--steps S]
 //   torchrun --nproc-per-node 2 data_parallel --device cuda
@@ -19,6 +22,7 @@
 #include "tandem/dist/data_parallel.h"
 #include "tandem/dist/launch_env.h"
 #include "tandem/dist/launcher.h"
+#include "tandem/gathered_grad.h"
 #include "tandem/runner.h"
 
 // Sample i: 16 features and the regression target 3 * sum(features) / 16 (a pure function of i).
@@ -51,7 +55,8 @@ int main(int argc, char** argv) {
   auto group = tandem::dist::ProcessGroup::connect(*env, device);
 
   torch::manual_seed(1);  // the same model on every rank (rank 0's is broadcast anyway)
-  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 1));
+  torch::nn::Sequential model(tandem::GatheredGrad(torch::nn::Linear(16, 32)), torch::nn::ReLU(),
+                              torch::nn::Linear(32, 1));
   model->to(device);
   tandem::Workload w;
   w.name = "line";
