@@ -2,7 +2,7 @@
 // itself as the ranks of a job (DataParallelWorker.*, which run only when TANDEM_DIST_TEST_DIR
 // is set), each rank writes its final weights, and the parent compares them — with each other
 // (bitwise) and with one process trained on the global batch (within 1e-6), with the first
-// layer's gradient all-reduced or formed from the gathered batch (GatherGrad). Also: a rank killed
+// layer's gradient all-reduced or formed from the gathered batch (GatheredGrad). Also: a rank killed
 // mid-run ends every other rank within 30 s with a line naming it, and bad environments.
 #include <fcntl.h>
 #include <signal.h>
