@@ -639,7 +639,8 @@ fi
 #        TANDEM_DDP_MODES ("pipelined pipelined+graphed": the all-reduce eager, then captured),
 #        TANDEM_DDP_PYTHON (1: run the Python reference), TANDEM_DDP_SCENARIOS ("seg cls"),
 #        TANDEM_DDP_ALLREDUCED (1: at world > 1, pipelined+graphed also with --no-gathered-grad:
-#        the GatheredGrad layers' gradients all-reduced like the rest, rows "gathered_grad": false)
+#        the GatheredGrad layers' gradients all-reduced like the rest, rows "gathered_grad": false),
+#        TANDEM_DDP_BUCKET_MB (unset: tandem's 25; else every tandem run's --bucket-cap-mb)
 if has_phase ddp; then
   for world in ${TANDEM_DDP_WORLDS:-1 2}; do
     for scen in ${TANDEM_DDP_SCENARIOS:-seg cls}; do
@@ -648,13 +649,13 @@ if has_phase ddp; then
         for mode in ${TANDEM_DDP_MODES:-pipelined pipelined+graphed}; do
           say "tandem bench --nproc $world $scen $mode bs $bs"
           timeout 180 "$TANDEM" bench --workload "$scen" --mode "$mode" --batch-size "$bs" --workers 8 \
-            --nproc "$world" --json "$RAW/ddp-tandem-$scen-$mode-$bs-w$world.json" \
+            --nproc "$world" ${TANDEM_DDP_BUCKET_MB:+--bucket-cap-mb "$TANDEM_DDP_BUCKET_MB"} --json "$RAW/ddp-tandem-$scen-$mode-$bs-w$world.json" \
             >"$RAW/ddp-tandem-$scen-$mode-$bs-w$world.log" 2>&1 || status=1
           grep -E "^$scen +[a-z]|^data parallel:|error" "$RAW/ddp-tandem-$scen-$mode-$bs-w$world.log" | tee -a "$LOG"
           if [ "$world" -gt 1 ] && [ "$mode" = pipelined+graphed ] && [ "${TANDEM_DDP_ALLREDUCED:-1}" = 1 ]; then
             say "tandem bench --nproc $world $scen $mode bs $bs --no-gathered-grad"
             timeout 180 "$TANDEM" bench --workload "$scen" --mode "$mode" --batch-size "$bs" --workers 8 \
-              --nproc "$world" --no-gathered-grad --json "$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.json" \
+              --nproc "$world" --no-gathered-grad ${TANDEM_DDP_BUCKET_MB:+--bucket-cap-mb "$TANDEM_DDP_BUCKET_MB"} --json "$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.json" \
               >"$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.log" 2>&1 || status=1
             grep -E "^$scen +[a-z]|^data parallel:|error" "$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.log" | tee -a "$LOG"
           fi

@@ -45,6 +45,18 @@ else
   fail "tandem bench --nproc 2:"; cat "$tmp/dp.out"
 fi
 
+# 1b. --bucket-cap-mb sets the buckets (the MLP's 42 MB: one bucket of 1 MB's cap, then 2 MB
+#     ones); 0 is refused at parse time.
+if "$tandem" "${run[@]}" --steps 2 --warmup 1 --nproc 2 --bucket-cap-mb 2 >"$tmp/bk.out" 2>&1 &&
+   grep -q "buckets of <= 2 MB" "$tmp/bk.out"; then
+  ok
+else
+  fail "tandem bench --nproc 2 --bucket-cap-mb 2:"; cat "$tmp/bk.out"
+fi
+"$tandem" "${run[@]}" --steps 1 --bucket-cap-mb 0 >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 2 ] && grep -q -- "--bucket-cap-mb" "$tmp/err"; then ok; else
+  fail "--bucket-cap-mb 0 not refused with exit 2:"; cat "$tmp/err"; fi
+
 # 2. Bad environments.
 expect_env_fail "MASTER_ADDR is not set" RANK=0 WORLD_SIZE=2 MASTER_PORT=$(port 1) -- "${run[@]}" --steps 1
 expect_env_fail "RANK=2 is not valid for WORLD_SIZE=2" RANK=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \

@@ -159,13 +159,11 @@ struct RunFlags {
 };
 
 int run_bench_command(tandem::BenchOptions options, const std::string& json_path,
-                      bool gathered_grad) {
+                      const tandem::dist::DataParallelOptions& data_parallel) {
   // Data parallel (torchrun, or the ranks --nproc started): join, then run as this rank; rank 0
   // alone prints and writes.
   const std::shared_ptr<tandem::dist::ProcessGroup> group =
       tandem::join_data_parallel(options.device);
-  tandem::dist::DataParallelOptions data_parallel;
-  data_parallel.gathered_grad = gathered_grad;
   tandem::apply_data_parallel(options, group, data_parallel);
   const bool lead = !group || group->rank() == 0;
   if (!lead) options.trace_path.clear();
@@ -339,6 +337,20 @@ int main(int argc, char** argv) {
                     "processes with --device cpu) under torchrun's environment contract; "
                     "--batch-size is per rank. torchrun --nproc-per-node N --no-python tandem "
                     "bench ... does the same");
+  double bench_bucket_cap_mb = 25.0;
+  bench->add_option("--bucket-cap-mb", bench_bucket_cap_mb,
+                    "data parallel: gradients go over the wire in buckets of at most this many MB "
+                    "(the first bucket 1 MB), as PyTorch DDP's bucket_cap_mb")
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            char* end = nullptr;
+            const double mb = std::strtod(value.c_str(), &end);
+            return end != value.c_str() && *end == '\0' && mb > 0
+                       ? std::string()
+                       : value + " is not valid: expected a size in MB > 0";
+          },
+          "MB > 0"))
+      ->capture_default_str();
   bool bench_gathered_grad = true;
   bench->add_flag("--gathered-grad,!--no-gathered-grad", bench_gathered_grad,
                   "data parallel: the model's GatheredGrad layers form their weight gradients "
@@ -443,7 +455,12 @@ int main(int argc, char** argv) {
       bench_options.mode = tandem::parse_mode(bench_mode);
     }
     if (sweep->parsed()) sweep_flags.apply(sweep_options.base);
-    if (bench->parsed()) return run_bench_command(bench_options, bench_json, bench_gathered_grad);
+    if (bench->parsed()) {
+      tandem::dist::DataParallelOptions data_parallel;
+      data_parallel.bucket_cap_mb = bench_bucket_cap_mb;
+      data_parallel.gathered_grad = bench_gathered_grad;
+      return run_bench_command(bench_options, bench_json, data_parallel);
+    }
     if (sweep->parsed()) return run_sweep_command(sweep_options, sweep_csv, sweep_json, sweep_svg);
     if (aug->parsed())
       return run_augment_bench_command(aug_batch_sizes, aug_device, aug_repeats, aug_samplings,
