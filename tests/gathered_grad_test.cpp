@@ -88,7 +88,9 @@ void check_against_layer(Layer layer, std::vector<int64_t> shape,
   EXPECT_TRUE(at::allclose(both.w, (r0.w + r1.w) / 2, 1e-10, 1e-12))
       << (both.w - (r0.w + r1.w) / 2).abs().max();
   ASSERT_EQ(both.b.defined(), r0.b.defined());
-  if (both.b.defined()) EXPECT_TRUE(at::allclose(both.b, (r0.b + r1.b) / 2, 1e-10, 1e-12));
+  if (both.b.defined()) {
+    EXPECT_TRUE(at::allclose(both.b, (r0.b + r1.b) / 2, 1e-10, 1e-12));
+  }
 }
 
 TEST(GatheredGradTest, LinearMatchesTheMeanOfTheRanksGradients) {

@@ -104,11 +104,12 @@ std::vector<at::Tensor> train_epoch(Mode mode, int64_t batch,
     dist::make_data_parallel(w, group);
     // The first layer's two parameters left the buckets: its backward must gather, or the
     // ranks' weights part.
-    if (gathered)
+    if (gathered) {
       EXPECT_NE(w.train.gradient_sync->what().find("2 parameters (0.000448 MB) from every rank's "
                                                    "gathered batch"),
                 std::string::npos)
           << w.train.gradient_sync->what();
+    }
     ro.rank = group->rank();
     ro.world_size = group->world_size();
   }
