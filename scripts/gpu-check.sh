@@ -647,18 +647,21 @@ if has_phase ddp; then
       [ "$scen" = seg ] && bss=${TANDEM_DDP_SEG_BS:-8 32} || bss=${TANDEM_DDP_CLS_BS:-32 128}
       for bs in $bss; do
         for mode in ${TANDEM_DDP_MODES:-pipelined pipelined+graphed}; do
-          say "tandem bench --nproc $world $scen $mode bs $bs"
-          timeout 180 "$TANDEM" bench --workload "$scen" --mode "$mode" --batch-size "$bs" --workers 8 \
-            --nproc "$world" ${TANDEM_DDP_BUCKET_MB:+--bucket-cap-mb "$TANDEM_DDP_BUCKET_MB"} --json "$RAW/ddp-tandem-$scen-$mode-$bs-w$world.json" \
-            >"$RAW/ddp-tandem-$scen-$mode-$bs-w$world.log" 2>&1 || status=1
-          grep -E "^$scen +[a-z]|^data parallel:|error" "$RAW/ddp-tandem-$scen-$mode-$bs-w$world.log" | tee -a "$LOG"
+          # A run as configured, and at world > 1 in pipelined+graphed the GatheredGrad layers
+          # all-reduced instead (suffix -allreduced).
+          variants=(gathered)
           if [ "$world" -gt 1 ] && [ "$mode" = pipelined+graphed ] && [ "${TANDEM_DDP_ALLREDUCED:-1}" = 1 ]; then
-            say "tandem bench --nproc $world $scen $mode bs $bs --no-gathered-grad"
-            timeout 180 "$TANDEM" bench --workload "$scen" --mode "$mode" --batch-size "$bs" --workers 8 \
-              --nproc "$world" --no-gathered-grad ${TANDEM_DDP_BUCKET_MB:+--bucket-cap-mb "$TANDEM_DDP_BUCKET_MB"} --json "$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.json" \
-              >"$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.log" 2>&1 || status=1
-            grep -E "^$scen +[a-z]|^data parallel:|error" "$RAW/ddp-tandem-$scen-$mode-$bs-w$world-allreduced.log" | tee -a "$LOG"
+            variants+=(allreduced)
           fi
+          for variant in "${variants[@]}"; do
+            [ "$variant" = allreduced ] && flag=--no-gathered-grad suffix=-allreduced || flag= suffix=
+            ddp_run=ddp-tandem-$scen-$mode-$bs-w$world$suffix
+            say "tandem bench --nproc $world $scen $mode bs $bs $flag"
+            timeout 180 "$TANDEM" bench --workload "$scen" --mode "$mode" --batch-size "$bs" --workers 8 \
+              --nproc "$world" $flag ${TANDEM_DDP_BUCKET_MB:+--bucket-cap-mb "$TANDEM_DDP_BUCKET_MB"} \
+              --json "$RAW/$ddp_run.json" >"$RAW/$ddp_run.log" 2>&1 || status=1
+            grep -E "^$scen +[a-z]|^data parallel:|error" "$RAW/$ddp_run.log" | tee -a "$LOG"
+          done
         done
       done
     done
@@ -702,7 +705,7 @@ if has_phase ddp; then
         --val-split 0.1 --nproc "$world" --out "$RAW/ddp-train-w$world" \
         --json "$RAW/ddp-train-w$world.json" >"$RAW/ddp-train-w$world.log" 2>&1 || status=1
       grep -v "step" "$RAW/ddp-train-w$world.log" | tail -8 | tee -a "$LOG"
-      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('ddp-train world', sys.argv[2], {k: d.get(k) for k in ('images_per_s','accuracy','epochs','batch_size','workers','world_size')})" \
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('ddp-train world', sys.argv[2], {k: d.get(k) for k in ('images_per_s','accuracy','epochs','batch_size')})" \
         "$RAW/ddp-train-w$world.json" "$world" 2>&1 | tee -a "$LOG"
     done
   fi

@@ -164,9 +164,7 @@ void check_patch_conv(const Options& o, const char* what) {
 }  // namespace
 
 GatheredGradImpl::GatheredGradImpl(torch::nn::Linear layer) {
-  adopt(*layer, Kind::kLinear, 1);
-  layer_ = layer.ptr();
-  layer_forward_ = [l = layer.ptr()](const at::Tensor& x) { return l->forward(x); };
+  adopt(layer.ptr(), Kind::kLinear, 1);
 }
 
 GatheredGradImpl::GatheredGradImpl(torch::nn::Conv2d layer) {
@@ -174,9 +172,7 @@ GatheredGradImpl::GatheredGradImpl(torch::nn::Conv2d layer) {
   check_patch_conv(o, "Conv2d");
   TANDEM_CHECK_ARG(std::holds_alternative<torch::enumtype::kZeros>(o.padding_mode()),
                    "GatheredGrad: a Conv2d with a padding mode other than zeros: expected zeros");
-  adopt(*layer, Kind::kConv, (*o.kernel_size())[0]);
-  layer_ = layer.ptr();
-  layer_forward_ = [l = layer.ptr()](const at::Tensor& x) { return l->forward(x); };
+  adopt(layer.ptr(), Kind::kConv, (*o.kernel_size())[0]);
 }
 
 GatheredGradImpl::GatheredGradImpl(torch::nn::ConvTranspose2d layer) {
@@ -186,16 +182,17 @@ GatheredGradImpl::GatheredGradImpl(torch::nn::ConvTranspose2d layer) {
                    "GatheredGrad: a ConvTranspose2d with output padding ",
                    at::IntArrayRef(*o.output_padding()),
                    ": expected none");
-  adopt(*layer, Kind::kConvTranspose, (*o.kernel_size())[0]);
-  layer_ = layer.ptr();
-  layer_forward_ = [l = layer.ptr()](const at::Tensor& x) { return l->forward(x); };
+  adopt(layer.ptr(), Kind::kConvTranspose, (*o.kernel_size())[0]);
 }
 
-void GatheredGradImpl::adopt(torch::nn::Module& layer, Kind kind, int64_t kernel) {
+template <typename LayerImpl>
+void GatheredGradImpl::adopt(const std::shared_ptr<LayerImpl>& layer, Kind kind, int64_t kernel) {
   kind_ = kind;
   kernel_ = kernel;
+  layer_ = layer;
+  layer_forward_ = [layer](const at::Tensor& x) { return layer->forward(x); };
   // The layer's own tensors under its own names: moving this module (to()) moves the layer's.
-  auto named = layer.named_parameters(/*recurse=*/false);
+  auto named = layer->named_parameters(/*recurse=*/false);
   const at::Tensor& w = named["weight"];
   weight = register_parameter("weight", w, w.requires_grad());
   if (const at::Tensor* b = named.find("bias"); b != nullptr && b->defined())

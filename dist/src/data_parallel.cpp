@@ -99,16 +99,16 @@ GradientBuckets::GradientBuckets(std::vector<at::Tensor> params,
   for (auto& p : params) {
     if (!p.defined() || !p.requires_grad()) continue;
     if (!device) device = p.device();
-    if (GatheredGradImpl::averages_its_own_gradient(p) && !options.gathered_grad) {
+    if (GatheredGradImpl::averages_its_own_gradient(p)) {
+      if (options.gathered_grad) {  // its layer averages it
+        ++im.own_params;
+        im.own_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+        continue;
+      }
       im.marked.push_back(p);  // all-reduced here after all; the mark is restored in the end
       torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
-      im.params.push_back(p);
-    } else if (GatheredGradImpl::averages_its_own_gradient(p)) {
-      ++im.own_params;
-      im.own_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    } else {
-      im.params.push_back(p);
     }
+    im.params.push_back(p);
   }
   TANDEM_CHECK_ARG(device.has_value(),
                    "data parallel: the train stage has no parameter that requires grad");

@@ -23,6 +23,16 @@ std::vector<uint8_t> to_bytes(const at::Tensor& host) {
   return out;
 }
 
+// The tensors' bytes one after another (host, contiguous tensors).
+std::vector<uint8_t> to_bytes(const std::vector<at::Tensor>& host) {
+  std::vector<uint8_t> out;
+  for (const auto& h : host) {
+    const auto b = to_bytes(h);
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
 class StoreCollectives : public DeviceCollectives {
  public:
   explicit StoreCollectives(std::shared_ptr<StoreExchange> exchange)
@@ -57,13 +67,9 @@ class StoreCollectives : public DeviceCollectives {
 
   void broadcast_(const std::vector<at::Tensor>& tensors, int root) override {
     std::vector<at::Tensor> host;
-    std::vector<uint8_t> mine;
     for (const auto& t : tensors) host.push_back(t.detach().to(at::kCPU).contiguous());
-    if (exchange_->rank() == root)
-      for (const auto& h : host) {
-        const auto b = to_bytes(h);
-        mine.insert(mine.end(), b.begin(), b.end());
-      }
+    const std::vector<uint8_t> mine = exchange_->rank() == root ? to_bytes(host)
+                                                                : std::vector<uint8_t>();
     const std::vector<uint8_t> got = exchange_->broadcast(mine, root);
     if (exchange_->rank() == root) return;
     size_t offset = 0;
@@ -82,12 +88,8 @@ class StoreCollectives : public DeviceCollectives {
   void all_gather_(const std::vector<at::Tensor>& inputs,
                    const std::vector<at::Tensor>& outputs) override {
     std::vector<at::Tensor> host;
-    std::vector<uint8_t> mine;
-    for (const auto& t : inputs) {
-      host.push_back(t.detach().to(at::kCPU).contiguous());
-      const auto b = to_bytes(host.back());
-      mine.insert(mine.end(), b.begin(), b.end());
-    }
+    for (const auto& t : inputs) host.push_back(t.detach().to(at::kCPU).contiguous());
+    const std::vector<uint8_t> mine = to_bytes(host);
     const auto all = exchange_->exchange(mine);
     for (size_t r = 0; r < all.size(); ++r) {
       TORCH_CHECK(all[r].size() == mine.size(), "all_gather_: rank ", r, " sent ", all[r].size(),

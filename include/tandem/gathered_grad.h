@@ -59,7 +59,10 @@ class GatheredGradImpl : public torch::nn::Module {
   enum class Kind { kLinear, kConv, kConvTranspose };
 
  private:
-  void adopt(torch::nn::Module& layer, Kind kind, int64_t kernel);
+  /// Registers the layer's parameters here and keeps its forward (defined, and instantiated,
+  /// in gathered_grad.cpp: the three constructors).
+  template <typename LayerImpl>
+  void adopt(const std::shared_ptr<LayerImpl>& layer, Kind kind, int64_t kernel);
   Kind kind_ = Kind::kLinear;
   int64_t kernel_ = 1;
   std::shared_ptr<torch::nn::Module> layer_;
