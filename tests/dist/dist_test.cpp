@@ -284,7 +284,13 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndModes, DataParallelTest,
                                            std::make_tuple(3, std::string("serial"), std::string("all_reduced")),
                                            std::make_tuple(2, std::string("pipelined"), std::string("all_reduced")),
                                            std::make_tuple(2, std::string("serial"), std::string("gathered")),
-                                           std::make_tuple(3, std::string("pipelined"), std::string("gathered"))));
+                                           std::make_tuple(3, std::string("pipelined"), std::string("gathered")),
+                                           // Issue 21's world sizes, on the CPU: the shard of
+                                           // every rank, the store's collectives and the
+                                           // gathered batch at 4 and 8 ranks.
+                                           std::make_tuple(4, std::string("serial"), std::string("all_reduced")),
+                                           std::make_tuple(8, std::string("pipelined"), std::string("all_reduced")),
+                                           std::make_tuple(8, std::string("pipelined"), std::string("gathered"))));
 
 // Two GPUs over NCCL, the all-reduce eager (serial) and captured in the train step's graph
 // (pipelined+graphed): the ranks agree bitwise and match one GPU on the global batch.
