@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign data train ddp python decode pybench
+#   redesign data train ddp gathercost python decode pybench
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -761,6 +761,17 @@ for r in rows:
                   f"{r['mode']}: {g[0]['steps_per_s_per_gpu']:.2f} vs {r['steps_per_s_per_gpu']:.2f} steps/s/GPU "
                   f"({g[0]['steps_per_s_per_gpu'] / r['steps_per_s_per_gpu']:.3f}x)")
 PY
+fi
+
+# What GatheredGrad's weight gradient costs at worlds 1, 2, 4 and 8 on one GPU (issue 21: the
+# worlds this GPU cannot run): the gathered batch's GEMM for the seed nets' wrapped layers, and
+# the bytes a rank gathers against those an all-reduce of the same gradient moves.
+# gathered-cost.json and gathered-cost.log in OUT.
+if has_phase gathercost; then
+  say "gathercost: bench/python/gathered_grad_cost.py, worlds 1 2 4 8"
+  python3 bench/python/gathered_grad_cost.py --json "$OUT/gathered-cost.json" \
+    >"$OUT/gathered-cost.log" 2>&1 || status=1
+  tee -a "$LOG" <"$OUT/gathered-cost.log"
 fi
 
 # The Python package (issue 20) on the GPU: installed against this build, then python/tests
