@@ -13,6 +13,7 @@ void bind_data(py::module_& m);     // data_bindings.cpp
 void bind_python_dataset(py::module_& m);  // python_dataset.cpp
 void bind_optim(py::module_& m);    // optim_bindings.cpp
 void bind_trainer(py::module_& m);  // trainer_bindings.cpp
+void bind_job(py::module_& m);      // job_bindings.cpp
 
 PYBIND11_MODULE(_C, m) {
   // A bad argument the C++ library names is a ValueError in Python (other tandem errors are
@@ -29,6 +30,7 @@ PYBIND11_MODULE(_C, m) {
   bind_python_dataset(m);
   bind_optim(m);
   bind_trainer(m);
+  bind_job(m);
   m.doc() = "tandem's C++ extension: torch.ops.tandem.* and the library's defaults";
   m.def("augment_spec_defaults", [] {
     const tandem::AugmentSpec s;

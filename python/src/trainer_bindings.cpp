@@ -24,11 +24,13 @@
 #include <vector>
 
 #include "augment_spec.h"
+#include "job.h"
 #include "py_dataset.h"
 #include "python_calls.h"
 #include "tandem/augment.h"
 #include "tandem/auto_mode.h"
 #include "tandem/bench.h"
+#include "tandem/bench_data_parallel.h"
 #include "tandem/optim.h"
 #include "tandem/workload.h"
 
@@ -81,6 +83,7 @@ struct RunConfig {
   std::optional<AugmentSpec> augment;
   std::optional<at::Generator> augment_generator;  // the Trainer's; none: a fresh one per run
   bool lr_schedule = false;  // instance()'s 7th part applies one before each train step
+  bool data_parallel = false;  // run as this process's rank of its job (job.h)
   BenchOptions bench;  // everything but the workload
 };
 
@@ -212,6 +215,7 @@ RunConfig read_config(const py::dict& d) {
   b.gpu_monitor = d["gpu_monitor"].cast<bool>();
   c.shuffle = d["shuffle"].cast<bool>();
   c.drop_last = d["drop_last"].cast<bool>();
+  c.data_parallel = d["data_parallel"].cast<bool>();
   return c;
 }
 
@@ -303,8 +307,15 @@ struct PreparedRun {
   std::shared_ptr<PythonCalls> calls = std::make_shared<PythonCalls>();
   std::atomic<bool> cancel{false};
   BenchOptions options;
+  std::shared_ptr<dist::ProcessGroup> job;  // data parallel: this process's job
   explicit PreparedRun(const py::dict& config) {
     RunConfig c = read_config(config);
+    if (c.data_parallel) {
+      job = current_job();
+      TANDEM_CHECK_ARG(job != nullptr, "a data-parallel run before its process joined the job "
+                                       "(tandem.distributed joins it first)");
+      apply_data_parallel(c.bench, job);
+    }
     const auto apply_lr = std::make_shared<PyRef>();
     c.bench.workload = entry_for(c, calls, apply_lr);
     c.bench.cancel = &cancel;
@@ -326,10 +337,29 @@ struct PreparedRun {
 
 py::dict run(const py::dict& config) {
   PreparedRun p(config);
-  const BenchResult r = p.interruptibly<BenchResult>([&] { return run_bench(p.options); });
+  BenchResult r = p.interruptibly<BenchResult>([&] {
+    try {
+      return run_bench(p.options);
+    } catch (...) {
+      // This rank stops; its collectives with the others are out of step for good. Leave the
+      // job at once (when this run lets go of the group) rather than at the exit, after the
+      // others waited for it there.
+      if (p.job) abandon_job();
+      throw;
+    }
+  });
+  nlohmann::json block;
+  if (p.job) {
+    py::gil_scoped_release no_gil;  // waits for the other ranks' runs to end
+    block = reduce_over_ranks(r, *p.job);
+  }
   py::dict out = to_python(to_json(r));
   out["losses"] = r.losses;
   out["table"] = describe_result(r);
+  if (p.job) {
+    out["data_parallel"] = to_python(block);
+    out["table"] = describe_data_parallel(block) + "\n\n" + describe_result(r);
+  }
   return out;
 }
 

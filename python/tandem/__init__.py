@@ -4,7 +4,8 @@ This package is tandem's C++ library seen from Python: ``tandem.Trainer``, which
 own modules on tandem's lanes and CUDA graphs (every mode computes the plain loop's losses);
 the fused GPU augmentation as a torch operator, ``tandem.augment``, which torch.compile traces
 through; ``tandem.data``: tandem's datasets and C++ loader as an iterable of batches for any
-PyTorch loop; ``tandem.optim``: optimizers that CUDA graphs can capture.
+PyTorch loop; ``tandem.optim``: optimizers that CUDA graphs can capture;
+``tandem.distributed``: the same Trainer as one rank of a torchrun job (many GPUs).
 
     import torch, tandem
     spec = tandem.AugmentSpec(crop=(192, 192), out=(224, 224), max_rotation_deg=15,
@@ -15,9 +16,9 @@ PyTorch loop; ``tandem.optim``: optimizers that CUDA graphs can capture.
 import torch  # first: the extension links the torch this Python runs
 
 from . import _C  # registers torch.ops.tandem.*
-from . import data, optim
+from . import data, distributed, optim
 from .augment import AugmentSpec, augment
 from .trainer import FitResult, Trainer
 
-__all__ = ["AugmentSpec", "FitResult", "Trainer", "augment", "data", "optim"]
+__all__ = ["AugmentSpec", "FitResult", "Trainer", "augment", "data", "distributed", "optim"]
 __version__ = "0.1.0"

@@ -27,6 +27,10 @@ and no GIL: so code in your modules that must run every step on the host (printi
 random choices made in Python) runs only during capture there. Python optimizers are
 capturable when every param group has ``capturable=True`` (torch.optim.Adam/AdamW) or for
 torch.optim.SGD (its float lr is baked into the graph); tandem.optim's always are.
+
+Many GPUs: run the script under torchrun (``torchrun --nproc-per-node 8 train.py``), with the
+model on ``tandem.distributed.local_device()``, and each process trains as one rank of a
+data-parallel job — see tandem.distributed.
 """
 import copy
 import dataclasses
@@ -36,7 +40,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _C
+from . import _C, distributed
 from .augment import AugmentSpec
 from .data import Dataset, TorchDataset
 from .optim import _TandemOptimizer
@@ -172,9 +176,14 @@ class Trainer:
         self.shuffle, self.drop_last, self.skip_bad = shuffle, drop_last, skip_bad
         self.cudnn_benchmark = (self.device.type == "cuda" if cudnn_benchmark is None
                                 else bool(cudnn_benchmark))
-        cores = os.cpu_count() or 2
+        # Under torchrun: this process is one rank (tandem.distributed); data parallel.
+        self.rank, self.world_size = distributed.rank(), distributed.world_size()
+        if self.world_size > 1:
+            distributed._check_device(self.device)
+        cores = os.cpu_count() or 2  # shared by the ranks on this machine
         self.workers = workers if workers is not None else max(
-            1, min(8 if self.device.type == "cuda" else 2, cores - 1))
+            1, min(8 if self.device.type == "cuda" else 2,
+                   (cores - 1) // distributed.local_world_size()))
         if self.workers < 1:
             raise ValueError(f"workers {self.workers} is not valid: expected >= 1")
 
@@ -209,8 +218,9 @@ class Trainer:
         # step go on from where the last completed fit stopped.
         self.steps_done = 0
         self._augment_generator = None
-        if augment is not None:
-            self._augment_generator = torch.Generator(self.device).manual_seed(self.seed)
+        if augment is not None:  # each rank draws its own (as the CLI's data_seed)
+            self._augment_generator = torch.Generator(self.device).manual_seed(
+                (self.seed + self.rank * 0x9E3779B97F4A7C15) % 2**64)
 
     # ---- data ----
     def _read_data(self, data, batch_size):
@@ -218,13 +228,17 @@ class Trainer:
             if batch_size is None or batch_size < 1:
                 raise ValueError(f"batch_size {batch_size} is not valid for a dataset: "
                                  "expected the samples per step, >= 1")
-            if len(data) < batch_size and self.drop_last:
-                raise ValueError(f"the dataset has {len(data)} samples, fewer than one batch of "
-                                 f"{batch_size}: expected a smaller batch_size or "
+            # A rank's shard (DistributedSampler's): every world_size-th sample.
+            shard = math.ceil(len(data) / self.world_size)
+            if shard < batch_size and self.drop_last:
+                per_rank = f" ({shard} for each of {self.world_size} ranks)" \
+                    if self.world_size > 1 else ""
+                raise ValueError(f"the dataset has {len(data)} samples{per_rank}, fewer than "
+                                 f"one batch of {batch_size}: expected a smaller batch_size or "
                                  "drop_last=False")
             self.batch_size = int(batch_size)
-            self.steps_per_epoch = (len(data) // batch_size if self.drop_last
-                                    else math.ceil(len(data) / batch_size))
+            self.steps_per_epoch = (shard // batch_size if self.drop_last
+                                    else math.ceil(shard / batch_size))
             return data, list(data.fields)
         if isinstance(data, torch.utils.data.IterableDataset):
             raise TypeError("data is a torch IterableDataset: expected a map-style dataset "
@@ -294,7 +308,7 @@ class Trainer:
         return set_lr
 
     def _config(self, mode, steps, warmup, copies, progress=False, trace=None,
-                gpu_monitor=True):
+                gpu_monitor=True, data_parallel=False):
         spec = None
         if self.augment is not None:
             spec = dataclasses.asdict(self.augment)
@@ -308,7 +322,7 @@ class Trainer:
                     trace=None if trace is None else os.fspath(trace), progress=progress,
                     cudnn_benchmark=self.cudnn_benchmark, gpu_monitor=gpu_monitor,
                     shuffle=self.shuffle, drop_last=self.drop_last,
-                    lr_schedule=self.lr_schedule is not None)
+                    lr_schedule=self.lr_schedule is not None, data_parallel=data_parallel)
 
     def _mode_problem(self, mode) -> Optional[str]:
         """Why `mode` cannot run this trainer's optimizer and schedule, or None."""
@@ -363,7 +377,18 @@ class Trainer:
                         "mode auto's trials changed your modules' tensors: a model or feed "
                         "reaches modules that deepcopy does not copy (a closure?). Pass an "
                         "explicit mode instead of 'auto'")
+                if self._joined():  # each rank timed its own: every rank takes rank 0's pick
+                    picked = MODES[int(distributed._value_of_rank0(
+                        MODES.index(self._trials["mode"])))]
+                    if picked != self._trials["mode"]:
+                        self._trials["reason"] = (f"rank 0's pick, {picked} (this rank's "
+                                                  f"trials: {self._trials['mode']})")
+                        self._trials["mode"] = picked
         return self._trials["mode"]
+
+    def _joined(self) -> bool:
+        """Under torchrun: joins the job (once per process); False for one process."""
+        return self.world_size > 1 and distributed._join(self.device) is not None
 
     @property
     def trials(self) -> Optional[dict]:
@@ -399,7 +424,8 @@ class Trainer:
         n = self._steps_for(steps, epochs)
         mode = self.choose_mode(min(n, 300))
         self._check_mode(mode)
-        report = _C.run(self._config(mode, n, 0, copies=False, progress=progress, trace=trace))
+        report = _C.run(self._config(mode, n, 0, copies=False, progress=progress, trace=trace,
+                                     data_parallel=self._joined()))
         self.steps_done += n
         return self._result(report, mode)
 
@@ -415,5 +441,5 @@ class Trainer:
             raise ValueError(f"mode {mode!r} is not valid: expected one of {', '.join(MODES[1:])}")
         self._check_mode(mode)
         report = _C.run(self._config(mode, steps, warmup, copies=True, progress=False,
-                                     trace=trace))
+                                     trace=trace, data_parallel=self._joined()))
         return self._result(report, mode)

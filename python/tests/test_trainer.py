@@ -340,13 +340,20 @@ def test_ctrl_c_stops_a_run_and_raises_keyboard_interrupt():
     data = [(torch.randn(32, 64), torch.randn(32, 64))]
     t = tandem.Trainer(m, nn.MSELoss(), torch.optim.SGD(m.parameters(), lr=1e-3), data,
                        mode="pipelined")
-    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        t.fit(steps=10_000_000, progress=False)
-    assert time.monotonic() - start < 30
-    timer.join()
+    # Python's own Ctrl-C handler, whatever this process inherited: a shell's background job
+    # starts with SIGINT ignored, and Python then installs no handler, so the signal would
+    # never arrive.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            t.fit(steps=10_000_000, progress=False)
+        assert time.monotonic() - start < 30
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert len(t.fit(steps=2, progress=False).losses) == 2  # and the trainer still works
 
 

@@ -220,28 +220,12 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
     out = tandem::to_json(result);
   }
   if (group) {
-    // Losses: the mean over the ranks (the global batch's). Rates: every rank's; ranks run in
-    // lockstep (an all-reduce per step), so they agree closely.
-    const int W = group->world_size();
-    std::vector<double> losses(result.losses.begin(), result.losses.end());
-    losses = group->all_reduce_host(losses);
-    result.losses.assign(losses.begin(), losses.end());
-    std::vector<double> rates(W, 0.0);
-    rates[group->rank()] = result.steps_per_s;
-    rates = group->all_reduce_host(rates, tandem::dist::ProcessGroup::HostOp::kSum);
+    const nlohmann::json block = tandem::reduce_over_ranks(result, *group);
     group->finish();
     if (!lead) return 0;
     out = tandem::to_json(result);
-    const double slowest = *std::min_element(rates.begin(), rates.end());
-    out["data_parallel"] = {{"world_size", W},
-                            {"backend", group->backend()},
-                            {"steps_per_s_per_gpu", result.steps_per_s},
-                            {"steps_per_s_by_rank", rates},
-                            {"steps_per_s_slowest_rank", slowest},
-                            {"samples_per_s_total", result.samples_per_s * W}};
-    std::printf("\ndata parallel: %d ranks; per rank %.2f steps/s (slowest rank %.2f), %.1f "
-                "samples/s in total\n",
-                W, result.steps_per_s, slowest, result.samples_per_s * W);
+    out["data_parallel"] = block;
+    std::printf("\n%s\n", tandem::describe_data_parallel(block).c_str());
   }
   std::cout << "\n" << tandem::describe_result(result) << std::flush;
   write_output(json, out.dump(2) + "\n", json_path);

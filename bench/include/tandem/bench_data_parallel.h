@@ -1,0 +1,46 @@
+// A benchmark or training run as one rank of a data-parallel job, for every front end (the CLI's
+// bench and train, tandem.Trainer in Python): join the job the environment describes (torchrun,
+// or the ranks `tandem --nproc N` starts), pick this rank's device, hand run_bench its rank and
+// the step that makes each workload instance data parallel, and reduce its result over the ranks.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+
+#include "tandem/bench.h"
+#include "tandem/dist/data_parallel.h"
+#include "tandem/dist/process_group.h"
+
+namespace tandem {
+
+/// Joins the job when the environment describes one of more than one rank, else nullptr.
+/// `device_flag` (auto, cpu, cuda, cuda:N) picks this rank's device: cuda:LOCAL_RANK unless the
+/// CPU is asked for or there is no GPU. Throws dist::EnvironmentError (exit 2) for more local
+/// ranks than GPUs or an explicit cuda:N.
+std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device_flag);
+
+/// Loader threads for a process training on `device` when the user gives no count: on a GPU
+/// the machine's cores less one (at most `most`), shared by the LOCAL_WORLD_SIZE ranks of this
+/// machine when a launch describes them (two ranks on 16 cores: 7 each, not 15 each fighting for
+/// the same cores); 2 on the CPU.
+int default_loader_workers(c10::Device device, int most = 15);
+
+/// Makes `options` run as this rank of `group`: device, rank, world size, data parallel
+/// workloads, progress and GPU monitor on rank 0 only. Refuses mode auto (its trials are timed
+/// by each process, and ranks could pick different modes): InvalidArgument. No group: nothing.
+void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group,
+                         const dist::DataParallelOptions& data_parallel = {});
+
+/// After a run of every rank: replaces `result`'s losses by their mean over the ranks (the
+/// global batch's loss, the same on every rank) and returns what the report adds under
+/// "data_parallel" — world size, backend, this rank's and every rank's steps/s, the slowest
+/// rank's, samples/s in total. A collective: every rank calls it once per run.
+nlohmann::json reduce_over_ranks(BenchResult& result, dist::ProcessGroup& group);
+
+/// One line for a terminal: "data parallel: W ranks; per rank ... steps/s (slowest rank ...),
+/// ... samples/s in total", from reduce_over_ranks' block.
+std::string describe_data_parallel(const nlohmann::json& block);
+
+}  // namespace tandem

@@ -1,0 +1,94 @@
+// join_data_parallel and friends (bench_data_parallel.h).
+#include "tandem/bench_data_parallel.h"
+
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "tandem/dist/launch_env.h"
+#include "tandem/mode.h"
+
+namespace tandem {
+
+int default_loader_workers(c10::Device device, int most) {
+  if (!device.is_cuda()) return 2;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const std::optional<dist::LaunchEnv> env = dist::launch_env_from_environment();
+  const int local_ranks = env ? std::max(1, env->local_world_size) : 1;
+  return std::max(1, std::min(most, (cores - 1) / local_ranks));
+}
+
+std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device_flag) {
+  const std::optional<dist::LaunchEnv> env = dist::launch_env_from_environment();
+  if (!env || env->world_size == 1) return nullptr;
+  c10::Device device(c10::kCPU);
+  if (device_flag != "cpu") {
+    const int gpus = c10::cuda::device_count();
+    if (device_flag.rfind("cuda:", 0) == 0)
+      throw dist::EnvironmentError(detail::concat(
+          "--device ", device_flag, " under data parallel: each rank uses cuda:LOCAL_RANK; "
+          "expected --device cuda (or auto)"));
+    if (gpus > 0) {
+      if (env->local_world_size > gpus || env->local_rank >= gpus)
+        throw dist::EnvironmentError(detail::concat(
+            "LOCAL_WORLD_SIZE=", env->local_world_size, " ranks on this machine but ", gpus,
+            " GPU(s): expected at most one rank per GPU (or --device cpu)"));
+      device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
+      c10::cuda::set_device(device.index());
+    } else if (device_flag == "cuda") {
+      throw InvalidArgument("--device cuda: no CUDA device is available");
+    }
+  }
+  return dist::ProcessGroup::connect(*env, device);
+}
+
+void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group,
+                         const dist::DataParallelOptions& data_parallel) {
+  if (!group) return;
+  TANDEM_CHECK_ARG(options.mode != Mode::kAuto,
+                   "mode auto under data parallel: its trials are timed by each process, and "
+                   "ranks could pick different modes; expected a mode (tandem sweep or a "
+                   "one-process auto run tells the best)");
+  options.device = group->device().str();
+  options.rank = group->rank();
+  options.world_size = group->world_size();
+  options.progress = options.progress && group->rank() == 0;
+  options.gpu_monitor = options.gpu_monitor && group->rank() == 0;
+  options.prepare_workload = [group, data_parallel](Workload& w) {
+    dist::make_data_parallel(w, group, data_parallel);
+  };
+}
+
+nlohmann::json reduce_over_ranks(BenchResult& result, dist::ProcessGroup& group) {
+  // Losses: the mean over the ranks (the global batch's). Rates: every rank's; ranks run in
+  // lockstep (an all-reduce per step), so they agree closely.
+  const int world = group.world_size();
+  std::vector<double> losses(result.losses.begin(), result.losses.end());
+  losses = group.all_reduce_host(losses);
+  result.losses.assign(losses.begin(), losses.end());
+  std::vector<double> rates(world, 0.0);
+  rates[group.rank()] = result.steps_per_s;
+  rates = group.all_reduce_host(rates, dist::ProcessGroup::HostOp::kSum);
+  return {{"world_size", world},
+          {"backend", group.backend()},
+          {"steps_per_s_per_gpu", result.steps_per_s},
+          {"steps_per_s_by_rank", rates},
+          {"steps_per_s_slowest_rank", *std::min_element(rates.begin(), rates.end())},
+          {"samples_per_s_total", result.samples_per_s * world}};
+}
+
+std::string describe_data_parallel(const nlohmann::json& block) {
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "data parallel: %d ranks; per rank %.2f steps/s (slowest rank %.2f), %.1f "
+                "samples/s in total",
+                block.at("world_size").get<int>(), block.at("steps_per_s_per_gpu").get<double>(),
+                block.at("steps_per_s_slowest_rank").get<double>(),
+                block.at("samples_per_s_total").get<double>());
+  return line;
+}
+
+}  // namespace tandem

@@ -1,0 +1,132 @@
+// tandem._C's side of data parallel from Python (tandem/distributed.py): read the launch
+// environment torchrun sets, join the job once per process (rank 0's weights, NCCL on CUDA or
+// the store on the CPU: the CLI's own join, bench_data_parallel.h), agree on a value across the
+// ranks, and leave the job when the interpreter exits. tandem.Trainer's runs then go as this
+// rank (trainer_bindings.cpp: apply_data_parallel, reduce_over_ranks).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <mutex>
+#include <string>
+
+#include "job.h"
+#include "tandem/bench_data_parallel.h"
+#include "tandem/dist/launch_env.h"
+
+namespace py = pybind11;
+
+namespace tandem::python {
+namespace {
+
+std::mutex job_mutex;
+std::shared_ptr<dist::ProcessGroup> job;  // guarded by job_mutex
+bool job_abandoned = false;               // guarded by job_mutex
+
+py::dict describe(const dist::ProcessGroup& g) {
+  py::dict d;
+  d["rank"] = g.rank();
+  d["world_size"] = g.world_size();
+  d["local_rank"] = g.env().local_rank;
+  d["local_world_size"] = g.env().local_world_size;
+  d["device"] = g.device().str();
+  d["backend"] = g.backend();
+  return d;
+}
+
+}  // namespace
+
+std::shared_ptr<dist::ProcessGroup> current_job() {
+  std::lock_guard<std::mutex> lock(job_mutex);
+  return job;
+}
+
+void abandon_job() {
+  std::shared_ptr<dist::ProcessGroup> g;
+  {
+    std::lock_guard<std::mutex> lock(job_mutex);
+    g.swap(job);
+    job_abandoned = job_abandoned || g != nullptr;
+  }
+  g.reset();  // ~ProcessGroup when g was the last: stops the watchdog, leaves the others
+}
+
+}  // namespace tandem::python
+
+void bind_job(py::module_& m) {
+  using namespace tandem;
+  using tandem::python::job;
+  using tandem::python::job_abandoned;
+  using tandem::python::job_mutex;
+  m.def(
+      "launch_env",
+      []() -> py::object {
+        const std::optional<dist::LaunchEnv> env = dist::launch_env_from_environment();
+        if (!env) return py::none();
+        py::dict d;
+        d["rank"] = env->rank;
+        d["world_size"] = env->world_size;
+        d["local_rank"] = env->local_rank;
+        d["local_world_size"] = env->local_world_size;
+        return d;
+      },
+      "The launch this process is one rank of (RANK, WORLD_SIZE, LOCAL_RANK, "
+      "LOCAL_WORLD_SIZE), or None; ValueError naming a bad variable");
+  m.def(
+      "join_job",
+      [](const std::string& device) -> py::object {
+        std::shared_ptr<dist::ProcessGroup> joined;
+        {
+          std::lock_guard<std::mutex> lock(job_mutex);
+          if (job_abandoned)
+            throw Error(
+                "this rank left its data-parallel job after a failed run, and a job cannot be "
+                "joined twice: start the job (torchrun) again");
+          joined = job;
+        }
+        if (joined) {
+          TANDEM_CHECK_ARG((device == "cpu") == joined->device().is_cpu(),
+                           "this process joined its job on ",
+                           joined->device().str(), ", and a run now asks for ", device,
+                           ": expected every tandem.Trainer of a rank on the same device");
+          return tandem::python::describe(*joined);
+        }
+        {
+          py::gil_scoped_release no_gil;  // the other ranks may take a while to arrive
+          joined = join_data_parallel(device);
+        }
+        if (!joined) return py::none();
+        std::lock_guard<std::mutex> lock(job_mutex);
+        job = joined;
+        return tandem::python::describe(*joined);
+      },
+      py::arg("device"),
+      "Joins the job the environment describes (once per process; later calls return the same) "
+      "on `device` ('cpu', or 'cuda': cuda:LOCAL_RANK); None when there is no job of more than "
+      "one rank");
+  m.def(
+      "job_value_of_rank0",
+      [](double value) {
+        const auto g = tandem::python::current_job();
+        TANDEM_CHECK_ARG(g != nullptr, "job_value_of_rank0: this process has joined no job");
+        py::gil_scoped_release no_gil;
+        std::vector<double> v{g->rank() == 0 ? value : 0.0};
+        return g->all_reduce_host(v, dist::ProcessGroup::HostOp::kSum)[0];
+      },
+      py::arg("value"), "Rank 0's `value`, on every rank (a collective: every rank calls it)");
+  m.def("abandon_job", &tandem::python::abandon_job, py::call_guard<py::gil_scoped_release>(),
+        "Drops the job without finishing it (a failed run; an uncaught exception): the other "
+        "ranks see this one stop");
+  m.def(
+      "leave_job",
+      [] {
+        std::shared_ptr<dist::ProcessGroup> g;
+        {
+          std::lock_guard<std::mutex> lock(job_mutex);
+          g.swap(job);
+        }
+        if (!g) return;
+        py::gil_scoped_release no_gil;
+        g->finish();
+      },
+      "Leaves the job (waits for the other ranks to leave too); at interpreter exit");
+}

@@ -1,0 +1,132 @@
+"""tandem.distributed: tandem.Trainer under torchrun trains as one rank of a data-parallel job.
+Two ranks on the CPU (tandem's store collectives; CI) and on two GPUs (NCCL; skipped with fewer):
+every rank ends with bitwise the same weights, which match one process trained on the global
+batch, whatever rank 0's neighbours started from; the losses are the ranks' mean. Without a
+launcher everything says "one process"; a bad launch environment or a rank on another rank's GPU
+is refused by name."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tandem
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+def clean_env():
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this tandem, this torch
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run(args, timeout=300):
+    r = subprocess.run(args, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+
+
+def train(out, mode, batch_size, device, nproc=None):
+    script = [os.path.join(HERE, "dp_rank.py"), str(out), mode, str(batch_size), device]
+    if nproc is None:
+        run([sys.executable] + script)
+    else:
+        run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+             f"--nproc-per-node={nproc}"] + script)
+    return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(nproc or 1)]
+
+
+@pytest.mark.parametrize("device,mode", [
+    ("cpu", "serial"), ("cpu", "pipelined"),
+    pytest.param("cuda", "pipelined+graphed", marks=pytest.mark.skipif(
+        torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"))])
+def test_ranks_agree_and_match_one_process_on_the_global_batch(tmp_path, device, mode):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "one").mkdir()
+    ranks = train(tmp_path / "job", mode, 4, device, nproc=2)
+    [one] = train(tmp_path / "one", mode, 8, device)
+    assert ranks[0]["steps"] == one["steps"] == 12  # 96 samples: 48 a rank, 4 a step
+    assert ranks[0]["steps_per_epoch"] == 12
+    tol = 1e-6 if device == "cpu" else 1e-5
+    for r in ranks[1:]:
+        for a, b in zip(ranks[0]["params"], r["params"]):
+            assert torch.equal(a, b)  # rank 1 started elsewhere: rank 0's weights reached it
+        assert r["losses"] == ranks[0]["losses"]  # the mean over the ranks, on every rank
+    for a, b in zip(ranks[0]["params"], one["params"]):
+        assert (a - b).abs().max().item() <= tol
+    for a, b in zip(ranks[0]["losses"], one["losses"]):
+        assert abs(a - b) <= tol * max(1.0, abs(b))
+    # and it trained: the weights moved
+    torch.manual_seed(3)
+    initial = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(),
+                                  torch.nn.Linear(16, 3))
+    assert max((a - b).abs().max().item()
+               for a, b in zip(one["params"], initial.parameters())) > 1e-3
+    dp = ranks[0]["data_parallel"]
+    assert dp["world_size"] == 2 and len(dp["steps_per_s_by_rank"]) == 2
+    assert dp["backend"] == ("store (CPU)" if device == "cpu" else dp["backend"])
+    assert one["data_parallel"] is None
+
+
+FAILING_RANK = """
+import sys, time, torch, tandem
+model = torch.nn.Linear(6, 3)
+steps = [0]
+def loss_fn(out, y):
+    steps[0] += 1
+    if tandem.distributed.rank() == 1 and steps[0] == 5:
+        raise RuntimeError("rank 1 failed on purpose")
+    return torch.nn.functional.mse_loss(out, y)
+data = torch.utils.data.TensorDataset(torch.randn(4000, 6), torch.randn(4000, 3))
+t = tandem.Trainer(model=model, loss_fn=loss_fn, data=data, batch_size=4, mode="serial",
+                   optimizer=torch.optim.SGD(model.parameters(), lr=0.1), workers=1)
+try:
+    t.fit(epochs=1, progress=False)
+except RuntimeError as e:  # the user carries on: this rank must not hold the others
+    print("rank 1 caught:", e, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_rank_whose_run_failed_stops_the_others_instead_of_hanging(tmp_path):
+    script = tmp_path / "failing_rank.py"
+    script.write_text(FAILING_RANK)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node=2", str(script)], env=clean_env(),
+                       capture_output=True, text=True, timeout=100)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "rank 1 caught: rank 1 failed on purpose" in out, out
+    assert "rank 1 of 2 stopped responding" in out, out  # rank 0 names it and stops
+
+
+def test_without_a_launcher_it_is_one_process(monkeypatch):
+    for k in LAUNCH_VARS:
+        monkeypatch.delenv(k, raising=False)
+    d = tandem.distributed
+    assert (d.launched(), d.rank(), d.world_size(), d.local_rank()) == (False, 0, 1, 0)
+    assert d._join(torch.device("cpu")) is None
+
+
+def test_a_bad_launch_environment_is_named(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(ValueError, match="RANK"):
+        tandem.distributed.rank()
+
+
+def test_a_rank_on_another_ranks_gpu_is_refused(monkeypatch):
+    for k, v in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2",
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT="29500").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match="LOCAL_RANK=1.*cuda:0.*local_device"):
+        tandem.distributed._check_device(torch.device("cuda", 0))
+    tandem.distributed._check_device(torch.device("cuda", 1))
+    tandem.distributed._check_device(torch.device("cpu"))
