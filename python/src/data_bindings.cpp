@@ -139,7 +139,7 @@ void bind_data(py::module_& m) {
       .def("skipped", &PyEpoch::skipped);
   m.def("epoch", [](const PyDataset& data, int64_t batch_size, int workers, int depth,
                     bool shuffle, uint64_t seed, int64_t epoch, bool drop_last, bool skip_bad,
-                    std::optional<std::string> device) {
+                    std::optional<std::string> device, int64_t rank, int64_t world_size) {
     tandem::LoaderOptions o;
     o.batch_size = batch_size;
     o.workers = workers;
@@ -147,14 +147,16 @@ void bind_data(py::module_& m) {
     o.drop_last = drop_last;
     o.skip_bad = skip_bad;
     o.seed = seed;
-    // PyTorch's DistributedSampler order for one rank: torch.randperm seeded seed + epoch.
-    if (shuffle)
-      o.indices = tandem::DistributedSampler(data.size(), 1, 0, true, seed).indices(epoch);
+    // PyTorch's DistributedSampler order for this rank of world_size (one process: rank 0 of
+    // 1): torch.randperm seeded seed + epoch, every world_size-th index from rank.
+    if (shuffle || world_size > 1)
+      o.indices = tandem::DistributedSampler(data.size(), world_size, rank, shuffle, seed)
+                      .indices(epoch);
     std::optional<c10::Device> dev;
     if (device) dev = c10::Device(*device);
     o.pin_memory = dev && dev->is_cuda();
     return std::make_unique<PyEpoch>(data, o, dev);
   }, py::arg("dataset"), py::arg("batch_size"), py::arg("workers"), py::arg("depth"),
      py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("drop_last"),
-     py::arg("skip_bad"), py::arg("device"));
+     py::arg("skip_bad"), py::arg("device"), py::arg("rank") = 0, py::arg("world_size") = 1);
 }

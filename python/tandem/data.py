@@ -137,15 +137,24 @@ def Random(size: int, seed: int = 0, **fields) -> Dataset:
 
 class Loader:
     """Batches of `dataset` from C++ worker threads, as dicts of tensors (every field, plus
-    "indices": the dataset indices of the batch's samples)."""
+    "indices": the dataset indices of the batch's samples). With ``rank`` / ``world_size``
+    (e.g. ``tandem.distributed.rank()`` / ``world_size()`` in your own DDP loop): this rank's
+    shard, as torch.utils.data.DistributedSampler(num_replicas=world_size, rank=rank,
+    shuffle=shuffle, seed=seed) gives it — every world_size-th index of the epoch's order, the
+    order padded from its start so every rank gets as many."""
 
     def __init__(self, dataset: Dataset, batch_size: int, *, workers: int = 4,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = True,
-                 device: Optional[str] = None, skip_bad: bool = False, depth: int = 0):
+                 device: Optional[str] = None, skip_bad: bool = False, depth: int = 0,
+                 rank: int = 0, world_size: int = 1):
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} is not valid: expected >= 1")
         if workers < 1:
             raise ValueError(f"workers {workers} is not valid: expected >= 1")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} of world_size {world_size} is not valid: expected "
+                             "world_size >= 1 and 0 <= rank < world_size")
+        self.rank, self.world_size = int(rank), int(world_size)
         self.dataset, self.batch_size, self.workers = dataset, batch_size, workers
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.device, self.skip_bad, self.depth = device, skip_bad, depth
@@ -157,13 +166,13 @@ class Loader:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = math.ceil(len(self.dataset) / self.world_size)  # this rank's shard
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[dict]:
         self._last = _C.epoch(self.dataset, self.batch_size, self.workers, self.depth,
                               self.shuffle, self.seed, self.epoch, self.drop_last, self.skip_bad,
-                              self.device)
+                              self.device, self.rank, self.world_size)
         self.epoch += 1
         return iter(self._last)
 

@@ -42,6 +42,23 @@ def test_loader_visits_pytorchs_shuffled_order_in_batches(idx_files):
             assert torch.equal(b["label"], b["indices"] % 10)
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_ranks_loader_visits_its_distributed_sampler_shard(idx_files, shuffle):
+    ds = tandem.data.Idx(*idx_files)  # 60 samples over 7 ranks: 9 each, the order padded
+    for rank in range(7):
+        loader = tandem.data.Loader(ds, batch_size=4, workers=2, shuffle=shuffle, seed=5,
+                                    rank=rank, world_size=7, drop_last=False)
+        sampler = torch.utils.data.DistributedSampler(range(60), num_replicas=7, rank=rank,
+                                                      shuffle=shuffle, seed=5)
+        assert len(loader) == 3  # ceil(9 / 4)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            got = torch.cat([b["indices"] for b in loader])
+            assert got.tolist() == list(sampler)
+    with pytest.raises(ValueError, match="rank 2 of world_size 2"):
+        tandem.data.Loader(ds, batch_size=4, rank=2, world_size=2)
+
+
 def test_batches_are_copies_the_workers_do_not_overwrite(idx_files):
     ds = tandem.data.Idx(*idx_files)
     kept = list(tandem.data.Loader(ds, batch_size=4, workers=2, depth=2))  # ring smaller than 15
