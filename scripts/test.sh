@@ -84,6 +84,9 @@ PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" "$root/python/examples/cls_trainer.py" 
 echo "[test] python: examples/own_data.py (a torch Dataset through tandem.Trainer) on the CPU"
 PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" "$root/python/examples/own_data.py" --device cpu \
   --epochs 4 | tail -1
+echo "[test] python: examples/own_data.py under torchrun, 2 ranks on the CPU (data parallel)"
+PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" -m torch.distributed.run --standalone \
+  --nproc-per-node 2 "$root/python/examples/own_data.py" --device cpu --epochs 4 | tail -1
 fm=/usr/share/datasets/fashion-mnist
 if [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
   echo "[test] python: examples/plain_loop.py on Fashion-MNIST, 100 steps"
