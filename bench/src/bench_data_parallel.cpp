@@ -48,10 +48,6 @@ std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device
 void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group,
                          const dist::DataParallelOptions& data_parallel) {
   if (!group) return;
-  TANDEM_CHECK_ARG(options.mode != Mode::kAuto,
-                   "mode auto under data parallel: its trials are timed by each process, and "
-                   "ranks could pick different modes; expected a mode (tandem sweep or a "
-                   "one-process auto run tells the best)");
   options.device = group->device().str();
   options.rank = group->rank();
   options.world_size = group->world_size();
@@ -60,6 +56,39 @@ void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::Proc
   options.prepare_workload = [group, data_parallel](Workload& w) {
     dist::make_data_parallel(w, group, data_parallel);
   };
+}
+
+AutoResult run_auto_as_rank(const BenchOptions& options, dist::ProcessGroup& group) {
+  BenchOptions alone = resolve(options);
+  alone.prepare_workload = nullptr;  // the trials: this rank by itself
+  alone.progress = false;
+  AutoResult out;
+  out.trials = run_trials(alone, &out.trial_seconds);
+  // Every rank has the same trials in the same order (workload_modes()); rank 0's pick by its
+  // index. A rank whose trials all failed still takes part, then fails with the others' pick
+  // if that mode fails for it too.
+  int picked = -1;
+  try {
+    out.decision = choose_mode(out.trials);
+    for (size_t i = 0; i < out.trials.size(); ++i)
+      if (out.trials[i].mode == out.decision.mode) picked = static_cast<int>(i);
+  } catch (const std::exception& e) {
+    out.decision = {"", e.what()};
+  }
+  const double rank0 =
+      group.all_reduce_host({group.rank() == 0 ? static_cast<double>(picked) : 0.0},
+                            dist::ProcessGroup::HostOp::kSum)[0];
+  if (rank0 < 0)
+    throw Error(detail::concat("mode auto: every trial failed on rank 0 (", out.decision.reason,
+                               ")"));
+  const std::string mode = out.trials.at(static_cast<size_t>(rank0)).mode;
+  if (mode != out.decision.mode)
+    out.decision = {mode, "rank 0's pick (this rank's trials: " +
+                              (out.decision.mode.empty() ? "none ran" : out.decision.mode) + ")"};
+  BenchOptions run = resolve(options);
+  run.mode = parse_mode(mode);
+  out.result = run_bench(run);
+  return out;
 }
 
 nlohmann::json reduce_over_ranks(BenchResult& result, dist::ProcessGroup& group) {

@@ -57,6 +57,19 @@ fi
 if [ $? -eq 2 ] && grep -q -- "--bucket-cap-mb" "$tmp/err"; then ok; else
   fail "--bucket-cap-mb 0 not refused with exit 2:"; cat "$tmp/err"; fi
 
+# 1c. --mode auto --nproc 2: every rank times the modes alone, then all run rank 0's pick (the
+#     JSON says which, the printout only once, from rank 0).
+auto_run=(bench --workload mlp --device cpu --mode auto --batch-size 4 --workers 1
+          --no-gpu-monitor --steps 2 --warmup 1)
+if "$tandem" "${auto_run[@]}" --nproc 2 --json "$tmp/auto.json" >"$tmp/auto.out" 2>&1 &&
+   grep -q '"picked"' "$tmp/auto.json" && grep -q '"world_size": 2' "$tmp/auto.json" &&
+   grep -q "every rank alone, then rank 0's pick" "$tmp/auto.out" &&
+   [ "$(grep -c '^auto: picked' "$tmp/auto.out")" -eq 1 ]; then
+  ok
+else
+  fail "tandem bench --mode auto --nproc 2:"; cat "$tmp/auto.out"
+fi
+
 # 2. Bad environments.
 expect_env_fail "MASTER_ADDR is not set" RANK=0 WORLD_SIZE=2 MASTER_PORT=$(port 1) -- "${run[@]}" --steps 1
 expect_env_fail "RANK=2 is not valid for WORLD_SIZE=2" RANK=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \

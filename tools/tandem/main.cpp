@@ -179,14 +179,18 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
   nlohmann::json out;
   tandem::BenchResult result;
   if (options.mode == tandem::Mode::kAuto) {
-    std::cout << "\nauto: trials of " << tandem::kAutoTrialWarmup << " warm-up + "
-              << tandem::kAutoTrialSteps << " timed steps per mode (up to "
-              << tandem::kAutoTrialMaxSteps << " where that took under "
-              << tandem::kAutoTrialSeconds << " s), " << tandem::kAutoTrialRuns
-              << " runs each, ranked by the slower\n"
-              << std::flush;
-    tandem::AutoResult a = tandem::run_auto(options);
+    if (lead)
+      std::cout << "\nauto: trials of " << tandem::kAutoTrialWarmup << " warm-up + "
+                << tandem::kAutoTrialSteps << " timed steps per mode (up to "
+                << tandem::kAutoTrialMaxSteps << " where that took under "
+                << tandem::kAutoTrialSeconds << " s), " << tandem::kAutoTrialRuns
+                << " runs each, ranked by the slower"
+                << (group ? "; every rank alone, then rank 0's pick" : "") << "\n"
+                << std::flush;
+    tandem::AutoResult a =
+        group ? tandem::run_auto_as_rank(options, *group) : tandem::run_auto(options);
     for (const auto& t : a.trials) {
+      if (!lead) break;
       if (t.steps_per_s) {
         std::string runs;
         for (double r : t.runs) {
@@ -199,8 +203,9 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
       } else
         std::printf("  trial %-17s failed: %s\n", t.mode.c_str(), t.error.c_str());
     }
-    std::printf("auto: picked %s (%s); trials took %.1f s\n", a.decision.mode.c_str(),
-                a.decision.reason.c_str(), a.trial_seconds);
+    if (lead)
+      std::printf("auto: picked %s (%s); trials took %.1f s\n", a.decision.mode.c_str(),
+                  a.decision.reason.c_str(), a.trial_seconds);
     std::fflush(stdout);
     result = a.result;
     out = tandem::to_json(result);
@@ -223,7 +228,7 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
     const nlohmann::json block = tandem::reduce_over_ranks(result, *group);
     group->finish();
     if (!lead) return 0;
-    out = tandem::to_json(result);
+    out.update(tandem::to_json(result));  // the ranks' mean losses; auto's keys stay
     out["data_parallel"] = block;
     std::printf("\n%s\n", tandem::describe_data_parallel(block).c_str());
   }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "tandem/auto_mode.h"
 #include "tandem/bench.h"
 #include "tandem/dist/data_parallel.h"
 #include "tandem/dist/process_group.h"
@@ -28,10 +29,16 @@ std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device
 int default_loader_workers(c10::Device device, int most = 15);
 
 /// Makes `options` run as this rank of `group`: device, rank, world size, data parallel
-/// workloads, progress and GPU monitor on rank 0 only. Refuses mode auto (its trials are timed
-/// by each process, and ranks could pick different modes): InvalidArgument. No group: nothing.
+/// workloads, progress and GPU monitor on rank 0 only. No group: nothing. Mode auto then runs
+/// through run_auto_as_rank.
 void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group,
                          const dist::DataParallelOptions& data_parallel = {});
+
+/// Mode auto as this rank of `group` (options from apply_data_parallel): every rank times the
+/// modes alone, without communication (a trial's step count follows its own rate, so ranks
+/// could not keep their collectives in step), then all take rank 0's pick (the decision and
+/// trials returned are rank 0's) and run it data parallel. A collective: every rank calls it.
+AutoResult run_auto_as_rank(const BenchOptions& options, dist::ProcessGroup& group);
 
 /// After a run of every rank: replaces `result`'s losses by their mean over the ranks (the
 /// global batch's loss, the same on every rank) and returns what the report adds under
