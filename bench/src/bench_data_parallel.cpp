@@ -58,8 +58,14 @@ void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::Proc
   };
 }
 
+double value_of_rank0(dist::ProcessGroup& group, double value) {
+  return group.all_reduce_host({group.rank() == 0 ? value : 0.0},
+                               dist::ProcessGroup::HostOp::kSum)[0];
+}
+
 AutoResult run_auto_as_rank(const BenchOptions& options, dist::ProcessGroup& group) {
-  BenchOptions alone = resolve(options);
+  const BenchOptions resolved = resolve(options);
+  BenchOptions alone = resolved;
   alone.prepare_workload = nullptr;  // the trials: this rank by itself
   alone.progress = false;
   AutoResult out;
@@ -75,9 +81,7 @@ AutoResult run_auto_as_rank(const BenchOptions& options, dist::ProcessGroup& gro
   } catch (const std::exception& e) {
     out.decision = {"", e.what()};
   }
-  const double rank0 =
-      group.all_reduce_host({group.rank() == 0 ? static_cast<double>(picked) : 0.0},
-                            dist::ProcessGroup::HostOp::kSum)[0];
+  const double rank0 = value_of_rank0(group, picked);
   if (rank0 < 0)
     throw Error(detail::concat("mode auto: every trial failed on rank 0 (", out.decision.reason,
                                ")"));
@@ -85,7 +89,7 @@ AutoResult run_auto_as_rank(const BenchOptions& options, dist::ProcessGroup& gro
   if (mode != out.decision.mode)
     out.decision = {mode, "rank 0's pick (this rank's trials: " +
                               (out.decision.mode.empty() ? "none ran" : out.decision.mode) + ")"};
-  BenchOptions run = resolve(options);
+  BenchOptions run = resolved;
   run.mode = parse_mode(mode);
   out.result = run_bench(run);
   return out;

@@ -22,12 +22,17 @@ std::mutex job_mutex;
 std::shared_ptr<dist::ProcessGroup> job;  // guarded by job_mutex
 bool job_abandoned = false;               // guarded by job_mutex
 
-py::dict describe(const dist::ProcessGroup& g) {
+py::dict describe(const dist::LaunchEnv& env) {
   py::dict d;
-  d["rank"] = g.rank();
-  d["world_size"] = g.world_size();
-  d["local_rank"] = g.env().local_rank;
-  d["local_world_size"] = g.env().local_world_size;
+  d["rank"] = env.rank;
+  d["world_size"] = env.world_size;
+  d["local_rank"] = env.local_rank;
+  d["local_world_size"] = env.local_world_size;
+  return d;
+}
+
+py::dict describe(const dist::ProcessGroup& g) {
+  py::dict d = describe(g.env());
   d["device"] = g.device().str();
   d["backend"] = g.backend();
   return d;
@@ -62,12 +67,7 @@ void bind_job(py::module_& m) {
       []() -> py::object {
         const std::optional<dist::LaunchEnv> env = dist::launch_env_from_environment();
         if (!env) return py::none();
-        py::dict d;
-        d["rank"] = env->rank;
-        d["world_size"] = env->world_size;
-        d["local_rank"] = env->local_rank;
-        d["local_world_size"] = env->local_world_size;
-        return d;
+        return tandem::python::describe(*env);
       },
       "The launch this process is one rank of (RANK, WORLD_SIZE, LOCAL_RANK, "
       "LOCAL_WORLD_SIZE), or None; ValueError naming a bad variable");
@@ -109,8 +109,7 @@ void bind_job(py::module_& m) {
         const auto g = tandem::python::current_job();
         TANDEM_CHECK_ARG(g != nullptr, "job_value_of_rank0: this process has joined no job");
         py::gil_scoped_release no_gil;
-        std::vector<double> v{g->rank() == 0 ? value : 0.0};
-        return g->all_reduce_host(v, dist::ProcessGroup::HostOp::kSum)[0];
+        return value_of_rank0(*g, value);
       },
       py::arg("value"), "Rank 0's `value`, on every rank (a collective: every rank calls it)");
   m.def("abandon_job", &tandem::python::abandon_job, py::call_guard<py::gil_scoped_release>(),

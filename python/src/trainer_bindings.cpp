@@ -358,9 +358,18 @@ py::dict run(const py::dict& config) {
   out["table"] = describe_result(r);
   if (p.job) {
     out["data_parallel"] = to_python(block);
-    out["table"] = describe_data_parallel(block) + "\n\n" + describe_result(r);
+    out["table"] = describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
   }
   return out;
+}
+
+// WorkloadOptions::data_seed for a seed and a rank: what the CLI's workloads draw their data and
+// augmentation from, so a Trainer's ranks draw as theirs do.
+uint64_t data_seed(uint64_t seed, int rank) {
+  WorkloadOptions o;
+  o.seed = seed;
+  o.rank = rank;
+  return o.data_seed();
 }
 
 py::dict trials(const py::dict& config) {
@@ -395,6 +404,8 @@ py::dict trials(const py::dict& config) {
 void bind_trainer(py::module_& m) {
   m.def("run", &tandem::python::run, py::arg("config"),
         "Runs a tandem.Trainer's steps through the runner; returns the report (trainer.py)");
+  m.def("data_seed", &tandem::python::data_seed, py::arg("seed"), py::arg("rank"),
+        "The seed rank `rank` draws its data and augmentation from (WorkloadOptions::data_seed)");
   m.def("trials", &tandem::python::trials, py::arg("config"),
         "Times every mode on copies of a tandem.Trainer's modules; returns the trials and the "
         "pick");

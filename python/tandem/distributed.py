@@ -41,34 +41,35 @@ def _env() -> Optional[dict]:
     return _C.launch_env()
 
 
+def _of_launch(key: str, alone: int) -> int:
+    """The launch's `key`, or `alone` (one process) without a launcher."""
+    env = _env()
+    return env[key] if env else alone
+
+
 def launched() -> bool:
     """True when this process is one rank of a job of more than one."""
-    env = _env()
-    return env is not None and env["world_size"] > 1
+    return world_size() > 1
 
 
 def rank() -> int:
     """This process's rank in its job (RANK), 0 without a launcher."""
-    env = _env()
-    return env["rank"] if env else 0
+    return _of_launch("rank", 0)
 
 
 def world_size() -> int:
     """The ranks of the job (WORLD_SIZE), 1 without a launcher."""
-    env = _env()
-    return env["world_size"] if env else 1
+    return _of_launch("world_size", 1)
 
 
 def local_rank() -> int:
     """This process's rank on its machine (LOCAL_RANK): the GPU it trains on."""
-    env = _env()
-    return env["local_rank"] if env else 0
+    return _of_launch("local_rank", 0)
 
 
 def local_world_size() -> int:
     """The ranks on this machine (LOCAL_WORLD_SIZE), 1 without a launcher."""
-    env = _env()
-    return env["local_world_size"] if env else 1
+    return _of_launch("local_world_size", 1)
 
 
 def local_device() -> torch.device:

@@ -218,9 +218,9 @@ class Trainer:
         # step go on from where the last completed fit stopped.
         self.steps_done = 0
         self._augment_generator = None
-        if augment is not None:  # each rank draws its own (as the CLI's data_seed)
+        if augment is not None:  # each rank draws its own, as the CLI's workloads do
             self._augment_generator = torch.Generator(self.device).manual_seed(
-                (self.seed + self.rank * 0x9E3779B97F4A7C15) % 2**64)
+                _C.data_seed(self.seed, self.rank))
 
     # ---- data ----
     def _read_data(self, data, batch_size):

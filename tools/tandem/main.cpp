@@ -190,7 +190,7 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
     tandem::AutoResult a =
         group ? tandem::run_auto_as_rank(options, *group) : tandem::run_auto(options);
     for (const auto& t : a.trials) {
-      if (!lead) break;
+      if (!lead) break;  // rank 0 alone prints
       if (t.steps_per_s) {
         std::string runs;
         for (double r : t.runs) {

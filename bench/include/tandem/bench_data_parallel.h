@@ -34,6 +34,10 @@ int default_loader_workers(c10::Device device, int most = 15);
 void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group,
                          const dist::DataParallelOptions& data_parallel = {});
 
+/// Rank 0's `value` on every rank of `group` (through the store; a collective: every rank
+/// calls it). How the ranks agree on a choice each could make differently, such as mode auto's.
+double value_of_rank0(dist::ProcessGroup& group, double value);
+
 /// Mode auto as this rank of `group` (options from apply_data_parallel): every rank times the
 /// modes alone, without communication (a trial's step count follows its own rate, so ranks
 /// could not keep their collectives in step), then all take rank 0's pick (the decision and
