@@ -39,8 +39,9 @@ OLD_MODES = {("cls", "cpu_aug"): ("serial", {"augment": "cpu"}),
              ("mlp", "eager"): ("serial", {})}
 # A workload parameter at its default is dropped from a row's params (absent means default).
 PARAM_DEFAULTS = {"cls": {"augment": "gpu", "task": "random"}}
-# The reference loops' modes (seed_reference.py) and the tandem runs they are compared with, as
-# labels (see label()); a Python mode not listed here is compared with tandem's of its name.
+# The reference loops' modes (bench/python/reference_loops.py) and the tandem runs they are compared
+# with, as labels (see label()); a Python mode not listed here is compared with tandem's of its
+# name.
 PYTHON_TO_TANDEM = {("cls", "cpu_aug"): "serial augment=cpu",
                     ("cls", "gpu_aug"): "serial",
                     ("mlp", "eager"): "serial"}
@@ -95,8 +96,8 @@ def is_result(data):
 
 
 def load_all(paths):
-    """The rows of several seed_reference.py --json outputs (rounds), concatenated; a committed
-    result contributes its Python rows, as records of seed_reference.py's form."""
+    """The rows of several reference_loops.py --json outputs (rounds), concatenated; a committed
+    result contributes its Python rows, as records of reference_loops.py's form."""
     rows = []
     for path in paths or []:
         data = load(path)
@@ -115,7 +116,7 @@ def load_all(paths):
 
 
 def load_floors(path, scenario):
-    """seed_reference.py floor's records, or a committed result's floors (already in the output's
+    """reference_loops.py floor's records, or a committed result's floors (already in the output's
     form, returned as such in the second list)."""
     data = load(path)
     if is_result(data):
@@ -171,7 +172,7 @@ def training(a, checks):
             floor_ms, serial = r["step_graph_ms"], None
         floors.append({"scenario": a.scenario, "batch_size": r["bs"], "floor_ms": floor_ms,
                        "serial_gpu_ms": serial, "stages": stages,
-                       "measured_by": "python (seed_reference.py floor)"})
+                       "measured_by": "python (reference_loops.py floor)"})
 
     def rate(impl, mode, bs):
         return steps_per_s(rows, impl, a.scenario, mode, bs)
@@ -288,7 +289,10 @@ def mlp(a, checks):
             continue
         for r in data:
             if r.get("exp") == "mlp":
-                for mode, key in (("eager", "eager_ms"), ("graphed", "graph_ms")):
+                for mode, key in (("eager", "eager_ms"), ("graphed", "graph_ms"),
+                                  ("graphed_k", "graph_k_ms")):
+                    if key not in r:
+                        continue  # graph_k_ms: only when reference_loops.py ran mode graph_k
                     rows.append({"impl": "python", "scenario": "mlp", "mode": mode,
                                  "batch_size": 640, "ms_per_step": r[key],
                                  "steps_per_s": 1000.0 / r[key]})
@@ -340,7 +344,7 @@ def sweep_rows(paths):
 
 
 def graphs(a, checks):
-    """Issue 4: mlp (see mlp()), seg's launch-bound regime at batch sizes 1 and 2, and
+    """CUDA graphs: mlp (see mlp()), seg's launch-bound regime at batch sizes 1 and 2, and
     pipelined+graphed against pipelined at 8/32/128 from the sweeps of the same run."""
     body = mlp(a, checks)
     rows = body["rows"]
@@ -361,7 +365,7 @@ def graphs(a, checks):
     for r in records:
         if r.get("exp") == "seg_floor":
             floors.append({"scenario": "seg", "batch_size": r["bs"], "floor_ms": r["floor_ms"],
-                           "measured_by": "python (seed_reference.py floor)"})
+                           "measured_by": "python (reference_loops.py floor)"})
 
     def rate(impl, scenario, mode, bs, among=rows):
         return steps_per_s(among, impl, scenario, mode, bs)
@@ -402,7 +406,7 @@ def graphs(a, checks):
 
 
 def auto(a, checks):
-    """Issue 5: per (scenario, batch size), every mode's rate and auto's, from sweeps that ran
+    """Mode auto: per (scenario, batch size), every mode's rate and auto's, from sweeps that ran
     them all in one process (auto's rate excludes its trials)."""
     rows, device = sweep_rows(a.sweep), None
     print(f"{'scenario':>8} {'bs':>4} {'best mode':>18} {'best':>8} {'auto picked':>18} {'auto':>8} {'ratio':>6}")
@@ -428,11 +432,11 @@ def main():
     ap.add_argument("--scenario", "--workload", dest="scenario", default="seg",
                     choices=["seg", "cls", "augment", "mlp", "graphs", "auto"])
     ap.add_argument("--tandem", nargs="+", default=[], help="tandem --json outputs")
-    ap.add_argument("--python", nargs="+", help="seed_reference.py --json outputs (seg, cls; "
+    ap.add_argument("--python", nargs="+", help="reference_loops.py --json outputs (seg, cls; "
                     "several rounds: medians compared)")
     ap.add_argument("--sweep", nargs="+", help="graphs, auto: tandem sweep --json outputs")
-    ap.add_argument("--python-rounds", nargs="+", help="mlp: one seed_reference.py mlp output per round")
-    ap.add_argument("--floor", default="/dev/null", help="seed_reference.py floor --json output")
+    ap.add_argument("--python-rounds", nargs="+", help="mlp: one reference_loops.py mlp output per round")
+    ap.add_argument("--floor", default="/dev/null", help="reference_loops.py floor --json output")
     ap.add_argument("--device", default=None, help="device name, where the inputs lack it")
     ap.add_argument("--command", default="", help="the command that produced the inputs")
     ap.add_argument("--out", required=True)

@@ -3,8 +3,12 @@
 # torch==2.11.0 (the CUDA 13.0 build, whose LibTorch we link) and nvidia-nvjpeg (nvjpeg.h).
 # Idempotent and quick when done.
 # Where python3 already has torch 2.11 with CUDA (the GPU machine), that torch is used instead.
-# Prints, as its last line, the CMAKE_PREFIX_PATH to use; scripts source it via env.sh.
+# Prints, as its last three lines, KEY=VALUE for env.sh: python= (the Python whose torch the
+# build links), cmake= (a CMake new enough for LibTorch + CUDA 13) and prefix= (LibTorch's
+# CMAKE_PREFIX_PATH). Every Python check runs isolated (-I) from / so that no folder of the
+# current directory (the project's own cmake/, say) can pass for a package.
 set -euo pipefail
+cd /
 
 TORCH_VERSION=2.11.0
 VENV=${TANDEM_VENV:-$HOME/.cache/tandem/venv-torch${TORCH_VERSION}}
@@ -38,8 +42,10 @@ else
 fi
 
 # --- torch --------------------------------------------------------------------------------
+# py_has PYTHON MODULE...: the interpreter imports every module, isolated from cwd and the user.
+py_has() { local py=$1 modules; shift; modules="$*"; "$py" -I -c "import ${modules// /, }" 2>/dev/null; }
 system_torch_ok() {
-  python3 - <<PY 2>/dev/null
+  python3 -I - <<PY 2>/dev/null
 import torch, sys
 ok = torch.__version__.startswith("${TORCH_VERSION}") and torch.version.cuda is not None
 sys.exit(0 if ok else 1)
@@ -55,12 +61,12 @@ else
     python3 -m venv "$VENV"
   fi
   PY="$VENV/bin/python"
-  if ! "$PY" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('${TORCH_VERSION}') else 1)" 2>/dev/null; then
+  if ! "$PY" -I -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('${TORCH_VERSION}') else 1)" 2>/dev/null; then
     say "installing torch==${TORCH_VERSION} into $VENV (a few GB, once per machine)"
     "$PY" -m pip install -q --upgrade pip >&2
     "$PY" -m pip install -q "torch==${TORCH_VERSION}" numpy >&2
   fi
-  if ! "$PY" -c "import cmake" 2>/dev/null; then
+  if ! py_has "$PY" cmake; then
     say "installing a recent cmake into the venv (LibTorch + CUDA 13 want cmake >= 3.27)"
     "$PY" -m pip install -q "cmake>=3.27" >&2
   fi
@@ -72,10 +78,23 @@ else
       say "warning: could not install nvidia-nvjpeg; the GPU JPEG decoder will be compiled out"
   fi
   # The Python package (python/): scikit-build-core builds it, pytest tests it.
-  if ! "$PY" -c "import scikit_build_core, pytest" 2>/dev/null; then
+  if ! py_has "$PY" scikit_build_core pytest; then
     say "installing scikit-build-core and pytest into the venv (the Python package's build, tests)"
     "$PY" -m pip install -q "scikit-build-core>=0.10" pytest >&2
   fi
-  say "torch $("$PY" -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda)') ready"
+  say "torch $("$PY" -I -c 'import torch;print(torch.__version__, "cuda", torch.version.cuda)') ready"
 fi
-"$PY" -c "import torch; print(torch.utils.cmake_prefix_path)" 2>/dev/null
+
+# --- the tools the build uses -------------------------------------------------------------
+PY=$(command -v "$PY")
+# The CMake of that Python's cmake package (pip's, in the venv), one beside it, or the one on
+# PATH (LibTorch + CUDA 13 want 3.27 or newer).
+CMAKE=$("$PY" -I -c "import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, 'cmake'))" \
+        2>/dev/null) || CMAKE=""
+[ -n "$CMAKE" ] && [ -x "$CMAKE" ] || CMAKE=$(dirname "$PY")/cmake
+[ -x "$CMAKE" ] || CMAKE=$(command -v cmake || echo cmake)
+PREFIX=$("$PY" -I -c "import torch; print(torch.utils.cmake_prefix_path)") ||
+  { say "error: $PY cannot import torch"; exit 1; }
+echo "python=$PY"
+echo "cmake=$CMAKE"
+echo "prefix=$PREFIX"

@@ -4,6 +4,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/env.sh"
 build=${TANDEM_BUILD_DIR:-$root/build}
+# ccache keys with paths relative to the checkout: a fresh clone elsewhere reuses the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 echo "[build] LibTorch from $TANDEM_TORCH_PREFIX" >&2
 "$TANDEM_CMAKE" -S "$root" -B "$build" -G Ninja -DCMAKE_PREFIX_PATH="$TANDEM_TORCH_PREFIX" \
   -DCMAKE_BUILD_TYPE=Release >/dev/null

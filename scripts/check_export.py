@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks that a safetensors file (e.g. tandem's exported ResNet weights) loads into the
-torchvision model by name and computes the same function: issue 18's export test, Python side.
+torchvision model by name and computes the same function: the export test, Python side.
 
   python scripts/check_export.py --weights W.safetensors --arch resnet50 [--num-classes N]
       [--expect-logits L.safetensors|L.npy|L.pt [--atol A] [--rtol R]] [--dump-logits F]

@@ -1,13 +1,14 @@
-# Sourced by the README's commands: runs the bootstrap (quick when already done) and exports
-# TANDEM_TORCH_PREFIX (LibTorch's CMake prefix) and TANDEM_CMAKE (a CMake new enough for it).
+# Sourced by the README's commands: runs the bootstrap (quick when already done) and exports what
+# it chose: TANDEM_PYTHON (the Python whose torch the build links, the venv's or the system's),
+# TANDEM_CMAKE (a CMake new enough for LibTorch) and TANDEM_TORCH_PREFIX (LibTorch's CMake prefix).
 _tandem_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TANDEM_TORCH_PREFIX=$(bash "$_tandem_root/scripts/bootstrap.sh" | tail -n 1) || return 1
-_tandem_venv=${TANDEM_VENV:-$HOME/.cache/tandem/venv-torch2.11.0}
-if [ -x "$_tandem_venv/bin/cmake" ]; then TANDEM_CMAKE="$_tandem_venv/bin/cmake"; else TANDEM_CMAKE=cmake; fi
-# The Python whose torch the build uses: the venv's, or the system's (bootstrap's choice).
-if [ -x "$_tandem_venv/bin/python" ] && [ "$TANDEM_CMAKE" != cmake ]; then
-  TANDEM_PYTHON="$_tandem_venv/bin/python"
-else
-  TANDEM_PYTHON=python3
+_tandem_choice=$(bash "$_tandem_root/scripts/bootstrap.sh") || return 1
+TANDEM_PYTHON=$(sed -n 's/^python=//p' <<<"$_tandem_choice" | tail -n 1)
+TANDEM_CMAKE=$(sed -n 's/^cmake=//p' <<<"$_tandem_choice" | tail -n 1)
+TANDEM_TORCH_PREFIX=$(sed -n 's/^prefix=//p' <<<"$_tandem_choice" | tail -n 1)
+if [ -z "$TANDEM_PYTHON" ] || [ -z "$TANDEM_TORCH_PREFIX" ]; then
+  echo "[env] the bootstrap chose no Python with torch (it printed: $_tandem_choice)" >&2
+  return 1
 fi
 export TANDEM_TORCH_PREFIX TANDEM_CMAKE TANDEM_PYTHON
+unset _tandem_root _tandem_choice

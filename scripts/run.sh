@@ -3,9 +3,11 @@
 # and print its accuracy and speed. On a GPU: 10 epochs of the whole set. Without one: one epoch
 # on a 12 000-image subset on the CPU (about a minute on 2 cores). Without Debian's
 # dataset-fashion-mnist (the bootstrap installs it) it says so and trains on generated IDX files.
-# Extra arguments go to `tandem train` (e.g. --precision bf16, --epochs 3).
+# Extra arguments go to `tandem train` (e.g. --precision bf16, --epochs 3). TANDEM_RUN_DIR names
+# the run folder (default build/runs/fashion-mnist-<time>); it holds summary.json.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/scripts/env.sh"
 bash "$root/scripts/build.sh"
 build=${TANDEM_BUILD_DIR:-$root/build}
 tandem=$build/tandem
@@ -14,25 +16,25 @@ if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ ! -f "$data/train-images-idx
   echo "[run] no Fashion-MNIST in $data (Debian package dataset-fashion-mnist): training on" \
        "generated IDX files instead (bars of 10 classes in noise)" >&2
   data=$build/generated-idx
-  source "$root/scripts/env.sh"
-  "${TANDEM_VENV:-$HOME/.cache/tandem/venv-torch2.11.0}/bin/python" - "$data" <<'PY'
-import gzip, os, sys
-import numpy as np
+  # The standard library only: any Python 3 writes them (the GPU machine's has no venv).
+  "$TANDEM_PYTHON" - "$data" <<'PY'
+import gzip, os, random, struct, sys
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
-rng = np.random.default_rng(0)
+rng = random.Random(0)
 for prefix, n in (("train", 12000), ("t10k", 2000)):
-    y = rng.integers(0, 10, n).astype(np.uint8)
-    x = rng.integers(0, 90, (n, 28, 28)).astype(np.uint8)
-    for i, c in enumerate(y):
-        x[i, 2 * c + 2:2 * c + 5, :] += 160
+    labels = bytes(rng.randrange(10) for _ in range(n))
+    pixels = bytearray(rng.getrandbits(8) % 90 for _ in range(n * 28 * 28))
+    for i, c in enumerate(labels):  # class c: a bright bar across rows 2c+2 .. 2c+4
+        start = i * 784 + (2 * c + 2) * 28
+        pixels[start:start + 3 * 28] = bytes(p + 160 for p in pixels[start:start + 3 * 28])
     with gzip.open(f"{out}/{prefix}-images-idx3-ubyte.gz", "wb") as f:
-        f.write(np.array([0x803, n, 28, 28], ">u4").tobytes() + x.tobytes())
+        f.write(struct.pack(">4I", 0x803, n, 28, 28) + bytes(pixels))
     with gzip.open(f"{out}/{prefix}-labels-idx1-ubyte.gz", "wb") as f:
-        f.write(np.array([0x801, n], ">u4").tobytes() + y.tobytes())
+        f.write(struct.pack(">2I", 0x801, n) + labels)
 PY
 fi
-run_dir=$build/runs/fashion-mnist-$(date +%Y%m%d-%H%M%S)
+run_dir=${TANDEM_RUN_DIR:-$build/runs/fashion-mnist-$(date +%Y%m%d-%H%M%S)}
 if python3 -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' 2>/dev/null && command -v nvidia-smi >/dev/null; then
   echo "[run] GPU found: 10 epochs of Fashion-MNIST, small CNN, into $run_dir" >&2
   sizes=(--epochs 10)

@@ -51,16 +51,19 @@ echo "[test] examples: augmented_classifier --device cpu --mode auto --sweep --t
   --sweep --trace "$prefix/trace.json"
 [ -s "$prefix/trace.json" ] || { echo "[test] FAILED: no trace written" >&2; exit 1; }
 
-# The Python package (python/): built against the installed tandem and the venv's torch into a
-# folder of its own, then its tests (GPU ones skip without CUDA).
-echo "[test] python: pip install --no-build-isolation ./python (against $prefix/usr)"
-"$TANDEM_PYTHON" -m pip install -q --no-build-isolation --target "$prefix/py" "$root/python" \
-  -C cmake.define.CMAKE_PREFIX_PATH="$prefix/usr" -C build-dir="$prefix/py-build" \
-  >"$prefix/pip.log" 2>&1 ||
+# The Python package (python/), in one command as the README says: scikit-build-core builds
+# tandem's libraries from this checkout into the package (no installed tandem needed). --no-deps:
+# the venv's torch is the one it links; pip must not fetch a second one.
+echo "[test] python: pip install --no-build-isolation --no-deps ./python (one command)"
+"$TANDEM_PYTHON" -m pip install -q --no-build-isolation --no-deps --target "$prefix/py" \
+  "$root/python" -C build-dir="$root/build-python" >"$prefix/pip.log" 2>&1 ||
   { tail -40 "$prefix/pip.log"; echo "[test] FAILED: building the Python package" >&2; exit 1; }
-echo "[test] python: pip wheel (one per torch minor: its version and torch pin)"
+ls "$prefix"/py/tandem/libtandem.so >/dev/null ||
+  { echo "[test] FAILED: the one-command package does not carry libtandem.so" >&2; exit 1; }
+# The two-step route, against the tandem installed above: the wheel that a release ships.
+echo "[test] python: pip wheel against the installed tandem (one per torch minor: its version and torch pin)"
 "$TANDEM_PYTHON" -m pip wheel -q --no-build-isolation --no-deps -w "$prefix/wheel" "$root/python" \
-  -C cmake.define.CMAKE_PREFIX_PATH="$prefix/usr" -C build-dir="$prefix/py-build" \
+  -C cmake.define.CMAKE_PREFIX_PATH="$prefix/usr" -C build-dir="$prefix/wheel-build" \
   >"$prefix/wheel.log" 2>&1 ||
   { tail -40 "$prefix/wheel.log"; echo "[test] FAILED: building the wheel" >&2; exit 1; }
 "$TANDEM_PYTHON" - "$prefix"/wheel/tandem-*.whl <<'PY'
@@ -94,4 +97,15 @@ if [ -f "$fm/train-images-idx3-ubyte.gz" ]; then
     "$fm/train-images-idx3-ubyte.gz" "$fm/train-labels-idx1-ubyte.gz" --device cpu --epochs 1 \
     --max-steps 100
 fi
-echo "[test] passed: ctest, the installed package with its examples, and the Python package (${SECONDS} s)"
+# The README's main job as a fresh machine without Fashion-MNIST runs it: generated IDX files.
+echo "[test] run.sh without Fashion-MNIST (generated IDX files), on the CPU"
+TANDEM_FASHION_MNIST="$prefix/no-fashion-mnist" TANDEM_BUILD_DIR="$build" \
+  TANDEM_RUN_DIR="$prefix/run-generated" bash "$root/scripts/run.sh" >"$prefix/run.log" 2>&1 ||
+  { tail -30 "$prefix/run.log"; echo "[test] FAILED: scripts/run.sh" >&2; exit 1; }
+"$TANDEM_PYTHON" - "$prefix/run-generated/summary.json" <<'PY'
+import json, sys
+accuracy = json.load(open(sys.argv[1]))["accuracy"]
+print(f"[test] run.sh on generated IDX files: accuracy {accuracy:.4f}")
+assert accuracy > 0.5, f"run.sh learned nothing on generated IDX files: accuracy {accuracy}"
+PY
+echo "[test] passed: ctest, the installed package with its examples, the Python package and run.sh (${SECONDS} s after ctest)"

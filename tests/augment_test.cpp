@@ -157,7 +157,7 @@ TEST(AugmentTest, BlurKernelOneMeansNoBlur) {
 }
 
 TEST(AugmentTest, ParametersAreDrawnPerSampleWithinTheirRanges) {
-  const AugmentSpec s;  // SPEC's defaults
+  const AugmentSpec s;  // the cls workload's defaults
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const auto p = draw_augment_params(s, 4000, 256, 256, c10::Device(c10::kCPU), gen);
   EXPECT_EQ(p.top.min().item<int>(), 0);
@@ -298,7 +298,7 @@ void expect_gpu_matches_cpu(const AugmentSpec& s, int64_t b, int64_t c, int64_t 
                                                   << (dev - host).abs().max().item<float>();
 }
 
-TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnSpecSizes) {
+TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnClsSizes) {
   TANDEM_SKIP_WITHOUT_CUDA();
   AugmentSpec s;
   s.hflip_probability = 0.5;
@@ -498,7 +498,7 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceWhenTheSourceWindowIsTooLargeTo
 
 TEST(AugmentGpuTest, DeviceDrawsAreReproduciblePerSampleAndWithinTheirRanges) {
   TANDEM_SKIP_WITHOUT_CUDA();
-  const AugmentSpec s;  // SPEC's defaults
+  const AugmentSpec s;  // the cls workload's defaults
   const c10::Device cuda(c10::kCUDA, 0);
   auto draw = [&](uint64_t seed) {
     auto gen = at::cuda::detail::createCUDAGenerator(0);

@@ -1,8 +1,8 @@
-// The cls workload: model as SPEC defines it, datasets, and every mode training; every mode
-// with the GPU augmentation stage computes the serial losses for the same seed (CPU here, GPU
-// with the label gpu): the graphs draw the augmentation parameters from the run's generator
-// exactly as eager steps do. A short last batch runs eagerly in the graphed modes. Augmenting on
-// the loader's workers (param augment=cpu, SPEC's cpu_aug) trains too.
+// The cls workload: model as docs/reference-workloads.md defines it, datasets, and every mode
+// training; every mode with the GPU augmentation stage computes the serial losses for the same seed
+// (CPU here, GPU with the label gpu): the graphs draw the augmentation parameters from the run's
+// generator exactly as eager steps do. A short last batch runs eagerly in the graphed modes.
+// Augmenting on the loader's workers (param augment=cpu, the Python loops' cpu_aug) trains too.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -13,14 +13,14 @@
 #include "tandem/augmented_dataset.h"
 #include "tandem/runner.h"
 #include "tandem/workloads/cls.h"
-#include "tandem/models/seed_nets.h"
+#include "tandem/models/reference_nets.h"
 #include "test_util.h"
 
 namespace tandem {
 namespace {
 
-TEST(ClsTest, ModelHasTheSpecsShapeAndParameterCount) {
-  auto m = models::seed_cls_net();
+TEST(ClsTest, ModelHasTheReferenceShapeAndParameterCount) {
+  auto m = models::reference_cls_net();
   int64_t n = 0;
   for (const auto& p : m->parameters()) n += p.numel();
   EXPECT_EQ(n, 44746784 + 4096 * 10 + 10);
@@ -85,8 +85,9 @@ struct Run {
 /// `mode` is a mode's name, or "cpu_aug": serial with the augmentation on the loader's workers.
 Run run(const std::string& mode, c10::Device device, bool learnable, int64_t batch_size,
         int64_t steps, int64_t last_batch_size = 0) {
-  // The toy task trains with inputs normalized to about [-2, 2] and a larger step than SPEC's
-  // default, so a few dozen steps show learning; SPEC's settings are what the benchmark uses.
+  // The toy task trains with inputs normalized to about [-2, 2] and a larger step than the
+  // workload's default, so a few dozen steps show learning; the defaults are what the benchmark
+  // uses.
   WorkloadOptions wo;
   wo.batch_size = batch_size;
   wo.seed = 77;

@@ -69,7 +69,7 @@ TEST(ReferenceWorkloadsTest, TheRegistryKnowsSegClsAndMlpAndNamesTheRest) {
   }
 }
 
-TEST(ReferenceWorkloadsTest, MlpModelHasTheSpecsParameterCount) {
+TEST(ReferenceWorkloadsTest, MlpModelHasTheReferenceParameterCount) {
   auto m = make_mlp_model();
   int64_t n = 0;
   for (const auto& p : m->parameters()) n += p.numel();

@@ -1,13 +1,14 @@
-// The seg workload: model definitions as SPEC states them, and pipelined and graphed training
-// computing exactly what serial training computes (losses and final weights), on the CPU and the
-// GPU; a short last batch runs eagerly in the graphed modes, and the notes say what happened.
+// The seg workload: model definitions as docs/reference-workloads.md states them, and pipelined and
+// graphed training computing exactly what serial training computes (losses and final weights), on
+// the CPU and the GPU; a short last batch runs eagerly in the graphed modes, and the notes say what
+// happened.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include "tandem/error.h"
 #include "tandem/runner.h"
 #include "tandem/workloads/seg.h"
-#include "tandem/models/seed_nets.h"
+#include "tandem/models/reference_nets.h"
 #include "test_util.h"
 
 namespace tandem {
@@ -19,17 +20,17 @@ int64_t count_parameters(torch::nn::Sequential& m) {
   return n;
 }
 
-TEST(SegTest, ParameterCountsMatchTheSpec) {
-  auto enc = models::seed_seg_encoder();
-  auto dec = models::seed_seg_decoder();
+TEST(SegTest, ParameterCountsMatchTheReferenceNets) {
+  auto enc = models::reference_seg_encoder();
+  auto dec = models::reference_seg_decoder();
   EXPECT_EQ(count_parameters(enc), 44746784);
   EXPECT_EQ(count_parameters(dec), 44744090);
 }
 
 TEST(SegTest, ShapesFlowFromImageToPerPixelLogits) {
   at::NoGradGuard no_grad;
-  auto enc = models::seed_seg_encoder();
-  auto dec = models::seed_seg_decoder();
+  auto enc = models::reference_seg_encoder();
+  auto dec = models::reference_seg_decoder();
   const at::Tensor x = at::rand({1, 3, 256, 256});
   const at::Tensor f = enc->forward(x);
   EXPECT_EQ(f.sizes(), (at::IntArrayRef{1, 4096, 1, 1}));

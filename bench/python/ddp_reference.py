@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""PyTorch DistributedDataParallel reference for the seeds' loops: the peer that tandem's own
-data-parallel benchmark is measured against on a multi-GPU machine (e.g. 2 x H200), so both
-numbers come from one run on one host.
+"""PyTorch DistributedDataParallel reference for the Python reference loops: the peer that
+tandem's own data-parallel benchmark is measured against on a multi-GPU machine (e.g. 2 x H200),
+so both numbers come from one run on one host.
 
-Scenarios, each the seeds' single-GPU baseline loop (shared/reference/seed_reference.py) made
-data-parallel the usual way, with the seeds' models, fake datasets and augmentation imported
-from the reference dir (not copied):
-  seg  frozen Encoder (not wrapped, run under no_grad) + trainable Decoder wrapped in DDP;
-       SegFake 256x256 uint8 images with 10-class masks; the seeds' "serial" loop.
-  cls  the seeds' classifier wrapped in DDP; ClsFake uint8 batches moved to the GPU, augmented
-       there by the seeds' gpu_batch_transform, then trained; the seeds' "gpu_aug" loop (what
-       tandem's cls workload does in its serial mode).
-Same optimizer (torch.optim.SGD with its defaults) and loss (CrossEntropyLoss) as the seeds.
+Scenarios, each a single-GPU reference loop (bench/python/reference_loops.py) made
+data-parallel the usual way, with its networks, random datasets and augmentation imported from
+reference_loops.py (not copied):
+  seg  frozen encoder (not wrapped, run under no_grad) + trainable decoder wrapped in DDP;
+       SegSamples 256x256 uint8 images with 10-class masks; the reference "serial" loop.
+  cls  the reference classifier wrapped in DDP; ClsSamples uint8 batches moved to the GPU,
+       augmented there by torchvision's batch transform (gpu_augmentation), then trained; the
+       reference "gpu_aug" loop (what tandem's cls workload does in its serial mode).
+Same optimizer (torch.optim.SGD with its defaults) and loss (CrossEntropyLoss) as the reference
+loops.
 Each rank reads its own DistributedSampler shard of a DataLoader(--workers, pin_memory on CUDA)
 and seeds its data RNGs with its rank, so ranks see different data. --warmup steps, then
 --steps timed steps between two (synchronize + barrier) points; steps/s per GPU is rank 0's
@@ -26,11 +27,10 @@ CPU smoke test (gloo):
       --steps 3 --warmup 1 --json /tmp/ddp.json
 Rank 0 prints one JSON row per measurement; --json FILE writes {device, date, command, rows},
 and --append merges the rows into FILE (a row with the same scenario, batch size and world
-replaces the old one). cls needs torchvision (the seeds' augmentation uses it).
+replaces the old one). cls needs torchvision (the reference augmentation uses it).
 """
 import argparse
 import datetime
-import functools
 import json
 import os
 import random
@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 DEFAULT_BS = {"seg": "8,32", "cls": "32,128"}
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_args():
@@ -63,8 +63,6 @@ def parse_args():
     ap.add_argument("--image-size", type=int, default=256,
                     help="seg: a multiple of 256; cls: 256 only (see check below)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--reference-dir", default=None, help="dir holding seed_reference.py "
-                    "(default: $TANDEM_REFERENCE_DIR, ../shared/reference, shared/reference)")
     ap.add_argument("--json", default=None, help="write the rows to this file")
     ap.add_argument("--append", action="store_true", help="merge the rows into --json's file")
     a = ap.parse_args()
@@ -82,8 +80,8 @@ def parse_args():
         ap.error(f"--workers must be >= 0, got {a.workers}")
     if a.pin_memory is None:
         a.pin_memory = a.device == "cuda"
-    # The seeds' models fix the image size: seg's Encoder is 8 stride-2 convs of kernel 2 (256 ->
-    # 1x1; below 256 the last convs get an empty input) and its Decoder mirrors it back; cls's
+    # The reference networks fix the image size: seg's Encoder is 8 stride-2 convs of kernel 2 (256
+    # -> 1x1; below 256 the last convs get an empty input) and its Decoder mirrors it back; cls's
     # net ends in Linear(4096, 10), which only a 256 input flattens to. So no tiny smoke size.
     if a.scenario == "seg" and (a.image_size < 256 or a.image_size % 256):
         ap.error(f"--image-size: seg's encoder needs a multiple of 256, got {a.image_size}")
@@ -100,35 +98,17 @@ def parse_args():
             ap.error(f"--append: {a.json} is not a {{device, date, command, rows}} JSON file")
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: CUDA is not available (use --device cpu for a smoke test)")
-    a.reference_dir = find_reference_dir(ap, a.reference_dir)
     return a
 
 
-def find_reference_dir(ap, flag):
-    candidates = [flag] if flag else [os.environ.get("TANDEM_REFERENCE_DIR"), "../shared/reference",
-                                      "shared/reference", os.path.join(REPO_ROOT, "shared/reference"),
-                                      os.path.join(REPO_ROOT, "../shared/reference")]
-    for d in filter(None, candidates):
-        if os.path.isfile(os.path.join(d, "seed_reference.py")):
-            return os.path.abspath(d)
-    ap.error(f"no seed_reference.py in {[c for c in candidates if c]}; pass --reference-dir")
-
-
-def set_seed_globals(image_size, worker_id=None):
-    # SegFake reads seed_reference.SEG_IMG when it makes a sample, in the loader's workers. Forked
-    # workers inherit the value set in main(); spawned/forkserver ones re-import the module, so
-    # every worker sets it again (the dataset, unpickled first, has already imported it).
-    sys.modules["seed_reference"].SEG_IMG = image_size
-
-
-def build_seg(seeds, device, ddp_kw):
-    enc, dec = seeds.seg_models()
+def build_seg(loops, device, ddp_kw, image_size):
+    enc, dec = loops.seg_networks()
     enc.requires_grad_(False)
     enc.eval().to(device)  # frozen: no gradients, so nothing for DDP to all-reduce; not wrapped
     dec = DistributedDataParallel(dec.train().to(device), **ddp_kw)
     crit, opt = nn.CrossEntropyLoss(), torch.optim.SGD(dec.parameters())
 
-    def step(data):  # seed_reference.seg_run's "serial" body
+    def step(data):  # reference_loops.seg_steps_per_s's "serial" step
         x = data[0].to(device, non_blocking=True).float()
         y = data[1].to(device, non_blocking=True)
         opt.zero_grad()
@@ -137,37 +117,38 @@ def build_seg(seeds, device, ddp_kw):
         loss = crit(dec(f), y)
         loss.backward()
         opt.step()
-    return seeds.SegFake(), step
+    return loops.SegSamples(image_size), step
 
 
-def build_cls(seeds, device, ddp_kw):
-    model = DistributedDataParallel(seeds.cls_model().train().to(device), **ddp_kw)
+def build_cls(loops, device, ddp_kw, image_size):
+    model = DistributedDataParallel(loops.cls_network().train().to(device), **ddp_kw)
     crit, opt = nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters())
-    augment = seeds.gpu_batch_transform()
+    augment = loops.gpu_augmentation()
 
-    def step(data):  # seed_reference.cls_run's "gpu_aug" body
+    def step(data):  # reference_loops.cls_steps_per_s's "gpu_aug" step
         x = augment(data[0].to(device, non_blocking=True))
-        # squeeze(1), not the seeds' squeeze(): the same for bs > 1, and bs 1 keeps a batch dim
+        # squeeze(1), not the reference loop's squeeze(): the same for bs > 1, and bs 1 keeps a
+        # batch dim
         y = data[1].to(device, non_blocking=True).squeeze(1)
         opt.zero_grad()
         loss = crit(model(x), y)
         loss.backward()
         opt.step()
-    return seeds.ClsFake(None), step
+    return loops.ClsSamples(), step
 
 
-def measure(a, seeds, bs, device, rank, world):
+def measure(a, loops, bs, device, rank, world):
     torch.manual_seed(a.seed)  # identical initial weights on every rank (DDP broadcasts rank 0's)
     ddp_kw = {"device_ids": [device.index]} if device.type == "cuda" else {}
-    dataset, step = (build_seg if a.scenario == "seg" else build_cls)(seeds, device, ddp_kw)
+    dataset, step = (build_seg if a.scenario == "seg" else build_cls)(loops, device, ddp_kw,
+                                                                      a.image_size)
     # Then per-rank data: the fake datasets draw from the global RNGs (the loader derives its
     # workers' seeds from them) and the rotation angle comes from `random`.
     torch.manual_seed(a.seed + 1 + rank)
     random.seed(a.seed + 1 + rank)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=a.seed)
     loader = DataLoader(dataset, batch_size=bs, sampler=sampler, num_workers=a.workers,
-                        pin_memory=a.pin_memory,
-                        worker_init_fn=functools.partial(set_seed_globals, a.image_size))
+                        pin_memory=a.pin_memory)
     barrier_kw = {"device_ids": [device.index]} if device.type == "cuda" else {}
 
     def sync():  # the device's queue drained, then every rank at the same point
@@ -176,11 +157,11 @@ def measure(a, seeds, bs, device, rank, world):
         dist.barrier(**barrier_kw)
 
     batches = iter(loader)
-    for _ in range(a.warmup):  # includes the workers' start-up, as the seeds' warm-up does
+    for _ in range(a.warmup):  # includes the workers' start-up, as the reference warm-up does
         step(next(batches))
     sync()
     t0 = time.perf_counter()
-    for _ in range(a.steps):  # loading stays inside the clock, as in the seeds' timed_loop
+    for _ in range(a.steps):  # loading stays inside the clock, as in the reference loops
         step(next(batches))
     sync()
     rate = a.steps / (time.perf_counter() - t0)
@@ -229,23 +210,18 @@ def main():
         dist.init_process_group("gloo")
         device_name = "cpu"
     rank, world = dist.get_rank(), dist.get_world_size()
-    sys.path.insert(0, a.reference_dir)
-    import seed_reference as seeds
-    # seed_reference.DEV is torch.device("cuda") at import. None of what is reused here reads it
-    # (only its own loops do, and they are not called: they time one process with no barrier), but
-    # point it at this rank's device so that nothing reused could land on GPU 0 or fail on a CPU.
-    seeds.DEV = device
-    set_seed_globals(a.image_size)
+    sys.path.insert(0, HERE)
+    import reference_loops as loops
     if rank == 0:
-        print(f"# torch {torch.__version__} {device_name} world {world} workers/rank {a.workers} "
-              f"reference {a.reference_dir}", file=sys.stderr, flush=True)
+        print(f"# torch {torch.__version__} {device_name} world {world} workers/rank {a.workers}",
+              file=sys.stderr, flush=True)
     launcher = f"torchrun --nproc-per-node {os.environ['LOCAL_WORLD_SIZE']} " \
         if "TORCHELASTIC_RUN_ID" in os.environ else "python3 "
     command = launcher + shlex.join(sys.argv)
     rows = []
     try:
         for bs in a.bs:
-            rate, slowest = measure(a, seeds, bs, device, rank, world)
+            rate, slowest = measure(a, loops, bs, device, rank, world)
             row = {"impl": "python", "scenario": a.scenario, "mode": "ddp",
                    "batch_size_per_gpu": bs, "world": world, "steps_per_s_per_gpu": rate,
                    "steps_per_s_per_gpu_min_rank": slowest, "workers": a.workers}

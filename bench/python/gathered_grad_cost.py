@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""What GatheredGrad's weight gradient costs at world sizes one GPU cannot run (issue 21).
+"""What GatheredGrad's weight gradient costs at world sizes one GPU cannot run (4 and 8).
 
-At world W a GatheredGrad layer (include/tandem/gathered_grad.h) forms its weight gradient from
-the W ranks' gathered batch: one GEMM over W times the rows of world 1, on every rank. This
-times that GEMM on one GPU with the rows of W = 1, 2, 4, 8 ranks, for the layers the seed nets
+At world W a GatheredGrad layer (include/tandem/gathered_grad.h) forms its weight gradient from the
+W ranks' gathered batch: one GEMM over W times the rows of world 1, on every rank. This times that
+GEMM on one GPU with the rows of W = 1, 2, 4, 8 ranks, for the layers the reference workloads' nets
 wrap, the way src/gathered_grad.cpp forms it (patch rows, then a 1x1 convolution through cuDNN:
 deterministic, no autotuning, cuDNN's TF32 setting), and prints beside it the bytes the gather
 moves and the bytes an all-reduce of the same gradient would move, per rank.
@@ -17,7 +17,7 @@ import statistics
 import torch
 
 # (workload, batch per rank, layer, kind, in channels, out channels, kernel, input side): the
-# seed nets' GatheredGrad layers (models/src/seed_nets.cpp) on their 256 x 256 inputs.
+# reference workloads' GatheredGrad layers (models/src/reference_nets.cpp) on their 256 x 256 inputs.
 LAYERS = [
     ("seg", 32, "encoder.conv8", "conv", 2048, 4096, 2, 2),
     ("seg", 32, "decoder.deconv1", "conv_transpose", 4096, 2048, 2, 1),

@@ -1,12 +1,13 @@
-"""Issue 20's benchmark: the seeds' seg and cls loops written with tandem.Trainer
-(python/examples/seg_trainer.py, cls_trainer.py) beside the C++ CLI running the same workloads
-and the seeds' own Python loops, all on this GPU in one process tree; then tandem.augment beside
-torchvision's batch transform (the seeds' gpu_aug pipeline). Every rate is SPEC's method: warm-up
-steps, then timed steps between device synchronizations. Writes bench/results/python.json's
-schema: {device, date, command, rows: [{impl, scenario, mode, batch_size, steps_per_s}]}.
+"""The Python package's benchmark: the reference workloads' seg and cls loops written with
+tandem.Trainer (python/examples/seg_trainer.py, cls_trainer.py) beside the C++ CLI running the same
+workloads and the Python reference loops (bench/python/reference_loops.py), all on this GPU in one
+process tree; then tandem.augment beside torchvision's batch transform (the reference loops'
+gpu_aug pipeline). Every rate is the reference method: warm-up steps, then timed steps between
+device synchronizations. Writes bench/results/python.json's schema:
+{device, date, command, rows: [{impl, scenario, mode, batch_size, steps_per_s}]}.
 
     PYTHONPATH=<tandem package> python3 bench/python/python_bench.py --tandem build/tandem \\
-        --reference ../shared/reference --out python.json"""
+        --out python.json"""
 import argparse
 import datetime
 import json
@@ -20,7 +21,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "python", "examples")
-PY_MODES = {"seg": "serial,pipelined", "cls": "gpu_aug,pipelined"}  # the seeds' GPU loops
+PY_MODES = {"seg": "serial,pipelined", "cls": "gpu_aug,pipelined"}  # the reference loops on the GPU
 
 
 def log(*a):
@@ -57,15 +58,14 @@ def tandem_cpp(binary, scenario, bs, steps, warmup, mode):
                 steps_per_s=j["steps_per_s"])
 
 
-def python_loops(reference, scenario, sizes):
+def python_loops(scenario, sizes):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([sys.executable, os.path.join(reference, "seed_reference.py"), scenario,
+        subprocess.run([sys.executable, os.path.join(HERE, "reference_loops.py"), scenario,
                         "--bs", ",".join(map(str, sizes)), "--modes", PY_MODES[scenario],
-                        "--json", f.name], check=True, stdout=subprocess.DEVNULL,
-                       cwd=reference)
+                        "--json", f.name], check=True, stdout=subprocess.DEVNULL)
         measured = json.load(open(f.name))
     rows = []
-    for bs in sizes:  # the seeds' best loop at this batch size: the strongest baseline
+    for bs in sizes:  # the best reference loop at this batch size: the strongest baseline
         mine = [m for m in measured if m.get("bs") == bs and "steps_s" in m]
         best = max(mine, key=lambda m: m["steps_s"])
         log(f"python {scenario} bs {bs}: {best['steps_s']:.1f} steps/s in {best['mode']} "
@@ -87,13 +87,12 @@ def time_cuda(fn, iters=50, warmup=5):
     return iters / (time.perf_counter() - t0)
 
 
-def augment_rows(reference, sizes):
+def augment_rows(sizes):
     import tandem
-    sys.path.insert(0, reference)
-    import seed_reference
+    import reference_loops
     spec = tandem.AugmentSpec(crop=(128, 128), out=(256, 256), max_rotation_deg=45.0,
                               blur_kernel=7, mean=(0, 0, 0), std=(1, 1, 1))
-    tv = seed_reference.gpu_batch_transform()
+    tv = reference_loops.gpu_augmentation()
     rows = []
     for bs in sizes:
         u8 = torch.randint(0, 256, (bs, 3, 256, 256), dtype=torch.uint8, device="cuda")
@@ -111,7 +110,6 @@ def augment_rows(reference, sizes):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tandem", required=True, help="the tandem CLI binary")
-    ap.add_argument("--reference", required=True, help="folder of seed_reference.py, seg_models.py")
     ap.add_argument("--seg-bs", default="8,32")
     ap.add_argument("--cls-bs", default="32,128")
     ap.add_argument("--scenarios", default="seg,cls")
@@ -122,8 +120,7 @@ def main():
                          "runs its own trials)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    reference = os.path.abspath(a.reference)
-    sys.path[:0] = [EXAMPLES, reference]
+    sys.path[:0] = [EXAMPLES, HERE]
     rows = []
 
     def save():  # after every measurement: a run cut short keeps what it measured
@@ -137,9 +134,9 @@ def main():
             rows.append(tandem_py(scenario, bs, a.steps, a.warmup, a.mode))
             rows.append(tandem_cpp(a.tandem, scenario, bs, a.steps, a.warmup, a.mode))
             save()
-        rows += python_loops(reference, scenario, sizes)
+        rows += python_loops(scenario, sizes)
         save()
-    rows += augment_rows(reference, [int(b) for b in a.cls_bs.split(",")])
+    rows += augment_rows([int(b) for b in a.cls_bs.split(",")])
     for r in rows:
         if r["impl"] != "tandem-py" or r["scenario"] == "augment":
             continue
@@ -147,7 +144,7 @@ def main():
                 if x["scenario"] == r["scenario"] and x["batch_size"] == r["batch_size"]}
         r["vs_python"] = r["steps_per_s"] / same["python"]
         r["vs_cpp"] = r["steps_per_s"] / same["tandem-cpp"]
-        log(f"{r['scenario']} bs {r['batch_size']}: tandem-py {r['vs_python']:.2f}x the seeds' "
+        log(f"{r['scenario']} bs {r['batch_size']}: tandem-py {r['vs_python']:.2f}x the reference "
             f"Python loop, {r['vs_cpp']:.2f}x the C++ CLI")
     save()
 

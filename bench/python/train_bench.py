@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Python reference numbers for `tandem train` (issue 18, bench/results/train.json): what
+"""The Python reference numbers for `tandem train` (bench/results/train.json): what
 plain PyTorch, written the usual way, delivers on the same three jobs in fp32 and bf16.
 
 Jobs (--jobs, comma-separated):
@@ -315,7 +315,7 @@ def parse_args(argv):
     g.add_argument("--eval-batch-size", type=int, default=1000, help="default 1000")
     g.add_argument("--seed", type=int, default=0, help="weights, dropout and shuffle (default 0)")
     g = p.add_argument_group("r50_frozen_head, r18_full (data_bench.py's loops)")
-    g.add_argument("--data", help="ImageFolder root (DIR/class/x.jpg), issue 7's JPEG folder")
+    g.add_argument("--data", help="ImageFolder root (DIR/class/x.jpg), e.g. scripts/make_image_folder.py's JPEG folder")
     g.add_argument("--batch-sizes", default="256", help="comma-separated (default 256)")
     g.add_argument("--workers", type=int, default=8, help="DataLoader workers (default 8)")
     g.add_argument("--steps", type=int, default=60, help="timed steps (default 60)")

@@ -149,10 +149,12 @@ BenchResult run_bench(const BenchOptions& unresolved) {
           ? detail::concat("NVML, ", monitor.samples(),
                            monitor.from_driver_buffer() ? " driver samples" : " readings")
           : monitor.unavailable_reason();
+  // The floor is the slowest stage's GPU time: the rate a pipeline approaches. On the CPU the
+  // stages share the same cores, so no one stage bounds the step and there is no floor.
   for (const auto& st : result.timing.stages) {
-    const double ms = device.is_cuda() ? st.device_ms_per_item : st.host_ms_per_item;
-    if (ms > result.floor_ms) {
-      result.floor_ms = ms;
+    if (!device.is_cuda()) break;
+    if (st.device_ms_per_item > result.floor_ms) {
+      result.floor_ms = st.device_ms_per_item;
       result.floor_stage = st.name;
     }
   }
@@ -205,14 +207,17 @@ std::string describe_result(const BenchResult& r) {
   std::snprintf(line, sizeof line, "  %-10s %15.3f   (host blocked on a ring slot: device behind)\n",
                 "slot wait", r.timing.slot_wait_ms_per_item);
   os << line;
-  std::snprintf(line, sizeof line,
-                "\nfloor      %.3f ms/step (slowest stage: %s; %.1f steps/s)\n"
-                "efficiency %.2f (achieved / floor rate)\n"
-                "GPU util   %s%s\n",
-                r.floor_ms, r.floor_stage.c_str(), r.floor_ms > 0 ? 1000.0 / r.floor_ms : 0.0,
-                r.efficiency, format_utilization(r.gpu_utilization).c_str(),
-                r.gpu_utilization ? "" : (" (" + r.gpu_utilization_note + ")").c_str());
-  os << line;
+  if (r.floor_ms > 0) {
+    std::snprintf(line, sizeof line,
+                  "\nfloor      %.3f ms/step (slowest stage: %s; %.1f steps/s)\n"
+                  "efficiency %.2f (achieved / floor rate)\n",
+                  r.floor_ms, r.floor_stage.c_str(), 1000.0 / r.floor_ms, r.efficiency);
+    os << line;
+  } else {
+    os << "\nfloor      n/a (no GPU: the stages share the CPU's cores)\n";
+  }
+  os << "GPU util   " << format_utilization(r.gpu_utilization)
+     << (r.gpu_utilization ? "" : " (" + r.gpu_utilization_note + ")") << "\n";
   for (const auto& note : r.notes) os << "note       " << note << "\n";
   if (!r.skipped.empty()) {
     os << "skipped    " << r.skipped.size() << " bad sample" << (r.skipped.size() == 1 ? "" : "s")
@@ -264,9 +269,10 @@ nlohmann::json to_json(const BenchResult& r) {
           {"stages", stages},
           {"slot_wait_ms_per_step", r.timing.slot_wait_ms_per_item},
           {"device_timing_every", r.timing.device_timing_every},
-          {"floor_ms", r.floor_ms},
+          // null without a GPU: no floor there (run_bench says why).
+          {"floor_ms", r.floor_ms > 0 ? nlohmann::json(r.floor_ms) : nlohmann::json(nullptr)},
           {"floor_stage", r.floor_stage},
-          {"efficiency", r.efficiency},
+          {"efficiency", r.floor_ms > 0 ? nlohmann::json(r.efficiency) : nlohmann::json(nullptr)},
           {"gpu_utilization", r.gpu_utilization ? nlohmann::json(*r.gpu_utilization)
                                                 : nlohmann::json(nullptr)},
           {"gpu_utilization_note", r.gpu_utilization_note},

@@ -1,7 +1,7 @@
-// Per-sample image augmentation for workload "cls" (SPEC.md): random crop -> resize -> random
-// rotation -> Gaussian blur with a per-sample sigma -> normalize, as torchvision's pipeline does
-// it, but with crop, resize and rotation composed into one sampling pass and the blur and
-// normalize fused after it. One CUDA kernel augments a whole batch; a plain C++ twin computes
+// Per-sample image augmentation for workload "cls" (docs/reference-workloads.md): random crop ->
+// resize -> random rotation -> Gaussian blur with a per-sample sigma -> normalize, as torchvision's
+// pipeline does it, but with crop, resize and rotation composed into one sampling pass and the blur
+// and normalize fused after it. One CUDA kernel augments a whole batch; a plain C++ twin computes
 // the same function on the CPU (cpu_aug mode and the parity tests).
 #pragma once
 
@@ -16,8 +16,8 @@
 
 namespace tandem {
 
-/// What to do; the defaults are SPEC's cls pipeline. Rotation is sampled nearest-neighbour in
-/// the resized grid (torchvision's RandomRotation default, and the reference's), bilinear for
+/// What to do; the defaults are the cls workload's pipeline. Rotation is sampled nearest-neighbour
+/// in the resized grid (torchvision's RandomRotation default, and the reference's), bilinear for
 /// the resize; both paths (CPU, GPU) run the same arithmetic (src/kernels/augment_math.h).
 struct AugmentSpec {
   int64_t crop_h = 128, crop_w = 128;  ///< random crop, inside the source image

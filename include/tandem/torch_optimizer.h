@@ -1,7 +1,7 @@
 // LibTorchOptimizer: any torch::optim optimizer as a train stage's optimizer, for the eager modes.
-// LibTorch's optimizers keep host-side state that a CUDA graph would freeze (SGD's lr, Adam's
-// step count and bias corrections: SPEC.md's "known defects"), so they say they are not
-// capturable and the graphed modes refuse them with a message naming tandem's own.
+// LibTorch's optimizers keep host-side state that a CUDA graph would freeze (SGD's lr, Adam's step
+// count and bias corrections), so they say they are not capturable and the graphed modes refuse
+// them with a message naming tandem's own.
 #pragma once
 
 #include <torch/optim/optimizer.h>

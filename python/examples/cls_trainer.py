@@ -1,4 +1,4 @@
-"""The seeds' classification loop with tandem.Trainer: random crop, resize, rotation, blur and
+"""The cls reference workload's loop with tandem.Trainer: random crop, resize, rotation, blur and
 normalization on the GPU (tandem's fused augmentation) feeding a 9-conv classifier, 10 classes
 at 256x256, SGD. The user code is make_trainer(); tandem runs it in the fastest mode.
     python3 cls_trainer.py [--bs 32] [--steps 200] [--device cpu]"""
@@ -18,7 +18,7 @@ def make_trainer(batch_size: int, mode: str = "auto", device: str = "cuda") -> t
         c *= 2
     layers += [nn.Conv2d(c, c * 2, kernel_size=2, stride=2), nn.Flatten(), nn.Linear(4096, 10)]
     model = nn.Sequential(*layers).train().to(device)
-    # The seeds' transforms: RandomCrop(128), Resize(256), RandomRotation(45), GaussianBlur(7),
+    # The reference workload's transforms: RandomCrop(128), Resize(256), RandomRotation(45), GaussianBlur(7),
     # Normalize(0, 1) on 0..255 pixels.
     augment = tandem.AugmentSpec(crop=(128, 128), out=(256, 256), max_rotation_deg=45.0,
                                  blur_kernel=7, mean=(0, 0, 0), std=(1, 1, 1))

@@ -18,9 +18,9 @@ CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 EAGER = ["serial", "pipelined"]
 ALL_MODES = ["serial", "pipelined", "graphed", "pipelined+graphed", "graphed_k"]
-SPEC = tandem.AugmentSpec(crop=(12, 12), out=(8, 8), max_rotation_deg=20, blur_kernel=3,
-                          mean=(128.0, 128.0, 128.0), std=(64.0, 64.0, 64.0),
-                          hflip_probability=0.5)
+AUGMENT = tandem.AugmentSpec(crop=(12, 12), out=(8, 8), max_rotation_deg=20, blur_kernel=3,
+                             mean=(128.0, 128.0, 128.0), std=(64.0, 64.0, 64.0),
+                             hflip_probability=0.5)
 
 
 def dataset(size=40, classes=4):
@@ -59,7 +59,7 @@ def set_lr(opt, lr):
             g["lr"] = lr
 
 
-def plain_losses(device, steps, batch_size=8, spec=SPEC, optimizer="sgd", schedule=None):
+def plain_losses(device, steps, batch_size=8, spec=AUGMENT, optimizer="sgd", schedule=None):
     """The loop a PyTorch user writes, on tandem's loader (PyTorch's shuffled order)."""
     encoder, head, opt = job(device, optimizer)
     loss_fn = nn.CrossEntropyLoss()
@@ -85,7 +85,7 @@ def plain_losses(device, steps, batch_size=8, spec=SPEC, optimizer="sgd", schedu
     return losses, head
 
 
-def trainer(device, mode, spec=SPEC, optimizer="sgd", **kw):
+def trainer(device, mode, spec=AUGMENT, optimizer="sgd", **kw):
     encoder, head, opt = job(device, optimizer)
     t = tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(), feed=[encoder],
                        augment=spec, mode=mode, batch_size=8, workers=2, **kw)
@@ -248,7 +248,7 @@ def exploding_loss_at(step):
 def test_an_exception_in_the_loss_surfaces_with_its_traceback(mode):
     encoder, head, opt = job("cpu")
     t = tandem.Trainer(head, exploding_loss_at(3), opt, dataset(), feed=[encoder],
-                       augment=SPEC, mode=mode, batch_size=8, workers=2)
+                       augment=AUGMENT, mode=mode, batch_size=8, workers=2)
     with pytest.raises(Boom, match="boom at call 3") as info:
         t.fit(steps=20, progress=False)
     assert any(entry.name == "loss_fn" for entry in info.traceback)  # the user's own frame
@@ -279,7 +279,7 @@ def test_results_of_the_wrong_kind_are_refused_by_name():
     with pytest.raises(TypeError, match="feed 'feed' returned tuple: expected one torch.Tensor"):
         t.fit(steps=2, progress=False)
     t = tandem.Trainer(head, nn.CrossEntropyLoss(reduction="none"), opt, dataset(),
-                       augment=SPEC, feed=[encoder], mode="serial", batch_size=8)
+                       augment=AUGMENT, feed=[encoder], mode="serial", batch_size=8)
     with pytest.raises(ValueError, match=r"loss_fn returned a tensor of shape \[8\]"):
         t.fit(steps=2, progress=False)
 

@@ -50,11 +50,11 @@ constexpr int kRowsPerThread = kTileH / kWarpsPerTile;  // column-pass outputs p
 constexpr int kStripRows = 16;  // the same, blur size compiled in
 constexpr int kMaxRadius = 31;                          // AugmentSpec allows taps <= 63
 constexpr int kMaxHalo = kTileW + 2 * kMaxRadius;
-// 14 KB: the SPEC's tiles read about 29x29 pixels (10 KB as three floats each; up to 1,194
+// 14 KB: the cls workload's tiles read about 29x29 pixels (10 KB as three floats each; up to 1,194
 // pixels fit). 6 blocks of 256 threads per SM fit the H200's shared memory with this and the
 // padded sampled rows, not with 16 KB.
 constexpr int kStageFloats = 3584;
-constexpr int kMaxTable = 64;  // resized rows (columns) a tile can land on; SPEC: <= 60
+constexpr int kMaxTable = 64;  // resized rows (columns) a tile can land on; cls: <= 60
 static_assert(kTileH % kWarpsPerTile == 0, "thread rows must divide the tile height");
 static_assert(kTileW == kTileH, "the halo arrays assume a square tile");
 static_assert(kAugmentMaxChannels * (kTileH / kStripRows) <= kWarpsPerTile,

@@ -285,9 +285,9 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndModes, DataParallelTest,
                                            std::make_tuple(2, std::string("pipelined"), std::string("all_reduced")),
                                            std::make_tuple(2, std::string("serial"), std::string("gathered")),
                                            std::make_tuple(3, std::string("pipelined"), std::string("gathered")),
-                                           // Issue 21's world sizes, on the CPU: the shard of
+                                           // 4 and 8 ranks, on the CPU: the shard of
                                            // every rank, the store's collectives and the
-                                           // gathered batch at 4 and 8 ranks.
+                                           // gathered batch.
                                            std::make_tuple(4, std::string("serial"), std::string("all_reduced")),
                                            std::make_tuple(8, std::string("pipelined"), std::string("all_reduced")),
                                            std::make_tuple(8, std::string("pipelined"), std::string("gathered"))));

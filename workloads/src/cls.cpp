@@ -6,7 +6,7 @@
 
 #include "tandem/augmented_dataset.h"
 #include "tandem/error.h"
-#include "tandem/models/seed_nets.h"
+#include "tandem/models/reference_nets.h"
 #include "tandem/optim.h"
 #include "tandem/sample_rng.h"
 #include "tandem/workloads/registry.h"
@@ -44,10 +44,11 @@ const std::vector<WorkloadParam>& cls_params() {
   static const std::vector<WorkloadParam> params{
       {"augment",
        "where the augmentation runs: gpu (a feed stage on its own lane, the fused kernel) or cpu "
-       "(the loader's workers, the C++ reference: SPEC's cpu_aug)",
+       "(the loader's workers, the C++ reference: the Python loops' cpu_aug)",
        {"gpu", "cpu"}},
       {"task",
-       "random (SPEC's random labels) or learnable (a toy task: dark vs bright images)",
+       "random (the reference workload's random labels) or learnable (a toy task: dark vs bright "
+       "images)",
        {"random", "learnable"}}};
   return params;
 }
@@ -64,7 +65,7 @@ ClsWorkload make_cls(const WorkloadOptions& options, ClsOptions cls) {
   cls.augment.validate(3, kClsImageSize, kClsImageSize);
   torch::manual_seed(options.seed);
   ClsWorkload c;
-  c.model = models::seed_cls_net(kClsClasses);
+  c.model = models::reference_cls_net(kClsClasses);
   c.model->to(options.device);
   c.model->train();
 
@@ -102,7 +103,8 @@ ClsWorkload make_cls(const WorkloadOptions& options, ClsOptions cls) {
 
 WorkloadEntry cls_entry() {
   return {"cls",
-          "9-conv classifier trained through heavy per-sample augmentation, 256x256 (SPEC.md)",
+          "9-conv classifier trained through heavy per-sample augmentation, 256x256 "
+          "(docs/reference-workloads.md)",
           32,
           2,
           cls_params(),

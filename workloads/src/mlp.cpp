@@ -50,8 +50,11 @@ MlpWorkload make_mlp(const WorkloadOptions& options) {
 }
 
 WorkloadEntry mlp_entry() {
-  // SPEC's (640, 4096) input on a GPU
-  return {"mlp", "4096-2048-1024 MLP with dropout on device-resident batches (SPEC.md)", 640, 16,
+  // the reference workload's (640, 4096) input on a GPU
+  return {"mlp",
+          "4096-2048-1024 MLP with dropout on device-resident batches "
+          "(docs/reference-workloads.md)",
+          640,   16,
           {},    [](const WorkloadOptions& o) { return make_mlp(o).workload; }};
 }
 

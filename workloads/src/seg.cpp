@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "tandem/error.h"
-#include "tandem/models/seed_nets.h"
+#include "tandem/models/reference_nets.h"
 #include "tandem/sample_rng.h"
 #include "tandem/workloads/registry.h"
 
@@ -38,8 +38,8 @@ SegWorkload make_seg(const WorkloadOptions& options) {
   check_params("seg", options.params, {});
   torch::manual_seed(options.seed);
   SegWorkload s;
-  s.encoder = models::seed_seg_encoder();
-  s.decoder = models::seed_seg_decoder(kSegClasses);
+  s.encoder = models::reference_seg_encoder();
+  s.decoder = models::reference_seg_decoder(kSegClasses);
   s.encoder->to(options.device);
   s.decoder->to(options.device);
   s.encoder->eval();
@@ -54,7 +54,7 @@ SegWorkload make_seg(const WorkloadOptions& options) {
       [seed](int64_t samples) { return std::make_shared<SegDataset>(samples, seed); });
   auto encoder = s.encoder.ptr();  // shared_ptrs: forward() from const lambdas
   auto decoder = s.decoder.ptr();
-  // (B, 3, 256, 256) uint8 -> (B, 4096, 1, 1) float, no rescale (as SPEC's reference).
+  // (B, 3, 256, 256) uint8 -> (B, 4096, 1, 1) float, no rescale (as the Python reference loops).
   w.feeds.push_back(
       {"encode",
        "encoder",
@@ -74,7 +74,9 @@ SegWorkload make_seg(const WorkloadOptions& options) {
 }
 
 WorkloadEntry seg_entry() {
-  return {"seg", "frozen 9-conv encoder + trainable decoder, 256x256 segmentation (SPEC.md)",
+  return {"seg",
+          "frozen 9-conv encoder + trainable decoder, 256x256 segmentation "
+          "(docs/reference-workloads.md)",
           8,     2,
           {},    [](const WorkloadOptions& o) { return make_seg(o).workload; }};
 }

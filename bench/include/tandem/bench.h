@@ -1,6 +1,6 @@
-// The benchmark front end of the runner (`tandem bench`): SPEC's timing method (warm-up steps,
-// then timed steps between two device synchronizations) applied to any workload and mode — the
-// reference ones (workloads/registry.h) or a user's, handed in as a WorkloadEntry.
+// The benchmark front end of the runner (`tandem bench`): the reference workloads' timing method
+// (warm-up steps, then timed steps between two device synchronizations) applied to any workload and
+// mode — the reference ones (workloads/registry.h) or a user's, handed in as a WorkloadEntry.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -77,7 +77,7 @@ struct BenchOptions {
   std::function<void(int64_t step)> before_train_step;
 };
 
-/// Defaults: SPEC's sizes on a GPU; small ones on the CPU so a laptop finishes in seconds.
+/// Defaults: the reference workloads' sizes on a GPU; small ones on the CPU so a laptop finishes in seconds.
 /// (The batch size is the workload's: WorkloadEntry::gpu_batch_size / cpu_batch_size.)
 struct BenchDefaults {
   int64_t steps, warmup;

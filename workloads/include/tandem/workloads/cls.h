@@ -1,8 +1,9 @@
-// Workload "cls" (SPEC.md): 10-class classification of 256x256 images by the 9-conv stack plus a
-// linear head, with heavy per-sample augmentation. Where the augmentation runs is a data-source
-// choice (param augment): gpu — a feed stage on lane "augment" (parameters drawn on the device
-// from the run's generator, the fused kernel) — or cpu — the loader's workers run the C++
-// reference (AugmentedDataset), as a PyTorch DataLoader with workers does (SPEC's cpu_aug).
+// Workload "cls" (docs/reference-workloads.md): 10-class classification of 256x256 images by the
+// 9-conv stack plus a linear head, with heavy per-sample augmentation. Where the augmentation runs
+// is a data-source choice (param augment): gpu — a feed stage on lane "augment" (parameters drawn
+// on the device from the run's generator, the fused kernel) — or cpu — the loader's workers run the
+// C++ reference (AugmentedDataset), as a PyTorch DataLoader with workers does (the Python reference
+// loops' cpu_aug).
 #pragma once
 
 #include <torch/nn/modules/container/sequential.h>
@@ -17,12 +18,12 @@ constexpr int64_t kClsImageSize = 256;
 constexpr int64_t kClsClasses = 10;
 constexpr double kClsLearningRate = 1e-3;  // torch.optim.SGD's default, as the reference uses
 
-// The network: models::seed_cls_net() (tandem/models/seed_nets.h).
+// The network: models::reference_cls_net() (tandem/models/reference_nets.h).
 
 /// Random uint8 images (3, S, S) and int64 labels () in [0, classes), a pure function of
 /// (seed, index). `learnable`: a toy task a model can learn through the augmentation, for
 /// tests: labels 0 or 1, class 0 dark pixels in [0, 64), class 1 bright ones in [192, 256);
-/// otherwise labels are random in [0, classes), as SPEC's.
+/// otherwise labels are random in [0, classes), as the reference workloads' are.
 class ClsDataset : public Dataset {
  public:
   ClsDataset(int64_t size, uint64_t seed, bool learnable = false,
@@ -41,7 +42,7 @@ class ClsDataset : public Dataset {
 enum class AugmentOn { kGpu, kCpu };
 
 struct ClsOptions {
-  AugmentSpec augment;                ///< SPEC's pipeline by default
+  AugmentSpec augment;                ///< the reference pipeline by default
   AugmentOn augment_on = AugmentOn::kGpu;
   bool learnable = false;             ///< the toy task of ClsDataset
   double lr = kClsLearningRate;

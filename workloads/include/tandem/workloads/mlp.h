@@ -1,6 +1,6 @@
-// Workload "mlp" (SPEC.md): Linear(4096->2048), Dropout(0.2), Linear(2048->1024), Dropout(0.1),
-// MSE, SGD lr 0.1 on device-resident batches — a launch-bound step, the case for CUDA graphs
-// (graphed, graphed_k). One train stage; no feeds, no loader.
+// Workload "mlp" (docs/reference-workloads.md): Linear(4096->2048), Dropout(0.2),
+// Linear(2048->1024), Dropout(0.1), MSE, SGD lr 0.1 on device-resident batches — a launch-bound
+// step, the case for CUDA graphs (graphed, graphed_k). One train stage; no feeds, no loader.
 #pragma once
 
 #include <torch/nn/modules/container/sequential.h>

@@ -1,7 +1,7 @@
-// Workload "seg" (SPEC.md): a frozen 9-conv encoder feeding a trainable 9-layer decoder, trained
-// for 10-class segmentation of 256x256 images. Two stages: encode (a feed: uint8->float, frozen
-// encoder, on lane "encoder") and train (decoder, cross-entropy, SGD, on lane "decoder"). The
-// frozen encoder makes pipelining exact: every mode computes serial's losses.
+// Workload "seg" (docs/reference-workloads.md): a frozen 9-conv encoder feeding a trainable 9-layer
+// decoder, trained for 10-class segmentation of 256x256 images. Two stages: encode (a feed:
+// uint8->float, frozen encoder, on lane "encoder") and train (decoder, cross-entropy, SGD, on lane
+// "decoder"). The frozen encoder makes pipelining exact: every mode computes serial's losses.
 #pragma once
 
 #include <torch/nn/modules/container/sequential.h>
@@ -15,7 +15,8 @@ constexpr int64_t kSegImageSize = 256;
 constexpr int64_t kSegClasses = 10;
 constexpr double kSegLearningRate = 1e-3;  // torch.optim.SGD's default, as the reference uses
 
-// The networks: models::seed_seg_encoder() and seed_seg_decoder() (tandem/models/seed_nets.h).
+// The networks: models::reference_seg_encoder() and reference_seg_decoder()
+// (tandem/models/reference_nets.h).
 
 /// Random uint8 images (3, S, S) and int64 label maps (S, S) in [0, classes); sample i is a
 /// pure function of (seed, i), so any worker produces the same bytes for it.

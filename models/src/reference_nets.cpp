@@ -1,5 +1,5 @@
-// The seed experiments' networks (seed_nets.h).
-#include "tandem/models/seed_nets.h"
+// The reference workloads' networks (reference_nets.h).
+#include "tandem/models/reference_nets.h"
 
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/conv.h>
@@ -11,7 +11,7 @@ namespace tandem::models {
 
 namespace nn = torch::nn;
 
-torch::nn::Sequential seed_seg_encoder() {
+torch::nn::Sequential reference_seg_encoder() {
   nn::Sequential seq;
   seq->push_back(nn::Conv2d(nn::Conv2dOptions(3, 16, 1)));
   seq->push_back(nn::ReLU(nn::ReLUOptions().inplace(true)));
@@ -29,7 +29,7 @@ torch::nn::Sequential seed_seg_encoder() {
   return seq;
 }
 
-torch::nn::Sequential seed_seg_decoder(int64_t classes) {
+torch::nn::Sequential reference_seg_decoder(int64_t classes) {
   nn::Sequential seq;
   int64_t c = 4096;
   for (int i = 0; i < 8; ++i, c /= 2) {
@@ -47,8 +47,8 @@ torch::nn::Sequential seed_seg_decoder(int64_t classes) {
   return seq;
 }
 
-torch::nn::Sequential seed_cls_net(int64_t classes) {
-  nn::Sequential seq = seed_seg_encoder();  // SPEC: the same 9-conv stack
+torch::nn::Sequential reference_cls_net(int64_t classes) {
+  nn::Sequential seq = reference_seg_encoder();  // the same 9-conv stack
   seq->push_back(nn::Flatten());
   seq->push_back(nn::Linear(4096, classes));
   return seq;
