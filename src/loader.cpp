@@ -7,10 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <cstdio>
+#include <iostream>
 #include <iterator>
 #include <limits>
+#include <thread>
 
 #include "tandem/error.h"
 #include "tandem/sampler.h"
@@ -157,6 +160,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     slot.packed_used.assign(fields_.size(), 0);
   }
   for (int s = 0; s < options_.depth; ++s) slots_[s].number = s - options_.depth;  // "released"
+  worker_state_ = std::make_unique<WorkerState[]>(options_.workers);
   for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
 }
 
@@ -168,9 +172,59 @@ void Loader::stop() {
     stopping_ = true;
   }
   changed_.notify_all();
-  for (auto& w : workers_)
-    if (w.joinable()) w.join();
+  if (workers_.empty()) return;
+  // Workers leave at their next sample boundary. One still inside a sample after the grace (a
+  // read on a hung mount) is left behind: a stop must end. Decided under the guard held
+  // exclusively, when no worker is between its get_sample() and its check of `abandoned`.
+  const auto deadline = std::chrono::steady_clock::now() + kLoaderStopGrace;
+  std::vector<bool> stuck(workers_.size(), false);
+  std::string report;
+  for (;;) {
+    bool busy = false;
+    for (size_t w = 0; w < workers_.size(); ++w) busy = busy || worker_state_[w].sample >= 0;
+    const bool late = std::chrono::steady_clock::now() >= deadline;
+    if (!busy || late) {
+      std::unique_lock<std::shared_mutex> hold(guard_->mutex);
+      busy = false;
+      for (size_t w = 0; w < workers_.size(); ++w) {
+        stuck[w] = worker_state_[w].sample >= 0;
+        busy = busy || stuck[w];
+      }
+      if (!busy || late) {
+        guard_->abandoned = busy;
+        if (busy) report = busy_workers();
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!report.empty())
+    std::cerr << "loader: stopped with " << report << "; left running, detached\n";
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    if (stuck[w])
+      workers_[w].detach();
+    else if (workers_[w].joinable())
+      workers_[w].join();
+  }
   workers_.clear();
+}
+
+std::string Loader::busy_workers() const {
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  std::string text;
+  for (int w = 0; w < options_.workers; ++w) {
+    const int64_t sample = worker_state_[w].sample;
+    if (sample < 0) continue;
+    const std::string source = dataset_->sample_source(sample);
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f",
+                  static_cast<double>(now - worker_state_[w].since_ns) * 1e-9);
+    text += detail::concat(text.empty() ? "" : "; ", "worker ", w, " on sample ", sample,
+                           source.empty() ? "" : " ('" + source + "')", " for ", seconds, " s");
+  }
+  return text;
 }
 
 namespace {
@@ -191,7 +245,28 @@ int64_t Loader::index_at(int64_t position) const {
   return order_.empty() ? position : order_[position];
 }
 
+namespace {
+// dataset.get_sample(index, views), its failure as a message ("" if none). Touches nothing of
+// the loader: the loader may be gone when a stuck call returns (Loader::stop).
+std::string load_sample(const Dataset& dataset, int64_t index, std::vector<at::Tensor>& views) {
+  try {
+    dataset.get_sample(index, views);
+    return {};
+  } catch (const std::exception& e) {
+    return describe(e);
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+}  // namespace
+
 void Loader::worker_loop(int worker) {
+  // Our own references: a worker abandoned inside a sample outlives the loader (stop()).
+  const std::shared_ptr<WorkerGuard> guard = guard_;
+  std::shared_lock<std::shared_mutex> held(guard->mutex);
+  if (guard->abandoned) return;
+  const std::shared_ptr<const Dataset> dataset = dataset_;
+  WorkerState& state = worker_state_[worker];
   const std::string track = "loader worker " + std::to_string(worker);
   const int D = options_.depth;
   const int64_t n = epoch_size_;
@@ -214,8 +289,10 @@ void Loader::worker_loop(int worker) {
       wait_copy = slot->copied_pending;
       slot->copied_pending = false;
     }
-    // Nobody else touches a slot while it is kFilling, so this runs without the lock.
-    HostSpan span(options_.trace, track, "batch " + std::to_string(number), number);
+    // Nobody else touches a slot while it is kFilling, so this runs without the lock. (On the
+    // heap: an abandoned worker leaks it rather than write to a trace that may be gone.)
+    auto span = std::make_unique<HostSpan>(options_.trace, track, "batch " + std::to_string(number),
+                                           number);
     if (wait_copy) slot->copied->synchronize();
     std::string error;
     std::vector<SkippedSample> skipped;
@@ -236,13 +313,28 @@ void Loader::worker_loop(int worker) {
           views[f] = sample_fields_[f].variable_size
                          ? at::Tensor()
                          : slot->fields[batch_field_of_[f]].select(0, row);
-        dataset_->get_sample(index, views);
-        for (size_t f = 0; f < sample_fields_.size(); ++f)
+      } catch (const std::exception& e) {
+        failure = describe(e);
+      }
+      if (failure.empty()) {
+        state.since_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+        state.sample = index;
+        held.unlock();
+        failure = load_sample(*dataset, index, views);
+        held.lock();
+        if (guard->abandoned) {
+          (void)span.release();
+          return;
+        }
+        state.sample = -1;
+      }
+      try {
+        for (size_t f = 0; f < sample_fields_.size() && failure.empty(); ++f)
           if (sample_fields_[f].variable_size) check_variable(sample_fields_[f], views[f]);
       } catch (const std::exception& e) {
         failure = describe(e);
-      } catch (...) {
-        failure = "unknown exception";
       }
       if (failure.empty()) {
         slot->indices.push_back(index);
@@ -289,7 +381,13 @@ std::optional<HostBatch> Loader::next() {
   if (!ready()) {  // the workers are behind: the consumer waits (a span in the trace)
     HostSpan span(options_.trace, "loader consumer", "wait for batch " + std::to_string(number),
                   number);
-    changed_.wait(lock, ready);
+    if (!options_.cancel) changed_.wait(lock, ready);
+    while (!ready() && !changed_.wait_for(lock, kLoaderCancelPoll, ready)) {
+      if (options_.cancel->load() == 0) continue;
+      const std::string busy = busy_workers();
+      throw LoaderError(detail::concat("stop requested while waiting for batch ", number, ": ",
+                                       busy.empty() ? "no worker is inside a sample" : busy));
+    }
   }
   if (stopping_) return std::nullopt;
   if (slot.state == SlotState::kFailed) throw LoaderError(slot.error);  // stays failed

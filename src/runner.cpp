@@ -97,6 +97,7 @@ LoaderOptions loader_options(const RunOptions& o) {
   lo.depth = o.loader_depth > 0 ? o.loader_depth : ring_slots_for(o.workers);
   lo.trace = o.trace;
   lo.skip_bad = o.skip_bad;
+  lo.cancel = o.stop;
   return lo;
 }
 

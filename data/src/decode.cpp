@@ -17,6 +17,7 @@
 #include <system_error>
 
 #include "codec_util.h"
+#include "posix_fs.h"
 #include "tandem/error.h"
 
 namespace tandem::data {
@@ -331,15 +332,26 @@ std::vector<uint8_t> encode_jpeg(const at::Tensor& chw_u8, int quality,
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Regular files only, and nothing here may block: stat() first, so a FIFO or a device is
+  // never opened (open() of a FIFO waits for a writer, forever); O_NONBLOCK and fstat() after
+  // open() cover a file swapped for one in between. O_NONBLOCK does not change a regular file's
+  // reads.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail(path, "cannot open: " + errno_message(errno));
+  auto check_kind = [&] {
+    if (S_ISDIR(st.st_mode)) fail(path, "cannot read: " + errno_message(EISDIR));
+    if (const char* kind = detail::special_file_kind(st.st_mode))
+      fail(path, std::string("not a regular file: ") + kind);
+  };
+  check_kind();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) fail(path, "cannot open: " + errno_message(errno));
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
   if (::fstat(fd, &st) != 0) fail(path, "cannot stat: " + errno_message(errno));
-  if (S_ISDIR(st.st_mode)) fail(path, "cannot read: " + errno_message(EISDIR));
+  check_kind();
   std::vector<uint8_t> bytes;
   bytes.reserve(st.st_size > 0 ? static_cast<size_t>(st.st_size) : 0);
   uint8_t chunk[1 << 16];

@@ -4,8 +4,12 @@
 
 #include <ATen/ops/empty.h>
 
+#include <sys/types.h>
+
 #include <algorithm>
 #include <cstring>
+#include <iostream>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -27,23 +31,53 @@ struct WalkedFolder {
   std::vector<std::string> files;
 };
 
-// os.walk(dir, followlinks=True): every folder below `dir`, following symlinked folders; a
-// folder whose real path is already on the current branch (a symlink cycle) is not re-entered.
-void walk(const std::string& dir, std::set<std::string>& branch, std::vector<WalkedFolder>& out) {
-  const std::string real = detail::real_path(dir, kWho);
-  if (!branch.insert(real).second) return;  // symlink cycle
+// A folder's identity, (st_dev, st_ino) of what its path leads to: two paths to one folder
+// (symlinks) have the same.
+using FolderId = std::pair<dev_t, ino_t>;
+
+// What the walk of the whole root remembers: every folder read so far with the path it was
+// read through (the root and every class folder are there from the start: they are read as
+// themselves), and the folders on the current branch, which tell a loop from a second way in.
+struct WalkState {
+  std::map<FolderId, std::string> read;
+  std::set<FolderId> branch;
+  std::vector<std::string> warnings;
+};
+
+// os.walk(dir, followlinks=True), except that a folder is read once: a subfolder that leads to
+// a folder already read (a symlink loop, or a second link to one folder) is skipped with one
+// warning naming it, so no file is counted twice. Subfolders are entered in name order, so
+// which of two links is read is fixed.
+void walk(const std::string& dir, WalkState& state, std::vector<WalkedFolder>& out) {
   WalkedFolder folder{dir, {}};
-  std::vector<std::string> subfolders;
-  for (const detail::DirEntry& entry : detail::list_dir(dir, kWho)) {
-    if (entry.is_directory)
-      subfolders.push_back(detail::join_path(dir, entry.name));
-    else if (detail::has_image_extension(entry.name))  // a broken link counts, as in os.walk
-      folder.files.push_back(entry.name);
+  std::vector<detail::DirEntry> subfolders;
+  for (detail::DirEntry& entry : detail::list_dir(dir, kWho)) {
+    if (entry.is_folder())
+      subfolders.push_back(std::move(entry));
+    else if (detail::has_image_extension(entry.name))  // broken links and FIFOs count too:
+      folder.files.push_back(entry.name);  // the load names them (read_file never blocks)
   }
   std::sort(folder.files.begin(), folder.files.end());
   out.push_back(std::move(folder));
-  for (const std::string& sub : subfolders) walk(sub, branch, out);
-  branch.erase(real);
+  std::sort(subfolders.begin(), subfolders.end(),
+            [](const detail::DirEntry& a, const detail::DirEntry& b) { return a.name < b.name; });
+  for (const detail::DirEntry& sub : subfolders) {
+    const std::string path = detail::join_path(dir, sub.name);
+    const FolderId id{sub.device, sub.inode};
+    const auto [first, fresh] = state.read.emplace(id, path);
+    if (!fresh) {
+      state.warnings.push_back(
+          state.branch.count(id) != 0
+              ? tandem::detail::concat("skipped '", path, "': a symlink loop back to '",
+                                       first->second, "'")
+              : tandem::detail::concat("skipped '", path, "': it leads to '", first->second,
+                                       "', which is read there (its files count once)"));
+      continue;
+    }
+    state.branch.insert(id);
+    walk(path, state, out);
+    state.branch.erase(id);
+  }
 }
 
 std::string join(const std::vector<std::string>& names, const char* separator) {
@@ -67,30 +101,70 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
                    "' is not a folder (expected one subfolder of images per class)");
 
   // find_classes: the subfolders of root (symlinks followed), sorted by name.
-  for (const detail::DirEntry& entry : detail::list_dir(root_, kWho))
-    if (entry.is_directory) classes_.push_back(entry.name);
-  TANDEM_CHECK_ARG(!classes_.empty(), "ImageFolder: found no class folder in '", root_,
+  std::vector<detail::DirEntry> class_entries;
+  for (detail::DirEntry& entry : detail::list_dir(root_, kWho))
+    if (entry.is_folder()) class_entries.push_back(std::move(entry));
+  TANDEM_CHECK_ARG(!class_entries.empty(), "ImageFolder: found no class folder in '", root_,
                    "' (expected one subfolder of images per class)");
-  std::sort(classes_.begin(), classes_.end());
+  std::sort(class_entries.begin(), class_entries.end(),
+            [](const detail::DirEntry& a, const detail::DirEntry& b) { return a.name < b.name; });
+
+  // The root and every class folder are read as themselves: a link back to one from below is a
+  // loop or a second way in, never a second copy of its files under another class.
+  WalkState state;
+  state.read.emplace(FolderId{status.device, status.inode}, root_);
+  std::vector<size_t> alias_of(class_entries.size());  // the first class with the same folder
+  for (size_t label = 0; label < class_entries.size(); ++label) {
+    const detail::DirEntry& entry = class_entries[label];
+    classes_.push_back(entry.name);
+    const auto [first, fresh] = state.read.emplace(FolderId{entry.device, entry.inode},
+                                                   detail::join_path(root_, entry.name));
+    alias_of[label] = label;
+    if (fresh) continue;
+    for (size_t k = 0; k < label && alias_of[label] == label; ++k)
+      if (FolderId{class_entries[k].device, class_entries[k].inode} == first->first)
+        alias_of[label] = k;
+    state.warnings.push_back(
+        tandem::detail::concat("class folders '", classes_[alias_of[label]], "' and '", entry.name,
+                               "' are one folder: its files count in both classes"));
+  }
 
   // make_dataset: per class, the folders of sorted(os.walk(...)) — ordered by path string —
-  // and in each the files sorted by name.
+  // and in each the files sorted by name. A class whose folder is an earlier class's (a
+  // symlink) gets that class's files under its own name, as torchvision would.
   std::vector<std::string> empty_classes;
+  std::vector<std::pair<size_t, size_t>> class_range(classes_.size());  // [begin, end) in samples_
   for (size_t label = 0; label < classes_.size(); ++label) {
-    std::vector<WalkedFolder> folders;
-    std::set<std::string> branch;
-    walk(detail::join_path(root_, classes_[label]), branch, folders);
-    std::sort(folders.begin(), folders.end(),
-              [](const WalkedFolder& a, const WalkedFolder& b) { return a.path < b.path; });
+    const std::string dir = detail::join_path(root_, classes_[label]);
     const size_t before = samples_.size();
-    for (const WalkedFolder& folder : folders)
-      for (const std::string& file : folder.files)
-        samples_.push_back({detail::join_path(folder.path, file), static_cast<int64_t>(label)});
+    if (alias_of[label] != label) {
+      const std::string original = detail::join_path(root_, classes_[alias_of[label]]);
+      const auto [begin, end] = class_range[alias_of[label]];
+      for (size_t i = begin; i < end; ++i)
+        samples_.push_back(
+            {dir + samples_[i].path.substr(original.size()), static_cast<int64_t>(label)});
+    } else {
+      std::vector<WalkedFolder> folders;
+      const FolderId id{class_entries[label].device, class_entries[label].inode};
+      state.branch = {FolderId{status.device, status.inode}, id};
+      walk(dir, state, folders);
+      std::sort(folders.begin(), folders.end(),
+                [](const WalkedFolder& a, const WalkedFolder& b) { return a.path < b.path; });
+      for (const WalkedFolder& folder : folders)
+        for (const std::string& file : folder.files)
+          samples_.push_back({detail::join_path(folder.path, file), static_cast<int64_t>(label)});
+    }
+    class_range[label] = {before, samples_.size()};
     if (samples_.size() == before) empty_classes.push_back(classes_[label]);
   }
   TANDEM_CHECK_ARG(empty_classes.empty(), "ImageFolder '", root_,
                    "': found no valid file for the classes ", join(empty_classes, ", "),
                    ". Supported extensions are: .jpg, .jpeg, .png (any letter case)");
+  for (std::string& warning : state.warnings) {
+    warning = "ImageFolder '" + root_ + "': " + warning;
+    std::cerr << "warning: " << warning << "\n";
+  }
+  warnings_ = std::move(state.warnings);
 }
 
 std::vector<FieldSpec> ImageFolderDataset::fields() const {
@@ -115,6 +189,10 @@ ImageFolderDataset ImageFolderDataset::with_output(ImageFolderOutput output) con
   ImageFolderDataset copy = *this;
   copy.options_.output = output;
   return copy;
+}
+
+std::string ImageFolderDataset::sample_source(int64_t index) const {
+  return index >= 0 && index < size() ? samples_[static_cast<size_t>(index)].path : "";
 }
 
 void ImageFolderDataset::get(int64_t index, const std::vector<at::Tensor>& out) const {

@@ -26,7 +26,7 @@ std::map<std::string, std::string> files_by_stem(const std::string& dir, Keep ke
   TANDEM_CHECK_ARG(status.is_directory, "ImageMaskPairs: '", dir, "' is not a folder");
   std::map<std::string, std::string> files;
   for (const detail::DirEntry& entry : detail::list_dir(dir, kWho)) {
-    if (entry.is_directory || !keep(entry.name)) continue;
+    if (entry.is_folder() || !keep(entry.name)) continue;  // a FIFO stays: its load names it
     const std::string stem = detail::stem_of(entry.name);
     const std::string path = detail::join_path(dir, entry.name);
     const auto [where, inserted] = files.emplace(stem, path);
@@ -45,6 +45,11 @@ std::string unmatched(const std::vector<std::string>& stems, const char* what) {
 }
 
 }  // namespace
+
+bool is_image_mask_pairs_folder(const std::string& root) {
+  return detail::path_status(detail::join_path(root, "images")).is_directory &&
+         detail::path_status(detail::join_path(root, "masks")).is_directory;
+}
 
 ImageMaskPairs::ImageMaskPairs(std::string root, ImageMaskPairsOptions options)
     : root_(std::move(root)), options_(options) {
@@ -91,6 +96,10 @@ ImageMaskPairs::ImageMaskPairs(std::string root, ImageMaskPairsOptions options)
 std::vector<FieldSpec> ImageMaskPairs::fields() const {
   const int64_t s = options_.image_size;
   return {{"image", {3, s, s}, at::kByte}, {"mask", {s, s}, at::kLong}};
+}
+
+std::string ImageMaskPairs::sample_source(int64_t index) const {
+  return index >= 0 && index < size() ? pairs_[static_cast<size_t>(index)].image_path : "";
 }
 
 void ImageMaskPairs::get(int64_t index, const std::vector<at::Tensor>& out) const {

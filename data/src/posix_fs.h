@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "tandem/error.h"
@@ -27,13 +28,15 @@ inline std::string errno_text(int code) {
 struct PathStatus {
   bool exists = false;
   bool is_directory = false;
-  int error = 0;  ///< errno when !exists
+  int error = 0;     ///< errno when !exists
+  dev_t device = 0;  ///< (device, inode): the identity of what `path` leads to
+  ino_t inode = 0;
 };
 
 inline PathStatus path_status(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return {false, false, errno};
-  return {true, S_ISDIR(st.st_mode), 0};
+  return {true, S_ISDIR(st.st_mode), 0, st.st_dev, st.st_ino};
 }
 
 /// os.path.join(a, b) for a relative b.
@@ -57,13 +60,32 @@ inline std::string real_path(const std::string& path, const char* who) {
   return resolved.get();
 }
 
+/// What a stat() mode is when it is not a folder or a regular file: "a named pipe", "a socket",
+/// "a character device", "a block device"; nullptr for a folder or a regular file. Such a file
+/// is never opened as a sample: open() of a FIFO blocks until a writer comes, and opening a
+/// device can act on it (a tape rewinds).
+inline const char* special_file_kind(mode_t mode) {
+  if (S_ISREG(mode) || S_ISDIR(mode)) return nullptr;
+  if (S_ISFIFO(mode)) return "a named pipe";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "an unknown kind of file";
+}
+
+/// What a folder entry leads to, following symlinks.
+enum class EntryKind { kFolder, kRegularFile, kSpecialFile, kBroken };
+
 struct DirEntry {
   std::string name;
-  bool is_directory = false;  ///< following symlinks; a broken symlink is not a directory
+  EntryKind kind = EntryKind::kBroken;  ///< kBroken: stat() failed (a dangling symlink)
+  dev_t device = 0;  ///< (device, inode): the identity of what it leads to, for cycle checks
+  ino_t inode = 0;
+  bool is_folder() const { return kind == EntryKind::kFolder; }
 };
 
-/// The entries of `dir` except . and .., unsorted. Throws tandem::Error naming `dir` when it
-/// cannot be listed.
+/// The entries of `dir` except . and .., unsorted; stat()ed, never opened. Throws tandem::Error
+/// naming `dir` when it cannot be listed.
 inline std::vector<DirEntry> list_dir(const std::string& dir, const char* who) {
   std::unique_ptr<DIR, int (*)(DIR*)> handle(::opendir(dir.c_str()), ::closedir);
   if (!handle)
@@ -77,9 +99,17 @@ inline std::vector<DirEntry> list_dir(const std::string& dir, const char* who) {
         throw Error(std::string(who) + ": cannot list folder '" + dir + "': " + errno_text(errno));
       break;
     }
-    const std::string name = entry->d_name;
-    if (name == "." || name == "..") continue;
-    entries.push_back({name, path_status(join_path(dir, name)).is_directory});
+    DirEntry out{entry->d_name};
+    if (out.name == "." || out.name == "..") continue;
+    struct stat st {};
+    if (::stat(join_path(dir, out.name).c_str(), &st) == 0) {
+      out.kind = S_ISDIR(st.st_mode)   ? EntryKind::kFolder
+                 : S_ISREG(st.st_mode) ? EntryKind::kRegularFile
+                                       : EntryKind::kSpecialFile;
+      out.device = st.st_dev;
+      out.inode = st.st_ino;
+    }
+    entries.push_back(std::move(out));
   }
   return entries;
 }

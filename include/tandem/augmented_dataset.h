@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tandem/augment.h"
@@ -22,6 +23,7 @@ class AugmentedDataset : public Dataset {
   int64_t size() const override { return source_->size(); }
   std::vector<FieldSpec> fields() const override;
   void get(int64_t index, const std::vector<at::Tensor>& out) const override;
+  std::string sample_source(int64_t index) const override { return source_->sample_source(index); }
 
  private:
   std::shared_ptr<const Dataset> source_;

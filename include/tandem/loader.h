@@ -6,12 +6,15 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAEvent.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +67,9 @@ class Dataset {
   /// contiguous CPU tensor (declared dtype and rank; the loader packs it into the slot). The
   /// default calls get(); datasets with variable-size fields override this instead.
   virtual void get_sample(int64_t index, std::vector<at::Tensor>& out) const { get(index, out); }
+  /// What sample `index` is read from (a file's path), for messages; "" when there is nothing
+  /// to name. Called from any thread, also while a worker is inside get() of that index.
+  virtual std::string sample_source(int64_t index) const { return {}; }
 };
 
 /// The ring a pool of `workers` needs to keep every worker busy: a worker fills a whole batch
@@ -103,7 +109,19 @@ struct LoaderOptions {
   bool skip_bad = false;
   uint64_t seed = 0;
   Trace* trace = nullptr;  ///< if set: each worker's fills, and the consumer's waits
+  /// If set: a stop request, when nonzero (a run's stop flag, set by a signal handler). next()
+  /// waiting for a batch looks at it every kLoaderCancelPoll and, once set, throws LoaderError
+  /// naming the batch and the sample each busy worker has been on, and for how long — so a stop
+  /// ends a run even while a worker is stuck in a read (a hung network mount).
+  const std::atomic<int>* cancel = nullptr;
 };
+
+/// How often a waiting next() looks at LoaderOptions::cancel.
+constexpr std::chrono::milliseconds kLoaderCancelPoll{100};
+/// How long stop() waits for a worker to leave the sample it is on; one still in it then (stuck
+/// in a read) is left behind, detached, with one line on stderr naming the sample: it touches
+/// nothing of the loader when it comes back, and its dataset stays alive until it does.
+constexpr std::chrono::milliseconds kLoaderStopGrace{2000};
 
 /// What the Loader's constructor checks before it allocates anything: batch size > 0, workers in
 /// [1, kMaxLoaderWorkers], depth in [1, kMaxLoaderDepth], and that the ring fits
@@ -134,7 +152,8 @@ struct HostBatch {
 ///              event first, so a pinned slot is never overwritten while a copy still reads it.
 ///
 /// A worker's exception is re-thrown by next() as LoaderError naming the sample index.
-/// Destruction (or stop()) mid-epoch wakes and joins every worker; nothing is left running.
+/// Destruction (or stop()) mid-epoch wakes and joins every worker; nothing is left running but a
+/// worker stuck inside a sample for longer than kLoaderStopGrace (see there).
 class Loader {
  public:
   /// Throws InvalidArgument, before allocating a slot or starting a thread, unless the batch
@@ -172,7 +191,24 @@ class Loader {
     std::string error;
   };
 
+  // What a worker is on: the sample index while it is inside get_sample() (-1 otherwise) and
+  // since when (steady clock, ns). Written by the worker, read by stop() and a cancelled next().
+  struct WorkerState {
+    std::atomic<int64_t> sample{-1};
+    std::atomic<int64_t> since_ns{0};
+  };
+  // Each worker holds `mutex` shared whenever it is not inside get_sample(), so stop(), holding
+  // it exclusively, sees every worker either out of the loader or inside a sample. A worker
+  // stuck in one is then abandoned (detached): coming back, it sees `abandoned` in its own copy
+  // of this and returns without touching the loader, which may be gone.
+  struct WorkerGuard {
+    std::shared_mutex mutex;
+    bool abandoned = false;
+  };
+
   void worker_loop(int worker);
+  // "worker 1 has been on sample 17 ('a/b.jpg') for 3.2 s", for each worker inside a sample.
+  std::string busy_workers() const;
   int64_t index_at(int64_t position) const;
   // Packs the variable-size samples `variable[v][i]` into `slot`'s arenas, growing them.
   void pack(Slot& slot, const std::vector<std::vector<at::Tensor>>& variable, int64_t count);
@@ -196,6 +232,8 @@ class Loader {
   int64_t next_to_deliver_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
+  std::unique_ptr<WorkerState[]> worker_state_;
+  std::shared_ptr<WorkerGuard> guard_ = std::make_shared<WorkerGuard>();
 };
 
 /// The load stage of every host data source (the runner's): takes the loader's next batch, copies

@@ -16,6 +16,8 @@
 
 #include <ATen/core/Generator.h>
 
+#include <atomic>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -62,6 +64,10 @@ struct RunOptions {
   /// register (FeedStage/TrainStage::generators) as it was just before that step's draws:
   /// generator_states_before() reads them (checkpoints of runs that resume exactly).
   bool record_generator_states = false;
+  /// If set and nonzero: a step waiting for a batch that a loader worker cannot finish (a file
+  /// on a hung mount, say) gives up within about 100 ms, naming the worker's sample, instead
+  /// of waiting forever (LoaderOptions::cancel). The Trainer's stop flag.
+  const std::atomic<int>* stop = nullptr;
 };
 
 /// Runs a stage that failed: what() names the stage, its lane, the step, the mode and the batch

@@ -12,11 +12,14 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csetjmp>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tandem/data/decode.h"
@@ -150,6 +153,19 @@ inline std::vector<uint8_t> raw_png(const RawPng& spec) {
   png_destroy_write_struct(&png, &info);
   if (!ok) throw std::runtime_error("libpng write failed");
   return out;
+}
+
+/// Runs `f` on a thread of its own and fails the test if it has not returned within `seconds`
+/// (the guard of a test of something that must not block). Then it calls `unblock` every 10 ms
+/// until `f` returns, so the test ends either way; `f`'s exception, if any, is re-thrown.
+template <typename F, typename Unblock>
+void expect_returns_within(double seconds, F&& f, Unblock&& unblock) {
+  std::future<void> done = std::async(std::launch::async, std::forward<F>(f));
+  if (done.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) {
+    ADD_FAILURE() << "still blocked after " << seconds << " s";
+    while (done.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) unblock();
+  }
+  done.get();
 }
 
 /// A one-line message naming `path`: what every decode error must be.

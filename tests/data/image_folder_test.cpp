@@ -106,6 +106,47 @@ TEST(ImageFolderTest, SymlinkedFoldersAreFollowedButCyclesAreNotReentered) {
   EXPECT_EQ(relative_paths(ds, dir),
             (std::vector<std::string>{"Zebra/z.PNG:0", "cat/a.png:1", "cat/b.JPG:1",
                                       "cat/sub/c.jpeg:1", "dog/x.jpg:2", "puppy/x.jpg:3"}));
+  // One warning each: the loop, and the class folder that is another class's.
+  ASSERT_EQ(ds.warnings().size(), 2u);
+  EXPECT_NE(ds.warnings()[0].find("class folders 'dog' and 'puppy' are one folder"),
+            std::string::npos)
+      << ds.warnings()[0];
+  EXPECT_NE(ds.warnings()[1].find("skipped '" + testing::join(dir.path(), "root/cat/sub/loop") +
+                                  "': a symlink loop"),
+            std::string::npos)
+      << ds.warnings()[1];
+}
+
+// A loop through the root would read another class's files again under this class, and two
+// links to one folder would read its files twice: each is skipped with one warning naming it.
+TEST(ImageFolderTest, SymlinkLoopsAndSecondLinksAreSkippedOnceWithAWarning) {
+  TempDir dir;
+  const auto png = encode_png(smooth_image(3, 4, 4));
+  for (const char* f : {"root/a/1.png", "root/b/2.png", "elsewhere/3.png"}) put(dir, f, png);
+  const std::string root = testing::join(dir.path(), "root");
+  const std::string elsewhere = testing::join(dir.path(), "elsewhere");
+  const std::string up = testing::join(root, "a/up"), again = testing::join(root, "a/y"),
+                    other = testing::join(root, "b/z");
+  ASSERT_EQ(::symlink(root.c_str(), up.c_str()), 0);  // a/up -> root: a loop
+  ASSERT_EQ(::symlink(elsewhere.c_str(), testing::join(root, "a/x").c_str()), 0);
+  ASSERT_EQ(::symlink(elsewhere.c_str(), again.c_str()), 0);  // a second way in
+  ASSERT_EQ(::symlink(elsewhere.c_str(), other.c_str()), 0);  // and a third, in class b
+  const ImageFolderDataset ds(root);
+  EXPECT_EQ(ds.classes(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(relative_paths(ds, dir),
+            (std::vector<std::string>{"a/1.png:0", "a/x/3.png:0", "b/2.png:1"}));
+  ASSERT_EQ(ds.warnings().size(), 3u);
+  EXPECT_NE(ds.warnings()[0].find("skipped '" + up + "': a symlink loop back to '" + root + "'"),
+            std::string::npos)
+      << ds.warnings()[0];
+  for (int k : {1, 2}) {
+    const std::string& warning = ds.warnings()[k];
+    EXPECT_NE(warning.find("skipped '" + (k == 1 ? again : other) + "': it leads to '" +
+                           testing::join(root, "a/x") + "'"),
+              std::string::npos)
+        << warning;
+    EXPECT_EQ(warning.find('\n'), std::string::npos);
+  }
 }
 
 TEST(ImageFolderTest, SamplesAreDecodedResizedAndCenterCropped) {

@@ -1,6 +1,6 @@
-// The train layer on the CPU: checkpoints (atomic, kept, refused), optimizer state, the
-// Trainer's exact resume (bitwise on the CPU, in the serial and pipelined modes, from an epoch
-// end and from mid-epoch), its refusals, a non-finite loss, and the classifier jobs.
+// The train layer on the CPU: checkpoints (atomic, kept), optimizer state, the Trainer's
+// metrics, bf16, a non-finite loss, and the classifier and segmenter jobs (resume_test.cpp: the
+// exact resume, its records and its checks).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -10,127 +10,22 @@
 #include <cstdio>
 #include <fstream>
 
-#include "../data/fixtures.h"
 #include "tandem/error.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/optim.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/classifier.h"
 #include "tandem/train/trainer.h"
+#include "train_fixtures.h"
 
 namespace tandem::train {
 namespace {
 
 using data::testing::TempDir;
-
-void put_be32(std::vector<uint8_t>& b, uint32_t v) {
-  for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
-}
-
-// IDX files of n learnable 28x28 images: class c is a bright bar on rows 2c+2..2c+4 over a
-// noisy background (seeded), so a small CNN learns it within an epoch.
-void write_idx(const std::string& dir, const std::string& prefix, int n, int classes,
-               uint32_t seed) {
-  std::vector<uint8_t> images, labels;
-  put_be32(images, 0x803);
-  put_be32(images, static_cast<uint32_t>(n));
-  put_be32(images, 28);
-  put_be32(images, 28);
-  put_be32(labels, 0x801);
-  put_be32(labels, static_cast<uint32_t>(n));
-  uint32_t state = seed * 2654435761u + 1;
-  auto rnd = [&]() { return (state = state * 1664525u + 1013904223u) >> 24; };
-  for (int i = 0; i < n; ++i) {
-    const int c = static_cast<int>(rnd() % static_cast<uint32_t>(classes));
-    labels.push_back(static_cast<uint8_t>(c));
-    for (int y = 0; y < 28; ++y)
-      for (int x = 0; x < 28; ++x) {
-        const bool bar = y >= 2 * c + 2 && y <= 2 * c + 4;
-        images.push_back(static_cast<uint8_t>((bar ? 160 : 0) + rnd() % 90));
-      }
-  }
-  data::testing::make_dirs(dir);
-  data::write_file(dir + "/" + prefix + "-images-idx3-ubyte", images);
-  data::write_file(dir + "/" + prefix + "-labels-idx1-ubyte", labels);
-}
-
-struct Fixture {
-  TempDir tmp;
-  std::string data;
-  Fixture() : data(tmp.path() + "/idx") {
-    write_idx(data, "train", 96, 4, 1);
-    write_idx(data, "t10k", 40, 4, 2);
-  }
-};
-
-ClassifierOptions small_job(const std::string& data) {
-  ClassifierOptions c;
-  c.data = data;
-  c.batch_size = 16;
-  c.seed = 7;
-  return c;
-}
-
-TrainOptions options(const std::string& out, Mode mode, int64_t epochs = 2) {
-  TrainOptions o;
-  o.epochs = epochs;
-  o.batch_size = 16;
-  o.mode = mode;
-  o.workers = 2;
-  o.seed = 3;
-  o.out_dir = out;
-  o.schedule = optim::cosine(1e-3, epochs * 6);
-  return o;
-}
-
-// Bitwise equality of two weight files' tensors.
-void expect_same_weights(const std::string& a, const std::string& b) {
-  const auto ta = models::load_safetensors(a), tb = models::load_safetensors(b);
-  ASSERT_EQ(ta.size(), tb.size());
-  for (size_t i = 0; i < ta.size(); ++i) {
-    EXPECT_EQ(ta[i].first, tb[i].first);
-    EXPECT_TRUE(at::equal(ta[i].second, tb[i].second)) << "tensor " << ta[i].first << " differs";
-  }
-}
-
-// Train 2 epochs straight; then 2 epochs as: stop at `stop_step`, resume, finish. The resumed
-// run's losses are the straight run's from that step on, and the final weights are equal.
-void check_resume(Mode mode, int64_t stop_step, int64_t checkpoint_every) {
-  Fixture f;
-  Trainer straight(make_classifier(small_job(f.data)), options(f.tmp.path() + "/a", mode));
-  const TrainResult a = straight.run();
-  ASSERT_EQ(a.losses.size(), 12u);  // 96 / 16 = 6 steps an epoch
-
-  std::atomic<int> stop{0};
-  TrainOptions first = options(f.tmp.path() + "/b", mode);
-  first.stop = &stop;
-  first.checkpoint_every = checkpoint_every;
-  first.progress_seconds = 0;  // every step
-  first.on_progress = [&](const TrainOptions::Progress& p) {
-    if (p.step >= stop_step - 1) stop = SIGINT;  // seen before step stop_step
-  };
-  const TrainResult b1 = Trainer(make_classifier(small_job(f.data)), first).run();
-  EXPECT_EQ(b1.stopped_by_signal, SIGINT);
-  ASSERT_EQ(b1.steps, stop_step);
-  for (int64_t i = 0; i < stop_step; ++i) EXPECT_EQ(b1.losses[i], a.losses[i]) << "step " << i;
-
-  TrainOptions again = options(f.tmp.path() + "/b", mode);
-  again.resume = true;
-  Trainer resumed(make_classifier(small_job(f.data)), again);
-  EXPECT_EQ(resumed.start_step(), stop_step);
-  const TrainResult b2 = resumed.run();
-  ASSERT_EQ(b2.losses.size(), static_cast<size_t>(12 - stop_step));
-  for (size_t i = 0; i < b2.losses.size(); ++i)
-    EXPECT_EQ(b2.losses[i], a.losses[static_cast<size_t>(stop_step) + i])
-        << "step " << stop_step + static_cast<int64_t>(i);
-  expect_same_weights(a.weights, b2.weights);
-  ASSERT_EQ(b2.epochs.size(), 2u);  // the first epoch's record came from the checkpoint
-  EXPECT_EQ(b2.epochs[1].metrics.at("accuracy"), a.epochs[1].metrics.at("accuracy"));
-}
-
-TEST(TrainerTest, ResumeFromAnEpochEndIsBitwiseSerial) { check_resume(Mode::kSerial, 6, 0); }
-TEST(TrainerTest, ResumeFromMidEpochIsBitwiseSerial) { check_resume(Mode::kSerial, 4, 2); }
-TEST(TrainerTest, ResumeFromMidEpochIsBitwisePipelined) { check_resume(Mode::kPipelined, 4, 2); }
+using fixtures::Fixture;
+using fixtures::options;
+using fixtures::small_job;
+using fixtures::write_idx;
 
 TEST(TrainerTest, WritesMetricsAndLearns) {
   Fixture f;
@@ -146,11 +41,16 @@ TEST(TrainerTest, WritesMetricsAndLearns) {
     const auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j.at("epoch").get<int64_t>(), ++lines);
     EXPECT_TRUE(j.contains("accuracy") && j.contains("train_loss"));
+    EXPECT_FALSE(j.contains("resumed_at_step")) << line;  // marks only a resumed epoch
   }
   EXPECT_EQ(lines, 3);
   std::ifstream csv(f.tmp.path() + "/run/metrics.csv");
   std::getline(csv, line);
-  EXPECT_EQ(line.rfind("epoch,step,train_loss,accuracy,val_loss,lr", 0), 0u) << line;
+  EXPECT_EQ(line,
+            "epoch,step,train_loss,accuracy,val_loss,lr,images_per_s,epoch_images_per_s,"
+            "train_seconds,eval_seconds,resumed_at_step");
+  std::getline(csv, line);
+  EXPECT_EQ(line.back(), ',') << line;  // not resumed: the last column is empty
   // keep 3 checkpoints: one per epoch
   EXPECT_EQ(CheckpointStore(f.tmp.path() + "/run/checkpoints", 3).list().size(), 3u);
   EXPECT_NO_THROW(models::load_safetensors(r.weights));
@@ -191,46 +91,6 @@ INSTANTIATE_TEST_SUITE_P(Modes, Bf16Test,
                            return n;
                          });
 
-TEST(TrainerTest, RefusesAnExistingRunFolderWithoutResume) {
-  Fixture f;
-  const std::string out = f.tmp.path() + "/run";
-  data::testing::make_dirs(out);
-  data::write_file(out + "/notes.txt", {'h', 'i'});
-  try {
-    Trainer(make_classifier(small_job(f.data)), options(out, Mode::kSerial));
-    FAIL() << "expected InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
-  }
-  std::ifstream kept(out + "/notes.txt");
-  std::string text;
-  kept >> text;
-  EXPECT_EQ(text, "hi");  // nothing overwritten
-}
-
-TEST(TrainerTest, ResumeNeedsACheckpointOfTheSameConfig) {
-  Fixture f;
-  const std::string out = f.tmp.path() + "/run";
-  TrainOptions o = options(out, Mode::kSerial, 1);
-  o.resume = true;
-  EXPECT_THROW(Trainer(make_classifier(small_job(f.data)), o), InvalidArgument);  // none yet
-  o.resume = false;
-  Trainer(make_classifier(small_job(f.data)), o).run();
-  o.resume = true;
-  ClassifierOptions other = small_job(f.data);
-  other.lr = 0.5;
-  try {
-    Trainer(make_classifier(other), o);
-    FAIL() << "expected InvalidArgument";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("lr"), std::string::npos) << e.what();
-  }
-  // A checkpoint of another model.
-  ClassifierOptions sgd = small_job(f.data);
-  sgd.optimizer = "sgd";
-  EXPECT_THROW(Trainer(make_classifier(sgd), o), InvalidArgument);
-}
-
 // A job whose loss turns NaN at one step, to see the run stop there and keep what was good.
 TrainJob nan_at(const std::string& data, int64_t bad_step) {
   TrainJob job = make_classifier(small_job(data));
@@ -255,6 +115,7 @@ TEST(TrainerTest, NonFiniteLossStopsNamingTheStepAndKeepsTheLastCheckpoint) {
   } catch (const NonFiniteLoss& e) {
     EXPECT_NE(std::string(e.what()).find("step 3"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("step-000000002"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("try a lower --lr"), std::string::npos) << e.what();
   }
   const auto kept = CheckpointStore(f.tmp.path() + "/run/checkpoints", 3).list();
   ASSERT_EQ(kept.size(), 1u);
@@ -263,6 +124,33 @@ TEST(TrainerTest, NonFiniteLossStopsNamingTheStepAndKeepsTheLastCheckpoint) {
     if (t.is_floating_point()) {
       EXPECT_TRUE(t.isfinite().all().item<bool>()) << name;
     }
+}
+
+// Weights that hold a NaN before the first step make the first loss NaN: the message names the
+// weights file and the tensor, not the learning rate.
+TEST(TrainerTest, NonFiniteStartingWeightsAreNamedNotTheLearningRate) {
+  Fixture f;
+  const std::string w = f.tmp.path() + "/nan.safetensors";
+  {
+    models::NamedTensors t = models::state_dict(*make_classifier(small_job(f.data)).model);
+    for (auto& [name, v] : t) v = v.detach().clone();
+    ASSERT_EQ(t[0].first, "conv1.weight");
+    t[0].second.view({-1})[3] = std::nanf("");
+    models::save_safetensors(w, t);
+  }
+  ClassifierOptions c = small_job(f.data);
+  c.weights = w;
+  try {
+    Trainer(make_classifier(c), options(f.tmp.path() + "/run", Mode::kSerial)).run();
+    FAIL() << "expected NonFiniteLoss";
+  } catch (const NonFiniteLoss& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the loss of step 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("the starting weights (--weights "), std::string::npos) << m;
+    EXPECT_NE(m.find("nan.safetensors) hold non-finite values (conv1.weight)"), std::string::npos)
+        << m;
+    EXPECT_EQ(m.find("--lr"), std::string::npos) << m;
+  }
 }
 
 TEST(TrainerTest, UnwritableCheckpointStopsTheRunAndKeepsTheLastGood) {
@@ -464,7 +352,7 @@ TEST(SegmenterTest, NeedsTheClassCount) {
   EXPECT_THROW(make_classifier(c), InvalidArgument);
 }
 
-// Issue 18's CI acceptance: one CPU epoch of the small CNN on a Fashion-MNIST subset reaches
+// CI's accuracy check: one CPU epoch of the small CNN on a Fashion-MNIST subset reaches
 // 80% test accuracy. The bootstrap installs Debian's dataset-fashion-mnist.
 TEST(FashionMnistTest, OneEpochOnASubsetReaches80Percent) {
   const std::string dir = "/usr/share/datasets/fashion-mnist";
@@ -491,8 +379,12 @@ TEST(FashionMnistTest, OneEpochOnASubsetReaches80Percent) {
 namespace tandem::train {
 namespace {
 
+using data::testing::TempDir;
+using fixtures::options;
+using fixtures::write_idx;
+
 // On the GPU, in pipelined+graphed mode with deterministic algorithms: stopping mid-epoch and
-// resuming gives the uninterrupted run's losses within 1e-6 (issue 18). The IDX job draws only
+// resuming gives the uninterrupted run's losses within 1e-6. The IDX job draws only
 // dropout (the device's default generator, inside the captured train step); the ImageFolder job
 // draws its crops from the augment stage's own generator on another lane, which runs ahead of
 // the train stage — the Runner's per-item generator snapshots are what make it resume exactly.

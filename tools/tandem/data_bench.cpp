@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "tandem/auto_mode.h"
 #include "tandem/data/decode.h"
 #include "tandem/data/image_folder.h"
+#include "tandem/data/image_mask_pairs.h"
 #include "tandem/data/nvjpeg_decoder.h"
 #include "tandem/error.h"
 #include "tandem/loader.h"
@@ -99,21 +101,30 @@ bool time_gpu_decode(const std::vector<std::vector<uint8_t>>& files,
   return true;
 }
 
-// The loader alone: workers reading, decoding and packing batches into pinned slots.
+// The loader alone: workers reading, decoding and packing batches into pinned slots; with
+// skip_bad the files the decode rows found bad (`bad_paths`) are not in the cycle — it meets
+// each many times, and a batch of nothing but bad files stops a loader — and any other bad file
+// is left out of its batch; both are counted in the note.
 DataBenchRow time_loader(std::shared_ptr<const data::ImageFolderDataset> folder, int workers,
-                         int64_t batch_size, int64_t batches) {
+                         int64_t batch_size, int64_t batches, bool skip_bad,
+                         const std::set<std::string>& bad_paths) {
   LoaderOptions lo;
   lo.batch_size = batch_size;
   lo.workers = workers;
+  lo.skip_bad = skip_bad;
   lo.depth = ring_slots_for(workers);
   lo.shuffle = true;
   // Enough indices for `batches` batches plus one warm-up batch, cycling over the folder.
   const int64_t n = folder->size();
   const DistributedSampler sampler(n, 1, 0, true, 0);
-  for (int64_t e = 0; static_cast<int64_t>(lo.indices.size()) < (batches + 1) * batch_size; ++e) {
-    const auto epoch = sampler.indices(e);
-    lo.indices.insert(lo.indices.end(), epoch.begin(), epoch.end());
-  }
+  std::set<int64_t> bad;
+  for (int64_t i = 0; i < n; ++i)
+    if (bad_paths.count(folder->samples()[static_cast<size_t>(i)].path) != 0) bad.insert(i);
+  if (static_cast<int64_t>(bad.size()) == n)
+    throw Error("data-bench: every file of the folder is bad");
+  for (int64_t e = 0; static_cast<int64_t>(lo.indices.size()) < (batches + 1) * batch_size; ++e)
+    for (const int64_t i : sampler.indices(e))
+      if (bad.count(i) == 0) lo.indices.push_back(i);
   lo.indices.resize((batches + 1) * batch_size);
   Loader loader(folder, lo);
   Progress progress("loader", batches + 1);
@@ -136,18 +147,49 @@ DataBenchRow time_loader(std::shared_ptr<const data::ImageFolderDataset> folder,
   r.images_per_s = static_cast<double>(images) / seconds_since(start);
   r.images_per_s_per_core = r.images_per_s / workers;
   r.note = "read + scaled decode + pack into pinned slots, no GPU";
+  for (const SkippedSample& s : loader.skipped()) bad.insert(s.index);  // met again each cycle
+  if (!bad.empty()) r.note += detail::concat("; ", bad.size(), " bad file(s) skipped");
   return r;
+}
+
+// "3 bad files left out (--skip-bad): a.jpg: why; b.jpg: why; ...", at most 3 named.
+std::string describe_skipped(const std::vector<std::string>& bad) {
+  std::string text = detail::concat(bad.size(), " bad file(s) left out (--skip-bad): ");
+  for (size_t i = 0; i < bad.size() && i < 3; ++i) text += (i > 0 ? "; " : "") + bad[i];
+  return text + (bad.size() > 3 ? "; ..." : "");
 }
 }  // namespace
 
-DataBenchResult run_data_bench(const DataBenchOptions& o) {
+void check_data_bench_options(const DataBenchOptions& o) {
   TANDEM_CHECK_ARG(!o.data.empty(), "data-bench needs --data DIR (an ImageFolder)");
-  TANDEM_CHECK_ARG(o.decode == "cpu" || o.decode == "gpu" || o.decode == "auto", "decode '",
+  TANDEM_CHECK_ARG(o.decode == "cpu" || o.decode == "gpu" || o.decode == "auto", "--decode '",
                    o.decode, "' is not valid: expected cpu, gpu or auto");
-  TANDEM_CHECK_ARG(o.decode_images >= 1, "decode image count ", o.decode_images,
+  TANDEM_CHECK_ARG(o.decode_images >= 1, "--images ", o.decode_images,
+                   " is not valid: expected >= 1 files");
+  TANDEM_CHECK_ARG(o.loader_images >= 1, "loader image count ", o.loader_images,
                    " is not valid: expected >= 1");
+  TANDEM_CHECK_ARG(!o.workers || (*o.workers >= 1 && *o.workers <= kMaxLoaderWorkers), "--workers ",
+                   o.workers.value_or(0), " is not valid: expected 1 to ", kMaxLoaderWorkers,
+                   " loader threads");
+  TANDEM_CHECK_ARG(!o.run.batch_size || *o.run.batch_size >= 1, "--batch-size ",
+                   o.run.batch_size.value_or(0), " is not valid: expected >= 1");
+  TANDEM_CHECK_ARG(!o.run.steps || *o.run.steps >= 0, "--steps ", o.run.steps.value_or(0),
+                   " is not valid: expected >= 1 (or 0: no end-to-end rows)");
+  TANDEM_CHECK_ARG(!o.run.warmup || *o.run.warmup >= 0, "--warmup ", o.run.warmup.value_or(0),
+                   " is not valid: expected >= 0");
+}
+
+DataBenchResult run_data_bench(const DataBenchOptions& o) {
+  check_data_bench_options(o);
+  // An image + mask folder would read as two classes, "images" and "masks": refused.
+  TANDEM_CHECK_ARG(
+      !data::is_image_mask_pairs_folder(o.data),
+      "data-bench reads an ImageFolder (one subfolder of images per class); ", o.data,
+      " holds images/ and masks/ (segmentation pairs), which it would read as two classes: time "
+      "reading it with tandem train --data ",
+      o.data, " (its progress gives img/s)");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int workers = o.workers > 0 ? o.workers : std::max(1, static_cast<int>(cores) - 1);
+  const int workers = o.workers ? *o.workers : std::max(1, static_cast<int>(cores) - 1);
   BenchOptions run = o.run;
   run.data = o.data;
   run.params["model"] = o.model;
@@ -166,18 +208,37 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   std::cerr << "data-bench: " << folder->size() << " images in " << folder->classes().size()
             << " classes under " << o.data << "; " << cores << " cores\n";
 
-  // Files read into memory first: the decode rows time decoding, not the disk.
-  std::vector<std::string> paths;
+  // Files read into memory first: the decode rows time decoding, not the disk. With --skip-bad
+  // each is decoded once, untimed, so a bad one is left out before the timed loops (which then
+  // cannot fail) and counted; without, the first bad one stops the bench naming it.
+  std::vector<std::string> paths, bad;
+  std::set<std::string> bad_paths;
   std::vector<std::vector<uint8_t>> files;
   for (const auto& sample : folder->spread_samples(o.decode_images)) {
-    paths.push_back(sample.path);
-    files.push_back(data::read_file(sample.path));
+    try {
+      std::vector<uint8_t> bytes = data::read_file(sample.path);
+      if (run.skip_bad) data::decode_image_interleaved(bytes, sample.path, 3, size, size);
+      paths.push_back(sample.path);
+      files.push_back(std::move(bytes));
+    } catch (const std::exception& e) {  // a file's: read_file and the decoders name it
+      if (!run.skip_bad) throw;
+      bad.push_back(first_line(e.what()));
+      bad_paths.insert(sample.path);
+    }
   }
+  if (!bad.empty()) {
+    result.notes.push_back("decode rows: " + describe_skipped(bad));
+    std::cerr << "data-bench: " << result.notes.back() << "\n";
+  }
+  if (files.empty())
+    throw Error(detail::concat("data-bench: every one of the ", bad.size(),
+                               " files read for the decode rows was bad (", bad.front(), ")"));
   if (o.decode != "gpu") {
     result.rows.push_back(time_cpu_decode(files, paths, size, true));
     result.rows.push_back(time_cpu_decode(files, paths, size, false));
     result.rows.push_back(time_loader(folder, workers, *run.batch_size,
-                                      std::max<int64_t>(1, o.loader_images / *run.batch_size)));
+                                      std::max<int64_t>(1, o.loader_images / *run.batch_size),
+                                      run.skip_bad, bad_paths));
   }
   if (o.decode != "cpu") {
     DataBenchRow row;
@@ -207,11 +268,10 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
         result.stage_report = describe_result(r);
       } else {
         result.rows.back().resident_images_per_s = r.samples_per_s;
-        result.rows.back().note =
-            detail::concat("mode ", to_string(b.mode), "; ",
-                           static_cast<int>(100.0 * result.rows.back().images_per_s /
-                                            r.samples_per_s + 0.5),
-                           "% of the resident rate");
+        result.rows.back().note = detail::concat(
+            "mode ", to_string(b.mode), "; ",
+            static_cast<int>(100.0 * result.rows.back().images_per_s / r.samples_per_s + 0.5),
+            "% of the resident rate");
       }
     }
   }
@@ -234,10 +294,10 @@ std::string describe_data_bench(const DataBenchResult& r) {
       return std::string(b);
     };
     std::snprintf(line, sizeof line, "%-16s %-16s %6s %7d %12s %12s %12s  %s\n", row.job.c_str(),
-                  (row.decoder.empty() ? row.decode : row.decoder).c_str(), row.batch_size ? std::to_string(row.batch_size).c_str() : "-",
-                  row.workers, num(row.images_per_s).c_str(),
-                  num(row.images_per_s_per_core).c_str(), num(row.resident_images_per_s).c_str(),
-                  row.note.c_str());
+                  (row.decoder.empty() ? row.decode : row.decoder).c_str(),
+                  row.batch_size ? std::to_string(row.batch_size).c_str() : "-", row.workers,
+                  num(row.images_per_s).c_str(), num(row.images_per_s_per_core).c_str(),
+                  num(row.resident_images_per_s).c_str(), row.note.c_str());
     os << line;
   }
   for (const auto& n : r.notes) os << "note: " << n << "\n";
@@ -249,23 +309,25 @@ nlohmann::json data_bench_json(const DataBenchResult& r, const std::string& comm
   nlohmann::json rows = nlohmann::json::array(), loader = nlohmann::json::array();
   auto or_null = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
   for (const auto& row : r.rows)
-    (row.job == "loader" ? loader : rows).push_back({{"impl", "tandem"},
-                    {"job", row.job},
-                    {"batch_size", row.batch_size ? nlohmann::json(row.batch_size)
-                                                  : nlohmann::json(nullptr)},
-                    {"workers", row.workers},
-                    {"decode", row.decode.empty() ? nlohmann::json(nullptr) : nlohmann::json(row.decode)},
-                    {"images_per_s", row.images_per_s},
-                    {"images_per_s_per_core", or_null(row.images_per_s_per_core)},
-                    {"resident_images_per_s", or_null(row.resident_images_per_s)},
-                    {"decoder", row.decoder.empty() ? nlohmann::json(nullptr)
-                                                    : nlohmann::json(row.decoder)},
-                    {"note", row.note}});
+    (row.job == "loader" ? loader : rows)
+        .push_back(
+            {{"impl", "tandem"},
+             {"job", row.job},
+             {"batch_size",
+              row.batch_size ? nlohmann::json(row.batch_size) : nlohmann::json(nullptr)},
+             {"workers", row.workers},
+             {"decode", row.decode.empty() ? nlohmann::json(nullptr) : nlohmann::json(row.decode)},
+             {"images_per_s", row.images_per_s},
+             {"images_per_s_per_core", or_null(row.images_per_s_per_core)},
+             {"resident_images_per_s", or_null(row.resident_images_per_s)},
+             {"decoder",
+              row.decoder.empty() ? nlohmann::json(nullptr) : nlohmann::json(row.decoder)},
+             {"note", row.note}});
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return {{"device", r.device_name}, {"date", date}, {"command", command}, {"rows", rows},
-          {"loader", loader}, {"notes", r.notes}};
+  return {{"device", r.device_name}, {"date", date},    {"command", command}, {"rows", rows},
+          {"loader", loader},        {"notes", r.notes}};
 }
 
 }  // namespace tandem

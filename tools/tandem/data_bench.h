@@ -4,9 +4,9 @@
 // device-resident data, with the stage report. Built where the data layer is.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +17,7 @@ namespace tandem {
 struct DataBenchOptions {
   std::string data;
   int64_t decode_images = 1000;  ///< files timed on one core (and on the GPU)
-  int workers = 0;               ///< loader threads; 0: one per core but one
+  std::optional<int> workers;    ///< loader threads; unset: one per core but one
   int64_t loader_images = 8000;  ///< images the loader-only run drains (whole batches)
   /// cpu, gpu or auto: which decode rows are timed (auto: both), and how the end-to-end run
   /// decodes (workload images' decode param; auto: whichever a short trial finds faster).
@@ -29,7 +29,7 @@ struct DataBenchOptions {
 };
 
 struct DataBenchRow {
-  std::string job;     ///< decode, loader, or the model's name (end to end)
+  std::string job;      ///< decode, loader, or the model's name (end to end)
   std::string decode;   ///< cpu or gpu; "" when not known (an end-to-end run with auto)
   std::string decoder;  ///< decode rows: turbojpeg_scaled, turbojpeg_full or nvjpeg
   int64_t batch_size = 0;
@@ -47,8 +47,16 @@ struct DataBenchResult {
   std::string device_name;
 };
 
-/// Runs every part, printing progress to stderr. Throws InvalidArgument for a bad folder or
-/// options, naming them.
+/// Throws InvalidArgument naming the first out-of-range option as its command-line flag, in one
+/// line: --images, --workers, --batch-size >= 1 (and the loader image count), --steps and
+/// --warmup >= 0, --decode cpu, gpu or auto, --data given.
+void check_data_bench_options(const DataBenchOptions& options);
+
+/// Runs every part, printing progress to stderr. Throws InvalidArgument for bad options
+/// (check_data_bench_options) or a bad folder, naming them — an image + mask folder (images/,
+/// masks/) too, which an ImageFolder would read as two classes. With run.skip_bad a file that
+/// fails to read or decode is left out of every row and counted (DataBenchResult::notes);
+/// without, the first stops the bench naming it.
 DataBenchResult run_data_bench(const DataBenchOptions& options);
 
 std::string describe_data_bench(const DataBenchResult& result);

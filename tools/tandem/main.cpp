@@ -2,6 +2,7 @@
 // 2 bad command-line input (one line on stderr naming the value and what was expected).
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "tandem/mode.h"
 #include "tandem/sweep.h"
 #include "tandem/workloads/registry.h"
+#include "cli_util.h"
 #include "data_parallel.h"
 #include "tandem/dist/launch_env.h"
 #ifdef TANDEM_HAVE_IMAGES
@@ -32,16 +34,28 @@ namespace {
 
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
+// sweep --modes' word for every workload mode (SweepOptions::modes).
+constexpr const char* kAllModes = "all";
 
-/// Opens `path` for writing now, so a bad path fails before a long run, not after it.
-std::ofstream open_output(const std::string& path, const std::string& what) {
+/// Opens `path` for writing now, so a bad path fails before a long run, not after it. `option`
+/// names the flag that gave it.
+std::ofstream open_output(const std::string& path, const std::string& option) {
   std::ofstream out;
   if (path.empty()) return out;
+  tandem::cli::check_output_file(option, path);  // the reasons open() would not give
   out.open(path);
   if (!out)
-    throw tandem::InvalidArgument(what + " path '" + path + "' cannot be written: " +
+    throw tandem::InvalidArgument(option + " path '" + path + "' cannot be written: " +
                                   std::strerror(errno));
   return out;
+}
+
+/// Keeps LibTorch's own log lines below errors off stderr: c10d's store warnings when a rank
+/// loses rank 0 carry a 30-line C++ backtrace ahead of the CLI's one line, which already names
+/// the cause. TANDEM_DEBUG=1, or LibTorch's TORCH_CPP_LOG_LEVEL, keeps them.
+void quiet_libtorch_warnings() {
+  if (std::getenv("TANDEM_DEBUG") || std::getenv("TORCH_CPP_LOG_LEVEL")) return;
+  FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, static_cast<int>(c10::GLOG_ERROR));
 }
 
 /// Writes and closes; a write the disk refused (full, gone) is an error, never silent.
@@ -54,19 +68,6 @@ void write_output(std::ofstream& out, const std::string& text, const std::string
     throw tandem::Error("writing '" + path + "' failed" +
                         (errno ? std::string(": ") + std::strerror(errno) : std::string()));
   std::cout << "wrote " << path << "\n";
-}
-
-/// "  serial             every stage ..." lines: the modes, for help texts.
-std::string mode_help() {
-  std::string out;
-  std::vector<tandem::Mode> modes = tandem::workload_modes();
-  modes.push_back(tandem::Mode::kAuto);
-  for (const tandem::Mode m : modes) {
-    char line[200];
-    std::snprintf(line, sizeof line, "\n  %-18s %s", tandem::to_string(m), tandem::describe(m));
-    out += line;
-  }
-  return out;
 }
 
 /// "seg 8, cls 32, mlp 640 on a GPU; 2, 2, 16 on the CPU": for help texts.
@@ -158,18 +159,24 @@ struct RunFlags {
   }
 };
 
-int run_bench_command(tandem::BenchOptions options, const std::string& json_path,
-                      const tandem::dist::DataParallelOptions& data_parallel) {
-  // Data parallel (torchrun, or the ranks --nproc started): join, then run as this rank; rank 0
-  // alone prints and writes.
-  const std::shared_ptr<tandem::dist::ProcessGroup> group =
-      tandem::join_data_parallel(options.device);
-  tandem::apply_data_parallel(options, group, data_parallel);
+/// When LibTorch failed to allocate, the allocator's words ("DefaultCPUAllocator: can't
+/// allocate memory: you tried to allocate 4000000000008 bytes. ..."); else empty. CUDA's caching
+/// allocator throws OutOfMemoryError; the CPU allocator a plain c10::Error (CAFFE_ENFORCE's,
+/// "[enforce fail at alloc_cpu.cpp:127] err == 0. " first), known by its name.
+std::string out_of_memory_cause(const c10::Error& e) {
+  const std::string what = tandem::first_line(e.what_without_backtrace());
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return what;
+  const size_t cpu = what.find("DefaultCPUAllocator");
+  return cpu == std::string::npos ? std::string() : what.substr(cpu);
+}
+
+/// run_bench_command's run, once the options are resolved.
+int run_bench_resolved(const tandem::BenchOptions& options,
+                       const std::shared_ptr<tandem::dist::ProcessGroup>& group,
+                       const std::string& json_path) {
   const bool lead = !group || group->rank() == 0;
-  if (!lead) options.trace_path.clear();
-  options = tandem::resolve(options);
-  std::ofstream json = open_output(lead ? json_path : std::string(), "JSON");
-  std::ofstream trace_probe = open_output(options.trace_path, "trace");
+  std::ofstream json = open_output(lead ? json_path : std::string(), "--json");
+  std::ofstream trace_probe = open_output(options.trace_path, "--trace");
   trace_probe.close();
   if (lead) std::cout << tandem::describe_config(options) << std::flush;
   if (group && lead)
@@ -238,15 +245,39 @@ int run_bench_command(tandem::BenchOptions options, const std::string& json_path
   return 0;
 }
 
+int run_bench_command(tandem::BenchOptions options, const std::string& json_path,
+                      const tandem::dist::DataParallelOptions& data_parallel) {
+  // Data parallel (torchrun, or the ranks --nproc started): join, then run as this rank; rank 0
+  // alone prints and writes.
+  const std::shared_ptr<tandem::dist::ProcessGroup> group =
+      tandem::join_data_parallel(options.device);
+  tandem::apply_data_parallel(options, group, data_parallel);
+  if (group && group->rank() != 0) options.trace_path.clear();
+  options = tandem::resolve(options);
+  try {
+    return run_bench_resolved(options, group, json_path);
+  } catch (const c10::Error& e) {
+    // The allocator's own line names bytes, not the flags that asked for them (the batch's
+    // tensors, the loss log of every step). Exit 2, as for a loader ring that cannot fit (the
+    // footer says so): the sizes are the user's to lower.
+    const std::string cause = out_of_memory_cause(e);
+    if (cause.empty()) throw;
+    throw tandem::InvalidArgument(tandem::detail::concat(
+        "--batch-size ", *options.batch_size, " with --steps ", *options.steps, " and --warmup ",
+        *options.warmup, " does not fit in ", options.device, " memory (", cause,
+        "): expected a smaller --batch-size or --steps"));
+  }
+}
+
 int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
                       const std::string& json_path, const std::string& svg_path) {
   // The rows' modes ("all" among them) are checked by run_sweep; any valid mode resolves the rest.
   options.base.mode = tandem::Mode::kAuto;
   options.base = tandem::resolve(options.base);  // validates device, workload, counts
   options.base.batch_size.reset();
-  std::ofstream csv = open_output(csv_path, "CSV");
-  std::ofstream json = open_output(json_path, "JSON");
-  std::ofstream svg = open_output(svg_path, "SVG");
+  std::ofstream csv = open_output(csv_path, "--csv");
+  std::ofstream json = open_output(json_path, "--json");
+  std::ofstream svg = open_output(svg_path, "--svg");
   std::cout << "sweep " << options.base.workload.name << " on " << options.base.device << ": "
             << *options.base.steps << " timed steps after " << *options.base.warmup
             << " warm-up per point"
@@ -275,9 +306,9 @@ int run_augment_bench_command(const std::vector<int64_t>& batch_sizes, const std
   std::vector<tandem::AugmentSampling> samplings;
   for (const auto& name : sampling_names) samplings.push_back(tandem::parse_augment_sampling(name));
   const c10::Device dev = tandem::parse_device(device);
-  std::ofstream json = open_output(json_path, "JSON");
-  std::cout << "augment-bench on " << dev << ": SPEC's cls augmentation, (B, 3, 256, 256) uint8 "
-            << "-> float32, median of " << repeats << " timings\n"
+  std::ofstream json = open_output(json_path, "--json");
+  std::cout << "augment-bench on " << dev << ": the cls workload's augmentation, "
+            << "(B, 3, 256, 256) uint8 -> float32, median of " << repeats << " timings\n"
             << std::flush;
   const auto rows = tandem::run_augment_bench(batch_sizes, dev, repeats, {}, samplings);
   std::cout << "\n" << tandem::describe_augment_bench(rows) << std::flush;
@@ -288,7 +319,7 @@ int run_augment_bench_command(const std::vector<int64_t>& batch_sizes, const std
 #ifdef TANDEM_HAVE_IMAGES
 int run_data_bench_command(tandem::DataBenchOptions options, const std::string& json_path,
                            const std::string& command) {
-  std::ofstream json = open_output(json_path, "JSON");
+  std::ofstream json = open_output(json_path, "--json");
   const tandem::DataBenchResult r = tandem::run_data_bench(options);
   std::cout << "\n" << tandem::describe_data_bench(r) << std::flush;
   write_output(json, tandem::data_bench_json(r, command).dump(2) + "\n", json_path);
@@ -299,19 +330,25 @@ int run_data_bench_command(tandem::DataBenchOptions options, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  quiet_libtorch_warnings();
   CLI::App app{"tandem: faster GPU training steps by overlapping their parts on CUDA streams."};
   app.require_subcommand(1);
-  app.footer("Exit codes: 0 success, 1 the run failed, 2 bad command-line input. TANDEM_DEBUG=1 prints\n"
-             "whole error messages (with TORCH_SHOW_CPP_STACKTRACES=1, where they were thrown).");
+  app.footer(
+      "Exit codes: 0 success, 1 the run failed, 2 bad command-line input (bench: a --batch-size\n"
+      "or --steps that does not fit in memory included). TANDEM_DEBUG=1 prints whole error\n"
+      "messages (with TORCH_SHOW_CPP_STACKTRACES=1, where they were thrown) and LibTorch's\n"
+      "warnings.");
 
   tandem::BenchOptions bench_options;
   std::string bench_json, bench_mode = "serial";
   RunFlags bench_flags;
   CLI::App* bench = app.add_subcommand(
-      "bench", "Train a workload in one mode and report steps/s (SPEC's method: "
+      "bench", "Train a workload in one mode and report steps/s (the reference method: "
                "warm-up steps, then timed steps between device synchronizations).");
   bench_flags.add(bench, bench_options);
-  bench->add_option("--mode", bench_mode, "how to run the step:" + mode_help())
+  bench->add_option("--mode", bench_mode,
+                    "how to run the step:" + tandem::cli::mode_help(tandem::cli::modes_with_auto()))
+      ->check(tandem::cli::mode_validator(tandem::cli::modes_with_auto()))
       ->capture_default_str();
   bench_flags.batch_size_opt = bench->add_option(
       "--batch-size", bench_flags.batch_size, "samples per step [default: the workload's: " +
@@ -352,9 +389,13 @@ int main(int argc, char** argv) {
       "sweep", "Run every mode at every batch size; print a table, write CSV, JSON and an SVG "
                "chart.");
   sweep_flags.add(sweep, sweep_options.base);
+  char all_line[128];  // "all" in mode_help's layout
+  std::snprintf(all_line, sizeof all_line, "\n  %-18s %s", kAllModes,
+                "every mode but auto, the baseline first");
   sweep->add_option("--modes", sweep_options.modes,
-                    "comma-separated modes; all = every mode; auto allowed "
-                    "[default: all]")
+                    "comma-separated modes [default: all]:" + std::string(all_line) +
+                        tandem::cli::mode_help(tandem::cli::modes_with_auto()))
+      ->check(tandem::cli::mode_validator(tandem::cli::modes_with_auto(), {kAllModes}))
       ->delimiter(',');
   sweep->add_option("--batch-sizes", sweep_options.batch_sizes, "comma-separated batch sizes")
       ->delimiter(',')
@@ -391,7 +432,6 @@ int main(int argc, char** argv) {
 #ifdef TANDEM_HAVE_IMAGES
   tandem::DataBenchOptions db;
   std::string db_json, db_mode = "pipelined";
-  int64_t db_batch = 0, db_steps = -1, db_warmup = -1;
   CLI::App* data_bench = app.add_subcommand(
       "data-bench",
       "How fast tandem reads a folder of images: decode on one core (DCT-scaled and full size), "
@@ -407,14 +447,19 @@ int main(int argc, char** argv) {
   data_bench->add_option("--images", db.decode_images, "files timed by the decode rows")
       ->capture_default_str();
   data_bench->add_option("--workers", db.workers, "loader threads [default: cores - 1]");
-  data_bench->add_option("--batch-size", db_batch, "batch size [default: 256 on a GPU, 4 on the CPU]");
+  // Bound to the optionals themselves, so a given 0 or -1 reaches check_data_bench_options.
+  data_bench->add_option("--batch-size", db.run.batch_size,
+                         "batch size [default: 256 on a GPU, 4 on the CPU]");
   data_bench->add_option("--model", db.model, "r50_frozen_head or r18_full")->capture_default_str();
-  data_bench->add_option("--mode", db_mode, "the end-to-end run's mode:" + mode_help())
+  data_bench->add_option("--mode", db_mode,
+                         "the end-to-end run's mode:" +
+                             tandem::cli::mode_help(tandem::cli::modes_with_auto()))
+      ->check(tandem::cli::mode_validator(tandem::cli::modes_with_auto()))
       ->capture_default_str();
-  data_bench->add_option("--steps", db_steps,
+  data_bench->add_option("--steps", db.run.steps,
                          "timed end-to-end steps; 0 skips the end-to-end rows [default: 100 on a "
                          "GPU, 4 on the CPU]");
-  data_bench->add_option("--warmup", db_warmup, "untimed end-to-end steps first");
+  data_bench->add_option("--warmup", db.run.warmup, "untimed end-to-end steps first");
   data_bench->add_option("--device", db.run.device, "auto, cpu, cuda or cuda:N")
       ->capture_default_str();
   data_bench->add_flag("--skip-bad", db.run.skip_bad,
@@ -458,9 +503,6 @@ int main(int argc, char** argv) {
     if (data_bench->parsed()) {
       db.run.workload = tandem::find_reference_workload("images");
       db.run.mode = tandem::parse_mode(db_mode);
-      if (db_batch) db.run.batch_size = db_batch;
-      if (db_steps >= 0) db.run.steps = db_steps;
-      if (db_warmup >= 0) db.run.warmup = db_warmup;
       std::string command = "tandem";
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
       return run_data_bench_command(db, db_json, command);
@@ -468,6 +510,7 @@ int main(int argc, char** argv) {
 #endif
 #ifdef TANDEM_HAVE_TRAIN
     if (train->parsed()) {
+      train_command.validate();  // before --nproc starts ranks: one line, not one per rank
       if (auto code = tandem::launch_if_asked(train_command.nproc, argc, argv)) return *code;
       std::string command = "tandem";
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
@@ -475,7 +518,8 @@ int main(int argc, char** argv) {
     }
 #endif
   } catch (const tandem::InvalidArgument& e) {
-    std::cerr << tandem::dist::rank_prefix() << "tandem: error: " << tandem::first_line(e.what()) << "\n";
+    std::cerr << tandem::dist::rank_prefix() << "tandem: error: " << tandem::first_line(e.what())
+              << "\n";
     return kExitUsage;
   } catch (const c10::Error& e) {
     // TANDEM_DEBUG=1: the whole message, with LibTorch's C++ backtrace of where it was thrown
@@ -487,7 +531,8 @@ int main(int argc, char** argv) {
     return kExitFailure;
   } catch (const std::exception& e) {
     std::cerr << tandem::dist::rank_prefix() << "tandem: error: "
-              << (std::getenv("TANDEM_DEBUG") ? std::string(e.what()) : tandem::first_line(e.what()))
+              << (std::getenv("TANDEM_DEBUG") ? std::string(e.what())
+                                              : tandem::first_line(e.what()))
               << "\n";
     return kExitFailure;
   }

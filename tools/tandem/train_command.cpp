@@ -2,6 +2,7 @@
 // JSON. See train_command.h.
 #include "train_command.h"
 
+#include "cli_util.h"
 #include "data_parallel.h"
 
 #include <ATen/Context.h>
@@ -22,7 +23,10 @@
 #include "tandem/bench.h"  // device_name
 #include "tandem/error.h"
 #include "tandem/lane.h"
+#include "tandem/loader.h"  // kMaxLoaderWorkers
 #include "tandem/mode.h"
+#include "tandem/models/resnet.h"
+#include "tandem/models/safetensors.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/trainer.h"
 
@@ -47,10 +51,40 @@ std::string format_duration(double s) {
 // a loss, printed as it is.
 bool is_fraction(const std::string& metric) { return metric.find("loss") == std::string::npos; }
 
+// Every model make_classifier builds: the small CNN and the ResNets (classifier.cpp), and an FCN
+// over each of those ResNets, "fcn_" + its name (segmenter.cpp); auto picks one by the data.
+std::vector<std::string> model_choices() {
+  std::vector<std::string> names{"auto", "small_cnn"};
+  const std::vector<std::string> resnets = models::resnet_names();
+  names.insert(names.end(), resnets.begin(), resnets.end());
+  for (const auto& r : resnets) names.push_back("fcn_" + r);
+  return names;
+}
+
+// The modes the Trainer runs: every workload mode but graphed_k (its K steps per graph replay
+// would cut through the Trainer's per-step schedule, checkpoints and progress), and auto, which
+// train resolves by device (no trials: a run is long, a trial of every mode would not pay).
+std::vector<Mode> train_modes() {
+  std::vector<Mode> modes;
+  for (const Mode m : workload_modes())
+    if (m != Mode::kGraphedK) modes.push_back(m);
+  modes.push_back(Mode::kAuto);
+  return modes;
+}
+Mode auto_mode(c10::Device device) {
+  return device.is_cuda() ? Mode::kPipelinedGraphed : Mode::kSerial;
+}
+
+// The smallest --image-size: the ResNets' output stride. A smaller square reaches layer4 (and
+// the FCN's head) as less than one cell a side.
+constexpr int64_t kMinImageSize = 32;
+
 }  // namespace
 
+bool TrainCommand::given(const char* flag) const { return app_->get_option(flag)->count() > 0; }
+
 CLI::App* TrainCommand::add(CLI::App& app) {
-  CLI::App* c = app.add_subcommand(
+  CLI::App* c = app_ = app.add_subcommand(
       "train",
       "Train a model on your images and keep the weights: IDX files (MNIST / Fashion-MNIST: the "
       "small CNN), an ImageFolder (one subfolder per class: ResNet-18/34/50, optionally a "
@@ -67,16 +101,18 @@ CLI::App* TrainCommand::add(CLI::App& app) {
   c->add_option("--val-split", job.val_split,
                 "ImageFolder: hold out this fraction of --data (every k-th file) for evaluation")
       ->excludes(val);
+  const std::vector<std::string> models = model_choices();
   c->add_option("--model", job.model,
-                "small_cnn, resnet18, resnet34, resnet50, fcn_resnet18/34/50, or auto (small_cnn "
-                "for IDX, fcn_resnet18 for image + mask pairs, resnet18 for an ImageFolder)")
+                join_choices(models) + " (auto: small_cnn for IDX, fcn_resnet18 for image + mask "
+                "pairs, resnet18 for an ImageFolder)")
+      ->check(cli::choice_validator("model", models))
       ->capture_default_str();
   c->add_option("--weights", job.weights,
                 "start from these weights (safetensors, torchvision's names: "
                 "safetensors.torch.save_file(model.state_dict(), F)); a head of another class "
                 "count starts fresh");
   c->add_option("--classes", job.classes,
-                "segmentation: the class count (mask ids 0 .. N-1)");
+                "segmentation: the class count, >= 2 (mask ids 0 .. N-1)");
   c->add_option("--ignore-index", job.ignore_index,
                 "segmentation: the mask id that no loss or metric counts")
       ->capture_default_str();
@@ -105,17 +141,19 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "fp32, or bf16 (autocast in every mode, fp32 master weights)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
-  c->add_option("--mode", mode,
-                "how steps run: auto (pipelined_graphed on a GPU, serial on the CPU), serial, "
-                "pipelined, graphed, pipelined_graphed")
+  const std::string auto_help = std::string(to_string(auto_mode(c10::Device(c10::kCUDA)))) +
+                                " on a GPU, " + to_string(auto_mode(c10::Device(c10::kCPU))) +
+                                " on the CPU";
+  c->add_option("--mode", mode, "how steps run:" + cli::mode_help(train_modes(), auto_help))
+      ->check(cli::mode_validator(train_modes()))
       ->capture_default_str();
   c->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   c->add_option("--workers", workers,
                 "loader threads [default: cores - 1 on a GPU (at most 15), shared by this "
                 "machine's ranks; 2 on the CPU]");
-  image_size_opt = c->add_option("--image-size", job.image_size,
-                "ImageFolder and segmentation: the square the model sees [default: 224; "
-                "segmentation on the CPU 128]");
+  c->add_option("--image-size", job.image_size,
+                "ImageFolder and segmentation: the square the model sees, >= " +
+                    std::to_string(kMinImageSize) + " [default: 224; segmentation on the CPU 128]");
   c->add_option("--subset", job.subset, "train on this many samples (spread over the set)");
   c->add_option("--val-subset", job.val_subset, "evaluate on this many samples");
   c->add_option("--seed", seed, "seed for weights, data order and augmentation")
@@ -132,7 +170,7 @@ CLI::App* TrainCommand::add(CLI::App& app) {
               "deterministic algorithms (cuDNN autotuning off): a resumed run repeats the "
               "losses; slower");
   c->add_flag("--tf32,!--no-tf32", tf32, "TF32 matmuls and convolutions in fp32 [default: on]");
-  channels_last_opt = c->add_flag(
+  c->add_flag(
       "--channels-last,!--no-channels-last", channels_last,
       "ResNets: weights and inputs channels-last (NHWC), tensor-core convolutions without "
       "transposes [default: on with a GPU]");
@@ -143,6 +181,81 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "--device cpu); --batch-size is per rank; rank 0 writes the run folder. torchrun "
                 "--nproc-per-node N --no-python tandem train ... does the same");
   return c;
+}
+
+void TrainCommand::validate() const {
+  // One rule per numeric flag. A rule is checked only when its flag was given: a default is
+  // valid, or stands for "by model, data or device" (--batch-size, --lr, --workers, ...), so a
+  // given value never falls back to it silently. --ignore-index takes any integer: CLI11's
+  // conversion (one line naming the flag for "abc") is its whole check.
+  const auto finite = [](double v) { return std::isfinite(v); };
+  // CLI11 converts "-1" to an unsigned seed as 2^64 - 1: the text is what says it was negative.
+  const bool negative_seed =
+      given("--seed") && app_->get_option("--seed")->results().back()[0] == '-';
+  struct Rule {
+    const char* flag;
+    bool ok;
+    std::string expected;
+  };
+  const Rule rules[] = {
+      {"--epochs", epochs >= 1, "an integer >= 1"},
+      {"--batch-size", batch_size >= 1,
+       "an integer >= 1 (leave --batch-size out for the model's default)"},
+      {"--lr", finite(job.lr) && job.lr > 0, "a finite number > 0"},
+      {"--momentum", finite(job.momentum) && job.momentum >= 0 && job.momentum < 1,
+       "a finite number in [0, 1)"},
+      {"--weight-decay", finite(job.weight_decay) && job.weight_decay >= 0,
+       "a finite number >= 0"},
+      {"--warmup-epochs",
+       finite(warmup_epochs) && warmup_epochs >= 0 &&
+           warmup_epochs < static_cast<double>(epochs),
+       detail::concat("a finite number >= 0 and less than --epochs (", epochs, ")")},
+      {"--step-epochs", step_epochs >= 1, "an integer >= 1"},
+      {"--gamma", finite(gamma) && gamma > 0 && gamma <= 1, "a finite number in (0, 1]"},
+      {"--workers", workers >= 1 && workers <= kMaxLoaderWorkers,
+       detail::concat("an integer from 1 to ", kMaxLoaderWorkers)},
+      {"--image-size", job.image_size >= kMinImageSize,
+       detail::concat("an integer >= ", kMinImageSize, " (the ResNets' output stride)")},
+      {"--subset", job.subset >= 1, "an integer >= 1"},
+      {"--val-subset", job.val_subset >= 1, "an integer >= 1"},
+      {"--val-split", finite(job.val_split) && job.val_split > 0 && job.val_split < 1,
+       "a fraction in (0, 1)"},
+      {"--classes", job.classes >= 2, "an integer >= 2 (mask ids 0 .. N-1)"},
+      {"--checkpoint-every", checkpoint_every >= 0,
+       "an integer >= 0 (steps; 0: at each epoch end only)"},
+      {"--keep", keep >= 1, "an integer >= 1"},
+      {"--nproc", nproc >= 1, "an integer >= 1"},
+      {"--seed", !negative_seed, "an integer >= 0"},
+  };
+  for (const Rule& r : rules)
+    if (given(r.flag) && !r.ok)
+      throw InvalidArgument(detail::concat(r.flag, " ", app_->get_option(r.flag)->results().back(),
+                                           " is not valid: expected ", r.expected));
+
+  try {
+    parse_device(device);
+  } catch (const InvalidArgument& e) {  // "device 'tpu' is not valid: expected auto, cpu, ..."
+    throw InvalidArgument(std::string("--device: ") + e.what());
+  }
+  cli::check_output_folder("--out", out);
+  if (!json.empty()) cli::check_output_file("--json", json);
+  if (!job.weights.empty()) {
+    // A file that cannot be read is bad input like one that does not fit the model (exit 2 for
+    // both), and NaN weights would otherwise end the first step with a non-finite loss and a
+    // hint at --lr. The loader reports an unreadable file as a run failure (tandem::Error), so
+    // the file is read once here; make_classifier reads it again, from the page cache.
+    models::NamedTensors weights;
+    try {
+      weights = models::load_safetensors(job.weights);
+    } catch (const Error& e) {
+      throw InvalidArgument("--weights " + job.weights + " cannot be read: " +
+                            first_line(e.what()));
+    }
+    for (const auto& [name, t] : weights)
+      if (t.is_floating_point() && !t.isfinite().all().item<bool>())
+        throw InvalidArgument("--weights " + job.weights + ": tensor '" + name +
+                              "' holds NaN or infinite values: expected finite weights");
+  }
 }
 
 int TrainCommand::run(const std::string& command_line) {
@@ -159,19 +272,16 @@ int TrainCommand::run(const std::string& command_line) {
   const bool idx = train::is_idx_folder(job.data);
   const bool cnn = job.model == "small_cnn" || (job.model == "auto" && idx);
   const bool seg = train::is_pairs_folder(job.data);
-  if (batch_size <= 0)
+  if (!given("--batch-size"))
     batch_size = cnn ? 128 : seg ? (dev.is_cuda() ? 32 : 4) : (dev.is_cuda() ? 256 : 16);
-  if (seg && !dev.is_cuda() && !image_size_opt->count()) job.image_size = 128;  // CPU: finishes
-  if (workers <= 0) workers = default_loader_workers(dev);
+  if (seg && !dev.is_cuda() && !given("--image-size")) job.image_size = 128;  // CPU: finishes
+  if (!given("--workers")) workers = default_loader_workers(dev);
   job.batch_size = batch_size;
   job.workers = workers;
-  job.channels_last = channels_last_opt && channels_last_opt->count() ? channels_last
-                                                                      : dev.is_cuda() && !cnn;
+  job.channels_last = given("--channels-last") ? channels_last : dev.is_cuda() && !cnn;
   job.seed = seed;
-  const Mode m = mode == "auto" ? (dev.is_cuda() ? Mode::kPipelinedGraphed : Mode::kSerial)
-                                : parse_mode(mode);
-  TANDEM_CHECK_ARG(m != Mode::kGraphedK, "mode graphed_k is not offered by train: expected "
-                                         "auto, serial, pipelined, graphed or pipelined_graphed");
+  const Mode parsed = parse_mode(mode);  // one of train_modes(): --mode's check
+  const Mode m = parsed == Mode::kAuto ? auto_mode(dev) : parsed;
   if (dev.is_cuda()) {
     at::globalContext().setBenchmarkCuDNN(!deterministic);
     at::globalContext().setAllowTF32CuBLAS(tf32);
@@ -191,13 +301,15 @@ int TrainCommand::run(const std::string& command_line) {
   const int64_t total = epochs * spe;
   const double lr = tj.config["lr"].get<double>();
   const int64_t warm = static_cast<int64_t>(std::llround(warmup_epochs * spe));
-  TANDEM_CHECK_ARG(warmup_epochs >= 0 && warm < total, "warm-up of ", warmup_epochs,
-                   " epochs is not valid: expected >= 0 and shorter than the run");
+  // validate() saw --warmup-epochs < --epochs; in steps, rounding can still reach the end.
+  TANDEM_CHECK_ARG(warm < total, "--warmup-epochs ", warmup_epochs, " is ", warm,
+                   " steps: expected fewer than the run's ", total, " (", epochs, " epochs of ",
+                   spe, " steps)");
   optim::LrSchedule after;
   if (schedule == "cosine")
     after = optim::cosine(lr, total - warm);
   else if (schedule == "step") {
-    const int64_t every = step_epochs > 0 ? step_epochs : std::max<int64_t>(1, epochs / 3);
+    const int64_t every = given("--step-epochs") ? step_epochs : std::max<int64_t>(1, epochs / 3);
     after = optim::step_decay(lr, std::max<int64_t>(1, every * spe), gamma);
   }
   else
@@ -282,7 +394,7 @@ int TrainCommand::run(const std::string& command_line) {
   std::fflush(stdout);
 
   train::Trainer trainer(tj, to);
-  if (resume)
+  if (trainer.resumed())
     std::printf("resuming at step %lld (epoch %lld, step %lld of it)\n",
                 static_cast<long long>(trainer.start_step()),
                 static_cast<long long>(trainer.start_step() / spe + 1),

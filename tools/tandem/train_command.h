@@ -18,12 +18,14 @@ struct TrainCommand {
   std::string mode = "auto";
   std::string freeze;          // "backbone" or empty
   std::string schedule = "cosine";
+  // The flags below that a comment says "not given: ..." are read only when given(): their
+  // defaults depend on the model, the data or the device, and a given 0 is refused.
   double warmup_epochs = 0;
-  int64_t step_epochs = 0;     // --schedule step: decay every N epochs [default: epochs / 3]
+  int64_t step_epochs = 0;     // --schedule step; not given: epochs / 3
   double gamma = 0.1;
   int64_t epochs = 10;
-  int64_t batch_size = 0;      // 0: by model and device
-  int workers = 0;             // 0: by device
+  int64_t batch_size = 0;      // not given: by model and device
+  int workers = 0;             // not given: by device
   uint64_t seed = 0;
   std::string out;
   bool resume = false;
@@ -32,17 +34,26 @@ struct TrainCommand {
   bool skip_bad = false;
   bool deterministic = false;
   bool tf32 = true;
-  bool channels_last = false;
-  CLI::Option* channels_last_opt = nullptr;  // not given: on for ResNets on a GPU
-  CLI::Option* image_size_opt = nullptr;     // not given: 224, segmentation on the CPU 128
+  bool channels_last = false;  // not given: on for ResNets on a GPU
   std::string json;            // summary JSON file
   bool quiet = false;
   int nproc = 0;  ///< --nproc: data parallel over that many local ranks (main launches them)
 
   /// Adds the subcommand and its flags to `app`.
   CLI::App* add(CLI::App& app);
+  /// Checks every flag once parsed, before anything runs (main calls it before --nproc starts
+  /// ranks, and each rank before run() joins them): ranges and finiteness, --device, the output
+  /// paths, the --weights file. Throws InvalidArgument naming the flag, its value and what was
+  /// expected. (Names — --model, --mode, --optimizer, ... — CLI11 checks while parsing.)
+  void validate() const;
   /// Runs it; returns the process exit code (130 / 143 after SIGINT / SIGTERM).
   int run(const std::string& command_line);
+
+ private:
+  /// Whether `flag` was on the command line (a default was not used).
+  bool given(const char* flag) const;
+
+  CLI::App* app_ = nullptr;  // the subcommand: its options say which flags were given
 };
 
 }  // namespace tandem

@@ -1,4 +1,5 @@
-// CheckpointStore: atomic checkpoint folders (see checkpoint.h). POSIX calls, not
+// CheckpointStore: atomic, checksummed checkpoint folders, and the data fingerprint a checkpoint
+// identifies its data by (see checkpoint.h). POSIX calls, not
 // std::filesystem: the PyPI LibTorch this project links is built with an older libstdc++ ABI
 // setting that makes std::filesystem symbols clash.
 #include "tandem/train/checkpoint.h"
@@ -9,11 +10,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
+#include <utility>
 
 #include "tandem/error.h"
 
@@ -66,6 +73,91 @@ std::string parent_of(const std::string& path) {
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
 }
+
+// A 64-bit hash for identity (not security): 8-byte words through a multiply-rotate mix, then
+// murmur3's finalizer. A short tail is padded to a word, so the value depends on how the bytes
+// are split into update() calls: the same calls give the same value (hash_file's chunks are
+// whole MiB but the last).
+class Hash64 {
+ public:
+  explicit Hash64(uint64_t seed = 0x6a09e667f3bcc909ULL) : h_(seed) {}
+  void update(const void* data, size_t size) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    size_t i = 0;
+    for (; i + 8 <= size; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      mix(w);
+    }
+    if (i < size) {
+      uint64_t w = 0;
+      std::memcpy(&w, p + i, size - i);
+      mix(w ^ (static_cast<uint64_t>(size - i) << 59));
+    }
+    length_ += size;
+  }
+  void update(uint64_t v) { update(&v, sizeof v); }
+  void update(const std::string& s) {
+    update(static_cast<uint64_t>(s.size()));
+    update(s.data(), s.size());
+  }
+  uint64_t value() const {
+    uint64_t k = h_ ^ length_;
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return k;
+  }
+
+ private:
+  void mix(uint64_t w) {
+    w *= 0x87c37b91114253d5ULL;
+    w = (w << 31) | (w >> 33);
+    h_ ^= w * 0x4cf5ad432745937fULL;
+    h_ = ((h_ << 27) | (h_ >> 37)) * 5 + 0x52dce729;
+  }
+  uint64_t h_;
+  uint64_t length_ = 0;
+};
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The size and content hash of the file at `path`, read in 1 MiB chunks. Throws tandem::Error.
+std::pair<uint64_t, uint64_t> hash_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot read " + path + ": " + reason());
+  std::vector<uint8_t> buf(1 << 20);
+  Hash64 h;
+  uint64_t total = 0;
+  for (;;) {
+    size_t filled = 0;  // fill the chunk whole, so update() sees multiples of 8 (see Hash64)
+    while (filled < buf.size()) {
+      const ssize_t n = ::read(fd, buf.data() + filled, buf.size() - filled);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const std::string why = reason();
+        ::close(fd);
+        throw Error("cannot read " + path + ": " + why);
+      }
+      if (n == 0) break;
+      filled += static_cast<size_t>(n);
+    }
+    h.update(buf.data(), filled);
+    total += filled;
+    if (filled < buf.size()) break;
+  }
+  ::close(fd);
+  return {total, h.value()};
+}
+
+constexpr const char* kTensorFiles[] = {"model.safetensors", "optimizer.safetensors",
+                                        "rng.safetensors"};
 
 }  // namespace
 
@@ -144,6 +236,14 @@ std::string CheckpointStore::save(const Checkpoint& c) {
     models::save_safetensors(tmp + "/rng.safetensors", c.rng);
     nlohmann::json state = c.state;
     state["step"] = c.step;
+    state["format"] = kCheckpointFormat;
+    // Read back from the page cache: the checksum is of the bytes a resume will read.
+    nlohmann::json files = nlohmann::json::object();
+    for (const char* name : kTensorFiles) {
+      const auto [bytes, hash] = hash_file(tmp + "/" + name);
+      files[name] = {{"bytes", bytes}, {"hash", hex(hash)}};
+    }
+    state["files"] = files;
     write_file_atomic(tmp + "/state.json", state.dump(2) + "\n");
     fsync_path(tmp);
     if (is_dir(final_dir)) remove_tree(final_dir);  // the same step saved again (a resumed run)
@@ -170,13 +270,178 @@ Checkpoint CheckpointStore::load(const std::string& folder) {
   } catch (const std::exception& e) {
     throw Error(state_path + " is not valid JSON: " + e.what());
   }
-  if (!c.state.contains("step") || !c.state["step"].is_number_integer())
+  if (!c.state.is_object() || !c.state.contains("step") || !c.state["step"].is_number_integer())
     throw Error(state_path + " has no integer \"step\"");
   c.step = c.state["step"].get<int64_t>();
+  const std::string base = folder.substr(folder.find_last_of('/') + 1);
+  if (base.rfind("step-", 0) == 0 && base != step_name(c.step))
+    throw Error(state_path + " says step " + std::to_string(c.step) + ": expected the folder's, " +
+                base);
+  // Format 1 has no checksums: its files are checked only by parsing.
+  if (c.state.contains("files")) {
+    for (const char* name : kTensorFiles) {
+      const nlohmann::json& want = c.state["files"].value(name, nlohmann::json::object());
+      if (!want.contains("bytes") || !want.contains("hash"))
+        throw Error(state_path + " records no size and checksum of " + name);
+      const std::string path = folder + "/" + name;
+      const auto [bytes, hash] = hash_file(path);
+      if (bytes != want["bytes"].get<uint64_t>())
+        throw Error(path + " has " + std::to_string(bytes) + " bytes: expected " +
+                    std::to_string(want["bytes"].get<uint64_t>()) + " (state.json): truncated "
+                    "or replaced");
+      if (hex(hash) != want["hash"].get<std::string>())
+        throw Error(path + " has checksum " + hex(hash) + ": expected " +
+                    want["hash"].get<std::string>() + " (state.json): its content is damaged");
+    }
+  }
   c.model = models::load_safetensors(folder + "/model.safetensors");
   c.optimizer = models::load_safetensors(folder + "/optimizer.safetensors");
   c.rng = models::load_safetensors(folder + "/rng.safetensors");
   return c;
+}
+
+std::string resolve_path(const std::string& path) {
+  char buf[PATH_MAX];
+  if (path.empty() || ::realpath(path.c_str(), buf) == nullptr) return path;
+  return buf;
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const char* tail) {
+  const size_t n = std::strlen(tail);
+  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+}
+
+// The files the datasets read (checkpoint.h): images by extension, IDX by name.
+enum class DataFile { kNone, kImage, kIdx };
+DataFile data_file_kind(const std::string& name) {
+  std::string lower = name;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (ends_with(lower, ".jpg") || ends_with(lower, ".jpeg") || ends_with(lower, ".png"))
+    return DataFile::kImage;
+  if (lower.find("-idx") != std::string::npos &&
+      (ends_with(lower, "-ubyte") || ends_with(lower, "-ubyte.gz")))
+    return DataFile::kIdx;
+  return DataFile::kNone;
+}
+
+struct Tally {
+  int64_t files = 0;
+  uint64_t bytes = 0;
+  Hash64 hash;
+  nlohmann::json json() const {
+    return {{"files", files}, {"bytes", bytes}, {"hash", hex(hash.value())}};
+  }
+};
+
+// Depth first in name order, so the hashes do not depend on readdir's order. `on_path` holds
+// the folders being walked (device, inode): a symlink back to one of them is not re-entered.
+void walk(const std::string& root, const std::string& rel, Tally& total,
+          std::map<std::string, Tally>& parts, std::set<std::pair<dev_t, ino_t>>& on_path) {
+  const std::string dir = rel.empty() ? root : root + "/" + rel;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) throw Error("cannot list " + dir + " to identify the data: " + reason());
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const std::string child_rel = rel.empty() ? name : rel + "/" + name;
+    const std::string path = root + "/" + child_rel;
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0) continue;  // a dangling symlink: no dataset reads it
+    if (S_ISDIR(st.st_mode)) {
+      const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+      if (!on_path.insert(id).second) continue;
+      walk(root, child_rel, total, parts, on_path);
+      on_path.erase(id);
+      continue;
+    }
+    const DataFile kind = S_ISREG(st.st_mode) ? data_file_kind(name) : DataFile::kNone;
+    if (kind == DataFile::kNone) continue;
+    Hash64 file;
+    file.update(child_rel);
+    file.update(static_cast<uint64_t>(st.st_size));
+    // An IDX file is read whole by its dataset (and is tens of MB), so its content is cheap to
+    // hash; an image folder's million files are identified by name and size alone.
+    if (kind == DataFile::kIdx) file.update(hash_file(path).second);
+    const uint64_t h = file.value();
+    for (Tally* t : {&total, &parts[child_rel.substr(0, child_rel.find('/'))]}) {
+      t->files += 1;
+      t->bytes += static_cast<uint64_t>(st.st_size);
+      t->hash.update(h);
+    }
+  }
+}
+
+}  // namespace
+
+nlohmann::json fingerprint_data(const std::string& dir) {
+  Tally total;
+  std::map<std::string, Tally> parts;
+  std::set<std::pair<dev_t, ino_t>> on_path;
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) == 0) on_path.insert({st.st_dev, st.st_ino});
+  walk(dir, "", total, parts, on_path);
+  nlohmann::json out = total.json();
+  if (parts.size() <= 10000) {
+    nlohmann::json p = nlohmann::json::object();
+    for (const auto& [name, t] : parts) p[name] = t.json();
+    out["parts"] = p;
+  }
+  return out;
+}
+
+std::string fingerprint_difference(const nlohmann::json& saved, const nlohmann::json& now) {
+  auto field = [](const nlohmann::json& j, const char* k) {
+    return j.contains(k) ? j.at(k).dump() : std::string("?");
+  };
+  if (field(saved, "hash") == field(now, "hash") && field(saved, "files") == field(now, "files") &&
+      field(saved, "bytes") == field(now, "bytes"))
+    return "";
+  std::vector<std::string> says;
+  if (field(saved, "files") != field(now, "files"))
+    says.push_back(field(now, "files") + " files now, " + field(saved, "files") +
+                   " in the checkpoint");
+  if (field(saved, "bytes") != field(now, "bytes"))
+    says.push_back(field(now, "bytes") + " bytes now, " + field(saved, "bytes") +
+                   " in the checkpoint");
+  const nlohmann::json none = nlohmann::json::object();
+  const nlohmann::json& sp = saved.contains("parts") ? saved.at("parts") : none;
+  const nlohmann::json& np = now.contains("parts") ? now.at("parts") : none;
+  std::set<std::string> names;
+  for (const auto& [k, v] : sp.items()) names.insert(k);
+  for (const auto& [k, v] : np.items()) names.insert(k);
+  int listed = 0, more = 0;
+  for (const std::string& name : names) {
+    std::string what;
+    if (!sp.contains(name))
+      what = name + ": only now (" + field(np.at(name), "files") + " files)";
+    else if (!np.contains(name))
+      what = name + ": only in the checkpoint (" + field(sp.at(name), "files") + " files)";
+    else if (field(sp.at(name), "files") != field(np.at(name), "files"))
+      what = name + ": " + field(np.at(name), "files") + " files now, " +
+             field(sp.at(name), "files") + " in the checkpoint";
+    else if (field(sp.at(name), "bytes") != field(np.at(name), "bytes"))
+      what = name + ": " + field(np.at(name), "bytes") + " bytes now, " +
+             field(sp.at(name), "bytes") + " in the checkpoint";
+    else if (field(sp.at(name), "hash") != field(np.at(name), "hash"))
+      what = name + ": the same count and size, other file names or content";
+    if (what.empty()) continue;
+    if (listed < 5) {
+      says.push_back(what);
+      ++listed;
+    } else {
+      ++more;
+    }
+  }
+  if (more > 0) says.push_back("and " + std::to_string(more) + " more parts");
+  if (says.empty()) says.push_back("the same file count and size, other file names or content");
+  std::string out;
+  for (const auto& s : says) out += (out.empty() ? "" : "; ") + s;
+  return out;
 }
 
 }  // namespace tandem::train

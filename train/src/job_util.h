@@ -15,6 +15,7 @@
 #include "tandem/error.h"
 #include "tandem/loader.h"
 #include "tandem/models/safetensors.h"
+#include "tandem/train/checkpoint.h"
 #include "tandem/train/classifier.h"
 
 namespace tandem::train::detail {
@@ -31,6 +32,9 @@ class SubsetDataset : public Dataset {
   }
   void get_sample(int64_t index, std::vector<at::Tensor>& out) const override {
     base_->get_sample(indices_.at(static_cast<size_t>(index)), out);
+  }
+  std::string sample_source(int64_t index) const override {
+    return base_->sample_source(indices_.at(static_cast<size_t>(index)));
   }
 
  private:
@@ -89,15 +93,16 @@ inline void load_weights(torch::nn::Module& model, const std::string& path) {
 }
 
 /// What every job's resume must match (Trainer refuses a checkpoint of another config); the job
-/// adds its own keys.
+/// adds its own keys. Paths are resolved (realpath), so the same folder under another spelling
+/// is the same config; the Trainer identifies "data" and "val" by their content besides.
 inline nlohmann::json common_config(const ClassifierOptions& o, const std::string& model,
                                     double lr, double weight_decay) {
-  return {{"model", model},           {"data", o.data},
-          {"val", o.val},             {"val_split", o.val_split},
+  return {{"model", model},           {"data", resolve_path(o.data)},
+          {"val", resolve_path(o.val)}, {"val_split", o.val_split},
           {"subset", o.subset},       {"val_subset", o.val_subset},
           {"optimizer", o.optimizer}, {"lr", lr},
           {"momentum", o.momentum},   {"weight_decay", weight_decay},
-          {"precision", to_string(o.precision)}, {"weights", o.weights}};
+          {"precision", to_string(o.precision)}, {"weights", resolve_path(o.weights)}};
 }
 
 /// Loader settings for an evaluation pass: every sample once, in order, the short last batch

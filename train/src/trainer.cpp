@@ -12,7 +12,10 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <iostream>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 #include "tandem/dist/data_parallel.h"
 #include "tandem/dist/process_group.h"
@@ -44,6 +47,37 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+bool is_dir(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The newest checkpoint in `dir` that loads whole (CheckpointStore::load checks it), with its
+// folder; a newer damaged one is skipped with a note saying why. None when `dir` holds none;
+// tandem::Error naming each when every one is damaged (starting over would, checkpoint by
+// checkpoint, replace what someone may still repair).
+std::optional<std::pair<Checkpoint, std::string>> newest_valid_checkpoint(
+    const std::string& dir, std::vector<std::string>& notes) {
+  if (!exists(dir)) return std::nullopt;  // checked first: a store would make the folder
+  const std::vector<std::string> all = CheckpointStore(dir, 1).list();
+  std::vector<std::string> skipped;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      Checkpoint c = CheckpointStore::load(*it);
+      for (const auto& s : skipped)
+        notes.push_back("--resume: skipped checkpoint " + s + "; resuming from " + *it);
+      return std::make_pair(std::move(c), *it);
+    } catch (const std::exception& e) {
+      skipped.push_back(*it + ": " + e.what());
+    }
+  }
+  if (all.empty()) return std::nullopt;
+  std::string list;
+  for (const auto& s : skipped) list += (list.empty() ? "" : "; ") + s;
+  throw Error("--resume: no checkpoint in " + dir + " loads (" + list +
+              "): expected at least one whole; move the folder aside to start the run over");
+}
+
 at::Generator default_generator(c10::Device device) {
   if (device.is_cuda()) return at::cuda::detail::getDefaultCUDAGenerator(device.index());
   return at::detail::getDefaultCPUGenerator();
@@ -60,6 +94,7 @@ nlohmann::json to_json(const EpochRecord& r) {
                    {"epoch_images_per_s", r.epoch_images_per_s},
                    {"train_seconds", r.train_seconds},
                    {"eval_seconds", r.eval_seconds}};
+  if (r.resumed_at_step >= 0) j["resumed_at_step"] = r.resumed_at_step;
   for (const auto& [k, v] : r.metrics) j[k] = v;
   return j;
 }
@@ -76,9 +111,10 @@ EpochRecord from_json(const nlohmann::json& j) {
   r.epoch_images_per_s = j.value("epoch_images_per_s", r.images_per_s);
   r.train_seconds = j.at("train_seconds").get<double>();
   r.eval_seconds = j.at("eval_seconds").get<double>();
+  r.resumed_at_step = j.value("resumed_at_step", int64_t{-1});
   static const char* kFixed[] = {"epoch",         "step",          "train_loss",
                                  "lr",            "images_per_s",  "epoch_images_per_s",
-                                 "train_seconds", "eval_seconds"};
+                                 "train_seconds", "eval_seconds",  "resumed_at_step"};
   for (const auto& [k, v] : j.items())
     if (std::find(std::begin(kFixed), std::end(kFixed), k) == std::end(kFixed) && v.is_number())
       r.metrics[k] = v.get<double>();
@@ -186,36 +222,91 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
   job_.config["seed"] = o.seed;
   if (world_ > 1) job_.config["world_size"] = world_;
 
-  if (!o.resume) {
-    if (lead) {
-      TANDEM_CHECK_ARG(!non_empty_dir(o.out_dir), "run folder ", o.out_dir,
-                       " already exists and is not empty: pass --resume to continue that run, "
-                       "or choose a new --out (nothing is overwritten)");
-      make_dirs(o.out_dir);
-      write_file_atomic(o.out_dir + "/config.json", job_.config.dump(2) + "\n");
+  // The data's identity, saved with every checkpoint (rank 0 alone writes and checks them).
+  data_ids_ = nlohmann::json::object();
+  if (lead)
+    for (const char* key : {"data", "val"}) {
+      const nlohmann::json v = job_.config.value(key, nlohmann::json());
+      if (v.is_string() && !v.get<std::string>().empty() && is_dir(v.get<std::string>()))
+        data_ids_[key] = fingerprint_data(v.get<std::string>());
     }
-    // Data parallel: the others wait for rank 0's check of the folder (a refusal ends rank 0,
-    // and the group's watchdog the others), then take rank 0's weights.
-    if (o.group) {
-      o.group->barrier();
-      dist::make_data_parallel(job_.workload, o.group);
+
+  if (o.resume) {
+    auto found = newest_valid_checkpoint(o.out_dir + "/checkpoints", resume_notes_);
+    if (found) {
+      load_checkpoint(found->first, found->second);
+      if (lead)
+        for (const auto& n : resume_notes_) std::cerr << n << "\n";
+      if (o.group) dist::make_data_parallel(job_.workload, o.group);  // the same weights
+      return;
     }
-    return;
+    // A run that failed before its first checkpoint (or a new folder): nothing to continue.
+    resume_notes_.push_back("--resume: no checkpoint in " + o.out_dir +
+                            "/checkpoints: starting the run from step 0" +
+                            (non_empty_dir(o.out_dir) ? " (its metrics files are rewritten)"
+                                                      : ""));
+    if (lead) std::cerr << resume_notes_.back() << "\n";
   }
-  // Checked before a store is opened: opening one makes its folder, which would turn a mistyped
-  // --out into a new, non-empty run folder.
-  TANDEM_CHECK_ARG(exists(o.out_dir + "/checkpoints"), "--resume: no checkpoint in ", o.out_dir,
-                   "/checkpoints: expected a run folder written by tandem train");
-  const CheckpointStore store(o.out_dir + "/checkpoints", o.keep_checkpoints);
-  const std::optional<std::string> latest = store.latest();
-  TANDEM_CHECK_ARG(latest.has_value(), "--resume: no checkpoint in ", store.dir(),
-                   ": expected a run folder written by tandem train");
-  Checkpoint c = CheckpointStore::load(*latest);
-  const nlohmann::json saved = c.state.value("config", nlohmann::json::object());
+  if (lead) {
+    TANDEM_CHECK_ARG(o.resume || !non_empty_dir(o.out_dir), "run folder ", o.out_dir,
+                     " already exists and is not empty: add --resume to continue it (from its "
+                     "newest checkpoint, or from step 0 when it has none), or choose another "
+                     "--out (nothing is overwritten)");
+    make_dirs(o.out_dir);
+    write_file_atomic(o.out_dir + "/config.json", job_.config.dump(2) + "\n");
+  }
+  // Data parallel: the others wait for rank 0's check of the folder (a refusal ends rank 0,
+  // and the group's watchdog the others), then take rank 0's weights.
+  if (o.group) {
+    o.group->barrier();
+    dist::make_data_parallel(job_.workload, o.group);
+  }
+}
+
+void Trainer::load_checkpoint(const Checkpoint& c, const std::string& folder) {
+  const bool lead = rank_ == 0;
+  const nlohmann::json& st = c.state;
+  const int format = st.value("format", 1);
+  nlohmann::json saved = st.value("config", nlohmann::json::object());
+  // The data is compared by content where the checkpoint holds its fingerprint (rank 0 checks;
+  // the others take its word), else (format 1) by the resolved path: format 1 stored the path
+  // as spelled, relative to the working folder of the day.
+  const nlohmann::json saved_ids = st.value("data_fingerprints", nlohmann::json::object());
+  for (const char* key : {"data", "val", "weights"}) {
+    if (!saved.contains(key) || !saved[key].is_string() || !job_.config.contains(key)) continue;
+    const nlohmann::json& now_value = job_.config[key];
+    const std::string was = saved[key].get<std::string>(),
+                      now = now_value.is_string() ? now_value.get<std::string>() : now_value.dump();
+    if (!saved_ids.contains(key)) {
+      if (format < 2) saved[key] = resolve_path(was);
+      continue;
+    }
+    if (lead) {
+      TANDEM_CHECK_ARG(data_ids_.contains(key), "--resume: checkpoint ", folder,
+                       " was trained on the folder ", was, ": --", key, " ", now,
+                       " is not a folder now");
+      const std::string diff = fingerprint_difference(saved_ids[key], data_ids_[key]);
+      TANDEM_CHECK_ARG(diff.empty(), "--resume: checkpoint ", folder,
+                       " was trained on other data than --", key, " ", now,
+                       " (the checkpoint's: ", was, "): ", diff, ": expected the same files");
+      if (saved[key] != job_.config[key])
+        resume_notes_.push_back(std::string("--resume: the ") + key + " folder is now " + now +
+                                ", the checkpoint's was " + was + ": the same " +
+                                data_ids_[key]["files"].dump() + " files, resuming");
+    }
+    saved[key] = job_.config[key];
+  }
+  if (format < 2)
+    resume_notes_.push_back("--resume: checkpoint " + folder +
+                            " is of format 1: its data was matched by path only, not by content");
   const std::string diff = config_difference(saved, job_.config);
-  TANDEM_CHECK_ARG(diff.empty(), "--resume: checkpoint ", *latest,
+  TANDEM_CHECK_ARG(diff.empty(), "--resume: checkpoint ", folder,
                    " was made by another configuration (", diff,
                    "): expected the same model, data and settings");
+  const int64_t spe = steps_per_epoch_;
+  TANDEM_CHECK_ARG(st.value("steps_per_epoch", spe) == spe, "--resume: checkpoint ", folder,
+                   " has epochs of ", st.value("steps_per_epoch", spe), " steps, this run ", spe,
+                   ": expected the same training set and batch size");
   models::load_state_dict(*job_.model, c.model);
   job_.workload.train.optimizer->load_state(c.optimizer);
   // Generator states: "generator.<i>" and "default", each prefixed "rank<r>." in a data
@@ -229,10 +320,33 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
     else if (rest.rfind("generator.", 0) == 0)
       resume_rng_.push_back(t);
   }
-  for (const auto& e : c.state.value("epochs", nlohmann::json::array()))
+  for (const auto& e : st.value("epochs", nlohmann::json::array()))
     history_.push_back(from_json(e));
   start_step_ = c.step;
-  if (o.group) dist::make_data_parallel(job_.workload, o.group);  // the same weights everywhere
+  resumed_ = true;
+  resumed_folder_ = folder;
+  // Inside an epoch: what its steps before the checkpoint summed to, so its record is whole.
+  const int64_t in_epoch = c.step % spe;
+  if (in_epoch == 0) return;
+  if (!st.contains("epoch_so_far")) {
+    resume_notes_.push_back("--resume: checkpoint " + folder +
+                            " (format 1) holds no running sums of epoch " +
+                            std::to_string(c.step / spe + 1) +
+                            ": its train_loss and train_seconds cover steps " +
+                            std::to_string(c.step) + " on only");
+    return;
+  }
+  const nlohmann::json& e = st["epoch_so_far"];
+  const nlohmann::json& sums = e.at("loss_sums");
+  if (e.at("steps").get<int64_t>() != in_epoch || !sums.is_array() ||
+      sums.size() != static_cast<size_t>(world_))
+    throw Error("--resume: checkpoint " + folder + "/state.json: its epoch_so_far " + e.dump() +
+                " does not fit step " + std::to_string(c.step) + " of " + std::to_string(world_) +
+                " rank(s): expected " + std::to_string(in_epoch) + " steps and a sum per rank");
+  carried_.steps = in_epoch;
+  carried_.loss_sum = sums.at(static_cast<size_t>(rank_)).get<double>();
+  carried_.seconds = e.at("seconds").get<double>();
+  carried_.images = e.at("images").get<int64_t>();
 }
 
 Trainer::~Trainer() = default;
@@ -245,7 +359,8 @@ TrainResult Trainer::run() {
   TrainResult result;
   result.epochs = history_;
   result.steps = start;
-  result.resumed_from = o.resume ? start : -1;
+  result.resumed_from = resumed_ ? start : -1;
+  result.notes = resume_notes_;
   CheckpointStore store(o.out_dir + "/checkpoints", o.keep_checkpoints);
   const c10::Device device = job_.workload.device;
   auto optimizer = job_.workload.train.optimizer;
@@ -258,6 +373,7 @@ TrainResult Trainer::run() {
   ro.skip_bad = o.skip_bad;
   ro.first_step = start;
   ro.record_generator_states = true;
+  ro.stop = o.stop;  // a step stuck waiting on a loader worker ends when a stop is requested
   ro.rank = rank_;
   ro.world_size = world_;
   const bool lead = rank_ == 0;
@@ -283,7 +399,7 @@ TrainResult Trainer::run() {
           metric_names.push_back(k);
     csv = "epoch,step,train_loss";
     for (const auto& k : metric_names) csv += "," + k;
-    csv += ",lr,images_per_s,epoch_images_per_s,train_seconds,eval_seconds\n";
+    csv += ",lr,images_per_s,epoch_images_per_s,train_seconds,eval_seconds,resumed_at_step\n";
     for (const auto& r : epochs) {
       jsonl += to_json(r).dump() + "\n";
       std::ostringstream line;
@@ -294,8 +410,9 @@ TrainResult Trainer::run() {
         if (r.metrics.count(k)) line << r.metrics.at(k);
       }
       line << ',' << r.lr << ',' << r.images_per_s << ',' << r.epoch_images_per_s << ','
-           << r.train_seconds << ','
-           << r.eval_seconds << '\n';
+           << r.train_seconds << ',' << r.eval_seconds << ',';
+      if (r.resumed_at_step >= 0) line << r.resumed_at_step;  // empty: not resumed
+      line << '\n';
       csv += line.str();
     }
     if (!lead) return;
@@ -304,10 +421,38 @@ TrainResult Trainer::run() {
   };
 
   if (start >= total) {  // the run was complete
-    result.last_checkpoint = store.latest().value_or("");
+    result.last_checkpoint = resumed_folder_;
     result.weights = exists(o.out_dir + "/model.safetensors") ? o.out_dir + "/model.safetensors"
                                                               : std::string();
     return result;
+  }
+
+  // A model tensor that is not finite before the first step (weights loaded with NaN): the loss
+  // will not be finite either, and the learning rate is then not the cause to suggest.
+  std::string bad_start;
+  {
+    at::NoGradGuard no_grad;
+    std::vector<std::string> names;
+    std::vector<at::Tensor> finite;
+    for (const auto& [name, t] : models::state_dict(*job_.model))
+      if (t.is_floating_point()) {
+        names.push_back(name);
+        finite.push_back(t.detach().isfinite().all());
+      }
+    if (!finite.empty()) {
+      const at::Tensor ok = at::stack(finite).cpu();  // one synchronization
+      for (size_t i = 0; i < names.size() && bad_start.empty(); ++i)
+        if (!ok[static_cast<int64_t>(i)].item<bool>()) bad_start = names[i];
+    }
+  }
+  std::string cause = "try a lower --lr";
+  if (!bad_start.empty()) {
+    const nlohmann::json w = job_.config.value("weights", nlohmann::json());
+    const std::string weights = w.is_string() ? w.get<std::string>() : std::string();
+    const std::string source = resumed_          ? "checkpoint " + resumed_folder_
+                               : weights.empty() ? std::string("the job's model")
+                                                 : "--weights " + weights;
+    cause = "the starting weights (" + source + ") hold non-finite values (" + bad_start + ")";
   }
 
   Pipeline& pipeline = runner.prepare(total - start);
@@ -319,7 +464,7 @@ TrainResult Trainer::run() {
   size_t checked = 0;          // losses[0, checked) are finite
   std::string nonfinite;       // set when a step's loss was not finite
   int64_t last_saved = start;  // the step of the newest checkpoint (the resumed one counts)
-  result.last_checkpoint = store.latest().value_or("");
+  result.last_checkpoint = resumed_folder_;
   double eval_seconds_total = 0;
   Clock::time_point run_start = Clock::now(), epoch_start = run_start, last_progress = run_start;
   double epoch_eval_excluded = 0;  // eval and checkpoint time inside the current epoch
@@ -354,14 +499,48 @@ TrainResult Trainer::run() {
     if (nonfinite.empty()) nonfinite = "a loss on another rank is not finite";
     nonfinite += ": training stopped; the last good checkpoint, " +
                  (result.last_checkpoint.empty() ? std::string("none") : result.last_checkpoint) +
-                 ", is kept (try a lower --lr)";
+                 ", is kept (" + cause + ")";
     throw NonFiniteLoss(nonfinite);
+  };
+
+  // The running sums of the epoch that starts at global step `first`, after global step g (its
+  // losses read): the checkpoint's carried ones first when the run resumed inside it, then this
+  // run's in step order, so the loss sum is bitwise the uninterrupted run's. `seconds`: this
+  // run's training time in it so far.
+  auto epoch_sums = [&](int64_t first, int64_t g, double seconds) {
+    EpochSums e = first < start ? carried_ : EpochSums{};
+    const int64_t from = std::max(first, start) - start, to = g - start;
+    for (int64_t i = from; i < to; ++i) e.loss_sum += losses[static_cast<size_t>(i)];
+    e.steps += to - from;
+    e.seconds += seconds;
+    e.images += (to - from) * o.batch_size * world_;
+    return e;
   };
 
   // A checkpoint of the state after `g` global steps; `item` = g - start.
   auto checkpoint = [&](int64_t g) {
     const auto t = Clock::now();
     read_losses();  // never save weights a non-finite loss produced
+    // Inside an epoch: its running sums, every rank's loss sum (gathered to rank 0 in rank
+    // order; each rank's mean goes into the record's mean over the ranks).
+    std::optional<EpochSums> sums;
+    std::vector<double> loss_sums;
+    if (g % spe != 0) {
+      sums = epoch_sums(g - g % spe, g,
+                        std::chrono::duration<double>(t - epoch_start).count() -
+                            epoch_eval_excluded);
+      loss_sums = {sums->loss_sum};
+      if (group) {
+        std::vector<uint8_t> bytes(sizeof(double));
+        std::memcpy(bytes.data(), &sums->loss_sum, sizeof(double));
+        loss_sums.clear();
+        for (const auto& theirs : group->all_gather_host(bytes)) {
+          double v = 0;
+          std::memcpy(&v, theirs.data(), sizeof v);
+          loss_sums.push_back(v);
+        }
+      }
+    }
     Checkpoint c;
     c.step = g;
     c.model = models::state_dict(*job_.model);
@@ -384,10 +563,16 @@ TrainResult Trainer::run() {
     nlohmann::json history = nlohmann::json::array();
     for (const auto& r : result.epochs) history.push_back(to_json(r));
     c.state = {{"config", job_.config},
+               {"data_fingerprints", data_ids_},
                {"epoch", g / spe},
                {"step_in_epoch", g % spe},
                {"steps_per_epoch", spe},
                {"epochs", history}};
+    if (sums)
+      c.state["epoch_so_far"] = {{"steps", sums->steps},
+                                 {"loss_sums", loss_sums},
+                                 {"seconds", sums->seconds},
+                                 {"images", sums->images}};
     result.last_checkpoint = store.save(c);
     last_saved = g;
     epoch_eval_excluded += seconds_since(t);
@@ -397,28 +582,23 @@ TrainResult Trainer::run() {
   // The end of the epoch that finishes at global step g: evaluate, record, checkpoint.
   auto end_epoch = [&](int64_t g) {
     read_losses();
-    const double train_seconds = seconds_since(epoch_start) - epoch_eval_excluded;
+    const EpochSums e = epoch_sums(g - spe, g, seconds_since(epoch_start) - epoch_eval_excluded);
     EpochRecord r;
     r.epoch = g / spe;
     r.step = g;
-    const int64_t from = std::max(g - spe, start) - start, to = g - start;
-    double sum = 0;
-    for (int64_t i = from; i < to; ++i) sum += losses[static_cast<size_t>(i)];
-    r.train_loss = to > from ? sum / static_cast<double>(to - from) : 0;
+    if (g - spe < start && resumed_) r.resumed_at_step = start;
+    r.train_loss = e.steps > 0 ? e.loss_sum / static_cast<double>(e.steps) : 0;
     if (group) r.train_loss = group->all_reduce_host({r.train_loss}, kMean)[0];
     r.lr = lr_now;
-    r.train_seconds = train_seconds;
-    r.epoch_images_per_s = train_seconds > 0 ? static_cast<double>((to - from) * o.batch_size) /
-                                                   train_seconds
-                                             : 0;
-    const double steady_seconds = seconds_since(steady_t) - steady_excluded;
-    r.images_per_s = steady_marked && g > steady_from && steady_seconds > 0
-                         ? static_cast<double>((g - steady_from) * o.batch_size) / steady_seconds
-                         : r.epoch_images_per_s;
-    steady_marked = false;
+    r.train_seconds = e.seconds;
     // img/s counts every rank's images: the ranks run in lockstep.
-    r.images_per_s *= world_;
-    r.epoch_images_per_s *= world_;
+    r.epoch_images_per_s = e.seconds > 0 ? static_cast<double>(e.images) / e.seconds : 0;
+    const double steady_seconds = seconds_since(steady_t) - steady_excluded;
+    r.images_per_s =
+        steady_marked && g > steady_from && steady_seconds > 0
+            ? static_cast<double>((g - steady_from) * o.batch_size * world_) / steady_seconds
+            : r.epoch_images_per_s;
+    steady_marked = false;
     const auto t = Clock::now();
     if (job_.evaluate && lead) r.metrics = job_.evaluate(train_lane);
     r.eval_seconds = seconds_since(t);
@@ -507,11 +687,14 @@ TrainResult Trainer::run() {
   } catch (const std::exception&) {
     result.skipped = runner.skipped();
     if (!nonfinite.empty()) throw NonFiniteLoss(nonfinite);
+    // A stop requested while a step waited on a stuck loader worker: the loader gave up, and
+    // the run ends as a stop does, keeping its last checkpoint.
+    if (stopped == 0 && o.stop && o.stop->load() != 0) stopped = o.stop->load();
     if (stopped == 0) throw;
     result.stopped_by_signal = stopped;
     result.steps = last_saved;
     result.losses = losses;
-    result.notes = runner.notes();
+    for (const auto& n : runner.notes()) result.notes.push_back(n);
     return result;
   }
   // The last epoch's end: after run(), the current stream has waited for every lane.
@@ -519,7 +702,7 @@ TrainResult Trainer::run() {
   result.steps = total;
   result.losses = runner.losses();
   result.skipped = runner.skipped();
-  result.notes = runner.notes();
+  for (const auto& n : runner.notes()) result.notes.push_back(n);
   if (!lead) return result;
   result.weights = o.out_dir + "/model.safetensors";
   models::save_safetensors(result.weights, models::state_dict(*job_.model),

@@ -91,8 +91,10 @@ std::vector<uint8_t> encode_jpeg(const at::Tensor& chw_u8, int quality,
 /// Throws InvalidArgument for any other input.
 std::vector<uint8_t> encode_png(const at::Tensor& chw_u8);
 
-/// The whole content of a file. Throws tandem::Error naming `path` and strerror(errno) when it
-/// cannot be opened or read (missing, a directory, no permission).
+/// The whole content of a regular file (symlinks followed). Throws tandem::Error naming `path`
+/// and strerror(errno) when it cannot be opened or read (missing, a directory, no permission),
+/// or naming its kind when it is not a regular file ("not a regular file: a named pipe"): such a
+/// file is never opened, and the open cannot block.
 std::vector<uint8_t> read_file(const std::string& path);
 
 /// Writes `bytes` to `path` (created or truncated). Throws tandem::Error naming `path` and

@@ -37,11 +37,17 @@ struct ImageFolderOptions {
 ///
 /// The index, built once by the constructor: classes are the subfolders of `root` (symlinks
 /// followed), sorted by name in byte order, label = position; each class folder is walked
-/// recursively (symlinked folders followed, a symlink cycle is not re-entered), folders in
-/// order of their path, files sorted by name within a folder — torchvision's make_dataset order,
-/// so samples()[i] is torchvision's samples[i]. Files whose extension is .jpg, .jpeg or .png in
+/// recursively, folders in order of their path, files sorted by name within a folder —
+/// torchvision's make_dataset order, so samples()[i] is torchvision's samples[i]. Symlinked
+/// folders are followed, but every folder is read once: a link back to the root, a class folder
+/// or a folder above it (a loop), or a second link to a folder already read, is skipped with one
+/// warning naming it (warnings(), also printed to stderr), so no file counts twice or under
+/// another class. (Two class folders that are one folder are the exception: each class gets its
+/// files, as in torchvision, with a warning.) Files whose extension is .jpg, .jpeg or .png in
 /// any letter case are samples; others are ignored (the content is sniffed at decode, so a PNG
-/// named .jpg still loads).
+/// named .jpg still loads). The walk stat()s entries and never opens one: a named pipe, socket
+/// or device named like an image is a sample that fails to load, naming its path and kind
+/// ("not a regular file: a named pipe"), and is skipped as any bad file under skip_bad.
 ///
 /// get() (any thread): read, decode at the smallest DCT scale that covers the resize target,
 /// resize (bilinear, antialias), center crop, copy into the slot.
@@ -66,12 +72,16 @@ class ImageFolderDataset : public Dataset {
   /// The same for kCenterCrop (fixed-size samples into `out`'s views); kDecoded samples have no
   /// fixed size: InvalidArgument, use get_sample().
   void get(int64_t index, const std::vector<at::Tensor>& out) const override;
+  /// The sample's path ("" for an index out of range).
+  std::string sample_source(int64_t index) const override;
 
   const std::string& root() const { return root_; }
   const ImageFolderOptions& options() const { return options_; }
   /// Class names; label i is classes()[i].
   const std::vector<std::string>& classes() const { return classes_; }
   const std::vector<Sample>& samples() const { return samples_; }
+  /// What the walk skipped and why, one line each (symlink loops, second links to a folder).
+  const std::vector<std::string>& warnings() const { return warnings_; }
   /// `n` samples (all, if fewer) spread evenly over the index — every class represented — for
   /// trials and benchmarks: samples()[i * size() / n].
   std::vector<Sample> spread_samples(int64_t n) const;
@@ -83,6 +93,7 @@ class ImageFolderDataset : public Dataset {
   ImageFolderOptions options_;
   std::vector<std::string> classes_;
   std::vector<Sample> samples_;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace tandem::data

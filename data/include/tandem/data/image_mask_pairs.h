@@ -17,12 +17,17 @@ struct ImageMaskPairsOptions {
   int64_t ignore_index = 255;  ///< the one id >= classes a mask may hold (VOC's border)
 };
 
+/// Whether `root` has the layout ImageMaskPairs reads: folders images/ and masks/ under it
+/// (symlinks followed). Read as an ImageFolder, such a folder would be two classes.
+bool is_image_mask_pairs_folder(const std::string& root);
+
 /// Fields: {"image", {3, S, S}, kByte}, {"mask", {S, S}, kLong}.
 ///
 /// The index, built once: the image files directly in root/images (extensions .jpg, .jpeg, .png
 /// in any letter case) and the .png files directly in root/masks, paired by stem (the name
 /// without its last extension), sorted by stem. A mask is a gray PNG of ids or a palette PNG
-/// whose indices are the ids (as PASCAL VOC's are); see decode_mask.
+/// whose indices are the ids (as PASCAL VOC's are); see decode_mask. Entries are stat()ed, never
+/// opened: a named pipe, socket or device is a pair that fails to load naming its path and kind.
 class ImageMaskPairs : public Dataset {
  public:
   struct Pair {
@@ -43,6 +48,8 @@ class ImageMaskPairs : public Dataset {
   /// size differs from its image's, or a mask holds an id >= classes that is not ignore_index
   /// (naming the value); InvalidArgument for an index out of range.
   void get(int64_t index, const std::vector<at::Tensor>& out) const override;
+  /// The pair's image path ("" for an index out of range).
+  std::string sample_source(int64_t index) const override;
 
   const std::string& root() const { return root_; }
   const ImageMaskPairsOptions& options() const { return options_; }

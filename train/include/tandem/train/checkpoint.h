@@ -24,6 +24,11 @@ struct Checkpoint {
   nlohmann::json state;               ///< epoch, config, metrics so far (trainer.h)
 };
 
+/// The state.json format save() writes. 1 (no "format" key): before the data fingerprints, the
+/// epoch's running sums and the files' checksums; such checkpoints still load (trainer.cpp says
+/// what a resume of one cannot check).
+constexpr int kCheckpointFormat = 2;
+
 /// A folder of checkpoints, RUN_DIR/checkpoints/step-<step, 9 digits>/, each holding
 /// model.safetensors, optimizer.safetensors, rng.safetensors and state.json.
 ///
@@ -31,7 +36,9 @@ struct Checkpoint {
 ///          ── only then remove the oldest beyond `keep`
 ///
 /// A folder without ".tmp" is complete by construction (rename is atomic), so latest() never
-/// sees a partial checkpoint, and the previous ones stay until the new one is whole.
+/// sees a partial checkpoint, and the previous ones stay until the new one is whole. state.json,
+/// written last, holds each tensor file's size and checksum: a file damaged later (a bad disk, a
+/// copy cut short) is found by load(), not trained on.
 class CheckpointStore {
  public:
   /// `dir`: the checkpoints folder (made when missing, with its parents); `keep` >= 1.
@@ -47,13 +54,30 @@ class CheckpointStore {
   std::vector<std::string> list() const;
   const std::string& dir() const { return dir_; }
 
-  /// Reads a checkpoint folder. Throws tandem::Error naming the file that is missing or corrupt.
+  /// Reads a checkpoint folder. Throws tandem::Error naming the file that is missing or corrupt
+  /// (unreadable, not JSON or safetensors, of another size or checksum than state.json records)
+  /// or a state.json whose step is not the folder's.
   static Checkpoint load(const std::string& folder);
 
  private:
   std::string dir_;
   int keep_;
 };
+
+/// The identity of a dataset folder by content, so a resume finds the same data under another
+/// spelling and refuses other data under the same one. Every file a dataset reads is counted
+/// (images: .jpg, .jpeg, .png in any case; IDX: *-idx*-ubyte[.gz]), found by walking `dir`
+/// recursively (symlinks followed, a cycle not re-entered, names starting with '.' skipped):
+/// {"files": N, "bytes": B, "hash": 16 hex digits over each file's relative name and size and,
+/// for IDX files, its content (the same sizes hold MNIST or Fashion-MNIST), "parts": the same
+/// three per top-level entry (a class folder, images/ or masks/, an IDX file)}. Parts are left
+/// out beyond 10 000. Throws tandem::Error naming a folder that cannot be listed.
+nlohmann::json fingerprint_data(const std::string& dir);
+/// What differs between two fingerprints, for a refusal: the counts, the sizes, and up to five
+/// parts ("class_b: 12 files now, 10 in the checkpoint"); empty when they are the same.
+std::string fingerprint_difference(const nlohmann::json& saved, const nlohmann::json& now);
+/// `path` resolved (realpath: absolute, no symlink, no "..") or, when it cannot be, as given.
+std::string resolve_path(const std::string& path);
 
 /// Makes `path` and its missing parents (mkdir -p). Throws tandem::Error naming the path.
 void make_dirs(const std::string& path);

@@ -34,6 +34,8 @@ class ProcessGroup;
 
 namespace tandem::train {
 
+struct Checkpoint;  // checkpoint.h
+
 /// Metrics by name ("accuracy", "loss", ...), as an evaluation returns them.
 using Metrics = std::map<std::string, double>;
 
@@ -50,7 +52,9 @@ struct TrainJob {
   /// returns its metrics; the first is the headline (accuracy). May synchronize. Empty: none.
   std::function<Metrics(const Lane& lane)> evaluate;
   /// What must match for a resume (model, data, batch size, optimizer...): a checkpoint made
-  /// under another configuration is refused, naming both.
+  /// under another configuration is refused, naming both. Its "data" and "val", when they name
+  /// folders, are identified by content (fingerprint_data, checkpoint.h), not by the path: the
+  /// same files elsewhere resume (said in a note), other files are refused.
   nlohmann::json config;
 };
 
@@ -65,8 +69,10 @@ struct TrainOptions {
   optim::LrSchedule schedule;
   /// RUN_DIR: metrics.jsonl, metrics.csv, checkpoints/, model.safetensors (the final weights).
   std::string out_dir;
-  /// Continue the run in out_dir from its newest checkpoint. Without it an existing, non-empty
-  /// out_dir is refused (nothing is overwritten).
+  /// Continue the run in out_dir from its newest valid checkpoint (a damaged newer one is
+  /// skipped, saying why), or start it from step 0 when it has none (a run that failed before
+  /// its first checkpoint), saying so. Without it an existing, non-empty out_dir is refused
+  /// (nothing is overwritten).
   bool resume = false;
   int64_t checkpoint_every = 0;  ///< steps between checkpoints; 0: at each epoch end only
   int keep_checkpoints = 3;
@@ -97,7 +103,10 @@ struct TrainOptions {
 /// Data parallel: steps between the ranks' agreements on a stop (a store round trip each).
 constexpr int64_t kAgreeEvery = 8;
 
-/// One epoch's record, as written to metrics.jsonl / .csv.
+/// One epoch's record, as written to metrics.jsonl / .csv. An epoch a run was resumed inside is
+/// whole all the same: the checkpoint carries the epoch's running sums (losses, steps, seconds,
+/// images), so its train_loss is bitwise the uninterrupted run's on the CPU and its
+/// train_seconds the sum of both parts; resumed_at_step marks it.
 struct EpochRecord {
   int64_t epoch = 0;          ///< 1-based, as people count them
   int64_t step = 0;           ///< global steps done at its end
@@ -109,9 +118,13 @@ struct EpochRecord {
   double epoch_images_per_s = 0;  ///< the whole epoch's images over train_seconds
   double train_seconds = 0, eval_seconds = 0;  ///< checkpoints count in neither
   Metrics metrics;            ///< the evaluation's
+  /// The global step a run resumed at inside this epoch (the latest such), or -1. Its
+  /// steady images_per_s is of the part after the resume.
+  int64_t resumed_at_step = -1;
 };
 
-/// The record as a line of metrics.jsonl: its fields by name, then each metric by its name.
+/// The record as a line of metrics.jsonl: its fields by name ("resumed_at_step" only when
+/// resumed), then each metric by its name.
 nlohmann::json to_json(const EpochRecord& record);
 
 struct TrainResult {
@@ -122,12 +135,16 @@ struct TrainResult {
   std::string last_checkpoint;      ///< folder, or empty
   std::string weights;              ///< RUN_DIR/model.safetensors once complete, else empty
   std::vector<SkippedSample> skipped;
-  std::vector<std::string> notes;   ///< the runner's (what was captured, ...)
-  int64_t resumed_from = -1;        ///< the step resumed at, or -1
+  /// The resume's (a checkpoint skipped and why, a start from step 0, the data moved), then the
+  /// runner's (what was captured, ...).
+  std::vector<std::string> notes;
+  int64_t resumed_from = -1;        ///< the step resumed at, or -1 (none: also a --resume that
+                                    ///< found no checkpoint and started from step 0)
 };
 
 /// Thrown when a step's loss is NaN or infinite: what() names the step, the epoch and the
-/// last good checkpoint, which is kept.
+/// last good checkpoint, which is kept, and the likely cause: the starting weights, when they
+/// held non-finite values before the first step, else the learning rate.
 class NonFiniteLoss : public Error {
  public:
   using Error::Error;
@@ -136,9 +153,11 @@ class NonFiniteLoss : public Error {
 class Trainer {
  public:
   /// Validates the options (InvalidArgument naming the first bad one) and the run folder: an
-  /// existing non-empty out_dir without resume, or resume without a checkpoint in it, is
-  /// refused. On resume, loads the newest checkpoint into the model and optimizer now
-  /// (InvalidArgument when it was made for another configuration or does not fit the model).
+  /// existing non-empty out_dir without resume is refused. On resume, loads the newest valid
+  /// checkpoint into the model and optimizer now (tandem::Error when every one is damaged,
+  /// naming each; InvalidArgument when it was made for another configuration or other data,
+  /// naming what differs, or does not fit the model); without any, the run starts at step 0.
+  /// What it skipped or decided is in resume_notes(), each also one line on stderr.
   Trainer(TrainJob job, TrainOptions options);
   ~Trainer();
 
@@ -148,14 +167,30 @@ class Trainer {
 
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t start_step() const { return start_step_; }
+  /// Whether a checkpoint was loaded (a --resume that found none starts afresh: false).
+  bool resumed() const { return resumed_; }
+  const std::vector<std::string>& resume_notes() const { return resume_notes_; }
 
  private:
+  // The running sums of the epoch a checkpoint was taken inside (format 2's "epoch_so_far").
+  struct EpochSums {
+    int64_t steps = 0;
+    double loss_sum = 0;  // this rank's losses, summed in step order (bitwise reproducible)
+    double seconds = 0;   // training time, evaluation and checkpoints excluded
+    int64_t images = 0;   // every rank's
+  };
+  void load_checkpoint(const Checkpoint& c, const std::string& folder);
   struct State;
   TrainJob job_;
   TrainOptions options_;
   int64_t steps_per_epoch_ = 0;
   int64_t start_step_ = 0;
   int world_ = 1, rank_ = 0;  // data parallel: this process among the group's (1, 0: alone)
+  bool resumed_ = false;
+  std::string resumed_folder_;             // the checkpoint loaded, or empty
+  std::vector<std::string> resume_notes_;
+  nlohmann::json data_ids_;                // {"data": fingerprint, "val": ...}; rank 0's only
+  EpochSums carried_;                      // of the epoch resumed inside; zero at an epoch end
   std::vector<EpochRecord> history_;       // from the checkpoint resumed
   std::vector<at::Tensor> resume_rng_;     // generator states to restore, in Runner order
   at::Tensor resume_default_rng_;          // the device's default generator

@@ -1,0 +1,102 @@
+// `tandem data-bench` on bad input, run as a user runs it (the binary, its exit status and its
+// output): --skip-bad skips a truncated JPEG in every row and says how many; an image + mask
+// folder is refused in one line that says what to use; out-of-range options are named.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "fixtures.h"
+#include "tandem/data/decode.h"
+
+namespace tandem::data {
+namespace {
+
+using testing::join;
+using testing::put;
+using testing::smooth_image;
+using testing::TempDir;
+
+struct Ran {
+  int status = -1;     ///< exit status
+  std::string output;  ///< stdout and stderr together
+};
+
+// The CLI with `arguments` (already shell-quoted where needed), CPU only and quick: no
+// end-to-end rows, one worker, small batches.
+Ran data_bench(const std::string& arguments) {
+  const std::string command =
+      std::string(TANDEM_CLI_PATH) + " data-bench --device cpu --steps 0 " + arguments + " 2>&1";
+  Ran ran;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return ran;
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) ran.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  ran.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return ran;
+}
+
+// Two classes of small JPEGs, the last of class b cut in half.
+std::string folder_with_a_truncated_jpeg(const TempDir& dir, std::string* truncated) {
+  for (int i = 0; i < 6; ++i)
+    put(dir, std::string("root/") + (i < 3 ? "a/" : "b/") + std::to_string(i) + ".jpg",
+        encode_jpeg(smooth_image(3, 40, 48, i), 90));
+  const auto good = encode_jpeg(smooth_image(3, 40, 48, 7), 90);
+  *truncated = put(dir, "root/b/9_truncated.jpg", {good.begin(), good.begin() + good.size() / 2});
+  return join(dir.path(), "root");
+}
+
+TEST(DataBenchCliTest, SkipBadSkipsATruncatedJpegInTheDecodeAndLoaderRows) {
+  TempDir dir;
+  std::string truncated;
+  const std::string root = folder_with_a_truncated_jpeg(dir, &truncated);
+
+  const Ran failed = data_bench("--data " + root + " --images 20 --workers 1 --batch-size 2");
+  EXPECT_EQ(failed.status, 1) << failed.output;
+  EXPECT_NE(failed.output.find(truncated), std::string::npos) << failed.output;
+
+  const Ran ran =
+      data_bench("--data " + root + " --images 20 --workers 1 --batch-size 2 --skip-bad");
+  ASSERT_EQ(ran.status, 0) << ran.output;
+  EXPECT_NE(ran.output.find("note: decode rows: 1 bad file(s) left out (--skip-bad): " + truncated),
+            std::string::npos)
+      << ran.output;
+  EXPECT_NE(ran.output.find("1 bad file(s) skipped"), std::string::npos) << ran.output;  // loader
+  EXPECT_NE(ran.output.find("turbojpeg_scaled"), std::string::npos) << ran.output;
+}
+
+TEST(DataBenchCliTest, AnImageMaskFolderIsRefusedInOneLineSayingWhatToUse) {
+  TempDir dir;
+  put(dir, "seg/images/a.jpg", encode_jpeg(smooth_image(3, 16, 16, 1), 90));
+  put(dir, "seg/masks/a.png", encode_png(smooth_image(1, 16, 16, 2).gt(100).to(at::kByte)));
+  const std::string root = join(dir.path(), "seg");
+  const Ran ran = data_bench("--data " + root);
+  EXPECT_EQ(ran.status, 2) << ran.output;
+  EXPECT_EQ(ran.output,
+            "tandem: error: data-bench reads an ImageFolder (one subfolder of images per class); " +
+                root +
+                " holds images/ and masks/ (segmentation pairs), which it would read as "
+                "two classes: time reading it with tandem train --data " +
+                root + " (its progress gives img/s)\n");
+}
+
+TEST(DataBenchCliTest, OutOfRangeOptionsAreNamedInOneLine) {
+  TempDir dir;
+  std::string truncated;
+  const std::string root = folder_with_a_truncated_jpeg(dir, &truncated);
+  for (const auto& [flag, message] :
+       {std::pair{"--workers 0", "--workers 0 is not valid: expected 1 to"},
+        std::pair{"--images 0", "--images 0 is not valid: expected >= 1"},
+        std::pair{"--batch-size -3", "--batch-size -3 is not valid: expected >= 1"}}) {
+    const Ran ran = data_bench("--data " + root + " " + flag);
+    EXPECT_EQ(ran.status, 2) << flag << ": " << ran.output;
+    EXPECT_EQ(ran.output.rfind(std::string("tandem: error: ") + message, 0), 0u)
+        << flag << ": " << ran.output;
+    EXPECT_EQ(ran.output.find('\n'), ran.output.size() - 1) << flag << ": " << ran.output;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::data

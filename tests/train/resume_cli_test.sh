@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# `tandem train` interrupted and resumed as people do it: stopped with SIGINT, or killed with
+# SIGKILL (no handler runs, nothing is flushed), then the same command with --resume. The run's
+# metrics.jsonl then equals an uninterrupted run's but for the time fields and the resume marker,
+# and its weights are byte-equal. Also: --resume in a folder without a checkpoint starts over,
+# and a non-empty folder without --resume is refused saying how to go on.
+set -u
+tandem=$1
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); }
+fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
+
+# 512 random 28x28 images in 4 classes (label i % 4), and test files: the shell alone. The
+# content is random, but every run below reads this one folder.
+idx=$tmp/idx && mkdir -p "$idx"
+{ printf '\x00\x00\x08\x03\x00\x00\x02\x00\x00\x00\x00\x1c\x00\x00\x00\x1c'
+  head -c $((512 * 784)) /dev/urandom; } >"$idx/train-images-idx3-ubyte"
+{ printf '\x00\x00\x08\x01\x00\x00\x02\x00'
+  for _ in $(seq 128); do printf '\x00\x01\x02\x03'; done; } >"$idx/train-labels-idx1-ubyte"
+cp "$idx/train-images-idx3-ubyte" "$idx/t10k-images-idx3-ubyte"
+cp "$idx/train-labels-idx1-ubyte" "$idx/t10k-labels-idx1-ubyte"
+
+# 16 steps an epoch, 3 epochs, a checkpoint after every step; pipelined, which resumes bitwise.
+train=(train --data "$idx" --device cpu --mode pipelined --epochs 3 --batch-size 32 --workers 1
+       --checkpoint-every 1 --seed 5)
+spe=16
+
+# metrics.jsonl without the fields that may differ (the keys are sorted, so the sed is exact).
+rows() {
+  sed -E 's/"(epoch_images_per_s|eval_seconds|images_per_s|resumed_at_step|train_seconds)":[^,}]*,?//g; s/,}/}/' "$1/metrics.jsonl"
+}
+
+# The newest checkpoint's step in run folder $1, or -1.
+newest() {
+  local n
+  n=$(ls "$1/checkpoints" 2>/dev/null | grep -E '^step-[0-9]{9}$' | tail -1)
+  if [ -n "$n" ]; then echo $((10#${n#step-})); else echo -1; fi
+}
+
+if ! "$tandem" "${train[@]}" --out "$tmp/whole" >"$tmp/whole.out" 2>&1; then
+  echo "FAIL: the uninterrupted run"; cat "$tmp/whole.out"; exit 1
+fi
+
+# interrupt <signal> <run folder>: starts the run, sends the signal once a checkpoint inside
+# epoch 2 exists, then resumes it; compares its records and weights with the whole run's.
+interrupt() {
+  local sig=$1 out=$2
+  "$tandem" "${train[@]}" --out "$out" >"$out.out" 2>"$out.err" &
+  local pid=$!
+  for _ in $(seq 2400); do
+    [ "$(newest "$out")" -ge $((spe + 2)) ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.05
+  done
+  kill "-$sig" $pid 2>/dev/null
+  wait $pid
+  local rc=$?
+  local want=$((128 + $(kill -l "$sig")))
+  if [ $rc -ne $want ]; then
+    fail "train stopped by SIG$sig: exit $rc, expected $want (did it end first?)"
+    cat "$out.out" "$out.err"; return
+  fi
+  local at
+  at=$(newest "$out")
+  if ! "$tandem" "${train[@]}" --out "$out" --resume >"$out.resume" 2>&1; then
+    fail "train --resume after SIG$sig"; cat "$out.resume"; return
+  fi
+  if ! grep -q "^resuming at step $at " "$out.resume"; then
+    fail "SIG$sig: expected 'resuming at step $at'"; cat "$out.resume"; return
+  fi
+  if [ "$(rows "$tmp/whole")" != "$(rows "$out")" ]; then
+    fail "SIG$sig at step $at: metrics.jsonl differs from the uninterrupted run's"
+    diff <(rows "$tmp/whole") <(rows "$out"); return
+  fi
+  # Inside an epoch (the likely case): its row, and only its, says where it was resumed.
+  local marked
+  marked=$(grep -c '"resumed_at_step"' "$out/metrics.jsonl")
+  if [ $((at % spe)) -ne 0 ]; then
+    if [ "$marked" -ne 1 ] ||
+       ! sed -n "$((at / spe + 1))p" "$out/metrics.jsonl" | grep -q "\"resumed_at_step\":$at,"; then
+      fail "SIG$sig at step $at: expected row $((at / spe + 1)) alone marked resumed_at_step $at"
+      cat "$out/metrics.jsonl"; return
+    fi
+  elif [ "$marked" -ne 0 ]; then
+    fail "SIG$sig at epoch end $at: no row should be marked"; cat "$out/metrics.jsonl"; return
+  fi
+  if ! cmp -s "$tmp/whole/model.safetensors" "$out/model.safetensors"; then
+    fail "SIG$sig at step $at: the weights differ from the uninterrupted run's"; return
+  fi
+  echo "SIG$sig at step $at (epoch $((at / spe + 1)), step $((at % spe)) of it): resumed exactly"
+  pass
+}
+
+interrupt INT "$tmp/int"
+interrupt KILL "$tmp/kill"
+
+# A run that failed before its first checkpoint: refused without --resume (saying to add it),
+# started over with it.
+mkdir -p "$tmp/early/checkpoints" && : >"$tmp/early/metrics.jsonl"
+short=(train --data "$idx" --device cpu --mode serial --epochs 1 --batch-size 128 --workers 1)
+"$tandem" "${short[@]}" --out "$tmp/early" >"$tmp/early.out" 2>"$tmp/early.err"
+rc=$?
+if [ $rc -eq 2 ] && grep -q "already exists and is not empty: add --resume to continue it" "$tmp/early.err" &&
+   grep -q "or choose another --out" "$tmp/early.err"; then
+  pass
+else
+  fail "a non-empty folder without --resume: exit $rc"; cat "$tmp/early.err"
+fi
+if "$tandem" "${short[@]}" --out "$tmp/early" --resume >"$tmp/early.out" 2>"$tmp/early.err" &&
+   grep -q "no checkpoint in $tmp/early/checkpoints: starting the run from step 0" "$tmp/early.err" &&
+   [ "$(wc -l <"$tmp/early/metrics.jsonl")" -eq 1 ] && [ -f "$tmp/early/model.safetensors" ]; then
+  pass
+else
+  fail "--resume without a checkpoint"; cat "$tmp/early.out" "$tmp/early.err"
+fi
+
+echo "resume_cli_test: $passed passed, $failed failed"
+[ $failed -eq 0 ]

@@ -1,0 +1,127 @@
+// What every `tandem` subcommand shares: output paths checked before a run (a bad --json fails
+// in a second, not after an hour of training), and --mode's help and check, both built from the
+// one mode table (tandem/mode.h), so a front end never offers a mode its parser refuses.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tandem/error.h"
+#include "tandem/mode.h"
+
+namespace tandem::cli {
+
+/// The folder `path` names its entry in: "." for a bare name, "/" for "/x".
+inline std::string parent_dir(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : p.substr(0, slash);
+}
+
+/// Throws InvalidArgument naming `option` unless a file can be written at `path` at the end of a
+/// run: not a folder, an existing file this process may overwrite, or a new name in an existing
+/// folder it may write into. Creates nothing (the run writes the file, atomically or not).
+inline void check_output_file(const std::string& option, const std::string& path) {
+  auto refuse = [&](const std::string& why) {
+    throw InvalidArgument(option + " path '" + path + "' cannot be written: " + why);
+  };
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) refuse("it is a folder, expected a file name");
+    if (::access(path.c_str(), W_OK) != 0) refuse(std::strerror(errno));
+    return;
+  }
+  const std::string dir = parent_dir(path);
+  if (::stat(dir.c_str(), &st) != 0) refuse("the folder " + dir + " does not exist");
+  if (!S_ISDIR(st.st_mode)) refuse(dir + " is a file, expected a folder");
+  // W and X: a new entry needs both on its folder.
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    refuse("no permission to write into " + dir + " (" + std::strerror(errno) + ")");
+}
+
+/// Throws InvalidArgument naming `option` unless `path` is a folder this process may write into,
+/// or can be made: its nearest existing ancestor is such a folder (the run makes the missing
+/// levels, as mkdir -p). Creates nothing.
+inline void check_output_folder(const std::string& option, const std::string& path) {
+  auto refuse = [&](const std::string& why) {
+    throw InvalidArgument(option + " " + path + " cannot be used: " + why);
+  };
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) refuse("it is a file, expected a folder (new, or a run to --resume)");
+    if (::access(path.c_str(), W_OK | X_OK) != 0)
+      refuse(std::string("no permission to write into it (") + std::strerror(errno) + ")");
+    return;
+  }
+  // Up to the first level that exists; every level below it is made by the run.
+  std::string dir = parent_dir(path);
+  while (::stat(dir.c_str(), &st) != 0 && dir != "." && dir != "/") dir = parent_dir(dir);
+  if (::stat(dir.c_str(), &st) != 0) refuse("no folder above it exists");
+  if (!S_ISDIR(st.st_mode)) refuse(dir + " is a file, expected a folder");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    refuse("no permission to make it in " + dir + " (" + std::strerror(errno) + ")");
+}
+
+/// The names of `modes`, in the table's order ("serial", "pipelined", ...).
+inline std::vector<std::string> mode_names(const std::vector<Mode>& modes) {
+  std::vector<std::string> names;
+  for (const Mode m : modes) names.push_back(to_string(m));
+  return names;
+}
+
+/// "\n  serial             every stage ..." lines for `modes`: the help text's list. A command
+/// that resolves auto its own way (train: by device, no trials) gives `auto_description`.
+inline std::string mode_help(const std::vector<Mode>& modes,
+                             const std::string& auto_description = {}) {
+  std::string out;
+  for (const Mode m : modes) {
+    const std::string what =
+        m == Mode::kAuto && !auto_description.empty() ? auto_description : describe(m);
+    char line[256];
+    std::snprintf(line, sizeof line, "\n  %-18s %s", to_string(m), what.c_str());
+    out += line;
+  }
+  return out;
+}
+
+/// A CLI11 check that a value is one of `choices`; refused: "<what> 'x' is not valid: expected
+/// a, b or c" (CLI11 puts the option's name before it). No text in the help: the option's own
+/// help lists the choices.
+inline CLI::Validator choice_validator(const std::string& what, std::vector<std::string> choices) {
+  const std::string expected = join_choices(choices);
+  return CLI::Validator(
+      [what, choices, expected](std::string& value) {
+        return std::find(choices.begin(), choices.end(), value) != choices.end()
+                   ? std::string()
+                   : what + " '" + value + "' is not valid: expected " + expected;
+      },
+      "");
+}
+
+/// choice_validator for a --mode that offers `extra_names` (sweep's "all") and `modes`.
+inline CLI::Validator mode_validator(const std::vector<Mode>& modes,
+                                     const std::vector<std::string>& extra_names = {}) {
+  std::vector<std::string> names = extra_names;
+  const std::vector<std::string> table = mode_names(modes);
+  names.insert(names.end(), table.begin(), table.end());
+  return choice_validator("mode", names);
+}
+
+/// Every workload mode and auto: what bench and data-bench run.
+inline std::vector<Mode> modes_with_auto() {
+  std::vector<Mode> modes = workload_modes();
+  modes.push_back(Mode::kAuto);
+  return modes;
+}
+
+}  // namespace tandem::cli
