@@ -30,7 +30,7 @@
 #   redesign: scripts/redesign-ab.sh OUT ${TANDEM_OLD_TREE:-.ref/old}: this tree against a source
 #        tree of commit d529f74 (the scenario CLI), alternating rounds, redesign.json in OUT (its
 #        env: AB_ROUNDS, AB_CELLS, AB_PHASE, AB_REBUILD, ...; see that script)
-# The reference loops are read from $TANDEM_REFERENCE_DIR, else ../shared/reference, else .ref/.
+# The Python reference loops are bench/python/reference_loops.py.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu-check.sh OUT [build test sanitize seg cls augment]}
 shift
@@ -49,10 +49,7 @@ BS_LIST=${TANDEM_BENCH_BS:-8 32 128}
 CLS_BS_LIST=${TANDEM_CLS_BS:-32 128}
 export PYTHONUNBUFFERED=1
 
-REF=${TANDEM_REFERENCE_DIR:-}
-for d in "$REF" ../shared/reference .ref; do
-  if [ -n "$d" ] && [ -f "$d/seed_reference.py" ]; then REF=$d; break; fi
-done
+LOOPS=bench/python/reference_loops.py  # the Python reference loops
 
 say() { echo "== $(date +%H:%M:%S) $*" | tee -a "$LOG"; }
 status=0
@@ -119,19 +116,19 @@ if has_phase sanitize; then
   done
 fi
 
-# One floor run serves every phase: seed_reference.py floor measures seg and cls per batch size.
+# One floor run serves every phase: reference_loops.py floor measures seg and cls per batch size.
 floor() {
   [ -f "$RAW/python-floor.json" ] && return 0
   local all
   local sizes="$BS_LIST $CLS_BS_LIST"
   has_phase graphs && sizes="$sizes $LAUNCH_BS_LIST"
   all=$(echo $sizes | tr ' ' '\n' | sort -n | uniq | paste -sd, -)
-  say "python seed_reference.py floor --bs $all"
-  python3 "$REF/seed_reference.py" floor --bs "$all" --json "$RAW/python-floor.json" \
+  say "python reference_loops.py floor --bs $all"
+  python3 "$LOOPS" floor --bs "$all" --json "$RAW/python-floor.json" \
     >>"$LOG" 2>&1 || status=1
 }
 need_reference() {
-  [ -f "$REF/seed_reference.py" ] || { say "no reference loops found (set TANDEM_REFERENCE_DIR)"; exit 1; }
+  [ -f "$LOOPS" ] || { say "no $LOOPS: the Python reference loops"; exit 1; }
 }
 
 # bench_scenario NAME "RUNS" "PYTHON MODES" "BATCH SIZES": tandem and the Python loops, then
@@ -157,8 +154,8 @@ bench_scenario() {
         >>"$LOG" 2>&1 || status=1
     done
   done
-  say "python seed_reference.py $scenario --bs $bs_csv --modes $py_csv"
-  python3 "$REF/seed_reference.py" "$scenario" --bs "$bs_csv" --modes "$py_csv" \
+  say "python reference_loops.py $scenario --bs $bs_csv --modes $py_csv"
+  python3 "$LOOPS" "$scenario" --bs "$bs_csv" --modes "$py_csv" \
     --json "$RAW/python-$scenario.json" >>"$LOG" 2>&1 || status=1
   floor
   local shown=""  # serial:augment=cpu -> "serial --param augment=cpu", comma-separated
@@ -171,7 +168,7 @@ bench_scenario() {
   say "compare $scenario"
   python3 bench/compare.py --scenario "$scenario" --tandem "$RAW"/tandem-"$scenario"-*.json \
     --python "$RAW/python-$scenario.json" --floor "$RAW/python-floor.json" \
-    --command "scripts/gpu-check.sh OUT $scenario (tandem bench --workload $scenario --mode {$shown} --batch-size {$bs_csv} --steps 100 --warmup 10 --workers 8; seed_reference.py $scenario --bs $bs_csv --modes $py_csv; seed_reference.py floor)" \
+    --command "scripts/gpu-check.sh OUT $scenario (tandem bench --workload $scenario --mode {$shown} --batch-size {$bs_csv} --steps 100 --warmup 10 --workers 8; reference_loops.py $scenario --bs $bs_csv --modes $py_csv; reference_loops.py floor)" \
     --out "$OUT/$scenario.json" 2>&1 | tee -a "$LOG" || status=1
 }
 
@@ -201,10 +198,10 @@ if has_phase augment; then
   "$TANDEM" augment-bench --batch-sizes "$bs_csv" --sampling auto,staged \
     --json "$RAW/augment-bench.json" 2>&1 | tee -a "$LOG" || status=1
   floor
-  say "compare augment (torchvision's GPU batch transform from seed_reference.py floor)"
+  say "compare augment (torchvision's GPU batch transform from reference_loops.py floor)"
   python3 bench/compare.py --scenario augment --tandem "$RAW/augment-bench.json" \
     --floor "$RAW/python-floor.json" --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-    --command "scripts/gpu-check.sh OUT augment (tandem augment-bench --batch-sizes $bs_csv --sampling auto,staged; seed_reference.py floor)" \
+    --command "scripts/gpu-check.sh OUT augment (tandem augment-bench --batch-sizes $bs_csv --sampling auto,staged; reference_loops.py floor)" \
     --out "$OUT/augment.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
@@ -213,13 +210,13 @@ mlp_rounds() {
   # serial is compared with Python's eager loop, the graphed modes with its graph replay;
   # pipelined is for the record.
   local modes="serial pipelined graphed graphed_k pipelined+graphed"
-  say "tandem bench mlp ($modes; 1000 steps) and seed_reference.py mlp, $rounds rounds"
+  say "tandem bench mlp ($modes; 1000 steps) and reference_loops.py mlp, $rounds rounds"
   for round in $(seq "$rounds"); do
     for mode in $modes; do
       "$TANDEM" bench --workload mlp --mode "$mode" --steps 1000 --warmup 100 \
         --json "$RAW/tandem-mlp-${mode//+/_}-$round.json" >>"$LOG" 2>&1 || status=1
     done
-    python3 "$REF/seed_reference.py" mlp --json "$RAW/python-mlp-$round.json" >>"$LOG" 2>&1 || status=1
+    python3 "$LOOPS" mlp --json "$RAW/python-mlp-$round.json" >>"$LOG" 2>&1 || status=1
     # The graphed runs again without the NVML reader thread: what it costs, for the log only
     # (not in graphs.json).
     for mode in graphed pipelined+graphed; do
@@ -227,7 +224,7 @@ mlp_rounds() {
         grep -E "^mlp " | sed 's/$/  (--no-gpu-monitor)/' | tee -a "$LOG"
     done
   done
-  MLP_COMMAND="$rounds rounds of: tandem bench --workload mlp --mode {${modes// /,}} --steps 1000 --warmup 100; seed_reference.py mlp"
+  MLP_COMMAND="$rounds rounds of: tandem bench --workload mlp --mode {${modes// /,}} --steps 1000 --warmup 100; reference_loops.py mlp"
 }
 
 if has_phase mlp && ! has_phase graphs; then
@@ -364,7 +361,7 @@ if has_phase graphs; then
           --workers 8 --json "$RAW/tandem-seg-$mode-$bs-$round.json" >>"$LOG" 2>&1 || status=1
       done
     done
-    python3 "$REF/seed_reference.py" seg --bs "$launch_csv" --modes serial \
+    python3 "$LOOPS" seg --bs "$launch_csv" --modes serial \
       --json "$RAW/python-seg-launch-$round.json" >>"$LOG" 2>&1 || status=1
   done
   floor
@@ -374,7 +371,7 @@ if has_phase graphs; then
   python3 bench/compare.py --scenario graphs --tandem "$RAW"/tandem-mlp-*.json "$RAW"/tandem-seg-*.json \
     --python-rounds "$RAW"/python-mlp-*.json --python "$RAW"/python-seg-launch-*.json \
     --floor "$RAW/python-floor.json" ${sweeps:+--sweep $sweeps} \
-    --command "scripts/gpu-check.sh OUT sweep graphs ($MLP_COMMAND; $launch_rounds rounds of: tandem bench --workload seg --mode {serial,pipelined,pipelined+graphed} --batch-size {$launch_csv} --steps 300 --warmup 20, seed_reference.py seg --bs $launch_csv --modes serial; seed_reference.py floor; the sweeps of the sweep phase)" \
+    --command "scripts/gpu-check.sh OUT sweep graphs ($MLP_COMMAND; $launch_rounds rounds of: tandem bench --workload seg --mode {serial,pipelined,pipelined+graphed} --batch-size {$launch_csv} --steps 300 --warmup 20, reference_loops.py seg --bs $launch_csv --modes serial; reference_loops.py floor; the sweeps of the sweep phase)" \
     --out "$OUT/graphs.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
@@ -396,12 +393,12 @@ if has_phase profile-mlp; then
     --csv "$TANDEM" bench --workload mlp --mode serial --steps 400 --warmup 10 --no-gpu-monitor \
     >"$OUT/profile-mlp.txt" 2>&1 || status=1
   ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 60 \
-    --csv python3 "$REF/seed_reference.py" mlp >>"$OUT/profile-mlp.txt" 2>&1 || status=1
+    --csv python3 "$LOOPS" mlp >>"$OUT/profile-mlp.txt" 2>&1 || status=1
   say "mlp timing without the GPU monitor, tandem graphed beside Python, 2 rounds"
   for round in 1 2; do
     "$TANDEM" bench --workload mlp --mode graphed --steps 1000 --warmup 100 --no-gpu-monitor 2>&1 |
       grep -E "^mlp " | tee -a "$LOG"
-    python3 "$REF/seed_reference.py" mlp 2>&1 | tail -2 | tee -a "$LOG"
+    python3 "$LOOPS" mlp 2>&1 | tail -2 | tee -a "$LOG"
   done
 fi
 
@@ -436,7 +433,7 @@ image_folder() {
   echo "$dir"
 }
 
-# Real images (issue 17): a generated JPEG ImageFolder; the Python reference (torchvision
+# Real images: a generated JPEG ImageFolder; the Python reference (torchvision
 # ImageFolder + DataLoader, PIL / torchvision.io decode) and tandem data-bench in one call;
 # data.json in OUT merges both. env TANDEM_DATA_DIR (where the folder goes; kept if it exists),
 # TANDEM_DATA_COUNT (6000), TANDEM_DATA_BS ("64 256"), TANDEM_DATA_MODELS ("r50_frozen_head
@@ -486,7 +483,7 @@ print(f"wrote {out}: {len(rows)} rows")
 PY
 fi
 
-# tandem train (issue 18): Fashion-MNIST with the small CNN (accuracy), then issue 7's JPEG
+# tandem train: Fashion-MNIST with the small CNN (accuracy), then the generated JPEG
 # folder with a frozen ResNet-50 + head and a full ResNet-18 in fp32 and bf16 beside the same
 # step on device-resident data and beside the Python loops; train.json in OUT. Python loads the
 # exported ResNet-18 weights into torchvision's model (scripts/check_export.py).
@@ -632,8 +629,8 @@ for r in rows:
 PY
 fi
 
-# Data parallel (issue 19): tandem bench --nproc W beside PyTorch DDP (bench/python/
-# ddp_reference.py under torchrun) on the seeds' loops, world 1 and 2 in this call; ddp.json in
+# Data parallel: tandem bench --nproc W beside PyTorch DDP (bench/python/ddp_reference.py
+# under torchrun) on the reference loops, world 1 and 2 in this call; ddp.json in
 # OUT. Needs the nvidia-h200-x2 kind for world 2.
 #   env: TANDEM_DDP_WORLDS ("1 2"), TANDEM_DDP_SEG_BS ("8 32"), TANDEM_DDP_CLS_BS ("32 128"),
 #        TANDEM_DDP_MODES ("pipelined pipelined+graphed": the all-reduce eager, then captured),
@@ -670,7 +667,7 @@ if has_phase ddp; then
         [ "$scen" = seg ] && bss=${TANDEM_DDP_SEG_BS:-8 32} || bss=${TANDEM_DDP_CLS_BS:-32 128}
         say "python ddp_reference.py --scenario $scen world $world"
         timeout 300 torchrun --nproc-per-node "$world" bench/python/ddp_reference.py --scenario "$scen" \
-          --bs "$(echo $bss | tr ' ' ',')" ${REF:+--reference-dir "$REF"} \
+          --bs "$(echo $bss | tr ' ' ',')" \
           --json "$RAW/ddp-python.json" --append >"$RAW/ddp-python-$scen-w$world.log" 2>&1 || status=1
         grep -E '^\{|error' "$RAW/ddp-python-$scen-w$world.log" | tail -6 | tee -a "$LOG"
       done
@@ -763,8 +760,8 @@ for r in rows:
 PY
 fi
 
-# What GatheredGrad's weight gradient costs at worlds 1, 2, 4 and 8 on one GPU (issue 21: the
-# worlds this GPU cannot run): the gathered batch's GEMM for the seed nets' wrapped layers, and
+# What GatheredGrad's weight gradient costs at worlds 1, 2, 4 and 8 on one GPU (the worlds
+# this GPU cannot run): the gathered batch's GEMM for the reference nets' wrapped layers, and
 # the bytes a rank gathers against those an all-reduce of the same gradient moves.
 # gathered-cost.json and gathered-cost.log in OUT.
 if has_phase gathercost; then
@@ -774,7 +771,7 @@ if has_phase gathercost; then
   tee -a "$LOG" <"$OUT/gathered-cost.log"
 fi
 
-# The Python package (issue 20) on the GPU: installed against this build, then python/tests
+# The Python package on the GPU: installed against this build, then python/tests
 # (the CUDA ones included) and python/examples/plain_loop.py on CUDA.
 # TurboJPEG unpacked from a .deb next to the build (phase build) is outside the loader's path.
 deps_lib="$ROOT/$BUILD-deps/usr/lib/x86_64-linux-gnu"
@@ -805,7 +802,7 @@ if has_phase python; then
   fi
 fi
 
-# CPU decode per core (issue 17), in rounds pinned to one core, on the same files of the
+# CPU decode per core, in rounds pinned to one core, on the same files of the
 # generated folder: tandem data-bench's decode rows, then data_bench.py's decoders taking turns
 # per 25 files in one process — PIL, torchvision.io and, with phase python's package,
 # tandem.data.decode_image — whose ratios hold on a host whose speed drifts. decode.json in OUT
@@ -867,15 +864,41 @@ for k, v in summary.items():
 PY
 fi
 
-# tandem.Trainer's benchmark (issue 20): the seeds' loops written with the Trainer
-# (python/examples/*_trainer.py) beside the C++ CLI and the seeds' Python loops, and
+# tandem.Trainer's benchmark: the reference workloads' loops written with the Trainer
+# (python/examples/*_trainer.py) beside the C++ CLI and the Python reference loops, and
 # tandem.augment beside torchvision's batch transform. Needs phase python's package.
 if has_phase pybench; then
   say "pybench: bench/python/python_bench.py (seg bs ${TANDEM_SEG_BS:-8,32}, cls bs ${TANDEM_CLS_BS_PY:-32,128})"
   PYTHONPATH="$ROOT/$BUILD-py/py" python3 bench/python/python_bench.py --tandem "$BUILD/tandem" \
-    --reference "$REF" --seg-bs "${TANDEM_SEG_BS:-8,32}" --cls-bs "${TANDEM_CLS_BS_PY:-32,128}" \
+    --seg-bs "${TANDEM_SEG_BS:-8,32}" --cls-bs "${TANDEM_CLS_BS_PY:-32,128}" \
     --scenarios "${TANDEM_PY_SCENARIOS:-seg,cls}" --out "$OUT/python.json" \
     2>&1 | tee -a "$LOG" || status=1
+fi
+
+# torch.compile beside tandem.Trainer (plain and compile=True) on torchvision models, bf16 +
+# channels_last, device-resident batches: compile.json in OUT. Needs phase python's package.
+#   env: TANDEM_COMPILE_JOBS (r18_full,r50_full,r50_frozen_head), TANDEM_COMPILE_BS (32,256),
+#        TANDEM_COMPILE_IMPLS (all), TANDEM_COMPILE_STEPS (100), TANDEM_COMPILE_PROFILE
+#        (JOB:BS:IMPL,...: those rows' kernel lists), TANDEM_COMPILE_MODE (graphed)
+if has_phase compile; then
+  say "compile: bench/python/compile_bench.py (${TANDEM_COMPILE_JOBS:-r18_full,r50_full,r50_frozen_head} at bs ${TANDEM_COMPILE_BS:-32,256})"
+  PYTHONPATH="$ROOT/$BUILD-py/py" python3 bench/python/compile_bench.py \
+    --jobs "${TANDEM_COMPILE_JOBS:-r18_full,r50_full,r50_frozen_head}" \
+    --bs "${TANDEM_COMPILE_BS:-32,256}" \
+    --impls "${TANDEM_COMPILE_IMPLS:-eager,compile,compile_ro,tandem-py,tandem-py-compiled}" \
+    --steps "${TANDEM_COMPILE_STEPS:-100}" --mode "${TANDEM_COMPILE_MODE:-graphed}" \
+    --profile "${TANDEM_COMPILE_PROFILE:-}" --out "$OUT/compile.json" 2>&1 | tee -a "$LOG" || status=1
+fi
+
+# The README's main job as a newcomer runs it: a copy of the tracked tree, a HOME that never
+# ran the bootstrap, `bash scripts/run.sh` (generated IDX files where Fashion-MNIST is absent).
+if has_phase runsh; then
+  say "runsh: bash scripts/run.sh in a fresh copy with an empty HOME"
+  fresh=$(mktemp -d)
+  tar --exclude='./build*' --exclude=./.git --exclude=./.ref -cf - . | tar -C "$fresh" -xf -
+  (cd "$fresh" && HOME=$(mktemp -d) timeout 900 bash scripts/run.sh --epochs 2) \
+    >"$OUT/runsh.log" 2>&1 && say "runsh: exit 0" || { status=1; say "runsh: FAILED (exit $?)"; }
+  grep -E "^ +[0-9]+ |accuracy|speed|no Fashion|GPU found|error|Error" "$OUT/runsh.log" | tail -15 | tee -a "$LOG"
 fi
 
 # Run folders' checkpoints (hundreds of MB for the ResNets) stay out of the archive.

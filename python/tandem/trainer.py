@@ -36,6 +36,8 @@ import copy
 import dataclasses
 import math
 import os
+import threading
+import types
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -105,6 +107,76 @@ def _stage_name(fn, taken) -> str:
     return name
 
 
+# torch.compile is not thread-safe: compilation (a compiled function's first calls) happens on
+# one thread at a time, whichever lane thread reaches it first.
+_COMPILE_LOCK = threading.RLock()
+
+
+def _own_code(fn):
+    """`fn` with a code object of its own. Dynamo keeps its compiled variants per code object,
+    up to a recompile limit (8) past which it runs the function eagerly without a word: every
+    compiled copy (mode auto's trials, benchmark()) gets its own cache so none counts against
+    another's."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+
+
+def _serialized(fn, first_calls=3):
+    """`fn` whose first calls (where torch.compile traces, compiles and autotunes) hold the
+    compile lock; later calls run freely."""
+    calls = [0]
+
+    def call(*args):
+        if calls[0] < first_calls:
+            with _COMPILE_LOCK:
+                calls[0] += 1
+                return fn(*args)
+        return fn(*args)
+    return call
+
+
+def _identity(x):
+    return x
+
+
+_DYNAMO_PRIMED = False
+
+
+def _prime_dynamo():
+    """Compiles a trivial function once on the calling thread (the user's, long-lived). In
+    torch 2.11, when a process's first torch.compile compilation happens on a thread that then
+    ends (a run's lane thread), the next compilation on any other thread crashes the process
+    (a segmentation fault in FakeTensorMode.__enter__); a first compilation on a thread that
+    lives on prevents it. tandem compiles on its lane threads, so it primes first."""
+    global _DYNAMO_PRIMED
+    if not _DYNAMO_PRIMED:
+        torch.compile(lambda x: x + 1, backend="eager")(torch.zeros(1))
+        _DYNAMO_PRIMED = True
+
+
+def _is_compiled(fn) -> bool:
+    """Whether `fn` is torch.compile's work (a compiled module or function)."""
+    return hasattr(fn, "_orig_mod") or hasattr(fn, "_torchdynamo_orig_callable")
+
+
+def _compiled_step(feeds, model, loss_fn, options):
+    """(feeds, model, loss_fn) as the runner calls them, compiled: each feed stage on its own,
+    and the model's forward with the loss as one region (so the loss fuses with the last layer
+    and autocast regions close inside it). The runner calls model(x) then loss_fn(out, *target):
+    the model becomes the identity and loss_fn the compiled region."""
+    def forward_loss(x, *target):
+        return loss_fn(model(x), *target)
+
+    def feed_call(f):
+        def feed(x):
+            return f(x)
+        return feed
+    region = _serialized(torch.compile(_own_code(forward_loss), **options))
+    compiled_feeds = [(name, _serialized(torch.compile(_own_code(feed_call(f)), **options)))
+                      for name, f in feeds]
+    return compiled_feeds, _identity, region
+
+
 def _tensors_of(objects) -> List[torch.Tensor]:
     """Every parameter and buffer of the modules in `objects` (for the trials' safety check)."""
     out = []
@@ -138,6 +210,11 @@ class Trainer:
     fit goes on from the first's last): tandem.optim's set_lr, or every param group's lr of a
     torch.optim optimizer — in the graphed modes on CUDA that lr must be a tensor on the device
     (``lr=torch.tensor(0.1, device="cuda")``, capturable=True), which is updated in place.
+    compile: False (default); True, or a dict of torch.compile options (e.g. ``{"mode":
+    "max-autotune-no-cudagraphs"}``), compiles each feed stage and the model's forward with the
+    loss as one region, once, before the run's warm-up; graphed modes then capture the compiled
+    kernels into tandem's CUDA graphs. Pass your modules uncompiled. Compiled code is traced on
+    the first steps (and on each copy that mode auto's trials and benchmark() make).
     """
 
     def __init__(self, model: Callable, loss_fn: Callable, optimizer: Any,
@@ -148,7 +225,8 @@ class Trainer:
                  shuffle: bool = True, drop_last: bool = True, seed: int = 0,
                  skip_bad: bool = False, device: Union[str, torch.device, None] = None,
                  cudnn_benchmark: Optional[bool] = None,
-                 lr_schedule: Optional[Callable[[int], float]] = None):
+                 lr_schedule: Optional[Callable[[int], float]] = None,
+                 compile: Union[bool, dict] = False):
         if not callable(model):
             raise TypeError(f"model is a {type(model).__name__}: expected a module or callable")
         if not callable(loss_fn):
@@ -166,6 +244,11 @@ class Trainer:
         if lr_schedule is not None and not callable(lr_schedule):
             raise TypeError(f"lr_schedule is a {type(lr_schedule).__name__}: expected a "
                             "function of the step (0, 1, ...) returning the learning rate")
+        if not isinstance(compile, (bool, dict)):
+            raise TypeError(f"compile is a {type(compile).__name__}: expected True, False or a "
+                            "dict of torch.compile options")
+        self._compile = ({} if compile is True else dict(compile)) if compile else None
+        self._compiled = None  # the compiled step of the user's own modules, made once
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.lr_schedule = lr_schedule
         self.device = torch.device(device) if device is not None else _device_of(optimizer)
@@ -285,6 +368,13 @@ class Trainer:
             fns, model, loss_fn, opt = copy.deepcopy(([f for _, f in feeds], model, loss_fn,
                                                       opt))
             feeds = list(zip(names, fns))
+        if self._compile is not None:
+            if copies:  # a copy's compiled code is its own
+                feeds, model, loss_fn = _compiled_step(feeds, model, loss_fn, self._compile)
+            else:  # successive fits replay what the first compiled
+                if self._compiled is None:
+                    self._compiled = _compiled_step(feeds, model, loss_fn, self._compile)
+                feeds, model, loss_fn = self._compiled
         impl = opt._impl if isinstance(opt, _TandemOptimizer) else opt
         return (feeds, model, loss_fn, impl, _capturable(opt), _optimizer_name(opt),
                 self._lr_setter(opt))
@@ -309,6 +399,9 @@ class Trainer:
 
     def _config(self, mode, steps, warmup, copies, progress=False, trace=None,
                 gpu_monitor=True, data_parallel=False):
+        if self._compile is not None or any(
+                _is_compiled(f) for f in (self.model, self.loss_fn, *(f for _, f in self._feeds))):
+            _prime_dynamo()  # on this thread, before the run's lane threads compile
         spec = None
         if self.augment is not None:
             spec = dataclasses.asdict(self.augment)
