@@ -42,5 +42,10 @@ else
   echo "[run] no GPU here: 1 epoch of a 12 000-image subset on the CPU, into $run_dir" >&2
   sizes=(--epochs 1 --subset 12000 --val-subset 2000 --lr 2e-3 --warmup-epochs 0.1)
 fi
-"$tandem" train --data "$data" --model small_cnn "${sizes[@]}" --out "$run_dir" \
+# The defaults above give way to the same flags given on the command line (--epochs 3, ...).
+defaults=()
+for ((i = 0; i < ${#sizes[@]}; i += 2)); do
+  [[ " $* " == *" ${sizes[i]} "* ]] || defaults+=("${sizes[i]}" "${sizes[i + 1]}")
+done
+"$tandem" train --data "$data" --model small_cnn ${defaults[@]+"${defaults[@]}"} --out "$run_dir" \
   --json "$run_dir/summary.json" "$@"

@@ -184,5 +184,15 @@ if "$tandem" train --data "$idx" --out "$tmp/ok" --device cpu --epochs 1 --worke
 else
   fail "train without --batch-size"; cat "$tmp/out" "$tmp/err"
 fi
+
+# A --json inside a new --out (scripts/run.sh writes RUN_DIR/summary.json): the run makes the
+# folder, so the summary's folder need not exist beforehand.
+if "$tandem" train --data "$idx" --out "$tmp/new-run" --device cpu --epochs 1 --workers 1 \
+     --json "$tmp/new-run/summary.json" >"$tmp/out" 2>"$tmp/err" &&
+   grep -q '"batch_size": 128' "$tmp/new-run/summary.json"; then
+  pass
+else
+  fail "train --json inside a new --out"; cat "$tmp/out" "$tmp/err"
+fi
 echo "cli options: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -7,7 +7,9 @@
 #include <ATen/ops/empty.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#ifndef TANDEM_DATA_NO_TURBOJPEG
 #include <turbojpeg.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +33,7 @@ std::string errno_message(int code) {
   return std::error_code(code, std::generic_category()).message();
 }
 
+#ifndef TANDEM_DATA_NO_TURBOJPEG
 // A TurboJPEG handle owned by one thread (handles are not thread-safe; creating one per image
 // costs ~tens of microseconds and a few allocations, so each worker keeps its own).
 //
@@ -220,6 +223,20 @@ at::Tensor decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& pat
   if (channels == 1) return hwc.view({1, height, width});
   return hwc.permute({2, 0, 1}).contiguous();
 }
+#else   // built without TurboJPEG (data/CMakeLists.txt): IDX and PNG only
+struct JpegHeader {
+  int width = 0, height = 0, colorspace = 0;
+};
+[[noreturn]] void no_jpeg(const std::string& path) {
+  fail(path, "a JPEG file, but this tandem was built without TurboJPEG: install libturbojpeg0-dev "
+             "(turbojpeg.h) and rebuild to read JPEGs");
+}
+JpegHeader read_jpeg_header(const std::vector<uint8_t>&, const std::string& path) { no_jpeg(path); }
+at::Tensor decode_jpeg(const std::vector<uint8_t>&, const std::string& path, int64_t, int64_t,
+                       int64_t, bool) {
+  no_jpeg(path);
+}
+#endif  // TANDEM_DATA_NO_TURBOJPEG
 
 ImageFormat sniff_or_fail(const std::vector<uint8_t>& bytes, const std::string& path) {
   if (bytes.empty()) fail(path, "empty file (0 bytes), not an image");
@@ -273,7 +290,9 @@ ImageInfo read_image_info(const std::vector<uint8_t>& bytes, const std::string& 
   info.format = ImageFormat::kJpeg;
   info.height = header.height;
   info.width = header.width;
+#ifndef TANDEM_DATA_NO_TURBOJPEG
   info.channels = header.colorspace == TJCS_GRAY ? 1 : is_cmyk(header.colorspace) ? 4 : 3;
+#endif
   info.bit_depth = 8;
   return info;
 }
@@ -311,6 +330,10 @@ at::Tensor decode_mask(const std::vector<uint8_t>& bytes, const std::string& pat
 
 std::vector<uint8_t> encode_jpeg(const at::Tensor& chw_u8, int quality,
                                  ChromaSubsampling subsampling) {
+#ifdef TANDEM_DATA_NO_TURBOJPEG
+  throw Error("encode_jpeg: this tandem was built without TurboJPEG: install libturbojpeg0-dev "
+              "(turbojpeg.h) and rebuild to write JPEGs");
+#else
   check_encodable(chw_u8, "encode_jpeg");
   TANDEM_CHECK_ARG(quality >= 1 && quality <= 100, "encode_jpeg: quality must be in [1, 100], got ",
                    quality);
@@ -329,6 +352,7 @@ std::vector<uint8_t> encode_jpeg(const at::Tensor& chw_u8, int quality,
   std::unique_ptr<unsigned char, void (*)(unsigned char*)> owned(jpeg, tjFree);
   if (status != 0) throw Error("encode_jpeg: " + tj.error_and_reset());
   return std::vector<uint8_t>(jpeg, jpeg + size);
+#endif
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {

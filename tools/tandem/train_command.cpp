@@ -238,7 +238,18 @@ void TrainCommand::validate() const {
     throw InvalidArgument(std::string("--device: ") + e.what());
   }
   cli::check_output_folder("--out", out);
-  if (!json.empty()) cli::check_output_file("--json", json);
+  if (!json.empty()) {
+    // A summary written into the run folder itself (scripts/run.sh does) needs only that folder,
+    // which the run makes, to be usable; anywhere else its folder must exist now.
+    auto strip = [](std::string p) {
+      while (p.size() > 1 && p.back() == '/') p.pop_back();
+      return p;
+    };
+    if (strip(cli::parent_dir(json)) == strip(out))
+      cli::check_output_folder("--json", out);
+    else
+      cli::check_output_file("--json", json);
+  }
   if (!job.weights.empty()) {
     // A file that cannot be read is bad input like one that does not fit the model (exit 2 for
     // both), and NaN weights would otherwise end the first step with a non-finite loss and a
