@@ -4,8 +4,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "tandem/augment.h"
 #include "tandem/error.h"
+#include "tandem/mode.h"
 
 namespace py = pybind11;
 
@@ -46,4 +51,11 @@ PYBIND11_MODULE(_C, m) {
     d["hflip_probability"] = s.hflip_probability;
     return d;
   }, "tandem::AugmentSpec's defaults, by field");
+  m.def("modes", [] {
+    std::vector<std::tuple<std::string, std::string, bool>> out;
+    for (const tandem::Mode mode : tandem::workload_modes())
+      out.emplace_back(tandem::to_string(mode), tandem::describe(mode),
+                       tandem::captures_graphs(mode));
+    return out;
+  }, "the library's mode table, simplest first: (name, description, captures CUDA graphs)");
 }

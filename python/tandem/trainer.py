@@ -47,8 +47,9 @@ from .augment import AugmentSpec
 from .data import Dataset, TorchDataset
 from .optim import _TandemOptimizer
 
-MODES = ("auto", "serial", "pipelined", "graphed", "pipelined+graphed", "graphed_k")
-_GRAPHED = ("graphed", "pipelined+graphed", "graphed_k")
+# From the library's one mode table (src/mode.cpp), auto first: the Trainer's own choice.
+MODES = ("auto",) + tuple(name for name, _, _ in _C.modes())
+_GRAPHED = tuple(name for name, _, graphs in _C.modes() if graphs)
 
 
 @dataclasses.dataclass

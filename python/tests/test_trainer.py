@@ -420,3 +420,18 @@ def test_a_torch_datasets_bad_sample_is_named_or_skipped():
         run(Squares(odd_shape=5))
     r = run(Squares(broken=9), skip_bad=True)
     assert [s["index"] for s in r.report["skipped"]] == [9]
+
+
+def test_every_mode_of_the_librarys_table_is_offered_and_accepted():
+    names = [name for name, _, _ in tandem._C.modes()]
+    assert tandem.trainer.MODES == ("auto", *names)
+    assert "pipelined+graphed" in names
+    head = nn.Linear(4, 2)
+    data = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
+    for mode in tandem.trainer.MODES:
+        t = tandem.Trainer(head, nn.CrossEntropyLoss(), torch.optim.SGD(head.parameters(), lr=0.1),
+                           data=data, mode=mode)
+        assert t.mode == mode
+    with pytest.raises(ValueError, match="pipelined_graphed"):
+        tandem.Trainer(head, nn.CrossEntropyLoss(), torch.optim.SGD(head.parameters(), lr=0.1),
+                       data=data, mode="pipelined_graphed")
