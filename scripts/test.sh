@@ -55,8 +55,10 @@ echo "[test] examples: augmented_classifier --device cpu --mode auto --sweep --t
 # tandem's libraries from this checkout into the package (no installed tandem needed). --no-deps:
 # the venv's torch is the one it links; pip must not fetch a second one.
 echo "[test] python: pip install --no-build-isolation --no-deps ./python (one command)"
-"$TANDEM_PYTHON" -m pip install -q --no-build-isolation --no-deps --target "$prefix/py" \
-  "$root/python" -C build-dir="$root/build-python" >"$prefix/pip.log" 2>&1 ||
+# build-python/ sits beside build/ and ccache sees paths relative to the checkout, so the
+# libraries' objects can come from the cache the main build filled.
+CCACHE_BASEDIR="$root" "$TANDEM_PYTHON" -m pip install -q --no-build-isolation --no-deps \
+  --target "$prefix/py" "$root/python" -C build-dir="$root/build-python" >"$prefix/pip.log" 2>&1 ||
   { tail -40 "$prefix/pip.log"; echo "[test] FAILED: building the Python package" >&2; exit 1; }
 ls "$prefix"/py/tandem/libtandem.so >/dev/null ||
   { echo "[test] FAILED: the one-command package does not carry libtandem.so" >&2; exit 1; }
