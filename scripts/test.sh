@@ -55,9 +55,11 @@ echo "[test] examples: augmented_classifier --device cpu --mode auto --sweep --t
 # tandem's libraries from this checkout into the package (no installed tandem needed). --no-deps:
 # the venv's torch is the one it links; pip must not fetch a second one.
 echo "[test] python: pip install --no-build-isolation --no-deps ./python (one command)"
-# build-python/ sits beside build/ and ccache sees paths relative to the checkout, so the
-# libraries' objects can come from the cache the main build filled.
-CCACHE_BASEDIR="$root" "$TANDEM_PYTHON" -m pip install -q --no-build-isolation --no-deps \
+# build-python/ sits beside build/, ccache sees paths relative to the checkout and the compiler
+# is the main build's by name (ccache keys on it: pip's build would pick g++ where CMake picked
+# c++), so the libraries' objects come from the cache the main build filled.
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' "$build/CMakeCache.txt")
+CXX=${cxx:-${CXX:-c++}} CCACHE_BASEDIR="$root" "$TANDEM_PYTHON" -m pip install -q --no-build-isolation --no-deps \
   --target "$prefix/py" "$root/python" -C build-dir="$root/build-python" >"$prefix/pip.log" 2>&1 ||
   { tail -40 "$prefix/pip.log"; echo "[test] FAILED: building the Python package" >&2; exit 1; }
 ls "$prefix"/py/tandem/libtandem.so >/dev/null ||
