@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign data train ddp gathercost python decode pybench
+#   redesign data train ddp gathercost package python decode pybench compile trainer-ab runsh
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -776,6 +776,18 @@ fi
 # TurboJPEG unpacked from a .deb next to the build (phase build) is outside the loader's path.
 deps_lib="$ROOT/$BUILD-deps/usr/lib/x86_64-linux-gnu"
 if [ -d "$deps_lib" ]; then export LD_LIBRARY_PATH="$deps_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+# The Python package in one command (pip builds and bundles the C++ libraries it needs), for the
+# phases that use it (compile, pybench) when phase python (against the full build) is not run.
+# py_package TREE DEST: that source tree's package into DEST/py.
+py_package() {
+  rm -rf "$2/py" && python3 -m pip install -q --no-build-isolation --no-deps \
+    --target "$2/py" "$1/python" -C build-dir="$2/build"
+}
+if has_phase package; then
+  say "package: pip install --no-build-isolation --no-deps ./python (one command, bundled)"
+  py_package "$ROOT" "$ROOT/$BUILD-py" >"$RAW/py-package.log" 2>&1 ||
+    { tail -30 "$RAW/py-package.log" | tee -a "$LOG"; status=1; }
+fi
 if has_phase python; then
   say "python: install tandem, pip install --no-build-isolation ./python"
   pyprefix="$ROOT/$BUILD-py"
@@ -879,15 +891,30 @@ fi
 # channels_last, device-resident batches: compile.json in OUT. Needs phase python's package.
 #   env: TANDEM_COMPILE_JOBS (r18_full,r50_full,r50_frozen_head), TANDEM_COMPILE_BS (32,256),
 #        TANDEM_COMPILE_IMPLS (all), TANDEM_COMPILE_STEPS (100), TANDEM_COMPILE_PROFILE
-#        (JOB:BS:IMPL,...: those rows' kernel lists), TANDEM_COMPILE_MODE (graphed)
+#        (JOB:BS:IMPL,...[;...]: those rows' kernel lists), TANDEM_COMPILE_MODE (auto)
 if has_phase compile; then
   say "compile: bench/python/compile_bench.py (${TANDEM_COMPILE_JOBS:-r18_full,r50_full,r50_frozen_head} at bs ${TANDEM_COMPILE_BS:-32,256})"
   PYTHONPATH="$ROOT/$BUILD-py/py" python3 bench/python/compile_bench.py \
     --jobs "${TANDEM_COMPILE_JOBS:-r18_full,r50_full,r50_frozen_head}" \
     --bs "${TANDEM_COMPILE_BS:-32,256}" \
     --impls "${TANDEM_COMPILE_IMPLS:-eager,compile,compile_ro,tandem-py,tandem-py-compiled}" \
-    --steps "${TANDEM_COMPILE_STEPS:-100}" --mode "${TANDEM_COMPILE_MODE:-graphed}" \
+    --steps "${TANDEM_COMPILE_STEPS:-100}" --mode "${TANDEM_COMPILE_MODE:-auto}" \
     --profile "${TANDEM_COMPILE_PROFILE:-}" --out "$OUT/compile.json" 2>&1 | tee -a "$LOG" || status=1
+fi
+
+# tandem.Trainer's examples (seg bs 8, cls bs 32), this tree's package against an old source
+# tree's (TANDEM_OLD_TREE, default .ref/old; carry it), alternating rounds: trainer_ab.json.
+# Needs phase package. env: TANDEM_AB_ROUNDS (3), TANDEM_AB_CELLS (seg:8,cls:32)
+if has_phase trainer-ab; then
+  old_tree=${TANDEM_OLD_TREE:-.ref/old}
+  say "trainer-ab: tandem.Trainer, this tree against $old_tree"
+  if py_package "$(cd "$old_tree" && pwd)" "$ROOT/$BUILD-py-old" >"$RAW/py-old.log" 2>&1; then
+    python3 bench/python/trainer_ab.py --old "$ROOT/$BUILD-py-old/py" --new "$ROOT/$BUILD-py/py" \
+      --rounds "${TANDEM_AB_ROUNDS:-3}" --cells "${TANDEM_AB_CELLS:-seg:8,cls:32}" \
+      --out "$OUT/trainer_ab.json" 2>&1 | tee -a "$LOG" || status=1
+  else
+    tail -30 "$RAW/py-old.log" | tee -a "$LOG"; status=1
+  fi
 fi
 
 # The README's main job as a newcomer runs it: a copy of the tracked tree, a HOME that never

@@ -65,6 +65,9 @@ std::mutex& graph_mutex() {
 
 // The usual reasons a capture fails, keyed by what CUDA or LibTorch says.
 std::string likely_cause(const std::string& what) {
+  if (what.find("out of memory") != std::string::npos)
+    return "the device ran out of memory during capture (a smaller batch size; memory cached "
+           "by the allocator cannot be released while a capture is under way)";
   if (what.find("unjoined") != std::string::npos || what.find("Unjoined") != std::string::npos)
     return "a side stream forked inside the step was not joined back before it ended";
   if (what.find("not in capture mode") != std::string::npos)

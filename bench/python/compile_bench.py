@@ -10,7 +10,9 @@ happen there), synchronizing the device around the clock. Rows:
     compile             the plain loop, forward + loss as one torch.compile region (default mode),
                         backward and the optimizer as PyTorch runs them
     compile_ro          the same region with mode="reduce-overhead" (an error is a row too)
-    tandem-py           tandem.Trainer(model, loss, optimizer, data=batches).benchmark()
+    tandem-py           tandem.Trainer(model, loss, optimizer, data=batches).benchmark(), in
+                        --mode (default auto, as a user gets it: the row keeps every mode's
+                        trial rate)
     tandem-py-compiled  the same with compile=True
     tandem-py-model-compiled  tandem.Trainer(torch.compile(model), ...): the user compiles the
                         model by hand (what the Trainer offered before compile=)
@@ -22,7 +24,9 @@ Writes {device, date, command, rows: [{impl, job, batch_size, precision, layout,
 error, ...}]}.
 
     PYTHONPATH=<tandem package> python3 bench/python/compile_bench.py --out compile.json
-    ... --profile r18_full:256:compile,tandem-py-compiled   # kernel lists of those rows
+    ... --profile "r18_full:256:compile,tandem-py-compiled;mnv3_full:256:eager"  # kernel lists
+
+The JSON is rewritten after every row, so a run cut short keeps the rows it finished.
 """
 import argparse
 import datetime
@@ -35,6 +39,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = ("r18_full", "r50_full", "r50_frozen_head", "vit_b16_full", "mnv3_full")
+PROFILE_STEPS = 10  # steps a profiled row lists the kernels of (after its timed ones)
 IMPLS = ("eager", "compile", "compile_ro", "tandem-py", "tandem-py-compiled",
          "tandem-py-model-compiled")
 
@@ -125,10 +130,14 @@ def run_row(a):
         if a.profile:  # a fit on the Trainer's own modules, then a profiled one (graphs replayed)
             trainer.fit(steps=a.warmup, progress=False)
             torch.cuda.synchronize()
-            profile_rows = profiled(lambda: trainer.fit(steps=a.steps, progress=False), torch)
+            profile_rows = profiled(lambda: trainer.fit(steps=PROFILE_STEPS, progress=False),
+                                    torch)
         r = trainer.benchmark(steps=a.steps, warmup=a.warmup)
         row.update(images_per_s=r.samples_per_s, mode=r.mode,
                    setup_s=round(time.perf_counter() - t_setup, 1))
+        if trainer.trials and trainer.trials.get("trials"):  # mode auto: each mode's trial
+            row["trials"] = {t["mode"]: round(t["steps_per_s"] * a.bs) if t["steps_per_s"]
+                             else t.get("error") for t in trainer.trials["trials"]}
     else:
         step = plain_loop(a.impl, feed, model, loss_fn, optimizer, data, torch)
         for i in range(a.warmup):
@@ -141,7 +150,7 @@ def run_row(a):
         torch.cuda.synchronize()
         row["images_per_s"] = a.steps * a.bs / (time.perf_counter() - t0)
         if a.profile:
-            profile_rows = profiled(lambda: [step(i) for i in range(a.steps)], torch)
+            profile_rows = profiled(lambda: [step(i) for i in range(PROFILE_STEPS)], torch)
     counters = dynamo_counters()
     if counters:
         row["dynamo"] = counters
@@ -192,9 +201,11 @@ def main():
     p.add_argument("--warmup", type=int, default=15,
                    help="untimed steps first (compilation, capture, autotuning)")
     p.add_argument("--batches", type=int, default=4, help="distinct device-resident batches")
-    p.add_argument("--mode", default="graphed", help="tandem.Trainer's mode for tandem rows")
+    p.add_argument("--mode", default="auto",
+                   help="tandem.Trainer's mode for tandem rows (auto: trials of every mode)")
     p.add_argument("--profile", default="",
-                   help="JOB:BS:IMPL[,IMPL...]: also list those rows' GPU kernels (profile.json)")
+                   help="JOB:BS:IMPL[,IMPL...], several separated by ';': also list those "
+                        f"rows' GPU kernels over {PROFILE_STEPS} steps (in the rows)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per row")
     p.add_argument("--out", default="compile.json")
     p.add_argument("--row", action="store_true", help=argparse.SUPPRESS)  # one row, JSON on stdout
@@ -214,16 +225,27 @@ def main():
         print("ROW " + json.dumps(row), flush=True)
         return
 
-    profile_job, profile_bs, profile_impls = None, None, ()
-    if a.profile:
-        profile_job, profile_bs, impls = a.profile.split(":")
-        profile_bs, profile_impls = int(profile_bs), impls.split(",")
+    profiled_rows = set()  # (job, bs, impl)
+    for spec in filter(None, a.profile.split(";")):
+        try:
+            job, bs, impls = spec.split(":")
+            profiled_rows.update((job, int(bs), impl) for impl in impls.split(","))
+        except ValueError:
+            p.error(f"--profile {spec!r} is not valid: expected JOB:BS:IMPL[,IMPL...]")
     import torch
     rows = []
+
+    def write():
+        result = dict(device=torch.cuda.get_device_name(),
+                      date=datetime.date.today().isoformat(), torch=torch.__version__,
+                      command="python3 bench/python/compile_bench.py " + " ".join(sys.argv[1:]),
+                      rows=rows)
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
     for job in a.jobs.split(","):
         for bs in (int(b) for b in a.bs.split(",")):
             for impl in a.impls.split(","):
-                prof = job == profile_job and bs == profile_bs and impl in profile_impls
+                prof = (job, bs, impl) in profiled_rows
                 cmd = [sys.executable, __file__, "--row", "--job", job, "--bs", str(bs),
                        "--impl", impl, "--steps", str(a.steps), "--warmup", str(a.warmup),
                        "--batches", str(a.batches), "--mode", a.mode,
@@ -248,12 +270,8 @@ def main():
                     + (f"{ips:9.0f} img/s" if ips else f"ERROR {row.get('error')}")
                     + f"  ({row['wall_s']} s{', ' + row['mode'] if row.get('mode') else ''})")
                 rows.append(row)
-    result = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                  torch=torch.__version__,
-                  command="python3 bench/python/compile_bench.py " + " ".join(sys.argv[1:]),
-                  rows=rows)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
+                write()
+    write()
     # The table: each job and batch size, every impl's rate and its ratio to compile.
     print(f"\n{'job':16s} {'bs':>4s} " + " ".join(f"{i:>19s}" for i in a.impls.split(",")))
     for job in a.jobs.split(","):
