@@ -15,9 +15,12 @@
 #include "tandem/workloads/cls.h"
 #include "tandem/models/reference_nets.h"
 #include "test_util.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
+
+using test_support::has;
 
 TEST(ClsTest, ModelHasTheReferenceShapeAndParameterCount) {
   auto m = models::reference_cls_net();
@@ -129,9 +132,6 @@ void expect_same_losses(const std::vector<float>& want, const std::vector<float>
     ASSERT_EQ(want[i], got[i]) << "first differing step " << i;
 }
 
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 TEST(ClsTest, SerialAndPipelinedComputeTheSameLossesOnCpu) {
   testing::use_deterministic_algorithms();

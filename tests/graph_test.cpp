@@ -17,11 +17,13 @@
 #include "tandem/error.h"
 #include "tandem/graph.h"
 #include "test_util.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
 
-const c10::Device kCuda(c10::kCUDA, 0);
+using test_support::kCuda;
+
 
 at::Tensor counter() {
   return at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(kCuda));

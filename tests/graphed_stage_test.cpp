@@ -17,11 +17,13 @@
 #include "tandem/error.h"
 #include "tandem/graphed_stage.h"
 #include "test_util.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
 
-const c10::Device kCuda(c10::kCUDA, 0);
+using test_support::kCuda;
+
 
 // The message wait() throws once the barrier is cancelled.
 std::string cancelled_message(const std::string& stage) {

@@ -11,11 +11,13 @@
 #include "tandem/error.h"
 #include "tandem/lane.h"
 #include "test_util.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
 
-const c10::Device kCpu(c10::kCPU);
+using test_support::kCpu;
+
 
 // The message of the InvalidArgument that parse_device(text) throws; "" if it throws none.
 std::string parse_error(const std::string& text) {

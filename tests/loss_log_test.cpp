@@ -11,12 +11,14 @@
 #include "tandem/graph.h"
 #include "tandem/loss_log.h"
 #include "test_util.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
 
-const c10::Device kCpu(c10::kCPU);
-const c10::Device kCuda(c10::kCUDA, 0);
+using test_support::kCpu;
+using test_support::kCuda;
+
 
 at::Tensor scalar(float v, c10::Device device) {
   return at::full({}, v, at::TensorOptions().dtype(at::kFloat).device(device));

@@ -20,9 +20,14 @@
 #include "tandem/error.h"
 #include "tandem/torch_optimizer.h"
 #include "test_util.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
+
+using test_support::kCpu;
+using test_support::kCuda;
+using test_support::has;
 
 constexpr int64_t kIn = 8, kHidden = 16, kClasses = 3;
 
@@ -129,11 +134,7 @@ std::string joined(const std::vector<std::string>& notes) {
   return out;
 }
 
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
-const c10::Device kCpu(c10::kCPU);
 
 TEST(RunnerTest, EveryModeTrainsExactlyLikeSerialOnCpu) {
   testing::use_deterministic_algorithms();
@@ -341,7 +342,6 @@ TEST(RunnerTest, WorkloadParamsAreCheckedByName) {
 
 // ---- GPU: the same workload, bitwise, with graphs really captured ----
 
-const c10::Device kCuda(c10::kCUDA, 0);
 
 TEST(RunnerGpuTest, EveryModeTrainsExactlyLikeSerial) {
   TANDEM_SKIP_WITHOUT_CUDA();

@@ -10,9 +10,12 @@
 #include "tandem/workloads/seg.h"
 #include "tandem/models/reference_nets.h"
 #include "test_util.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
+
+using test_support::has;
 
 int64_t count_parameters(torch::nn::Sequential& m) {
   int64_t n = 0;
@@ -70,9 +73,6 @@ std::string joined(const std::vector<std::string>& notes) {
   return out;
 }
 
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 void expect_same_training(const Trained& serial, const Trained& pipelined) {
   ASSERT_EQ(serial.losses.size(), pipelined.losses.size());

@@ -37,7 +37,7 @@ std::vector<uint8_t> band_mask(int height, int width, int bad_id = -1) {
   return testing::raw_png(png);
 }
 
-std::vector<at::Tensor> slot_for(const Dataset& ds) {
+std::vector<at::Tensor> pair_slots_for(const Dataset& ds) {
   std::vector<at::Tensor> out;
   for (const FieldSpec& f : ds.fields()) out.push_back(at::full(f.shape, 0, f.dtype));
   return out;
@@ -71,7 +71,7 @@ TEST(ImageMaskPairsTest, PairsByStemAndResizesImageAndMaskTogether) {
   EXPECT_EQ(fields[1].shape, (std::vector<int64_t>{24, 24}));
   EXPECT_EQ(fields[1].dtype, at::kLong);
 
-  auto out = slot_for(ds);
+  auto out = pair_slots_for(ds);
   for (int64_t i = 0; i < ds.size(); ++i) {
     const auto& pair = ds.pairs()[i];
     ds.get(i, out);
@@ -183,7 +183,7 @@ TEST(ImageMaskPairsTest, BadMasksFailInGetNamingTheFileAndTheValue) {
   put(dir, "masks/5_img.png", band_mask(20, 30));
 
   const ImageMaskPairs ds(dir.path(), {16, 3, 255});
-  auto out = slot_for(ds);
+  auto out = pair_slots_for(ds);
   EXPECT_NO_THROW(ds.get(0, out));
   const std::vector<std::pair<std::string, std::string>> expected = {
       {bad_id, "mask value 7"},

@@ -30,7 +30,7 @@ spe=16
 
 # metrics.jsonl without the fields that may differ (the keys are sorted, so the sed is exact).
 rows() {
-  sed -E 's/"(epoch_images_per_s|eval_seconds|images_per_s|resumed_at_step|train_seconds)":[^,}]*,?//g; s/,}/}/' "$1/metrics.jsonl"
+  sed -E 's/"(epoch_images_per_s|eval_seconds|eval_images_per_s|images_per_s|resumed_at_step|train_seconds)":[^,}]*,?//g; s/,}/}/' "$1/metrics.jsonl"
 }
 
 # The newest checkpoint's step in run folder $1, or -1.

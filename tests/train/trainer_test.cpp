@@ -42,13 +42,18 @@ TEST(TrainerTest, WritesMetricsAndLearns) {
     EXPECT_EQ(j.at("epoch").get<int64_t>(), ++lines);
     EXPECT_TRUE(j.contains("accuracy") && j.contains("train_loss"));
     EXPECT_FALSE(j.contains("resumed_at_step")) << line;  // marks only a resumed epoch
+    // The evaluation said how many images it scored: its rate is that over its seconds.
+    ASSERT_TRUE(j.contains("eval_images_per_s")) << line;
+    EXPECT_NEAR(j.at("eval_images_per_s").get<double>() * j.at("eval_seconds").get<double>(),
+                static_cast<double>(f.val_images), 1e-6 * static_cast<double>(f.val_images))
+        << line;
   }
   EXPECT_EQ(lines, 3);
   std::ifstream csv(f.tmp.path() + "/run/metrics.csv");
   std::getline(csv, line);
   EXPECT_EQ(line,
             "epoch,step,train_loss,accuracy,val_loss,lr,images_per_s,epoch_images_per_s,"
-            "train_seconds,eval_seconds,resumed_at_step");
+            "train_seconds,eval_seconds,eval_images_per_s,resumed_at_step");
   std::getline(csv, line);
   EXPECT_EQ(line.back(), ',') << line;  // not resumed: the last column is empty
   // keep 3 checkpoints: one per epoch

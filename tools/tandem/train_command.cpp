@@ -381,9 +381,12 @@ int TrainCommand::run(const std::string& command_line) {
                     fraction ? 100 * v : v);
       metrics += buf;
     }
-    std::printf("epoch %lld/%lld  train_loss %.4f%s  %.0f img/s  lr %.3g\n",
+    char eval[48] = "";
+    if (r.eval_images_per_s > 0)
+      std::snprintf(eval, sizeof eval, "  eval %.0f img/s", r.eval_images_per_s);
+    std::printf("epoch %lld/%lld  train_loss %.4f%s  %.0f img/s%s  lr %.3g\n",
                 static_cast<long long>(r.epoch), static_cast<long long>(epochs), r.train_loss,
-                metrics.c_str(), r.images_per_s, r.lr);
+                metrics.c_str(), r.images_per_s, eval, r.lr);
     std::fflush(stdout);
   };
 
@@ -424,8 +427,9 @@ int TrainCommand::run(const std::string& command_line) {
   std::sort(metric_names.begin(), metric_names.end());
   std::printf("\n%6s %12s", "epoch", "train_loss");
   for (const auto& k : metric_names) std::printf(" %14s", k.c_str());
-  std::printf(" %12s %10s\n", "img/s", "seconds");
+  std::printf(" %12s %12s %10s\n", "img/s", "eval img/s", "seconds");
   std::vector<double> run_ips;  // this run's epochs' img/s (not a resumed run's earlier ones)
+  std::vector<double> run_eval_ips;  // and their evaluations' img/s, where measured
   for (const auto& e : r.epochs) {
     std::printf("%6lld %12.4f", static_cast<long long>(e.epoch), e.train_loss);
     for (const auto& k : metric_names) {
@@ -436,8 +440,16 @@ int TrainCommand::run(const std::string& command_line) {
       else
         std::printf(" %14.4f", e.metrics.at(k));
     }
-    std::printf(" %12.0f %10.1f\n", e.images_per_s, e.train_seconds + e.eval_seconds);
-    if (e.step - spe >= std::max<int64_t>(r.resumed_from, 0)) run_ips.push_back(e.images_per_s);
+    std::printf(" %12.0f", e.images_per_s);
+    if (e.eval_images_per_s > 0)
+      std::printf(" %12.0f", e.eval_images_per_s);
+    else
+      std::printf(" %12s", "-");
+    std::printf(" %10.1f\n", e.train_seconds + e.eval_seconds);
+    if (e.step - spe >= std::max<int64_t>(r.resumed_from, 0)) {
+      run_ips.push_back(e.images_per_s);
+      if (e.eval_images_per_s > 0) run_eval_ips.push_back(e.eval_images_per_s);
+    }
   }
   // The steady rate: the first epoch of a run also pays for the warm-up steps, graph capture
   // and cuDNN's autotuning, so with two or more it is left out of the mean.
@@ -449,6 +461,17 @@ int TrainCommand::run(const std::string& command_line) {
   if (!run_ips.empty())
     std::printf("speed      %.0f img/s (training, mean over %s)\n", steady_ips,
                 ips_from ? "the epochs after the first" : "the run");
+  // The evaluations' rate, by the same rule (the first pays for its loader's start and the
+  // autotuning of a short last batch).
+  const size_t eval_from = run_eval_ips.size() >= 2 ? 1 : 0;
+  double eval_sum = 0;
+  for (size_t i = eval_from; i < run_eval_ips.size(); ++i) eval_sum += run_eval_ips[i];
+  const double eval_ips = run_eval_ips.size() > eval_from
+                              ? eval_sum / static_cast<double>(run_eval_ips.size() - eval_from)
+                              : 0;
+  if (eval_ips > 0)
+    std::printf("evaluation %.0f img/s (mean over %s)\n", eval_ips,
+                eval_from ? "the evaluations after the first" : "the run");
   for (const auto& note : r.notes) std::printf("note: %s\n", note.c_str());
   if (!r.skipped.empty()) {
     std::printf("skipped %zu bad samples (--skip-bad):\n", r.skipped.size());
@@ -467,6 +490,7 @@ int TrainCommand::run(const std::string& command_line) {
     j["batch_size"] = batch_size;
     j["world_size"] = world;
     j["images_per_s"] = steady_ips;
+    if (eval_ips > 0) j["eval_images_per_s"] = eval_ips;
     j["images_per_s_note"] = ips_from ? "mean over this run's epochs after the first"
                                       : "mean over this run's epochs";
     // The headline metric: accuracy for a classifier, mIoU for a segmenter.

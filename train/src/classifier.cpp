@@ -170,7 +170,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
           loss += at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).to(at::kDouble);
         }
         n->train();
-        return accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), N);
+        return Evaluation(accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), N), N);
       };
     } else {
       std::cerr << "no t10k-*-idx*-ubyte files in " << val_dir << ": no evaluation\n";
@@ -266,7 +266,8 @@ TrainJob make_classifier(const ClassifierOptions& o) {
           seen += labels.size(0);
         }
         if (!frozen) n->train();
-        return accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), seen);
+        return Evaluation(accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), seen),
+                          seen);
       };
     }
   }

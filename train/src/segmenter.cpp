@@ -139,10 +139,12 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
       at::Tensor confusion = at::zeros({K * K}, longs);
       at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
       at::Tensor pixels = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
+      int64_t images = 0;
       for (int64_t b = 0; b < loader.num_batches(); ++b) {
         Batch batch;
         load_next_batch(loader, batch, lane);
         const at::Tensor mask = batch.get("mask");
+        images += mask.size(0);
         AutocastScope autocast(device, precision);
         const at::Tensor x = normalize(batch.get("image"), mean, std, nhwc);
         const at::Tensor logits = n->forward(x).to(at::kFloat);
@@ -163,9 +165,11 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
                                            .item<double>()
                                      : 0;
       const int64_t count = pixels.item<int64_t>();
-      return Metrics{{"miou", miou},
-                     {"pixel_accuracy", count > 0 ? tp.sum().item<double>() / count : 0},
-                     {"val_loss", count > 0 ? loss.item<double>() / count : 0}};
+      return Evaluation(
+          Metrics{{"miou", miou},
+                  {"pixel_accuracy", count > 0 ? tp.sum().item<double>() / count : 0},
+                  {"val_loss", count > 0 ? loss.item<double>() / count : 0}},
+          images);
     };
   }
   return job;

@@ -94,6 +94,7 @@ nlohmann::json to_json(const EpochRecord& r) {
                    {"epoch_images_per_s", r.epoch_images_per_s},
                    {"train_seconds", r.train_seconds},
                    {"eval_seconds", r.eval_seconds}};
+  if (r.eval_images_per_s > 0) j["eval_images_per_s"] = r.eval_images_per_s;
   if (r.resumed_at_step >= 0) j["resumed_at_step"] = r.resumed_at_step;
   for (const auto& [k, v] : r.metrics) j[k] = v;
   return j;
@@ -111,10 +112,12 @@ EpochRecord from_json(const nlohmann::json& j) {
   r.epoch_images_per_s = j.value("epoch_images_per_s", r.images_per_s);
   r.train_seconds = j.at("train_seconds").get<double>();
   r.eval_seconds = j.at("eval_seconds").get<double>();
+  r.eval_images_per_s = j.value("eval_images_per_s", 0.0);
   r.resumed_at_step = j.value("resumed_at_step", int64_t{-1});
   static const char* kFixed[] = {"epoch",         "step",          "train_loss",
                                  "lr",            "images_per_s",  "epoch_images_per_s",
-                                 "train_seconds", "eval_seconds",  "resumed_at_step"};
+                                 "train_seconds", "eval_seconds",  "resumed_at_step",
+                                 "eval_images_per_s"};
   for (const auto& [k, v] : j.items())
     if (std::find(std::begin(kFixed), std::end(kFixed), k) == std::end(kFixed) && v.is_number())
       r.metrics[k] = v.get<double>();
@@ -399,7 +402,8 @@ TrainResult Trainer::run() {
           metric_names.push_back(k);
     csv = "epoch,step,train_loss";
     for (const auto& k : metric_names) csv += "," + k;
-    csv += ",lr,images_per_s,epoch_images_per_s,train_seconds,eval_seconds,resumed_at_step\n";
+    csv += ",lr,images_per_s,epoch_images_per_s,train_seconds,eval_seconds,eval_images_per_s,"
+           "resumed_at_step\n";
     for (const auto& r : epochs) {
       jsonl += to_json(r).dump() + "\n";
       std::ostringstream line;
@@ -411,6 +415,8 @@ TrainResult Trainer::run() {
       }
       line << ',' << r.lr << ',' << r.images_per_s << ',' << r.epoch_images_per_s << ','
            << r.train_seconds << ',' << r.eval_seconds << ',';
+      if (r.eval_images_per_s > 0) line << r.eval_images_per_s;  // empty: not said
+      line << ',';
       if (r.resumed_at_step >= 0) line << r.resumed_at_step;  // empty: not resumed
       line << '\n';
       csv += line.str();
@@ -600,8 +606,15 @@ TrainResult Trainer::run() {
             : r.epoch_images_per_s;
     steady_marked = false;
     const auto t = Clock::now();
-    if (job_.evaluate && lead) r.metrics = job_.evaluate(train_lane);
+    int64_t scored = 0;
+    if (job_.evaluate && lead) {
+      Evaluation ev = job_.evaluate(train_lane);
+      r.metrics = std::move(ev.metrics);
+      scored = ev.samples;
+    }
     r.eval_seconds = seconds_since(t);
+    if (scored > 0 && r.eval_seconds > 0)
+      r.eval_images_per_s = static_cast<double>(scored) / r.eval_seconds;
     eval_seconds_total += r.eval_seconds;
     result.epochs.push_back(r);
     write_metrics(result.epochs);

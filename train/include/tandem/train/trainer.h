@@ -39,6 +39,17 @@ struct Checkpoint;  // checkpoint.h
 /// Metrics by name ("accuracy", "loss", ...), as an evaluation returns them.
 using Metrics = std::map<std::string, double>;
 
+/// What an evaluation returns: its metrics and how many samples it scored (for its img/s; 0:
+/// not said, and no rate is reported). A Metrics converts to it, so an evaluation may return
+/// just its metrics.
+struct Evaluation {
+  Evaluation() = default;
+  Evaluation(Metrics m, int64_t samples_scored = 0)  // NOLINT: implicit from Metrics on purpose
+      : metrics(std::move(m)), samples(samples_scored) {}
+  Metrics metrics;
+  int64_t samples = 0;
+};
+
 /// What a Trainer trains: built by make_classifier (classifier.h), or by hand.
 struct TrainJob {
   std::string name;  ///< for reports: "small_cnn on fashion-mnist"
@@ -49,8 +60,9 @@ struct TrainJob {
   /// the file is the whole model).
   std::shared_ptr<torch::nn::Module> model;
   /// Evaluates the model on held-out data on `lane` (the train lane, between two steps) and
-  /// returns its metrics; the first is the headline (accuracy). May synchronize. Empty: none.
-  std::function<Metrics(const Lane& lane)> evaluate;
+  /// returns its metrics (the first is the headline: accuracy), and how many samples it scored.
+  /// May synchronize. Empty: none.
+  std::function<Evaluation(const Lane& lane)> evaluate;
   /// What must match for a resume (model, data, batch size, optimizer...): a checkpoint made
   /// under another configuration is refused, naming both. Its "data" and "val", when they name
   /// folders, are identified by content (fingerprint_data, checkpoint.h), not by the path: the
@@ -117,6 +129,8 @@ struct EpochRecord {
   double images_per_s = 0;
   double epoch_images_per_s = 0;  ///< the whole epoch's images over train_seconds
   double train_seconds = 0, eval_seconds = 0;  ///< checkpoints count in neither
+  /// The evaluation's samples over eval_seconds; 0 when it did not say how many it scored.
+  double eval_images_per_s = 0;
   Metrics metrics;            ///< the evaluation's
   /// The global step a run resumed at inside this epoch (the latest such), or -1. Its
   /// steady images_per_s is of the part after the resume.
