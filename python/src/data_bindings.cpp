@@ -81,7 +81,11 @@ class PyEpoch {
 }  // namespace
 
 void bind_data(py::module_& m) {
+  // Subclassed in Python (tandem.data.ImageFolder, ...): a subclass's __init__ hands the base
+  // the dataset one of the functions below made, which the instance then shares.
   py::class_<PyDataset>(m, "Dataset", "A tandem dataset (read by the C++ loader's workers)")
+      .def(py::init([](const PyDataset& made) { return PyDataset{made.dataset}; }),
+           py::arg("dataset"))
       .def("__len__", &PyDataset::size)
       .def_property_readonly("fields", &PyDataset::fields);
 #ifdef TANDEM_PY_HAVE_DATA

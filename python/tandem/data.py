@@ -20,26 +20,33 @@ import torch
 
 from . import _C
 
-Dataset = _C.Dataset
+class Dataset(_C.Dataset):
+    """A dataset tandem's C++ loader reads (its workers fill pinned host slots): len() and
+    ``fields``, each (name, shape, dtype) or variable-size. Make one with the classes below."""
 
 
-def ImageFolder(root: str, image_size: int = 224, channels: int = 3) -> Dataset:
+class ImageFolder(Dataset):
     """One subfolder of JPEG/PNG files per class (torchvision's ImageFolder order and labels);
     each image decoded (DCT-scaled where it can) then Resize + CenterCrop to image_size.
     Fields: image (C, S, S) uint8, label () int64."""
-    return _C.image_folder(root, image_size, channels)
+
+    def __init__(self, root: str, image_size: int = 224, channels: int = 3):
+        super().__init__(_C.image_folder(root, image_size, channels))
 
 
-def ImageMaskPairs(root: str, classes: int, image_size: int = 512,
-                   ignore_index: int = 255) -> Dataset:
+class ImageMaskPairs(Dataset):
     """root/images/* and root/masks/*.png paired by file stem; masks of class ids.
     Fields: image (3, S, S) uint8, mask (S, S) int64."""
-    return _C.image_mask_pairs(root, classes, image_size, ignore_index)
+
+    def __init__(self, root: str, classes: int, image_size: int = 512, ignore_index: int = 255):
+        super().__init__(_C.image_mask_pairs(root, classes, image_size, ignore_index))
 
 
-def Idx(images: str, labels: str) -> Dataset:
+class Idx(Dataset):
     """MNIST's IDX files (gzip or raw). Fields: image (1, rows, cols) uint8, label () int64."""
-    return _C.idx(images, labels)
+
+    def __init__(self, images: str, labels: str):
+        super().__init__(_C.idx(images, labels))
 
 
 def decode_image(data, channels: int = 3, min_size: int = 0, layout: str = "CHW") -> torch.Tensor:
@@ -82,23 +89,25 @@ def encode_image(image: torch.Tensor, format: str = "jpeg", quality: int = 90) -
     return _C.encode_image(image, format, quality)
 
 
-def TorchDataset(dataset, fields=None) -> Dataset:
+class TorchDataset(Dataset):
     """Your own map-style dataset (``len(dataset)`` and ``dataset[i]``, e.g. a
     torch.utils.data.Dataset) for the C++ loader and tandem.Trainer. A sample is a tensor (or
     anything torch.as_tensor takes), a tuple of them (fields "input", "target" for a pair) or a
     dict (its keys); ``fields`` renames them. Every sample needs sample 0's shapes and dtypes,
     on the CPU. The loader's threads call ``__getitem__`` under the GIL, one at a time: fine for
     cheap items; for decoding files, tandem.data.ImageFolder & co. decode in C++ in parallel."""
-    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-        raise TypeError(f"{type(dataset).__name__} is not a map-style dataset: expected "
-                        "__len__ and __getitem__ (an IterableDataset cannot be indexed)")
-    return _C.python_dataset(dataset, list(fields or []))
+
+    def __init__(self, dataset, fields=None):
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise TypeError(f"{type(dataset).__name__} is not a map-style dataset: expected "
+                            "__len__ and __getitem__ (an IterableDataset cannot be indexed)")
+        super().__init__(_C.python_dataset(dataset, list(fields or [])))
 
 
 _DTYPES = (torch.uint8, torch.int32, torch.int64, torch.float32)  # RandomDataset's
 
 
-def Random(size: int, seed: int = 0, **fields) -> Dataset:
+class Random(Dataset):
     """Synthetic samples: each field's values uniform at random, sample i a pure function of
     (seed, i). A field is ``name=(shape, dtype)`` or ``(shape, dtype, high)`` or
     ``(shape, dtype, low, high)``: values in [low, high); uint8 defaults to [0, 256), float32 to
@@ -106,33 +115,35 @@ def Random(size: int, seed: int = 0, **fields) -> Dataset:
 
         tandem.data.Random(100_000, image=((3, 256, 256), torch.uint8),
                            label=((), torch.int64, 10))"""
-    if size < 1:
-        raise ValueError(f"size {size} is not valid: expected >= 1 samples")
-    if not fields:
-        raise ValueError("tandem.data.Random needs at least one field, e.g. "
-                         "image=((3, 224, 224), torch.uint8)")
-    specs = []
-    for name, spec in fields.items():
-        if not isinstance(spec, (tuple, list)) or not 2 <= len(spec) <= 4:
-            raise ValueError(f"field {name}={spec!r} is not valid: expected (shape, dtype), "
-                             "(shape, dtype, high) or (shape, dtype, low, high)")
-        shape, dtype, *bounds = spec
-        if dtype not in _DTYPES:
-            raise ValueError(f"field {name} has dtype {dtype}: expected torch.uint8, "
-                             "torch.int32, torch.int64 or torch.float32")
-        if len(bounds) == 2:
-            low, high = bounds
-        elif len(bounds) == 1:
-            low, high = 0, bounds[0]
-        elif dtype == torch.uint8:
-            low, high = 0, 256
-        elif dtype == torch.float32:
-            low, high = 0.0, 1.0
-        else:
-            raise ValueError(f"field {name} is {dtype}: give its range, "
-                             f"e.g. {name}=({tuple(shape)}, {dtype}, 10) for values 0..9")
-        specs.append((name, [int(d) for d in shape], dtype, float(low), float(high)))
-    return _C.random_dataset(specs, int(size), int(seed))
+
+    def __init__(self, size: int, seed: int = 0, **fields):
+        if size < 1:
+            raise ValueError(f"size {size} is not valid: expected >= 1 samples")
+        if not fields:
+            raise ValueError("tandem.data.Random needs at least one field, e.g. "
+                             "image=((3, 224, 224), torch.uint8)")
+        specs = []
+        for name, spec in fields.items():
+            if not isinstance(spec, (tuple, list)) or not 2 <= len(spec) <= 4:
+                raise ValueError(f"field {name}={spec!r} is not valid: expected (shape, dtype), "
+                                 "(shape, dtype, high) or (shape, dtype, low, high)")
+            shape, dtype, *bounds = spec
+            if dtype not in _DTYPES:
+                raise ValueError(f"field {name} has dtype {dtype}: expected torch.uint8, "
+                                 "torch.int32, torch.int64 or torch.float32")
+            if len(bounds) == 2:
+                low, high = bounds
+            elif len(bounds) == 1:
+                low, high = 0, bounds[0]
+            elif dtype == torch.uint8:
+                low, high = 0, 256
+            elif dtype == torch.float32:
+                low, high = 0.0, 1.0
+            else:
+                raise ValueError(f"field {name} is {dtype}: give its range, "
+                                 f"e.g. {name}=({tuple(shape)}, {dtype}, 10) for values 0..9")
+            specs.append((name, [int(d) for d in shape], dtype, float(low), float(high)))
+        super().__init__(_C.random_dataset(specs, int(size), int(seed)))
 
 
 class Loader:

@@ -190,32 +190,41 @@ def _tensors_of(objects) -> List[torch.Tensor]:
 class Trainer:
     """Trains ``model`` on ``data`` with tandem's runner (see the module's help).
 
-    model: the trainable module (any callable of the input). loss_fn: ``loss_fn(output,
-    target)``, or ``loss_fn(output)`` when ``target=None``; returns one value that requires
-    grad. optimizer: a torch.optim optimizer over the model's parameters, or a tandem.optim one.
-    data: a tandem.data dataset (ImageFolder, ImageMaskPairs, Idx, Random), read by C++ workers
-    into pinned memory and copied to the device; your own map-style torch Dataset (its
-    __getitem__ called by those workers under the GIL: tandem.data.TorchDataset); or a list of
-    batches already on the device,
-    each a tuple ``(input, target)`` or a dict of named tensors (step i trains on batch
-    i % len). feed: callables (frozen modules, conversions) applied to the input in order,
-    without gradients, each a stage of its own; ``(name, fn)`` names one. augment: an
-    AugmentSpec applied to the (B, C, H, W) uint8 input first. input / target: the data's field
-    names (default: its first two). batch_size: samples per step from a dataset. workers:
-    loader threads (default 8 on CUDA, 2 on the CPU, at most the cores less one). shuffle /
-    drop_last / seed: the dataset's order per epoch (PyTorch's DistributedSampler order),
-    augmentation's generator. skip_bad: leave samples that fail to load out and report them.
-    device: default the optimizer's parameters' device. cudnn_benchmark: cuDNN's autotuner
-    during the run (default on CUDA: as the CLI); your setting is put back afterwards.
-    lr_schedule: step -> learning rate, applied before every step (the global step: a second
-    fit goes on from the first's last): tandem.optim's set_lr, or every param group's lr of a
-    torch.optim optimizer — in the graphed modes on CUDA that lr must be a tensor on the device
-    (``lr=torch.tensor(0.1, device="cuda")``, capturable=True), which is updated in place.
-    compile: False (default); True, or a dict of torch.compile options (e.g. ``{"mode":
-    "max-autotune-no-cudagraphs"}``), compiles each feed stage and the model's forward with the
-    loss as one region, once, before the run's warm-up; graphed modes then capture the compiled
-    kernels into tandem's CUDA graphs. Pass your modules uncompiled. Compiled code is traced on
-    the first steps (and on each copy that mode auto's trials and benchmark() make).
+    Args:
+        model: the trainable module (any callable of the input).
+        loss_fn: ``loss_fn(output, target)``, or ``loss_fn(output)`` when ``target=None``;
+            returns one value that requires grad.
+        optimizer: a torch.optim optimizer over the model's parameters, or a tandem.optim one.
+        data: a tandem.data dataset (ImageFolder, ImageMaskPairs, Idx, Random), read by C++
+            workers into pinned memory and copied to the device; your own map-style torch
+            Dataset (its __getitem__ called by those workers under the GIL:
+            tandem.data.TorchDataset); or a list of batches already on the device, each a tuple
+            ``(input, target)`` or a dict of named tensors (step i trains on batch i % len).
+        feed: callables (frozen modules, conversions) applied to the input in order, without
+            gradients, each a stage of its own; ``(name, fn)`` names one.
+        augment: an AugmentSpec applied to the (B, C, H, W) uint8 input first.
+        mode: one of MODES; "auto" (default) picks the fastest by short timed trials on CUDA
+            (see choose_mode), serial on the CPU.
+        batch_size: samples per step from a dataset.
+        input / target: the data's field names (default: its first two).
+        workers: loader threads (default 8 on CUDA, 2 on the CPU, at most the cores less one).
+        shuffle / drop_last / seed: the dataset's order per epoch (PyTorch's DistributedSampler
+            order), augmentation's generator.
+        skip_bad: leave samples that fail to load out and report them.
+        device: default the optimizer's parameters' device.
+        cudnn_benchmark: cuDNN's autotuner during the run (default on CUDA: as the CLI); your
+            setting is put back afterwards.
+        lr_schedule: step -> learning rate, applied before every step (the global step: a
+            second fit goes on from the first's last): tandem.optim's set_lr, or every param
+            group's lr of a torch.optim optimizer — in the graphed modes on CUDA that lr must be
+            a tensor on the device (``lr=torch.tensor(0.1, device="cuda")``, capturable=True),
+            which is updated in place.
+        compile: False (default); True, or a dict of torch.compile options (e.g. ``{"mode":
+            "max-autotune-no-cudagraphs"}``), compiles each feed stage and the model's forward
+            with the loss as one region, once, before the run's warm-up; graphed modes then
+            capture the compiled kernels into tandem's CUDA graphs. Pass your modules
+            uncompiled. Compiled code is traced on the first steps (and on each copy that mode
+            auto's trials and benchmark() make).
     """
 
     def __init__(self, model: Callable, loss_fn: Callable, optimizer: Any,
@@ -308,7 +317,7 @@ class Trainer:
 
     # ---- data ----
     def _read_data(self, data, batch_size):
-        if isinstance(data, Dataset):
+        if isinstance(data, _C.Dataset):  # tandem.data's classes derive from it
             if batch_size is None or batch_size < 1:
                 raise ValueError(f"batch_size {batch_size} is not valid for a dataset: "
                                  "expected the samples per step, >= 1")

@@ -26,6 +26,19 @@ def test_idx_dataset_fields(idx_files):
     assert len(ds) == 60 and ds.fields == ["image", "label"]
 
 
+def test_datasets_are_classes_of_their_own(idx_files):
+    idx = tandem.data.Idx(*idx_files)
+    rnd = tandem.data.Random(5, label=((), torch.int64, 3))
+    own = tandem.data.TorchDataset([torch.zeros(2)] * 4)
+    for ds, cls in ((idx, tandem.data.Idx), (rnd, tandem.data.Random),
+                    (own, tandem.data.TorchDataset)):
+        assert isinstance(ds, cls) and isinstance(ds, tandem.data.Dataset), type(ds)
+    assert not isinstance(idx, tandem.data.Random)
+    assert (len(rnd), rnd.fields, len(own)) == (5, ["label"], 4)
+    batches = list(tandem.data.Loader(rnd, batch_size=5, workers=1))  # the loader reads it
+    assert batches[0]["label"].shape == (5,)
+
+
 def test_loader_visits_pytorchs_shuffled_order_in_batches(idx_files):
     ds = tandem.data.Idx(*idx_files)
     loader = tandem.data.Loader(ds, batch_size=16, workers=3, shuffle=True, seed=7)
