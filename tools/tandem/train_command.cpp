@@ -71,6 +71,23 @@ std::vector<Mode> train_modes() {
   modes.push_back(Mode::kAuto);
   return modes;
 }
+// The mean of a run's per-epoch rates, the first left out when there are two or more: the first
+// epoch also pays for the warm-up steps, graph capture and cuDNN's autotuning, and the first
+// evaluation for its loader's start and the autotuning of a short last batch.
+struct SteadyMean {
+  double value = 0;
+  bool first_left_out = false;
+};
+SteadyMean steady_mean(const std::vector<double>& rates) {
+  SteadyMean m;
+  m.first_left_out = rates.size() >= 2;
+  const size_t from = m.first_left_out ? 1 : 0;
+  double sum = 0;
+  for (size_t i = from; i < rates.size(); ++i) sum += rates[i];
+  if (rates.size() > from) m.value = sum / static_cast<double>(rates.size() - from);
+  return m;
+}
+
 Mode auto_mode(c10::Device device) {
   return device.is_cuda() ? Mode::kPipelinedGraphed : Mode::kSerial;
 }
@@ -451,27 +468,14 @@ int TrainCommand::run(const std::string& command_line) {
       if (e.eval_images_per_s > 0) run_eval_ips.push_back(e.eval_images_per_s);
     }
   }
-  // The steady rate: the first epoch of a run also pays for the warm-up steps, graph capture
-  // and cuDNN's autotuning, so with two or more it is left out of the mean.
-  double ips_sum = 0;
-  const size_t ips_from = run_ips.size() >= 2 ? 1 : 0;
-  for (size_t i = ips_from; i < run_ips.size(); ++i) ips_sum += run_ips[i];
-  const double steady_ips =
-      run_ips.size() > ips_from ? ips_sum / static_cast<double>(run_ips.size() - ips_from) : 0;
+  const SteadyMean train_rate = steady_mean(run_ips), eval_rate = steady_mean(run_eval_ips);
+  const double steady_ips = train_rate.value, eval_ips = eval_rate.value;
   if (!run_ips.empty())
     std::printf("speed      %.0f img/s (training, mean over %s)\n", steady_ips,
-                ips_from ? "the epochs after the first" : "the run");
-  // The evaluations' rate, by the same rule (the first pays for its loader's start and the
-  // autotuning of a short last batch).
-  const size_t eval_from = run_eval_ips.size() >= 2 ? 1 : 0;
-  double eval_sum = 0;
-  for (size_t i = eval_from; i < run_eval_ips.size(); ++i) eval_sum += run_eval_ips[i];
-  const double eval_ips = run_eval_ips.size() > eval_from
-                              ? eval_sum / static_cast<double>(run_eval_ips.size() - eval_from)
-                              : 0;
+                train_rate.first_left_out ? "the epochs after the first" : "the run");
   if (eval_ips > 0)
     std::printf("evaluation %.0f img/s (mean over %s)\n", eval_ips,
-                eval_from ? "the evaluations after the first" : "the run");
+                eval_rate.first_left_out ? "the evaluations after the first" : "the run");
   for (const auto& note : r.notes) std::printf("note: %s\n", note.c_str());
   if (!r.skipped.empty()) {
     std::printf("skipped %zu bad samples (--skip-bad):\n", r.skipped.size());
@@ -491,7 +495,7 @@ int TrainCommand::run(const std::string& command_line) {
     j["world_size"] = world;
     j["images_per_s"] = steady_ips;
     if (eval_ips > 0) j["eval_images_per_s"] = eval_ips;
-    j["images_per_s_note"] = ips_from ? "mean over this run's epochs after the first"
+    j["images_per_s_note"] = train_rate.first_left_out ? "mean over this run's epochs after the first"
                                       : "mean over this run's epochs";
     // The headline metric: accuracy for a classifier, mIoU for a segmenter.
     const char* headline = seg ? "miou" : "accuracy";
