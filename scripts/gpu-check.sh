@@ -887,10 +887,12 @@ if has_phase pybench; then
     2>&1 | tee -a "$LOG" || status=1
 fi
 
-# torch.compile beside tandem.Trainer (plain and compile=True) on torchvision models, bf16 +
-# channels_last, device-resident batches: compile.json in OUT. Needs phase python's package.
+# torch.compile beside tandem.Trainer (plain and compile=True) and tandem's C++ step (the CLI
+# of phase build, impls tandem-cpp and tandem-cpp-module) on torchvision models, bf16 +
+# channels_last, device-resident batches: compile.json in OUT. Needs phase package's package.
 #   env: TANDEM_COMPILE_JOBS (r18_full,r50_full,r50_frozen_head), TANDEM_COMPILE_BS (32,256),
-#        TANDEM_COMPILE_IMPLS (all), TANDEM_COMPILE_STEPS (100), TANDEM_COMPILE_PROFILE
+#        TANDEM_COMPILE_IMPLS (eager,compile,compile_ro,tandem-py,tandem-py-compiled),
+#        TANDEM_COMPILE_STEPS (100), TANDEM_COMPILE_PROFILE
 #        (JOB:BS:IMPL,...[;...]: those rows' kernel lists), TANDEM_COMPILE_MODE (auto)
 if has_phase compile; then
   say "compile: bench/python/compile_bench.py (${TANDEM_COMPILE_JOBS:-r18_full,r50_full,r50_frozen_head} at bs ${TANDEM_COMPILE_BS:-32,256})"
@@ -899,7 +901,8 @@ if has_phase compile; then
     --bs "${TANDEM_COMPILE_BS:-32,256}" \
     --impls "${TANDEM_COMPILE_IMPLS:-eager,compile,compile_ro,tandem-py,tandem-py-compiled}" \
     --steps "${TANDEM_COMPILE_STEPS:-100}" --mode "${TANDEM_COMPILE_MODE:-auto}" \
-    --profile "${TANDEM_COMPILE_PROFILE:-}" --out "$OUT/compile.json" 2>&1 | tee -a "$LOG" || status=1
+    --profile "${TANDEM_COMPILE_PROFILE:-}" --tandem-cli "$ROOT/$BUILD/tandem" \
+    --out "$OUT/compile.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 
 # tandem.Trainer's examples (seg bs 8, cls bs 32), this tree's package against an old source

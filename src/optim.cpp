@@ -6,6 +6,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -56,24 +57,27 @@ struct SgdLists {
   std::vector<at::Tensor> params, grads, buffers;
 };
 
-// Whether LibTorch's fused SGD kernel takes these lists: its CUDA kernel checks (and its CPU
-// kernel assumes) one floating dtype and one device, dense tensors, and every gradient and
-// buffer laid out like its parameter. Stricter than LibTorch's own check (strides of size-1
-// dimensions must match too): a list it would take that this refuses only takes the slow path.
-bool fused_kernel_takes(const SgdLists& l) {
-  const at::ScalarType dtype = l.params[0].scalar_type();
+// Whether LibTorch's fused multi-tensor kernels (_fused_sgd_, _fused_adam_, _fused_adamw_) take
+// these lists: their CUDA kernels check (and their CPU kernels assume) one floating dtype and one
+// device, dense tensors, and every tensor of `like_params` laid out like its parameter. Stricter
+// than LibTorch's own check (strides of size-1 dimensions must match too): a list it would take
+// that this refuses only takes the slow path.
+bool fused_kernel_takes(const std::vector<at::Tensor>& params,
+                        std::initializer_list<const std::vector<at::Tensor>*> like_params) {
+  if (params.empty()) return false;
+  const at::ScalarType dtype = params[0].scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16)
     return false;
-  const c10::Device device = l.params[0].device();
-  for (size_t i = 0; i < l.params.size(); ++i) {
-    const at::Tensor& p = l.params[i];
+  const c10::Device device = params[0].device();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
     auto like_p = [&](const at::Tensor& t) {
       return t.scalar_type() == dtype && t.device() == device && t.layout() == at::kStrided &&
              t.sizes() == p.sizes() && t.strides() == p.strides();
     };
-    if (!p.is_non_overlapping_and_dense() || !like_p(p) || !like_p(l.grads[i]) ||
-        (!l.buffers.empty() && !like_p(l.buffers[i])))
-      return false;
+    if (!p.is_non_overlapping_and_dense() || !like_p(p)) return false;
+    for (const auto* list : like_params)
+      if (!list->empty() && !like_p((*list)[i])) return false;
   }
   return true;
 }
@@ -83,7 +87,7 @@ bool fused_kernel_takes(const SgdLists& l) {
 // to d, not decayed.
 void sgd_update(const SgdLists& l, const SgdOptions& o, const at::Tensor& lr, bool first_step) {
   if (l.params.empty()) return;
-  if (fused_kernel_takes(l)) {
+  if (o.fused && fused_kernel_takes(l.params, {&l.grads, &l.buffers})) {
     // One multi-tensor kernel for the whole update (weight decay, momentum, nesterov, p -= lr*d),
     // reading lr from device memory.
     at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay, o.momentum, lr, o.dampening,
@@ -165,26 +169,47 @@ void Adam::set_lr(double lr) {
 
 void Adam::step() {
   at::NoGradGuard no_grad;
-  const double b1 = options_.beta1, b2 = options_.beta2, wd = options_.weight_decay;
   step_.add_(1);
-  // Everything that depends on the step count is a device tensor: no host value to bake in.
+  std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].grad().defined()) continue;
+    params.push_back(params_[i]);
+    grads.push_back(params_[i].grad());
+    exp_avg.push_back(exp_avg_[i]);
+    exp_avg_sq.push_back(exp_avg_sq_[i]);
+  }
+  if (params.empty()) return;
+  const double b1 = options_.beta1, b2 = options_.beta2, wd = options_.weight_decay;
+  if (options_.fused && fused_kernel_takes(params, {&grads, &exp_avg, &exp_avg_sq})) {
+    // One multi-tensor kernel for the whole update, reading lr and the step count from device
+    // memory (every parameter shares the one step count: the kernel only reads it).
+    const std::vector<at::Tensor> steps(params.size(), step_);
+    if (options_.decoupled_weight_decay)
+      at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, {}, steps, lr_, b1, b2, wd,
+                        options_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    else
+      at::_fused_adam_(params, grads, exp_avg, exp_avg_sq, {}, steps, lr_, b1, b2, wd,
+                       options_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    return;
+  }
+  // The reference: the same update op by op. Everything that depends on the step count is a
+  // device tensor: no host value to bake into a captured graph.
   const at::Tensor bias_correction1 = 1 - at::pow(b1, step_);
   const at::Tensor bias_correction2_sqrt = (1 - at::pow(b2, step_)).sqrt();
   const at::Tensor step_size = lr_ / bias_correction1;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i];
-    if (!p.grad().defined()) continue;
-    at::Tensor grad = p.grad();
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor& p = params[i];
+    at::Tensor grad = grads[i];
     if (wd != 0) {
       if (options_.decoupled_weight_decay)
         p.mul_(1 - lr_ * wd);
       else
         grad = grad.add(p, wd);
     }
-    exp_avg_[i].mul_(b1).add_(grad, 1 - b1);
-    exp_avg_sq_[i].mul_(b2).addcmul_(grad, grad, 1 - b2);
-    const at::Tensor denom = (exp_avg_sq_[i].sqrt() / bias_correction2_sqrt).add_(options_.eps);
-    p.sub_(exp_avg_[i] / denom * step_size);
+    exp_avg[i].mul_(b1).add_(grad, 1 - b1);
+    exp_avg_sq[i].mul_(b2).addcmul_(grad, grad, 1 - b2);
+    const at::Tensor denom = (exp_avg_sq[i].sqrt() / bias_correction2_sqrt).add_(options_.eps);
+    p.sub_(exp_avg[i] / denom * step_size);
   }
 }
 

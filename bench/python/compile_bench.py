@@ -16,6 +16,12 @@ happen there), synchronizing the device around the clock. Rows:
     tandem-py-compiled  the same with compile=True
     tandem-py-model-compiled  tandem.Trainer(torch.compile(model), ...): the user compiles the
                         model by hand (what the Trainer offered before compile=)
+    tandem-cpp          tandem's C++ step, no Python at run time: `tandem bench --workload images
+                        --param source=resident` (tandem::models' ResNets, the same recipe:
+                        bf16 autocast, channels_last, SGD momentum 0.9, 1000 classes; the frozen
+                        backbone folded) in --mode; needs --tandem-cli (or TANDEM_CLI)
+    tandem-cpp-module   the same with the frozen backbone run as the module (r50_frozen_head only:
+                        the A/B of the folded backbone)
 
 Jobs: r18_full / r50_full (torchvision ResNet-18/50, every weight trained), r50_frozen_head (a
 frozen ResNet-50 backbone in eval mode as a feed stage, a linear head trained), and two non-ResNet
@@ -41,7 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = ("r18_full", "r50_full", "r50_frozen_head", "vit_b16_full", "mnv3_full")
 PROFILE_STEPS = 10  # steps a profiled row lists the kernels of (after its timed ones)
 IMPLS = ("eager", "compile", "compile_ro", "tandem-py", "tandem-py-compiled",
-         "tandem-py-model-compiled")
+         "tandem-py-model-compiled", "tandem-cpp", "tandem-cpp-module")
+CPP_JOBS = ("r18_full", "r50_full", "r50_frozen_head")  # the jobs tandem-cpp has
 
 
 def log(*a):
@@ -111,7 +118,51 @@ def plain_loop(impl, feed, model, loss_fn, optimizer, data, torch):
     return step
 
 
+def run_cpp_row(a):
+    """A tandem-cpp row: the CLI's bench of the same job on one resident batch, in --mode."""
+    row = dict(impl=a.impl, job=a.job, batch_size=a.bs, precision="bf16",
+               layout="channels_last", images_per_s=None, error=None)
+    if a.job not in CPP_JOBS:
+        row["error"] = f"tandem-cpp has no {a.job} (its jobs: {', '.join(CPP_JOBS)})"
+        return row
+    if a.impl == "tandem-cpp-module" and a.job != "r50_frozen_head":
+        row["error"] = "tandem-cpp-module is the frozen backbone's A/B: r50_frozen_head only"
+        return row
+    cli = a.tandem_cli or os.environ.get("TANDEM_CLI")
+    if not cli or not os.path.exists(cli):
+        row["error"] = f"no tandem CLI at {cli!r}: give --tandem-cli PATH or TANDEM_CLI"
+        return row
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        cmd = [cli, "bench", "--workload", "images", "--param", f"model={a.job}",
+               "--param", "source=resident", "--param", "precision=bf16",
+               "--param", "layout=channels_last", "--param", "classes=1000",
+               "--param", "lr=0.01", "--batch-size", str(a.bs), "--mode", a.mode,
+               "--steps", str(a.steps), "--warmup", str(a.warmup), "--json", out]
+        if a.job == "r50_frozen_head":
+            cmd += ["--param", "backbone=" + ("module" if a.impl == "tandem-cpp-module"
+                                              else "folded")]
+        row["call"] = " ".join(cmd[1:-2])
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        row["setup_s"] = round(time.perf_counter() - t0, 1)
+        if r.returncode != 0 or not os.path.exists(out):
+            row["error"] = f"exit {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}"
+            log(r.stdout[-2000:] + r.stderr[-3000:])
+            return row
+        with open(out) as f:
+            j = json.load(f)
+    row.update(images_per_s=j["samples_per_s"], mode=j.get("picked", j.get("mode")))
+    if j.get("trials"):
+        row["trials"] = {t["mode"]: round(t["steps_per_s"] * a.bs) if t["steps_per_s"]
+                         else t.get("error") for t in j["trials"]}
+    return row
+
+
 def run_row(a):
+    if a.impl.startswith("tandem-cpp"):
+        return run_cpp_row(a)
     import torch
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
@@ -207,6 +258,8 @@ def main():
                    help="JOB:BS:IMPL[,IMPL...], several separated by ';': also list those "
                         f"rows' GPU kernels over {PROFILE_STEPS} steps (in the rows)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per row")
+    p.add_argument("--tandem-cli", default=os.environ.get("TANDEM_CLI"),
+                   help="the tandem executable, for tandem-cpp rows [env TANDEM_CLI]")
     p.add_argument("--out", default="compile.json")
     p.add_argument("--row", action="store_true", help=argparse.SUPPRESS)  # one row, JSON on stdout
     p.add_argument("--job", help=argparse.SUPPRESS)
@@ -250,6 +303,8 @@ def main():
                        "--impl", impl, "--steps", str(a.steps), "--warmup", str(a.warmup),
                        "--batches", str(a.batches), "--mode", a.mode,
                        "--profile", "1" if prof else "0"]
+                if a.tandem_cli:
+                    cmd += ["--tandem-cli", a.tandem_cli]
                 t0 = time.perf_counter()
                 try:
                     out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)

@@ -54,6 +54,9 @@ struct SgdOptions {
   double dampening = 0;
   bool nesterov = false;
   double weight_decay = 0;
+  /// true: one fused multi-tensor kernel where LibTorch has one for these parameters; false:
+  /// the same update op by op (the reference the fused path is tested against).
+  bool fused = true;
 };
 
 /// SGD with torch::optim::SGD's update: d = grad (+ weight_decay * p); with momentum,
@@ -103,6 +106,10 @@ struct AdamOptions {
   double weight_decay = 0;
   /// false: Adam (weight decay added to the gradient); true: AdamW (decoupled: p *= 1 - lr*wd).
   bool decoupled_weight_decay = false;
+  /// true: LibTorch's fused multi-tensor Adam/AdamW kernel where it takes the parameters (one
+  /// floating dtype, gradients and moments laid out like their parameters); false: the same
+  /// update op by op (the reference the fused path is tested against).
+  bool fused = true;
 
   /// torch.optim.AdamW's defaults (weight decay 1e-2, decoupled) with learning rate `lr`.
   static AdamOptions adamw(double lr = 1e-3, double weight_decay = 1e-2) {
@@ -114,8 +121,12 @@ struct AdamOptions {
   }
 };
 
-/// Adam / AdamW with all state on the parameters' device. step() is capture-safe once every
-/// parameter has a gradient (the state is created at construction, not at the first step).
+/// Adam / AdamW with all state on the parameters' device: torch.optim.Adam's update with lr and
+/// the step count read from device tensors. The whole update is one call of LibTorch's fused
+/// kernel (`at::_fused_adam_` / `at::_fused_adamw_`, multi-tensor) when the parameters share one
+/// floating dtype and each gradient is laid out like its parameter; otherwise it runs op by op.
+/// step() is capture-safe once every parameter has a gradient (the state is created at
+/// construction, not at the first step).
 class Adam : public Optimizer {
  public:
   Adam(std::vector<at::Tensor> params, AdamOptions options);

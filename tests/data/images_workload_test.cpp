@@ -255,6 +255,34 @@ TEST(ImagesWorkloadTest, BadSettingsAreNamed) {
   o = options_for(dir, "r18_full", 2);
   o.params["size"] = "huge";
   EXPECT_NE(message(o).find("size 'huge'"), std::string::npos) << message(o);
+  o = options_for(dir, "r18_full", 2);
+  o.params["classes"] = "1";
+  EXPECT_NE(message(o).find("classes '1'"), std::string::npos) << message(o);
+  o = options_for(dir, "r50_frozen_head", 2);
+  o.params["backbone"] = "compiled";
+  EXPECT_NE(message(o).find("compiled"), std::string::npos) << message(o);
+}
+
+// Resident batches: the frozen backbone folded (batch norm in the convolutions) trains the head
+// as the module in eval mode does, within float rounding; r50_full trains a whole ResNet-50 with
+// the head `classes` asks for.
+TEST(ImagesWorkloadTest, AFoldedBackboneTrainsTheHeadAsTheModuleDoes) {
+  auto losses = [](const std::string& model, const std::string& backbone) {
+    WorkloadOptions o;
+    o.batch_size = 2;
+    o.seed = 3;
+    o.params = {{"model", model}, {"source", "resident"}, {"size", "32"},
+                {"backbone", backbone}, {"classes", "7"}};
+    const ImagesWorkload w = make_images(o);
+    EXPECT_EQ(w.classes.size(), 7u);
+    return Runner(w.workload, run_options(Mode::kSerial, 2)).train(3);
+  };
+  const std::vector<float> folded = losses("r50_frozen_head", "folded"),
+                           module = losses("r50_frozen_head", "module");
+  ASSERT_EQ(folded.size(), 3u);
+  for (size_t i = 0; i < folded.size(); ++i)
+    EXPECT_NEAR(folded[i], module[i], 1e-4 * std::abs(module[i])) << "step " << i;
+  for (float l : losses("r50_full", "folded")) EXPECT_TRUE(std::isfinite(l));
 }
 
 }  // namespace

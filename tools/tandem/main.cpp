@@ -450,7 +450,7 @@ int main(int argc, char** argv) {
   // Bound to the optionals themselves, so a given 0 or -1 reaches check_data_bench_options.
   data_bench->add_option("--batch-size", db.run.batch_size,
                          "batch size [default: 256 on a GPU, 4 on the CPU]");
-  data_bench->add_option("--model", db.model, "r50_frozen_head or r18_full")->capture_default_str();
+  data_bench->add_option("--model", db.model, "r50_frozen_head, r18_full or r50_full")->capture_default_str();
   data_bench->add_option("--mode", db_mode,
                          "the end-to-end run's mode:" +
                              tandem::cli::mode_help(tandem::cli::modes_with_auto()))

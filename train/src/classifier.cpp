@@ -15,6 +15,7 @@
 #include "tandem/data/idx.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/error.h"
+#include "tandem/models/folded_resnet.h"
 #include "tandem/models/resnet.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/models/small_cnn.h"
@@ -212,15 +213,20 @@ TrainJob make_classifier(const ClassifierOptions& o) {
       net->eval();  // BatchNorm keeps its running statistics
       for (auto& p : net->parameters()) p.set_requires_grad(false);
       for (auto& p : net->fc->parameters()) p.set_requires_grad(true);
+      // Batch norm folded into the convolutions, conv + bias (+ add) + ReLU as one cuDNN call
+      // on a GPU: no gradient flows into a frozen backbone, so nothing needs the unfused ops.
+      // It folds at its first call (after --weights and a resumed checkpoint are loaded).
+      auto folded = std::make_shared<models::FoldedResNet>(
+          net, models::FoldedResNetOptions{
+                   precision == Precision::kBf16 ? at::kBFloat16 : at::kFloat, true});
       w.feeds.push_back({"backbone",
                          "backbone",
                          {"x"},
                          {"features"},
-                         [n, device, precision](const Tensors& in) {
-                           AutocastScope autocast(device, precision);
-                           return Tensors{n->features(in[0]).to(at::kFloat)};
+                         [folded](const Tensors& in) {
+                           return Tensors{folded->features(in[0]).to(at::kFloat)};
                          },
-                         "frozen " + model_name + " to pooled features",
+                         "frozen " + model_name + " (batch norm folded) to pooled features",
                          {}});
       w.train.inputs = {"features", "label"};
       w.train.loss = [n](const Tensors& in) {

@@ -18,6 +18,7 @@
 #include "tandem/data/image_folder.h"
 #include "tandem/data/nvjpeg_decoder.h"
 #include "tandem/error.h"
+#include "tandem/models/folded_resnet.h"
 #include "tandem/models/resnet.h"
 #include "tandem/optim.h"
 #include "tandem/resized_crop.h"
@@ -29,9 +30,15 @@ namespace {
 const std::vector<WorkloadParam>& images_params() {
   static const std::vector<WorkloadParam> params{
       {"model",
-       "r50_frozen_head (a frozen ResNet-50 backbone on its own lane, a linear head trained) or "
-       "r18_full (a whole ResNet-18 trained)",
-       {"r50_frozen_head", "r18_full"}},
+       "r50_frozen_head (a frozen ResNet-50 backbone on its own lane, a linear head trained), "
+       "r18_full or r50_full (a whole ResNet-18 / ResNet-50 trained)",
+       {"r50_frozen_head", "r18_full", "r50_full"}},
+      {"backbone",
+       "how r50_frozen_head runs its frozen backbone: folded (batch norm folded into the "
+       "convolutions, conv + bias (+ add) + ReLU as one cuDNN call) or module (the ResNet "
+       "module in eval mode)",
+       {"folded", "module"}},
+      {"classes", "classes of resident data (default 10; 1000 as ImageNet's head)", {}},
       {"source",
        "files (the --data folder, decoded by the loader's workers) or resident (one batch "
        "already on the device: the same step without loading)",
@@ -113,21 +120,30 @@ std::shared_ptr<data::NvjpegDecoder> gpu_decoder(const data::ImageFolderDataset&
   return gpu > cpu ? decoder : nullptr;
 }
 
+// The integer param `name` within [lo, hi], or `fallback` where it is not given.
+int64_t int_param(const WorkloadOptions& o, const std::string& name, int64_t lo, int64_t hi,
+                  int64_t fallback) {
+  const auto it = o.params.find(name);
+  if (it == o.params.end()) return fallback;
+  const std::string& text = it->second;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  TANDEM_CHECK_ARG(end && *end == '\0' && !text.empty() && v >= lo && v <= hi, "workload images: ",
+                   name, " '", text, "' is not valid: expected ", lo, "..", hi);
+  return v;
+}
+
 ImagesOptions parse(const WorkloadOptions& o) {
   check_params("images", o.params, images_params());
   ImagesOptions io;
-  io.model = param_or_default(o.params, images_params(), "model") == "r18_full"
-                 ? ImagesModel::kR18Full
-                 : ImagesModel::kR50FrozenHead;
+  const std::string model = param_or_default(o.params, images_params(), "model");
+  io.model = model == "r18_full"   ? ImagesModel::kR18Full
+             : model == "r50_full" ? ImagesModel::kR50Full
+                                   : ImagesModel::kR50FrozenHead;
+  io.folded_backbone = param_or_default(o.params, images_params(), "backbone") == "folded";
+  io.classes = int_param(o, "classes", 2, 100000, io.classes);
   io.from_files = param_or_default(o.params, images_params(), "source") == "files";
-  if (o.params.count("size")) {
-    const std::string& text = o.params.at("size");
-    char* end = nullptr;
-    const long long v = std::strtoll(text.c_str(), &end, 10);
-    TANDEM_CHECK_ARG(end && *end == '\0' && !text.empty() && v >= 8 && v <= 4096,
-                     "workload images: size '", text, "' is not valid: expected 8..4096");
-    io.image_size = v;
-  }
+  io.image_size = int_param(o, "size", 8, 4096, io.image_size);
   io.precision = parse_precision(param_or_default(o.params, images_params(), "precision"));
   io.channels_last = param_or_default(o.params, images_params(), "layout") == "channels_last";
   if (o.params.count("lr")) {
@@ -151,7 +167,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   // The data first: its class count sizes the head. Resident data needs no folder.
   std::shared_ptr<data::ImageFolderDataset> folder;
   std::shared_ptr<data::NvjpegDecoder> decoder;  // null: the loader's workers decode
-  int64_t classes = 10;
+  int64_t classes = io.classes;
   if (io.from_files) {
     TANDEM_CHECK_ARG(!options.data.empty(),
                      "workload images reads an ImageFolder: give --data DIR (one subfolder of "
@@ -238,15 +254,28 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     auto head = torch::nn::Linear(backbone->feature_dim(), classes);
     head->to(device);
     auto bb = backbone.ptr();
+    StageFn features;
+    if (io.folded_backbone) {
+      // Folds at its first call: in the eager warm-up, before any capture.
+      auto folded = std::make_shared<models::FoldedResNet>(
+          backbone, models::FoldedResNetOptions{
+                        io.precision == Precision::kBf16 ? at::kBFloat16 : at::kFloat, true});
+      features = [folded](const Tensors& in) {
+        return Tensors{folded->features(in[0]).to(at::kFloat)};
+      };
+    } else {
+      features = [bb, device, precision = io.precision](const Tensors& in) {
+        AutocastScope autocast(device, precision);
+        return Tensors{bb->features(in[0]).to(at::kFloat)};
+      };
+    }
     w.feeds.push_back({"backbone",
                        "backbone",
                        {"x"},
                        {"features"},
-                       [bb, device, precision = io.precision](const Tensors& in) {
-                         AutocastScope autocast(device, precision);
-                         return Tensors{bb->features(in[0]).to(at::kFloat)};
-                       },
-                       "frozen ResNet-50 to pooled features",
+                       std::move(features),
+                       io.folded_backbone ? "frozen ResNet-50 (batch norm folded) to pooled features"
+                                          : "frozen ResNet-50 to pooled features",
                        {}});  // no random draws: nothing to register with its graph
     auto h = head.ptr();
     w.train.inputs = {"features", "label"};
@@ -261,7 +290,9 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
       return h->forward(bb->features(x));
     };
   } else {
-    models::ResNet net = models::resnet18(models::ResNetOptions{classes});
+    const bool r50 = io.model == ImagesModel::kR50Full;
+    models::ResNet net = r50 ? models::resnet50(models::ResNetOptions{classes})
+                             : models::resnet18(models::ResNetOptions{classes});
     net->to(device);
     if (nhwc) models::to_channels_last(*net);
     net->train();
@@ -273,7 +304,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     };
     w.train.optimizer =
         std::make_shared<optim::Sgd>(net->parameters(), optim::SgdOptions{io.lr, io.momentum});
-    w.train.what = "ResNet-18 forward, cross-entropy";
+    w.train.what = r50 ? "ResNet-50 forward, cross-entropy" : "ResNet-18 forward, cross-entropy";
     out.logits = [n](const at::Tensor& x) {
       at::NoGradGuard no_grad;
       n->eval();

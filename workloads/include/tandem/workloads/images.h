@@ -2,8 +2,8 @@
 // workers read and decode (TurboJPEG, at the smallest DCT scale that still covers the crop), the
 // GPU crops, resizes, flips and normalizes the packed batch (resized_crop.h), then a torchvision
 // ResNet trains: a frozen ResNet-50 backbone on its own lane feeding a linear head
-// (r50_frozen_head), or a whole ResNet-18 (r18_full). torchvision's ImageFolder + DataLoader +
-// RandomResizedCrop / flip / normalize loop, as tandem runs it.
+// (r50_frozen_head), or a whole ResNet-18 or ResNet-50 (r18_full, r50_full). torchvision's
+// ImageFolder + DataLoader + RandomResizedCrop / flip / normalize loop, as tandem runs it.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@
 
 namespace tandem {
 
-enum class ImagesModel { kR50FrozenHead, kR18Full };
+enum class ImagesModel { kR50FrozenHead, kR18Full, kR50Full };
 
 struct ImagesOptions {
   ImagesModel model = ImagesModel::kR50FrozenHead;
@@ -28,6 +28,10 @@ struct ImagesOptions {
   /// bf16: the forward passes (backbone, model) under bf16 autocast, fp32 master weights.
   Precision precision = Precision::kFp32;
   bool channels_last = false;  ///< weights and inputs NHWC (models::to_channels_last)
+  /// r50_frozen_head: the backbone as models::FoldedResNet (batch norm folded, cuDNN's fused
+  /// conv + bias (+ add) + ReLU) instead of the module in eval mode.
+  bool folded_backbone = true;
+  int64_t classes = 10;  ///< the head's outputs for resident data (a folder has its own)
 };
 
 /// The workload and what evaluating it needs.
