@@ -489,7 +489,9 @@ fi
 # exported ResNet-18 weights into torchvision's model (scripts/check_export.py).
 #   env: TANDEM_FMNIST_EPOCHS (10), TANDEM_TRAIN_EPOCHS (4, image jobs), TANDEM_TRAIN_JOBS
 #        ("fmnist images"), TANDEM_TRAIN_PRECISIONS ("fp32 bf16"), TANDEM_TRAIN_BS (256),
-#        TANDEM_TRAIN_LAYOUTS ("channels_last"; "nchw channels_last" for both)
+#        TANDEM_TRAIN_LAYOUTS ("channels_last"; "nchw channels_last" for both),
+#        TANDEM_TRAIN_MODELS ("r50_frozen_head r18_full"), TANDEM_TRAIN_PYTHON (1; 0: no Python
+#        loops)
 # Prints the Fashion-MNIST folder: TANDEM_FASHION_MNIST or the Debian package's, else the
 # carried .deb unpacked next to the build (the GPU machine has no registry).
 fashion_mnist_dir() {
@@ -520,7 +522,7 @@ if has_phase train; then
   if [[ " $train_jobs " == *" images "* ]]; then
     data_dir=$(image_folder)
     tbs=${TANDEM_TRAIN_BS:-256}
-    for model in r50_frozen_head r18_full; do
+    for model in ${TANDEM_TRAIN_MODELS:-r50_frozen_head r18_full}; do
       case $model in
         r50_frozen_head) args=(--model resnet50 --freeze backbone) ;;
         *) args=(--model resnet18) ;;
@@ -542,15 +544,19 @@ if has_phase train; then
         done
       done
     done
-    say "python train_bench.py --jobs r50_frozen_head,r18_full"
-    python3 bench/python/train_bench.py --jobs r50_frozen_head,r18_full --data "$data_dir" \
-      --precision "$(echo ${TANDEM_TRAIN_PRECISIONS:-fp32 bf16} | tr ' ' ',')" \
-      --batch-sizes "$tbs" --steps 60 --out "$RAW/train-python-images.json" 2>&1 |
-      tee -a "$LOG" || status=1
-    say "check_export.py: torchvision loads tandem's ResNet-18 weights"
-    python3 scripts/check_export.py \
-      --weights "$(ls -d "$RAW"/run-r18_full-fp32-* | head -1)/model.safetensors" \
-      --arch resnet18 --num-classes 10 2>&1 | tee -a "$LOG" || status=1
+    if [ "${TANDEM_TRAIN_PYTHON:-1}" = 1 ]; then
+      say "python train_bench.py --jobs r50_frozen_head,r18_full"
+      python3 bench/python/train_bench.py --jobs r50_frozen_head,r18_full --data "$data_dir" \
+        --precision "$(echo ${TANDEM_TRAIN_PRECISIONS:-fp32 bf16} | tr ' ' ',')" \
+        --batch-sizes "$tbs" --steps 60 --out "$RAW/train-python-images.json" 2>&1 |
+        tee -a "$LOG" || status=1
+    fi
+    if ls -d "$RAW"/run-r18_full-fp32-* >/dev/null 2>&1; then
+      say "check_export.py: torchvision loads tandem's ResNet-18 weights"
+      python3 scripts/check_export.py \
+        --weights "$(ls -d "$RAW"/run-r18_full-fp32-* | head -1)/model.safetensors" \
+        --arch resnet18 --num-classes 10 2>&1 | tee -a "$LOG" || status=1
+    fi
   fi
   if [[ " $train_jobs " == *" seg "* ]]; then
     seg_dir=${TANDEM_SEG_DIR:-/tmp/tandem-segpairs}

@@ -139,11 +139,12 @@ def run_cpp_row(a):
                "--param", "source=resident", "--param", "precision=bf16",
                "--param", "layout=channels_last", "--param", "classes=1000",
                "--param", "lr=0.01", "--batch-size", str(a.bs), "--mode", a.mode,
-               "--steps", str(a.steps), "--warmup", str(a.warmup), "--json", out]
+               "--steps", str(a.steps), "--warmup", str(a.warmup)]
         if a.job == "r50_frozen_head":
             cmd += ["--param", "backbone=" + ("module" if a.impl == "tandem-cpp-module"
                                               else "folded")]
-        row["call"] = " ".join(cmd[1:-2])
+        row["call"] = "tandem " + " ".join(cmd[1:])
+        cmd += ["--json", out]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
         row["setup_s"] = round(time.perf_counter() - t0, 1)
