@@ -19,9 +19,10 @@ happen there), synchronizing the device around the clock. Rows:
     tandem-cpp          tandem's C++ step, no Python at run time: `tandem bench --workload images
                         --param source=resident` (tandem::models' ResNets, the same recipe:
                         bf16 autocast, channels_last, SGD momentum 0.9, 1000 classes; the frozen
-                        backbone folded) in --mode; needs --tandem-cli (or TANDEM_CLI)
-    tandem-cpp-module   the same with the frozen backbone run as the module (r50_frozen_head only:
-                        the A/B of the folded backbone)
+                        backbone folded, the trained ResNets' batch norms fused with their ReLU
+                        and add) in --mode; needs --tandem-cli (or TANDEM_CLI)
+    tandem-cpp-module   the same with LibTorch's modules instead (backbone=module, bn=module):
+                        the A/B of tandem's fused paths
 
 Jobs: r18_full / r50_full (torchvision ResNet-18/50, every weight trained), r50_frozen_head (a
 frozen ResNet-50 backbone in eval mode as a feed stage, a linear head trained), and two non-ResNet
@@ -125,9 +126,6 @@ def run_cpp_row(a):
     if a.job not in CPP_JOBS:
         row["error"] = f"tandem-cpp has no {a.job} (its jobs: {', '.join(CPP_JOBS)})"
         return row
-    if a.impl == "tandem-cpp-module" and a.job != "r50_frozen_head":
-        row["error"] = "tandem-cpp-module is the frozen backbone's A/B: r50_frozen_head only"
-        return row
     cli = a.tandem_cli or os.environ.get("TANDEM_CLI")
     if not cli or not os.path.exists(cli):
         row["error"] = f"no tandem CLI at {cli!r}: give --tandem-cli PATH or TANDEM_CLI"
@@ -140,9 +138,11 @@ def run_cpp_row(a):
                "--param", "layout=channels_last", "--param", "classes=1000",
                "--param", "lr=0.01", "--batch-size", str(a.bs), "--mode", a.mode,
                "--steps", str(a.steps), "--warmup", str(a.warmup)]
+        module = a.impl == "tandem-cpp-module"
         if a.job == "r50_frozen_head":
-            cmd += ["--param", "backbone=" + ("module" if a.impl == "tandem-cpp-module"
-                                              else "folded")]
+            cmd += ["--param", "backbone=" + ("module" if module else "folded")]
+        else:
+            cmd += ["--param", "bn=" + ("module" if module else "fused")]
         row["call"] = "tandem " + " ".join(cmd[1:])
         cmd += ["--json", out]
         t0 = time.perf_counter()

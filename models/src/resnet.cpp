@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "tandem/error.h"
+#include "tandem/models/batch_norm_relu.h"
 
 namespace tandem::models {
 namespace {
@@ -64,7 +65,19 @@ BasicBlockImpl::BasicBlockImpl(int64_t inplanes, int64_t planes, int64_t stride)
   if (downsample) register_module("downsample", downsample);
 }
 
+namespace {
+// Whether a block's batch norms run fused with their ReLU (and add): in training on a GPU, where
+// batch statistics are computed (eval mode's running statistics are a plain affine map).
+bool fuse_here(bool wanted, bool training, const torch::Tensor& x) {
+  return wanted && training && x.is_cuda();
+}
+}  // namespace
+
 torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
+  if (fuse_here(fused_batch_norm, is_training(), x)) {
+    const torch::Tensor out = batch_norm_relu(conv1(x), *bn1);
+    return batch_norm_relu(conv2(out), *bn2, downsample ? downsample->forward(x) : x);
+  }
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out));
   out += downsample ? downsample->forward(x) : x;
@@ -86,6 +99,11 @@ BottleneckImpl::BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride)
 }
 
 torch::Tensor BottleneckImpl::forward(const torch::Tensor& x) {
+  if (fuse_here(fused_batch_norm, is_training(), x)) {
+    torch::Tensor out = batch_norm_relu(conv1(x), *bn1);
+    out = batch_norm_relu(conv2(out), *bn2);
+    return batch_norm_relu(conv3(out), *bn3, downsample ? downsample->forward(x) : x);
+  }
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out)).relu_();
   out = bn3(conv3(out));
@@ -101,6 +119,7 @@ ResNetImpl::ResNetImpl(ResNetBlock block, std::array<int64_t, 4> blocks, ResNetO
                      blocks[i]);
   const int64_t expansion =
       block == ResNetBlock::kBasic ? BasicBlockImpl::kExpansion : BottleneckImpl::kExpansion;
+  fused_batch_norm_ = options.fused_batch_norm;
 
   conv1 = register_module(
       "conv1",
@@ -132,10 +151,14 @@ torch::nn::Sequential ResNetImpl::make_layer(ResNetBlock block, int64_t planes, 
   for (int64_t i = 0; i < count; ++i) {
     const int64_t s = i == 0 ? stride : 1;
     if (block == ResNetBlock::kBasic) {
-      layer->push_back(BasicBlock(inplanes_, planes, s));
+      BasicBlock b(inplanes_, planes, s);
+      b->fused_batch_norm = fused_batch_norm_;
+      layer->push_back(b);
       inplanes_ = planes * BasicBlockImpl::kExpansion;
     } else {
-      layer->push_back(Bottleneck(inplanes_, planes, s));
+      Bottleneck b(inplanes_, planes, s);
+      b->fused_batch_norm = fused_batch_norm_;
+      layer->push_back(b);
       inplanes_ = planes * BottleneckImpl::kExpansion;
     }
   }
@@ -145,7 +168,8 @@ torch::nn::Sequential ResNetImpl::make_layer(ResNetBlock block, int64_t planes, 
 torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
   TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == 3, "ResNet: expected input (B, 3, H, W), got ",
                    x.sizes());
-  auto y = bn1(conv1(x)).relu_();
+  auto y = fuse_here(fused_batch_norm_, is_training(), x) ? batch_norm_relu(conv1(x), *bn1)
+                                                          : bn1(conv1(x)).relu_();
   y = F::max_pool2d(y, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
   return layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));
 }

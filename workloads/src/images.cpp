@@ -38,6 +38,11 @@ const std::vector<WorkloadParam>& images_params() {
        "convolutions, conv + bias (+ add) + ReLU as one cuDNN call) or module (the ResNet "
        "module in eval mode)",
        {"folded", "module"}},
+      {"bn",
+       "how r18_full and r50_full run batch norm in training: fused (with the ReLU and the "
+       "residual add after it, one pass writing the activation) or module (LibTorch's "
+       "BatchNorm2d, add and ReLU one after another)",
+       {"fused", "module"}},
       {"classes", "classes of resident data (default 10; 1000 as ImageNet's head)", {}},
       {"source",
        "files (the --data folder, decoded by the loader's workers) or resident (one batch "
@@ -141,6 +146,7 @@ ImagesOptions parse(const WorkloadOptions& o) {
              : model == "r50_full" ? ImagesModel::kR50Full
                                    : ImagesModel::kR50FrozenHead;
   io.folded_backbone = param_or_default(o.params, images_params(), "backbone") == "folded";
+  io.fused_batch_norm = param_or_default(o.params, images_params(), "bn") == "fused";
   io.classes = int_param(o, "classes", 2, 100000, io.classes);
   io.from_files = param_or_default(o.params, images_params(), "source") == "files";
   io.image_size = int_param(o, "size", 8, 4096, io.image_size);
@@ -291,8 +297,8 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     };
   } else {
     const bool r50 = io.model == ImagesModel::kR50Full;
-    models::ResNet net = r50 ? models::resnet50(models::ResNetOptions{classes})
-                             : models::resnet18(models::ResNetOptions{classes});
+    const models::ResNetOptions ro{classes, io.fused_batch_norm};
+    models::ResNet net = r50 ? models::resnet50(ro) : models::resnet18(ro);
     net->to(device);
     if (nhwc) models::to_channels_last(*net);
     net->train();

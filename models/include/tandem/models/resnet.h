@@ -20,6 +20,10 @@ namespace tandem::models {
 struct ResNetOptions {
   /// Outputs of the classifier `fc` (torchvision's default: ImageNet's 1000). Must be >= 1.
   int64_t num_classes = 1000;
+  /// In training mode on a GPU, each batch norm with the ReLU (and the residual add) after it
+  /// runs as one op (batch_norm_relu.h: one pass writes the activation); false: LibTorch's
+  /// BatchNorm2d, add and ReLU one after another. Same parameters, buffers and state_dict.
+  bool fused_batch_norm = true;
 };
 
 /// The residual block of ResNet-18/34: two 3x3 convs, `expansion` 1. Children, in torchvision's
@@ -35,6 +39,7 @@ class BasicBlockImpl : public torch::nn::Module {
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
   torch::nn::Sequential downsample{nullptr};  // null where the identity fits
+  bool fused_batch_norm = true;  ///< ResNetOptions::fused_batch_norm
 };
 TORCH_MODULE(BasicBlock);
 
@@ -51,6 +56,7 @@ class BottleneckImpl : public torch::nn::Module {
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
   torch::nn::Sequential downsample{nullptr};  // null where the identity fits
+  bool fused_batch_norm = true;  ///< ResNetOptions::fused_batch_norm
 };
 TORCH_MODULE(Bottleneck);
 
@@ -95,6 +101,7 @@ class ResNetImpl : public torch::nn::Module {
 
   int64_t inplanes_ = 64;  // channels into the next layer, as torchvision's self.inplanes
   int64_t feature_dim_ = 0;
+  bool fused_batch_norm_ = true;
 };
 TORCH_MODULE(ResNet);
 

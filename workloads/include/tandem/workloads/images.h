@@ -31,6 +31,9 @@ struct ImagesOptions {
   /// r50_frozen_head: the backbone as models::FoldedResNet (batch norm folded, cuDNN's fused
   /// conv + bias (+ add) + ReLU) instead of the module in eval mode.
   bool folded_backbone = true;
+  /// r18_full, r50_full: batch norm fused with its ReLU and residual add in training on a GPU
+  /// (models::ResNetOptions::fused_batch_norm).
+  bool fused_batch_norm = true;
   int64_t classes = 10;  ///< the head's outputs for resident data (a folder has its own)
 };
 

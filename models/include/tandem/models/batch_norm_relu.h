@@ -1,0 +1,26 @@
+// Training-mode batch norm, the residual add and ReLU as one autograd op, the way
+// torch.compile fuses them: relu(batch_norm(x) (+ residual)) with one pass that writes the
+// activation, instead of LibTorch's normalize, add and ReLU passes (each a read and a write of
+// the whole activation). The statistics and the backward are LibTorch's own batch-norm kernels
+// (those SyncBatchNorm uses: batch_norm_stats, batch_norm_backward_reduce / _elemt), with the ReLU
+// mask applied to the gradient first. On the CPU, and for dtypes the CUDA kernel does not take,
+// the same arithmetic runs as ATen ops (the reference the tests hold it to).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/batchnorm.h>
+
+namespace tandem::models {
+
+/// relu(bn(x) + residual) (residual undefined: relu(bn(x))) for a 4-D x in training mode: batch
+/// statistics, `bn`'s running statistics updated with its momentum and num_batches_tracked
+/// counted, as torch::nn::BatchNorm2d's forward does. Gradients reach x, bn.weight, bn.bias and
+/// the residual. y is computed in float32 (float64 for double input) and rounded once, so in
+/// bf16 it differs from the unfused ops (which round after the normalize and after the add) by a
+/// rounding step. Runs on the current stream; capture-safe. Throws InvalidArgument for a bn
+/// without an affine map, running statistics or a momentum, or an x that is not (N, C, H, W)
+/// with bn's C.
+at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
+                           const at::Tensor& residual = at::Tensor());
+
+}  // namespace tandem::models

@@ -1,0 +1,166 @@
+// batch_norm_relu: relu(batch_norm(x) + residual) as one op gives LibTorch's BatchNorm2d + add +
+// ReLU: outputs, gradients of x, weight, bias and the residual, running statistics and the
+// batch count — in float64 on the CPU (the formulas of its backward), and on the GPU through
+// LibTorch's CUDA batch-norm kernels and tandem's fused apply kernel (float32 and bf16, NCHW
+// and channels-last, vector and scalar paths); a ResNet-18 training step fused against unfused.
+#include "tandem/models/batch_norm_relu.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <iostream>
+#include <string>
+
+#include "tandem/autocast.h"
+#include "tandem/error.h"
+#include "tandem/models/resnet.h"
+#include "test_util.h"
+
+namespace tandem::models {
+namespace {
+
+double max_relative(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor fa = a.to(at::kDouble).cpu(), fb = b.to(at::kDouble).cpu();
+  return (fa - fb).abs().max().item<double>() / std::max(fb.abs().max().item<double>(), 1e-12);
+}
+
+struct Case {
+  int64_t n, c, h, w;
+  bool residual, channels_last;
+};
+
+// One forward and backward of both versions on `device` in `dtype` (the reference in float64
+// on the CPU); the largest relative difference of every output, gradient and statistic.
+double compare_with_module(const Case& k, c10::Device device, at::ScalarType dtype) {
+  torch::manual_seed(11);
+  const auto fmt = k.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  const at::Tensor x0 = torch::randn({k.n, k.c, k.h, k.w}, torch::kDouble) * 2 + 0.5;
+  const at::Tensor r0 = torch::randn({k.n, k.c, k.h, k.w}, torch::kDouble);
+  const at::Tensor dy = torch::randn({k.n, k.c, k.h, k.w}, torch::kDouble);
+  torch::nn::BatchNorm2d ours(k.c), ref(k.c);
+  {
+    torch::NoGradGuard no_grad;
+    ours->weight.uniform_(0.5, 1.5);
+    ours->bias.normal_(0, 0.3);
+    ours->running_mean.normal_(0, 0.1);
+    ours->running_var.uniform_(0.5, 1.5);
+  }
+  ref->to(torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    auto to_params = ref->named_parameters();
+    for (const auto& p : ours->named_parameters()) to_params[p.key()].copy_(p.value());
+    auto to_buffers = ref->named_buffers();
+    for (const auto& b : ours->named_buffers()) to_buffers[b.key()].copy_(b.value());
+  }
+  // Parameters and statistics stay float32 beside low-precision activations, as under autocast.
+  ours->to(device, dtype == at::kDouble ? at::kDouble : at::kFloat);
+
+  const at::Tensor x = x0.to(device, dtype).contiguous(fmt).requires_grad_();
+  const at::Tensor r = r0.to(device, dtype).contiguous(fmt).requires_grad_();
+  const at::Tensor g = dy.to(device, dtype).contiguous(fmt);
+  at::Tensor y = batch_norm_relu(x, *ours, k.residual ? r : at::Tensor());
+  y.backward(g);
+
+  // The reference sees the same (rounded) inputs, in float64.
+  const at::Tensor xr = x.detach().to(c10::kCPU, at::kDouble).contiguous().requires_grad_();
+  const at::Tensor rr = r.detach().to(c10::kCPU, at::kDouble).contiguous().requires_grad_();
+  at::Tensor yr = ref->forward(xr);
+  if (k.residual) yr = yr + rr;
+  yr = yr.relu();
+  yr.backward(g.to(c10::kCPU, at::kDouble).contiguous());
+
+  double worst = 0;
+  auto check = [&](const char* what, const at::Tensor& a, const at::Tensor& b) {
+    const double d = max_relative(a, b);
+    if (d > worst) std::cerr << "  " << what << " differs by " << d << " (relative)\n";
+    worst = std::max(worst, d);
+  };
+  check("y", y, yr);
+  check("dx", x.grad(), xr.grad());
+  check("dweight", ours->weight.grad(), ref->weight.grad());
+  check("dbias", ours->bias.grad(), ref->bias.grad());
+  if (k.residual) check("dresidual", r.grad(), rr.grad());
+  check("running_mean", ours->running_mean, ref->running_mean);
+  check("running_var", ours->running_var, ref->running_var);
+  EXPECT_EQ(ours->num_batches_tracked.item<int64_t>(), 1);
+  EXPECT_EQ(y.suggest_memory_format(), fmt);
+  return worst;
+}
+
+TEST(BatchNormReluTest, MatchesBatchNormAddReluInDoubleOnTheCpu) {
+  for (const Case& k : {Case{3, 5, 4, 6, false, false}, Case{3, 5, 4, 6, true, false},
+                        Case{2, 8, 5, 3, true, true}, Case{4, 16, 2, 2, false, true}}) {
+    SCOPED_TRACE(std::to_string(k.c) + (k.residual ? " residual" : "") +
+                 (k.channels_last ? " channels_last" : ""));
+    EXPECT_LT(compare_with_module(k, c10::Device(c10::kCPU), at::kDouble), 1e-10);
+  }
+}
+
+TEST(BatchNormReluTest, RejectsWhatItCannotRun) {
+  torch::nn::BatchNorm2d bn(4);
+  EXPECT_THROW(batch_norm_relu(torch::randn({2, 3, 4, 4}), *bn), InvalidArgument);
+  EXPECT_THROW(batch_norm_relu(torch::randn({2, 4, 4}), *bn), InvalidArgument);
+  EXPECT_THROW(batch_norm_relu(torch::randn({1, 4, 1, 1}), *bn), InvalidArgument);
+  EXPECT_THROW(batch_norm_relu(torch::randn({2, 4, 3, 3}), *bn, torch::randn({2, 4, 3, 2})),
+               InvalidArgument);
+  torch::nn::BatchNorm2d plain(torch::nn::BatchNorm2dOptions(4).affine(false));
+  EXPECT_THROW(batch_norm_relu(torch::randn({2, 4, 3, 3}), *plain), InvalidArgument);
+}
+
+// CUDA: LibTorch's batch-norm kernels and the fused apply, float32 (tight) and bf16 (one
+// rounding of the output against the float64 reference).
+TEST(BatchNormReluGpuTest, MatchesTheModuleInFloatAndBf16BothLayouts) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  // C = 64: channels-last 16-byte vectors; C = 6 and H*W = 15: the one-element path.
+  for (const Case& k : {Case{8, 64, 7, 9, true, true}, Case{8, 64, 8, 8, false, false},
+                        Case{4, 6, 3, 5, true, true}, Case{4, 6, 3, 5, true, false}}) {
+    SCOPED_TRACE(std::to_string(k.c) + (k.residual ? " residual" : "") +
+                 (k.channels_last ? " channels_last" : ""));
+    EXPECT_LT(compare_with_module(k, cuda, at::kFloat), 1e-4);
+    EXPECT_LT(compare_with_module(k, cuda, at::kBFloat16), 2e-2);
+  }
+}
+
+// A ResNet-18 step in bf16 autocast, channels-last: the fused batch norms against LibTorch's
+// modules from the same weights — loss, every gradient, every running statistic.
+TEST(BatchNormReluGpuTest, AResNetStepMatchesTheUnfusedOne) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  torch::manual_seed(12);
+  ResNet fused = resnet18(ResNetOptions{10, true}), plain = resnet18(ResNetOptions{10, false});
+  {
+    torch::NoGradGuard no_grad;
+    auto from = fused->named_parameters(), to = plain->named_parameters();
+    for (const auto& p : from) to[p.key()].copy_(p.value());
+  }
+  const at::Tensor x = torch::randn({16, 3, 64, 64}).to(cuda);
+  const at::Tensor labels = torch::randint(0, 10, {16}, torch::kLong).to(cuda);
+  std::vector<at::Tensor> losses;
+  for (ResNet* net : {&fused, &plain}) {
+    (*net)->to(cuda);
+    to_channels_last(**net);
+    (*net)->train();
+    AutocastScope autocast(cuda, Precision::kBf16);
+    at::Tensor loss = at::cross_entropy_loss(
+        (*net)->forward(x.contiguous(at::MemoryFormat::ChannelsLast)).to(at::kFloat), labels);
+    loss.backward();
+    losses.push_back(loss.detach());
+  }
+  EXPECT_LT(max_relative(losses[0], losses[1]), 2e-2);
+  auto a = fused->named_parameters(), b = plain->named_parameters();
+  double worst = 0;
+  std::string where;
+  for (const auto& p : a) {
+    const double d = max_relative(p.value().grad(), b[p.key()].grad());
+    if (d > worst) worst = d, where = p.key();
+  }
+  EXPECT_LT(worst, 0.1) << "gradient of " << where;
+  auto ba = fused->named_buffers(), bb = plain->named_buffers();
+  for (const auto& t : ba)
+    EXPECT_LT(max_relative(t.value(), bb[t.key()]), 2e-2) << t.key();
+}
+
+}  // namespace
+}  // namespace tandem::models
