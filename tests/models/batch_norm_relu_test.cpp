@@ -123,43 +123,59 @@ TEST(BatchNormReluGpuTest, MatchesTheModuleInFloatAndBf16BothLayouts) {
   }
 }
 
-// A ResNet-18 step in bf16 autocast, channels-last: the fused batch norms against LibTorch's
-// modules from the same weights — loss, every gradient, every running statistic.
-TEST(BatchNormReluGpuTest, AResNetStepMatchesTheUnfusedOne) {
-  TANDEM_SKIP_WITHOUT_CUDA();
+// A ResNet-18 training step, channels-last, the fused batch norms against LibTorch's modules
+// from the same weights. In float32 the step's every gradient and running statistic match
+// closely (only summation orders differ). In bf16 autocast the loss and the statistics match
+// within bf16's rounding; the gradients are not compared there: the fused op rounds its output
+// once where the unfused ops round twice, and in the last layers (a few values per channel) the
+// batch norm's backward cancels most of the gradient, so one rounding step moves what is left by
+// tens of percent in either version (a layer-4 weight gradient differed by 0.65 of its largest
+// value in a try).
+struct StepResult {
+  at::Tensor loss;
+  std::vector<std::pair<std::string, at::Tensor>> grads, buffers;
+};
+
+StepResult resnet_step(bool fused, bool bf16) {
   const c10::Device cuda(c10::kCUDA, 0);
-  torch::manual_seed(12);
-  ResNet fused = resnet18(ResNetOptions{10, true}), plain = resnet18(ResNetOptions{10, false});
-  {
-    torch::NoGradGuard no_grad;
-    auto from = fused->named_parameters(), to = plain->named_parameters();
-    for (const auto& p : from) to[p.key()].copy_(p.value());
-  }
+  torch::manual_seed(12);  // the same weights and data for both versions
+  ResNet net = resnet18(ResNetOptions{10, fused});
   const at::Tensor x = torch::randn({16, 3, 64, 64}).to(cuda);
   const at::Tensor labels = torch::randint(0, 10, {16}, torch::kLong).to(cuda);
-  std::vector<at::Tensor> losses;
-  for (ResNet* net : {&fused, &plain}) {
-    (*net)->to(cuda);
-    to_channels_last(**net);
-    (*net)->train();
-    AutocastScope autocast(cuda, Precision::kBf16);
-    at::Tensor loss = at::cross_entropy_loss(
-        (*net)->forward(x.contiguous(at::MemoryFormat::ChannelsLast)).to(at::kFloat), labels);
-    loss.backward();
-    losses.push_back(loss.detach());
+  net->to(cuda);
+  to_channels_last(*net);
+  net->train();
+  StepResult r;
+  {
+    AutocastScope autocast(cuda, bf16 ? Precision::kBf16 : Precision::kFp32);
+    r.loss = at::cross_entropy_loss(
+        net->forward(x.contiguous(at::MemoryFormat::ChannelsLast)).to(at::kFloat), labels);
   }
-  EXPECT_LT(max_relative(losses[0], losses[1]), 2e-2);
-  auto a = fused->named_parameters(), b = plain->named_parameters();
-  double worst = 0;
-  std::string where;
-  for (const auto& p : a) {
-    const double d = max_relative(p.value().grad(), b[p.key()].grad());
-    if (d > worst) worst = d, where = p.key();
-  }
-  EXPECT_LT(worst, 0.1) << "gradient of " << where;
-  auto ba = fused->named_buffers(), bb = plain->named_buffers();
-  for (const auto& t : ba)
-    EXPECT_LT(max_relative(t.value(), bb[t.key()]), 2e-2) << t.key();
+  r.loss.backward();
+  for (const auto& p : net->named_parameters()) r.grads.emplace_back(p.key(), p.value().grad());
+  for (const auto& b : net->named_buffers()) r.buffers.emplace_back(b.key(), b.value());
+  return r;
+}
+
+TEST(BatchNormReluGpuTest, AResNetStepMatchesTheUnfusedOne) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  at::globalContext().setAllowTF32CuDNN(false);  // float32 convolutions, not TF32
+  const StepResult f = resnet_step(true, false), u = resnet_step(false, false);
+  at::globalContext().setAllowTF32CuDNN(true);
+  EXPECT_LT(max_relative(f.loss, u.loss), 1e-5);
+  ASSERT_EQ(f.grads.size(), u.grads.size());
+  for (size_t i = 0; i < f.grads.size(); ++i)
+    EXPECT_LT(max_relative(f.grads[i].second, u.grads[i].second), 1e-3)
+        << "float32 gradient of " << f.grads[i].first;
+  for (size_t i = 0; i < f.buffers.size(); ++i)
+    EXPECT_LT(max_relative(f.buffers[i].second, u.buffers[i].second), 1e-5)
+        << "float32 " << f.buffers[i].first;
+
+  const StepResult fb = resnet_step(true, true), ub = resnet_step(false, true);
+  EXPECT_LT(max_relative(fb.loss, ub.loss), 2e-2);
+  for (size_t i = 0; i < fb.buffers.size(); ++i)
+    EXPECT_LT(max_relative(fb.buffers[i].second, ub.buffers[i].second), 2e-2)
+        << "bf16 " << fb.buffers[i].first;
 }
 
 }  // namespace
