@@ -252,25 +252,27 @@ TrainJob make_classifier(const ClassifierOptions& o) {
                       nhwc](const Lane& lane) {
         at::NoGradGuard no_grad;
         n->eval();
-        Loader loader(val_data, eval_loader_options(bs, workers));
         at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
         at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         int64_t seen = 0;
-        for (int64_t b = 0; b < loader.num_batches(); ++b) {
-          Batch batch;
-          load_next_batch(loader, batch, lane);
-          const at::Tensor sizes = batch.get(sizes_field("image"));
-          const at::Tensor boxes = draw_crop_boxes(eval_spec, sizes, eval_gen);
-          at::Tensor x = resized_crop(batch.get("image"), batch.get(offsets_field("image")),
-                                      sizes, boxes, eval_spec);
-          if (nhwc) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-          const at::Tensor labels = batch.get("label");
-          AutocastScope autocast(device, precision);
-          const at::Tensor logits = n->forward(x).to(at::kFloat);
-          correct += logits.argmax(1).eq(labels).sum();
-          loss += at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).to(at::kDouble);
-          seen += labels.size(0);
-        }
+        for_each_eval_batch(
+            val_data, bs, workers, lane,
+            [&](Batch& batch) {  // each loader part: Resize + CenterCrop on the device
+              const at::Tensor sizes = batch.get(sizes_field("image"));
+              const at::Tensor boxes = draw_crop_boxes(eval_spec, sizes, eval_gen);
+              at::Tensor x = resized_crop(batch.get("image"), batch.get(offsets_field("image")),
+                                          sizes, boxes, eval_spec);
+              if (nhwc) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+              return std::vector<at::Tensor>{x, batch.get("label")};
+            },
+            [&](const std::vector<at::Tensor>& xy) {  // a whole batch: the forward
+              AutocastScope autocast(device, precision);
+              const at::Tensor logits = n->forward(xy[0]).to(at::kFloat);
+              correct += logits.argmax(1).eq(xy[1]).sum();
+              loss += at::cross_entropy_loss(logits, xy[1], {}, at::Reduction::Sum)
+                          .to(at::kDouble);
+              seen += xy[1].size(0);
+            });
         if (!frozen) n->train();
         return Evaluation(accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), seen),
                           seen);

@@ -133,29 +133,31 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
                     nhwc](const Lane& lane) {
       at::NoGradGuard no_grad;
       n->eval();
-      Loader loader(val_data, eval_loader_options(bs, workers));
       // confusion[label * K + prediction], over the pixels that are not ignored
       const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
       at::Tensor confusion = at::zeros({K * K}, longs);
       at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
       at::Tensor pixels = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
       int64_t images = 0;
-      for (int64_t b = 0; b < loader.num_batches(); ++b) {
-        Batch batch;
-        load_next_batch(loader, batch, lane);
-        const at::Tensor mask = batch.get("mask");
-        images += mask.size(0);
-        AutocastScope autocast(device, precision);
-        const at::Tensor x = normalize(batch.get("image"), mean, std, nhwc);
-        const at::Tensor logits = n->forward(x).to(at::kFloat);
-        const at::Tensor valid = mask.ne(ignore);
-        const at::Tensor pred = logits.argmax(1);
-        confusion += at::bincount((mask.masked_select(valid) * K + pred.masked_select(valid)),
-                                  {}, K * K);
-        loss += at::cross_entropy_loss(logits, mask, {}, at::Reduction::Sum, ignore)
-                    .to(at::kDouble);
-        pixels += valid.sum();
-      }
+      for_each_eval_batch(
+          val_data, bs, workers, lane,
+          [&](Batch& batch) {
+            return std::vector<at::Tensor>{normalize(batch.get("image"), mean, std, nhwc),
+                                           batch.get("mask")};
+          },
+          [&](const std::vector<at::Tensor>& xm) {
+            const at::Tensor& mask = xm[1];
+            images += mask.size(0);
+            AutocastScope autocast(device, precision);
+            const at::Tensor logits = n->forward(xm[0]).to(at::kFloat);
+            const at::Tensor valid = mask.ne(ignore);
+            const at::Tensor pred = logits.argmax(1);
+            confusion += at::bincount(
+                (mask.masked_select(valid) * K + pred.masked_select(valid)), {}, K * K);
+            loss += at::cross_entropy_loss(logits, mask, {}, at::Reduction::Sum, ignore)
+                        .to(at::kDouble);
+            pixels += valid.sum();
+          });
       n->train();
       const at::Tensor cm = confusion.view({K, K}).to(at::kCPU).to(at::kDouble);
       const at::Tensor tp = cm.diag(), unions = cm.sum(0) + cm.sum(1) - tp;
