@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 
 #include "tandem/error.h"
 #include "tandem/models/safetensors.h"
@@ -254,6 +255,61 @@ TEST(ClassifierTest, BadOptionsAreNamed) {
   c = small_job(f.data);
   c.optimizer = "lbfgs";
   EXPECT_THROW(make_classifier(c), InvalidArgument);
+}
+
+// An ImageFolder of n 40x48 PNGs in two classes (dark and bright).
+std::string write_folder(const TempDir& tmp, int n) {
+  for (int i = 0; i < n; ++i) {
+    const int cls = i % 2;
+    at::Tensor img = at::full({3, 40, 48}, cls ? 190 : 40, at::kByte);
+    img.add_(at::arange(40 * 48, at::kInt).remainder(37).view({1, 40, 48}).to(at::kByte));
+    data::testing::put(tmp, std::string("folder/") + (cls ? "bright/" : "dark/") +
+                                std::to_string(i) + ".png",
+                       data::encode_png(img));
+  }
+  return tmp.path() + "/folder";
+}
+
+// --freeze backbone: the backbone runs folded (batch norm in its convolutions) in training and
+// in evaluation; it evaluates as the whole module does within float rounding, and training moves
+// the head alone.
+TEST(ClassifierTest, AFrozenBackboneEvaluatesAsTheModuleAndStaysFrozen) {
+  TempDir tmp;
+  ClassifierOptions c;
+  c.data = write_folder(tmp, 24);
+  c.model = "resnet18";
+  c.image_size = 32;
+  c.val_split = 0.5;
+  c.batch_size = 4;
+  c.workers = 2;
+  c.seed = 5;
+  c.channels_last = false;
+  c.device = c10::Device(c10::kCPU);
+  const Lane lane = Lane::create("eval", c.device);
+  TrainJob module_job = make_classifier(c);  // the same seed: the same weights
+  c.freeze_backbone = true;
+  TrainJob frozen_job = make_classifier(c);
+  const Metrics a = module_job.evaluate(lane).metrics, b = frozen_job.evaluate(lane).metrics;
+  EXPECT_NEAR(b.at("val_loss"), a.at("val_loss"), 1e-4 * std::abs(a.at("val_loss")));
+  EXPECT_EQ(b.at("accuracy"), a.at("accuracy"));
+
+  std::map<std::string, at::Tensor> before;
+  for (const auto& p : frozen_job.model->named_parameters()) before[p.key()] = p.value().clone();
+  TrainOptions o = options(tmp.path() + "/run", Mode::kPipelined, 1);
+  o.batch_size = 4;
+  Trainer(std::move(frozen_job), o).run();
+  const models::NamedTensors saved =
+      models::load_safetensors(tmp.path() + "/run/model.safetensors");
+  int changed = 0;
+  for (const auto& [name, t] : saved) {
+    if (!before.count(name)) continue;  // buffers
+    const bool same = t.equal(before.at(name).to(t.dtype()));
+    if (name.rfind("fc.", 0) == 0)
+      changed += !same;
+    else
+      EXPECT_TRUE(same) << name << " changed in a frozen backbone";
+  }
+  EXPECT_EQ(changed, 2) << "fc.weight and fc.bias train";
 }
 
 // A segmentation folder of n 64x64 pairs: one half of each image dark (class 0), the other

@@ -209,6 +209,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
     w.feeds.push_back(
         resized_crop_feed(ResizedCropSpec::train(S), seeded_generator(device, o.seed), nhwc));
     auto n = net.ptr();
+    std::shared_ptr<models::FoldedResNet> folded;  // the frozen backbone, for training and eval
     if (o.freeze_backbone) {
       net->eval();  // BatchNorm keeps its running statistics
       for (auto& p : net->parameters()) p.set_requires_grad(false);
@@ -216,7 +217,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
       // Batch norm folded into the convolutions, conv + bias (+ add) + ReLU as one cuDNN call
       // on a GPU: no gradient flows into a frozen backbone, so nothing needs the unfused ops.
       // It folds at its first call (after --weights and a resumed checkpoint are loaded).
-      auto folded = std::make_shared<models::FoldedResNet>(
+      folded = std::make_shared<models::FoldedResNet>(
           net, models::FoldedResNetOptions{
                    precision == Precision::kBf16 ? at::kBFloat16 : at::kFloat, true});
       w.feeds.push_back({"backbone",
@@ -248,8 +249,8 @@ TrainJob make_classifier(const ClassifierOptions& o) {
       const int64_t bs = o.batch_size;
       const int workers = o.workers;
       const bool frozen = o.freeze_backbone;
-      job.evaluate = [n, val_data, eval_spec, eval_gen, bs, workers, device, precision, frozen,
-                      nhwc](const Lane& lane) {
+      job.evaluate = [n, folded, val_data, eval_spec, eval_gen, bs, workers, device, precision,
+                      frozen, nhwc](const Lane& lane) {
         at::NoGradGuard no_grad;
         n->eval();
         at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
@@ -267,7 +268,12 @@ TrainJob make_classifier(const ClassifierOptions& o) {
             },
             [&](const std::vector<at::Tensor>& xy) {  // a whole batch: the forward
               AutocastScope autocast(device, precision);
-              const at::Tensor logits = n->forward(xy[0]).to(at::kFloat);
+              // A frozen backbone evaluates as it trains: folded (the module's features
+              // within float rounding, without its batch-norm and ReLU passes).
+              const at::Tensor logits =
+                  (folded ? n->fc->forward(folded->features(xy[0]).to(at::kFloat))
+                          : n->forward(xy[0]))
+                      .to(at::kFloat);
               correct += logits.argmax(1).eq(xy[1]).sum();
               loss += at::cross_entropy_loss(logits, xy[1], {}, at::Reduction::Sum)
                           .to(at::kDouble);
