@@ -23,6 +23,11 @@ inline Precision parse_precision(const std::string& text) {
   return Precision::kBf16;
 }
 inline const char* to_string(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+/// The dtype a convolution runs in under this precision (what autocast would cast it to): for
+/// weights kept in it ahead of time, as a folded frozen backbone's are.
+inline at::ScalarType compute_dtype(Precision p) {
+  return p == Precision::kBf16 ? at::kBFloat16 : at::kFloat;
+}
 
 /// For its lifetime: ops on `device`'s type run under autocast to bf16 (kBf16), or as they are
 /// (kFp32: nothing changes). Restores the previous state on destruction.

@@ -10,6 +10,7 @@
 #include <ATen/ops/max_pool2d.h>
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <iostream>
 #include <string>
 #include <variant>
@@ -100,7 +101,7 @@ void FoldedResNet::fold() {
 }
 
 at::Tensor FoldedResNet::conv(Conv& c, const at::Tensor& x, bool relu, const at::Tensor* add) {
-  const std::vector<int64_t> stride{c.stride, c.stride}, padding{c.padding, c.padding},
+  const std::array<int64_t, 2> stride{c.stride, c.stride}, padding{c.padding, c.padding},
       dilation{1, 1};
   c.fused_last = false;
   if (options_.fuse && relu && c.fused_ok && x.is_cuda()) {

@@ -218,8 +218,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
       // on a GPU: no gradient flows into a frozen backbone, so nothing needs the unfused ops.
       // It folds at its first call (after --weights and a resumed checkpoint are loaded).
       folded = std::make_shared<models::FoldedResNet>(
-          net, models::FoldedResNetOptions{
-                   precision == Precision::kBf16 ? at::kBFloat16 : at::kFloat, true});
+          net, models::FoldedResNetOptions{compute_dtype(precision), true});
       w.feeds.push_back({"backbone",
                          "backbone",
                          {"x"},

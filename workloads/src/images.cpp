@@ -264,8 +264,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     if (io.folded_backbone) {
       // Folds at its first call: in the eager warm-up, before any capture.
       auto folded = std::make_shared<models::FoldedResNet>(
-          backbone, models::FoldedResNetOptions{
-                        io.precision == Precision::kBf16 ? at::kBFloat16 : at::kFloat, true});
+          backbone, models::FoldedResNetOptions{compute_dtype(io.precision), true});
       features = [folded](const Tensors& in) {
         return Tensors{folded->features(in[0]).to(at::kFloat)};
       };
