@@ -122,7 +122,7 @@ expect_fail 2 "--svg path '/nonexistent-dir/s.svg' cannot be written" -- sweep -
 expect_fail 2 "sampling 'texture' is not valid: expected auto, gather or staged" -- augment-bench --device cpu --batch-sizes 1 --sampling auto,texture
 
 if "$tandem" bench --help >"$tmp/help" 2>&1 &&
-   for flag in --workload --scenario --param --mode --batch-size --steps --warmup --workers --seed --device --json --trace --cudnn-benchmark --train-priority graphed_k pipelined+graphed augment=gpu; do
+   for flag in --workload --scenario --param --mode --batch-size --steps --warmup --workers --seed --device --json --trace --kernels --cudnn-benchmark --train-priority graphed_k pipelined+graphed augment=gpu; do
      grep -qF -- "$flag" "$tmp/help" || exit 1
    done; then
   passed=$((passed + 1))
@@ -138,6 +138,17 @@ if "$tandem" bench --device cpu --batch-size 1 --steps 1 --warmup 0 --workers 1 
 else
   failed=$((failed + 1)); echo "FAIL: a tiny CPU run"; cat "$tmp/out" "$tmp/err"
 fi
+
+# --kernels: profiled steps after the timed ones; on the CPU the list is empty and says why.
+if "$tandem" bench --device cpu --batch-size 1 --steps 1 --warmup 0 --workers 1 --kernels 2 \
+     --json "$tmp/k.json" >"$tmp/out" 2>"$tmp/err" &&
+   python3 -c "import json,sys; k=json.load(open(sys.argv[1]))['kernels']; sys.exit(not (k['steps'] == 2 and k['kernels'] == []))" "$tmp/k.json" &&
+   grep -q 'GPU kernels: none ran in the 2 profiled steps' "$tmp/out"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)); echo "FAIL: bench --kernels on the CPU"; cat "$tmp/out" "$tmp/err"
+fi
+expect_fail 2 "kernel profile step count -1 is not valid: expected 0 (none) or more steps" -- bench --device cpu --kernels -1
 
 if "$tandem" sweep --device cpu --batch-sizes 1 --steps 1 --warmup 0 --workers 1 \
      --csv "$tmp/s.csv" --svg "$tmp/s.svg" --json "$tmp/s.json" >"$tmp/out" 2>"$tmp/err" &&

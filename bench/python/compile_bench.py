@@ -143,6 +143,8 @@ def run_cpp_row(a):
             cmd += ["--param", "backbone=" + ("module" if module else "folded")]
         else:
             cmd += ["--param", "bn=" + ("module" if module else "fused")]
+        if a.profile:
+            cmd += ["--kernels", str(PROFILE_STEPS)]
         row["call"] = "tandem " + " ".join(cmd[1:])
         cmd += ["--json", out]
         t0 = time.perf_counter()
@@ -155,6 +157,11 @@ def run_cpp_row(a):
         with open(out) as f:
             j = json.load(f)
     row.update(images_per_s=j["samples_per_s"], mode=j.get("picked", j.get("mode")))
+    if j.get("kernels"):  # the CLI's --kernels: the same listing as profiled()'s
+        rows = [{"name": k["name"][:120], "count": k["count"], "total_ms": round(k["total_ms"], 3)}
+                for k in j["kernels"]["kernels"]]
+        row["kernels"] = {"total_ms": round(j["kernels"]["total_ms"], 3), "top": rows[:40],
+                          "kernel_kinds": len(rows)}
     if j.get("trials"):
         row["trials"] = {t["mode"]: round(t["steps_per_s"] * a.bs) if t["steps_per_s"]
                          else t.get("error") for t in j["trials"]}

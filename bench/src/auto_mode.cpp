@@ -77,6 +77,7 @@ std::vector<Trial> run_trials(const BenchOptions& unresolved, double* seconds) {
     trial.steps = std::min(*options.steps, kAutoTrialSteps);
     trial.warmup = std::min(*options.warmup, kAutoTrialWarmup);
     trial.trace_path.clear();
+    trial.kernel_steps = 0;  // the picked mode's run lists its kernels
     trial.progress = false;
     Trial t{to_string(mode), std::nullopt, "", {}};
     try {

@@ -56,6 +56,8 @@ BenchOptions resolve(BenchOptions o) {
   TANDEM_CHECK_ARG(*o.workers > 0 && *o.workers <= kMaxLoaderWorkers, "worker count ",
                    *o.workers, " is not valid: expected 1 to ", kMaxLoaderWorkers,
                    " loader worker threads");
+  TANDEM_CHECK_ARG(o.kernel_steps >= 0, "kernel profile step count ", o.kernel_steps,
+                   " is not valid: expected 0 (none) or more steps");
   TANDEM_CHECK_ARG(o.device_timing_every >= 1, "device timing interval ", o.device_timing_every,
                    " is not valid: expected a positive number of steps");
   return o;
@@ -101,7 +103,10 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   Workload workload = options.workload.make(wo);
   if (options.prepare_workload) options.prepare_workload(workload);
   Runner runner(workload, ro);
-  Pipeline* pipeline = &runner.prepare(warmup + steps);
+  // Profiled steps follow the timed ones, and one more step after them is where the profiler
+  // stops: on the thread that started it (the clock stage's), once their work is done.
+  const int64_t profiled = options.kernel_steps;
+  Pipeline* pipeline = &runner.prepare(warmup + steps + (profiled > 0 ? profiled + 1 : 0));
 
   // The clock starts when step `warmup` begins its exclusive work: in serial mode when it
   // enters the first stage; pipelined, when it enters the last (training) stage, so exactly
@@ -111,11 +116,13 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   pipeline->set_timing(warmup, options.device_timing_every);
   pipeline->set_trace(trace.get());
   GpuMonitor monitor(device);
-  Progress progress(options.workload.name + " " + to_string(options.mode), warmup + steps,
+  Progress progress(options.workload.name + " " + to_string(options.mode),
+                    warmup + steps + (profiled > 0 ? profiled + 1 : 0),
                     options.progress);
   const int last_stage = pipeline->num_stages() - 1;
   using Clock = std::chrono::steady_clock;
-  Clock::time_point start = Clock::now();
+  Clock::time_point start = Clock::now(), end{};
+  std::unique_ptr<KernelRecorder> recorder;
   runner.run([&](int stage, int64_t item) {
     if (options.cancel && options.cancel->load(std::memory_order_relaxed))
       throw Error("cancelled before this step");
@@ -123,6 +130,16 @@ BenchResult run_bench(const BenchOptions& unresolved) {
       synchronize(device);
       start = Clock::now();
       if (options.gpu_monitor) monitor.start();
+    }
+    if (stage == clock_stage && profiled > 0 && item == warmup + steps) {
+      synchronize(device);
+      end = Clock::now();
+      monitor.stop();
+      recorder = std::make_unique<KernelRecorder>();
+    }
+    if (stage == clock_stage && profiled > 0 && item == warmup + steps + profiled) {
+      synchronize(device);
+      result.kernels = recorder->stop(profiled);
     }
     if (stage == last_stage) {
       progress.update(item);
@@ -135,7 +152,8 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   synchronize(device);
   monitor.stop();
   progress.finish();
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (profiled == 0) end = Clock::now();
+  result.seconds = std::chrono::duration<double>(end - start).count();
   result.steps_per_s = static_cast<double>(steps) / result.seconds;
   result.samples_per_s = result.steps_per_s * static_cast<double>(batch_size);
   result.losses = runner.losses();
@@ -226,6 +244,7 @@ std::string describe_result(const BenchResult& r) {
       os << "  sample " << r.skipped[i].index << ": " << r.skipped[i].reason << "\n";
     if (r.skipped.size() > 10) os << "  ... and " << r.skipped.size() - 10 << " more (--json lists them)\n";
   }
+  if (r.kernels) os << "\n" << describe_kernels(*r.kernels);
   return os.str();
 }
 
@@ -276,7 +295,8 @@ nlohmann::json to_json(const BenchResult& r) {
           {"gpu_utilization", r.gpu_utilization ? nlohmann::json(*r.gpu_utilization)
                                                 : nlohmann::json(nullptr)},
           {"gpu_utilization_note", r.gpu_utilization_note},
-          {"notes", r.notes}};
+          {"notes", r.notes},
+          {"kernels", r.kernels ? to_json(*r.kernels) : nlohmann::json(nullptr)}};
 }
 
 }  // namespace tandem

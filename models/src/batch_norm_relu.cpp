@@ -63,8 +63,48 @@ models::BnDtype kernel_dtype(at::ScalarType t) {
                                                                   : BnDtype::kFloat;
 }
 
+bool float32_vector(const at::Tensor& t) {
+  return t.defined() && t.scalar_type() == at::kFloat && t.is_contiguous();
+}
+
+// The channels-last kernels of bn_relu.cu (statistics, apply with the ReLU's mask, backward):
+// a CUDA x in channels-last order with whole 16-byte vectors per row, and float32 parameters
+// and statistics (BatchNorm2d's own, kept float32 under autocast).
+bool rows_path(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn) {
+  if (!cuda_path(x) || !x.is_contiguous(at::MemoryFormat::ChannelsLast)) return false;
+  const int64_t vec = bn_vector_width(kernel_dtype(x.scalar_type()));
+  return x.size(1) % vec == 0 && reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0 &&
+         float32_vector(bn.weight) && float32_vector(bn.bias) &&
+         float32_vector(bn.running_mean) && float32_vector(bn.running_var) &&
+         bn.num_batches_tracked.scalar_type() == at::kLong;
+}
+
+BnRows rows_of(const at::Tensor& x) {
+  return BnRows{x.const_data_ptr(), x.numel() / x.size(1), x.size(1), kernel_dtype(x.scalar_type())};
+}
+
+cudaStream_t stream_of(const at::Tensor& x) {
+  return c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+}
+
+BnApplyRelu apply_args(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& scale,
+                       const at::Tensor& shift, const at::Tensor& y, bool relu,
+                       at::MemoryFormat format) {
+  return BnApplyRelu{x.const_data_ptr(),
+                     residual.defined() ? residual.const_data_ptr() : nullptr,
+                     scale.const_data_ptr<float>(),
+                     shift.const_data_ptr<float>(),
+                     y.mutable_data_ptr(),
+                     x.numel(),
+                     x.size(1),
+                     x.size(2) * x.size(3),
+                     format == at::MemoryFormat::ChannelsLast,
+                     kernel_dtype(x.scalar_type()),
+                     relu};
+}
+
 at::Tensor apply_relu(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
-                      const at::Tensor& residual) {
+                      const at::Tensor& residual, bool relu) {
   const at::MemoryFormat format = x.suggest_memory_format();
   if (cuda_path(x) && (format == at::MemoryFormat::ChannelsLast ||
                        format == at::MemoryFormat::Contiguous)) {
@@ -73,52 +113,142 @@ at::Tensor apply_relu(const at::Tensor& x, const at::Tensor& scale, const at::Te
                                              : at::Tensor();
     const at::Tensor s = scale.to(at::kFloat).contiguous(), b = shift.to(at::kFloat).contiguous();
     at::Tensor y = at::empty_like(xc, xc.options(), format);
-    BnApplyRelu a{xc.const_data_ptr(),
-                  rc.defined() ? rc.const_data_ptr() : nullptr,
-                  s.const_data_ptr<float>(),
-                  b.const_data_ptr<float>(),
-                  y.mutable_data_ptr(),
-                  xc.numel(),
-                  xc.size(1),
-                  xc.size(2) * xc.size(3),
-                  format == at::MemoryFormat::ChannelsLast,
-                  kernel_dtype(x.scalar_type())};
-    launch_bn_apply_relu(a, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    launch_bn_apply_relu(apply_args(xc, rc, s, b, y, relu, format), stream_of(x));
     return y;
   }
   at::Tensor t = x.to(compute_type(x)) * per_channel(scale) + per_channel(shift);
   if (residual.defined()) t = t + residual.to(t.scalar_type());
-  return at::relu(t).to(x.scalar_type()).contiguous(format);
+  if (relu) t = at::relu(t);
+  return t.to(x.scalar_type()).contiguous(format);
+}
+
+// The forward on the channels-last kernels: statistics and running statistics (two small
+// kernels), then the apply writing y and, under a ReLU, its mask. Returns y, mean, invstd, mask.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rows_forward(
+    const at::Tensor& x, const at::Tensor& residual, torch::nn::BatchNorm2dImpl& bn,
+    double momentum, double eps, bool relu) {
+  const BnRows rows = rows_of(x);
+  const int splits = bn_row_splits(rows);
+  const at::TensorOptions floats = x.options().dtype(at::kFloat);
+  const at::Tensor partials = at::empty({bn_partials_floats(rows, splits)}, floats);
+  const at::Tensor stats = at::empty({4, x.size(1)}, floats);  // mean, invstd, scale, shift
+  const cudaStream_t stream = stream_of(x);
+  BnStats s{rows,
+            splits,
+            partials.mutable_data_ptr<float>(),
+            bn.weight.const_data_ptr<float>(),
+            bn.bias.const_data_ptr<float>(),
+            bn.running_mean.mutable_data_ptr<float>(),
+            bn.running_var.mutable_data_ptr<float>(),
+            bn.num_batches_tracked.mutable_data_ptr<int64_t>(),
+            static_cast<float>(momentum),
+            static_cast<float>(eps),
+            stats[0].mutable_data_ptr<float>(),
+            stats[1].mutable_data_ptr<float>(),
+            stats[2].mutable_data_ptr<float>(),
+            stats[3].mutable_data_ptr<float>()};
+  launch_bn_stats(s, stream);
+  const at::Tensor rc = residual.defined()
+                            ? residual.to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast)
+                            : at::Tensor();
+  at::Tensor y = at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+  BnApplyRelu a = apply_args(x, rc, stats[2], stats[3], y, relu, at::MemoryFormat::ChannelsLast);
+  at::Tensor mask;
+  if (relu && bn_apply_vectorized(a)) {
+    mask = at::empty({x.numel() / bn_vector_width(rows.dtype)}, x.options().dtype(at::kByte));
+    a.mask = mask.mutable_data_ptr<uint8_t>();
+  }
+  launch_bn_apply_relu(a, stream);
+  return {y, stats[0], stats[1], mask};
+}
+
+// The backward on the channels-last kernels. `mask` undefined: no ReLU.
+variable_list rows_backward(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& mask,
+                            const at::Tensor& weight, const at::Tensor& mean,
+                            const at::Tensor& invstd, bool need_x, bool need_w, bool need_b,
+                            bool need_residual) {
+  const at::Tensor g = grad_y.to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast);
+  const BnRows rows = rows_of(x);
+  const int splits = bn_row_splits(rows);
+  const at::TensorOptions floats = x.options().dtype(at::kFloat);
+  const at::Tensor partials = at::empty({bn_partials_floats(rows, splits)}, floats);
+  const at::Tensor coefficients = at::empty({3 * x.size(1)}, floats);
+  at::Tensor dx = need_x ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast)
+                         : at::Tensor();
+  at::Tensor dres = need_residual ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast)
+                                  : at::Tensor();
+  at::Tensor dw = need_w ? at::empty_like(weight) : at::Tensor();
+  at::Tensor db = need_b ? at::empty_like(weight) : at::Tensor();
+  BnBackward b{rows,
+               g.const_data_ptr(),
+               mask.defined() ? mask.const_data_ptr<uint8_t>() : nullptr,
+               mean.const_data_ptr<float>(),
+               invstd.const_data_ptr<float>(),
+               weight.const_data_ptr<float>(),
+               splits,
+               partials.mutable_data_ptr<float>(),
+               coefficients.mutable_data_ptr<float>(),
+               need_w ? dw.mutable_data_ptr<float>() : nullptr,
+               need_b ? db.mutable_data_ptr<float>() : nullptr,
+               need_x ? dx.mutable_data_ptr() : nullptr,
+               need_residual ? dres.mutable_data_ptr() : nullptr};
+  launch_bn_backward(b, stream_of(x));
+  return {dx, dw, db, dres};
 }
 
 class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, const at::Tensor& residual_or_empty,
-                            torch::nn::BatchNorm2dImpl* bn, double momentum, double eps) {
+                            torch::nn::BatchNorm2dImpl* bn, double momentum, double eps,
+                            bool relu) {
     const int64_t n = x.numel() / x.size(1);
     const at::Tensor residual = residual_or_empty.numel() > 0 ? residual_or_empty : at::Tensor();
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["residual"] = residual.defined();
+    ctx->saved_data["relu"] = relu;
+    if (rows_path(x, *bn)) {
+      auto [y, mean, invstd, mask] = rows_forward(x, residual, *bn, momentum, eps, relu);
+      // With a mask the backward needs neither y nor a pass over it; without one (no ReLU, or
+      // rows the apply could not vectorize) y is the mask.
+      ctx->save_for_backward({x, weight, mean, invstd, relu && !mask.defined() ? y : at::Tensor(),
+                              mask});
+      ctx->saved_data["rows"] = true;
+      return y;
+    }
     auto [mean, invstd] = batch_stats(x, eps);
     update_running(x, mean, invstd, *bn, momentum, eps, n);
     const at::Tensor scale = weight.to(mean.scalar_type()) * invstd;
     const at::Tensor shift = bias.to(mean.scalar_type()) - mean * scale;
-    at::Tensor y = apply_relu(x, scale, shift, residual);
-    ctx->save_for_backward({x, weight, mean, invstd, y});
-    ctx->saved_data["n"] = n;
-    ctx->saved_data["residual"] = residual.defined();
+    at::Tensor y = apply_relu(x, scale, shift, residual, relu);
+    ctx->save_for_backward({x, weight, mean, invstd, relu ? y : at::Tensor(), at::Tensor()});
+    ctx->saved_data["rows"] = false;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3],
-                     &y = saved[4];
+                     &y = saved[4], &mask = saved[5];
     const int64_t n = ctx->saved_data["n"].toInt();
-    // The ReLU's mask first: the batch norm's backward sees the gradient of its output.
-    const at::Tensor g =
-        at::threshold_backward(grads[0], y, 0).contiguous(x.suggest_memory_format());
+    const bool residual = ctx->saved_data["residual"].toBool();
     const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1),
                need_b = ctx->needs_input_grad(2);
+    const at::Tensor none;
+    if (ctx->saved_data["rows"].toBool() && !y.defined()) {
+      variable_list g = rows_backward(grads[0], x, mask, weight, mean, invstd, need_x, need_w,
+                                      need_b, residual && ctx->needs_input_grad(3));
+      return {g[0], g[1], g[2], g[3], none, none, none, none};
+    }
+    // The ReLU's mask first: the batch norm's backward sees the gradient of its output.
+    const at::Tensor g =
+        (y.defined() ? at::threshold_backward(grads[0], y, 0) : grads[0])
+            .contiguous(x.suggest_memory_format());
+    if (ctx->saved_data["rows"].toBool()) {  // y as the mask: the masked gradient, no ReLU left
+      variable_list r = rows_backward(g, x, at::Tensor(), weight, mean, invstd, need_x, need_w,
+                                      need_b, false);
+      return {r[0], r[1], r[2], residual ? g : none, none, none, none, none};
+    }
     at::Tensor dx, dw, db;
     if (cuda_path(x)) {
       auto [sum_dy, sum_dy_xmu, grad_w, grad_b] =
@@ -143,31 +273,37 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       if (need_w) dw = (sum_dy_xmu * invstd).to(weight.scalar_type());
       if (need_b) db = sum_dy.to(weight.scalar_type());
     }
-    const at::Tensor dres = ctx->saved_data["residual"].toBool() ? g : at::Tensor();
-    return {dx, dw, db, dres, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dw, db, residual ? g : none, none, none, none, none};
   }
 };
+
+at::Tensor run(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn, const at::Tensor& residual,
+               bool relu, const char* what) {
+  TANDEM_CHECK_ARG(bn.options.affine() && bn.options.track_running_stats() &&
+                       bn.options.momentum().has_value(),
+                   what, " needs a batch norm with an affine map, running statistics and a "
+                   "momentum");
+  TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == bn.options.num_features(), what,
+                   ": expected (N, ", bn.options.num_features(), ", H, W), got ", x.sizes());
+  TANDEM_CHECK_ARG(x.numel() > x.size(1), what,
+                   ": a batch of one value per channel has no variance");
+  TANDEM_CHECK_ARG(!residual.defined() || residual.sizes() == x.sizes(), what,
+                   ": the residual is ", residual.sizes(), ", expected ", x.sizes());
+  // An autograd function's tensor arguments must be defined: no residual is an empty tensor.
+  return BatchNormRelu::apply(x, bn.weight, bn.bias,
+                              residual.defined() ? residual : at::empty({0}, x.options()), &bn,
+                              *bn.options.momentum(), bn.options.eps(), relu);
+}
 
 }  // namespace
 
 at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
                            const at::Tensor& residual) {
-  TANDEM_CHECK_ARG(bn.options.affine() && bn.options.track_running_stats() &&
-                       bn.options.momentum().has_value(),
-                   "batch_norm_relu needs a batch norm with an affine map, running statistics "
-                   "and a momentum");
-  TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == bn.options.num_features(),
-                   "batch_norm_relu: expected (N, ", bn.options.num_features(), ", H, W), got ",
-                   x.sizes());
-  TANDEM_CHECK_ARG(x.numel() > x.size(1),
-                   "batch_norm_relu: a batch of one value per channel has no variance");
-  TANDEM_CHECK_ARG(!residual.defined() || residual.sizes() == x.sizes(),
-                   "batch_norm_relu: the residual is ", residual.sizes(), ", expected ",
-                   x.sizes());
-  // An autograd function's tensor arguments must be defined: no residual is an empty tensor.
-  return BatchNormRelu::apply(x, bn.weight, bn.bias,
-                              residual.defined() ? residual : at::empty({0}, x.options()), &bn,
-                              *bn.options.momentum(), bn.options.eps());
+  return run(x, bn, residual, true, "batch_norm_relu");
+}
+
+at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn) {
+  return run(x, bn, at::Tensor(), false, "batch_norm_train");
 }
 
 }  // namespace tandem::models

@@ -10,6 +10,7 @@
 
 #include "tandem/error.h"
 #include "tandem/models/batch_norm_relu.h"
+#include "tandem/models/max_pool.h"
 
 namespace tandem::models {
 namespace {
@@ -71,12 +72,21 @@ namespace {
 bool fuse_here(bool wanted, bool training, const torch::Tensor& x) {
   return wanted && training && x.is_cuda();
 }
+
+// The identity path of a fused block: x, or the downsample's conv and its batch norm through
+// the fused kernels (no ReLU).
+torch::Tensor fused_identity(const torch::nn::Sequential& downsample, const torch::Tensor& x) {
+  if (!downsample) return x;
+  auto conv = downsample->ptr(0)->as<torch::nn::Conv2dImpl>();
+  auto bn = downsample->ptr(1)->as<torch::nn::BatchNorm2dImpl>();
+  return batch_norm_train(conv->forward(x), *bn);
+}
 }  // namespace
 
 torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
   if (fuse_here(fused_batch_norm, is_training(), x)) {
     const torch::Tensor out = batch_norm_relu(conv1(x), *bn1);
-    return batch_norm_relu(conv2(out), *bn2, downsample ? downsample->forward(x) : x);
+    return batch_norm_relu(conv2(out), *bn2, fused_identity(downsample, x));
   }
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out));
@@ -102,7 +112,7 @@ torch::Tensor BottleneckImpl::forward(const torch::Tensor& x) {
   if (fuse_here(fused_batch_norm, is_training(), x)) {
     torch::Tensor out = batch_norm_relu(conv1(x), *bn1);
     out = batch_norm_relu(conv2(out), *bn2);
-    return batch_norm_relu(conv3(out), *bn3, downsample ? downsample->forward(x) : x);
+    return batch_norm_relu(conv3(out), *bn3, fused_identity(downsample, x));
   }
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out)).relu_();
@@ -168,9 +178,11 @@ torch::nn::Sequential ResNetImpl::make_layer(ResNetBlock block, int64_t planes, 
 torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
   TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == 3, "ResNet: expected input (B, 3, H, W), got ",
                    x.sizes());
-  auto y = fuse_here(fused_batch_norm_, is_training(), x) ? batch_norm_relu(conv1(x), *bn1)
-                                                          : bn1(conv1(x)).relu_();
-  y = F::max_pool2d(y, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
+  torch::Tensor y;
+  if (fuse_here(fused_batch_norm_, is_training(), x))
+    y = max_pool_3x3_stride2(batch_norm_relu(conv1(x), *bn1));
+  else
+    y = F::max_pool2d(bn1(conv1(x)).relu_(), F::MaxPool2dFuncOptions(3).stride(2).padding(1));
   return layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));
 }
 

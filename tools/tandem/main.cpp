@@ -356,6 +356,9 @@ int main(int argc, char** argv) {
   bench->add_option("--trace", bench_options.trace_path,
                     "write a Chrome-trace timeline of the timed steps to this file "
                     "(open in ui.perfetto.dev or chrome://tracing)");
+  bench->add_option("--kernels", bench_options.kernel_steps,
+                    "after the timed steps, run N more under LibTorch's profiler and list the "
+                    "GPU kernels they ran, with device time per step (table and --json)");
   bench->add_option("--json", bench_json, "also write the result as JSON to this file");
   int bench_nproc = 0;
   bench->add_option("--nproc", bench_nproc,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/kernel_profile.h"
 #include "tandem/mode.h"
 #include "tandem/pipeline.h"
 #include "tandem/workload.h"
@@ -40,6 +41,9 @@ struct BenchOptions {
   std::string train_priority = "high";
   /// If not empty: write a Chrome-trace timeline of the timed steps to this file.
   std::string trace_path;
+  /// If > 0: after the timed steps, this many more run under LibTorch's profiler and the result
+  /// lists the GPU kernels they ran (BenchResult::kernels). They are not timed.
+  int64_t kernel_steps = 0;
   /// Draw a progress line on stderr when it is a terminal.
   bool progress = true;
   /// Read GPU utilization through NVML during the timed steps (a thread collecting the driver's
@@ -114,6 +118,7 @@ struct BenchResult {
   double efficiency = 0;
   std::vector<std::string> notes;  ///< the runner's (Runner::notes)
   std::vector<SkippedSample> skipped;  ///< samples left out (skip_bad), each with why
+  std::optional<KernelProfile> kernels;  ///< with kernel_steps
 };
 
 /// Runs options.warmup + options.steps training steps and times the last options.steps.

@@ -1,43 +1,44 @@
-// The fused batch-norm apply: normalize with per-channel scale and shift, add the residual,
-// ReLU, one read of x (and the residual) and one write of y. 16-byte vectors where every vector
-// lies in one channel run (channels-last with C a multiple of the vector width, or NCHW with
-// H*W one) and the pointers are aligned; one element a thread otherwise.
+// The fused batch-norm kernels (bn_relu_launch.h says what each computes).
+//
+// The apply: normalize with per-channel scale and shift, add the residual, ReLU, one read of x
+// (and the residual) and one write of y. 16-byte vectors where every vector lies in one channel
+// run (channels-last with C a multiple of the vector width, or NCHW with H*W one) and the
+// pointers are aligned; one element a thread otherwise.
+//
+// The channels-last statistics and backward are written here rather than taken from LibTorch
+// (batch_norm_stats, batch_norm_backward_reduce / _elemt) because those read a ResNet's
+// activations at a fraction of the memory bandwidth (the statistics kernel at about a quarter of
+// it on an H200, measured) and cannot take the ReLU's mask, so the mask had to be applied by a
+// separate pass that reads the output again. Each thread here owns one 16-byte vector's channels
+// and walks a strided set of rows, several rows in flight, keeping its per-channel constants
+// and sums in registers.
 #include <cuda_bf16.h>
-#include <algorithm>
-#include <cstdint>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "bn_relu_launch.h"
+#include "element_types.cuh"
 #include "tandem/error.h"
 
 namespace tandem::models {
 namespace {
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+using kernels::from_float;
+using kernels::Pack;
+using kernels::to_float;
 
 // relu that keeps NaN, as torch.relu (clamp_min) does.
 __device__ __forceinline__ float relu_keep_nan(float t) { return t < 0.f ? 0.f : t; }
 
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
-
 // kVec elements a thread, all of one channel run: channels-last vectors cover channels
 // c0 .. c0 + kVec - 1; NCHW vectors one channel.
-template <typename T, int kVec, bool kResidual>
+template <typename T, int kVec, bool kResidual, bool kRelu, bool kMask>
 __global__ void bn_apply_relu_vec(BnApplyRelu a) {
   const T* x = static_cast<const T*>(a.x);
   const T* r = static_cast<const T*>(a.residual);
@@ -50,13 +51,17 @@ __global__ void bn_apply_relu_vec(BnApplyRelu a) {
     Pack<T, kVec> rv;
     if (kResidual) rv = reinterpret_cast<const Pack<T, kVec>*>(r)[v];
     Pack<T, kVec> out;
+    unsigned bits = 0;
     if (a.channels_last) {
       const int64_t c0 = i % a.channels;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         float t = to_float(xv.v[k]) * a.scale[c0 + k] + a.shift[c0 + k];
         if (kResidual) t += to_float(rv.v[k]);
-        out.v[k] = from_float<T>(relu_keep_nan(t));
+        if (kRelu) t = relu_keep_nan(t);
+        out.v[k] = from_float<T>(t);
+        // Of the rounded value, as threshold_backward on y would see it.
+        if (kMask) bits |= (to_float(out.v[k]) > 0.f ? 1u : 0u) << k;
       }
     } else {
       const int64_t c = (i / a.spatial) % a.channels;
@@ -65,10 +70,14 @@ __global__ void bn_apply_relu_vec(BnApplyRelu a) {
       for (int k = 0; k < kVec; ++k) {
         float t = to_float(xv.v[k]) * s + b;
         if (kResidual) t += to_float(rv.v[k]);
-        out.v[k] = from_float<T>(relu_keep_nan(t));
+        if (kRelu) t = relu_keep_nan(t);
+        out.v[k] = from_float<T>(t);
+        // Of the rounded value, as threshold_backward on y would see it.
+        if (kMask) bits |= (to_float(out.v[k]) > 0.f ? 1u : 0u) << k;
       }
     }
     reinterpret_cast<Pack<T, kVec>*>(y)[v] = out;
+    if (kMask) a.mask[v] = static_cast<uint8_t>(bits);
   }
 }
 
@@ -82,11 +91,30 @@ __global__ void bn_apply_relu_scalar(BnApplyRelu a) {
     const int64_t c = a.channels_last ? i % a.channels : (i / a.spatial) % a.channels;
     float t = to_float(x[i]) * a.scale[c] + a.shift[c];
     if (r) t += to_float(r[i]);
-    y[i] = from_float<T>(relu_keep_nan(t));
+    y[i] = from_float<T>(a.relu ? relu_keep_nan(t) : t);
   }
 }
 
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename T, int kVec, bool kResidual>
+void launch_vec(const BnApplyRelu& a, unsigned blocks, unsigned threads, cudaStream_t stream) {
+  if (!a.relu)
+    bn_apply_relu_vec<T, kVec, kResidual, false, false><<<blocks, threads, 0, stream>>>(a);
+  else if (a.mask)
+    bn_apply_relu_vec<T, kVec, kResidual, true, true><<<blocks, threads, 0, stream>>>(a);
+  else
+    bn_apply_relu_vec<T, kVec, kResidual, true, false><<<blocks, threads, 0, stream>>>(a);
+}
+
+int vector_width(BnDtype dtype) { return dtype == BnDtype::kFloat ? 4 : 8; }
+
+bool vectorized(const BnApplyRelu& a) {
+  const int vec = vector_width(a.dtype);
+  const bool one_run = a.channels_last ? a.channels % vec == 0 : a.spatial % vec == 0;
+  return one_run && a.numel % vec == 0 && aligned16(a.x) && aligned16(a.residual) &&
+         aligned16(a.y);
+}
 
 template <typename T>
 void launch_typed(const BnApplyRelu& a, cudaStream_t stream) {
@@ -96,14 +124,12 @@ void launch_typed(const BnApplyRelu& a, cudaStream_t stream) {
     // A grid-stride loop: enough blocks to fill the GPU several times over, no more.
     return static_cast<unsigned>(std::min<int64_t>((work + kThreads - 1) / kThreads, 65535));
   };
-  const bool one_run = a.channels_last ? a.channels % kVec == 0 : a.spatial % kVec == 0;
-  if (one_run && a.numel % kVec == 0 && aligned16(a.x) && aligned16(a.residual) &&
-      aligned16(a.y)) {
+  if (vectorized(a)) {
     const unsigned blocks = blocks_for(a.numel / kVec);
     if (a.residual)
-      bn_apply_relu_vec<T, kVec, true><<<blocks, kThreads, 0, stream>>>(a);
+      launch_vec<T, kVec, true>(a, blocks, kThreads, stream);
     else
-      bn_apply_relu_vec<T, kVec, false><<<blocks, kThreads, 0, stream>>>(a);
+      launch_vec<T, kVec, false>(a, blocks, kThreads, stream);
   } else {
     bn_apply_relu_scalar<T><<<blocks_for(a.numel), kThreads, 0, stream>>>(a);
   }
@@ -112,12 +138,446 @@ void launch_typed(const BnApplyRelu& a, cudaStream_t stream) {
 
 }  // namespace
 
+int bn_vector_width(BnDtype dtype) { return vector_width(dtype); }
+
+bool bn_apply_vectorized(const BnApplyRelu& a) { return vectorized(a); }
+
 void launch_bn_apply_relu(const BnApplyRelu& args, cudaStream_t stream) {
   if (args.numel == 0) return;
+  TANDEM_CHECK_ARG(!args.mask || vectorized(args),
+                   "the batch-norm apply writes a mask only on its 16-byte vector path");
   switch (args.dtype) {
     case BnDtype::kFloat: launch_typed<float>(args, stream); break;
     case BnDtype::kBFloat16: launch_typed<__nv_bfloat16>(args, stream); break;
     case BnDtype::kHalf: launch_typed<__half>(args, stream); break;
+  }
+}
+
+// ---- channels-last statistics and backward --------------------------------------------------
+namespace {
+
+constexpr int kRowsInFlight = 4;  // loads a thread issues before it sums them
+// The finalize kernels: kFinalizeChannels channels a block, kFinalizeLanes threads a channel,
+// each combining every kFinalizeLanes-th split, several loads in flight (a chain of one load a
+// step, at the memory's latency, took 25 us a call with 8 lanes, measured).
+constexpr int kFinalizeChannels = 8, kFinalizeLanes = 32;
+
+// The block shape of the channels-last kernels: tx threads across a row's vectors, ty down its
+// rows, gx blocks across the vectors, splits blocks down the rows.
+struct Grid {
+  int groups;  // vectors per row
+  int tx, ty, gx, splits;
+};
+
+int device_multiprocessors() {
+  int device = 0, sms = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+// Blocks of `threads` threads of `kernel` one multiprocessor holds at once (registers and shared
+// memory permitting), asked of the runtime once per kernel and block size.
+int resident_blocks(const void* kernel, int threads) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = known.try_emplace({kernel, threads}, 0);
+  if (fresh) {
+    TANDEM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, threads, 0));
+    it->second = std::max(it->second, 1);
+  }
+  return it->second;
+}
+
+// At most this many 256-thread blocks fit a multiprocessor (2048 threads): the splits any
+// kernel here can ask for, which sizes the partials' workspace.
+constexpr int kMaxResidentBlocks = 8;
+
+// The grid of one wave: as many blocks as the GPU holds at once (`per_sm` a multiprocessor), no
+// more splits than rows to share or than the workspace holds (`capacity`).
+Grid grid_for(const BnRows& t, int per_sm, int capacity) {
+  Grid g;
+  g.groups = static_cast<int>(t.channels / vector_width(t.dtype));
+  g.tx = std::min(g.groups, 32);
+  g.ty = 256 / g.tx;
+  g.gx = (g.groups + g.tx - 1) / g.tx;
+  const int64_t row_blocks = (t.rows + g.ty - 1) / g.ty;
+  const int64_t wanted =
+      (static_cast<int64_t>(per_sm) * device_multiprocessors() + g.gx - 1) / g.gx;
+  g.splits = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>({row_blocks, wanted, static_cast<int64_t>(capacity)})));
+  return g;
+}
+
+template <typename Kernel>
+Grid grid_for(const BnRows& t, Kernel kernel, int capacity) {
+  const Grid shape = grid_for(t, 1, capacity);
+  return grid_for(t, resident_blocks(reinterpret_cast<const void*>(kernel), shape.tx * shape.ty),
+                  capacity);
+}
+
+// Chan's combination of (count, mean, M2) with another part.
+__device__ __forceinline__ void combine(float& n, float& mean, float& m2, float nb, float meanb,
+                                        float m2b) {
+  if (nb == 0.f) return;
+  const float total = n + nb;
+  const float delta = meanb - mean;
+  const float share = nb / total;
+  mean += delta * share;
+  m2 += m2b + delta * delta * n * share;
+  n = total;
+}
+
+// Partials: [split][2][C] floats, then [split] counts.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(256) stats_partials(BnRows t, Grid g, float* partials) {
+  __shared__ float sh_mean[256 * 8], sh_m2[256 * 8], sh_n[256];
+  const T* x = static_cast<const T*>(t.x);
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * g.tx + tx;
+  const int group = blockIdx.x * g.tx + tx;
+  const int64_t step = static_cast<int64_t>(g.splits) * g.ty;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * g.ty + ty;
+  float shift[kVec], s1[kVec], s2[kVec];
+  int64_t n = 0;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) shift[k] = s1[k] = s2[k] = 0.f;
+  if (group < g.groups && first < t.rows) {
+    // Sums of x - shift, the shift this thread's first row: stable when the spread is small
+    // against the mean, which plain sums of x and x*x are not.
+    const Pack<T, kVec> p0 = reinterpret_cast<const Pack<T, kVec>*>(x)[first * g.groups + group];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) shift[k] = to_float(p0.v[k]);
+    for (int64_t r = first; r < t.rows; r += kRowsInFlight * step) {
+      Pack<T, kVec> p[kRowsInFlight];
+#pragma unroll
+      for (int j = 0; j < kRowsInFlight; ++j)
+        if (r + j * step < t.rows)
+          p[j] = reinterpret_cast<const Pack<T, kVec>*>(x)[(r + j * step) * g.groups + group];
+#pragma unroll
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        if (r + j * step >= t.rows) break;
+        ++n;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float d = to_float(p[j].v[k]) - shift[k];
+          s1[k] += d;
+          s2[k] = fmaf(d, d, s2[k]);
+        }
+      }
+    }
+  }
+  const float nf = static_cast<float>(n);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const float m = n > 0 ? s1[k] / nf : 0.f;
+    sh_mean[tid * kVec + k] = shift[k] + m;
+    sh_m2[tid * kVec + k] = n > 0 ? fmaxf(s2[k] - s1[k] * m, 0.f) : 0.f;
+  }
+  sh_n[tid] = nf;
+  __syncthreads();
+  if (ty != 0 || group >= g.groups) return;
+  const int channels = g.groups * kVec;
+  float* out_mean = partials + static_cast<int64_t>(blockIdx.y) * 2 * channels;
+  float* out_m2 = out_mean + channels;
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    float cn = sh_n[tx], mean = sh_mean[tx * kVec + k], m2 = sh_m2[tx * kVec + k];
+    for (int j = 1; j < g.ty; ++j) {
+      const int o = j * g.tx + tx;
+      combine(cn, mean, m2, sh_n[o], sh_mean[o * kVec + k], sh_m2[o * kVec + k]);
+    }
+    out_mean[group * kVec + k] = mean;
+    out_m2[group * kVec + k] = m2;
+    total = cn;
+  }
+  if (blockIdx.x == 0 && tx == 0)
+    partials[static_cast<int64_t>(g.splits) * 2 * channels + blockIdx.y] = total;
+}
+
+// One thread per channel and lane: lanes combine every kFinalizeLanes-th split, lane 0 the
+// lanes in order.
+__global__ void stats_finalize(BnStats a, int channels, int splits) {
+  __shared__ float sh[3][kFinalizeLanes][kFinalizeChannels];
+  const int c = blockIdx.x * kFinalizeChannels + threadIdx.x, lane = threadIdx.y;
+  float n = 0.f, mean = 0.f, m2 = 0.f;
+  if (c < channels) {
+    const float* counts = a.partials + static_cast<int64_t>(splits) * 2 * channels;
+    for (int s0 = lane; s0 < splits; s0 += 4 * kFinalizeLanes) {
+      float pn[4], pmean[4], pm2[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int s = s0 + j * kFinalizeLanes;
+        const float* part = a.partials + static_cast<int64_t>(s) * 2 * channels;
+        pn[j] = s < splits ? counts[s] : 0.f;
+        pmean[j] = s < splits ? part[c] : 0.f;
+        pm2[j] = s < splits ? part[channels + c] : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) combine(n, mean, m2, pn[j], pmean[j], pm2[j]);
+    }
+  }
+  sh[0][lane][threadIdx.x] = n;
+  sh[1][lane][threadIdx.x] = mean;
+  sh[2][lane][threadIdx.x] = m2;
+  __syncthreads();
+  if (lane != 0 || c >= channels) return;
+  for (int l = 1; l < kFinalizeLanes; ++l)
+    combine(n, mean, m2, sh[0][l][threadIdx.x], sh[1][l][threadIdx.x], sh[2][l][threadIdx.x]);
+  const float var = m2 / n;
+  const float invstd = rsqrtf(var + a.eps);
+  const float scale = a.weight[c] * invstd;
+  a.mean[c] = mean;
+  a.invstd[c] = invstd;
+  a.scale[c] = scale;
+  a.shift[c] = a.bias[c] - mean * scale;
+  if (a.running_mean) a.running_mean[c] = (1.f - a.momentum) * a.running_mean[c] + a.momentum * mean;
+  if (a.running_var) {
+    const float unbiased = n > 1.f ? var * n / (n - 1.f) : var;
+    a.running_var[c] = (1.f - a.momentum) * a.running_var[c] + a.momentum * unbiased;
+  }
+  if (a.num_batches && c == 0) *a.num_batches += 1;
+}
+
+// Sums of the masked gradient and of it times (x - mean): [split][2][C].
+template <typename T, int kVec, bool kMask>
+__global__ void __launch_bounds__(256) backward_partials(BnBackward a, Grid g) {
+  __shared__ float sh_dy[256 * 8], sh_dyx[256 * 8];
+  const T* x = static_cast<const T*>(a.in.x);
+  const T* dy = static_cast<const T*>(a.grad);
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * g.tx + tx;
+  const int group = blockIdx.x * g.tx + tx;
+  const int64_t step = static_cast<int64_t>(g.splits) * g.ty;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * g.ty + ty;
+  float mean[kVec], s_dy[kVec], s_dyx[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) mean[k] = s_dy[k] = s_dyx[k] = 0.f;
+  if (group < g.groups) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) mean[k] = a.mean[group * kVec + k];
+    for (int64_t r = first; r < a.in.rows; r += kRowsInFlight * step) {
+      Pack<T, kVec> pg[kRowsInFlight], px[kRowsInFlight];
+      unsigned bits[kRowsInFlight];
+#pragma unroll
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        const int64_t row = r + j * step;
+        if (row < a.in.rows) {
+          const int64_t v = row * g.groups + group;
+          pg[j] = reinterpret_cast<const Pack<T, kVec>*>(dy)[v];
+          px[j] = reinterpret_cast<const Pack<T, kVec>*>(x)[v];
+          bits[j] = kMask ? a.mask[v] : 0xffu;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        if (r + j * step >= a.in.rows) break;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float d = (bits[j] >> k) & 1u ? to_float(pg[j].v[k]) : 0.f;
+          s_dy[k] += d;
+          s_dyx[k] = fmaf(d, to_float(px[j].v[k]) - mean[k], s_dyx[k]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    sh_dy[tid * kVec + k] = s_dy[k];
+    sh_dyx[tid * kVec + k] = s_dyx[k];
+  }
+  __syncthreads();
+  if (ty != 0 || group >= g.groups) return;
+  const int channels = g.groups * kVec;
+  float* out_dy = a.partials + static_cast<int64_t>(blockIdx.y) * 2 * channels;
+  float* out_dyx = out_dy + channels;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    float sum_dy = 0.f, sum_dyx = 0.f;
+    for (int j = 0; j < g.ty; ++j) {
+      sum_dy += sh_dy[(j * g.tx + tx) * kVec + k];
+      sum_dyx += sh_dyx[(j * g.tx + tx) * kVec + k];
+    }
+    out_dy[group * kVec + k] = sum_dy;
+    out_dyx[group * kVec + k] = sum_dyx;
+  }
+}
+
+// The sums over the splits, the weight and bias gradients, and dL/dx's coefficients:
+// dx = A * dy' + B * (x - mean) + D with A = weight * invstd, B = -A * invstd^2 * sum(dy'(x -
+// mean)) / n, D = -A * sum(dy') / n (BatchNorm's backward, grouped per channel).
+__global__ void backward_finalize(BnBackward a, int channels, int splits) {
+  __shared__ float sh[2][kFinalizeLanes][kFinalizeChannels];
+  const int c = blockIdx.x * kFinalizeChannels + threadIdx.x, lane = threadIdx.y;
+  float sum_dy = 0.f, sum_dyx = 0.f;
+  if (c < channels)
+#pragma unroll 4
+    for (int s = lane; s < splits; s += kFinalizeLanes) {
+      const float* part = a.partials + static_cast<int64_t>(s) * 2 * channels;
+      sum_dy += part[c];
+      sum_dyx += part[channels + c];
+    }
+  sh[0][lane][threadIdx.x] = sum_dy;
+  sh[1][lane][threadIdx.x] = sum_dyx;
+  __syncthreads();
+  if (lane != 0 || c >= channels) return;
+  for (int l = 1; l < kFinalizeLanes; ++l) {
+    sum_dy += sh[0][l][threadIdx.x];
+    sum_dyx += sh[1][l][threadIdx.x];
+  }
+  const float invstd = a.invstd[c];
+  if (a.grad_weight) a.grad_weight[c] = sum_dyx * invstd;
+  if (a.grad_bias) a.grad_bias[c] = sum_dy;
+  const float inv_n = 1.f / static_cast<float>(a.in.rows);
+  const float coef_a = a.weight[c] * invstd;
+  a.coefficients[c] = coef_a;
+  a.coefficients[channels + c] = -coef_a * invstd * invstd * sum_dyx * inv_n;
+  a.coefficients[2 * channels + c] = -coef_a * sum_dy * inv_n;
+}
+
+// Two rows in flight, not four: four took 128 and more registers a thread, one block a
+// multiprocessor.
+constexpr int kElementwiseRows = 2;
+
+template <typename T, int kVec, bool kMask, bool kGradX, bool kGradResidual>
+__global__ void __launch_bounds__(256) backward_elementwise(BnBackward a, Grid g) {
+  constexpr int kRowsInFlight = kElementwiseRows;
+  const T* x = static_cast<const T*>(a.in.x);
+  const T* dy = static_cast<const T*>(a.grad);
+  T* dx = static_cast<T*>(a.grad_x);
+  T* dres = static_cast<T*>(a.grad_residual);
+  const int group = blockIdx.x * g.tx + threadIdx.x;
+  if (group >= g.groups) return;
+  const int channels = g.groups * kVec;
+  float mean[kVec], ca[kVec], cb[kVec], cd[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const int c = group * kVec + k;
+    mean[k] = a.mean[c];
+    ca[k] = a.coefficients[c];
+    cb[k] = a.coefficients[channels + c];
+    cd[k] = a.coefficients[2 * channels + c];
+  }
+  const int64_t step = static_cast<int64_t>(g.splits) * g.ty;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * g.ty + threadIdx.y;
+  for (int64_t r = first; r < a.in.rows; r += kRowsInFlight * step) {
+    Pack<T, kVec> pg[kRowsInFlight], px[kRowsInFlight];
+    unsigned bits[kRowsInFlight];
+#pragma unroll
+    for (int j = 0; j < kRowsInFlight; ++j) {
+      const int64_t row = r + j * step;
+      if (row < a.in.rows) {
+        const int64_t v = row * g.groups + group;
+        pg[j] = reinterpret_cast<const Pack<T, kVec>*>(dy)[v];
+        if (kGradX) px[j] = reinterpret_cast<const Pack<T, kVec>*>(x)[v];
+        bits[j] = kMask ? a.mask[v] : 0xffu;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsInFlight; ++j) {
+      const int64_t row = r + j * step;
+      if (row >= a.in.rows) break;
+      const int64_t v = row * g.groups + group;
+      Pack<T, kVec> out_x, out_r;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const bool keep = (bits[j] >> k) & 1u;
+        if (kGradResidual) out_r.v[k] = keep ? pg[j].v[k] : from_float<T>(0.f);
+        if (kGradX) {
+          const float d = keep ? to_float(pg[j].v[k]) : 0.f;
+          out_x.v[k] = from_float<T>(
+              fmaf(ca[k], d, fmaf(cb[k], to_float(px[j].v[k]) - mean[k], cd[k])));
+        }
+      }
+      if (kGradX) reinterpret_cast<Pack<T, kVec>*>(dx)[v] = out_x;
+      if (kGradResidual) reinterpret_cast<Pack<T, kVec>*>(dres)[v] = out_r;
+    }
+  }
+}
+
+template <typename T, bool kMask, bool kGradX, bool kGradResidual>
+void launch_elementwise(const BnBackward& a, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  auto* kernel = backward_elementwise<T, kVec, kMask, kGradX, kGradResidual>;
+  // No workspace: any number of splits.
+  const Grid g = grid_for(a.in, kernel, std::numeric_limits<int>::max());
+  kernel<<<dim3(g.gx, g.splits), dim3(g.tx, g.ty), 0, stream>>>(a, g);
+}
+
+template <typename T, bool kMask>
+void launch_backward_typed(const BnBackward& a, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  auto* partials = backward_partials<T, kVec, kMask>;
+  const Grid g = grid_for(a.in, partials, a.splits);
+  const int channels = static_cast<int>(a.in.channels);
+  partials<<<dim3(g.gx, g.splits), dim3(g.tx, g.ty), 0, stream>>>(a, g);
+  TANDEM_CUDA_CHECK(cudaGetLastError());
+  backward_finalize<<<(channels + kFinalizeChannels - 1) / kFinalizeChannels,
+                      dim3(kFinalizeChannels, kFinalizeLanes), 0, stream>>>(a, channels, g.splits);
+  TANDEM_CUDA_CHECK(cudaGetLastError());
+  if (a.grad_x && a.grad_residual)
+    launch_elementwise<T, kMask, true, true>(a, stream);
+  else if (a.grad_x)
+    launch_elementwise<T, kMask, true, false>(a, stream);
+  else if (a.grad_residual)
+    launch_elementwise<T, kMask, false, true>(a, stream);
+  TANDEM_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void launch_stats_typed(const BnStats& a, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  auto* partials = stats_partials<T, kVec>;
+  const Grid g = grid_for(a.in, partials, a.splits);
+  const int channels = static_cast<int>(a.in.channels);
+  partials<<<dim3(g.gx, g.splits), dim3(g.tx, g.ty), 0, stream>>>(a.in, g, a.partials);
+  TANDEM_CUDA_CHECK(cudaGetLastError());
+  stats_finalize<<<(channels + kFinalizeChannels - 1) / kFinalizeChannels,
+                   dim3(kFinalizeChannels, kFinalizeLanes), 0, stream>>>(a, channels, g.splits);
+  TANDEM_CUDA_CHECK(cudaGetLastError());
+}
+
+void check_rows(const BnRows& t) {
+  TANDEM_CHECK_ARG(t.rows > 0 && t.channels > 0 && t.channels % vector_width(t.dtype) == 0 &&
+                       aligned16(t.x),
+                   "the channels-last batch-norm kernels need 16-byte aligned rows of whole "
+                   "vectors: got ", t.channels, " channels");
+}
+
+}  // namespace
+
+int bn_row_splits(const BnRows& t) {
+  return grid_for(t, kMaxResidentBlocks, std::numeric_limits<int>::max()).splits;
+}
+
+int64_t bn_partials_floats(const BnRows& t, int splits) {
+  return static_cast<int64_t>(splits) * (2 * t.channels + 1);
+}
+
+void launch_bn_stats(const BnStats& a, cudaStream_t stream) {
+  check_rows(a.in);
+  switch (a.in.dtype) {
+    case BnDtype::kFloat: launch_stats_typed<float>(a, stream); break;
+    case BnDtype::kBFloat16: launch_stats_typed<__nv_bfloat16>(a, stream); break;
+    case BnDtype::kHalf: launch_stats_typed<__half>(a, stream); break;
+  }
+}
+
+void launch_bn_backward(const BnBackward& a, cudaStream_t stream) {
+  check_rows(a.in);
+  TANDEM_CHECK_ARG(aligned16(a.grad) && aligned16(a.grad_x) && aligned16(a.grad_residual),
+                   "the channels-last batch-norm backward needs 16-byte aligned gradients");
+  auto typed = [&](auto tag) {
+    using T = decltype(tag);
+    if (a.mask)
+      launch_backward_typed<T, true>(a, stream);
+    else
+      launch_backward_typed<T, false>(a, stream);
+  };
+  switch (a.in.dtype) {
+    case BnDtype::kFloat: typed(float{}); break;
+    case BnDtype::kBFloat16: typed(__nv_bfloat16{}); break;
+    case BnDtype::kHalf: typed(__half{}); break;
   }
 }
 

@@ -1,10 +1,15 @@
 // Training-mode batch norm, the residual add and ReLU as one autograd op, the way
 // torch.compile fuses them: relu(batch_norm(x) (+ residual)) with one pass that writes the
 // activation, instead of LibTorch's normalize, add and ReLU passes (each a read and a write of
-// the whole activation). The statistics and the backward are LibTorch's own batch-norm kernels
-// (those SyncBatchNorm uses: batch_norm_stats, batch_norm_backward_reduce / _elemt), with the ReLU
-// mask applied to the gradient first. On the CPU, and for dtypes the CUDA kernel does not take,
-// the same arithmetic runs as ATen ops (the reference the tests hold it to).
+// the whole activation).
+//
+// On a GPU in channels-last order (the fast recipe's layout) every pass is tandem's own
+// (kernels/bn_relu.cu): one read of x for the statistics, one pass writing y and the ReLU's mask
+// as bits, and a backward of one read of the gradient and x for the sums and one more writing
+// dL/dx (and the residual's gradient) — the mask replaces a pass over y. Other layouts use
+// LibTorch's batch-norm kernels (those SyncBatchNorm uses) around the fused apply. On the CPU,
+// and for dtypes the CUDA kernels do not take, the same arithmetic runs as ATen ops (the
+// reference the tests hold it to).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,5 +27,9 @@ namespace tandem::models {
 /// with bn's C.
 at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
                            const at::Tensor& residual = at::Tensor());
+
+/// bn(x) in training mode through the same kernels, with no ReLU (a ResNet's downsample): the
+/// statistics and the backward of batch_norm_relu, the same checks.
+at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn);
 
 }  // namespace tandem::models

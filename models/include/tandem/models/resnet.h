@@ -21,8 +21,10 @@ struct ResNetOptions {
   /// Outputs of the classifier `fc` (torchvision's default: ImageNet's 1000). Must be >= 1.
   int64_t num_classes = 1000;
   /// In training mode on a GPU, each batch norm with the ReLU (and the residual add) after it
-  /// runs as one op (batch_norm_relu.h: one pass writes the activation); false: LibTorch's
-  /// BatchNorm2d, add and ReLU one after another. Same parameters, buffers and state_dict.
+  /// runs as one op (batch_norm_relu.h: one pass writes the activation), a downsample's batch
+  /// norm through the same kernels, and the stem's max pool as tandem's own (max_pool.h);
+  /// false: LibTorch's BatchNorm2d, add, ReLU and max pool one after another. Same parameters,
+  /// buffers and state_dict.
   bool fused_batch_norm = true;
 };
 

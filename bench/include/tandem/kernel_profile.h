@@ -1,0 +1,50 @@
+// Which GPU kernels a run's steps execute and how long each takes on the device: LibTorch's own
+// profiler (Kineto over CUPTI), driven from C++, summed by kernel name. This is what says where a
+// step's device time goes — convolutions, normalization, elementwise passes, the optimizer — so a
+// change to the step can be predicted and checked kernel by kernel against another run (for
+// instance the same step under torch.compile, listed by torch.profiler in Python).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+/// One kernel name's launches over the profiled steps.
+struct KernelTime {
+  std::string name;
+  int64_t count = 0;
+  double total_ms = 0;  ///< device time, summed over the launches
+};
+
+struct KernelProfile {
+  int64_t steps = 0;                ///< how many steps the times cover
+  std::vector<KernelTime> kernels;  ///< by total time, longest first
+  double total_ms() const;          ///< every kernel's device time
+};
+
+/// Starts LibTorch's profiler for CUDA activity on construction; stop() ends it and sums the
+/// kernels. CUPTI records every thread's and every CUDA graph's kernels, so the lanes' work is
+/// all there; the profiler's own host-side state belongs to the thread that started it, so
+/// stop() must run on that thread (the destructor stops it too, dropping the result).
+class KernelRecorder {
+ public:
+  KernelRecorder();
+  ~KernelRecorder();
+  KernelRecorder(const KernelRecorder&) = delete;
+  KernelRecorder& operator=(const KernelRecorder&) = delete;
+  KernelProfile stop(int64_t steps);
+
+ private:
+  bool running_ = false;
+};
+
+/// The `top` longest kernels as a table: ms per step, share, launches per step, name.
+std::string describe_kernels(const KernelProfile& profile, size_t top = 25);
+nlohmann::json to_json(const KernelProfile& profile);
+
+}  // namespace tandem

@@ -1,0 +1,104 @@
+// LibTorch's Kineto profiler driven from C++ (what torch.profiler does from Python): CUDA
+// activity only, so the host-side operator records that would slow the step are not taken.
+#include "tandem/kernel_profile.h"
+
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+namespace prof = torch::profiler::impl;
+
+prof::ProfilerConfig cuda_activity_config() {
+  return prof::ProfilerConfig(prof::ProfilerState::KINETO);
+}
+
+const std::set<prof::ActivityType>& cuda_activity() {
+  static const std::set<prof::ActivityType> kinds{prof::ActivityType::CUDA};
+  return kinds;
+}
+}  // namespace
+
+double KernelProfile::total_ms() const {
+  double sum = 0;
+  for (const auto& k : kernels) sum += k.total_ms;
+  return sum;
+}
+
+KernelRecorder::KernelRecorder() {
+  torch::autograd::profiler::prepareProfiler(cuda_activity_config(), cuda_activity());
+  torch::autograd::profiler::enableProfiler(cuda_activity_config(), cuda_activity());
+  running_ = true;
+}
+
+KernelRecorder::~KernelRecorder() {
+  if (!running_) return;
+  try {
+    torch::autograd::profiler::disableProfiler();
+  } catch (...) {  // a destructor reports nothing: the run's own error is already on its way
+  }
+}
+
+KernelProfile KernelRecorder::stop(int64_t steps) {
+  if (!running_) throw Error("the kernel profiler was already stopped");
+  running_ = false;
+  const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
+      torch::autograd::profiler::disableProfiler();
+  std::map<std::string, KernelTime> by_name;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() != c10::DeviceType::CUDA) continue;  // memcpy/memset are CUDA too: kept
+    KernelTime& k = by_name[e.name()];
+    k.name = e.name();
+    k.count += 1;
+    k.total_ms += static_cast<double>(e.durationNs()) / 1e6;
+  }
+  KernelProfile profile;
+  profile.steps = steps;
+  for (auto& [name, k] : by_name) profile.kernels.push_back(std::move(k));
+  std::sort(profile.kernels.begin(), profile.kernels.end(),
+            [](const KernelTime& a, const KernelTime& b) { return a.total_ms > b.total_ms; });
+  return profile;
+}
+
+std::string describe_kernels(const KernelProfile& p, size_t top) {
+  std::ostringstream os;
+  const double steps = static_cast<double>(std::max<int64_t>(p.steps, 1));
+  const double total = p.total_ms();
+  char line[256];
+  if (p.kernels.empty())
+    return "GPU kernels: none ran in the " + std::to_string(p.steps) +
+           " profiled steps (a CPU run, or no CUDA activity recorded)\n";
+  std::snprintf(line, sizeof line,
+                "GPU kernels over %lld profiled steps: %.3f ms per step in %zu kinds\n",
+                static_cast<long long>(p.steps), total / steps, p.kernels.size());
+  os << line;
+  std::snprintf(line, sizeof line, "  %9s %6s %9s  %s\n", "ms/step", "share", "per step",
+                "kernel");
+  os << line;
+  for (size_t i = 0; i < p.kernels.size() && i < top; ++i) {
+    const KernelTime& k = p.kernels[i];
+    std::string name = k.name.size() > 100 ? k.name.substr(0, 97) + "..." : k.name;
+    std::snprintf(line, sizeof line, "  %9.3f %5.1f%% %9.1f  %s\n", k.total_ms / steps,
+                  total > 0 ? 100.0 * k.total_ms / total : 0.0,
+                  static_cast<double>(k.count) / steps, name.c_str());
+    os << line;
+  }
+  if (p.kernels.size() > top) os << "  ... " << p.kernels.size() - top << " more (--json lists all)\n";
+  return os.str();
+}
+
+nlohmann::json to_json(const KernelProfile& p) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& k : p.kernels)
+    rows.push_back({{"name", k.name}, {"count", k.count}, {"total_ms", k.total_ms}});
+  return {{"steps", p.steps}, {"total_ms", p.total_ms()}, {"kernels", rows}};
+}
+
+}  // namespace tandem
