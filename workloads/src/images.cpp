@@ -39,9 +39,9 @@ const std::vector<WorkloadParam>& images_params() {
        "module in eval mode)",
        {"folded", "module"}},
       {"bn",
-       "how r18_full and r50_full run batch norm in training: fused (with the ReLU and the "
-       "residual add after it, one pass writing the activation) or module (LibTorch's "
-       "BatchNorm2d, add and ReLU one after another)",
+       "how r18_full and r50_full run batch norm in training: fused (tandem's kernels: batch "
+       "norm with the ReLU and residual add after it, and the stem's max pool) or module "
+       "(LibTorch's BatchNorm2d, add, ReLU and max pool one after another)",
        {"fused", "module"}},
       {"classes", "classes of resident data (default 10; 1000 as ImageNet's head)", {}},
       {"source",
