@@ -33,6 +33,15 @@ std::string errno_message(int code) {
   return std::error_code(code, std::generic_category()).message();
 }
 
+// A box of at least one pixel, inside an image of height x width.
+void check_box_inside(const PixelBox& box, int64_t height, int64_t width, const std::string& path) {
+  TANDEM_CHECK_ARG(box.height >= 1 && box.width >= 1 && box.top >= 0 && box.left >= 0 &&
+                       box.top + box.height <= height && box.left + box.width <= width,
+                   "decode_image_region: box (top ", box.top, ", left ", box.left, ", ",
+                   box.height, " x ", box.width, ") is not inside ", path, " (", height, " x ",
+                   width, ")");
+}
+
 #ifndef TANDEM_DATA_NO_TURBOJPEG
 // A TurboJPEG handle owned by one thread (handles are not thread-safe; creating one per image
 // costs ~tens of microseconds and a few allocations, so each worker keeps its own).
@@ -43,7 +52,7 @@ std::string errno_message(int code) {
 // 0 x 0 "success"). So every failure path calls reset() before throwing.
 class TjHandle {
  public:
-  enum class Kind { kDecompress, kCompress };
+  enum class Kind { kDecompress, kCompress, kTransform };
   explicit TjHandle(Kind kind) : kind_(kind), handle_(create(kind)) {}
   ~TjHandle() {
     if (handle_ != nullptr) tjDestroy(handle_);
@@ -62,7 +71,9 @@ class TjHandle {
 
  private:
   static tjhandle create(Kind kind) {
-    tjhandle h = kind == Kind::kDecompress ? tjInitDecompress() : tjInitCompress();
+    tjhandle h = kind == Kind::kDecompress ? tjInitDecompress()
+                 : kind == Kind::kCompress ? tjInitCompress()
+                                           : tjInitTransform();
     if (h == nullptr)
       throw Error(std::string("TurboJPEG: cannot create a handle: ") + tjGetErrorStr2(nullptr));
     return h;
@@ -184,13 +195,12 @@ void check_decompress(int status, TjHandle& tj, const std::string& path) {
   fail(path, "corrupt or truncated JPEG (" + message + ")");
 }
 
-// (C, H, W), or (H, W, C) when `interleaved` (as libjpeg writes it: no transposition).
-at::Tensor decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, int64_t channels,
-                       int64_t min_height, int64_t min_width, bool interleaved) {
-  const JpegHeader header = read_jpeg_header(bytes, path);
-  const tjscalingfactor scale = choose_scale(header.width, header.height, min_width, min_height);
+// (C, H, W), or (H, W, C) when `interleaved` (as libjpeg writes it: no transposition), at
+// `scale` with `flags`.
+at::Tensor decode_jpeg_at(const std::vector<uint8_t>& bytes, const std::string& path,
+                          const JpegHeader& header, int64_t channels, tjscalingfactor scale,
+                          int flags, bool interleaved) {
   const int width = TJSCALED(header.width, scale), height = TJSCALED(header.height, scale);
-  const int flags = decode_flags(min_width, min_height);
   detail::check_pixel_count(height, width, path);
   TjHandle& tj = decompressor();
   const auto size = static_cast<unsigned long>(bytes.size());
@@ -223,6 +233,80 @@ at::Tensor decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& pat
   if (channels == 1) return hwc.view({1, height, width});
   return hwc.permute({2, 0, 1}).contiguous();
 }
+
+at::Tensor decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, int64_t channels,
+                       int64_t min_height, int64_t min_width, bool interleaved) {
+  const JpegHeader header = read_jpeg_header(bytes, path);
+  return decode_jpeg_at(bytes, path, header, channels,
+                        choose_scale(header.width, header.height, min_width, min_height),
+                        decode_flags(min_width, min_height), interleaved);
+}
+
+TjHandle& transformer() {
+  thread_local TjHandle handle(TjHandle::Kind::kTransform);
+  return handle;
+}
+
+// The largest 1 / denom (denom 8, 4, 2) at which `box` keeps min_height x min_width pixels;
+// 1 when none does (or no minimum is given).
+int box_scale_denom(const PixelBox& box, int64_t min_height, int64_t min_width) {
+  if (min_height <= 0 && min_width <= 0) return 1;
+  for (int denom : {8, 4, 2})
+    if (box.height >= min_height * denom && box.width >= min_width * denom) return denom;
+  return 1;
+}
+
+DecodedRegion decode_jpeg_region(const std::vector<uint8_t>& bytes, const std::string& path,
+                                 int64_t channels, const PixelBox& box, int64_t min_height,
+                                 int64_t min_width) {
+  const JpegHeader header = read_jpeg_header(bytes, path);
+  check_box_inside(box, header.height, header.width, path);
+  DecodedRegion r;
+  r.scale_denom = box_scale_denom(box, min_height, min_width);
+  const tjscalingfactor scale{1, r.scale_denom};
+  const int flags = decode_flags(min_width, min_height);
+  // The cut starts on the block grid (TurboJPEG's lossless crop needs that) and ends with the
+  // box; a box that is the whole image needs no cut.
+  const int mcu_w = tjMCUWidth[header.subsampling], mcu_h = tjMCUHeight[header.subsampling];
+  const int x0 = static_cast<int>(box.left) / mcu_w * mcu_w;
+  const int y0 = static_cast<int>(box.top) / mcu_h * mcu_h;
+  const int cut_w = static_cast<int>(box.left + box.width) - x0;
+  const int cut_h = static_cast<int>(box.top + box.height) - y0;
+  if (x0 == 0 && y0 == 0 && cut_w == header.width && cut_h == header.height) {
+    r.image = decode_jpeg_at(bytes, path, header, channels, scale, flags, true);
+  } else {
+    tjtransform cut{};
+    cut.r = tjregion{x0, y0, cut_w, cut_h};
+    cut.op = TJXOP_NONE;
+    cut.options = TJXOPT_CROP;
+    TjHandle& tj = transformer();
+    unsigned char* out = nullptr;
+    unsigned long out_size = 0;
+    const int status = tjTransform(tj.get(), bytes.data(), static_cast<unsigned long>(bytes.size()),
+                                   1, &out, &out_size, &cut, 0);
+    std::vector<uint8_t> cropped;
+    if (out != nullptr) {
+      cropped.assign(out, out + out_size);
+      tjFree(out);
+    }
+    if (status != 0) {
+      const bool warning = tjGetErrorCode(tj.get()) == TJERR_WARNING;
+      const std::string message = tj.error_and_reset();
+      if (!is_harmless_warning(warning, message) || cropped.empty())
+        fail(path, "corrupt or truncated JPEG (" + message + ")");
+    }
+    JpegHeader cut_header = header;
+    cut_header.width = cut_w;
+    cut_header.height = cut_h;
+    r.image = decode_jpeg_at(cropped, path, cut_header, channels, scale, flags, true);
+  }
+  const double d = r.scale_denom;
+  r.top = static_cast<double>(box.top - y0) / d;
+  r.left = static_cast<double>(box.left - x0) / d;
+  r.height = static_cast<double>(box.height) / d;
+  r.width = static_cast<double>(box.width) / d;
+  return r;
+}
 #else   // built without TurboJPEG (data/CMakeLists.txt): IDX and PNG only
 struct JpegHeader {
   int width = 0, height = 0, colorspace = 0;
@@ -234,6 +318,10 @@ struct JpegHeader {
 JpegHeader read_jpeg_header(const std::vector<uint8_t>&, const std::string& path) { no_jpeg(path); }
 at::Tensor decode_jpeg(const std::vector<uint8_t>&, const std::string& path, int64_t, int64_t,
                        int64_t, bool) {
+  no_jpeg(path);
+}
+DecodedRegion decode_jpeg_region(const std::vector<uint8_t>&, const std::string& path, int64_t,
+                                 const PixelBox&, int64_t, int64_t) {
   no_jpeg(path);
 }
 #endif  // TANDEM_DATA_NO_TURBOJPEG
@@ -320,6 +408,26 @@ at::Tensor decode_image(const std::vector<uint8_t>& bytes, const std::string& pa
 at::Tensor decode_image_interleaved(const std::vector<uint8_t>& bytes, const std::string& path,
                                     int64_t channels, int64_t min_height, int64_t min_width) {
   return decode_any(bytes, path, channels, min_height, min_width, true);
+}
+
+DecodedRegion decode_image_region(const std::vector<uint8_t>& bytes, const std::string& path,
+                                  int64_t channels, const PixelBox& box, int64_t min_height,
+                                  int64_t min_width) {
+  TANDEM_CHECK_ARG(channels == 1 || channels == 3, "decode_image_region(", path,
+                   "): channels must be 1 (gray) or 3 (RGB), got ", channels);
+  TANDEM_CHECK_ARG(min_height >= 0 && min_width >= 0, "decode_image_region(", path,
+                   "): minimum size must be >= 0, got ", min_height, " x ", min_width);
+  if (sniff_or_fail(bytes, path) == ImageFormat::kJpeg)
+    return decode_jpeg_region(bytes, path, channels, box, min_height, min_width);
+  const at::Tensor hwc = detail::decode_png(bytes, path, channels).permute({1, 2, 0});
+  check_box_inside(box, hwc.size(0), hwc.size(1), path);
+  DecodedRegion r;
+  r.image = hwc.slice(0, box.top, box.top + box.height)
+                .slice(1, box.left, box.left + box.width)
+                .contiguous();
+  r.height = static_cast<double>(box.height);
+  r.width = static_cast<double>(box.width);
+  return r;
 }
 
 at::Tensor decode_mask(const std::vector<uint8_t>& bytes, const std::string& path) {

@@ -70,6 +70,35 @@ at::Tensor decode_image_interleaved(const std::vector<uint8_t>& bytes, const std
                                     int64_t channels, int64_t min_height = 0,
                                     int64_t min_width = 0);
 
+/// A rectangle of an image, in the pixels of its full-resolution decode.
+struct PixelBox {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+};
+
+/// What decode_image_region returns: the region's pixels and where the box lies in them.
+struct DecodedRegion {
+  /// (h, w, channels) uint8, interleaved: the box's rows and columns at 1 / scale_denom — with
+  /// the few rows and columns above and left of it that the JPEG's block grid brings along.
+  at::Tensor image;
+  /// The box within `image`, in its pixels: the full-resolution box over scale_denom, shifted
+  /// by what was cut off (fractional where the box's edges fall inside a decoded pixel).
+  double top = 0, left = 0, height = 0, width = 0;
+  int scale_denom = 1;  ///< 1, 2, 4 or 8
+};
+
+/// Decodes only `box` of a JPEG or PNG, at the smallest of the DCT scales 1/8, 1/4, 1/2 (else
+/// full size) at which the *box* still has at least min_height x min_width pixels: a crop that
+/// torchvision would cut from the full-resolution image and shrink is shrunk here too, never
+/// upsampled from a smaller decode (a whole-image scaled decode picks its scale for the whole
+/// image, so a small box of a large photo came out a few dozen pixels wide and was enlarged).
+/// The JPEG is first cut losslessly to the box's blocks (TurboJPEG's transform, in the DCT
+/// domain; the left and top edges go down to the block grid), then decoded with decode_image's
+/// min-size flags (fast IDCT and upsampling). PNGs decode whole and are cut. Throws
+/// InvalidArgument for a box that is empty or outside the image, and what decode_image throws.
+DecodedRegion decode_image_region(const std::vector<uint8_t>& bytes, const std::string& path,
+                                  int64_t channels, const PixelBox& box, int64_t min_height,
+                                  int64_t min_width);
+
 /// Decodes a PNG of class ids (a segmentation mask) into an (H, W) int64 CPU tensor of its raw
 /// sample values: the palette index of a palette PNG (as PIL's mode "P" gives them), the value
 /// of a gray PNG (8 or 16 bits; alpha of gray + alpha ignored). Throws tandem::Error naming
