@@ -106,7 +106,8 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   // Profiled steps follow the timed ones, and one more step after them is where the profiler
   // stops: on the thread that started it (the clock stage's), once their work is done.
   const int64_t profiled = options.kernel_steps;
-  Pipeline* pipeline = &runner.prepare(warmup + steps + (profiled > 0 ? profiled + 1 : 0));
+  const int64_t total_steps = warmup + steps + (profiled > 0 ? profiled + 1 : 0);
+  Pipeline* pipeline = &runner.prepare(total_steps);
 
   // The clock starts when step `warmup` begins its exclusive work: in serial mode when it
   // enters the first stage; pipelined, when it enters the last (training) stage, so exactly
@@ -116,8 +117,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   pipeline->set_timing(warmup, options.device_timing_every);
   pipeline->set_trace(trace.get());
   GpuMonitor monitor(device);
-  Progress progress(options.workload.name + " " + to_string(options.mode),
-                    warmup + steps + (profiled > 0 ? profiled + 1 : 0),
+  Progress progress(options.workload.name + " " + to_string(options.mode), total_steps,
                     options.progress);
   const int last_stage = pipeline->num_stages() - 1;
   using Clock = std::chrono::steady_clock;

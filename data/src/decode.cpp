@@ -33,6 +33,15 @@ std::string errno_message(int code) {
   return std::error_code(code, std::generic_category()).message();
 }
 
+// The arguments every decode takes: 1 or 3 channels, minimum sizes >= 0.
+void check_decode_args(int64_t channels, int64_t min_height, int64_t min_width,
+                       const std::string& path, const char* what) {
+  TANDEM_CHECK_ARG(channels == 1 || channels == 3, what, "(", path,
+                   "): channels must be 1 (gray) or 3 (RGB), got ", channels);
+  TANDEM_CHECK_ARG(min_height >= 0 && min_width >= 0, what, "(", path,
+                   "): minimum size must be >= 0, got ", min_height, " x ", min_width);
+}
+
 // A box of at least one pixel, inside an image of height x width.
 void check_box_inside(const PixelBox& box, int64_t height, int64_t width, const std::string& path) {
   TANDEM_CHECK_ARG(box.height >= 1 && box.width >= 1 && box.top >= 0 && box.left >= 0 &&
@@ -388,10 +397,7 @@ ImageInfo read_image_info(const std::vector<uint8_t>& bytes, const std::string& 
 namespace {
 at::Tensor decode_any(const std::vector<uint8_t>& bytes, const std::string& path,
                       int64_t channels, int64_t min_height, int64_t min_width, bool interleaved) {
-  TANDEM_CHECK_ARG(channels == 1 || channels == 3, "decode_image(", path,
-                   "): channels must be 1 (gray) or 3 (RGB), got ", channels);
-  TANDEM_CHECK_ARG(min_height >= 0 && min_width >= 0, "decode_image(", path,
-                   "): minimum size must be >= 0, got ", min_height, " x ", min_width);
+  check_decode_args(channels, min_height, min_width, path, "decode_image");
   if (sniff_or_fail(bytes, path) == ImageFormat::kPng) {
     at::Tensor chw = detail::decode_png(bytes, path, channels);
     return interleaved ? chw.permute({1, 2, 0}).contiguous() : chw;
@@ -413,10 +419,7 @@ at::Tensor decode_image_interleaved(const std::vector<uint8_t>& bytes, const std
 DecodedRegion decode_image_region(const std::vector<uint8_t>& bytes, const std::string& path,
                                   int64_t channels, const PixelBox& box, int64_t min_height,
                                   int64_t min_width) {
-  TANDEM_CHECK_ARG(channels == 1 || channels == 3, "decode_image_region(", path,
-                   "): channels must be 1 (gray) or 3 (RGB), got ", channels);
-  TANDEM_CHECK_ARG(min_height >= 0 && min_width >= 0, "decode_image_region(", path,
-                   "): minimum size must be >= 0, got ", min_height, " x ", min_width);
+  check_decode_args(channels, min_height, min_width, path, "decode_image_region");
   if (sniff_or_fail(bytes, path) == ImageFormat::kJpeg)
     return decode_jpeg_region(bytes, path, channels, box, min_height, min_width);
   const at::Tensor hwc = detail::decode_png(bytes, path, channels).permute({1, 2, 0});

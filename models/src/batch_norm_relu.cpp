@@ -4,12 +4,12 @@
 #include "tandem/models/batch_norm_relu.h"
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/autograd.h>
 
 #include <tuple>
 
 #include "kernels/bn_relu_launch.h"
+#include "kernel_tensors.h"
 #include "tandem/error.h"
 
 namespace tandem::models {
@@ -25,15 +25,8 @@ at::ScalarType compute_type(const at::Tensor& x) {
 
 at::Tensor per_channel(const at::Tensor& v) { return v.view({1, -1, 1, 1}); }
 
-// LibTorch's CUDA batch-norm primitives take float, bfloat16 and float16 input in either
-// layout; the fused apply kernel the same.
-bool cuda_path(const at::Tensor& x) {
-  const at::ScalarType t = x.scalar_type();
-  return x.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
-}
-
 std::tuple<at::Tensor, at::Tensor> batch_stats(const at::Tensor& x, double eps) {
-  if (cuda_path(x)) return at::batch_norm_stats(x, eps);  // float32 mean and 1/sqrt(var + eps)
+  if (kernel_dtype_on_cuda(x)) return at::batch_norm_stats(x, eps);  // float32 mean and 1/sqrt(var + eps)
   const at::Tensor xf = x.to(compute_type(x));
   const at::Tensor mean = xf.mean({0, 2, 3});
   const at::Tensor var = (xf - per_channel(mean)).square().mean({0, 2, 3});
@@ -44,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor> batch_stats(const at::Tensor& x, double eps) 
 void update_running(const at::Tensor& x, const at::Tensor& mean, const at::Tensor& invstd,
                     torch::nn::BatchNorm2dImpl& bn, double momentum, double eps, int64_t n) {
   at::NoGradGuard no_grad;
-  if (cuda_path(x)) {
+  if (kernel_dtype_on_cuda(x)) {
     // One kernel: SyncBatchNorm's gather over one "rank" of n samples.
     at::batch_norm_gather_stats_with_counts(x, mean.unsqueeze(0), invstd.unsqueeze(0),
                                             bn.running_mean, bn.running_var, momentum, eps,
@@ -58,11 +51,6 @@ void update_running(const at::Tensor& x, const at::Tensor& mean, const at::Tenso
   bn.num_batches_tracked.add_(1);
 }
 
-models::BnDtype kernel_dtype(at::ScalarType t) {
-  return t == at::kBFloat16 ? BnDtype::kBFloat16 : t == at::kHalf ? BnDtype::kHalf
-                                                                  : BnDtype::kFloat;
-}
-
 bool float32_vector(const at::Tensor& t) {
   return t.defined() && t.scalar_type() == at::kFloat && t.is_contiguous();
 }
@@ -71,20 +59,13 @@ bool float32_vector(const at::Tensor& t) {
 // a CUDA x in channels-last order with whole 16-byte vectors per row, and float32 parameters
 // and statistics (BatchNorm2d's own, kept float32 under autocast).
 bool rows_path(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn) {
-  if (!cuda_path(x) || !x.is_contiguous(at::MemoryFormat::ChannelsLast)) return false;
-  const int64_t vec = bn_vector_width(kernel_dtype(x.scalar_type()));
-  return x.size(1) % vec == 0 && reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0 &&
-         float32_vector(bn.weight) && float32_vector(bn.bias) &&
+  return channels_last_vectors(x) && float32_vector(bn.weight) && float32_vector(bn.bias) &&
          float32_vector(bn.running_mean) && float32_vector(bn.running_var) &&
          bn.num_batches_tracked.scalar_type() == at::kLong;
 }
 
 BnRows rows_of(const at::Tensor& x) {
   return BnRows{x.const_data_ptr(), x.numel() / x.size(1), x.size(1), kernel_dtype(x.scalar_type())};
-}
-
-cudaStream_t stream_of(const at::Tensor& x) {
-  return c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
 }
 
 BnApplyRelu apply_args(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& scale,
@@ -106,7 +87,7 @@ BnApplyRelu apply_args(const at::Tensor& x, const at::Tensor& residual, const at
 at::Tensor apply_relu(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
                       const at::Tensor& residual, bool relu) {
   const at::MemoryFormat format = x.suggest_memory_format();
-  if (cuda_path(x) && (format == at::MemoryFormat::ChannelsLast ||
+  if (kernel_dtype_on_cuda(x) && (format == at::MemoryFormat::ChannelsLast ||
                        format == at::MemoryFormat::Contiguous)) {
     const at::Tensor xc = x.contiguous(format);
     const at::Tensor rc = residual.defined() ? residual.to(x.scalar_type()).contiguous(format)
@@ -206,7 +187,6 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     const at::Tensor residual = residual_or_empty.numel() > 0 ? residual_or_empty : at::Tensor();
     ctx->saved_data["n"] = n;
     ctx->saved_data["residual"] = residual.defined();
-    ctx->saved_data["relu"] = relu;
     if (rows_path(x, *bn)) {
       auto [y, mean, invstd, mask] = rows_forward(x, residual, *bn, momentum, eps, relu);
       // With a mask the backward needs neither y nor a pass over it; without one (no ReLU, or
@@ -250,7 +230,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       return {r[0], r[1], r[2], residual ? g : none, none, none, none, none};
     }
     at::Tensor dx, dw, db;
-    if (cuda_path(x)) {
+    if (kernel_dtype_on_cuda(x)) {
       auto [sum_dy, sum_dy_xmu, grad_w, grad_b] =
           at::batch_norm_backward_reduce(g, x, mean, invstd, weight, need_x, need_w, need_b);
       if (need_x)

@@ -2,9 +2,9 @@
 #include "tandem/models/max_pool.h"
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/autograd.h>
 
+#include "kernel_tensors.h"
 #include "kernels/max_pool_launch.h"
 #include "tandem/error.h"
 
@@ -14,30 +14,15 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-BnDtype dtype_of(at::ScalarType t) {
-  return t == at::kBFloat16 ? BnDtype::kBFloat16 : t == at::kHalf ? BnDtype::kHalf
-                                                                  : BnDtype::kFloat;
-}
-
 // tandem's kernels: CUDA, float / bf16 / half, channels-last, whole 16-byte vectors of channels.
 bool own_kernels(const at::Tensor& x) {
-  const at::ScalarType t = x.scalar_type();
-  if (!x.is_cuda() || !(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf)) return false;
-  if (x.dim() != 4 || !x.is_contiguous(at::MemoryFormat::ChannelsLast) || x.size(2) < 1 ||
-      x.size(3) < 1)
-    return false;
-  return x.size(1) % bn_vector_width(dtype_of(t)) == 0 &&
-         reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
+  return channels_last_vectors(x) && x.size(2) >= 1 && x.size(3) >= 1;
 }
 
 MaxPoolShape shape_of(const at::Tensor& x) {
   // Output side: floor((side + 2 * 1 - 3) / 2) + 1.
   return MaxPoolShape{x.size(0), x.size(2),           x.size(3),           x.size(1),
-                      (x.size(2) - 1) / 2 + 1, (x.size(3) - 1) / 2 + 1, dtype_of(x.scalar_type())};
-}
-
-cudaStream_t stream_of(const at::Tensor& x) {
-  return c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+                      (x.size(2) - 1) / 2 + 1, (x.size(3) - 1) / 2 + 1, kernel_dtype(x.scalar_type())};
 }
 
 class MaxPool3x3 : public torch::autograd::Function<MaxPool3x3> {
