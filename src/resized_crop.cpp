@@ -18,6 +18,8 @@
 
 namespace tandem {
 
+static_assert(kCropBoxFields == crop_math::kBoxFields, "resized_crop.h and crop_math agree");
+
 ResizedCropSpec ResizedCropSpec::train(int64_t size) {
   ResizedCropSpec s;
   s.out_h = s.out_w = size;
@@ -119,10 +121,11 @@ void crop_one(const uint8_t* src, int h, int w, int c_in, const int32_t* box,
   std::vector<cm::AxisWindow> cols(ow);
   for (int x = 0; x < ow; ++x)
     cols[x] = cm::axis_window(box[cm::kOffsetX] + (box[cm::kFlip] ? ow - 1 - x : x),
-                              box[cm::kWidth], box[cm::kResizedW]);
+                              box[cm::kWidth], box[cm::kResizedW], box[cm::kSubX]);
   for (int y = 0; y < oh; ++y) {
     const cm::AxisWindow rows =
-        cm::axis_window(box[cm::kOffsetY] + y, box[cm::kHeight], box[cm::kResizedH]);
+        cm::axis_window(box[cm::kOffsetY] + y, box[cm::kHeight], box[cm::kResizedH],
+                        box[cm::kSubY]);
     for (int x = 0; x < ow; ++x)
       for (int c = 0; c < C; ++c) {
         const float v = cm::resample(src, layout, c, box[cm::kTop], box[cm::kLeft], rows, cols[x]);

@@ -49,7 +49,10 @@ std::vector<int32_t> row(const at::Tensor& boxes, int64_t i) {
   return std::vector<int32_t>(r.data_ptr<int32_t>(), r.data_ptr<int32_t>() + r.numel());
 }
 
-at::Tensor box_tensor(std::vector<int32_t> b) { return at::tensor(b, at::kInt).view({1, 9}); }
+at::Tensor box_tensor(std::vector<int32_t> b) {
+  b.resize(kCropBoxFields, 0);  // whole pixels unless the test gives the sub-pixel fields
+  return at::tensor(b, at::kInt).view({1, kCropBoxFields});
+}
 
 ResizedCropSpec plain(int64_t out_h, int64_t out_w) {  // no normalization: pixels out
   ResizedCropSpec s = ResizedCropSpec::train(out_h);
@@ -103,7 +106,7 @@ TEST(ResizedCropTest, EvaluationIsResizeOfTheShortSideThenACenterCrop) {
   s.mean = {0, 0, 0};
   s.std = {1, 1, 1};
   const at::Tensor boxes = draw_crop_boxes(s, p.sizes);
-  EXPECT_EQ(row(boxes, 0), (std::vector<int32_t>{0, 0, 48, 64, 32, 42, 2, 7, 0}));
+  EXPECT_EQ(row(boxes, 0), (std::vector<int32_t>{0, 0, 48, 64, 32, 42, 2, 7, 0, 0, 0}));
   const at::Tensor out = resized_crop(p.packed, p.offsets, p.sizes, boxes, s);
   const at::Tensor ref = aten_resize(img, 32, 42).narrow(1, 2, 28).narrow(2, 7, 28);
   EXPECT_LE((out[0] - ref).abs().max().item<float>(), 1.0f);

@@ -49,8 +49,10 @@ struct ResizedCropSpec {
 };
 
 /// Fields of a box row: crop top, left, height, width in the source; the size the crop is
-/// resized to; where the output starts in the resized crop; flip (0 / 1).
-constexpr int64_t kCropBoxFields = 9;
+/// resized to; where the output starts in the resized crop; flip (0 / 1); the box's sub-pixel
+/// start and extra length per axis in eighths of a source pixel (rows, then columns: start +
+/// 8 * length; 0 for whole pixels — a box cut from a DCT-scaled decode has eighths).
+constexpr int64_t kCropBoxFields = 11;
 
 /// Draws a box per sample for images of `sizes` ((B, 3) int64: H, W, C — a packed batch's sizes
 /// field, loader.h) on their device: (B, kCropBoxFields) int32. On a GPU one kernel, keyed by

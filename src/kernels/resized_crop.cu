@@ -38,9 +38,9 @@ __global__ void resized_crop_kernel(CropLaunch a) {
   }
   const int xr = box[cm::kFlip] ? a.out_w - 1 - x : x;
   const cm::AxisWindow rows = cm::axis_window(box[cm::kOffsetY] + y, box[cm::kHeight],
-                                              box[cm::kResizedH]);
+                                              box[cm::kResizedH], box[cm::kSubY]);
   const cm::AxisWindow cols = cm::axis_window(box[cm::kOffsetX] + xr, box[cm::kWidth],
-                                              box[cm::kResizedW]);
+                                              box[cm::kResizedW], box[cm::kSubX]);
   const uint8_t* src = a.packed + a.offsets[b];
   const cm::Layout layout = cm::layout_of(a.planar, h, w, a.channels);
   for (int c = 0; c < a.channels; ++c) {

@@ -17,9 +17,14 @@ namespace tandem::crop_math {
 
 using augment_math::fmadd;
 
-/// Box fields, in this order, per sample (an int32 row of kBoxFields).
-enum BoxField { kTop, kLeft, kHeight, kWidth, kResizedH, kResizedW, kOffsetY, kOffsetX, kFlip };
-constexpr int kBoxFields = 9;
+/// Box fields, in this order, per sample (an int32 row of kBoxFields). kSubY / kSubX: the box's
+/// sub-pixel part on each axis, in eighths of a source pixel — start (sub & 7) after kTop /
+/// kLeft and length (sub >> 3) beyond kHeight / kWidth — for a box cut from a DCT-scaled decode
+/// (1/2, 1/4, 1/8 of the full-resolution pixels it was drawn in); 0 for a box in whole pixels.
+enum BoxField {
+  kTop, kLeft, kHeight, kWidth, kResizedH, kResizedW, kOffsetY, kOffsetX, kFlip, kSubY, kSubX
+};
+constexpr int kBoxFields = 11;
 
 /// What the draw needs (ResizedCropSpec without the normalization).
 struct DrawSpec {
@@ -92,6 +97,8 @@ TANDEM_HD void draw_box(const DrawSpec& s, int h, int w, uint64_t seed, uint64_t
   box[kOffsetY] = y0;
   box[kOffsetX] = x0;
   box[kFlip] = flip;
+  box[kSubY] = 0;
+  box[kSubX] = 0;
 }
 
 /// One axis of an antialiased bilinear resize (PIL's and ATen's _upsample_bilinear2d_aa rule,
@@ -113,16 +120,22 @@ TANDEM_HD float weight_raw(const AxisWindow& a, int k) {
   return triangle((static_cast<float>(k + a.first) - a.centre + 0.5f) * a.inv_scale);
 }
 
-TANDEM_HD AxisWindow axis_window(int i, int in, int out) {
-  const float scale = static_cast<float>(in) / static_cast<float>(out);
+/// `sub`: the window's sub-pixel start and extra length in eighths (kSubY / kSubX); with 0 the
+/// arithmetic is exactly the whole-pixel window's (0.0f added, the same scale).
+TANDEM_HD AxisWindow axis_window(int i, int in, int out, int sub = 0) {
+  const float start = static_cast<float>(sub & 7) * 0.125f;
+  const float length = static_cast<float>(in) + static_cast<float>(sub >> 3) * 0.125f;
+  const float scale = length / static_cast<float>(out);
   const float support = scale >= 1.0f ? scale : 1.0f;
   AxisWindow a;
-  a.centre = scale * (static_cast<float>(i) + 0.5f);
+  a.centre = start + scale * (static_cast<float>(i) + 0.5f);
   a.inv_scale = scale >= 1.0f ? 1.0f / scale : 1.0f;
+  // The taps stay inside the source pixels the box touches: [0, ceil(start + length)).
+  const int limit = sub == 0 ? in : static_cast<int>(-augment_math::floor_f(-(start + length)));  // ceil
   int first = static_cast<int>(a.centre - support + 0.5f);
   if (first < 0) first = 0;
   int end = static_cast<int>(a.centre + support + 0.5f);
-  if (end > in) end = in;
+  if (end > limit) end = limit;
   a.first = first;
   a.count = end - first;
   float total = 0.0f;

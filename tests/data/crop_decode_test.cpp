@@ -38,17 +38,20 @@ std::vector<uint8_t> detailed_photo(int64_t h = 1200, int64_t w = 1600) {
   return encode_jpeg(torch::stack(planes).round().to(torch::kByte), 95);
 }
 
-// The C++ reference resample (the GPU kernel's twin): `hwc` cut at the integer box, resized to
-// 224 x 224 with antialiased bilinear, in pixel units (no normalization).
-at::Tensor resize_box(const at::Tensor& hwc, int64_t top, int64_t left, int64_t height,
-                      int64_t width) {
+// The C++ reference resample (the GPU kernel's twin): `hwc` cut at the box — whole pixels, or
+// with sub-pixel parts in eighths (kSubY / kSubX) —, resized to 224 x 224 with antialiased
+// bilinear, in pixel units (no normalization).
+at::Tensor resize_box(const at::Tensor& hwc, double top, double left, double height,
+                      double width) {
   ResizedCropSpec spec = ResizedCropSpec::train(224);
   spec.mean = {0, 0, 0};
   spec.std = {1, 1, 1};
+  auto eighths = [](double v) { return static_cast<int32_t>(std::lround(v * 8)); };
+  const int32_t t8 = eighths(top), l8 = eighths(left), h8 = eighths(height), w8 = eighths(width);
   const at::Tensor sizes = torch::tensor({hwc.size(0), hwc.size(1), hwc.size(2)}).view({1, 3});
   const at::Tensor boxes =
-      torch::tensor({static_cast<int32_t>(top), static_cast<int32_t>(left),
-                     static_cast<int32_t>(height), static_cast<int32_t>(width), 224, 224, 0, 0, 0},
+      torch::tensor({t8 / 8, l8 / 8, h8 / 8, w8 / 8, 224, 224, 0, 0, 0, (t8 % 8) + 8 * (h8 % 8),
+                     (l8 % 8) + 8 * (w8 % 8)},
                     torch::kInt)
           .view({1, kCropBoxFields});
   return resized_crop(hwc.contiguous().view(-1), torch::zeros({1}, torch::kLong), sizes, boxes,
@@ -70,12 +73,13 @@ TEST(CropDecodeTest, ARegionDecodeKeepsTheCropsResolution) {
     int denom;  // the scale the box allows
   };
   // RandomResizedCrop's range: 0.08 of the area (the smallest box) to the whole image.
-  // Boxes on the scale's grid (edges at multiples of its denominator), so the comparison is the
-  // decode's alone: a box whose edges fall inside a decoded pixel needs a resample that takes
-  // fractional boxes, which the crop kernel (integer boxes) does not.
+  // Boxes on the scale's grid and off it (edges inside a decoded pixel: the resample takes the
+  // box's eighths).
   for (const Case& k : {Case{{200, 300, 390, 350}, 1}, Case{{16, 28, 500, 450}, 2},
-                        Case{{334, 512, 800, 700}, 2}, Case{{0, 0, 1200, 1600}, 4},
-                        Case{{701, 1201, 461, 399}, 1}, Case{{200, 560, 960, 1024}, 4}}) {
+                        Case{{13, 27, 500, 450}, 2}, Case{{334, 512, 800, 700}, 2},
+                        Case{{333, 511, 801, 699}, 2}, Case{{0, 0, 1200, 1600}, 4},
+                        Case{{701, 1201, 461, 399}, 1}, Case{{200, 560, 960, 1024}, 4},
+                        Case{{201, 563, 959, 1023}, 4}}) {
     const PixelBox& b = k.box;
     SCOPED_TRACE(std::to_string(b.height) + " x " + std::to_string(b.width));
     const at::Tensor reference = resize_box(full, b.top, b.left, b.height, b.width);
@@ -84,10 +88,7 @@ TEST(CropDecodeTest, ARegionDecodeKeepsTheCropsResolution) {
     EXPECT_EQ(r.scale_denom, k.denom);
     EXPECT_GE(r.height, 224);
     EXPECT_GE(r.width, 224);
-    const int64_t top = std::lround(r.top), left = std::lround(r.left);
-    const int64_t height = std::min<int64_t>(std::lround(r.height), r.image.size(0) - top);
-    const int64_t width = std::min<int64_t>(std::lround(r.width), r.image.size(1) - left);
-    const double region_psnr = psnr(resize_box(r.image, top, left, height, width), reference);
+    const double region_psnr = psnr(resize_box(r.image, r.top, r.left, r.height, r.width), reference);
 
     const double s = 0.25;  // the box in the whole-image decode
     const double whole_psnr = psnr(
