@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -232,6 +233,31 @@ TEST(ResizedCropGpuTest, KernelMatchesTheCppReferenceToTheBit) {
     const at::Tensor cpu = resized_crop(p.packed, p.offsets, p.sizes, boxes.cpu(), s);
     EXPECT_TRUE(at::equal(gpu, cpu)) << "max diff " << (gpu - cpu).abs().max().item<float>()
                                      << " random " << s.random << " out " << s.out_h;
+  }
+}
+
+// Boxes with sub-pixel starts and lengths (a box cut from a DCT-scaled decode): each drawn box
+// loses its last row and column and gets back up to one pixel in eighths, so its taps stay
+// inside the image.
+TEST(ResizedCropGpuTest, SubPixelBoxesMatchTheCppReferenceToTheBit) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  for (const ResizedCropSpec& s : {ResizedCropSpec::train(224), ResizedCropSpec::train(64)}) {
+    const Packed p = assorted_batch(24, 30);
+    at::Tensor boxes = draw_crop_boxes(s, p.sizes).contiguous();
+    int32_t* b = boxes.data_ptr<int32_t>();
+    for (int i = 0; i < 24; ++i) {
+      int32_t* r = b + i * kCropBoxFields;
+      const int start_y = (i * 3) % 8, start_x = (i * 5 + 1) % 8;
+      const int extra_y = std::max(0, 8 - start_y - i % 3), extra_x = std::max(0, 8 - start_x - i % 2);
+      if (r[2] > 1) { r[2] -= 1; r[9] = start_y + 8 * extra_y; }
+      if (r[3] > 1) { r[3] -= 1; r[10] = start_x + 8 * extra_x; }
+    }
+    const at::Tensor gpu =
+        resized_crop(p.packed.cuda(), p.offsets.cuda(), p.sizes.cuda(), boxes.cuda(), s).cpu();
+    const at::Tensor cpu = resized_crop(p.packed, p.offsets, p.sizes, boxes, s);
+    EXPECT_TRUE(at::equal(gpu, cpu)) << "max diff " << (gpu - cpu).abs().max().item<float>()
+                                     << " out " << s.out_h;
+    EXPECT_FALSE(at::isnan(cpu).any().item<bool>());
   }
 }
 
