@@ -246,11 +246,12 @@ int64_t Loader::index_at(int64_t position) const {
 }
 
 namespace {
-// dataset.get_sample(index, views), its failure as a message ("" if none). Touches nothing of
-// the loader: the loader may be gone when a stuck call returns (Loader::stop).
-std::string load_sample(const Dataset& dataset, int64_t index, std::vector<at::Tensor>& views) {
+// dataset.get_drawn_sample(index, draw, views), its failure as a message ("" if none). Touches
+// nothing of the loader: the loader may be gone when a stuck call returns (Loader::stop).
+std::string load_sample(const Dataset& dataset, int64_t index, const SampleDraw& draw,
+                        std::vector<at::Tensor>& views) {
   try {
-    dataset.get_sample(index, views);
+    dataset.get_drawn_sample(index, draw, views);
     return {};
   } catch (const std::exception& e) {
     return describe(e);
@@ -321,8 +322,10 @@ void Loader::worker_loop(int worker) {
                              std::chrono::steady_clock::now().time_since_epoch())
                              .count();
         state.sample = index;
+        const SampleDraw draw{options_.draw_seed,
+                              static_cast<uint64_t>(options_.first_position + first + i)};
         held.unlock();
-        failure = load_sample(*dataset, index, views);
+        failure = load_sample(*dataset, index, draw, views);
         held.lock();
         if (guard->abandoned) {
           (void)span.release();

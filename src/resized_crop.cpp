@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
@@ -103,6 +104,53 @@ at::Tensor draw_crop_boxes(const ResizedCropSpec& spec, const at::Tensor& sizes,
   d.boxes = boxes.data_ptr<int32_t>();
   launch_crop_draw(d, c10::cuda::getCurrentCUDAStream(sizes.device().index()).stream());
   return boxes;
+}
+
+void draw_crop_box(const ResizedCropSpec& spec, int64_t height, int64_t width,
+                   const SampleDraw& draw, int32_t* box) {
+  TANDEM_CHECK_ARG(height >= 1 && width >= 1 && height <= INT32_MAX && width <= INT32_MAX,
+                   "an image of ", height, "x", width, " pixels: expected a non-empty image");
+  crop_math::draw_box(draw_spec_of(spec), static_cast<int>(height), static_cast<int>(width),
+                      draw.seed, 0, draw.position, box);
+}
+
+void place_crop_box(int32_t* box, double top, double left, double height, double width,
+                    int64_t region_h, int64_t region_w) {
+  namespace cm = crop_math;
+  // One axis: whole pixels, the start's eighths and the length's extra eighths, so that the
+  // taps' end, ceil(start + length), stays inside the region.
+  auto axis = [](double start, double length, int64_t size, int32_t* whole, int32_t* len,
+                 int32_t* sub) {
+    int64_t s8 = std::llround(start * 8), l8 = std::llround(length * 8);
+    s8 = std::clamp<int64_t>(s8, 0, size * 8 - 8);
+    l8 = std::clamp<int64_t>(l8, 8, size * 8 - s8);
+    *whole = static_cast<int32_t>(s8 / 8);
+    const int64_t start_sub = s8 % 8;
+    // The whole-pixel length that leaves the extra eighths in [0, 8).
+    *len = static_cast<int32_t>(l8 / 8);
+    *sub = static_cast<int32_t>(start_sub + 8 * (l8 % 8));
+  };
+  TANDEM_CHECK_ARG(region_h >= 1 && region_w >= 1, "a region of ", region_h, "x", region_w,
+                   " pixels: expected a non-empty one");
+  axis(top, height, region_h, &box[cm::kTop], &box[cm::kHeight], &box[cm::kSubY]);
+  axis(left, width, region_w, &box[cm::kLeft], &box[cm::kWidth], &box[cm::kSubX]);
+}
+
+FeedStage given_crop_feed(const ResizedCropSpec& spec, bool channels_last,
+                          const std::string& field, const std::string& boxes_field) {
+  FeedStage f;
+  f.name = "augment";
+  f.lane = "augment";
+  f.inputs = {field, offsets_field(field), sizes_field(field), boxes_field};
+  f.outputs = {"x"};
+  f.fn = [spec, channels_last](const Tensors& in) {
+    at::Tensor x = resized_crop(in[0], in[1], in[2], in[3], spec);
+    return Tensors{channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
+  };
+  f.what = spec.random ? "RandomResizedCrop (boxes from the loader) + flip + normalize"
+                       : "Resize + CenterCrop (boxes from the loader) + normalize";
+  f.capture = Capture::kNever;  // one resample kernel per batch, of varying sizes
+  return f;
 }
 
 namespace {

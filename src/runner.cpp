@@ -178,6 +178,7 @@ struct Runner::Impl {
   std::shared_ptr<const Dataset> run_dataset;
   std::unique_ptr<Loader> loader;
   int64_t epoch = 0, taken_in_epoch = 0;
+  int64_t draw_position = 0;  // the next loader's first sample in the run's draw stream
   std::vector<SkippedSample> skipped;  // by the previous epochs' loaders (skip_bad)
 };
 
@@ -329,6 +330,7 @@ Pipeline& Runner::prepare(int64_t num_steps) {
   im.log = std::make_unique<LossLog>(num_steps, dev);
   im.num_steps = num_steps;
   im.epoch = im.taken_in_epoch = 0;
+  im.draw_position = options_.first_step * options_.batch_size;
 
   // Host data: a loader per epoch (the first made here, so its workers start filling now).
   const DataSource& data = workload_.data;
@@ -385,6 +387,12 @@ Pipeline& Runner::prepare(int64_t num_steps) {
         }
       }
       lo.drop_last = source->drop_last();
+      // Per-sample draws (a crop chosen before decoding): keyed by the sample's place in this
+      // rank's stream of the run, so a resumed run (first_step) draws what the whole run would.
+      lo.draw_seed = o.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(o.rank + 1));
+      lo.first_position = impl->draw_position;
+      impl->draw_position += lo.indices.empty() ? impl->run_dataset->size()
+                                                : static_cast<int64_t>(lo.indices.size());
       // The previous epoch's workers have filled every batch by now (the last one was taken),
       // so this joins at once; its pinned slots return to LibTorch's caching host allocator,
       // which does not hand them out again before the copies that read them have completed.

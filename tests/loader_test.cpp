@@ -46,6 +46,49 @@ class IndexDataset : public Dataset {
   uint64_t seed_;
 };
 
+// Records each sample's draw key: {index, seed, position}.
+class DrawKeyDataset : public Dataset {
+ public:
+  explicit DrawKeyDataset(int64_t size) : size_(size) {}
+  int64_t size() const override { return size_; }
+  std::vector<FieldSpec> fields() const override { return {{"key", {3}, at::kLong}}; }
+  void get(int64_t, const std::vector<at::Tensor>&) const override {
+    throw std::logic_error("the loader calls get_drawn_sample");
+  }
+  void get_drawn_sample(int64_t index, const SampleDraw& draw,
+                        std::vector<at::Tensor>& out) const override {
+    int64_t* k = out[0].data_ptr<int64_t>();
+    k[0] = index;
+    k[1] = static_cast<int64_t>(draw.seed);
+    k[2] = static_cast<int64_t>(draw.position);
+  }
+
+ private:
+  int64_t size_;
+};
+
+TEST(LoaderTest, EachSampleDrawsFromItsPositionInTheStreamWhicheverWorkerFillsIt) {
+  LoaderOptions o;
+  o.batch_size = 5;
+  o.workers = 3;
+  o.shuffle = true;
+  o.seed = 3;
+  o.draw_seed = 11;
+  o.first_position = 100;
+  Loader loader(std::make_shared<DrawKeyDataset>(23), o);
+  int64_t position = 100;
+  while (auto b = loader.next()) {
+    const at::Tensor k = b->fields[0];
+    for (int64_t i = 0; i < k.size(0); ++i) {
+      EXPECT_EQ(k[i][0].item<int64_t>(), b->indices[i]);
+      EXPECT_EQ(k[i][1].item<int64_t>(), 11);
+      EXPECT_EQ(k[i][2].item<int64_t>(), position++) << "batch " << b->number << " row " << i;
+    }
+    loader.release(*b);
+  }
+  EXPECT_EQ(position, 120);  // four full batches (drop_last)
+}
+
 std::vector<int64_t> drain(Loader& loader, int64_t* batches = nullptr) {
   std::vector<int64_t> seen;
   int64_t number = 0;

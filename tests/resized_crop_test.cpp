@@ -212,6 +212,16 @@ TEST(ResizedCropTest, RejectsBadInputNamingTheValue) {
             std::string::npos);
 }
 
+TEST(ResizedCropTest, PlaceCropBoxRoundsToEighthsAndStaysInsideTheRegion) {
+  std::vector<int32_t> b(kCropBoxFields, 7);  // other fields stay
+  place_crop_box(b.data(), 2.5, 0.0, 10.25, 7.0, 13, 7);
+  EXPECT_EQ(b, (std::vector<int32_t>{2, 0, 10, 7, 7, 7, 7, 7, 7, 4 + 8 * 2, 0}));
+  place_crop_box(b.data(), 2.5, 1.0, 10.6, 7.0, 13, 7);  // would end past row 13 and column 7
+  EXPECT_EQ(b, (std::vector<int32_t>{2, 1, 10, 6, 7, 7, 7, 7, 7, 4 + 8 * 4, 0}));
+  place_crop_box(b.data(), 3.0, 1.0, 4.0, 2.0, 13, 7);  // whole pixels: no eighths
+  EXPECT_EQ(b, (std::vector<int32_t>{3, 1, 4, 2, 7, 7, 7, 7, 7, 0, 0}));
+}
+
 // A batch of photos of assorted sizes (some much larger than the output, some smaller).
 Packed assorted_batch(int n, uint64_t seed, bool planar = false) {
   std::vector<at::Tensor> imgs;

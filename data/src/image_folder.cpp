@@ -18,6 +18,7 @@
 #include "posix_fs.h"
 #include "tandem/data/decode.h"
 #include "tandem/error.h"
+#include "tandem/resized_crop.h"
 
 namespace tandem::data {
 namespace {
@@ -174,6 +175,10 @@ std::vector<FieldSpec> ImageFolderDataset::fields() const {
   if (options_.output == ImageFolderOutput::kDecoded)  // typical: between S and 2S a side
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"label", {}, at::kLong}};
+  if (options_.output == ImageFolderOutput::kCropRegion)
+    return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
+            {"crop_box", {kCropBoxFields}, at::kInt},
+            {"label", {}, at::kLong}};
   return {{"image", {options_.channels, s, s}, at::kByte}, {"label", {}, at::kLong}};
 }
 
@@ -203,7 +208,31 @@ void ImageFolderDataset::get(int64_t index, const std::vector<at::Tensor>& out) 
   get_sample(index, views);
 }
 
+void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
+                                          std::vector<at::Tensor>& out) const {
+  if (options_.output != ImageFolderOutput::kCropRegion) return get_sample(index, out);
+  TANDEM_CHECK_ARG(index >= 0 && index < size(), "ImageFolder: sample index ", index,
+                   " out of range [0, ", size(), ")");
+  TANDEM_CHECK_ARG(out.size() == 3, "ImageFolder: get() needs 3 output tensors (image, crop_box, ",
+                   "label), got ", out.size());
+  const Sample& sample = samples_[static_cast<size_t>(index)];
+  const std::vector<uint8_t> bytes = read_file(sample.path);
+  const ImageInfo info = read_image_info(bytes, sample.path);  // names a bad file
+  const int64_t s = options_.image_size;
+  int32_t box[kCropBoxFields];
+  draw_crop_box(ResizedCropSpec::train(s), info.height, info.width, draw, box);
+  const DecodedRegion region = decode_image_region(
+      bytes, sample.path, options_.channels, PixelBox{box[0], box[1], box[2], box[3]}, s, s);
+  place_crop_box(box, region.top, region.left, region.height, region.width,
+                 region.image.size(0), region.image.size(1));
+  out[0] = region.image;
+  std::memcpy(out[1].data_ptr<int32_t>(), box, sizeof(box));
+  out[2].fill_(sample.label);
+}
+
 void ImageFolderDataset::get_sample(int64_t index, std::vector<at::Tensor>& out) const {
+  if (options_.output == ImageFolderOutput::kCropRegion)  // a fixed key: the same crop each time
+    return get_drawn_sample(index, SampleDraw{0, static_cast<uint64_t>(index)}, out);
   TANDEM_CHECK_ARG(index >= 0 && index < size(), "ImageFolder: sample index ", index,
                    " out of range [0, ", size(), ")");
   TANDEM_CHECK_ARG(out.size() == 2, "ImageFolder: get() needs 2 output tensors (image, label), ",

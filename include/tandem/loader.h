@@ -53,6 +53,14 @@ std::vector<FieldSpec> packed_fields(const std::vector<FieldSpec>& fields);
 
 /// A source of samples. get() is called concurrently from worker threads, so it must be
 /// thread-safe, and it must be a pure function of the index (reproducible, order-independent).
+/// The key of a sample's random draws: a seed (the run's, mixed with the rank) and the sample's
+/// position in the stream the loader hands out (LoaderOptions::first_position + its place in
+/// the loader's order), not its dataset index: a sample drawn twice (two epochs) draws anew.
+struct SampleDraw {
+  uint64_t seed = 0;
+  uint64_t position = 0;
+};
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -67,6 +75,15 @@ class Dataset {
   /// contiguous CPU tensor (declared dtype and rank; the loader packs it into the slot). The
   /// default calls get(); datasets with variable-size fields override this instead.
   virtual void get_sample(int64_t index, std::vector<at::Tensor>& out) const { get(index, out); }
+  /// What the loader calls, with the sample's draw key (SampleDraw): get_sample() unless the
+  /// dataset draws randomness per sample (a random crop chosen before decoding), which it then
+  /// takes from SampleRng(draw.seed, draw.position) — the same draws whichever worker fills the
+  /// sample, in any mode, and again in a resumed run. Wrappers forward it.
+  virtual void get_drawn_sample(int64_t index, const SampleDraw& draw,
+                                std::vector<at::Tensor>& out) const {
+    (void)draw;
+    get_sample(index, out);
+  }
   /// What sample `index` is read from (a file's path), for messages; "" when there is nothing
   /// to name. Called from any thread, also while a worker is inside get() of that index.
   virtual std::string sample_source(int64_t index) const { return {}; }
@@ -108,6 +125,11 @@ struct LoaderOptions {
   /// counted and reported (Loader::skipped()), instead of failing the batch.
   bool skip_bad = false;
   uint64_t seed = 0;
+  /// Dataset::get_drawn_sample's key: draw_seed, and first_position plus the sample's place in
+  /// this loader's order (a runner counts positions over its whole run, so a loader made for a
+  /// later epoch or a resumed run carries on where the stream was).
+  uint64_t draw_seed = 0;
+  int64_t first_position = 0;
   Trace* trace = nullptr;  ///< if set: each worker's fills, and the consumer's waits
   /// If set: a stop request, when nonzero (a run's stop flag, set by a signal handler). next()
   /// waiting for a batch looks at it every kLoaderCancelPoll and, once set, throws LoaderError

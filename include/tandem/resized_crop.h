@@ -62,6 +62,21 @@ constexpr int64_t kCropBoxFields = 11;
 at::Tensor draw_crop_boxes(const ResizedCropSpec& spec, const at::Tensor& sizes,
                            at::Generator generator = {});
 
+/// Draws one sample's box on the host for an image of height x width, from `draw` (the loader's
+/// per-sample key, loader.h): the distribution draw_crop_boxes draws from, for a dataset that
+/// chooses the crop before decoding (ImageFolderOutput::kCropRegion). Writes kCropBoxFields
+/// values to `box`, in the image's full-resolution pixels.
+void draw_crop_box(const ResizedCropSpec& spec, int64_t height, int64_t width,
+                   const SampleDraw& draw, int32_t* box);
+
+/// Rewrites a box's place (top, left, height, width and their eighths, kSubY / kSubX) for the
+/// same crop in a reduced decode of the image: the box at (top, left, height, width) in that
+/// decode's pixels, fractional where the full-resolution edges fall inside one of its pixels
+/// (data::DecodedRegion), rounded to eighths and kept within its region_h x region_w pixels.
+/// The other fields (output size, offsets, flip) stay.
+void place_crop_box(int32_t* box, double top, double left, double height, double width,
+                    int64_t region_h, int64_t region_w);
+
 /// Crops, resizes, flips and normalizes the packed batch (`packed` uint8 1-D holding each sample
 /// as (H, W, C) interleaved — ImageFolderOutput::kDecoded's layout —, `offsets` (B,) and `sizes`
 /// (B, 3) int64, loader.h's packing) by `boxes`: (B, C, out_h, out_w) float32 on the
@@ -77,5 +92,11 @@ at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
 /// then resized_crop; laid out channels-last when `channels_last`.
 FeedStage resized_crop_feed(const ResizedCropSpec& spec, at::Generator generator,
                             bool channels_last = false, const std::string& field = "image");
+
+/// The same stage for boxes the loader's workers chose (the fixed-size int32 field `boxes_field`,
+/// (B, kCropBoxFields), which they decoded the crops for): resized_crop only, no draw.
+FeedStage given_crop_feed(const ResizedCropSpec& spec, bool channels_last = false,
+                          const std::string& field = "image",
+                          const std::string& boxes_field = "crop_box");
 
 }  // namespace tandem

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "fixtures.h"
 #include "tandem/data/decode.h"
+#include "tandem/data/image_folder.h"
 #include "tandem/error.h"
 #include "tandem/resized_crop.h"
 
@@ -130,6 +132,53 @@ TEST(CropDecodeTest, ABoxOutsideTheImageIsNamed) {
           << e.what();
     }
   }
+}
+
+// ImageFolderOutput::kCropRegion: a sample is the crop its draw key picks, decoded as a region;
+// resized with its box it is torchvision's crop of the full-resolution image (the same box from
+// draw_crop_box) within the region decode's fidelity, and the same key gives the same sample.
+TEST(CropDecodeTest, ACropRegionSampleIsTheDrawnCropOfTheFullImage) {
+  const std::vector<uint8_t> jpeg = detailed_photo();
+  const testing::TempDir dir;
+  testing::put(dir, "root/photos/p.jpg", jpeg);
+  ImageFolderOptions fo;
+  fo.output = ImageFolderOutput::kCropRegion;
+  const ImageFolderDataset folder(dir.file("root"), fo);
+  ASSERT_EQ(folder.fields().size(), 3u);
+  EXPECT_EQ(folder.fields()[1].name, "crop_box");
+
+  const at::Tensor full = decode_image_interleaved(jpeg, "p.jpg", 3);
+  ResizedCropSpec spec = ResizedCropSpec::train(224);
+  spec.mean = {0, 0, 0};
+  spec.std = {1, 1, 1};
+  auto crop = [&](const at::Tensor& hwc, const at::Tensor& box) {
+    const at::Tensor sizes = torch::tensor({hwc.size(0), hwc.size(1), hwc.size(2)}).view({1, 3});
+    return resized_crop(hwc.contiguous().view(-1), torch::zeros({1}, torch::kLong), sizes,
+                        box.view({1, kCropBoxFields}), spec);
+  };
+  auto sample = [&](const SampleDraw& draw) {
+    std::vector<at::Tensor> out{at::Tensor(), torch::empty({kCropBoxFields}, torch::kInt),
+                                torch::empty({}, torch::kLong)};
+    folder.get_drawn_sample(0, draw, out);
+    return out;
+  };
+  int64_t smaller = 0;
+  for (uint64_t position = 0; position < 12; ++position) {
+    const SampleDraw draw{9, position};
+    const std::vector<at::Tensor> s = sample(draw);
+    at::Tensor full_box = torch::empty({kCropBoxFields}, torch::kInt);
+    draw_crop_box(ResizedCropSpec::train(224), 1200, 1600, draw, full_box.data_ptr<int32_t>());
+    SCOPED_TRACE("position " + std::to_string(position) + ": box " +
+                 std::to_string(full_box[2].item<int>()) + " x " +
+                 std::to_string(full_box[3].item<int>()));
+    EXPECT_EQ(s[1][8].item<int>(), full_box[8].item<int>());  // the flip
+    EXPECT_GE(psnr(crop(s[0], s[1]), crop(full, full_box)), 30.0);
+    EXPECT_TRUE(torch::equal(sample(draw)[0], s[0]));
+    EXPECT_TRUE(torch::equal(sample(draw)[1], s[1]));
+    if (s[0].numel() < full.numel() / 4) ++smaller;
+  }
+  EXPECT_GE(smaller, 6) << "most crops decode a fraction of the photo's pixels";
+  EXPECT_FALSE(torch::equal(sample({10, 0})[1], sample({9, 0})[1])) << "another seed, another box";
 }
 
 }  // namespace

@@ -126,6 +126,52 @@ TEST(TrainerResumeTest, FromMidEpochIsBitwisePipelined) { check_resume(Mode::kPi
 
 // A run KillNineMidEpoch starts as a child process, which kills itself (SIGKILL: no handler,
 // no flush) in epoch 2, after its checkpoint at step 8.
+// An ImageFolder ResNet run draws each sample's crop in the loader's workers, keyed by the
+// sample's place in the run: stopped inside an epoch and resumed, it draws the same crops and
+// repeats the straight run's losses to the bit.
+TEST(TrainerResumeTest, AnImageFolderRunResumedMidEpochDrawsTheSameCrops) {
+  TempDir tmp;
+  for (int i = 0; i < 48; ++i)
+    data::testing::put(tmp, std::string("folder/") + (i % 2 ? "b" : "a") + "/" +
+                                std::to_string(i) + ".jpg",
+                       data::encode_jpeg(
+                           data::testing::smooth_image(3, 40 + 7 * (i % 9), 44 + 5 * (i % 11), i),
+                           90));
+  auto job = [&] {
+    ClassifierOptions c;
+    c.data = tmp.path() + "/folder";
+    c.model = "resnet18";
+    c.image_size = 32;
+    c.batch_size = 8;
+    c.seed = 5;
+    return make_classifier(c);
+  };
+  auto opts = [&](const std::string& out) {
+    TrainOptions o = options(out, Mode::kPipelined);
+    o.batch_size = 8;
+    return o;
+  };
+  const TrainResult a = Trainer(job(), opts(tmp.path() + "/a")).run();
+  ASSERT_EQ(a.losses.size(), 12u);  // 48 / 8 = 6 steps an epoch
+  std::atomic<int> stop{0};
+  TrainOptions first = opts(tmp.path() + "/b");
+  first.stop = &stop;
+  first.checkpoint_every = 2;
+  first.progress_seconds = 0;
+  first.on_progress = [&](const TrainOptions::Progress& p) {
+    if (p.step >= 3) stop = SIGINT;
+  };
+  const TrainResult b1 = Trainer(job(), first).run();
+  ASSERT_EQ(b1.steps, 4);
+  TrainOptions again = opts(tmp.path() + "/b");
+  again.resume = true;
+  const TrainResult b2 = Trainer(job(), again).run();
+  ASSERT_EQ(b2.losses.size(), 8u);
+  for (size_t i = 0; i < b2.losses.size(); ++i)
+    EXPECT_EQ(b2.losses[i], a.losses[4 + i]) << "step " << 4 + i;
+  expect_same_weights(a.weights, b2.weights);
+}
+
 TEST(TrainerKillChild, TrainsUntilKilled) {
   const char* data = std::getenv("TANDEM_TRAIN_KILL_DATA");
   const char* out = std::getenv("TANDEM_TRAIN_KILL_OUT");

@@ -181,17 +181,23 @@ TrainJob make_classifier(const ClassifierOptions& o) {
                      o.data, " is an image folder, expected a ResNet (resnet18/34/50)");
     data::ImageFolderOptions fo;
     fo.image_size = o.image_size;
+    // Training decodes each sample's random crop only (its box drawn in the worker, before the
+    // decode: ImageFolderOutput::kCropRegion); evaluation decodes whole images at the scale the
+    // center crop needs (kDecoded).
     fo.output = data::ImageFolderOutput::kDecoded;
     auto folder = std::make_shared<data::ImageFolderDataset>(o.data, fo);
+    auto crops = std::make_shared<data::ImageFolderDataset>(
+        folder->with_output(data::ImageFolderOutput::kCropRegion));
     const int64_t classes = static_cast<int64_t>(folder->classes().size());
-    std::shared_ptr<const Dataset> train_data = folder, val_data;
+    std::shared_ptr<const Dataset> train_data = crops, val_data;
     if (!o.val.empty()) {
       auto v = std::make_shared<data::ImageFolderDataset>(o.val, fo);
       TANDEM_CHECK_ARG(v->classes() == folder->classes(), "--val ", o.val,
                        " has other class folders than --data ", o.data);
       val_data = v;
     } else if (o.val_split > 0) {
-      std::tie(train_data, val_data) = split_every_kth(folder, o.val_split);
+      train_data = split_every_kth(crops, o.val_split).first;
+      val_data = split_every_kth(folder, o.val_split).second;
     }
     train_data = take(train_data, o.subset);
     if (val_data) val_data = take(val_data, o.val_subset);
@@ -206,8 +212,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
     w.name = model_name;
     w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
     const int64_t S = o.image_size;
-    w.feeds.push_back(
-        resized_crop_feed(ResizedCropSpec::train(S), seeded_generator(device, o.seed), nhwc));
+    w.feeds.push_back(given_crop_feed(ResizedCropSpec::train(S), nhwc));
     auto n = net.ptr();
     std::shared_ptr<models::FoldedResNet> folded;  // the frozen backbone, for training and eval
     if (o.freeze_backbone) {

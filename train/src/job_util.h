@@ -38,6 +38,10 @@ class SubsetDataset : public Dataset {
   void get_sample(int64_t index, std::vector<at::Tensor>& out) const override {
     base_->get_sample(indices_.at(static_cast<size_t>(index)), out);
   }
+  void get_drawn_sample(int64_t index, const SampleDraw& draw,
+                        std::vector<at::Tensor>& out) const override {
+    base_->get_drawn_sample(indices_.at(static_cast<size_t>(index)), draw, out);
+  }
   std::string sample_source(int64_t index) const override {
     return base_->sample_source(indices_.at(static_cast<size_t>(index)));
   }

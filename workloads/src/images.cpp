@@ -53,6 +53,12 @@ const std::vector<WorkloadParam>& images_params() {
        "augment lane; the workers only read files) or auto (whichever a short trial measures "
        "faster)",
        {"cpu", "gpu", "auto"}},
+      {"crop",
+       "with decode=cpu: region (each sample's random crop drawn in the loader's worker and "
+       "only that box decoded, at the smallest scale that keeps it at the model's size) or whole "
+       "(the whole image decoded at the scale the model's size needs, the crop drawn on the "
+       "device)",
+       {"region", "whole"}},
       {"size", "the side of the square crop the model sees (default 224)", {}},
       {"lr", "SGD's learning rate (momentum 0.9; default 0.1)", {}},
       {"precision",
@@ -149,6 +155,7 @@ ImagesOptions parse(const WorkloadOptions& o) {
   io.fused_batch_norm = param_or_default(o.params, images_params(), "bn") == "fused";
   io.classes = int_param(o, "classes", 2, 100000, io.classes);
   io.from_files = param_or_default(o.params, images_params(), "source") == "files";
+  io.crop_regions = param_or_default(o.params, images_params(), "crop") == "region";
   io.image_size = int_param(o, "size", 8, 4096, io.image_size);
   io.precision = parse_precision(param_or_default(o.params, images_params(), "precision"));
   io.channels_last = param_or_default(o.params, images_params(), "layout") == "channels_last";
@@ -188,6 +195,9 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     if (decoder)
       folder = std::make_shared<data::ImageFolderDataset>(
           folder->with_output(data::ImageFolderOutput::kEncoded));
+    else if (io.crop_regions)
+      folder = std::make_shared<data::ImageFolderDataset>(
+          folder->with_output(data::ImageFolderOutput::kCropRegion));
   }
   ImagesWorkload out;
   if (folder)
@@ -239,7 +249,8 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     } else {
       // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
       // resample kernel per batch, so a graph would save two launches.
-      w.feeds.push_back(resized_crop_feed(spec, generator, nhwc));
+      w.feeds.push_back(io.crop_regions ? given_crop_feed(spec, nhwc)
+                                        : resized_crop_feed(spec, generator, nhwc));
     }
   } else {
     const int64_t B = options.batch_size;

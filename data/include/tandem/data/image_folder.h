@@ -24,6 +24,15 @@ enum class ImageFolderOutput {
   /// GPU decodes it, NvjpegDecoder). The worker reads the header first, so a file that is not a
   /// JPEG, or a CMYK one nvJPEG cannot decode, stops (or, with skip_bad, is skipped) naming it.
   kEncoded,
+  /// Training's crop chosen before decoding: each sample draws torchvision's RandomResizedCrop
+  /// box and flip (ResizedCropSpec::train(S), the loader's per-sample key: SampleDraw) in the
+  /// image's full-resolution pixels from its header, then decodes only that box, at the smallest
+  /// DCT scale at which the box keeps S a side (decode_image_region): (h, w, C) interleaved, a
+  /// variable-size field, typically between S and 2S a side, plus the box in those pixels
+  /// ("crop_box", kCropBoxFields int32, sub-pixel in eighths) for given_crop_feed. No crop is
+  /// enlarged where torchvision's crop of the full image would be shrunk, and a small box of a
+  /// large photo costs a fraction of a whole-image decode.
+  kCropRegion,
 };
 
 struct ImageFolderOptions {
@@ -32,8 +41,9 @@ struct ImageFolderOptions {
   ImageFolderOutput output = ImageFolderOutput::kCenterCrop;
 };
 
-/// Fields: {"image", {C, S, S}, kByte} (kDecoded: (H, W, C), variable-size, typical 1.5 S a side;
-/// kEncoded: "jpeg" instead, the file's bytes), {"label", {}, kLong}.
+/// Fields: {"image", {C, S, S}, kByte} (kDecoded and kCropRegion: (H, W, C), variable-size,
+/// typical 1.5 S a side; kEncoded: "jpeg" instead, the file's bytes), for kCropRegion
+/// {"crop_box", {kCropBoxFields}, kInt}, then {"label", {}, kLong}.
 ///
 /// The index, built once by the constructor: classes are the subfolders of `root` (symlinks
 /// followed), sorted by name in byte order, label = position; each class folder is walked
@@ -69,6 +79,9 @@ class ImageFolderDataset : public Dataset {
   /// Throws tandem::Error naming the file when it cannot be read or decoded (the loader adds
   /// the sample index), InvalidArgument for an index out of range.
   void get_sample(int64_t index, std::vector<at::Tensor>& out) const override;
+  /// kCropRegion: the box drawn from `draw`; other outputs draw nothing (get_sample()).
+  void get_drawn_sample(int64_t index, const SampleDraw& draw,
+                        std::vector<at::Tensor>& out) const override;
   /// The same for kCenterCrop (fixed-size samples into `out`'s views); kDecoded samples have no
   /// fixed size: InvalidArgument, use get_sample().
   void get(int64_t index, const std::vector<at::Tensor>& out) const override;
