@@ -72,6 +72,16 @@ if has_phase build; then
                -DTURBOJPEG_LIBRARY="$DEPS/usr/lib/x86_64-linux-gnu/libturbojpeg.so")
     say "TurboJPEG from $DEBS (unpacked into $DEPS)"
   fi
+  # libjpeg's own API (a JPEG's window decoded by skipping and cropping scanlines), the same way.
+  if [ ! -f /usr/include/jpeglib.h ] && ls "$DEBS"/libjpeg62-turbo*.deb >/dev/null 2>&1; then
+    DEPS="$ROOT/$BUILD-deps"
+    mkdir -p "$DEPS"
+    for deb in "$DEBS"/libjpeg62-turbo*.deb; do dpkg -x "$deb" "$DEPS"; done
+    cp "$DEPS"/usr/include/x86_64-linux-gnu/jconfig.h "$DEPS/usr/include/"  # beside jpeglib.h
+    DEPS_ARGS+=(-DJPEG_INCLUDE_DIR="$DEPS/usr/include"
+                -DJPEG_LIBRARY="$DEPS/usr/lib/x86_64-linux-gnu/libjpeg.so")
+    say "libjpeg from $DEBS (unpacked into $DEPS)"
+  fi
   if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release \
            ${DEPS_ARGS[@]+"${DEPS_ARGS[@]}"} &&
          cmake --build "$BUILD" -j "$(nproc)"; } >"$RAW/build.log" 2>&1; then

@@ -19,6 +19,7 @@
 #include <system_error>
 
 #include "codec_util.h"
+#include "jpeg_window.h"
 #include "posix_fs.h"
 #include "tandem/error.h"
 
@@ -276,6 +277,25 @@ DecodedRegion decode_jpeg_region(const std::vector<uint8_t>& bytes, const std::s
   const int flags = decode_flags(min_width, min_height);
   // The cut starts on the block grid (TurboJPEG's lossless crop needs that) and ends with the
   // box; a box that is the whole image needs no cut.
+  if (detail::jpeg_window_available() && !is_cmyk(header.colorspace)) {
+    // libjpeg's own API: the rows above the box skipped, the columns beside it cropped, the
+    // rows below never read; no transform.
+    const int64_t d = r.scale_denom;
+    const int64_t y0 = box.top / d, y1 = (box.top + box.height + d - 1) / d;
+    const int64_t x0 = box.left / d, x1 = (box.left + box.width + d - 1) / d;
+    detail::check_pixel_count(y1 - y0, x1 - x0, path);
+    detail::JpegWindow w = detail::decode_jpeg_window(bytes, static_cast<int>(channels),
+                                                      r.scale_denom, flags != 0, y0, y1, x0, x1);
+    if (!w.error.empty()) fail(path, "corrupt or truncated JPEG (" + w.error + ")");
+    if (!w.warning.empty() && !is_harmless_warning(true, w.warning))
+      fail(path, "corrupt or truncated JPEG (" + w.warning + ")");
+    r.image = std::move(w.image);
+    r.top = static_cast<double>(box.top) / static_cast<double>(d) - static_cast<double>(w.top);
+    r.left = static_cast<double>(box.left) / static_cast<double>(d) - static_cast<double>(w.left);
+    r.height = static_cast<double>(box.height) / static_cast<double>(d);
+    r.width = static_cast<double>(box.width) / static_cast<double>(d);
+    return r;
+  }
   const int mcu_w = tjMCUWidth[header.subsampling], mcu_h = tjMCUHeight[header.subsampling];
   const int x0 = static_cast<int>(box.left) / mcu_w * mcu_w;
   const int y0 = static_cast<int>(box.top) / mcu_h * mcu_h;

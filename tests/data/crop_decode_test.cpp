@@ -134,6 +134,24 @@ TEST(CropDecodeTest, ABoxOutsideTheImageIsNamed) {
   }
 }
 
+// A damaged file fails naming it, as a whole-image decode does: cut inside the box's rows, and
+// with its entropy-coded data overwritten.
+TEST(CropDecodeTest, ADamagedJpegIsNamed) {
+  const std::vector<uint8_t> jpeg = detailed_photo(480, 640);
+  const PixelBox box{300, 100, 150, 300};  // decoded at 1/1: the rows 300..450
+  std::vector<uint8_t> cut(jpeg.begin(), jpeg.begin() + static_cast<std::ptrdiff_t>(jpeg.size() / 2));
+  std::vector<uint8_t> noise = jpeg;
+  for (size_t i = noise.size() / 3; i < noise.size() - 2; i += 7) noise[i] = static_cast<uint8_t>(i * 31);
+  for (const auto* bytes : {&cut, &noise}) {
+    try {
+      decode_image_region(*bytes, "broken.jpg", 3, box, 100, 100);
+      ADD_FAILURE() << "no error for a damaged JPEG";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("broken.jpg"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // ImageFolderOutput::kCropRegion: a sample is the crop its draw key picks, decoded as a region;
 // resized with its box it is torchvision's crop of the full-resolution image (the same box from
 // draw_crop_box) within the region decode's fidelity, and the same key gives the same sample.

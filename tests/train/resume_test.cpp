@@ -126,8 +126,8 @@ TEST(TrainerResumeTest, FromMidEpochIsBitwisePipelined) { check_resume(Mode::kPi
 
 // A run KillNineMidEpoch starts as a child process, which kills itself (SIGKILL: no handler,
 // no flush) in epoch 2, after its checkpoint at step 8.
-// An ImageFolder ResNet run draws each sample's crop in the loader's workers, keyed by the
-// sample's place in the run: stopped inside an epoch and resumed, it draws the same crops and
+// An ImageFolder ResNet run with crop regions draws each sample's crop in the loader's workers,
+// keyed by the sample's place in the run: stopped inside an epoch and resumed, it draws the same crops and
 // repeats the straight run's losses to the bit.
 TEST(TrainerResumeTest, AnImageFolderRunResumedMidEpochDrawsTheSameCrops) {
   TempDir tmp;
@@ -144,6 +144,7 @@ TEST(TrainerResumeTest, AnImageFolderRunResumedMidEpochDrawsTheSameCrops) {
     c.image_size = 32;
     c.batch_size = 8;
     c.seed = 5;
+    c.crop_regions = true;
     return make_classifier(c);
   };
   auto opts = [&](const std::string& out) {

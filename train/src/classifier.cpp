@@ -89,6 +89,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
   job.config.update({{"freeze_backbone", o.freeze_backbone},
                      {"channels_last", o.channels_last && !idx}});
   if (!idx) job.config["image_size"] = o.image_size;
+  if (!idx && o.crop_regions) job.config["crop"] = "region";  // absent: whole (older runs too)
   torch::manual_seed(o.seed);
   Workload& w = job.workload;
   w.device = device;
@@ -181,13 +182,15 @@ TrainJob make_classifier(const ClassifierOptions& o) {
                      o.data, " is an image folder, expected a ResNet (resnet18/34/50)");
     data::ImageFolderOptions fo;
     fo.image_size = o.image_size;
-    // Training decodes each sample's random crop only (its box drawn in the worker, before the
-    // decode: ImageFolderOutput::kCropRegion); evaluation decodes whole images at the scale the
-    // center crop needs (kDecoded).
+    // Evaluation decodes whole images at the scale the center crop needs (kDecoded); training
+    // too, or, with crop_regions, each sample's random crop only (its box drawn in the worker,
+    // before the decode: kCropRegion).
     fo.output = data::ImageFolderOutput::kDecoded;
     auto folder = std::make_shared<data::ImageFolderDataset>(o.data, fo);
-    auto crops = std::make_shared<data::ImageFolderDataset>(
-        folder->with_output(data::ImageFolderOutput::kCropRegion));
+    std::shared_ptr<const Dataset> crops = folder;
+    if (o.crop_regions)
+      crops = std::make_shared<data::ImageFolderDataset>(
+          folder->with_output(data::ImageFolderOutput::kCropRegion));
     const int64_t classes = static_cast<int64_t>(folder->classes().size());
     std::shared_ptr<const Dataset> train_data = crops, val_data;
     if (!o.val.empty()) {
@@ -212,7 +215,9 @@ TrainJob make_classifier(const ClassifierOptions& o) {
     w.name = model_name;
     w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
     const int64_t S = o.image_size;
-    w.feeds.push_back(given_crop_feed(ResizedCropSpec::train(S), nhwc));
+    w.feeds.push_back(o.crop_regions ? given_crop_feed(ResizedCropSpec::train(S), nhwc)
+                                     : resized_crop_feed(ResizedCropSpec::train(S),
+                                                         seeded_generator(device, o.seed), nhwc));
     auto n = net.ptr();
     std::shared_ptr<models::FoldedResNet> folded;  // the frozen backbone, for training and eval
     if (o.freeze_backbone) {

@@ -54,11 +54,11 @@ const std::vector<WorkloadParam>& images_params() {
        "faster)",
        {"cpu", "gpu", "auto"}},
       {"crop",
-       "with decode=cpu: region (each sample's random crop drawn in the loader's worker and "
-       "only that box decoded, at the smallest scale that keeps it at the model's size) or whole "
-       "(the whole image decoded at the scale the model's size needs, the crop drawn on the "
-       "device)",
-       {"region", "whole"}},
+       "with decode=cpu: whole (the whole image decoded at the scale the model's size needs, "
+       "the crop drawn on the device) or region (each sample's random crop drawn in the "
+       "loader's worker and only that box decoded, at the smallest scale that keeps it at the "
+       "model's size)",
+       {"whole", "region"}},
       {"size", "the side of the square crop the model sees (default 224)", {}},
       {"lr", "SGD's learning rate (momentum 0.9; default 0.1)", {}},
       {"precision",

@@ -91,9 +91,12 @@ struct DecodedRegion {
 /// torchvision would cut from the full-resolution image and shrink is shrunk here too, never
 /// upsampled from a smaller decode (a whole-image scaled decode picks its scale for the whole
 /// image, so a small box of a large photo came out a few dozen pixels wide and was enlarged).
-/// The JPEG is first cut losslessly to the box's blocks (TurboJPEG's transform, in the DCT
-/// domain; the left and top edges go down to the block grid), then decoded with decode_image's
-/// min-size flags (fast IDCT and upsampling). PNGs decode whole and are cut. Throws
+/// A JPEG is decoded through libjpeg's API at that scale with decode_image's min-size flags
+/// (fast IDCT and upsampling): the rows above the box skipped (entropy-decoded, nothing more),
+/// the columns beside it cropped to the block grid, the rows below never read. (A build without
+/// libjpeg's header, and CMYK files, cut the box's blocks out losslessly first — TurboJPEG's
+/// transform, which entropy-decodes the whole file and re-encodes the cut — then decode that.)
+/// PNGs decode whole and are cut. Throws
 /// InvalidArgument for a box that is empty or outside the image, and what decode_image throws.
 DecodedRegion decode_image_region(const std::vector<uint8_t>& bytes, const std::string& path,
                                   int64_t channels, const PixelBox& box, int64_t min_height,
