@@ -4,7 +4,7 @@
 # Python reference loops in the same run. Logs and JSON go to OUT.
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize seg cls augment mlp graphs sweep pair profile profile-mlp
-#   redesign data train ddp gathercost package python decode pybench compile trainer-ab runsh
+#   redesign data train photos ddp gathercost package python decode pybench compile trainer-ab runsh
 #   (default: build test sanitize seg cls augment graphs sweep; "bench" means seg; gputest runs
 #   only the gpu-labelled tests; graphs includes mlp)
 #   Runs use the workload CLI (tandem bench --workload W --mode M [--param K=V]); the Python
@@ -643,6 +643,56 @@ rows += seg_rows
 for r in rows:
     print(r)
 PY
+fi
+
+# Photos: two generated folders (photos of 320-640 and of 1000-2000 px a side), ResNet-18 and
+# ResNet-50 trained in bf16, channels-last, bs 256: `tandem train` with each --crop (whole:
+# the whole image decoded at the scale 224 needs; region: only the drawn box, at its scale),
+# the resident rate, data-bench's decode rows (per core, whole and region; nvJPEG), and
+# torchvision's loop (train_bench.py, bf16, channels-last, DataLoader with as many workers)
+# beside them: photos.json in OUT (bench/python/photos_table.py).
+#   env: TANDEM_PHOTOS_SIDES ("320-640 1000-2000"), TANDEM_PHOTOS_COUNT (3000),
+#        TANDEM_PHOTOS_MODELS ("r18_full r50_full"), TANDEM_PHOTOS_CROPS ("whole region"),
+#        TANDEM_PHOTOS_EPOCHS (3), TANDEM_PHOTOS_PYTHON (1)
+if has_phase photos; then
+  photo_workers=$(( $(nproc) - 1 > 15 ? 15 : $(nproc) - 1 ))
+  for sides in ${TANDEM_PHOTOS_SIDES:-320-640 1000-2000}; do
+    dir=/tmp/tandem-photos-$sides
+    if [ ! -d "$dir" ]; then
+      say "make_image_folder.py $dir: ${TANDEM_PHOTOS_COUNT:-3000} photos of $sides px"
+      python3 scripts/make_image_folder.py "$dir" --count "${TANDEM_PHOTOS_COUNT:-3000}" \
+        --classes 10 --min-side "${sides%-*}" --max-side "${sides#*-}" 2>&1 | tail -1 | tee -a "$LOG"
+    fi
+    say "photos $sides: tandem data-bench decode rows"
+    "$TANDEM" data-bench --data "$dir" --steps 0 --images 500 --json "$RAW/photos-databench-$sides.json" \
+      2>&1 | grep -E "^decode" | tee -a "$LOG" || status=1
+    for model in ${TANDEM_PHOTOS_MODELS:-r18_full r50_full}; do
+      net=resnet18; [ "$model" = r50_full ] && net=resnet50
+      for crop in ${TANDEM_PHOTOS_CROPS:-whole region}; do
+        say "photos $sides: tandem train $net bf16 --crop $crop"
+        "$TANDEM" train --data "$dir" --model "$net" --precision bf16 --channels-last \
+          --batch-size 256 --optimizer sgd --lr 0.1 --epochs "${TANDEM_PHOTOS_EPOCHS:-3}" \
+          --val-split 0.1 --crop "$crop" --workers "$photo_workers" --quiet \
+          --out "$RAW/run-photos-$sides-$model-$crop" --json "$RAW/photos-train-$sides-$model-$crop.json" \
+          2>&1 | grep -E "^speed|^evaluation|rror" | tee -a "$LOG" || status=1
+      done
+      if [ ! -f "$RAW/photos-resident-$model.json" ]; then
+        "$TANDEM" bench --workload images --param source=resident --param model=$model \
+          --param precision=bf16 --param layout=channels_last --batch-size 256 \
+          --mode pipelined+graphed --steps 40 --warmup 10 --json "$RAW/photos-resident-$model.json" \
+          2>&1 | grep -E "^images" | tee -a "$LOG" || status=1
+      fi
+    done
+    if [ "${TANDEM_PHOTOS_PYTHON:-1}" = 1 ]; then
+      say "photos $sides: train_bench.py (torchvision's loop, bf16, channels-last)"
+      python3 bench/python/train_bench.py --jobs "$(echo ${TANDEM_PHOTOS_MODELS:-r18_full r50_full} | tr ' ' ',')" \
+        --data "$dir" --precision bf16 --channels-last --batch-sizes 256 --steps 30 \
+        --workers "$photo_workers" --out "$RAW/photos-python-$sides.json" 2>&1 | tail -4 | tee -a "$LOG" || status=1
+    fi
+  done
+  python3 bench/python/photos_table.py "$RAW" "$OUT/photos.json" \
+    "scripts/gpu-check.sh OUT photos (TANDEM_PHOTOS_SIDES='${TANDEM_PHOTOS_SIDES:-320-640 1000-2000}' TANDEM_PHOTOS_MODELS='${TANDEM_PHOTOS_MODELS:-r18_full r50_full}' TANDEM_PHOTOS_EPOCHS=${TANDEM_PHOTOS_EPOCHS:-3})" \
+    2>&1 | tee -a "$LOG" || status=1
 fi
 
 # Data parallel: tandem bench --nproc W beside PyTorch DDP (bench/python/ddp_reference.py

@@ -10,6 +10,7 @@ Jobs (--jobs, comma-separated):
                    take turns per 25 files, so their ratios survive a drifting host.
   r50_frozen_head  ResNet-50 backbone frozen (eval mode, no_grad), a trained Linear head.
   r18_full         ResNet-18 fully trained (train mode).
+  r50_full         ResNet-50 fully trained (train mode).
 Training jobs feed ImageFolder(RandomResizedCrop(224), RandomHorizontalFlip, ToTensor,
 Normalize) through DataLoader(shuffle, pin_memory, drop_last, persistent_workers) with SGD
 (lr 0.1, momentum 0.9) and cross-entropy, and time --steps steps after --warmup; the same step on
@@ -35,7 +36,7 @@ import torchvision
 from PIL import Image
 from torchvision import datasets, transforms
 
-JOBS = ("decode", "r50_frozen_head", "r18_full")
+JOBS = ("decode", "r50_frozen_head", "r18_full", "r50_full")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 COLS = [("job", 16), ("decode", 15), ("bs", 5), ("workers", 8), ("precision", 10),
         ("images/s", 10), ("resident/s", 11)]
@@ -121,8 +122,10 @@ def bench_decode(files, chunk=25):
     return rows
 
 
-def make_step(job, num_classes, device, precision):
-    """One training step, step(x, y) -> loss, for the job's model, as people write it."""
+def make_step(job, num_classes, device, precision, channels_last=False):
+    """One training step, step(x, y) -> loss, for the job's model, as people write it;
+    channels_last: the model's weights and each batch in NHWC (tensor-core convolutions without
+    transposes, the fast recipe on a GPU)."""
     if job == "r50_frozen_head":
         backbone = torchvision.models.resnet50(weights=None)
         backbone.fc = nn.Identity()  # what is left: up to avgpool + flatten, 2048 features
@@ -136,12 +139,17 @@ def make_step(job, num_classes, device, precision):
                 feats = backbone(x)
             return head(feats)
     else:
-        model = torchvision.models.resnet18(num_classes=num_classes).to(device).train()
+        ctor = torchvision.models.resnet50 if job == "r50_full" else torchvision.models.resnet18
+        model = ctor(num_classes=num_classes).to(device).train()
         params, forward = list(model.parameters()), model
+    if channels_last:
+        (backbone if job == "r50_frozen_head" else model).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
     bf16 = precision == "bf16"
 
     def step(x, y):
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss = F.cross_entropy(forward(x), y)
         opt.zero_grad(set_to_none=True)
@@ -178,7 +186,8 @@ def bench_train(a, job, bs, dataset, device):
     if len(dataset) < bs:
         log(f"skip {job} bs {bs}: only {len(dataset)} images (drop_last leaves no batch)")
         return None
-    step = make_step(job, len(dataset.classes), device, a.precision)
+    step = make_step(job, len(dataset.classes), device, a.precision,
+                     getattr(a, "channels_last", False))
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=bs, shuffle=True, num_workers=a.workers,
         pin_memory=device.type == "cuda", drop_last=True, persistent_workers=a.workers > 0)
@@ -195,7 +204,9 @@ def bench_train(a, job, bs, dataset, device):
     y = torch.randint(0, len(dataset.classes), (bs,), device=device)
     resident = timed(step, iter(lambda: (x, y), None), a.warmup, a.steps, device, bs)
     return {"impl": "python", "job": job, "batch_size": bs, "workers": a.workers,
-            "decode": None, "precision": a.precision, "images_per_s": rate,
+            "decode": None, "precision": a.precision,
+            "layout": "channels_last" if getattr(a, "channels_last", False) else "nchw",
+            "images_per_s": rate,
             "images_per_s_per_core": None, "resident_images_per_s": resident}
 
 
@@ -210,6 +221,8 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=60, help="timed steps (default 60)")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--channels-last", action="store_true",
+                   help="weights and batches channels-last (NHWC), the fast recipe on a GPU")
     p.add_argument("--decode-files", type=int, default=500,
                    help="files the decode job decodes (default 500)")
     p.add_argument("--out", help="write this script's rows as JSON here")

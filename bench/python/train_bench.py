@@ -18,6 +18,7 @@ Jobs (--jobs, comma-separated):
                    (the data already is resident).
   r50_frozen_head  } bench/python/data_bench.py's loops, reused as they are: ImageFolder
   r18_full         } (RandomResizedCrop 224, flip, normalize) through DataLoader(--workers,
+  r50_full         }
                      pin_memory), SGD lr 0.1 momentum 0.9, --warmup + --steps timed steps per
                      batch size; resident_images_per_s is the same step on one device-resident
                      random batch. accuracy and epochs are null.
@@ -48,8 +49,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-JOBS = ("fashion_mnist", "r50_frozen_head", "r18_full")
-IMAGE_JOBS = ("r50_frozen_head", "r18_full")
+JOBS = ("fashion_mnist", "r50_frozen_head", "r18_full", "r50_full")
+IMAGE_JOBS = ("r50_frozen_head", "r18_full", "r50_full")
 PRECISIONS = ("fp32", "bf16")
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
@@ -249,13 +250,14 @@ def image_dataset(data_bench, root):
 def bench_image(a, data_bench, job, bs, dataset, precision, device):
     """data_bench.bench_train for one (job, batch size, precision), as a train.json row."""
     cfg = types.SimpleNamespace(precision=precision, workers=a.workers, warmup=a.warmup,
-                                steps=a.steps)
+                                steps=a.steps, channels_last=a.channels_last)
     r = data_bench.bench_train(cfg, job, bs, dataset, device)
     if r is None:
         return None
     return {"impl": "python", "job": job, "precision": precision, "batch_size": bs,
             "images_per_s": r["images_per_s"],
             "resident_images_per_s": r["resident_images_per_s"], "accuracy": None,
+            "layout": r["layout"],
             "epochs": None}
 
 
@@ -320,6 +322,8 @@ def parse_args(argv):
     g.add_argument("--workers", type=int, default=8, help="DataLoader workers (default 8)")
     g.add_argument("--steps", type=int, default=60, help="timed steps (default 60)")
     g.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    g.add_argument("--channels-last", action="store_true",
+                   help="weights and batches channels-last (NHWC), the fast recipe on a GPU")
     a = p.parse_args(argv)
     a.jobs = split_list(p, "--jobs", a.jobs, JOBS)
     a.precision = split_list(p, "--precision", a.precision, PRECISIONS)

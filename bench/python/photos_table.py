@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Merges one photos run (scripts/gpu-check.sh's photos phase) into photos.json and prints it.
+
+Inputs, all in RAW (the phase's scratch folder), SIDES being "320-640" or "1000-2000":
+  photos-train-SIDES-MODEL-CROP.json
+                                  `tandem train --json` (MODEL r18_full | r50_full, CROP whole |
+                                  region): images_per_s, eval_images_per_s, accuracy
+  photos-resident-MODEL.json      `tandem bench --workload images --param source=resident`
+  photos-databench-SIDES.json     `tandem data-bench --steps 0`: the decode rows (CPU per core,
+                                  whole-image and crop-region; nvJPEG from one thread)
+  photos-python-SIDES.json        bench/python/train_bench.py's image rows (torchvision's loop)
+
+photos.json: {device, date, command, rows: [{impl: "tandem"|"python", job, sides, precision,
+batch_size, decode: "cpu", crop, images_per_s, eval_images_per_s, resident_images_per_s,
+cpu_share, of_resident}]} and, per folder, the decode rows under "decode".
+Usage: photos_table.py RAW OUT_JSON COMMAND
+"""
+import datetime
+import glob
+import json
+import os
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"photos: skipping {path}: {e}", file=sys.stderr)
+        return None
+
+
+def rate(doc):
+    if not doc:
+        return None
+    d = doc["runs"][0] if "runs" in doc else doc
+    return d.get("samples_per_s")
+
+
+def main(raw, out, command):
+    rows, decode, device = [], {}, None
+    resident = {os.path.basename(p)[len("photos-resident-"):-5]: rate(load(p))
+                for p in glob.glob(f"{raw}/photos-resident-*.json")}
+    for p in sorted(glob.glob(f"{raw}/photos-train-*.json")):
+        d = load(p)
+        if not d:
+            continue
+        # photos-train-320-640-r18_full-whole.json: the sides hold a dash of their own
+        parts = os.path.basename(p)[len("photos-train-"):-5].split("-")
+        sides, job, crop = f"{parts[0]}-{parts[1]}", parts[2], parts[3]
+        device = device or d.get("device")
+        res = resident.get(job)
+        rows.append({"impl": "tandem", "job": job, "sides": sides, "precision": d.get("precision"),
+                     "batch_size": d.get("batch_size"), "decode": "cpu", "crop": crop,
+                     "images_per_s": d.get("images_per_s"),
+                     "eval_images_per_s": d.get("eval_images_per_s"),
+                     "resident_images_per_s": res, "cpu_share": 1.0,
+                     "accuracy": d.get("accuracy"),
+                     "of_resident": d["images_per_s"] / res if res and d.get("images_per_s") else None})
+    for p in sorted(glob.glob(f"{raw}/photos-python-*.json")):
+        d = load(p)
+        if not d:
+            continue
+        sides = os.path.basename(p)[len("photos-python-"):-5]
+        for r in d.get("rows", []):
+            if r.get("job") in ("r18_full", "r50_full", "r50_frozen_head"):
+                rows.append({"impl": "python", "job": r["job"], "sides": sides,
+                             "precision": r.get("precision"), "batch_size": r.get("batch_size"),
+                             "decode": "cpu", "crop": "torchvision", "layout": r.get("layout"),
+                             "images_per_s": r.get("images_per_s"), "eval_images_per_s": None,
+                             "resident_images_per_s": r.get("resident_images_per_s"),
+                             "cpu_share": 1.0})
+    for p in sorted(glob.glob(f"{raw}/photos-databench-*.json")):
+        d = load(p)
+        if d:
+            decode[os.path.basename(p)[len("photos-databench-"):-5]] = [
+                r for r in d.get("rows", []) if r.get("job") == "decode"]
+    doc = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": command, "rows": rows, "decode": decode}
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    fmt = "{:6s} {:9s} {:9s} {:7s} {:>9s} {:>9s} {:>9s} {:>6s}"
+    print(fmt.format("impl", "job", "sides", "crop", "img/s", "eval", "resident", "of res"))
+    for r in rows:
+        num = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
+        print(fmt.format(r["impl"], r["job"], r["sides"], r["crop"], num(r["images_per_s"]),
+                         num(r["eval_images_per_s"]), num(r["resident_images_per_s"]),
+                         f"{r['of_resident']:.2f}" if r.get("of_resident") else "-"))
+    for sides, decode_rows in decode.items():
+        for r in decode_rows:
+            print(f"decode {sides:9s} {r.get('decoder', ''):18s} {r.get('images_per_s', 0):8.0f} img/s")
+    print(f"wrote {out}: {len(rows)} rows")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])
