@@ -266,6 +266,40 @@ int box_scale_denom(const PixelBox& box, int64_t min_height, int64_t min_width) 
   return 1;
 }
 
+// TurboJPEG's way to a region: the JPEG cut losslessly to the blocks from (x0, y0) on, cut_w x
+// cut_h full-resolution pixels (the transform entropy-decodes the whole file and re-encodes the
+// cut), then the cut decoded at `scale`; the whole image needs no cut.
+at::Tensor decode_jpeg_cut(const std::vector<uint8_t>& bytes, const std::string& path,
+                           const JpegHeader& header, int64_t channels, tjscalingfactor scale,
+                           int flags, int x0, int y0, int cut_w, int cut_h) {
+  if (x0 == 0 && y0 == 0 && cut_w == header.width && cut_h == header.height)
+    return decode_jpeg_at(bytes, path, header, channels, scale, flags, true);
+  tjtransform cut{};
+  cut.r = tjregion{x0, y0, cut_w, cut_h};
+  cut.op = TJXOP_NONE;
+  cut.options = TJXOPT_CROP;
+  TjHandle& tj = transformer();
+  unsigned char* out = nullptr;
+  unsigned long out_size = 0;
+  const int status = tjTransform(tj.get(), bytes.data(), static_cast<unsigned long>(bytes.size()),
+                                 1, &out, &out_size, &cut, 0);
+  std::vector<uint8_t> cropped;
+  if (out != nullptr) {
+    cropped.assign(out, out + out_size);
+    tjFree(out);
+  }
+  if (status != 0) {
+    const bool warning = tjGetErrorCode(tj.get()) == TJERR_WARNING;
+    const std::string message = tj.error_and_reset();
+    if (!is_harmless_warning(warning, message) || cropped.empty())
+      fail(path, "corrupt or truncated JPEG (" + message + ")");
+  }
+  JpegHeader cut_header = header;
+  cut_header.width = cut_w;
+  cut_header.height = cut_h;
+  return decode_jpeg_at(cropped, path, cut_header, channels, scale, flags, true);
+}
+
 DecodedRegion decode_jpeg_region(const std::vector<uint8_t>& bytes, const std::string& path,
                                  int64_t channels, const PixelBox& box, int64_t min_height,
                                  int64_t min_width) {
@@ -273,14 +307,12 @@ DecodedRegion decode_jpeg_region(const std::vector<uint8_t>& bytes, const std::s
   check_box_inside(box, header.height, header.width, path);
   DecodedRegion r;
   r.scale_denom = box_scale_denom(box, min_height, min_width);
-  const tjscalingfactor scale{1, r.scale_denom};
+  const int64_t d = r.scale_denom;
   const int flags = decode_flags(min_width, min_height);
-  // The cut starts on the block grid (TurboJPEG's lossless crop needs that) and ends with the
-  // box; a box that is the whole image needs no cut.
+  double origin_top = 0, origin_left = 0;  // the region's first pixel in the image at 1 / d
   if (detail::jpeg_window_available() && !is_cmyk(header.colorspace)) {
     // libjpeg's own API: the rows above the box skipped, the columns beside it cropped, the
     // rows below never read; no transform.
-    const int64_t d = r.scale_denom;
     const int64_t y0 = box.top / d, y1 = (box.top + box.height + d - 1) / d;
     const int64_t x0 = box.left / d, x1 = (box.left + box.width + d - 1) / d;
     detail::check_pixel_count(y1 - y0, x1 - x0, path);
@@ -290,50 +322,24 @@ DecodedRegion decode_jpeg_region(const std::vector<uint8_t>& bytes, const std::s
     if (!w.warning.empty() && !is_harmless_warning(true, w.warning))
       fail(path, "corrupt or truncated JPEG (" + w.warning + ")");
     r.image = std::move(w.image);
-    r.top = static_cast<double>(box.top) / static_cast<double>(d) - static_cast<double>(w.top);
-    r.left = static_cast<double>(box.left) / static_cast<double>(d) - static_cast<double>(w.left);
-    r.height = static_cast<double>(box.height) / static_cast<double>(d);
-    r.width = static_cast<double>(box.width) / static_cast<double>(d);
-    return r;
-  }
-  const int mcu_w = tjMCUWidth[header.subsampling], mcu_h = tjMCUHeight[header.subsampling];
-  const int x0 = static_cast<int>(box.left) / mcu_w * mcu_w;
-  const int y0 = static_cast<int>(box.top) / mcu_h * mcu_h;
-  const int cut_w = static_cast<int>(box.left + box.width) - x0;
-  const int cut_h = static_cast<int>(box.top + box.height) - y0;
-  if (x0 == 0 && y0 == 0 && cut_w == header.width && cut_h == header.height) {
-    r.image = decode_jpeg_at(bytes, path, header, channels, scale, flags, true);
+    origin_top = static_cast<double>(w.top);
+    origin_left = static_cast<double>(w.left);
   } else {
-    tjtransform cut{};
-    cut.r = tjregion{x0, y0, cut_w, cut_h};
-    cut.op = TJXOP_NONE;
-    cut.options = TJXOPT_CROP;
-    TjHandle& tj = transformer();
-    unsigned char* out = nullptr;
-    unsigned long out_size = 0;
-    const int status = tjTransform(tj.get(), bytes.data(), static_cast<unsigned long>(bytes.size()),
-                                   1, &out, &out_size, &cut, 0);
-    std::vector<uint8_t> cropped;
-    if (out != nullptr) {
-      cropped.assign(out, out + out_size);
-      tjFree(out);
-    }
-    if (status != 0) {
-      const bool warning = tjGetErrorCode(tj.get()) == TJERR_WARNING;
-      const std::string message = tj.error_and_reset();
-      if (!is_harmless_warning(warning, message) || cropped.empty())
-        fail(path, "corrupt or truncated JPEG (" + message + ")");
-    }
-    JpegHeader cut_header = header;
-    cut_header.width = cut_w;
-    cut_header.height = cut_h;
-    r.image = decode_jpeg_at(cropped, path, cut_header, channels, scale, flags, true);
+    // The cut starts on the block grid (TurboJPEG's lossless crop needs that) and ends with
+    // the box.
+    const int mcu_w = tjMCUWidth[header.subsampling], mcu_h = tjMCUHeight[header.subsampling];
+    const int x0 = static_cast<int>(box.left) / mcu_w * mcu_w;
+    const int y0 = static_cast<int>(box.top) / mcu_h * mcu_h;
+    r.image = decode_jpeg_cut(bytes, path, header, channels, tjscalingfactor{1, r.scale_denom},
+                              flags, x0, y0, static_cast<int>(box.left + box.width) - x0,
+                              static_cast<int>(box.top + box.height) - y0);
+    origin_top = static_cast<double>(y0) / static_cast<double>(d);  // exact: y0 is on the grid
+    origin_left = static_cast<double>(x0) / static_cast<double>(d);
   }
-  const double d = r.scale_denom;
-  r.top = static_cast<double>(box.top - y0) / d;
-  r.left = static_cast<double>(box.left - x0) / d;
-  r.height = static_cast<double>(box.height) / d;
-  r.width = static_cast<double>(box.width) / d;
+  r.top = static_cast<double>(box.top) / static_cast<double>(d) - origin_top;
+  r.left = static_cast<double>(box.left) / static_cast<double>(d) - origin_left;
+  r.height = static_cast<double>(box.height) / static_cast<double>(d);
+  r.width = static_cast<double>(box.width) / static_cast<double>(d);
   return r;
 }
 #else   // built without TurboJPEG (data/CMakeLists.txt): IDX and PNG only

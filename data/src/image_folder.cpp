@@ -208,24 +208,41 @@ void ImageFolderDataset::get(int64_t index, const std::vector<at::Tensor>& out) 
   get_sample(index, views);
 }
 
+at::Tensor decode_drawn_crop(const std::vector<uint8_t>& bytes, const std::string& path,
+                             int64_t channels, int64_t size, const SampleDraw& draw,
+                             int32_t* box) {
+  const ImageInfo info = read_image_info(bytes, path);  // names a bad file
+  draw_crop_box(ResizedCropSpec::train(size), info.height, info.width, draw, box);
+  const DecodedRegion region =
+      decode_image_region(bytes, path, channels, PixelBox{box[0], box[1], box[2], box[3]}, size, size);
+  place_crop_box(box, region.top, region.left, region.height, region.width, region.image.size(0),
+                 region.image.size(1));
+  return region.image;
+}
+
+namespace {
+// samples[index], once the index is in range and `out` holds a tensor per field (`names`, comma-
+// separated).
+const ImageFolderDataset::Sample& checked_sample(
+    const std::vector<ImageFolderDataset::Sample>& samples, int64_t index,
+    const std::vector<at::Tensor>& out, const std::string& names) {
+  const auto n = static_cast<int64_t>(samples.size());
+  TANDEM_CHECK_ARG(index >= 0 && index < n, "ImageFolder: sample index ", index,
+                   " out of range [0, ", n, ")");
+  const size_t fields = static_cast<size_t>(std::count(names.begin(), names.end(), ',')) + 1;
+  TANDEM_CHECK_ARG(out.size() == fields, "ImageFolder: get() needs ", fields,
+                   " output tensors (", names, "), got ", out.size());
+  return samples[static_cast<size_t>(index)];
+}
+}  // namespace
+
 void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
                                           std::vector<at::Tensor>& out) const {
   if (options_.output != ImageFolderOutput::kCropRegion) return get_sample(index, out);
-  TANDEM_CHECK_ARG(index >= 0 && index < size(), "ImageFolder: sample index ", index,
-                   " out of range [0, ", size(), ")");
-  TANDEM_CHECK_ARG(out.size() == 3, "ImageFolder: get() needs 3 output tensors (image, crop_box, ",
-                   "label), got ", out.size());
-  const Sample& sample = samples_[static_cast<size_t>(index)];
-  const std::vector<uint8_t> bytes = read_file(sample.path);
-  const ImageInfo info = read_image_info(bytes, sample.path);  // names a bad file
-  const int64_t s = options_.image_size;
+  const Sample& sample = checked_sample(samples_, index, out, "image, crop_box, label");
   int32_t box[kCropBoxFields];
-  draw_crop_box(ResizedCropSpec::train(s), info.height, info.width, draw, box);
-  const DecodedRegion region = decode_image_region(
-      bytes, sample.path, options_.channels, PixelBox{box[0], box[1], box[2], box[3]}, s, s);
-  place_crop_box(box, region.top, region.left, region.height, region.width,
-                 region.image.size(0), region.image.size(1));
-  out[0] = region.image;
+  out[0] = decode_drawn_crop(read_file(sample.path), sample.path, options_.channels,
+                             options_.image_size, draw, box);
   std::memcpy(out[1].data_ptr<int32_t>(), box, sizeof(box));
   out[2].fill_(sample.label);
 }
@@ -233,11 +250,7 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
 void ImageFolderDataset::get_sample(int64_t index, std::vector<at::Tensor>& out) const {
   if (options_.output == ImageFolderOutput::kCropRegion)  // a fixed key: the same crop each time
     return get_drawn_sample(index, SampleDraw{0, static_cast<uint64_t>(index)}, out);
-  TANDEM_CHECK_ARG(index >= 0 && index < size(), "ImageFolder: sample index ", index,
-                   " out of range [0, ", size(), ")");
-  TANDEM_CHECK_ARG(out.size() == 2, "ImageFolder: get() needs 2 output tensors (image, label), ",
-                   "got ", out.size());
-  const Sample& sample = samples_[static_cast<size_t>(index)];
+  const Sample& sample = checked_sample(samples_, index, out, "image, label");
   const std::vector<uint8_t> bytes = read_file(sample.path);
   if (options_.output == ImageFolderOutput::kEncoded) {
     const ImageInfo info = read_image_info(bytes, sample.path);  // names a bad file

@@ -1,7 +1,8 @@
 // decode_jpeg_window through libjpeg's API. libjpeg reports errors by calling error_exit, which
 // must not return: it longjmps back here. Nothing with a destructor lives in the frames it jumps
 // over (libjpeg's C), and everything this function changes after setjmp sits in a heap State
-// reached through an unchanged pointer, so no C++ object is left half-updated by the jump.
+// reached through an unchanged pointer (its other locals are const, set once), so nothing the
+// jump returns to is left half-updated.
 #include "jpeg_window.h"
 
 #ifdef TANDEM_HAVE_JPEGLIB
@@ -46,6 +47,7 @@ struct State {
   bool created = false;
   JpegWindow out;
   std::vector<JSAMPROW> rows;
+  JDIMENSION left = 0, cols = 0;  // the decoded columns (jpeg_crop_scanline widens them)
 };
 
 }  // namespace
@@ -78,22 +80,23 @@ JpegWindow decode_jpeg_window(const std::vector<uint8_t>& bytes, int channels, i
   }
   jpeg_start_decompress(&st->cinfo);
   const int64_t height = st->cinfo.output_height, width = st->cinfo.output_width;
-  y1 = std::min(y1, height);
-  x1 = std::min(x1, width);
-  JDIMENSION left = static_cast<JDIMENSION>(x0), cols = static_cast<JDIMENSION>(x1 - x0);
-  if (x0 > 0 || x1 < width) jpeg_crop_scanline(&st->cinfo, &left, &cols);  // to the block grid
+  const int64_t end_row = std::min(y1, height), end_col = std::min(x1, width);
+  st->left = static_cast<JDIMENSION>(x0);
+  st->cols = static_cast<JDIMENSION>(end_col - x0);
+  if (x0 > 0 || end_col < width)
+    jpeg_crop_scanline(&st->cinfo, &st->left, &st->cols);  // widened to the block grid
   if (y0 > 0) jpeg_skip_scanlines(&st->cinfo, static_cast<JDIMENSION>(y0));
-  const int64_t n = y1 - y0;
-  st->out.image = at::empty({n, static_cast<int64_t>(cols), channels}, at::kByte);
+  const int64_t n = end_row - y0, cols = st->cols;
+  st->out.image = at::empty({n, cols, channels}, at::kByte);
   uint8_t* base = st->out.image.data_ptr<uint8_t>();
   st->rows.resize(static_cast<size_t>(n));
   for (int64_t r = 0; r < n; ++r) st->rows[static_cast<size_t>(r)] = base + r * cols * channels;
-  while (static_cast<int64_t>(st->cinfo.output_scanline) < y1) {
+  while (static_cast<int64_t>(st->cinfo.output_scanline) < end_row) {
     const int64_t at = st->cinfo.output_scanline - y0;
     jpeg_read_scanlines(&st->cinfo, st->rows.data() + at, static_cast<JDIMENSION>(n - at));
   }
   st->out.top = y0;
-  st->out.left = left;
+  st->out.left = st->left;
   if (st->err.pub.num_warnings > 0) st->out.warning = st->err.warning;
   jpeg_abort_decompress(&st->cinfo);  // the rows below the window are never read
   jpeg_destroy_decompress(&st->cinfo);

@@ -106,7 +106,9 @@ TEST(CropDecodeTest, ARegionDecodeKeepsTheCropsResolution) {
     EXPECT_GE(region_psnr, 30.0);
     // Where the whole-image decode had to enlarge the box (it is under 224 there), the region
     // decode is far closer to torchvision's crop.
-    if (b.height * s < 224 || b.width * s < 224) EXPECT_GE(region_psnr, whole_psnr + 3.0);
+    if (b.height * s < 224 || b.width * s < 224) {
+      EXPECT_GE(region_psnr, whole_psnr + 3.0);
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -22,7 +23,7 @@
 #include "tandem/error.h"
 #include "tandem/loader.h"
 #include "tandem/progress.h"
-#include "tandem/resized_crop.h"
+#include "tandem/resized_crop.h"  // kCropBoxFields
 #include "tandem/sampler.h"
 #include "tandem/workloads/images.h"
 
@@ -34,59 +35,55 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// One core running decode_one(i) for every file i, timed: a decode row of `decoder`.
+DataBenchRow time_on_one_core(const std::string& title, size_t files,
+                              const std::function<void(size_t)>& decode_one,
+                              const std::string& decoder, const std::string& note) {
+  Progress progress(title, static_cast<int64_t>(files));
+  const Clock::time_point start = Clock::now();
+  for (size_t i = 0; i < files; ++i) {
+    decode_one(i);
+    progress.update(static_cast<int64_t>(i + 1));
+  }
+  progress.finish();
+  DataBenchRow r;
+  r.job = "decode";
+  r.decode = "cpu";
+  r.decoder = decoder;
+  r.workers = 1;
+  r.images_per_s = static_cast<double>(files) / seconds_since(start);
+  r.images_per_s_per_core = r.images_per_s;
+  r.note = note;
+  return r;
+}
+
 // One core decoding every file to RGB: at the DCT scale for `size` (min_side = size; 1/2, 1/4,
 // 1/8 or full, with the fast IDCT and upsampling decode_image uses when given a minimum), or at
 // full size with libjpeg's accurate decode (PIL's).
 DataBenchRow time_cpu_decode(const std::vector<std::vector<uint8_t>>& files,
                              const std::vector<std::string>& paths, int64_t size, bool scaled) {
-  Progress progress(scaled ? "decode (cpu, scaled)" : "decode (cpu, full size)",
-                    static_cast<int64_t>(files.size()));
-  const Clock::time_point start = Clock::now();
-  for (size_t i = 0; i < files.size(); ++i) {
-    data::decode_image_interleaved(files[i], paths[i], 3, scaled ? size : 0, scaled ? size : 0);
-    progress.update(static_cast<int64_t>(i + 1));
-  }
-  progress.finish();
-  DataBenchRow r;
-  r.job = "decode";
-  r.decode = "cpu";
-  r.decoder = scaled ? "turbojpeg_scaled" : "turbojpeg_full";
-  r.workers = 1;
-  r.images_per_s = static_cast<double>(files.size()) / seconds_since(start);
-  r.images_per_s_per_core = r.images_per_s;
-  r.note = scaled ? "TurboJPEG at the smallest of 1/2, 1/4, 1/8, 1 keeping both sides >= " +
-                        std::to_string(size) + ", fast IDCT and upsampling"
-                  : "TurboJPEG at full size, accurate IDCT and upsampling";
-  return r;
+  const int64_t min = scaled ? size : 0;
+  return time_on_one_core(
+      scaled ? "decode (cpu, scaled)" : "decode (cpu, full size)", files.size(),
+      [&](size_t i) { data::decode_image_interleaved(files[i], paths[i], 3, min, min); },
+      scaled ? "turbojpeg_scaled" : "turbojpeg_full",
+      scaled ? "TurboJPEG at the smallest of 1/2, 1/4, 1/8, 1 keeping both sides >= " +
+                   std::to_string(size) + ", fast IDCT and upsampling"
+             : "TurboJPEG at full size, accurate IDCT and upsampling");
 }
 
-// One core decoding each file's RandomResizedCrop box (drawn from the file's header as the
-// loader's workers draw it, ImageFolderOutput::kCropRegion) at the scale that keeps the box at
-// `size`: what a faithful crop costs against the whole-image scaled decode.
+// One core decoding each file's RandomResizedCrop box only, as the loader's workers do for
+// ImageFolderOutput::kCropRegion (data::decode_drawn_crop): what a faithful crop costs against
+// the whole-image scaled decode.
 DataBenchRow time_cpu_region_decode(const std::vector<std::vector<uint8_t>>& files,
                                     const std::vector<std::string>& paths, int64_t size) {
-  Progress progress("decode (cpu, crop regions)", static_cast<int64_t>(files.size()));
-  const ResizedCropSpec spec = ResizedCropSpec::train(size);
-  const Clock::time_point start = Clock::now();
-  for (size_t i = 0; i < files.size(); ++i) {
-    const data::ImageInfo info = data::read_image_info(files[i], paths[i]);
-    int32_t box[kCropBoxFields];
-    draw_crop_box(spec, info.height, info.width, SampleDraw{0, i}, box);
-    data::decode_image_region(files[i], paths[i], 3, data::PixelBox{box[0], box[1], box[2], box[3]},
-                              size, size);
-    progress.update(static_cast<int64_t>(i + 1));
-  }
-  progress.finish();
-  DataBenchRow r;
-  r.job = "decode";
-  r.decode = "cpu";
-  r.decoder = "turbojpeg_region";
-  r.workers = 1;
-  r.images_per_s = static_cast<double>(files.size()) / seconds_since(start);
-  r.images_per_s_per_core = r.images_per_s;
-  r.note = "each file's RandomResizedCrop box only, at the smallest of 1/8, 1/4, 1/2, 1 keeping it "
-           ">= " + std::to_string(size) + " a side, fast IDCT and upsampling";
-  return r;
+  int32_t box[kCropBoxFields];
+  return time_on_one_core(
+      "decode (cpu, crop regions)", files.size(),
+      [&](size_t i) { data::decode_drawn_crop(files[i], paths[i], 3, size, SampleDraw{0, i}, box); },
+      "turbojpeg_region",
+      "each file's RandomResizedCrop box only, at the smallest of 1/8, 1/4, 1/2, 1 keeping it >= " +
+          std::to_string(size) + " a side, fast IDCT and upsampling");
 }
 
 // nvJPEG on the GPU, batches of `batch` files already in host memory (a first, untimed batch

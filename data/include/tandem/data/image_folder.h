@@ -41,6 +41,14 @@ struct ImageFolderOptions {
   ImageFolderOutput output = ImageFolderOutput::kCenterCrop;
 };
 
+/// A kCropRegion sample's image: the RandomResizedCrop box and flip of
+/// ResizedCropSpec::train(size) drawn from `draw` for the image in `bytes` (its header's size),
+/// only that box decoded (decode_image_region, at the scale that keeps it at `size`). `box`
+/// receives the kCropBoxFields values, placed in the returned (h, w, channels) pixels.
+at::Tensor decode_drawn_crop(const std::vector<uint8_t>& bytes, const std::string& path,
+                             int64_t channels, int64_t size, const SampleDraw& draw,
+                             int32_t* box);
+
 /// Fields: {"image", {C, S, S}, kByte} (kDecoded and kCropRegion: (H, W, C), variable-size,
 /// typical 1.5 S a side; kEncoded: "jpeg" instead, the file's bytes), for kCropRegion
 /// {"crop_box", {kCropBoxFields}, kInt}, then {"label", {}, kLong}.

@@ -47,9 +47,10 @@ struct ClassifierOptions {
   int64_t image_size = 224;  ///< ImageFolder: the crop the ResNet sees
   /// ImageFolder training: each sample's random crop drawn in the loader's worker and only that
   /// box decoded, at the scale that keeps it at image_size (ImageFolderOutput::kCropRegion:
-  /// torchvision's crop of the full-resolution image, never an enlarged small one; about twice
-  /// the CPU decode work). false: the whole image at the scale image_size needs, the crop drawn
-  /// on the device (kDecoded).
+  /// torchvision's crop of the full-resolution image, never an enlarged small one; more images
+  /// per core than the whole-image decode through libjpeg's API, about half as many without
+  /// it). false: the whole image at the scale image_size needs, the crop drawn on the device
+  /// (kDecoded).
   bool crop_regions = false;
   /// ResNets: weights and inputs channels-last (models::to_channels_last): tensor-core
   /// convolutions without layout transposes. The saved weights are the same either way.
