@@ -646,13 +646,14 @@ PY
 fi
 
 # Photos: two generated folders (photos of 320-640 and of 1000-2000 px a side), ResNet-18 and
-# ResNet-50 trained in bf16, channels-last, bs 256: `tandem train` with each --crop (whole:
-# the whole image decoded at the scale 224 needs; region: only the drawn box, at its scale),
+# ResNet-50 trained in bf16, channels-last, bs 256: `tandem train` with each --crop (region,
+# the default: only the drawn box, at its scale; whole: the whole image decoded at the scale 224
+# needs), with its evaluation's rate (a tenth held out),
 # the resident rate, data-bench's decode rows (per core, whole and region; nvJPEG), and
 # torchvision's loop (train_bench.py, bf16, channels-last, DataLoader with as many workers)
 # beside them: photos.json in OUT (bench/python/photos_table.py).
 #   env: TANDEM_PHOTOS_SIDES ("320-640 1000-2000"), TANDEM_PHOTOS_COUNT (3000),
-#        TANDEM_PHOTOS_MODELS ("r18_full r50_full"), TANDEM_PHOTOS_CROPS ("whole region"),
+#        TANDEM_PHOTOS_MODELS ("r18_full r50_full"), TANDEM_PHOTOS_CROPS ("region whole"),
 #        TANDEM_PHOTOS_EPOCHS (3), TANDEM_PHOTOS_PYTHON (1)
 if has_phase photos; then
   photo_workers=$(( $(nproc) - 1 > 15 ? 15 : $(nproc) - 1 ))
@@ -668,13 +669,20 @@ if has_phase photos; then
       2>&1 | grep -E "^decode" | tee -a "$LOG" || status=1
     for model in ${TANDEM_PHOTOS_MODELS:-r18_full r50_full}; do
       net=resnet18; [ "$model" = r50_full ] && net=resnet50
-      for crop in ${TANDEM_PHOTOS_CROPS:-whole region}; do
+      for crop in ${TANDEM_PHOTOS_CROPS:-region whole}; do
         say "photos $sides: tandem train $net bf16 --crop $crop"
         "$TANDEM" train --data "$dir" --model "$net" --precision bf16 --channels-last \
           --batch-size 256 --optimizer sgd --lr 0.1 --epochs "${TANDEM_PHOTOS_EPOCHS:-3}" \
           --val-split 0.1 --crop "$crop" --workers "$photo_workers" --quiet \
           --out "$RAW/run-photos-$sides-$model-$crop" --json "$RAW/photos-train-$sides-$model-$crop.json" \
           2>&1 | grep -E "^speed|^evaluation|rror" | tee -a "$LOG" || status=1
+        # The training rate from JPEGs without epoch ends: the loader runs on across epochs, so
+        # no ring filled behind an evaluation or a checkpoint flatters it (small folders have
+        # epochs shorter than the ring).
+        "$TANDEM" bench --workload images --data "$dir" --param source=files --param crop="$crop" \
+          --param model=$model --param precision=bf16 --param layout=channels_last --batch-size 256 \
+          --mode pipelined+graphed --steps 60 --warmup 10 --workers "$photo_workers" \
+          --json "$RAW/photos-files-$sides-$model-$crop.json" 2>&1 | grep -E "^images|rror" | tee -a "$LOG" || status=1
       done
       if [ ! -f "$RAW/photos-resident-$model.json" ]; then
         "$TANDEM" bench --workload images --param source=resident --param model=$model \

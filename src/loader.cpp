@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <cstdio>
 #include <iostream>
@@ -115,6 +116,8 @@ void check_loader_options(const LoaderOptions& options, int64_t sample_bytes) {
   TANDEM_CHECK_ARG(options.depth >= 1 && options.depth <= kMaxLoaderDepth, "loader depth ",
                    options.depth, " is not valid: expected 1 to ", kMaxLoaderDepth,
                    " host slots");
+  TANDEM_CHECK_ARG(options.passes >= 1, "loader pass count ", options.passes,
+                   " is not valid: expected >= 1");
   // Before any slot is allocated: a ring larger than memory would otherwise be found by the OS
   // (pinned memory, swap, the OOM killer) rather than reported.
   check_ring_fits(options.depth, options.batch_size, sample_bytes);
@@ -133,8 +136,11 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
   const int64_t size = dataset_->size();
   const int64_t n = options_.indices.empty() ? size : static_cast<int64_t>(options_.indices.size());
   epoch_size_ = n;
-  num_batches_ = options_.drop_last ? n / options_.batch_size
-                                    : (n + options_.batch_size - 1) / options_.batch_size;
+  batches_per_pass_ = options_.drop_last ? n / options_.batch_size
+                                         : (n + options_.batch_size - 1) / options_.batch_size;
+  TANDEM_CHECK_ARG(batches_per_pass_ <= INT64_MAX / options_.passes, "loader pass count ",
+                   options_.passes, " of ", batches_per_pass_, " batches is too many");
+  num_batches_ = batches_per_pass_ * options_.passes;
   if (!options_.indices.empty()) {
     for (const int64_t i : options_.indices)
       TANDEM_CHECK_ARG(i >= 0 && i < size, "loader index ", i, " is not valid: expected 0 to ",
@@ -165,6 +171,19 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
 }
 
 Loader::~Loader() { stop(); }
+
+void Loader::pause() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  paused_ = true;
+}
+
+void Loader::resume() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    paused_ = false;
+  }
+  changed_.notify_all();
+}
 
 void Loader::stop() {
   {
@@ -297,7 +316,9 @@ void Loader::worker_loop(int worker) {
     if (wait_copy) slot->copied->synchronize();
     std::string error;
     std::vector<SkippedSample> skipped;
-    const int64_t first = number * options_.batch_size;
+    // Its pass, and where it starts in that pass's order (each pass cut into batches alone).
+    const int64_t pass = number / batches_per_pass_;
+    const int64_t first = (number % batches_per_pass_) * options_.batch_size;
     const int64_t count = std::min<int64_t>(options_.batch_size, n - first);
     slot->indices.clear();
     slot->indices.reserve(count);
@@ -306,6 +327,11 @@ void Loader::worker_loop(int worker) {
     std::vector<std::vector<at::Tensor>> variable(sample_fields_.size());
     std::vector<at::Tensor> views(sample_fields_.size());
     for (int64_t i = 0; i < count && error.empty(); ++i) {
+      if (paused_.load(std::memory_order_relaxed)) {  // out of any sample: stop() sees it idle
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return stopping_ || !paused_; });
+        if (stopping_) break;
+      }
       const int64_t index = index_at(first + i);
       const int64_t row = static_cast<int64_t>(slot->indices.size());  // skipped ones leave none
       std::string failure;
@@ -322,8 +348,8 @@ void Loader::worker_loop(int worker) {
                              std::chrono::steady_clock::now().time_since_epoch())
                              .count();
         state.sample = index;
-        const SampleDraw draw{options_.draw_seed,
-                              static_cast<uint64_t>(options_.first_position + first + i)};
+        const SampleDraw draw{options_.draw_seed, static_cast<uint64_t>(options_.first_position +
+                                                                        pass * n + first + i)};
         held.unlock();
         failure = load_sample(*dataset, index, draw, views);
         held.lock();

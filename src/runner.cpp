@@ -176,7 +176,9 @@ struct Runner::Impl {
 
   // Host data: the current epoch's loader.
   std::shared_ptr<const Dataset> run_dataset;
-  std::unique_ptr<Loader> loader;
+  std::unique_ptr<Loader> loader;  // replaced by the load stage alone, under loader_mutex
+  std::mutex loader_mutex;         // pause_loading() against that replacement
+  bool loading_paused = false;     // under loader_mutex; a new loader starts paused too
   int64_t epoch = 0, taken_in_epoch = 0;
   int64_t draw_position = 0;  // the next loader's first sample in the run's draw stream
   std::vector<SkippedSample> skipped;  // by the previous epochs' loaders (skip_bad)
@@ -400,8 +402,12 @@ Pipeline& Runner::prepare(int64_t num_steps) {
         std::vector<SkippedSample> done = impl->loader->skipped();
         impl->skipped.insert(impl->skipped.end(), done.begin(), done.end());
       }
-      impl->loader.reset();
-      impl->loader = std::make_unique<Loader>(impl->run_dataset, lo);
+      {
+        std::lock_guard<std::mutex> lock(impl->loader_mutex);
+        impl->loader.reset();
+        impl->loader = std::make_unique<Loader>(impl->run_dataset, lo);
+        if (impl->loading_paused) impl->loader->pause();
+      }
       impl->taken_in_epoch = 0;
       TANDEM_CHECK_ARG(impl->loader->num_batches() > 0, "the dataset's ", impl->run_dataset->size(),
                        " samples make no batch of ", o.batch_size,
@@ -520,6 +526,16 @@ std::vector<float> Runner::train(int64_t num_steps) {
   prepare(num_steps);
   run();
   return losses();
+}
+
+void Runner::pause_loading(bool paused) {
+  std::lock_guard<std::mutex> lock(impl_->loader_mutex);
+  impl_->loading_paused = paused;
+  if (!impl_->loader) return;
+  if (paused)
+    impl_->loader->pause();
+  else
+    impl_->loader->resume();
 }
 
 std::vector<SkippedSample> Runner::skipped() const {

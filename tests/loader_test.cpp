@@ -29,6 +29,7 @@ class IndexDataset : public Dataset {
   }
   void get(int64_t index, const std::vector<at::Tensor>& out) const override {
     ++active;
+    ++loaded;
     if (sleep_us_) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_ * (index % 3)));
     if (index == fail_at_) {
       --active;
@@ -39,6 +40,7 @@ class IndexDataset : public Dataset {
     --active;
   }
   mutable std::atomic<int> active{0};
+  mutable std::atomic<int64_t> loaded{0};  // get() calls begun
 
  private:
   int64_t size_, fail_at_;
@@ -119,6 +121,78 @@ TEST(LoaderTest, DeliversEveryIndexExactlyOnceInOrder) {
   EXPECT_EQ(batches, 143);
   ASSERT_EQ(seen.size(), 1001u);
   for (int64_t i = 0; i < 1001; ++i) ASSERT_EQ(seen[i], i) << "first out-of-order position";
+}
+
+TEST(LoaderTest, PassesRepeatTheOrderEachCutIntoBatchesOfItsOwn) {
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 3;
+  o.shuffle = true;
+  o.seed = 3;
+  o.drop_last = false;
+  Loader once(std::make_shared<IndexDataset>(10), o);
+  const std::vector<int64_t> order = drain(once);
+  ASSERT_EQ(order.size(), 10u);
+
+  o.passes = 3;
+  Loader loader(std::make_shared<IndexDataset>(10), o);
+  EXPECT_EQ(loader.batches_per_pass(), 3);
+  EXPECT_EQ(loader.num_batches(), 9);
+  std::vector<int64_t> sizes, seen;
+  while (auto b = loader.next()) {
+    sizes.push_back(static_cast<int64_t>(b->indices.size()));
+    seen.insert(seen.end(), b->indices.begin(), b->indices.end());
+    loader.release(*b);
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4, 2, 4, 4, 2, 4, 4, 2}));  // no batch spans two
+  std::vector<int64_t> thrice;
+  for (int p = 0; p < 3; ++p) thrice.insert(thrice.end(), order.begin(), order.end());
+  EXPECT_EQ(seen, thrice);
+
+  // Draw keys run on across passes: a pass's samples draw anew.
+  LoaderOptions d;
+  d.batch_size = 3;
+  d.workers = 2;
+  d.drop_last = false;
+  d.passes = 2;
+  d.first_position = 50;
+  Loader drawn(std::make_shared<DrawKeyDataset>(5), d);
+  std::vector<int64_t> positions;
+  while (auto b = drawn.next()) {
+    for (int64_t i = 0; i < b->fields[0].size(0); ++i)
+      positions.push_back(b->fields[0][i][2].item<int64_t>());
+    drawn.release(*b);
+  }
+  EXPECT_EQ(positions, (std::vector<int64_t>{50, 51, 52, 53, 54, 55, 56, 57, 58, 59}));
+}
+
+TEST(LoaderTest, APausedLoaderStartsNoSampleUntilResumed) {
+  auto ds = std::make_shared<IndexDataset>(400, -1, 200);  // up to 0.4 ms a sample
+  LoaderOptions o;
+  o.batch_size = 50;
+  o.workers = 3;
+  o.depth = 8;
+  o.drop_last = false;
+  Loader loader(ds, o);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the workers are mid-batch
+  loader.pause();
+  // A sample begun before the pause finishes; none begins after it.
+  while (ds->active > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int64_t at_pause = ds->loaded;
+  EXPECT_LT(at_pause, 400);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(ds->loaded, at_pause) << "samples loaded while paused";
+  loader.resume();
+  const std::vector<int64_t> seen = drain(loader);
+  ASSERT_EQ(seen.size(), 400u);
+  for (int64_t i = 0; i < 400; ++i) ASSERT_EQ(seen[i], i);
+
+  // stop() ends a pause: a paused loader is destroyed without hanging.
+  Loader paused(ds, o);
+  paused.pause();
+  paused.stop();
+  EXPECT_FALSE(paused.next().has_value());
 }
 
 TEST(LoaderTest, DropLastDropsOnlyTheShortBatch) {
@@ -282,6 +356,10 @@ TEST(LoaderTest, RejectsBadOptionsNamingTheValue) {
     EXPECT_EQ(loader_error(ds, o), "loader depth " + std::to_string(depth) +
                                        " is not valid: expected 1 to 4096 host slots");
   }
+  o.depth = 2;
+  o.passes = 0;
+  EXPECT_EQ(loader_error(ds, o), "loader pass count 0 is not valid: expected >= 1");
+  o.passes = 1;
   o.workers = kMaxLoaderWorkers;  // the bounds themselves are valid
   o.depth = 1;
   EXPECT_EQ(loader_error(ds, o), "");

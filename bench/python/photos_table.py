@@ -5,6 +5,10 @@ Inputs, all in RAW (the phase's scratch folder), SIDES being "320-640" or "1000-
   photos-train-SIDES-MODEL-CROP.json
                                   `tandem train --json` (MODEL r18_full | r50_full, CROP whole |
                                   region): images_per_s, eval_images_per_s, accuracy
+  photos-files-SIDES-MODEL-CROP.json
+                                  `tandem bench --workload images --param source=files`: the
+                                  training rate from the JPEGs with the loader running on across
+                                  epochs (no evaluation, no checkpoint): the row's images_per_s
   photos-resident-MODEL.json      `tandem bench --workload images --param source=resident`
   photos-databench-SIDES.json     `tandem data-bench --steps 0`: the decode rows (CPU per core,
                                   whole-image and crop-region; nvJPEG from one thread)
@@ -12,7 +16,10 @@ Inputs, all in RAW (the phase's scratch folder), SIDES being "320-640" or "1000-
 
 photos.json: {device, date, command, rows: [{impl: "tandem"|"python", job, sides, precision,
 batch_size, decode: "cpu", crop, images_per_s, eval_images_per_s, resident_images_per_s,
-cpu_share, of_resident}]} and, per folder, the decode rows under "decode".
+cpu_share, of_resident, train_images_per_s}]} and, per folder, the decode rows under "decode".
+images_per_s is the bench rate where there is one (else `tandem train`'s); train_images_per_s
+is `tandem train`'s steady epoch rate, which a folder whose epoch fits in the loader's ring
+overstates (the ring fills during each epoch end's evaluation and checkpoint).
 Usage: photos_table.py RAW OUT_JSON COMMAND
 """
 import datetime
@@ -51,13 +58,17 @@ def main(raw, out, command):
         sides, job, crop = f"{parts[0]}-{parts[1]}", parts[2], parts[3]
         device = device or d.get("device")
         res = resident.get(job)
+        files = rate(load(f"{raw}/photos-files-{sides}-{job}-{crop}.json")) \
+            if os.path.exists(f"{raw}/photos-files-{sides}-{job}-{crop}.json") else None
+        img = files or d.get("images_per_s")
         rows.append({"impl": "tandem", "job": job, "sides": sides, "precision": d.get("precision"),
                      "batch_size": d.get("batch_size"), "decode": "cpu", "crop": crop,
-                     "images_per_s": d.get("images_per_s"),
+                     "images_per_s": img,
                      "eval_images_per_s": d.get("eval_images_per_s"),
                      "resident_images_per_s": res, "cpu_share": 1.0,
                      "accuracy": d.get("accuracy"),
-                     "of_resident": d["images_per_s"] / res if res and d.get("images_per_s") else None})
+                     "train_images_per_s": d.get("images_per_s"),
+                     "of_resident": img / res if res and img else None})
     for p in sorted(glob.glob(f"{raw}/photos-python-*.json")):
         d = load(p)
         if not d:
@@ -80,13 +91,15 @@ def main(raw, out, command):
            "command": command, "rows": rows, "decode": decode}
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
-    fmt = "{:6s} {:9s} {:9s} {:7s} {:>9s} {:>9s} {:>9s} {:>6s}"
-    print(fmt.format("impl", "job", "sides", "crop", "img/s", "eval", "resident", "of res"))
+    fmt = "{:6s} {:9s} {:9s} {:7s} {:>9s} {:>9s} {:>9s} {:>6s} {:>9s}"
+    print(fmt.format("impl", "job", "sides", "crop", "img/s", "eval", "resident", "of res",
+                     "train cli"))
     for r in rows:
         num = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
         print(fmt.format(r["impl"], r["job"], r["sides"], r["crop"], num(r["images_per_s"]),
                          num(r["eval_images_per_s"]), num(r["resident_images_per_s"]),
-                         f"{r['of_resident']:.2f}" if r.get("of_resident") else "-"))
+                         f"{r['of_resident']:.2f}" if r.get("of_resident") else "-",
+                         num(r.get("train_images_per_s"))))
     for sides, decode_rows in decode.items():
         for r in decode_rows:
             print(f"decode {sides:9s} {r.get('decoder', ''):18s} {r.get('images_per_s', 0):8.0f} img/s")

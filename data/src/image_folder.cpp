@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -95,6 +96,11 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
                    options_.image_size);
   TANDEM_CHECK_ARG(options_.channels == 1 || options_.channels == 3,
                    "ImageFolder: channels must be 1 or 3, got ", options_.channels);
+  TANDEM_CHECK_ARG(options_.engine_share >= 0 && options_.engine_share <= 1,
+                   "ImageFolder: engine share ", options_.engine_share,
+                   " is not valid: expected 0 to 1");
+  TANDEM_CHECK_ARG(options_.engine_share == 0 || options_.output == ImageFolderOutput::kCropRegion,
+                   "ImageFolder: an engine share needs crop regions (kCropRegion)");
   const detail::PathStatus status = detail::path_status(root_);
   TANDEM_CHECK_ARG(status.exists, "ImageFolder: root '", root_, "' does not exist (",
                    detail::errno_text(status.error), ")");
@@ -175,6 +181,11 @@ std::vector<FieldSpec> ImageFolderDataset::fields() const {
   if (options_.output == ImageFolderOutput::kDecoded)  // typical: between S and 2S a side
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"label", {}, at::kLong}};
+  if (options_.output == ImageFolderOutput::kCropRegion && options_.engine_share > 0)
+    return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
+            {"jpeg", {s * s}, at::kByte, true, true},
+            {"crop_box", {kCropBoxFields}, at::kInt},
+            {"label", {}, at::kLong}};
   if (options_.output == ImageFolderOutput::kCropRegion)
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"crop_box", {kCropBoxFields}, at::kInt},
@@ -193,6 +204,24 @@ std::vector<ImageFolderDataset::Sample> ImageFolderDataset::spread_samples(int64
 ImageFolderDataset ImageFolderDataset::with_output(ImageFolderOutput output) const {
   ImageFolderDataset copy = *this;
   copy.options_.output = output;
+  if (output != ImageFolderOutput::kCropRegion) copy.options_.engine_share = 0;
+  return copy;
+}
+
+ImageFolderDataset ImageFolderDataset::with_image_size(int64_t size) const {
+  TANDEM_CHECK_ARG(size >= 1, "ImageFolder: image size ", size, " is not valid: expected >= 1");
+  ImageFolderDataset copy = *this;
+  copy.options_.image_size = size;
+  return copy;
+}
+
+ImageFolderDataset ImageFolderDataset::with_engine_share(double share) const {
+  TANDEM_CHECK_ARG(share >= 0 && share <= 1, "ImageFolder: engine share ", share,
+                   " is not valid: expected 0 to 1");
+  TANDEM_CHECK_ARG(share == 0 || options_.output == ImageFolderOutput::kCropRegion,
+                   "ImageFolder: an engine share needs crop regions (kCropRegion)");
+  ImageFolderDataset copy = *this;
+  copy.options_.engine_share = share;
   return copy;
 }
 
@@ -236,15 +265,41 @@ const ImageFolderDataset::Sample& checked_sample(
 }
 }  // namespace
 
+bool decodes_on_engines(double share, uint64_t position) {
+  const auto q = static_cast<uint64_t>(std::llround(std::clamp(share, 0.0, 1.0) * 1024));
+  return (position * q) % 1024 + q >= 1024;  // floor((p + 1) q / 1024) > floor(p q / 1024)
+}
+
 void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
                                           std::vector<at::Tensor>& out) const {
   if (options_.output != ImageFolderOutput::kCropRegion) return get_sample(index, out);
-  const Sample& sample = checked_sample(samples_, index, out, "image, crop_box, label");
+  const bool split = options_.engine_share > 0;
+  const Sample& sample = checked_sample(samples_, index, out,
+                                        split ? "image, jpeg, crop_box, label"
+                                              : "image, crop_box, label");
   int32_t box[kCropBoxFields];
-  out[0] = decode_drawn_crop(read_file(sample.path), sample.path, options_.channels,
-                             options_.image_size, draw, box);
-  std::memcpy(out[1].data_ptr<int32_t>(), box, sizeof(box));
-  out[2].fill_(sample.label);
+  const std::vector<uint8_t> bytes = read_file(sample.path);
+  at::Tensor jpeg = at::empty({0}, at::kByte);
+  bool engines = split && decodes_on_engines(options_.engine_share, draw.position);
+  if (engines) {
+    // The engines read baseline gray and YCbCr JPEGs; anything else decodes here.
+    const ImageInfo info = read_image_info(bytes, sample.path);  // names a bad file
+    engines = info.format == ImageFormat::kJpeg && info.channels != 4;
+    if (engines) {
+      draw_crop_box(ResizedCropSpec::train(options_.image_size), info.height, info.width, draw,
+                    box);  // in the full-resolution pixels the engines decode
+      jpeg = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+      std::memcpy(jpeg.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+      out[0] = at::empty({0, 0, options_.channels}, at::kByte);
+    }
+  }
+  if (!engines)
+    out[0] = decode_drawn_crop(bytes, sample.path, options_.channels, options_.image_size, draw,
+                               box);
+  size_t f = 1;
+  if (split) out[f++] = jpeg;
+  std::memcpy(out[f++].data_ptr<int32_t>(), box, sizeof(box));
+  out[f].fill_(sample.label);
 }
 
 void ImageFolderDataset::get_sample(int64_t index, std::vector<at::Tensor>& out) const {

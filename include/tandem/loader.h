@@ -121,6 +121,10 @@ struct LoaderOptions {
   /// DistributedSampler's for one rank and epoch); each in [0, size). Overrides shuffle.
   std::vector<int64_t> indices;
   bool drop_last = true;   ///< drop a final short batch
+  /// The order visited this many times back to back, each pass cut into batches of its own (its
+  /// last one short unless drop_last): an evaluation's loader serves every evaluation of a run,
+  /// so its workers start once and fill the next pass's first batches ahead. >= 1.
+  int64_t passes = 1;
   /// A sample whose get_sample() throws is left out of its batch (which is then shorter),
   /// counted and reported (Loader::skipped()), instead of failing the batch.
   bool skip_bad = false;
@@ -160,7 +164,7 @@ struct SkippedSample {
 /// A filled slot handed to the consumer: fields[f] is (B, ...shape) on the host for a fixed-size
 /// field, packed for a variable-size one (Loader::fields(): packed_fields() of the dataset's).
 struct HostBatch {
-  int64_t number = -1;           ///< 0, 1, ... within the epoch
+  int64_t number = -1;           ///< 0, 1, ... within the loader (every pass)
   int slot = -1;                 ///< ring slot, for Loader::release
   std::vector<int64_t> indices;  ///< dataset indices of the B samples, in order
   std::vector<at::Tensor> fields;
@@ -186,7 +190,10 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
+  /// Every pass's batches (LoaderOptions::passes).
   int64_t num_batches() const { return num_batches_; }
+  /// One pass's.
+  int64_t batches_per_pass() const { return batches_per_pass_; }
   /// What each batch carries: packed_fields() of the dataset's fields.
   const std::vector<FieldSpec>& fields() const { return fields_; }
   /// The samples left out so far (skip_bad), in the order the workers met them.
@@ -199,6 +206,11 @@ class Loader {
   void release(const HostBatch& batch, const Lane* lane = nullptr);
   /// Stops and joins the workers; further next() calls return nullopt.
   void stop();
+  /// Holds every worker at its next sample boundary (a sample being loaded finishes) until
+  /// resume(), so other work (an evaluation's loader) has the cores; next() waits meanwhile for
+  /// a batch not yet filled. Any thread; stop() ends a pause.
+  void pause();
+  void resume();
 
  private:
   enum class SlotState { kFree, kFilling, kReady, kInUse, kFailed };
@@ -244,7 +256,8 @@ class Loader {
   bool pinned_ = false;
   std::vector<SkippedSample> skipped_;  // guarded by mutex_
   int64_t num_batches_ = 0;
-  int64_t epoch_size_ = 0;  // samples this epoch visits
+  int64_t batches_per_pass_ = 0;
+  int64_t epoch_size_ = 0;  // samples one pass visits
   std::vector<int64_t> order_;  // empty unless shuffling
 
   mutable std::mutex mutex_;
@@ -253,6 +266,7 @@ class Loader {
   int64_t next_to_claim_ = 0;
   int64_t next_to_deliver_ = 0;
   bool stopping_ = false;
+  std::atomic<bool> paused_{false};  // written under mutex_; workers peek at it per sample
   std::vector<std::thread> workers_;
   std::unique_ptr<WorkerState[]> worker_state_;
   std::shared_ptr<WorkerGuard> guard_ = std::make_shared<WorkerGuard>();

@@ -94,6 +94,13 @@ class Runner {
   /// prepare(num_steps), run(): trains `num_steps` steps and returns their losses.
   std::vector<float> train(int64_t num_steps);
 
+  /// Holds (true) or lets go (false) the loader's workers of a host data source, from any
+  /// thread while run() runs: an evaluation between two steps then has the cores its own loader
+  /// decodes on, and the training's ring does not fill behind it (which would both slow the
+  /// evaluation and flatter the next epoch's rate). Batches already filled stay; a step that
+  /// needs one not yet filled waits for the release. No effect on device-resident sources.
+  void pause_loading(bool paused);
+
   /// The per-step losses of the last run, in step order (synchronizes).
   std::vector<float> losses() const;
   /// The samples the last run left out (RunOptions::skip_bad), each with why.

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -199,6 +201,76 @@ TEST(CropDecodeTest, ACropRegionSampleIsTheDrawnCropOfTheFullImage) {
   }
   EXPECT_GE(smaller, 6) << "most crops decode a fraction of the photo's pixels";
   EXPECT_FALSE(torch::equal(sample({10, 0})[1], sample({9, 0})[1])) << "another seed, another box";
+}
+
+TEST(CropDecodeTest, TheEnginesShareIsAnEvenSplitOfPositions) {
+  for (const double share : {0.0, 0.25, 0.4, 1.0}) {
+    int64_t engines = 0, run = 0, longest_cpu_run = 0;
+    for (uint64_t p = 0; p < 1024; ++p) {
+      const bool e = decodes_on_engines(share, p);
+      engines += e;
+      run = e ? 0 : run + 1;
+      longest_cpu_run = std::max(longest_cpu_run, run);
+    }
+    EXPECT_EQ(engines, std::llround(share * 1024)) << share;
+    if (share >= 0.25) EXPECT_LE(longest_cpu_run, 3) << share;  // spread, not in one block
+  }
+  EXPECT_EQ(decodes_on_engines(0.4, 5000), decodes_on_engines(0.4, 5000));
+}
+
+// With an engine share, the samples at the engines' positions carry the file's bytes and their
+// box in the full-resolution pixels (what the engines decode), the others a decoded region and
+// no bytes; a PNG at an engine position is decoded here.
+TEST(CropDecodeTest, AnEngineShareLeavesItsSamplesEncodedWithFullResolutionBoxes) {
+  const std::vector<uint8_t> jpeg = detailed_photo();
+  const testing::TempDir dir;
+  testing::put(dir, "root/photos/p.jpg", jpeg);
+  testing::put(dir, "root/photos/q.png", encode_png(testing::smooth_image(3, 300, 400, 1)));
+  ImageFolderOptions fo;
+  fo.output = ImageFolderOutput::kCropRegion;
+  fo.engine_share = 0.5;
+  const ImageFolderDataset folder(dir.file("root"), fo);
+  ASSERT_EQ(folder.fields().size(), 4u);
+  EXPECT_EQ(folder.fields()[1].name, "jpeg");
+  EXPECT_TRUE(folder.fields()[1].stays_on_host);
+  const ImageFolderDataset plain = folder.with_engine_share(0);
+  int engines = 0;
+  for (uint64_t position = 0; position < 8; ++position) {
+    const SampleDraw draw{9, position};
+    std::vector<at::Tensor> out{at::Tensor(), at::Tensor(),
+                                torch::empty({kCropBoxFields}, torch::kInt),
+                                torch::empty({}, torch::kLong)};
+    folder.get_drawn_sample(0, draw, out);  // p.jpg
+    std::vector<at::Tensor> cpu{at::Tensor(), torch::empty({kCropBoxFields}, torch::kInt),
+                                torch::empty({}, torch::kLong)};
+    plain.get_drawn_sample(0, draw, cpu);
+    if (decodes_on_engines(0.5, position)) {
+      ++engines;
+      ASSERT_EQ(out[1].numel(), static_cast<int64_t>(jpeg.size()));
+      EXPECT_EQ(std::memcmp(out[1].data_ptr<uint8_t>(), jpeg.data(), jpeg.size()), 0);
+      EXPECT_EQ(out[0].numel(), 0);
+      at::Tensor full_box = torch::empty({kCropBoxFields}, torch::kInt);
+      draw_crop_box(ResizedCropSpec::train(224), 1200, 1600, draw, full_box.data_ptr<int32_t>());
+      EXPECT_TRUE(torch::equal(out[2], full_box)) << "position " << position;
+    } else {
+      EXPECT_EQ(out[1].numel(), 0);
+      EXPECT_TRUE(torch::equal(out[0], cpu[0])) << "position " << position;
+      EXPECT_TRUE(torch::equal(out[2], cpu[1])) << "position " << position;
+    }
+    EXPECT_EQ(out[3].item<int64_t>(), 0);
+    std::vector<at::Tensor> png{at::Tensor(), at::Tensor(),
+                                torch::empty({kCropBoxFields}, torch::kInt),
+                                torch::empty({}, torch::kLong)};
+    folder.get_drawn_sample(1, draw, png);  // q.png: decoded here wherever it falls
+    EXPECT_EQ(png[1].numel(), 0);
+    EXPECT_GT(png[0].numel(), 0);
+  }
+  EXPECT_EQ(engines, 4);
+  fo.output = ImageFolderOutput::kDecoded;
+  EXPECT_THROW(ImageFolderDataset(dir.file("root"), fo), InvalidArgument);
+  fo.output = ImageFolderOutput::kCropRegion;
+  fo.engine_share = 1.5;
+  EXPECT_THROW(ImageFolderDataset(dir.file("root"), fo), InvalidArgument);
 }
 
 }  // namespace

@@ -77,13 +77,13 @@ RunOptions run_options(Mode mode, int64_t batch) {
 TEST(ImagesWorkloadTest, EveryModeComputesSerialsLossesOnTheCpu) {
   TempDir dir;
   write_shapes_folder(dir, 6, 1);
-  // Crop regions (boxes drawn in the loader's workers, keyed by position) with the trained net.
-  for (const std::string model : {"r18_full", "r50_frozen_head", "r18_full crop=region"}) {
+  // Crop regions (the default: boxes drawn in the loader's workers, keyed by position), and
+  // whole images cropped on the device, with the trained net.
+  for (const std::string model : {"r18_full", "r50_frozen_head", "r18_full crop=whole"}) {
     std::vector<float> serial;
     for (const Mode mode : workload_modes()) {
-      const bool regions = model.find("crop=region") != std::string::npos;
       WorkloadOptions o = options_for(dir, model.substr(0, model.find(' ')), 4);
-      if (regions) o.params["crop"] = "region";
+      if (model.find("crop=whole") != std::string::npos) o.params["crop"] = "whole";
       const ImagesWorkload w = make_images(o);
       if (mode == Mode::kGraphedK) {  // K steps per graph: the eager crop stage cannot be inside
         EXPECT_THROW(Runner(w.workload, run_options(mode, 4)), InvalidArgument);
@@ -113,8 +113,13 @@ void expect_every_mode_computes_serials_losses(const std::vector<std::string>& d
     for (const Mode mode : workload_modes()) {
       if (mode == Mode::kGraphedK) continue;  // refused: see the CPU test
       WorkloadOptions o = options_for(dir, model, 4);
-      o.params["decode"] = decode == "region" ? "cpu" : decode;
-      if (decode == "region") o.params["crop"] = "region";  // boxes from the loader's workers
+      // cpu: whole images, the boxes drawn on the device; region: boxes from the loader's
+      // workers; split: half of each batch's samples decoded by the JPEG engines, the other
+      // half by the workers (decode=auto with a given share)
+      const bool regions = decode == "region" || decode == "split";
+      o.params["decode"] = decode == "split" ? "auto" : decode == "region" ? "cpu" : decode;
+      o.params["crop"] = regions ? "region" : "whole";
+      if (decode == "split") o.params["engine_share"] = "0.5";
       o.device = c10::Device(c10::kCUDA, 0);
       const ImagesWorkload w = make_images(o);
       // 4 batches an epoch; 12 steps: warm-up, capture and replays across three epochs.
@@ -134,7 +139,7 @@ void expect_every_mode_computes_serials_losses(const std::vector<std::string>& d
 // On the GPU: the crop kernel, the packed copy and the graphs, every mode against serial.
 TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLosses) {
   TANDEM_SKIP_WITHOUT_CUDA();
-  expect_every_mode_computes_serials_losses({"cpu", "region", "gpu"});
+  expect_every_mode_computes_serials_losses({"cpu", "region", "split", "gpu"});
 }
 
 // The same through nvJPEG's hardware engines (which the pipeline uses only when asked): they

@@ -1,12 +1,18 @@
-// An evaluation's loader parts (eval_part_size) and their batches (for_each_eval_batch): every
-// worker gets a part to decode, whole parts make batches of exactly the batch size, and every
-// sample is seen once, in order, the short last batch included.
+// An evaluation's loader parts (eval_part_size) and their batches (EvalPasses): every worker
+// gets a part to decode, whole parts make batches of exactly the batch size, and every sample is
+// seen once, in order, the short last batch included — in every evaluation of the run, from one
+// loader.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
+#include <thread>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "evaluation_thread.h"
 #include "job_util.h"
 #include "tandem/lane.h"
 #include "tandem/random_dataset.h"
@@ -16,7 +22,7 @@ namespace {
 
 using detail::eval_loader_options;
 using detail::eval_part_size;
-using detail::for_each_eval_batch;
+using detail::EvalPasses;
 
 TEST(EvalBatchesTest, PartsAreDivisorsThatKeepEveryWorkerBusy) {
   EXPECT_EQ(eval_part_size(256, 15), 16);  // 16 parts a batch: all 15 workers decode
@@ -37,24 +43,62 @@ TEST(EvalBatchesTest, EverySampleOnceInOrderInBatchesOfTheBatchSize) {
   Batch all;
   load_next_batch(whole, all, lane);
 
-  std::vector<int64_t> sizes;
-  std::vector<at::Tensor> xs, ys;
-  int prepared = 0;
-  for_each_eval_batch(
-      data, 8, 3, lane,
-      [&](Batch& b) {
-        ++prepared;
-        return std::vector<at::Tensor>{b.get("x").clone(), b.get("y").clone()};
-      },
-      [&](const std::vector<at::Tensor>& xy) {
-        sizes.push_back(xy[0].size(0));
-        xs.push_back(xy[0]);
-        ys.push_back(xy[1]);
-      });
-  EXPECT_EQ(sizes, (std::vector<int64_t>{8, 8, 7}));
-  EXPECT_EQ(prepared, 12);  // parts of 2 (ceil(8 / 3) = 3 does not divide 8): 11 full, 1 short
-  EXPECT_TRUE(at::cat(xs).equal(all.get("x")));
+  EvalPasses passes(data, 8, 3);
+  for (int evaluation = 0; evaluation < 3; ++evaluation) {  // the same batches every time
+    SCOPED_TRACE("evaluation " + std::to_string(evaluation));
+    std::vector<int64_t> sizes;
+    std::vector<at::Tensor> xs, ys;
+    int prepared = 0;
+    passes.run(
+        lane,
+        [&](Batch& b) {
+          ++prepared;
+          return std::vector<at::Tensor>{b.get("x").clone(), b.get("y").clone()};
+        },
+        [&](const std::vector<at::Tensor>& xy) {
+          sizes.push_back(xy[0].size(0));
+          xs.push_back(xy[0]);
+          ys.push_back(xy[1]);
+        });
+    EXPECT_EQ(sizes, (std::vector<int64_t>{8, 8, 7}));
+    EXPECT_EQ(prepared, 12);  // parts of 2 (ceil(8 / 3) = 3 does not divide 8): 11 full, 1 short
+    EXPECT_TRUE(at::cat(xs).equal(all.get("x")));
+    EXPECT_TRUE(at::cat(ys).equal(all.get("y")));
+  }
+}
+
+TEST(EvalBatchesTest, AnEvaluationStoppedMidwayLeavesTheNextWhole) {
+  const auto data = std::make_shared<RandomDataset>(
+      std::vector<RandomField>{{"x", {3}, at::kFloat, 0, 1}, {"y", {}, at::kLong, 0, 100}}, 9,
+      7);
+  const Lane lane = Lane::create("eval", c10::Device(c10::kCPU));
+  EvalPasses passes(data, 4, 2);
+  auto prepare = [](Batch& b) { return std::vector<at::Tensor>{b.get("y").clone()}; };
+  int consumed = 0;
+  EXPECT_THROW(passes.run(lane, prepare,
+                          [&](const std::vector<at::Tensor>&) {
+                            if (++consumed == 2) throw std::runtime_error("metric failed");
+                          }),
+               std::runtime_error);
+  std::vector<at::Tensor> ys;
+  passes.run(lane, prepare, [&](const std::vector<at::Tensor>& y) { ys.push_back(y[0]); });
+  ASSERT_EQ(ys.size(), 3u);  // 4, 4, 1: from the first sample again
+  Loader whole(data, eval_loader_options(9, 1));
+  Batch all;
+  load_next_batch(whole, all, lane);
   EXPECT_TRUE(at::cat(ys).equal(all.get("y")));
+}
+
+TEST(EvaluationThreadTest, RunsEachTaskOnItsOneThreadAndRethrows) {
+  detail::EvaluationThread thread;
+  const Lane lane = Lane::create("eval", c10::Device(c10::kCPU));
+  const std::function<std::thread::id()> whose = [] { return std::this_thread::get_id(); };
+  const std::thread::id first = thread.run(lane, whose);
+  EXPECT_NE(first, std::this_thread::get_id());
+  EXPECT_EQ(thread.run(lane, whose), first);
+  const std::function<int()> fails = []() -> int { throw std::runtime_error("metric failed"); };
+  EXPECT_THROW(thread.run(lane, fails), std::runtime_error);
+  EXPECT_EQ(thread.run(lane, whose), first);  // still there after a failure
 }
 
 }  // namespace

@@ -10,6 +10,9 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "tandem/error.h"
 #include "tandem/models/safetensors.h"
@@ -60,6 +63,27 @@ TEST(TrainerTest, WritesMetricsAndLearns) {
   // keep 3 checkpoints: one per epoch
   EXPECT_EQ(CheckpointStore(f.tmp.path() + "/run/checkpoints", 3).list().size(), 3u);
   EXPECT_NO_THROW(models::load_safetensors(r.weights));
+}
+
+// Every evaluation of a run runs on one thread, the last epoch's (after the pipeline's threads
+// have ended) included: ATen keeps cuDNN's tuned convolution plans per thread, so an evaluation
+// on a fresh thread would tune them again.
+TEST(TrainerTest, EveryEvaluationRunsOnOneThread) {
+  Fixture f;
+  TrainJob job = make_classifier(small_job(f.data));
+  auto threads = std::make_shared<std::vector<std::thread::id>>();
+  const auto evaluate = job.evaluate;
+  job.evaluate = [evaluate, threads](const Lane& lane) {
+    threads->push_back(std::this_thread::get_id());
+    return evaluate(lane);
+  };
+  const TrainResult r = Trainer(job, options(f.tmp.path() + "/run", Mode::kPipelined, 3)).run();
+  ASSERT_EQ(r.epochs.size(), 3u);
+  ASSERT_EQ(threads->size(), 3u);
+  EXPECT_EQ((*threads)[1], (*threads)[0]);
+  EXPECT_EQ((*threads)[2], (*threads)[0]);
+  EXPECT_NE((*threads)[0], std::this_thread::get_id());
+  EXPECT_TRUE(r.epochs.back().metrics.count("accuracy"));
 }
 
 // bf16 autocast is entered inside each stage's function (autocast is thread-local), so it holds

@@ -172,13 +172,13 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "ImageFolder and segmentation: the square the model sees, >= " +
                     std::to_string(kMinImageSize) + " [default: 224; segmentation on the CPU 128]");
   c->add_option("--crop", crop,
-                "ImageFolder training: whole (each image decoded whole at the scale --image-size "
-                "needs, the random crop cut on the GPU) or region (each sample's random crop "
-                "drawn first and only that box decoded, at the scale that keeps it at "
-                "--image-size: torchvision's crop of the full-resolution photo, never a small "
-                "box enlarged; with libjpeg's API it decodes more images per core than whole, "
-                "without it about half as many)")
-      ->check(CLI::IsMember({"whole", "region"}))
+                "ImageFolder training: region (each sample's random crop drawn first and only "
+                "that box decoded, at the scale that keeps it at --image-size: torchvision's "
+                "crop of the full-resolution photo, never a small box enlarged; with libjpeg's "
+                "API it decodes more images per core than whole, without it about half as "
+                "many) or whole (each image decoded whole at the scale --image-size needs, the "
+                "random crop cut on the GPU from that reduced image)")
+      ->check(CLI::IsMember({"region", "whole"}))
       ->capture_default_str();
   c->add_option("--subset", job.subset, "train on this many samples (spread over the set)");
   c->add_option("--val-subset", job.val_subset, "evaluate on this many samples");

@@ -18,7 +18,7 @@ struct TrainCommand {
   std::string mode = "auto";
   std::string freeze;          // "backbone" or empty
   std::string schedule = "cosine";
-  std::string crop = "whole";  // ImageFolder training: whole or region
+  std::string crop = "region";  // ImageFolder training: region or whole
   // The flags below that a comment says "not given: ..." are read only when given(): their
   // defaults depend on the model, the data or the device, and a given 0 is refused.
   double warmup_epochs = 0;

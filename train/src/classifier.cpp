@@ -182,25 +182,31 @@ TrainJob make_classifier(const ClassifierOptions& o) {
                      o.data, " is an image folder, expected a ResNet (resnet18/34/50)");
     data::ImageFolderOptions fo;
     fo.image_size = o.image_size;
-    // Evaluation decodes whole images at the scale the center crop needs (kDecoded); training
-    // too, or, with crop_regions, each sample's random crop only (its box drawn in the worker,
-    // before the decode: kCropRegion).
+    // Training decodes each sample's random crop only (its box drawn in the worker, before the
+    // decode: kCropRegion), or without crop_regions the whole image at the scale the crop size
+    // needs (kDecoded). Evaluation decodes whole images at the scale Resize's shorter side
+    // needs (S * 256 / 224 for S = 224), so the resize shrinks as torchvision's does.
     fo.output = data::ImageFolderOutput::kDecoded;
     auto folder = std::make_shared<data::ImageFolderDataset>(o.data, fo);
     std::shared_ptr<const Dataset> crops = folder;
     if (o.crop_regions)
       crops = std::make_shared<data::ImageFolderDataset>(
           folder->with_output(data::ImageFolderOutput::kCropRegion));
+    const int64_t resize_size = o.image_size * 256 / 224;
+    auto eval_folder =
+        std::make_shared<data::ImageFolderDataset>(folder->with_image_size(resize_size));
     const int64_t classes = static_cast<int64_t>(folder->classes().size());
     std::shared_ptr<const Dataset> train_data = crops, val_data;
     if (!o.val.empty()) {
-      auto v = std::make_shared<data::ImageFolderDataset>(o.val, fo);
+      data::ImageFolderOptions vo = fo;
+      vo.image_size = resize_size;
+      auto v = std::make_shared<data::ImageFolderDataset>(o.val, vo);
       TANDEM_CHECK_ARG(v->classes() == folder->classes(), "--val ", o.val,
                        " has other class folders than --data ", o.data);
       val_data = v;
     } else if (o.val_split > 0) {
       train_data = split_every_kth(crops, o.val_split).first;
-      val_data = split_every_kth(folder, o.val_split).second;
+      val_data = split_every_kth(eval_folder, o.val_split).second;
     }
     train_data = take(train_data, o.subset);
     if (val_data) val_data = take(val_data, o.val_subset);
@@ -253,20 +259,19 @@ TrainJob make_classifier(const ClassifierOptions& o) {
       w.train.what = model_name + ", cross-entropy";
     }
     if (val_data) {
-      const ResizedCropSpec eval_spec = ResizedCropSpec::eval(S, S * 256 / 224);
+      const ResizedCropSpec eval_spec = ResizedCropSpec::eval(S, resize_size);
       const at::Generator eval_gen = seeded_generator(device, o.seed);  // draws no randomness
-      const int64_t bs = o.batch_size;
-      const int workers = o.workers;
       const bool frozen = o.freeze_backbone;
-      job.evaluate = [n, folded, val_data, eval_spec, eval_gen, bs, workers, device, precision,
-                      frozen, nhwc](const Lane& lane) {
+      auto passes = std::make_shared<EvalPasses>(val_data, o.batch_size, o.workers);
+      job.evaluate = [n, folded, passes, eval_spec, eval_gen, device, precision, frozen,
+                      nhwc](const Lane& lane) {
         at::NoGradGuard no_grad;
         n->eval();
         at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
         at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         int64_t seen = 0;
-        for_each_eval_batch(
-            val_data, bs, workers, lane,
+        passes->run(
+            lane,
             [&](Batch& batch) {  // each loader part: Resize + CenterCrop on the device
               const at::Tensor sizes = batch.get(sizes_field("image"));
               const at::Tensor boxes = draw_crop_boxes(eval_spec, sizes, eval_gen);

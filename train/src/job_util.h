@@ -137,40 +137,76 @@ inline int64_t eval_part_size(int64_t batch_size, int workers) {
   return part;
 }
 
-/// One evaluation pass over `data`: the loader's parts (eval_part_size) loaded on `lane`, each
-/// turned into device tensors by `prepare` (the model's inputs and targets, dim 0 the samples),
-/// concatenated into batches of `batch_size` samples (the last one shorter) and handed to
-/// `consume`. Each tensor keeps its part's memory format.
-inline void for_each_eval_batch(
-    std::shared_ptr<const Dataset> data, int64_t batch_size, int workers, const Lane& lane,
-    const std::function<std::vector<at::Tensor>(Batch&)>& prepare,
-    const std::function<void(const std::vector<at::Tensor>&)>& consume) {
-  Loader loader(std::move(data), eval_loader_options(eval_part_size(batch_size, workers), workers));
-  std::vector<std::vector<at::Tensor>> parts;
-  int64_t rows = 0;
-  auto flush = [&] {
-    if (parts.empty()) return;
-    std::vector<at::Tensor> joined;
-    for (size_t f = 0; f < parts[0].size(); ++f) {
-      std::vector<at::Tensor> column;
-      for (const auto& p : parts) column.push_back(p[f]);
-      joined.push_back(column.size() == 1
-                           ? column[0]
-                           : at::cat(column).contiguous(column[0].suggest_memory_format()));
+/// How many evaluations one EvalPasses loader serves before the next is made (its workers are
+/// up for them all; the order is not copied per pass, so a large number costs nothing).
+constexpr int64_t kEvalPassesPerLoader = 1024;
+
+/// Every evaluation of a run over `data`, from one loader whose workers start once: a pass is
+/// the loader's parts (eval_part_size) loaded on the lane, each turned into device tensors by
+/// `prepare` (the model's inputs and targets, dim 0 the samples), concatenated into batches of
+/// `batch_size` samples (the last one shorter) and handed to `consume`; each tensor keeps its
+/// part's memory format. Between two passes the workers fill the next pass's first parts (the
+/// ring's depth), so an evaluation starts on decoded parts instead of starting threads and
+/// waiting for a whole part's decode. (A loader per evaluation did both every epoch.)
+/// Not thread-safe: one evaluation at a time.
+class EvalPasses {
+ public:
+  EvalPasses(std::shared_ptr<const Dataset> data, int64_t batch_size, int workers)
+      : data_(std::move(data)), batch_size_(batch_size), workers_(workers) {}
+
+  void run(const Lane& lane, const std::function<std::vector<at::Tensor>(Batch&)>& prepare,
+           const std::function<void(const std::vector<at::Tensor>&)>& consume) {
+    if (!loader_ || passes_done_ == kEvalPassesPerLoader) {
+      loader_.reset();  // its workers have filled every part of its last pass: joins at once
+      LoaderOptions lo = eval_loader_options(eval_part_size(batch_size_, workers_), workers_);
+      lo.passes = kEvalPassesPerLoader;
+      loader_ = std::make_unique<Loader>(data_, lo);
+      passes_done_ = 0;
     }
-    parts.clear();
-    rows = 0;
-    consume(joined);
-  };
-  for (int64_t b = 0; b < loader.num_batches(); ++b) {
-    Batch batch;
-    load_next_batch(loader, batch, lane);
-    parts.push_back(prepare(batch));
-    rows += parts.back().at(0).size(0);
-    if (rows >= batch_size) flush();
+    try {
+      pass(lane, prepare, consume);
+    } catch (...) {
+      loader_.reset();  // stopped mid-pass: the next evaluation starts a pass from its start
+      throw;
+    }
+    ++passes_done_;
   }
-  flush();
-}
+
+ private:
+  void pass(const Lane& lane, const std::function<std::vector<at::Tensor>(Batch&)>& prepare,
+            const std::function<void(const std::vector<at::Tensor>&)>& consume) {
+    std::vector<std::vector<at::Tensor>> parts;
+    int64_t rows = 0;
+    auto flush = [&] {
+      if (parts.empty()) return;
+      std::vector<at::Tensor> joined;
+      for (size_t f = 0; f < parts[0].size(); ++f) {
+        std::vector<at::Tensor> column;
+        for (const auto& p : parts) column.push_back(p[f]);
+        joined.push_back(column.size() == 1
+                             ? column[0]
+                             : at::cat(column).contiguous(column[0].suggest_memory_format()));
+      }
+      parts.clear();
+      rows = 0;
+      consume(joined);
+    };
+    for (int64_t b = 0; b < loader_->batches_per_pass(); ++b) {
+      Batch batch;
+      load_next_batch(*loader_, batch, lane);
+      parts.push_back(prepare(batch));
+      rows += parts.back().at(0).size(0);
+      if (rows >= batch_size_) flush();
+    }
+    flush();
+  }
+
+  std::shared_ptr<const Dataset> data_;
+  int64_t batch_size_;
+  int workers_;
+  std::unique_ptr<Loader> loader_;
+  int64_t passes_done_ = 0;
+};
 
 /// The training and held-out sides of `d`: every k-th sample (k = 1 / fraction, at least one)
 /// held out, so a class-ordered folder is split alike in every class.

@@ -127,10 +127,9 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
         std::make_shared<optim::Sgd>(params, optim::SgdOptions{lr, o.momentum, 0, false, wd});
 
   if (val_data) {
-    const int64_t K = o.classes, bs = o.batch_size;
-    const int workers = o.workers;
-    job.evaluate = [n, val_data, K, bs, workers, device, precision, ignore, mean, std,
-                    nhwc](const Lane& lane) {
+    const int64_t K = o.classes;
+    auto passes = std::make_shared<EvalPasses>(val_data, o.batch_size, o.workers);
+    job.evaluate = [n, passes, K, device, precision, ignore, mean, std, nhwc](const Lane& lane) {
       at::NoGradGuard no_grad;
       n->eval();
       // confusion[label * K + prediction], over the pixels that are not ignored
@@ -139,8 +138,8 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
       at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
       at::Tensor pixels = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
       int64_t images = 0;
-      for_each_eval_batch(
-          val_data, bs, workers, lane,
+      passes->run(
+          lane,
           [&](Batch& batch) {
             return std::vector<at::Tensor>{normalize(batch.get("image"), mean, std, nhwc),
                                            batch.get("mask")};

@@ -22,6 +22,7 @@
 #include "tandem/models/safetensors.h"
 #include "tandem/runner.h"
 #include "tandem/train/checkpoint.h"
+#include "evaluation_thread.h"
 
 namespace tandem::train {
 
@@ -586,6 +587,7 @@ TrainResult Trainer::run() {
   };
 
   // The end of the epoch that finishes at global step g: evaluate, record, checkpoint.
+  detail::EvaluationThread evaluations;  // every evaluation on one thread (why: its header)
   auto end_epoch = [&](int64_t g) {
     read_losses();
     const EpochSums e = epoch_sums(g - spe, g, seconds_since(epoch_start) - epoch_eval_excluded);
@@ -608,7 +610,15 @@ TrainResult Trainer::run() {
     const auto t = Clock::now();
     int64_t scored = 0;
     if (job_.evaluate && lead) {
-      Evaluation ev = job_.evaluate(train_lane);
+      // The evaluation's loader gets the cores: the training's workers wait at their next
+      // sample until it is done (resumed even if it throws).
+      runner.pause_loading(true);
+      struct Resume {
+        Runner& r;
+        ~Resume() { r.pause_loading(false); }
+      } resume{runner};
+      Evaluation ev = evaluations.run<Evaluation>(
+          train_lane, [&] { return job_.evaluate(train_lane); });
       r.metrics = std::move(ev.metrics);
       scored = ev.samples;
     }

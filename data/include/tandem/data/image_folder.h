@@ -39,7 +39,18 @@ struct ImageFolderOptions {
   int64_t image_size = 224;  ///< S: the size the model sees (see ImageFolderOutput)
   int64_t channels = 3;      ///< 3 (RGB) or 1 (gray)
   ImageFolderOutput output = ImageFolderOutput::kCenterCrop;
+  /// kCropRegion only: the share of samples, in [0, 1], left to the GPU's JPEG engines — those
+  /// whose draw positions decodes_on_engines() picks carry the file's bytes ("jpeg") and their
+  /// box in the full-resolution pixels instead of a decoded region, so the CPU workers and the
+  /// engines decode side by side. A sample the engines cannot read (a PNG, a CMYK JPEG) is
+  /// decoded on the CPU wherever its position falls. 0: every sample on the CPU.
+  double engine_share = 0;
 };
+
+/// Whether the sample at draw position `position` goes to the JPEG engines for `share`:
+/// round(share * 1024) of every 1024 consecutive positions, spread evenly (a pure function of
+/// the position, so every mode and a resumed run split alike).
+bool decodes_on_engines(double share, uint64_t position);
 
 /// A kCropRegion sample's image: the RandomResizedCrop box and flip of
 /// ResizedCropSpec::train(size) drawn from `draw` for the image in `bytes` (its header's size),
@@ -50,8 +61,10 @@ at::Tensor decode_drawn_crop(const std::vector<uint8_t>& bytes, const std::strin
                              int32_t* box);
 
 /// Fields: {"image", {C, S, S}, kByte} (kDecoded and kCropRegion: (H, W, C), variable-size,
-/// typical 1.5 S a side; kEncoded: "jpeg" instead, the file's bytes), for kCropRegion
-/// {"crop_box", {kCropBoxFields}, kInt}, then {"label", {}, kLong}.
+/// typical 1.5 S a side; kEncoded: "jpeg" instead, the file's bytes), for kCropRegion with an
+/// engine_share also "jpeg" (the bytes of the engines' samples, empty for the others, whose
+/// "image" is then (0, 0, C)), for kCropRegion {"crop_box", {kCropBoxFields}, kInt}, then
+/// {"label", {}, kLong}.
 ///
 /// The index, built once by the constructor: classes are the subfolders of `root` (symlinks
 /// followed), sorted by name in byte order, label = position; each class folder is walked
@@ -108,6 +121,12 @@ class ImageFolderDataset : public Dataset {
   std::vector<Sample> spread_samples(int64_t n) const;
   /// The same index with another output (no second walk of the folder).
   ImageFolderDataset with_output(ImageFolderOutput output) const;
+  /// The same index with another image_size (an evaluation's, which decodes for Resize's
+  /// shorter side rather than the crop). InvalidArgument unless size >= 1.
+  ImageFolderDataset with_image_size(int64_t size) const;
+  /// The same index with another ImageFolderOptions::engine_share (InvalidArgument outside
+  /// [0, 1], or above 0 for an output other than kCropRegion).
+  ImageFolderDataset with_engine_share(double share) const;
 
  private:
   std::string root_;

@@ -50,8 +50,8 @@ struct ClassifierOptions {
   /// torchvision's crop of the full-resolution image, never an enlarged small one; more images
   /// per core than the whole-image decode through libjpeg's API, about half as many without
   /// it). false: the whole image at the scale image_size needs, the crop drawn on the device
-  /// (kDecoded).
-  bool crop_regions = false;
+  /// (kDecoded) from that reduced image.
+  bool crop_regions = true;
   /// ResNets: weights and inputs channels-last (models::to_channels_last): tensor-core
   /// convolutions without layout transposes. The saved weights are the same either way.
   bool channels_last = false;

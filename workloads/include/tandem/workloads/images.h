@@ -26,7 +26,11 @@ struct ImagesOptions {
   /// Files decoded on the CPU: each sample's random crop drawn in the loader's worker and only
   /// it decoded, at the scale it needs (ImageFolderOutput::kCropRegion); false: the whole image
   /// at the scale the model's size needs, the crop drawn on the device (kDecoded).
-  bool crop_regions = false;
+  bool crop_regions = true;
+  /// decode=auto with crop regions on a GPU with JPEG engines: the engines' share of each
+  /// batch (ImageFolderOptions::engine_share), the CPU workers decoding the rest; < 0: measured
+  /// by a short trial (the engines' rate over the sum of both sides' rates).
+  double engine_share = -1;
   int64_t image_size = 224;
   double lr = 0.1, momentum = 0.9;
   /// bf16: the forward passes (backbone, model) under bf16 autocast, fp32 master weights.
