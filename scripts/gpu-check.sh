@@ -654,7 +654,8 @@ fi
 # beside them: photos.json in OUT (bench/python/photos_table.py).
 #   env: TANDEM_PHOTOS_SIDES ("320-640 1000-2000"), TANDEM_PHOTOS_COUNT (3000),
 #        TANDEM_PHOTOS_MODELS ("r18_full r50_full"), TANDEM_PHOTOS_CROPS ("region whole"),
-#        TANDEM_PHOTOS_EPOCHS (3), TANDEM_PHOTOS_PYTHON (1)
+#        TANDEM_PHOTOS_EPOCHS (3), TANDEM_PHOTOS_PYTHON (1), TANDEM_PHOTOS_SPLIT (1: also the
+#        region rate with decode=auto, each batch split between the workers and the JPEG engines)
 if has_phase photos; then
   photo_workers=$(( $(nproc) - 1 > 15 ? 15 : $(nproc) - 1 ))
   for sides in ${TANDEM_PHOTOS_SIDES:-320-640 1000-2000}; do
@@ -683,6 +684,13 @@ if has_phase photos; then
           --param model=$model --param precision=bf16 --param layout=channels_last --batch-size 256 \
           --mode pipelined+graphed --steps 60 --warmup 10 --workers "$photo_workers" \
           --json "$RAW/photos-files-$sides-$model-$crop.json" 2>&1 | grep -E "^images|rror" | tee -a "$LOG" || status=1
+        # The same with the batch split between the CPU workers and the JPEG engines.
+        if [ "$crop" = region ] && [ "${TANDEM_PHOTOS_SPLIT:-1}" = 1 ]; then
+          "$TANDEM" bench --workload images --data "$dir" --param source=files --param crop=region \
+            --param decode=auto --param model=$model --param precision=bf16 --param layout=channels_last \
+            --batch-size 256 --mode pipelined+graphed --steps 60 --warmup 10 --workers "$photo_workers" \
+            --json "$RAW/photos-files-$sides-$model-region-auto.json" 2>&1 | grep -E "^images|decode=auto|rror" | tee -a "$LOG" || status=1
+        fi
       done
       if [ ! -f "$RAW/photos-resident-$model.json" ]; then
         "$TANDEM" bench --workload images --param source=resident --param model=$model \

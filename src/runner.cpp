@@ -594,7 +594,8 @@ std::vector<std::string> Runner::notes() const {
   for (size_t gi = 0; gi < im.groups.size(); ++gi) {
     const Group& g = im.groups[gi];
     if (!g.captured) {
-      out.push_back(detail::concat(g.name, " ran eagerly: its stage is Capture::kNever"));
+      out.push_back(detail::concat(g.name, " ran eagerly (", describe_units(g),
+                                   "): its stage is Capture::kNever"));
       continue;
     }
     const GraphedStage* s = im.graphed[gi].get();

@@ -9,6 +9,10 @@ Inputs, all in RAW (the phase's scratch folder), SIDES being "320-640" or "1000-
                                   `tandem bench --workload images --param source=files`: the
                                   training rate from the JPEGs with the loader running on across
                                   epochs (no evaluation, no checkpoint): the row's images_per_s
+  photos-files-SIDES-MODEL-region-auto.json
+                                  the same with decode=auto: each batch split between the CPU
+                                  workers and the JPEG engines (a row with decode "auto" and the
+                                  workers' share, read from the run's notes)
   photos-resident-MODEL.json      `tandem bench --workload images --param source=resident`
   photos-databench-SIDES.json     `tandem data-bench --steps 0`: the decode rows (CPU per core,
                                   whole-image and crop-region; nvJPEG from one thread)
@@ -26,6 +30,7 @@ import datetime
 import glob
 import json
 import os
+import re
 import sys
 
 
@@ -43,6 +48,16 @@ def rate(doc):
         return None
     d = doc["runs"][0] if "runs" in doc else doc
     return d.get("samples_per_s")
+
+
+def cpu_share(doc):
+    """The CPU workers' share of a split run: 1 - the engines' share its notes state."""
+    d = doc["runs"][0] if "runs" in doc else doc
+    for note in d.get("notes") or []:
+        m = re.search(r"the JPEG engines decode ([0-9.]+) of each batch", note)
+        if m:
+            return round(1 - float(m.group(1)), 4)
+    return 1.0  # no split happened (no engines): the workers decoded everything
 
 
 def main(raw, out, command):
@@ -69,6 +84,17 @@ def main(raw, out, command):
                      "accuracy": d.get("accuracy"),
                      "train_images_per_s": d.get("images_per_s"),
                      "of_resident": img / res if res and img else None})
+    for p in sorted(glob.glob(f"{raw}/photos-files-*-region-auto.json")):
+        d = load(p)
+        if not d:
+            continue
+        parts = os.path.basename(p)[len("photos-files-"):-5].split("-")
+        sides, job = f"{parts[0]}-{parts[1]}", parts[2]
+        res, img = resident.get(job), rate(d)
+        rows.append({"impl": "tandem", "job": job, "sides": sides, "precision": "bf16",
+                     "batch_size": 256, "decode": "auto", "crop": "region", "images_per_s": img,
+                     "eval_images_per_s": None, "resident_images_per_s": res,
+                     "cpu_share": cpu_share(d), "of_resident": img / res if res and img else None})
     for p in sorted(glob.glob(f"{raw}/photos-python-*.json")):
         d = load(p)
         if not d:
@@ -91,12 +117,13 @@ def main(raw, out, command):
            "command": command, "rows": rows, "decode": decode}
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
-    fmt = "{:6s} {:9s} {:9s} {:7s} {:>9s} {:>9s} {:>9s} {:>6s} {:>9s}"
-    print(fmt.format("impl", "job", "sides", "crop", "img/s", "eval", "resident", "of res",
-                     "train cli"))
+    fmt = "{:6s} {:9s} {:9s} {:7s} {:6s} {:>9s} {:>9s} {:>9s} {:>6s} {:>9s}"
+    print(fmt.format("impl", "job", "sides", "crop", "decode", "img/s", "eval", "resident",
+                     "of res", "train cli"))
     for r in rows:
         num = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
-        print(fmt.format(r["impl"], r["job"], r["sides"], r["crop"], num(r["images_per_s"]),
+        print(fmt.format(r["impl"], r["job"], r["sides"], r["crop"], r["decode"],
+                         num(r["images_per_s"]),
                          num(r["eval_images_per_s"]), num(r["resident_images_per_s"]),
                          f"{r['of_resident']:.2f}" if r.get("of_resident") else "-",
                          num(r.get("train_images_per_s"))))

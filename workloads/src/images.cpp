@@ -172,7 +172,8 @@ std::shared_ptr<data::NvjpegDecoder> gpu_decoder(const data::ImageFolderDataset&
 // decodes in the same time.
 std::shared_ptr<data::NvjpegDecoder> engine_split(const data::ImageFolderDataset& folder,
                                                   c10::Device device, int64_t size,
-                                                  double given, double* share) {
+                                                  double given, double* share,
+                                                  std::string* report) {
   *share = 0;
   if (!device.is_cuda() || given == 0) return nullptr;
   std::string why_not;
@@ -185,8 +186,9 @@ std::shared_ptr<data::NvjpegDecoder> engine_split(const data::ImageFolderDataset
   }
   if (given > 0) {
     *share = given;
-    std::cerr << "images: decode=auto: the JPEG engines take " << given
-              << " of each batch (engine_share), the CPU workers the rest\n";
+    *report = detail::concat("the JPEG engines decode ", given,
+                             " of each batch (engine_share), the CPU workers the rest");
+    std::cerr << "images: decode=auto: " << *report << "\n";
     return decoder;
   }
   const TrialFiles trial(folder, 64, /*jpeg_only=*/true);
@@ -206,10 +208,11 @@ std::shared_ptr<data::NvjpegDecoder> engine_split(const data::ImageFolderDataset
   }
   // Whole 1/1024ths, as the split counts them (decodes_on_engines).
   *share = std::round(engines / (engines + cpu) * 1024) / 1024;
-  std::cerr << "images: decode=auto: the JPEG engines take " << *share
-            << " of each batch (trial: CPU crop regions " << static_cast<int64_t>(cpu)
-            << " img/s on " << cores << " cores, engines " << static_cast<int64_t>(engines)
-            << " img/s)\n";
+  *report = detail::concat("the JPEG engines decode ", *share,
+                           " of each batch, the CPU workers the rest (trial: CPU crop regions ",
+                           static_cast<int64_t>(cpu), " img/s on ", cores, " cores, engines ",
+                           static_cast<int64_t>(engines), " img/s)");
+  std::cerr << "images: decode=auto: " << *report << "\n";
   return *share > 0 ? decoder : nullptr;
 }
 
@@ -219,7 +222,7 @@ std::shared_ptr<data::NvjpegDecoder> engine_split(const data::ImageFolderDataset
 // go through the same resample kernel into their rows of one batch. One decoder, used by this
 // stage's thread alone.
 FeedStage split_crop_feed(const ResizedCropSpec& spec, std::shared_ptr<data::NvjpegDecoder> decoder,
-                          c10::Device device, bool nhwc) {
+                          c10::Device device, bool nhwc, const std::string& split) {
   FeedStage f;
   f.name = "augment";
   f.lane = "augment";
@@ -271,8 +274,7 @@ FeedStage split_crop_feed(const ResizedCropSpec& spec, std::shared_ptr<data::Nvj
     }
     return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
   };
-  f.what = "RandomResizedCrop (boxes from the loader) + flip + normalize, the JPEG engines' "
-           "share of the batch decoded first";
+  f.what = "RandomResizedCrop (boxes from the loader) + flip + normalize; " + split;
   f.capture = Capture::kNever;  // nvJPEG's host work, and sizes that vary
   return f;
 }
@@ -338,6 +340,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   // decode=auto's split: the engines' decoder and share (null: no split)
   std::shared_ptr<data::NvjpegDecoder> split_decoder;
   double engine_share = 0;
+  std::string split_report;  // the share and the trial's rates, for the stage's notes
   int64_t classes = io.classes;
   if (io.from_files) {
     TANDEM_CHECK_ARG(!options.data.empty(),
@@ -350,7 +353,8 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     classes = static_cast<int64_t>(folder->classes().size());
     const std::string decode = param_or_default(options.params, images_params(), "decode");
     if (decode == "auto" && io.crop_regions)
-      split_decoder = engine_split(*folder, device, S, io.engine_share, &engine_share);
+      split_decoder =
+          engine_split(*folder, device, S, io.engine_share, &engine_share, &split_report);
     if (!split_decoder) decoder = gpu_decoder(*folder, device, S, decode);
     if (split_decoder)
       folder = std::make_shared<data::ImageFolderDataset>(
@@ -379,7 +383,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     w.data = DataSource::from_dataset(folder, /*shuffle=*/true, /*drop_last=*/true);
     ResizedCropSpec spec = ResizedCropSpec::train(S);
     if (split_decoder) {
-      w.feeds.push_back(split_crop_feed(spec, split_decoder, device, nhwc));
+      w.feeds.push_back(split_crop_feed(spec, split_decoder, device, nhwc, split_report));
     } else if (decoder) {
       // The workers only read files; nvJPEG decodes the batch on the augment lane (its output
       // is planar), then the same crop kernel. One decoder per instance, used by that stage's
