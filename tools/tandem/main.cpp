@@ -121,8 +121,9 @@ struct RunFlags {
                     "subfolder of JPEG/PNG files per class)");
     app->add_option("--decode", decode,
                     "where workload images decodes JPEGs: cpu (the loader's workers), gpu "
-                    "(nvJPEG on the augment lane) or auto (a short trial picks); the same as "
-                    "--param decode=...");
+                    "(nvJPEG on the augment lane) or auto (with crop regions and JPEG engines, "
+                    "each batch split between the workers and the engines by their measured "
+                    "rates; else a short trial picks one); the same as --param decode=...");
     app->add_flag("--skip-bad", options.skip_bad,
                   "leave samples that fail to load (corrupt, truncated, unreadable files) out of "
                   "their batch, count them and report them at the end and in the JSON, instead "
@@ -444,8 +445,8 @@ int main(int argc, char** argv) {
       ->required();
   data_bench->add_option("--decode", db.decode,
                          "cpu (TurboJPEG in the loader's workers), gpu (nvJPEG on the augment "
-                         "lane) or auto (a short trial picks): the end-to-end run's decode, and "
-                         "which decode rows are timed (auto: both)")
+                         "lane) or auto (workload images' decode=auto): the end-to-end run's "
+                         "decode, and which decode rows are timed (auto: both)")
       ->capture_default_str();
   data_bench->add_option("--images", db.decode_images, "files timed by the decode rows")
       ->capture_default_str();

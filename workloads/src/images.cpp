@@ -57,8 +57,8 @@ const std::vector<WorkloadParam>& images_params() {
        "measures faster)",
        {"cpu", "gpu", "auto"}},
       {"crop",
-       "with decode=cpu: region (each sample's random crop drawn in the loader's worker and "
-       "only that box decoded, at the smallest scale that keeps it at the model's size) or "
+       "with decode=cpu or auto: region (each sample's random crop drawn in the loader's worker "
+       "and only that box decoded, at the smallest scale that keeps it at the model's size) or "
        "whole (the whole image decoded at the scale the model's size needs, the crop drawn on "
        "the device)",
        {"region", "whole"}},
