@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "codec_util.h"
+#include "jpeg_markers.h"
 #include "dataset_util.h"
 #include "posix_fs.h"
 #include "tandem/data/decode.h"
@@ -285,6 +286,11 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
     // The engines read baseline gray and YCbCr JPEGs; anything else decodes here.
     const ImageInfo info = read_image_info(bytes, sample.path);  // names a bad file
     engines = info.format == ImageFormat::kJpeg && info.channels != 4;
+    // A file cut short fails here, named (and skipped under skip_bad), as the CPU's decode
+    // would fail it, rather than the engines' whole batch.
+    if (engines && !detail::jpeg_is_complete(bytes.data(), bytes.size()))
+      detail::fail(sample.path,
+                   "corrupt or truncated JPEG (no end-of-image marker after the image data)");
     if (engines) {
       draw_crop_box(ResizedCropSpec::train(options_.image_size), info.height, info.width, draw,
                     box);  // in the full-resolution pixels the engines decode

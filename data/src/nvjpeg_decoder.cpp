@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "codec_util.h"
+#include "jpeg_markers.h"
 #include "tandem/data/decode.h"
 #include "tandem/error.h"
 
@@ -198,56 +199,6 @@ bool load_or_explain(std::string* why_not) {
     return false;
   }
   return true;
-}
-
-// What a walk over the marker segments after SOI finds, without decoding anything.
-struct JpegMarkers {
-  int components = 0;     // Nf of the frame header (SOFn); 0 when none was reached
-  size_t first_scan = 0;  // offset of the first SOS marker; 0 when the headers end before it
-};
-
-// Junk between segments is skipped up to the next 0xFF, as libjpeg does (with a warning).
-JpegMarkers walk_markers(const uint8_t* p, size_t n) {
-  JpegMarkers found;
-  size_t pos = 2;  // after SOI (FF D8), which the caller has sniffed
-  while (pos + 1 < n) {
-    if (p[pos] != 0xFF) {
-      ++pos;
-      continue;
-    }
-    const uint8_t marker = p[pos + 1];
-    if (marker == 0xFF || marker == 0x00) {  // a fill byte, or a stray 0xFF in junk
-      ++pos;
-      continue;
-    }
-    if (marker == 0xDA) {
-      found.first_scan = pos;
-      return found;
-    }
-    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD9)) {  // no length field
-      pos += 2;
-      continue;
-    }
-    // SOF0..SOF15 but DHT (C4), JPG (C8), DAC (CC): FF Cn, length(2), P, Y(2), X(2), Nf.
-    const bool frame = marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 &&
-                       marker != 0xCC;
-    if (frame && pos + 9 < n) found.components = p[pos + 9];
-    if (pos + 3 >= n) return found;
-    pos += 2 + ((static_cast<size_t>(p[pos + 2]) << 8) | p[pos + 3]);
-  }
-  return found;
-}
-
-// Whether an EOI marker (FF D9) follows the first scan. Entropy-coded data byte-stuffs every
-// 0xFF (FF 00), so FF D9 there is a real marker; an EXIF thumbnail's EOI lies before the scan.
-// nvJPEG, like libjpeg, decodes a file cut short inside its scan data without an error (the
-// missing blocks come out flat), so this is how a truncated file becomes an error, as it is
-// in decode_image.
-bool has_end_after_scan(const uint8_t* p, size_t n, size_t scan) {
-  if (scan == 0) return false;
-  for (size_t i = n - 1; i > scan + 1; --i)  // EOI is almost always the last two bytes
-    if (p[i] == 0xD9 && p[i - 1] == 0xFF) return true;
-  return false;
 }
 
 std::string first_bytes_hex(const uint8_t* p, size_t n) {
@@ -718,7 +669,7 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
     nvjpegChromaSubsampling_t subsampling = NVJPEG_CSS_UNKNOWN;
     int widths[NVJPEG_MAX_COMPONENT] = {0};
     int heights[NVJPEG_MAX_COMPONENT] = {0};
-    const JpegMarkers markers = walk_markers(im.data, im.size);
+    const detail::JpegMarkers markers = detail::walk_markers(im.data, im.size);
     const nvjpegStatus_t status = api.get_image_info(s.handle, im.data, im.size, &components,
                                                      &subsampling, widths, heights);
     if (status != NVJPEG_STATUS_SUCCESS && markers.components == 4) components = 4;
@@ -736,7 +687,7 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
                         " components: not supported by the GPU decoder (expected 1 or 3)");
     if (subsampling == NVJPEG_CSS_UNKNOWN)
       fail(im.name, "JPEG with a chroma subsampling nvJPEG does not support");
-    if (!has_end_after_scan(im.data, im.size, markers.first_scan))
+    if (!detail::has_end_after_scan(im.data, im.size, markers.first_scan))
       fail(im.name, "corrupt or truncated JPEG (no end-of-image marker after the image data)");
     const int64_t height = heights[0], width = widths[0];  // component 0: full-resolution luma
     detail::check_pixel_count(height, width, im.name);

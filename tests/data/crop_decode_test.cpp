@@ -213,9 +213,12 @@ TEST(CropDecodeTest, TheEnginesShareIsAnEvenSplitOfPositions) {
       longest_cpu_run = std::max(longest_cpu_run, run);
     }
     EXPECT_EQ(engines, std::llround(share * 1024)) << share;
-    if (share >= 0.25) EXPECT_LE(longest_cpu_run, 3) << share;  // spread, not in one block
+    if (share >= 0.25) {
+      EXPECT_LE(longest_cpu_run, 3) << share;  // spread, not in one block
+    }
   }
-  EXPECT_EQ(decodes_on_engines(0.4, 5000), decodes_on_engines(0.4, 5000));
+  for (uint64_t p = 0; p < 64; ++p)  // the pattern repeats every 1024 positions
+    EXPECT_EQ(decodes_on_engines(0.4, p), decodes_on_engines(0.4, p + 5 * 1024)) << p;
 }
 
 // With an engine share, the samples at the engines' positions carry the file's bytes and their
@@ -271,6 +274,30 @@ TEST(CropDecodeTest, AnEngineShareLeavesItsSamplesEncodedWithFullResolutionBoxes
   fo.output = ImageFolderOutput::kCropRegion;
   fo.engine_share = 1.5;
   EXPECT_THROW(ImageFolderDataset(dir.file("root"), fo), InvalidArgument);
+}
+
+// A JPEG cut short at an engine position fails in the worker, naming the file (so skip_bad
+// leaves it out), as it does on the CPU, rather than failing the engines' batch.
+TEST(CropDecodeTest, ATruncatedJpegLeftToTheEnginesIsNamedByTheWorker) {
+  std::vector<uint8_t> cut = detailed_photo();
+  cut.resize(cut.size() * 2 / 3);
+  const testing::TempDir dir;
+  testing::put(dir, "root/photos/cut.jpg", cut);
+  ImageFolderOptions fo;
+  fo.output = ImageFolderOutput::kCropRegion;
+  fo.engine_share = 1;
+  const ImageFolderDataset folder(dir.file("root"), fo);
+  std::vector<at::Tensor> out{at::Tensor(), at::Tensor(),
+                              torch::empty({kCropBoxFields}, torch::kInt),
+                              torch::empty({}, torch::kLong)};
+  try {
+    folder.get_drawn_sample(0, SampleDraw{9, 0}, out);
+    FAIL() << "a truncated JPEG was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cut.jpg"), std::string::npos) << what;
+    EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+  }
 }
 
 }  // namespace
