@@ -655,7 +655,8 @@ fi
 #   env: TANDEM_PHOTOS_SIDES ("320-640 1000-2000"), TANDEM_PHOTOS_COUNT (3000),
 #        TANDEM_PHOTOS_MODELS ("r18_full r50_full"), TANDEM_PHOTOS_CROPS ("region whole"),
 #        TANDEM_PHOTOS_EPOCHS (3), TANDEM_PHOTOS_PYTHON (1), TANDEM_PHOTOS_SPLIT (1: also the
-#        region rate with decode=auto, each batch split between the workers and the JPEG engines)
+#        region runs with decode auto, each batch split between the workers and the JPEG
+#        engines: `tandem train --decode auto` and the bench's decode=auto)
 if has_phase photos; then
   photo_workers=$(( $(nproc) - 1 > 15 ? 15 : $(nproc) - 1 ))
   for sides in ${TANDEM_PHOTOS_SIDES:-320-640 1000-2000}; do
@@ -671,12 +672,21 @@ if has_phase photos; then
     for model in ${TANDEM_PHOTOS_MODELS:-r18_full r50_full}; do
       net=resnet18; [ "$model" = r50_full ] && net=resnet50
       for crop in ${TANDEM_PHOTOS_CROPS:-region whole}; do
-        say "photos $sides: tandem train $net bf16 --crop $crop"
+        say "photos $sides: tandem train $net bf16 --crop $crop --decode cpu"
         "$TANDEM" train --data "$dir" --model "$net" --precision bf16 --channels-last \
           --batch-size 256 --optimizer sgd --lr 0.1 --epochs "${TANDEM_PHOTOS_EPOCHS:-3}" \
-          --val-split 0.1 --crop "$crop" --workers "$photo_workers" --quiet \
+          --val-split 0.1 --crop "$crop" --decode cpu --workers "$photo_workers" --quiet \
           --out "$RAW/run-photos-$sides-$model-$crop" --json "$RAW/photos-train-$sides-$model-$crop.json" \
           2>&1 | grep -E "^speed|^evaluation|rror" | tee -a "$LOG" || status=1
+        if [ "$crop" = region ] && [ "${TANDEM_PHOTOS_SPLIT:-1}" = 1 ]; then
+          say "photos $sides: tandem train $net bf16 --crop region --decode auto"
+          "$TANDEM" train --data "$dir" --model "$net" --precision bf16 --channels-last \
+            --batch-size 256 --optimizer sgd --lr 0.1 --epochs "${TANDEM_PHOTOS_EPOCHS:-3}" \
+            --val-split 0.1 --crop region --decode auto --workers "$photo_workers" --quiet \
+            --out "$RAW/run-photos-$sides-$model-region-auto" \
+            --json "$RAW/photos-train-$sides-$model-region-auto.json" \
+            2>&1 | grep -E "^speed|^evaluation|decode auto|JPEG engines|rror" | tee -a "$LOG" || status=1
+        fi
         # The training rate from JPEGs without epoch ends: the loader runs on across epochs, so
         # no ring filled behind an evaluation or a checkpoint flatters it (small folders have
         # epochs shorter than the ring).
@@ -689,7 +699,7 @@ if has_phase photos; then
           "$TANDEM" bench --workload images --data "$dir" --param source=files --param crop=region \
             --param decode=auto --param model=$model --param precision=bf16 --param layout=channels_last \
             --batch-size 256 --mode pipelined+graphed --steps 60 --warmup 10 --workers "$photo_workers" \
-            --json "$RAW/photos-files-$sides-$model-region-auto.json" 2>&1 | grep -E "^images|decode=auto|rror" | tee -a "$LOG" || status=1
+            --json "$RAW/photos-files-$sides-$model-region-auto.json" 2>&1 | grep -E "^images|decode=auto|JPEG engines|rror" | tee -a "$LOG" || status=1
         fi
       done
       if [ ! -f "$RAW/photos-resident-$model.json" ]; then

@@ -584,6 +584,11 @@ std::vector<std::string> Runner::notes() const {
   const Mode mode = options_.mode;
   std::vector<std::string> out;
   if (workload_.train.gradient_sync) out.push_back(workload_.train.gradient_sync->what());
+  for (const FeedStage& f : workload_.feeds)
+    if (f.report) {
+      std::string said = f.report();
+      if (!said.empty()) out.push_back(f.name + ": " + said);
+    }
   if (!captures_graphs(mode) || !im.pipeline) return out;
   if (!workload_.device.is_cuda()) {
     out.push_back(cpu_graph_note(mode));

@@ -3,8 +3,10 @@
 
 Inputs, all in RAW (the phase's scratch folder), SIDES being "320-640" or "1000-2000":
   photos-train-SIDES-MODEL-CROP.json
-                                  `tandem train --json` (MODEL r18_full | r50_full, CROP whole |
-                                  region): images_per_s, eval_images_per_s, accuracy
+                                  `tandem train --json --decode cpu` (MODEL r18_full | r50_full,
+                                  CROP whole | region): images_per_s, eval_images_per_s, accuracy
+  photos-train-SIDES-MODEL-region-auto.json
+                                  the same with --decode auto (the engines' share in its notes)
   photos-files-SIDES-MODEL-CROP.json
                                   `tandem bench --workload images --param source=files`: the
                                   training rate from the JPEGs with the loader running on across
@@ -68,28 +70,36 @@ def main(raw, out, command):
         d = load(p)
         if not d:
             continue
-        # photos-train-320-640-r18_full-whole.json: the sides hold a dash of their own
-        parts = os.path.basename(p)[len("photos-train-"):-5].split("-")
+        # photos-train-320-640-r18_full-whole.json, photos-train-320-640-r18_full-region-auto.json:
+        # the sides hold a dash of their own; "-auto": the decode split with the JPEG engines
+        stem = os.path.basename(p)[len("photos-train-"):-5]
+        parts = stem.split("-")
         sides, job, crop = f"{parts[0]}-{parts[1]}", parts[2], parts[3]
+        split = len(parts) > 4 and parts[4] == "auto"
         device = device or d.get("device")
         res = resident.get(job)
-        files = rate(load(f"{raw}/photos-files-{sides}-{job}-{crop}.json")) \
-            if os.path.exists(f"{raw}/photos-files-{sides}-{job}-{crop}.json") else None
-        img = files or d.get("images_per_s")
+        files_path = f"{raw}/photos-files-{stem}.json"
+        files = load(files_path) if os.path.exists(files_path) else None
+        img = rate(files) or d.get("images_per_s")
         rows.append({"impl": "tandem", "job": job, "sides": sides, "precision": d.get("precision"),
-                     "batch_size": d.get("batch_size"), "decode": "cpu", "crop": crop,
-                     "images_per_s": img,
+                     "batch_size": d.get("batch_size"), "decode": "auto" if split else "cpu",
+                     "crop": crop, "images_per_s": img,
                      "eval_images_per_s": d.get("eval_images_per_s"),
-                     "resident_images_per_s": res, "cpu_share": 1.0,
+                     "resident_images_per_s": res,
+                     "cpu_share": cpu_share(files or d) if split else 1.0,
+                     "train_cpu_share": cpu_share(d) if split else None,
                      "accuracy": d.get("accuracy"),
                      "train_images_per_s": d.get("images_per_s"),
                      "of_resident": img / res if res and img else None})
+    trained = {(r["sides"], r["job"]) for r in rows if r["decode"] == "auto"}
     for p in sorted(glob.glob(f"{raw}/photos-files-*-region-auto.json")):
         d = load(p)
         if not d:
             continue
         parts = os.path.basename(p)[len("photos-files-"):-5].split("-")
         sides, job = f"{parts[0]}-{parts[1]}", parts[2]
+        if (sides, job) in trained:  # its row is the train run's, with this rate
+            continue
         res, img = resident.get(job), rate(d)
         rows.append({"impl": "tandem", "job": job, "sides": sides, "precision": "bf16",
                      "batch_size": 256, "decode": "auto", "crop": "region", "images_per_s": img,

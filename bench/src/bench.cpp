@@ -78,6 +78,7 @@ BenchResult run_bench(const BenchOptions& unresolved) {
   at::globalContext().setBenchmarkCuDNN(*options.cudnn_benchmark);
   WorkloadOptions wo;
   wo.batch_size = batch_size;
+  wo.workers = *options.workers;
   wo.device = device;
   wo.seed = options.seed;
   wo.params = options.params;

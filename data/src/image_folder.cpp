@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -19,6 +20,7 @@
 #include "dataset_util.h"
 #include "posix_fs.h"
 #include "tandem/data/decode.h"
+#include "tandem/data/engine_share.h"
 #include "tandem/error.h"
 #include "tandem/resized_crop.h"
 
@@ -89,6 +91,21 @@ std::string join(const std::vector<std::string>& names, const char* separator) {
   return text;
 }
 
+// Whether `output`'s samples can be split between the workers and the JPEG engines.
+bool splits(ImageFolderOutput output) {
+  return output == ImageFolderOutput::kCropRegion || output == ImageFolderOutput::kDecoded;
+}
+
+// The split of a fixed `share` for `output` (null for 0); InvalidArgument outside [0, 1] or for
+// a share of an output other than kCropRegion.
+std::shared_ptr<EngineShare> fixed_engine_share(double share, ImageFolderOutput output) {
+  TANDEM_CHECK_ARG(share >= 0 && share <= 1, "ImageFolder: engine share ", share,
+                   " is not valid: expected 0 to 1");
+  TANDEM_CHECK_ARG(share == 0 || splits(output),
+                   "ImageFolder: an engine share needs crop regions or decoded images "
+                   "(kCropRegion, kDecoded)");
+  return share > 0 ? std::make_shared<EngineShare>(share) : nullptr;
+}
 }  // namespace
 
 ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions options)
@@ -97,11 +114,7 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
                    options_.image_size);
   TANDEM_CHECK_ARG(options_.channels == 1 || options_.channels == 3,
                    "ImageFolder: channels must be 1 or 3, got ", options_.channels);
-  TANDEM_CHECK_ARG(options_.engine_share >= 0 && options_.engine_share <= 1,
-                   "ImageFolder: engine share ", options_.engine_share,
-                   " is not valid: expected 0 to 1");
-  TANDEM_CHECK_ARG(options_.engine_share == 0 || options_.output == ImageFolderOutput::kCropRegion,
-                   "ImageFolder: an engine share needs crop regions (kCropRegion)");
+  engine_share_ = fixed_engine_share(options_.engine_share, options_.output);
   const detail::PathStatus status = detail::path_status(root_);
   TANDEM_CHECK_ARG(status.exists, "ImageFolder: root '", root_, "' does not exist (",
                    detail::errno_text(status.error), ")");
@@ -179,10 +192,14 @@ std::vector<FieldSpec> ImageFolderDataset::fields() const {
   const int64_t s = options_.image_size;
   if (options_.output == ImageFolderOutput::kEncoded)  // typical: a 4:2:0 JPEG of 2S x 2S
     return {{"jpeg", {s * s}, at::kByte, true, true}, {"label", {}, at::kLong}};
+  if (options_.output == ImageFolderOutput::kDecoded && engine_share_)
+    return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
+            {"jpeg", {s * s}, at::kByte, true, true},
+            {"label", {}, at::kLong}};
   if (options_.output == ImageFolderOutput::kDecoded)  // typical: between S and 2S a side
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"label", {}, at::kLong}};
-  if (options_.output == ImageFolderOutput::kCropRegion && options_.engine_share > 0)
+  if (options_.output == ImageFolderOutput::kCropRegion && engine_share_)
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"jpeg", {s * s}, at::kByte, true, true},
             {"crop_box", {kCropBoxFields}, at::kInt},
@@ -205,7 +222,10 @@ std::vector<ImageFolderDataset::Sample> ImageFolderDataset::spread_samples(int64
 ImageFolderDataset ImageFolderDataset::with_output(ImageFolderOutput output) const {
   ImageFolderDataset copy = *this;
   copy.options_.output = output;
-  if (output != ImageFolderOutput::kCropRegion) copy.options_.engine_share = 0;
+  if (output != options_.output) {  // a split is of one output's samples
+    copy.options_.engine_share = 0;
+    copy.engine_share_.reset();
+  }
   return copy;
 }
 
@@ -217,12 +237,19 @@ ImageFolderDataset ImageFolderDataset::with_image_size(int64_t size) const {
 }
 
 ImageFolderDataset ImageFolderDataset::with_engine_share(double share) const {
-  TANDEM_CHECK_ARG(share >= 0 && share <= 1, "ImageFolder: engine share ", share,
-                   " is not valid: expected 0 to 1");
-  TANDEM_CHECK_ARG(share == 0 || options_.output == ImageFolderOutput::kCropRegion,
-                   "ImageFolder: an engine share needs crop regions (kCropRegion)");
   ImageFolderDataset copy = *this;
+  copy.engine_share_ = fixed_engine_share(share, options_.output);
   copy.options_.engine_share = share;
+  return copy;
+}
+
+ImageFolderDataset ImageFolderDataset::with_engine_share(std::shared_ptr<EngineShare> share) const {
+  TANDEM_CHECK_ARG(!share || splits(options_.output),
+                   "ImageFolder: an engine share needs crop regions or decoded images "
+                   "(kCropRegion, kDecoded)");
+  ImageFolderDataset copy = *this;
+  copy.options_.engine_share = share ? share->share() : 0;
+  copy.engine_share_ = std::move(share);
   return copy;
 }
 
@@ -273,15 +300,17 @@ bool decodes_on_engines(double share, uint64_t position) {
 
 void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
                                           std::vector<at::Tensor>& out) const {
-  if (options_.output != ImageFolderOutput::kCropRegion) return get_sample(index, out);
-  const bool split = options_.engine_share > 0;
-  const Sample& sample = checked_sample(samples_, index, out,
-                                        split ? "image, jpeg, crop_box, label"
-                                              : "image, crop_box, label");
+  const bool region = options_.output == ImageFolderOutput::kCropRegion;
+  EngineShare* const split = engine_share_.get();
+  if (!region && !split) return get_sample(index, out);
+  const Sample& sample =
+      checked_sample(samples_, index, out,
+                     region ? (split ? "image, jpeg, crop_box, label" : "image, crop_box, label")
+                            : "image, jpeg, label");
   int32_t box[kCropBoxFields];
   const std::vector<uint8_t> bytes = read_file(sample.path);
   at::Tensor jpeg = at::empty({0}, at::kByte);
-  bool engines = split && decodes_on_engines(options_.engine_share, draw.position);
+  bool engines = split && split->on_engines(draw.position);
   if (engines) {
     // The engines read baseline gray and YCbCr JPEGs; anything else decodes here.
     const ImageInfo info = read_image_info(bytes, sample.path);  // names a bad file
@@ -292,19 +321,27 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
       detail::fail(sample.path,
                    "corrupt or truncated JPEG (no end-of-image marker after the image data)");
     if (engines) {
-      draw_crop_box(ResizedCropSpec::train(options_.image_size), info.height, info.width, draw,
-                    box);  // in the full-resolution pixels the engines decode
+      if (region)
+        draw_crop_box(ResizedCropSpec::train(options_.image_size), info.height, info.width, draw,
+                      box);  // in the full-resolution pixels the engines decode
       jpeg = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
       std::memcpy(jpeg.data_ptr<uint8_t>(), bytes.data(), bytes.size());
       out[0] = at::empty({0, 0, options_.channels}, at::kByte);
     }
   }
-  if (!engines)
-    out[0] = decode_drawn_crop(bytes, sample.path, options_.channels, options_.image_size, draw,
-                               box);
+  if (!engines) {
+    const auto t = std::chrono::steady_clock::now();
+    out[0] = region ? decode_drawn_crop(bytes, sample.path, options_.channels,
+                                        options_.image_size, draw, box)
+                    : decode_image_interleaved(bytes, sample.path, options_.channels,
+                                               options_.image_size, options_.image_size);
+    if (split)  // the CPU side's rate, for an adaptive share
+      split->record_cpu(1, std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
+                               .count());
+  }
   size_t f = 1;
   if (split) out[f++] = jpeg;
-  std::memcpy(out[f++].data_ptr<int32_t>(), box, sizeof(box));
+  if (region) std::memcpy(out[f++].data_ptr<int32_t>(), box, sizeof(box));
   out[f].fill_(sample.label);
 }
 

@@ -62,6 +62,9 @@ struct FeedStage {
   /// CUDA generator needs no listing. No other stage may draw from these.
   std::vector<at::Generator> generators;
   Capture capture = Capture::kAllowed;
+  /// What the stage measured or decided during the run, for the run's notes after it (empty
+  /// function, or empty text: nothing). Called from the thread that asks for the notes.
+  std::function<std::string()> report = nullptr;
 };
 
 /// A generator of its own for a stage's random draws (FeedStage::generators): a new CUDA
@@ -154,6 +157,9 @@ struct Workload {
 /// bench, auto's trials, sweep's points).
 struct WorkloadOptions {
   int64_t batch_size = 8;
+  /// The loader's worker threads the run will use (0: not said), for a workload that balances
+  /// its own stages against the loader's (workload images' decode split).
+  int workers = 0;
   c10::Device device = c10::Device(c10::kCPU);
   uint64_t seed = 0;  ///< models, data and anything random derive from it
   /// Data parallel: this process's rank among world_size. Models are built from `seed` on every

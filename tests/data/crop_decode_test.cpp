@@ -16,6 +16,7 @@
 
 #include "fixtures.h"
 #include "tandem/data/decode.h"
+#include "tandem/data/engine_share.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/error.h"
 #include "tandem/resized_crop.h"
@@ -269,7 +270,7 @@ TEST(CropDecodeTest, AnEngineShareLeavesItsSamplesEncodedWithFullResolutionBoxes
     EXPECT_GT(png[0].numel(), 0);
   }
   EXPECT_EQ(engines, 4);
-  fo.output = ImageFolderOutput::kDecoded;
+  fo.output = ImageFolderOutput::kEncoded;
   EXPECT_THROW(ImageFolderDataset(dir.file("root"), fo), InvalidArgument);
   fo.output = ImageFolderOutput::kCropRegion;
   fo.engine_share = 1.5;
@@ -298,6 +299,121 @@ TEST(CropDecodeTest, ATruncatedJpegLeftToTheEnginesIsNamedByTheWorker) {
     EXPECT_NE(what.find("cut.jpg"), std::string::npos) << what;
     EXPECT_NE(what.find("truncated"), std::string::npos) << what;
   }
+}
+
+// A fixed share is decodes_on_engines itself, and never moves.
+TEST(EngineShareTest, AFixedShareSplitsAsThePositionsPatternAndStays) {
+  EngineShare fixed(0.4);
+  EXPECT_FALSE(fixed.adaptive());
+  for (uint64_t p = 0; p < 2048; ++p) EXPECT_EQ(fixed.on_engines(p), decodes_on_engines(0.4, p));
+  fixed.record_cpu(1000, 1);
+  for (int i = 0; i < 10; ++i) fixed.record_engines(100, 0.1, 0.12);
+  EXPECT_FALSE(fixed.rebalance(4, 256));
+  ASSERT_EQ(fixed.schedule().size(), 1u);
+  EXPECT_EQ(fixed.share(), std::round(0.4 * 1024) / 1024);
+  EXPECT_THROW(EngineShare(1.5), InvalidArgument);
+}
+
+// Rebalancing sets the share at which the workers' part of a batch and the feed stage's call
+// take the same time, from the first position not yet asked about: every position asked keeps
+// its side.
+TEST(EngineShareTest, RebalancingBalancesBothSidesFromTheNextUnaskedPosition) {
+  EngineShare share(0.25, /*adaptive=*/true);
+  for (int call = 0; call < EngineShare::kEngineWarmupCalls; ++call)
+    share.record_engines(100, 10, 10);  // the engines' set-up: not counted
+  std::vector<bool> before;
+  for (uint64_t p = 0; p < 300; ++p) before.push_back(share.on_engines(p));
+  // Too little measured: no change.
+  share.record_cpu(10, 0.1);
+  share.record_engines(50, 50.0 / 600, 50.0 / 600 + 1.0 / 30);
+  EXPECT_FALSE(share.rebalance(4, 256));
+  // The workers: 4 at 100 img/s each; the engines: 600 img/s, 1/30 s of other work per call.
+  share.record_cpu(246, 2.46);
+  share.record_engines(250, 250.0 / 600, 250.0 / 600 + 1.0 / 30);
+  EXPECT_TRUE(share.rebalance(4, 256));
+  const EngineShare::Rates r = share.rates(4);  // measured anew from the change
+  EXPECT_EQ(r.cpu_samples, 0);
+  const double s = share.share(), B = 256, cpu = 400, engines = 600, fixed = 1.0 / 30;
+  EXPECT_NEAR((1 - s) * B / cpu, fixed + s * B / engines, (B / cpu + B / engines) / 1024) << s;
+  const auto schedule = share.schedule();
+  ASSERT_EQ(schedule.size(), 2u);
+  EXPECT_EQ(schedule[1].from_position, 300u);
+  for (uint64_t p = 0; p < 300; ++p) EXPECT_EQ(share.on_engines(p), before[p]) << p;
+  for (uint64_t p = 300; p < 1400; ++p) EXPECT_EQ(share.on_engines(p), decodes_on_engines(s, p));
+  EXPECT_NE(share.report(4).find("the JPEG engines decode"), std::string::npos)
+      << share.report(4);
+  // Rates that call for the same share again change nothing.
+  share.record_cpu(256, 2.56);
+  for (int call = 0; call < 2; ++call) share.record_engines(125, 125.0 / 600, 125.0 / 600 + 1.0 / 30);
+  EXPECT_FALSE(share.rebalance(4, 256));
+}
+
+// A resumed run's schedule splits its positions as the first run did; a malformed one is named.
+TEST(EngineShareTest, ARestoredScheduleSplitsAsTheSavedOne) {
+  EngineShare share(0.5, /*adaptive=*/true);
+  share.restore({{0, 0.25}, {1000, 0.75}});
+  for (uint64_t p = 0; p < 2000; ++p)
+    EXPECT_EQ(share.on_engines(p), decodes_on_engines(p < 1000 ? 0.25 : 0.75, p)) << p;
+  EXPECT_EQ(share.share(), 0.75);
+  EXPECT_THROW(share.restore({}), InvalidArgument);
+  EXPECT_THROW(share.restore({{5, 0.5}}), InvalidArgument);
+  EXPECT_THROW(share.restore({{0, 0.5}, {0, 0.25}}), InvalidArgument);
+  EXPECT_THROW(share.restore({{0, 2.0}}), InvalidArgument);
+}
+
+// A dataset given an EngineShare follows it as it moves: the loader's workers ask it per sample.
+TEST(EngineShareTest, ADatasetFollowsTheShareItWasGiven) {
+  const testing::TempDir dir;
+  testing::put(dir, "root/photos/p.jpg", detailed_photo());
+  ImageFolderOptions fo;
+  fo.output = ImageFolderOutput::kCropRegion;
+  auto share = std::make_shared<EngineShare>(0.5, /*adaptive=*/true);
+  const ImageFolderDataset folder =
+      ImageFolderDataset(dir.file("root"), fo).with_engine_share(share);
+  EXPECT_EQ(folder.engine_share(), share);
+  ASSERT_EQ(folder.fields().size(), 4u);
+  share->restore({{0, 0.5}, {4, 1.0}});
+  for (uint64_t position = 0; position < 8; ++position) {
+    std::vector<at::Tensor> out{at::Tensor(), at::Tensor(),
+                                torch::empty({kCropBoxFields}, torch::kInt),
+                                torch::empty({}, torch::kLong)};
+    folder.get_drawn_sample(0, SampleDraw{9, position}, out);
+    EXPECT_EQ(out[1].numel() > 0, position >= 4 || decodes_on_engines(0.5, position)) << position;
+  }
+  EXPECT_GT(share->rates(1).cpu_samples, 0) << "the workers time their regions";
+  fo.output = ImageFolderOutput::kCenterCrop;
+  EXPECT_THROW(ImageFolderDataset(dir.file("root"), fo).with_engine_share(share), InvalidArgument);
+}
+
+// Decoded whole images (an evaluation's) split alike: the engines' samples carry the file's
+// bytes and an empty image, the others the decode the unsplit dataset gives.
+TEST(EngineShareTest, DecodedImagesSplitAsCropRegionsDo) {
+  const std::vector<uint8_t> jpeg = detailed_photo();
+  const testing::TempDir dir;
+  testing::put(dir, "root/photos/p.jpg", jpeg);
+  ImageFolderOptions fo;
+  fo.output = ImageFolderOutput::kDecoded;
+  fo.image_size = 256;
+  const ImageFolderDataset plain(dir.file("root"), fo);
+  const ImageFolderDataset folder = plain.with_engine_share(0.5);
+  ASSERT_EQ(folder.fields().size(), 3u);
+  EXPECT_EQ(folder.fields()[1].name, "jpeg");
+  for (uint64_t position = 0; position < 4; ++position) {
+    std::vector<at::Tensor> out{at::Tensor(), at::Tensor(), torch::empty({}, torch::kLong)};
+    folder.get_drawn_sample(0, SampleDraw{9, position}, out);
+    if (decodes_on_engines(0.5, position)) {
+      EXPECT_EQ(out[1].numel(), static_cast<int64_t>(jpeg.size()));
+      EXPECT_EQ(out[0].numel(), 0);
+    } else {
+      std::vector<at::Tensor> whole{at::Tensor(), torch::empty({}, torch::kLong)};
+      plain.get_sample(0, whole);
+      EXPECT_EQ(out[1].numel(), 0);
+      EXPECT_TRUE(torch::equal(out[0], whole[0])) << position;
+    }
+    EXPECT_EQ(out[2].item<int64_t>(), 0);
+  }
+  EXPECT_FALSE(folder.with_output(ImageFolderOutput::kCropRegion).engine_share())
+      << "a split is of one output's samples";
 }
 
 }  // namespace

@@ -160,6 +160,32 @@ TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLossesOnTheJpegEngines) {
     unsetenv("TANDEM_NVJPEG_BACKEND");
 }
 
+// decode=auto with crop regions and no given share: a trial sets the engines' share, the run's
+// rates move it (timing decides where), every loss is finite and the run's notes say the share.
+TEST(ImagesWorkloadGpuTest, AnAdaptiveSplitTrainsAndSaysItsShare) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  std::string why_not;
+  if (!data::NvjpegDecoder::open(0, &why_not, data::NvjpegBackend::kHardware))
+    GTEST_SKIP() << why_not;
+  TempDir dir;
+  write_shapes_folder(dir, 6, 5, /*jpeg_only=*/true);
+  WorkloadOptions o = options_for(dir, "r18_full", 4);
+  o.params["decode"] = "auto";
+  o.params["crop"] = "region";
+  o.device = c10::Device(c10::kCUDA, 0);
+  o.workers = 2;
+  const ImagesWorkload w = make_images(o);
+  Runner runner(w.workload, run_options(Mode::kPipelined, 4));
+  const std::vector<float> losses = runner.train(24);
+  ASSERT_EQ(losses.size(), 24u);
+  for (float l : losses) EXPECT_TRUE(std::isfinite(l));
+  std::string said;
+  for (const auto& note : runner.notes())
+    if (note.rfind("augment: the JPEG engines decode ", 0) == 0) said = note;
+  EXPECT_FALSE(said.empty()) << "no note of the split's share";
+  EXPECT_NE(said.find("follow"), std::string::npos) << said;
+}
+
 TEST(ImagesWorkloadTest, ASmallResNetLearnsColouredShapesFarAboveChance) {
   TempDir dir;
   write_shapes_folder(dir, 24, 2);  // 72 images, 3 classes

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tandem/data/nvjpeg_decoder.h"
 #include "tandem/error.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/optim.h"
@@ -468,6 +469,54 @@ using data::testing::TempDir;
 using fixtures::options;
 using fixtures::write_idx;
 
+// `n` JPEGs in tmp/img, two classes (c1's images the negatives of c0's), of about h x w: a
+// folder a ResNet tells apart in a few steps. Returns the folder.
+std::string write_two_class_jpegs(const TempDir& tmp, int n, int64_t h, int64_t w) {
+  for (int i = 0; i < n; ++i) {
+    const int cls = i % 2;
+    at::Tensor img = data::testing::smooth_image(3, h + (i % 5) * h / 10, w - (i % 3) * w / 12, i);
+    if (cls) img = 255 - img;
+    data::testing::put(tmp, "img/c" + std::to_string(cls) + "/" + std::to_string(i) + ".jpg",
+                       data::encode_jpeg(img, 90));
+  }
+  return tmp.path() + "/img";
+}
+
+// Job `c` in pipelined+graphed, 8 steps uninterrupted (in dir/a, into *a), then stopped after
+// step 5 and resumed (dir/b, the resumed part into *resumed): the resumed steps' losses are the
+// uninterrupted run's within 1e-6.
+void run_and_resume(const ClassifierOptions& c, const std::string& dir, TrainResult* a,
+                    TrainResult* resumed) {
+  auto opts = [&](const std::string& out) {
+    TrainOptions o = options(out, Mode::kPipelinedGraphed);
+    o.schedule = optim::cosine(c.optimizer == "sgd" ? 0.05 : 1e-3, 8);
+    return o;
+  };
+  *a = Trainer(make_classifier(c), opts(dir + "/a")).run();
+  ASSERT_EQ(a->losses.size(), 8u);  // 64 / 16 = 4 steps an epoch, 2 epochs
+
+  std::atomic<int> stop{0};
+  TrainOptions first = opts(dir + "/b");
+  first.stop = &stop;
+  first.checkpoint_every = 1;
+  first.progress_seconds = 0;
+  first.on_progress = [&](const TrainOptions::Progress& p) {
+    if (p.step >= 5) stop = SIGTERM;
+  };
+  const TrainResult b1 = Trainer(make_classifier(c), first).run();
+  ASSERT_EQ(b1.stopped_by_signal, SIGTERM);
+  const int64_t stopped_at = b1.steps;
+  ASSERT_GT(stopped_at, 4);
+  ASSERT_LT(stopped_at, 8);
+  TrainOptions again = opts(dir + "/b");
+  again.resume = true;
+  *resumed = Trainer(make_classifier(c), again).run();
+  ASSERT_EQ(static_cast<int64_t>(resumed->losses.size()), 8 - stopped_at);
+  for (size_t i = 0; i < resumed->losses.size(); ++i)
+    EXPECT_NEAR(resumed->losses[i], a->losses[static_cast<size_t>(stopped_at) + i], 1e-6)
+        << "step " << stopped_at + static_cast<int64_t>(i);
+}
+
 // On the GPU, in pipelined+graphed mode with deterministic algorithms: stopping mid-epoch and
 // resuming gives the uninterrupted run's losses within 1e-6. The IDX job draws only
 // dropout (the device's default generator, inside the captured train step); the ImageFolder job
@@ -487,14 +536,7 @@ TEST_P(TrainerGpuTest, ResumeInPipelinedGraphedRepeatsTheLosses) {
   c.batch_size = 16;
   c.seed = 5;
   if (folder) {
-    for (int i = 0; i < 64; ++i) {
-      const int cls = i % 2;
-      at::Tensor img = data::testing::smooth_image(3, 40 + (i % 5) * 4, 48 - (i % 3) * 4, i);
-      if (cls) img = 255 - img;
-      data::testing::put(tmp, "img/c" + std::to_string(cls) + "/" + std::to_string(i) + ".jpg",
-                         data::encode_jpeg(img, 90));
-    }
-    c.data = tmp.path() + "/img";
+    c.data = write_two_class_jpegs(tmp, 64, 40, 48);
     c.model = "resnet18";
     c.image_size = 32;
     c.optimizer = "sgd";
@@ -505,34 +547,9 @@ TEST_P(TrainerGpuTest, ResumeInPipelinedGraphedRepeatsTheLosses) {
     write_idx(c.data, "train", 64, 4, 1);
     write_idx(c.data, "t10k", 32, 4, 2);
   }
-  auto opts = [&](const std::string& out) {
-    TrainOptions o = options(out, Mode::kPipelinedGraphed);
-    o.schedule = optim::cosine(c.optimizer == "sgd" ? 0.05 : 1e-3, 8);
-    return o;
-  };
-  const TrainResult a = Trainer(make_classifier(c), opts(tmp.path() + "/a")).run();
-  ASSERT_EQ(a.losses.size(), 8u);  // 64 / 16 = 4 steps an epoch, 2 epochs
-
-  std::atomic<int> stop{0};
-  TrainOptions first = opts(tmp.path() + "/b");
-  first.stop = &stop;
-  first.checkpoint_every = 1;
-  first.progress_seconds = 0;
-  first.on_progress = [&](const TrainOptions::Progress& p) {
-    if (p.step >= 5) stop = SIGTERM;
-  };
-  const TrainResult b1 = Trainer(make_classifier(c), first).run();
-  ASSERT_EQ(b1.stopped_by_signal, SIGTERM);
-  const int64_t stopped_at = b1.steps;
-  ASSERT_GT(stopped_at, 4);
-  ASSERT_LT(stopped_at, 8);
-  TrainOptions again = opts(tmp.path() + "/b");
-  again.resume = true;
-  const TrainResult b2 = Trainer(make_classifier(c), again).run();
-  ASSERT_EQ(static_cast<int64_t>(b2.losses.size()), 8 - stopped_at);
-  for (size_t i = 0; i < b2.losses.size(); ++i)
-    EXPECT_NEAR(b2.losses[i], a.losses[static_cast<size_t>(stopped_at) + i], 1e-6)
-        << "step " << stopped_at + static_cast<int64_t>(i);
+  TrainResult a, b2;
+  run_and_resume(c, tmp.path(), &a, &b2);
+  if (HasFatalFailure()) return;
   const auto wa = models::load_safetensors(a.weights), wb = models::load_safetensors(b2.weights);
   ASSERT_EQ(wa.size(), wb.size());
   for (size_t i = 0; i < wa.size(); ++i)
@@ -544,6 +561,57 @@ TEST_P(TrainerGpuTest, ResumeInPipelinedGraphedRepeatsTheLosses) {
 
 INSTANTIATE_TEST_SUITE_P(Jobs, TrainerGpuTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "ImageFolder" : "Idx"; });
+
+// decode auto with a given share on a GPU with JPEG engines: half of each batch decoded by the
+// engines, in training and in the evaluation. A run stopped mid-epoch resumes with the
+// uninterrupted run's losses (the split's shares come back from the checkpoint), and the trained
+// model evaluates as on the CPU's decodes (the same photos, decoded by other code).
+TEST(TrainerSplitGpuTest, ASplitDecodeResumesExactlyAndEvaluatesAsOnTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  std::string why_not;
+  if (!data::NvjpegDecoder::open(0, &why_not, data::NvjpegBackend::kHardware))
+    GTEST_SKIP() << why_not;
+  at::globalContext().setBenchmarkCuDNN(false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  TempDir tmp;
+  ClassifierOptions c;
+  c.device = c10::Device(c10::kCUDA, 0);
+  c.data = write_two_class_jpegs(tmp, 80, 120, 160);
+  c.model = "resnet18";
+  c.image_size = 32;
+  c.optimizer = "sgd";
+  c.lr = 0.05;
+  c.channels_last = true;
+  c.batch_size = 16;
+  c.val_split = 0.2;
+  c.seed = 5;
+  c.decode = "auto";
+  c.engine_share = 0.5;
+  TrainResult a, resumed;
+  run_and_resume(c, tmp.path(), &a, &resumed);
+  if (HasFatalFailure()) return;
+  ASSERT_FALSE(a.epochs.empty());
+  EXPECT_GT(a.epochs.back().eval_images_per_s, 0);
+  bool said = false;
+  for (const auto& note : a.notes) said = said || note.find("JPEG engines decode") != std::string::npos;
+  EXPECT_TRUE(said) << "the run's notes say the split";
+
+  // The trained weights, evaluated with the split and on the CPU's decodes alone.
+  c.weights = a.weights;
+  const Lane lane = Lane::create("eval", c.device);
+  const Evaluation split = make_classifier(c).evaluate(lane);
+  c.decode = "cpu";
+  const Evaluation cpu = make_classifier(c).evaluate(lane);
+  EXPECT_EQ(split.samples, 16);
+  EXPECT_EQ(cpu.samples, 16);
+  // Each row's label with its own image: a misplaced row would cost half the accuracy; the
+  // decodes' own differences (full resolution against DCT-scaled) may move one borderline image.
+  EXPECT_NEAR(split.metrics.at("accuracy"), cpu.metrics.at("accuracy"), 1.0 / 16 + 1e-9);
+  EXPECT_NEAR(split.metrics.at("val_loss"), cpu.metrics.at("val_loss"),
+              0.1 * cpu.metrics.at("val_loss") + 0.02);
+  at::globalContext().setDeterministicAlgorithms(false, false);
+}
 
 }  // namespace
 }  // namespace tandem::train

@@ -180,6 +180,18 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "random crop cut on the GPU from that reduced image)")
       ->check(CLI::IsMember({"region", "whole"}))
       ->capture_default_str();
+  c->add_option("--decode", decode,
+                "ImageFolder training with --crop region on a GPU: auto (each batch split "
+                "between the loader's workers and the GPU's JPEG engines: a short trial sets "
+                "the engines' share, the run's own rates then move it; the workers alone where "
+                "there are no engines, or with --deterministic unless --engine-share is given) "
+                "or cpu (the workers alone)")
+      ->check(CLI::IsMember({"cpu", "auto"}))
+      ->capture_default_str();
+  c->add_option("--engine-share", job.engine_share,
+                "with --decode auto: the JPEG engines' fixed share of each batch, 0 to 1 [default: "
+                "measured, and following the rates]")
+      ->check(CLI::Range(0.0, 1.0));
   c->add_option("--subset", job.subset, "train on this many samples (spread over the set)");
   c->add_option("--val-subset", job.val_subset, "evaluate on this many samples");
   c->add_option("--seed", seed, "seed for weights, data order and augmentation")
@@ -318,6 +330,9 @@ int TrainCommand::run(const std::string& command_line) {
   job.channels_last = given("--channels-last") ? channels_last : dev.is_cuda() && !cnn;
   job.seed = seed;
   job.crop_regions = crop == "region";
+  // A share that follows the rates makes the pixels depend on timing: a deterministic run
+  // splits only at a share it is given.
+  job.decode = deterministic && !given("--engine-share") ? "cpu" : decode;
   const Mode parsed = parse_mode(mode);  // one of train_modes(): --mode's check
   const Mode m = parsed == Mode::kAuto ? auto_mode(dev) : parsed;
   if (dev.is_cuda()) {
@@ -515,6 +530,7 @@ int TrainCommand::run(const std::string& command_line) {
     j["accuracy_metric"] = headline;
     j["epochs"] = static_cast<int64_t>(r.epochs.size());
     j["stopped_by_signal"] = r.stopped_by_signal;
+    j["notes"] = r.notes;  // as printed: the modes' captures, a decode split's share
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& e : r.epochs) rows.push_back(train::to_json(e));  // metrics.jsonl's rows
     j["rows"] = rows;

@@ -19,6 +19,7 @@ struct TrainCommand {
   std::string freeze;          // "backbone" or empty
   std::string schedule = "cosine";
   std::string crop = "region";  // ImageFolder training: region or whole
+  std::string decode = "auto";  // ImageFolder training: cpu or auto (with the JPEG engines)
   // The flags below that a comment says "not given: ..." are read only when given(): their
   // defaults depend on the model, the data or the device, and a given 0 is refused.
   double warmup_epochs = 0;

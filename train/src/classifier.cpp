@@ -12,6 +12,7 @@
 
 #include "tandem/autocast.h"
 #include "tandem/batch.h"
+#include "tandem/data/engine_split.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/error.h"
@@ -90,6 +91,10 @@ TrainJob make_classifier(const ClassifierOptions& o) {
                      {"channels_last", o.channels_last && !idx}});
   if (!idx) job.config["image_size"] = o.image_size;
   if (!idx && o.crop_regions) job.config["crop"] = "region";  // absent: whole (older runs too)
+  TANDEM_CHECK_ARG(o.decode == "cpu" || o.decode == "auto", "decode '", o.decode,
+                   "' is not valid: expected cpu or auto");
+  TANDEM_CHECK_ARG(o.engine_share <= 1, "engine share ", o.engine_share,
+                   " is not valid: expected 0 to 1 (or < 0: measured)");
   torch::manual_seed(o.seed);
   Workload& w = job.workload;
   w.device = device;
@@ -188,19 +193,50 @@ TrainJob make_classifier(const ClassifierOptions& o) {
     // needs (S * 256 / 224 for S = 224), so the resize shrinks as torchvision's does.
     fo.output = data::ImageFolderOutput::kDecoded;
     auto folder = std::make_shared<data::ImageFolderDataset>(o.data, fo);
+    // decode auto: the JPEG engines beside the workers (no decoder: the workers alone).
+    data::EngineSplit split;
+    if (o.crop_regions && o.decode == "auto")
+      split = data::open_engine_split(*folder, device, o.image_size, o.engine_share, o.workers,
+                                      "--decode auto");
+    if (split.decoder) {
+      job.config["decode"] = "auto";  // absent: the CPU workers alone (older runs too)
+      if (!split.share->adaptive()) job.config["engine_share"] = split.share->share();
+      // A resumed run keeps the split's shares: the positions decoded before the checkpoint
+      // split as they did, the next ones from the last share on.
+      const std::shared_ptr<data::EngineShare> share = split.share;
+      job.save_state = [share] {
+        nlohmann::json changes = nlohmann::json::array();
+        for (const auto& c : share->schedule()) changes.push_back({c.from_position, c.share});
+        return nlohmann::json{{"engine_shares", changes}};
+      };
+      job.load_state = [share](const nlohmann::json& state) {
+        if (!state.contains("engine_shares")) return;
+        std::vector<data::EngineShare::Change> changes;
+        for (const auto& c : state["engine_shares"])
+          changes.push_back({c[0].get<uint64_t>(), c[1].get<double>()});
+        share->restore(changes);
+      };
+    }
     std::shared_ptr<const Dataset> crops = folder;
     if (o.crop_regions)
       crops = std::make_shared<data::ImageFolderDataset>(
-          folder->with_output(data::ImageFolderOutput::kCropRegion));
+          folder->with_output(data::ImageFolderOutput::kCropRegion)
+              .with_engine_share(split.decoder ? split.share : nullptr));
     const int64_t resize_size = o.image_size * 256 / 224;
-    auto eval_folder =
-        std::make_shared<data::ImageFolderDataset>(folder->with_image_size(resize_size));
+    // The evaluation splits its whole-image decodes alike, with a decoder of its own (for its
+    // thread) and a share of its own (whole images cost the CPU more than regions).
+    const bool evaluates = !o.val.empty() || o.val_split > 0;
+    const data::EngineSplit eval_split =
+        evaluates ? data::companion_split(split, device, o.workers) : data::EngineSplit{};
+    auto eval_folder = std::make_shared<data::ImageFolderDataset>(
+        folder->with_image_size(resize_size).with_engine_share(eval_split.share));
     const int64_t classes = static_cast<int64_t>(folder->classes().size());
     std::shared_ptr<const Dataset> train_data = crops, val_data;
     if (!o.val.empty()) {
       data::ImageFolderOptions vo = fo;
       vo.image_size = resize_size;
-      auto v = std::make_shared<data::ImageFolderDataset>(o.val, vo);
+      auto v = std::make_shared<data::ImageFolderDataset>(
+          data::ImageFolderDataset(o.val, vo).with_engine_share(eval_split.share));
       TANDEM_CHECK_ARG(v->classes() == folder->classes(), "--val ", o.val,
                        " has other class folders than --data ", o.data);
       val_data = v;
@@ -221,9 +257,13 @@ TrainJob make_classifier(const ClassifierOptions& o) {
     w.name = model_name;
     w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
     const int64_t S = o.image_size;
-    w.feeds.push_back(o.crop_regions ? given_crop_feed(ResizedCropSpec::train(S), nhwc)
-                                     : resized_crop_feed(ResizedCropSpec::train(S),
-                                                         seeded_generator(device, o.seed), nhwc));
+    if (split.decoder)
+      w.feeds.push_back(
+          data::engine_split_feed(ResizedCropSpec::train(S), split, device, nhwc, o.batch_size));
+    else
+      w.feeds.push_back(o.crop_regions ? given_crop_feed(ResizedCropSpec::train(S), nhwc)
+                                       : resized_crop_feed(ResizedCropSpec::train(S),
+                                                           seeded_generator(device, o.seed), nhwc));
     auto n = net.ptr();
     std::shared_ptr<models::FoldedResNet> folded;  // the frozen backbone, for training and eval
     if (o.freeze_backbone) {
@@ -263,24 +303,71 @@ TrainJob make_classifier(const ClassifierOptions& o) {
       const at::Generator eval_gen = seeded_generator(device, o.seed);  // draws no randomness
       const bool frozen = o.freeze_backbone;
       auto passes = std::make_shared<EvalPasses>(val_data, o.batch_size, o.workers);
-      job.evaluate = [n, folded, passes, eval_spec, eval_gen, device, precision, frozen,
-                      nhwc](const Lane& lane) {
+      const int64_t batch_size = o.batch_size;
+      job.evaluate = [n, folded, passes, eval_spec, eval_gen, device, precision, frozen, nhwc,
+                      eval_split, batch_size](const Lane& lane) {
         at::NoGradGuard no_grad;
         n->eval();
         at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
         at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         int64_t seen = 0;
+        // Split: the rows the loader left to the engines, kept for one decode per batch (the
+        // engines lose much of their rate on a part's few images). The host tensors hold the
+        // bytes `encoded` points into.
+        std::vector<at::Tensor> held_bytes, held_labels;
+        std::vector<data::EncodedImage> encoded;
+        // Resize + CenterCrop on the device of a part's `rows` (all where undefined).
+        auto crop = [&](const Batch& batch, const at::Tensor& rows) {
+          at::Tensor offsets = batch.get(offsets_field("image")),
+                     sizes = batch.get(sizes_field("image"));
+          if (rows.defined()) {
+            offsets = offsets.index_select(0, rows);
+            sizes = sizes.index_select(0, rows);
+          }
+          at::Tensor x = resized_crop(batch.get("image"), offsets, sizes,
+                                      draw_crop_boxes(eval_spec, sizes, eval_gen), eval_spec);
+          return nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+        };
         passes->run(
             lane,
-            [&](Batch& batch) {  // each loader part: Resize + CenterCrop on the device
-              const at::Tensor sizes = batch.get(sizes_field("image"));
-              const at::Tensor boxes = draw_crop_boxes(eval_spec, sizes, eval_gen);
-              at::Tensor x = resized_crop(batch.get("image"), batch.get(offsets_field("image")),
-                                          sizes, boxes, eval_spec);
-              if (nhwc) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-              return std::vector<at::Tensor>{x, batch.get("label")};
+            [&](Batch& batch) {  // each loader part
+              if (!eval_split.decoder)
+                return std::vector<at::Tensor>{crop(batch, at::Tensor()), batch.get("label")};
+              const at::Tensor& jpeg = batch.get("jpeg");
+              const data::SplitRows r = data::split_rows(jpeg, batch.get(offsets_field("jpeg")),
+                                                         batch.get(sizes_field("jpeg")));
+              const at::Tensor label = batch.get("label");
+              if (!r.engines.empty()) {
+                held_bytes.push_back(jpeg);
+                encoded.insert(encoded.end(), r.encoded.begin(), r.encoded.end());
+                held_labels.push_back(label.index_select(
+                    0, at::tensor(r.engines, at::kLong).to(device, /*non_blocking=*/true)));
+              }
+              const at::Tensor rows = at::tensor(r.cpu, at::kLong).to(device, true);
+              if (r.cpu.empty())  // every row on the engines: nothing to crop now
+                return std::vector<at::Tensor>{
+                    at::empty({0, 3, eval_spec.out_h, eval_spec.out_w},
+                              at::TensorOptions().dtype(at::kFloat).device(device))
+                        .contiguous(nhwc ? at::MemoryFormat::ChannelsLast
+                                         : at::MemoryFormat::Contiguous),
+                    label.index_select(0, rows)};
+              return std::vector<at::Tensor>{crop(batch, rows), label.index_select(0, rows)};
             },
-            [&](const std::vector<at::Tensor>& xy) {  // a whole batch: the forward
+            [&](std::vector<at::Tensor> xy) {  // a whole batch: the forward
+              if (!encoded.empty()) {  // the engines' rows of the batch
+                at::Tensor x = data::engine_crops(eval_spec, eval_split, encoded, device,
+                                                  batch_size);
+                if (nhwc) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+                xy[0] = at::cat({xy[0], x});
+                held_labels.insert(held_labels.begin(), xy[1]);
+                xy[1] = at::cat(held_labels);
+                held_bytes.clear();
+                held_labels.clear();
+                encoded.clear();
+                // (a part the engines took whole has no rows here, which cat may not keep
+                // channels-last)
+                if (nhwc) xy[0] = xy[0].contiguous(at::MemoryFormat::ChannelsLast);
+              }
               AutocastScope autocast(device, precision);
               // A frozen backbone evaluates as it trains: folded (the module's features
               // within float rounding, without its batch-norm and ReLU passes).

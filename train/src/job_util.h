@@ -143,8 +143,8 @@ constexpr int64_t kEvalPassesPerLoader = 1024;
 
 /// Every evaluation of a run over `data`, from one loader whose workers start once: a pass is
 /// the loader's parts (eval_part_size) loaded on the lane, each turned into device tensors by
-/// `prepare` (the model's inputs and targets, dim 0 the samples), concatenated into batches of
-/// `batch_size` samples (the last one shorter) and handed to `consume`; each tensor keeps its
+/// `prepare` (the model's inputs and targets, dim 0 the samples), concatenated over the parts of
+/// `batch_size` samples (the last batch shorter) and handed to `consume`; each tensor keeps its
 /// part's memory format. Between two passes the workers fill the next pass's first parts (the
 /// ring's depth), so an evaluation starts on decoded parts instead of starting threads and
 /// waiting for a whole part's decode. (A loader per evaluation did both every epoch.)
@@ -191,11 +191,14 @@ class EvalPasses {
       rows = 0;
       consume(joined);
     };
+    const int64_t part = eval_part_size(batch_size_, workers_), n = data_->size();
     for (int64_t b = 0; b < loader_->batches_per_pass(); ++b) {
       Batch batch;
       load_next_batch(*loader_, batch, lane);
       parts.push_back(prepare(batch));
-      rows += parts.back().at(0).size(0);
+      // The part's place in the pass counts, not what prepare returned: a prepare may keep
+      // some rows back for `consume` (those the JPEG engines decode a whole batch at a time).
+      rows += std::min(part, n - b * part);
       if (rows >= batch_size_) flush();
     }
     flush();

@@ -313,6 +313,7 @@ void Trainer::load_checkpoint(const Checkpoint& c, const std::string& folder) {
                    ": expected the same training set and batch size");
   models::load_state_dict(*job_.model, c.model);
   job_.workload.train.optimizer->load_state(c.optimizer);
+  if (job_.load_state && st.contains("job_state")) job_.load_state(st["job_state"]);
   // Generator states: "generator.<i>" and "default", each prefixed "rank<r>." in a data
   // parallel run (every rank draws its own augmentation).
   const std::string mine = world_ > 1 ? "rank" + std::to_string(rank_) + "." : "";
@@ -575,6 +576,7 @@ TrainResult Trainer::run() {
                {"step_in_epoch", g % spe},
                {"steps_per_epoch", spe},
                {"epochs", history}};
+    if (job_.save_state) c.state["job_state"] = job_.save_state();
     if (sums)
       c.state["epoch_so_far"] = {{"steps", sums->steps},
                                  {"loss_sums", loss_sums},

@@ -3,19 +3,17 @@
 #include "tandem/workloads/images.h"
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
-#include <thread>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
 #include "tandem/data/decode.h"
+#include "tandem/data/engine_split.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/data/nvjpeg_decoder.h"
 #include "tandem/error.h"
@@ -53,8 +51,8 @@ const std::vector<WorkloadParam>& images_params() {
        "where JPEGs are decoded: cpu (TurboJPEG in the loader's workers), gpu (nvJPEG on the "
        "augment lane; the workers only read files) or auto (with crop=region and the GPU's "
        "JPEG engines: each batch split between the workers and the engines by their rates, "
-       "measured by a short trial or given as engine_share; otherwise whichever a trial "
-       "measures faster)",
+       "a short trial's at the start, then the run's own; or a share given as engine_share; "
+       "otherwise whichever a trial measures faster)",
        {"cpu", "gpu", "auto"}},
       {"crop",
        "with decode=cpu or auto: region (each sample's random crop drawn in the loader's worker "
@@ -63,8 +61,8 @@ const std::vector<WorkloadParam>& images_params() {
        "the device)",
        {"region", "whole"}},
       {"engine_share",
-       "decode=auto with crop=region: the JPEG engines' share of each batch, 0 to 1 (default: "
-       "measured)",
+       "decode=auto with crop=region: the JPEG engines' fixed share of each batch, 0 to 1 "
+       "(default: measured, then following both sides' rates)",
        {}},
       {"size", "the side of the square crop the model sees (default 224)", {}},
       {"lr", "SGD's learning rate (momentum 0.9; default 0.1)", {}},
@@ -84,46 +82,6 @@ const std::vector<WorkloadParam>& images_params() {
 // each batch (nvjpeg_decoder.cpp); TANDEM_NVJPEG_BACKEND (hardware, hybrid, default, auto)
 // overrides this choice, as ImagesWorkloadGpuTest does to check the engines.
 constexpr data::NvjpegBackend kPipelineBackend = data::NvjpegBackend::kHybrid;
-
-// The files a decode trial times: `n` spread over the folder (with jpeg_only, those the JPEG
-// engines read: no PNG, no CMYK), read into memory.
-struct TrialFiles {
-  std::vector<std::vector<uint8_t>> files;
-  std::vector<data::EncodedImage> encoded;
-
-  TrialFiles(const data::ImageFolderDataset& folder, int64_t n, bool jpeg_only) {
-    for (const auto& sample : folder.spread_samples(n)) {
-      std::vector<uint8_t> bytes = data::read_file(sample.path);
-      if (jpeg_only) {
-        const data::ImageInfo info = data::read_image_info(bytes, sample.path);
-        if (info.format != data::ImageFormat::kJpeg || info.channels == 4) continue;
-      }
-      files.push_back(std::move(bytes));  // a moved vector keeps its buffer: encoded stays valid
-      encoded.push_back({files.back().data(), files.back().size(), sample.path});
-    }
-  }
-  // One core's rate of decode_one(i) over the files, times `cores`.
-  double cpu_rate(int cores, const std::function<void(size_t)>& decode_one) const {
-    const auto t = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < files.size(); ++i) decode_one(i);
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t;
-    return static_cast<double>(files.size()) * cores / took.count();
-  }
-  // nvJPEG's rate on the files as one batch, after a warm-up batch; throws what decode() throws.
-  double engine_rate(data::NvjpegDecoder& decoder, c10::Device device) const {
-    const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
-    decoder.decode(encoded, 3, stream.stream());
-    stream.synchronize();
-    const auto t = std::chrono::steady_clock::now();
-    decoder.decode(encoded, 3, stream.stream());
-    stream.synchronize();
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t;
-    return static_cast<double>(files.size()) / took.count();
-  }
-};
-
-// The cores a loader can decode on here: all but one (the pipeline's threads).
-int trial_cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1); }
 
 // A decoder for `decode` (gpu or auto) on `device`, or null to decode on the CPU: always for
 // decode=cpu; for gpu when nvJPEG cannot open (said on stderr); for auto when a short trial on
@@ -145,8 +103,8 @@ std::shared_ptr<data::NvjpegDecoder> gpu_decoder(const data::ImageFolderDataset&
     return nullptr;
   }
   if (decode == "gpu") return decoder;
-  const TrialFiles trial(folder, 128, /*jpeg_only=*/false);
-  const int cores = trial_cores();
+  const data::DecodeTrial trial(folder, 128, /*jpeg_only=*/false);
+  const int cores = data::DecodeTrial::cores();
   const double cpu = trial.cpu_rate(cores, [&](size_t i) {
     data::decode_image_interleaved(trial.files[i], trial.encoded[i].name, 3, size, size);
   });
@@ -162,121 +120,6 @@ std::shared_ptr<data::NvjpegDecoder> gpu_decoder(const data::ImageFolderDataset&
             << static_cast<int64_t>(cpu) << " img/s (" << cores << " cores), gpu "
             << static_cast<int64_t>(gpu) << " img/s\n";
   return gpu > cpu ? decoder : nullptr;
-}
-
-// decode=auto with crop regions: the JPEG engines' decoder and their share of each batch
-// (`*share`), or null where there is no split — not a GPU, no engines (said on stderr), or a
-// share of 0. `given` >= 0 is the share; otherwise a short trial on this machine's files times
-// one core's crop-region decode (times the cores the loader can use) and the engines on a batch,
-// and the share is the engines' rate over the sum: each side then takes the part of a batch it
-// decodes in the same time.
-std::shared_ptr<data::NvjpegDecoder> engine_split(const data::ImageFolderDataset& folder,
-                                                  c10::Device device, int64_t size,
-                                                  double given, double* share,
-                                                  std::string* report) {
-  *share = 0;
-  if (!device.is_cuda() || given == 0) return nullptr;
-  std::string why_not;
-  std::shared_ptr<data::NvjpegDecoder> decoder =
-      data::NvjpegDecoder::open(device.index(), &why_not, data::NvjpegBackend::kHardware);
-  if (!decoder) {
-    std::cerr << "images: decode=auto: no JPEG engines to share the decode with (" << why_not
-              << ")\n";
-    return nullptr;
-  }
-  if (given > 0) {
-    *share = given;
-    *report = detail::concat("the JPEG engines decode ", given,
-                             " of each batch (engine_share), the CPU workers the rest");
-    std::cerr << "images: decode=auto: " << *report << "\n";
-    return decoder;
-  }
-  const TrialFiles trial(folder, 64, /*jpeg_only=*/true);
-  if (trial.files.empty()) return nullptr;
-  const int cores = trial_cores();
-  int32_t box[kCropBoxFields];
-  const double cpu = trial.cpu_rate(cores, [&](size_t i) {
-    data::decode_drawn_crop(trial.files[i], trial.encoded[i].name, 3, size, SampleDraw{1, i}, box);
-  });
-  double engines = 0;
-  try {
-    engines = trial.engine_rate(*decoder, device);
-  } catch (const std::exception& e) {
-    std::cerr << "images: decode=auto: the JPEG engines failed on a trial batch ("
-              << first_line(e.what()) << "): decoding on the CPU\n";
-    return nullptr;
-  }
-  // Whole 1/1024ths, as the split counts them (decodes_on_engines).
-  *share = std::round(engines / (engines + cpu) * 1024) / 1024;
-  *report = detail::concat("the JPEG engines decode ", *share,
-                           " of each batch, the CPU workers the rest (trial: CPU crop regions ",
-                           static_cast<int64_t>(cpu), " img/s on ", cores, " cores, engines ",
-                           static_cast<int64_t>(engines), " img/s)");
-  std::cerr << "images: decode=auto: " << *report << "\n";
-  return *share > 0 ? decoder : nullptr;
-}
-
-// The crop stage of batches split between the loader's workers and the JPEG engines: a row
-// whose "jpeg" is empty was decoded by a worker (its region, the box placed in it); the others
-// are decoded here by nvJPEG at full size, their boxes in the full-resolution pixels. Both sides
-// go through the same resample kernel into their rows of one batch. One decoder, used by this
-// stage's thread alone.
-FeedStage split_crop_feed(const ResizedCropSpec& spec, std::shared_ptr<data::NvjpegDecoder> decoder,
-                          c10::Device device, bool nhwc, const std::string& split) {
-  FeedStage f;
-  f.name = "augment";
-  f.lane = "augment";
-  f.inputs = {"image",  offsets_field("image"), sizes_field("image"), "jpeg",
-              offsets_field("jpeg"), sizes_field("jpeg"), "crop_box"};
-  f.outputs = {"x"};
-  f.fn = [spec, decoder, device, nhwc](const Tensors& in) {
-    const int64_t B = in[6].size(0);
-    const uint8_t* bytes = in[3].data_ptr<uint8_t>();  // the jpeg fields stay on the host
-    const int64_t* off = in[4].data_ptr<int64_t>();
-    const int64_t* len = in[5].data_ptr<int64_t>();
-    std::vector<int64_t> cpu_rows, engine_rows;
-    std::vector<data::EncodedImage> encoded;
-    for (int64_t b = 0; b < B; ++b) {
-      if (len[b] == 0) {
-        cpu_rows.push_back(b);
-        continue;
-      }
-      engine_rows.push_back(b);
-      encoded.push_back({bytes + off[b], static_cast<size_t>(len[b]),
-                         "image " + std::to_string(b) + " of the batch"});
-    }
-    at::Tensor x;
-    auto place = [&](const std::vector<int64_t>& rows, const at::Tensor& part) {
-      if (static_cast<int64_t>(rows.size()) == B) {
-        x = part;
-        return;
-      }
-      if (!x.defined()) x = at::empty({B, part.size(1), part.size(2), part.size(3)}, part.options());
-      x.index_copy_(0, at::tensor(rows, at::kLong).to(device, /*non_blocking=*/true), part);
-    };
-    if (!cpu_rows.empty()) {
-      const at::Tensor rows = at::tensor(cpu_rows, at::kLong).to(device, /*non_blocking=*/true);
-      place(cpu_rows, resized_crop(in[0], in[1].index_select(0, rows), in[2].index_select(0, rows),
-                                   in[6].index_select(0, rows), spec));
-    }
-    if (!engine_rows.empty()) {
-      const data::PackedImages p = decoder->decode(
-          encoded, 3, c10::cuda::getCurrentCUDAStream(device.index()).stream());
-      std::vector<int64_t> hwc;  // the crop's sizes are (H, W, C) in either layout
-      for (const auto& s : p.sizes_host) hwc.insert(hwc.end(), {s[1], s[2], s[0]});
-      const auto E = static_cast<int64_t>(engine_rows.size());
-      const at::Tensor sizes = at::tensor(hwc, at::kLong).view({E, 3}).to(device, true);
-      const at::Tensor rows = at::tensor(engine_rows, at::kLong).to(device, true);
-      ResizedCropSpec planar = spec;
-      planar.planar = true;
-      place(engine_rows,
-            resized_crop(p.packed, p.offsets, sizes, in[6].index_select(0, rows), planar));
-    }
-    return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
-  };
-  f.what = "RandomResizedCrop (boxes from the loader) + flip + normalize; " + split;
-  f.capture = Capture::kNever;  // nvJPEG's host work, and sizes that vary
-  return f;
 }
 
 // The integer param `name` within [lo, hi], or `fallback` where it is not given.
@@ -337,10 +180,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   // The data first: its class count sizes the head. Resident data needs no folder.
   std::shared_ptr<data::ImageFolderDataset> folder;
   std::shared_ptr<data::NvjpegDecoder> decoder;  // null: the loader's workers decode
-  // decode=auto's split: the engines' decoder and share (null: no split)
-  std::shared_ptr<data::NvjpegDecoder> split_decoder;
-  double engine_share = 0;
-  std::string split_report;  // the share and the trial's rates, for the stage's notes
+  data::EngineSplit split;  // decode=auto's: the engines' decoder and share (none: no split)
   int64_t classes = io.classes;
   if (io.from_files) {
     TANDEM_CHECK_ARG(!options.data.empty(),
@@ -353,13 +193,15 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     classes = static_cast<int64_t>(folder->classes().size());
     const std::string decode = param_or_default(options.params, images_params(), "decode");
     if (decode == "auto" && io.crop_regions)
-      split_decoder =
-          engine_split(*folder, device, S, io.engine_share, &engine_share, &split_report);
-    if (!split_decoder) decoder = gpu_decoder(*folder, device, S, decode);
-    if (split_decoder)
+      split = data::open_engine_split(*folder, device, S, io.engine_share,
+                                      options.workers > 0 ? options.workers
+                                                          : data::DecodeTrial::cores(),
+                                      "images: decode=auto");
+    if (!split.decoder) decoder = gpu_decoder(*folder, device, S, decode);
+    if (split.decoder)
       folder = std::make_shared<data::ImageFolderDataset>(
           folder->with_output(data::ImageFolderOutput::kCropRegion)
-              .with_engine_share(engine_share));
+              .with_engine_share(split.share));
     else if (decoder)
       folder = std::make_shared<data::ImageFolderDataset>(
           folder->with_output(data::ImageFolderOutput::kEncoded));
@@ -382,8 +224,8 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   if (io.from_files) {
     w.data = DataSource::from_dataset(folder, /*shuffle=*/true, /*drop_last=*/true);
     ResizedCropSpec spec = ResizedCropSpec::train(S);
-    if (split_decoder) {
-      w.feeds.push_back(split_crop_feed(spec, split_decoder, device, nhwc, split_report));
+    if (split.decoder) {
+      w.feeds.push_back(data::engine_split_feed(spec, split, device, nhwc, options.batch_size));
     } else if (decoder) {
       // The workers only read files; nvJPEG decodes the batch on the augment lane (its output
       // is planar), then the same crop kernel. One decoder per instance, used by that stage's
@@ -403,12 +245,9 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
              for (int64_t b = 0; b < B; ++b)
                encoded.push_back({bytes + off[b], static_cast<size_t>(len[b]),
                                   "image " + std::to_string(b) + " of the batch"});
-             const data::PackedImages p = decoder->decode(
-                 encoded, 3, c10::cuda::getCurrentCUDAStream(device.index()).stream());
-             std::vector<int64_t> hwc;  // the crop's sizes are (H, W, C) in either layout
-             for (const auto& s : p.sizes_host) hwc.insert(hwc.end(), {s[1], s[2], s[0]});
-             const at::Tensor sizes =
-                 at::tensor(hwc, at::kLong).view({B, 3}).to(device, /*non_blocking=*/true);
+             const data::DeviceDecoded d = data::decode_on_device(*decoder, encoded, device);
+             const data::PackedImages& p = d.images;
+             const at::Tensor& sizes = d.hwc_sizes;
              const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
              at::Tensor x = resized_crop(p.packed, p.offsets, sizes, boxes, spec);
              return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};

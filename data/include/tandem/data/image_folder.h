@@ -4,12 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tandem/loader.h"
 
 namespace tandem::data {
+
+class EngineShare;  // engine_split.h
 
 /// What an ImageFolder sample's image is.
 enum class ImageFolderOutput {
@@ -43,7 +46,8 @@ struct ImageFolderOptions {
   /// whose draw positions decodes_on_engines() picks carry the file's bytes ("jpeg") and their
   /// box in the full-resolution pixels instead of a decoded region, so the CPU workers and the
   /// engines decode side by side. A sample the engines cannot read (a PNG, a CMYK JPEG) is
-  /// decoded on the CPU wherever its position falls. 0: every sample on the CPU.
+  /// decoded on the CPU wherever its position falls. 0: every sample on the CPU. (A share that
+  /// moves during the run: with_engine_share(EngineShare).)
   double engine_share = 0;
 };
 
@@ -127,6 +131,11 @@ class ImageFolderDataset : public Dataset {
   /// The same index with another ImageFolderOptions::engine_share (InvalidArgument outside
   /// [0, 1], or above 0 for an output other than kCropRegion).
   ImageFolderDataset with_engine_share(double share) const;
+  /// The same index split by `share` (shared with whoever moves it: an adaptive EngineShare
+  /// and its feed stage); null: no split. InvalidArgument for an output other than kCropRegion.
+  ImageFolderDataset with_engine_share(std::shared_ptr<EngineShare> share) const;
+  /// The split's share (null without one).
+  const std::shared_ptr<EngineShare>& engine_share() const { return engine_share_; }
 
  private:
   std::string root_;
@@ -134,6 +143,7 @@ class ImageFolderDataset : public Dataset {
   std::vector<std::string> classes_;
   std::vector<Sample> samples_;
   std::vector<std::string> warnings_;
+  std::shared_ptr<EngineShare> engine_share_;  // kCropRegion's split; null: none
 };
 
 }  // namespace tandem::data

@@ -52,6 +52,15 @@ struct ClassifierOptions {
   /// it). false: the whole image at the scale image_size needs, the crop drawn on the device
   /// (kDecoded) from that reduced image.
   bool crop_regions = true;
+  /// ImageFolder training with crop_regions on a GPU: "auto" splits each batch between the
+  /// loader's workers and the GPU's JPEG engines (data/engine_split.h: a short trial sets the
+  /// start, the run's own rates move it; CPU only where there are no engines), and the
+  /// evaluation splits its whole-image decodes alike (a decoder and a share of its own); "cpu"
+  /// decodes on the workers alone.
+  std::string decode = "cpu";
+  /// decode "auto": the engines' fixed share of each batch, 0 to 1 (a run that repeats its
+  /// losses); < 0: measured, and following the rates.
+  double engine_share = -1;
   /// ResNets: weights and inputs channels-last (models::to_channels_last): tensor-core
   /// convolutions without layout transposes. The saved weights are the same either way.
   bool channels_last = false;

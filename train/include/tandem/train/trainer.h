@@ -68,6 +68,10 @@ struct TrainJob {
   /// folders, are identified by content (fingerprint_data, checkpoint.h), not by the path: the
   /// same files elsewhere resume (said in a note), other files are refused.
   nlohmann::json config;
+  /// The job's own state beyond the weights and the optimizer (a decode split's shares), saved
+  /// with every checkpoint and given back when a run resumes from one; empty: none.
+  std::function<nlohmann::json()> save_state;
+  std::function<void(const nlohmann::json&)> load_state;
 };
 
 struct TrainOptions {

@@ -28,8 +28,9 @@ struct ImagesOptions {
   /// at the scale the model's size needs, the crop drawn on the device (kDecoded).
   bool crop_regions = true;
   /// decode=auto with crop regions on a GPU with JPEG engines: the engines' share of each
-  /// batch (ImageFolderOptions::engine_share), the CPU workers decoding the rest; < 0: measured
-  /// by a short trial (the engines' rate over the sum of both sides' rates).
+  /// batch, fixed (data::EngineShare), the CPU workers decoding the rest; < 0: a short trial
+  /// sets the start (the engines' rate over the sum of both sides'), then the run's own rates
+  /// move it (data::open_engine_split).
   double engine_share = -1;
   int64_t image_size = 224;
   double lr = 0.1, momentum = 0.9;

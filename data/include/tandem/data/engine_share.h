@@ -1,0 +1,85 @@
+// Which of a run's samples the GPU's JPEG engines decode rather than the CPU workers, by the
+// loader's draw position, and the rates both sides measure as the run goes (engine_split.h puts
+// it to work).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tandem::data {
+
+/// The JPEG engines' share of a run's samples, by the loader's draw position, and the rates
+/// both sides measured. Thread-safe: the loader's workers ask on_engines() and record_cpu(), the
+/// feed stage records the engines' batches and rebalances.
+///
+/// A change of share takes effect from the first position no worker has asked about yet, so a
+/// position's side never changes once asked, and schedule() says which side every position
+/// took: a run that restores it splits its positions alike (on_engines is then a pure function
+/// of the position again).
+class EngineShare {
+ public:
+  /// From position 0 on, `share` (0..1) of every 1024 positions on the engines
+  /// (decodes_on_engines). `adaptive`: rebalance() may move it.
+  explicit EngineShare(double share, bool adaptive = false);
+
+  /// Whether the sample at `position` goes to the engines (and notes the position as asked).
+  bool on_engines(uint64_t position);
+  /// The share in force for the positions not yet asked about.
+  double share() const;
+  bool adaptive() const { return adaptive_; }
+
+  /// One share, from a position on.
+  struct Change {
+    uint64_t from_position = 0;
+    double share = 0;
+  };
+  /// Every share the run has used, in order; the first is from position 0.
+  std::vector<Change> schedule() const;
+  /// Replaces the schedule (a resumed run's); InvalidArgument unless it starts at position 0,
+  /// its positions rise and each share is within 0..1.
+  void restore(const std::vector<Change>& schedule);
+
+  /// A worker decoded `samples` crop regions in `seconds` of its own time.
+  void record_cpu(int64_t samples, double seconds);
+  /// The feed stage decoded `samples` on the engines in `decode_seconds`, within a stage call of
+  /// `stage_seconds` (its other work — the resample of the whole batch — included). The first
+  /// kEngineWarmupCalls calls, which set the engines' buffers up, are not counted.
+  void record_engines(int64_t samples, double decode_seconds, double stage_seconds);
+  static constexpr int kEngineWarmupCalls = 2;
+
+  /// The rates measured since the last change: the workers' combined rate (each sample's
+  /// decode time, times `workers` decoding at once) and the engines'; 0 where a side has
+  /// decoded nothing.
+  struct Rates {
+    double cpu_images_per_s = 0, engine_images_per_s = 0;
+    int64_t cpu_samples = 0, engine_samples = 0;
+  };
+  Rates rates(int workers) const;
+
+  /// Adaptive only: once both sides have decoded a batch's worth since the last change (at
+  /// least batch_size / 2 regions and 2 engine batches), sets the share at which the workers'
+  /// part of a batch and the feed stage's call take the same time —
+  ///   (1 - s) B / cpu = fixed + s B / engines,  fixed: the stage's time besides the decode —
+  /// when it differs from the current one by at least 1/256. Returns whether it changed.
+  bool rebalance(int workers, int64_t batch_size);
+
+  /// "the JPEG engines decode S of each batch, the CPU workers the rest" plus, where measured,
+  /// both sides' rates and how the share moved.
+  std::string report(int workers) const;
+
+ private:
+  mutable std::mutex mu_;
+  bool adaptive_;
+  std::vector<Change> schedule_;
+  uint64_t next_unasked_ = 0;  // one past the highest position asked about
+  // Since the last change:
+  int64_t cpu_samples_ = 0, engine_samples_ = 0, engine_calls_ = 0;
+  int64_t warmup_calls_left_ = kEngineWarmupCalls;
+  double cpu_seconds_ = 0, engine_seconds_ = 0, stage_seconds_ = 0;
+  // The rates that set the last change (for report()).
+  Rates last_rates_;
+};
+
+}  // namespace tandem::data

@@ -1,0 +1,108 @@
+// The CPU workers and the GPU's JPEG engines decoding one run's samples together: which samples
+// go to the engines (EngineShare, by draw position), the short trial that rates both sides
+// before a run (DecodeTrial, open_engine_split), and the feed stage that decodes the engines'
+// rows and resamples both sides into one batch (engine_split_feed).
+//
+//   loader workers: positions the share leaves to the CPU ──► crop region decoded (TurboJPEG)
+//                   the others ──► file bytes + box in full-resolution pixels ─┐
+//   augment lane:   the engines decode their rows (nvJPEG, hardware) ◄────────┘
+//                   ──► one resample kernel for both sides ──► the batch
+//
+// An adaptive share follows the rates both sides measure as the run goes: the workers time each
+// region they decode, the feed stage each batch's engine decode, and after each batch the share
+// moves to where both sides would take the same time per batch (EngineShare::rebalance).
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/data/engine_share.h"
+#include "tandem/data/image_folder.h"
+#include "tandem/data/nvjpeg_decoder.h"
+#include "tandem/resized_crop.h"
+#include "tandem/workload.h"
+
+namespace tandem::data {
+
+/// Files read into memory for a decode trial: `n` spread over the folder (with jpeg_only, those
+/// the JPEG engines read: no PNG, no CMYK).
+struct DecodeTrial {
+  std::vector<std::vector<uint8_t>> files;
+  std::vector<EncodedImage> encoded;
+
+  DecodeTrial(const ImageFolderDataset& folder, int64_t n, bool jpeg_only);
+  /// One core's rate of decode_one(i) over the files, times `cores`.
+  double cpu_rate(int cores, const std::function<void(size_t)>& decode_one) const;
+  /// nvJPEG's rate on the files as one batch, after a warm-up batch; throws what decode()
+  /// throws.
+  double engine_rate(NvjpegDecoder& decoder, c10::Device device) const;
+  /// The cores a loader can decode on here: all but one (the pipeline's threads).
+  static int cores();
+};
+
+/// The JPEG engines' side of a split run: their decoder (one, used by the feed stage's thread
+/// alone) and the share.
+struct EngineSplit {
+  std::shared_ptr<NvjpegDecoder> decoder;
+  std::shared_ptr<EngineShare> share;
+  int workers = 1;  ///< the loader's workers, for the CPU side's combined rate
+};
+
+/// A split for `folder` (kCropRegion at crop size `size`) on `device`, or one without a decoder
+/// where there is none: not a GPU, no JPEG engines (said on stderr), a share of 0, a trial
+/// batch the engines fail. `given` >= 0 is a fixed share; otherwise a short trial on the
+/// folder's files times one core's region decode (times DecodeTrial::cores()) and the engines
+/// on a batch, and the share starts at the engines' rate over the sum, adaptive
+/// (EngineShare::rebalance). The start is said on stderr, prefixed `who`.
+EngineSplit open_engine_split(const ImageFolderDataset& folder, c10::Device device, int64_t size,
+                              double given, int workers, const std::string& who);
+
+/// A split batch's rows: those a worker decoded (an empty "jpeg") and those left to the
+/// engines, with their bytes (pointers into the batch's host "jpeg" field, which must outlive
+/// `encoded`). `jpeg`, `offsets`, `sizes`: the field and its offsets and sizes, on the host.
+struct SplitRows {
+  std::vector<int64_t> cpu, engines;
+  std::vector<EncodedImage> encoded;
+};
+SplitRows split_rows(const at::Tensor& jpeg, const at::Tensor& offsets, const at::Tensor& sizes);
+
+/// A split for another loader of the same run (an evaluation's, of kDecoded samples): a decoder
+/// of its own (for the one thread that crops that loader's batches) and a share starting at
+/// `split`'s, adaptive if that one is. No decoder where `split` has none or the engines do not
+/// open again.
+EngineSplit companion_split(const EngineSplit& split, c10::Device device, int workers);
+
+/// The rows a split loader left to the engines, cropped: decodes `encoded` on split.decoder
+/// (on `device`'s current stream), draws `spec`'s boxes for the full-resolution images on the
+/// device (evaluation's Resize + CenterCrop draws nothing random) and resamples them: (N, C,
+/// out_h, out_w) normalized. Records the engines' time in split.share and rebalances an
+/// adaptive one for batches of `batch_size`.
+at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
+                        const std::vector<EncodedImage>& encoded, c10::Device device,
+                        int64_t batch_size);
+
+/// The feed stage "augment" of a split run: inputs image (+ offsets, sizes), jpeg (+ offsets,
+/// sizes) and crop_box from the loader, output "x" (B, C, out_h, out_w) normalized, channels
+/// last with `channels_last`. A row whose "jpeg" is empty was decoded by a worker (its region,
+/// the box placed in it); the others are decoded here on the engines at full size, their boxes
+/// in the full-resolution pixels; one resample kernel serves both. Records the engines' times
+/// in split.share and rebalances an adaptive share after each batch; its report (for the run's
+/// notes) is EngineShare::report. Capture::kNever (nvJPEG's host work, sizes that vary).
+FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10::Device device,
+                            bool channels_last, int64_t batch_size);
+
+/// Decodes `encoded` on `decoder` (on `device`'s current stream), returning the packed planar
+/// images and their sizes as (B, 3) (H, W, C) int64 on the device, as resized_crop reads them.
+struct DeviceDecoded {
+  PackedImages images;
+  at::Tensor hwc_sizes;
+};
+DeviceDecoded decode_on_device(NvjpegDecoder& decoder, const std::vector<EncodedImage>& encoded,
+                               c10::Device device);
+
+}  // namespace tandem::data

@@ -1,0 +1,137 @@
+// The engines' share of a run's samples: see engine_share.h.
+#include "tandem/data/engine_share.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tandem/data/image_folder.h"
+#include "tandem/error.h"
+
+namespace tandem::data {
+
+namespace {
+// Whole 1/1024ths, as decodes_on_engines counts them.
+double in_1024ths(double share) { return std::round(std::clamp(share, 0.0, 1.0) * 1024) / 1024; }
+
+// An adaptive share keeps at least this much on the engines, so their rate is still measured
+// and the share can come back when the CPU side slows.
+constexpr double kLeastAdaptiveShare = 8.0 / 1024;
+}  // namespace
+
+EngineShare::EngineShare(double share, bool adaptive) : adaptive_(adaptive) {
+  TANDEM_CHECK_ARG(share >= 0 && share <= 1, "engine share ", share,
+                   " is not valid: expected 0 to 1");
+  schedule_.push_back({0, in_1024ths(share)});
+}
+
+bool EngineShare::on_engines(uint64_t position) {
+  std::lock_guard<std::mutex> lock(mu_);
+  next_unasked_ = std::max(next_unasked_, position + 1);
+  // The last change at or before `position` (the schedule is short: search from its end).
+  auto it = schedule_.rbegin();
+  while (it->from_position > position) ++it;
+  return decodes_on_engines(it->share, position);
+}
+
+double EngineShare::share() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return schedule_.back().share;
+}
+
+std::vector<EngineShare::Change> EngineShare::schedule() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return schedule_;
+}
+
+void EngineShare::restore(const std::vector<Change>& schedule) {
+  TANDEM_CHECK_ARG(!schedule.empty() && schedule.front().from_position == 0,
+                   "engine share schedule: expected a first share from position 0");
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    TANDEM_CHECK_ARG(schedule[i].share >= 0 && schedule[i].share <= 1,
+                     "engine share schedule: share ", schedule[i].share, " at position ",
+                     schedule[i].from_position, " is not valid: expected 0 to 1");
+    TANDEM_CHECK_ARG(i == 0 || schedule[i].from_position > schedule[i - 1].from_position,
+                     "engine share schedule: positions must rise (", schedule[i].from_position,
+                     " after ", schedule[i - 1].from_position, ")");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  schedule_ = schedule;
+  next_unasked_ = std::max(next_unasked_, schedule.back().from_position);
+}
+
+void EngineShare::record_cpu(int64_t samples, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cpu_samples_ += samples;
+  cpu_seconds_ += seconds;
+}
+
+void EngineShare::record_engines(int64_t samples, double decode_seconds, double stage_seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (warmup_calls_left_ > 0) {
+    --warmup_calls_left_;
+    return;
+  }
+  engine_samples_ += samples;
+  engine_seconds_ += decode_seconds;
+  stage_seconds_ += stage_seconds;
+  ++engine_calls_;
+}
+
+EngineShare::Rates EngineShare::rates(int workers) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Rates r;
+  r.cpu_samples = cpu_samples_;
+  r.engine_samples = engine_samples_;
+  if (cpu_samples_ > 0 && cpu_seconds_ > 0)
+    r.cpu_images_per_s = static_cast<double>(cpu_samples_) * workers / cpu_seconds_;
+  if (engine_samples_ > 0 && engine_seconds_ > 0)
+    r.engine_images_per_s = static_cast<double>(engine_samples_) / engine_seconds_;
+  return r;
+}
+
+bool EngineShare::rebalance(int workers, int64_t batch_size) {
+  if (!adaptive_) return false;
+  const Rates r = rates(workers);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cpu_samples_ < std::max<int64_t>(1, batch_size / 2) || engine_calls_ < 2 ||
+      r.cpu_images_per_s <= 0 || r.engine_images_per_s <= 0)
+    return false;
+  const double B = static_cast<double>(batch_size);
+  const double fixed = std::max(0.0, (stage_seconds_ - engine_seconds_) / engine_calls_);
+  const double cpu_time = B / r.cpu_images_per_s, engine_time = B / r.engine_images_per_s;
+  const double target = in_1024ths(
+      std::max(kLeastAdaptiveShare, (cpu_time - fixed) / (cpu_time + engine_time)));
+  if (std::abs(target - schedule_.back().share) < 1.0 / 256) return false;
+  // From the first position no worker has asked about: every position asked keeps its side.
+  const uint64_t from = std::max(next_unasked_, schedule_.back().from_position + 1);
+  schedule_.push_back({from, target});
+  last_rates_ = r;
+  cpu_samples_ = engine_samples_ = engine_calls_ = 0;
+  cpu_seconds_ = engine_seconds_ = stage_seconds_ = 0;
+  return true;
+}
+
+std::string EngineShare::report(int workers) const {
+  Rates r = rates(workers);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (r.cpu_samples == 0 || r.engine_samples == 0) r = last_rates_;
+  std::string out = detail::concat("the JPEG engines decode ", schedule_.back().share,
+                                   " of each batch, the CPU workers the rest");
+  if (r.cpu_images_per_s > 0 && r.engine_images_per_s > 0)
+    out += detail::concat(" (in the run: CPU crop regions ",
+                          static_cast<int64_t>(r.cpu_images_per_s), " img/s on ", workers,
+                          " workers, engines ", static_cast<int64_t>(r.engine_images_per_s),
+                          " img/s)");
+  if (adaptive_)
+    out += schedule_.size() > 1
+               ? detail::concat("; following both sides' rates, the share moved from ",
+                                schedule_.front().share, " in ", schedule_.size() - 1,
+                                " change(s)")
+               : std::string("; following both sides' rates, the share did not move");
+  else if (schedule_.size() > 1)  // a resumed fixed share
+    out += detail::concat("; from ", schedule_.front().share, " in ", schedule_.size() - 1,
+                          " change(s)");
+  return out;
+}
+
+}  // namespace tandem::data

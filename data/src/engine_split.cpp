@@ -1,0 +1,217 @@
+// The CPU workers and the JPEG engines decoding together: see engine_split.h.
+#include "tandem/data/engine_split.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <thread>
+
+#include "tandem/data/decode.h"
+#include "tandem/error.h"
+
+namespace tandem::data {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+}  // namespace
+
+DecodeTrial::DecodeTrial(const ImageFolderDataset& folder, int64_t n, bool jpeg_only) {
+  for (const auto& sample : folder.spread_samples(n)) {
+    std::vector<uint8_t> bytes = read_file(sample.path);
+    if (jpeg_only) {
+      const ImageInfo info = read_image_info(bytes, sample.path);
+      if (info.format != ImageFormat::kJpeg || info.channels == 4) continue;
+    }
+    files.push_back(std::move(bytes));  // a moved vector keeps its buffer: encoded stays valid
+    encoded.push_back({files.back().data(), files.back().size(), sample.path});
+  }
+}
+
+double DecodeTrial::cpu_rate(int cores, const std::function<void(size_t)>& decode_one) const {
+  const auto t = Clock::now();
+  for (size_t i = 0; i < files.size(); ++i) decode_one(i);
+  return static_cast<double>(files.size()) * cores / seconds_since(t);
+}
+
+double DecodeTrial::engine_rate(NvjpegDecoder& decoder, c10::Device device) const {
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
+  decoder.decode(encoded, 3, stream.stream());
+  stream.synchronize();
+  const auto t = Clock::now();
+  decoder.decode(encoded, 3, stream.stream());
+  stream.synchronize();
+  return static_cast<double>(files.size()) / seconds_since(t);
+}
+
+int DecodeTrial::cores() {
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+}
+
+EngineSplit open_engine_split(const ImageFolderDataset& folder, c10::Device device, int64_t size,
+                              double given, int workers, const std::string& who) {
+  EngineSplit split;
+  split.workers = std::max(1, workers);
+  if (!device.is_cuda() || given == 0) return split;
+  std::string why_not;
+  std::shared_ptr<NvjpegDecoder> decoder =
+      NvjpegDecoder::open(device.index(), &why_not, NvjpegBackend::kHardware);
+  if (!decoder) {
+    std::cerr << who << ": no JPEG engines to share the decode with (" << why_not << ")\n";
+    return split;
+  }
+  if (given > 0) {
+    split.decoder = decoder;
+    split.share = std::make_shared<EngineShare>(given);
+    std::cerr << who << ": the JPEG engines decode " << split.share->share()
+              << " of each batch (given), the CPU workers the rest\n";
+    return split;
+  }
+  const DecodeTrial trial(folder, 64, /*jpeg_only=*/true);
+  if (trial.files.empty()) return split;
+  const int cores = DecodeTrial::cores();
+  int32_t box[kCropBoxFields];
+  const double cpu = trial.cpu_rate(cores, [&](size_t i) {
+    decode_drawn_crop(trial.files[i], trial.encoded[i].name, 3, size, SampleDraw{1, i}, box);
+  });
+  double engines = 0;
+  try {
+    engines = trial.engine_rate(*decoder, device);
+  } catch (const std::exception& e) {
+    std::cerr << who << ": the JPEG engines failed on a trial batch (" << first_line(e.what())
+              << "): decoding on the CPU\n";
+    return split;
+  }
+  auto share = std::make_shared<EngineShare>(engines / (engines + cpu), /*adaptive=*/true);
+  std::cerr << who << ": the JPEG engines start with " << share->share()
+            << " of each batch, the CPU workers the rest, then follow both sides' rates (trial: "
+            << "CPU crop regions " << static_cast<int64_t>(cpu) << " img/s on " << cores
+            << " cores, engines " << static_cast<int64_t>(engines) << " img/s)\n";
+  if (share->share() <= 0) return split;
+  split.decoder = decoder;
+  split.share = share;
+  return split;
+}
+
+DeviceDecoded decode_on_device(NvjpegDecoder& decoder, const std::vector<EncodedImage>& encoded,
+                               c10::Device device) {
+  DeviceDecoded out;
+  out.images = decoder.decode(encoded, 3, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  std::vector<int64_t> hwc;  // the crop's sizes are (H, W, C) in either layout
+  for (const auto& s : out.images.sizes_host) hwc.insert(hwc.end(), {s[1], s[2], s[0]});
+  out.hwc_sizes = at::tensor(hwc, at::kLong)
+                      .view({static_cast<int64_t>(encoded.size()), 3})
+                      .to(device, /*non_blocking=*/true);
+  return out;
+}
+
+SplitRows split_rows(const at::Tensor& jpeg, const at::Tensor& offsets, const at::Tensor& sizes) {
+  const uint8_t* bytes = jpeg.data_ptr<uint8_t>();
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  const int64_t* len = sizes.data_ptr<int64_t>();
+  SplitRows r;
+  for (int64_t b = 0; b < offsets.size(0); ++b) {
+    if (len[b] == 0) {
+      r.cpu.push_back(b);
+      continue;
+    }
+    r.engines.push_back(b);
+    r.encoded.push_back({bytes + off[b], static_cast<size_t>(len[b]),
+                         "image " + std::to_string(b) + " of the batch"});
+  }
+  return r;
+}
+
+EngineSplit companion_split(const EngineSplit& split, c10::Device device, int workers) {
+  EngineSplit out;
+  out.workers = std::max(1, workers);
+  if (!split.decoder || !device.is_cuda()) return out;
+  out.decoder = NvjpegDecoder::open(device.index(), nullptr, NvjpegBackend::kHardware);
+  if (out.decoder)
+    out.share = std::make_shared<EngineShare>(split.share->share(), split.share->adaptive());
+  return out;
+}
+
+at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
+                        const std::vector<EncodedImage>& encoded, c10::Device device,
+                        int64_t batch_size) {
+  const auto started = Clock::now();
+  const DeviceDecoded d = decode_on_device(*split.decoder, encoded, device);
+  const double decode_seconds = seconds_since(started);
+  ResizedCropSpec planar = spec;
+  planar.planar = true;
+  at::Tensor x = resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
+                              draw_crop_boxes(planar, d.hwc_sizes), planar);
+  split.share->record_engines(static_cast<int64_t>(encoded.size()), decode_seconds,
+                              seconds_since(started));
+  split.share->rebalance(split.workers, batch_size);
+  return x;
+}
+
+FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10::Device device,
+                            bool channels_last, int64_t batch_size) {
+  TANDEM_CHECK_ARG(split.decoder && split.share, "engine_split_feed: the split has no decoder");
+  FeedStage f;
+  f.name = "augment";
+  f.lane = "augment";
+  f.inputs = {"image",  offsets_field("image"), sizes_field("image"), "jpeg",
+              offsets_field("jpeg"), sizes_field("jpeg"), "crop_box"};
+  f.outputs = {"x"};
+  f.fn = [spec, split, device, channels_last, batch_size](const Tensors& in) {
+    const auto started = Clock::now();
+    const int64_t B = in[6].size(0);
+    const SplitRows r = split_rows(in[3], in[4], in[5]);  // the jpeg fields stay on the host
+    const std::vector<int64_t>& cpu_rows = r.cpu;
+    const std::vector<int64_t>& engine_rows = r.engines;
+    at::Tensor x;
+    // Each side's crops into its rows of the batch (the whole batch where one side has all).
+    auto place = [&](const std::vector<int64_t>& rows, const at::Tensor& device_rows,
+                     const at::Tensor& part) {
+      if (static_cast<int64_t>(rows.size()) == B) {
+        x = part;
+        return;
+      }
+      if (!x.defined()) x = at::empty({B, part.size(1), part.size(2), part.size(3)}, part.options());
+      x.index_copy_(0, device_rows, part);
+    };
+    if (!cpu_rows.empty()) {
+      const at::Tensor rows = at::tensor(cpu_rows, at::kLong).to(device, /*non_blocking=*/true);
+      place(cpu_rows, rows,
+            resized_crop(in[0], in[1].index_select(0, rows), in[2].index_select(0, rows),
+                         in[6].index_select(0, rows), spec));
+    }
+    double decode_seconds = 0;
+    if (!engine_rows.empty()) {
+      const auto t = Clock::now();
+      const DeviceDecoded d = decode_on_device(*split.decoder, r.encoded, device);
+      decode_seconds = seconds_since(t);
+      const at::Tensor rows = at::tensor(engine_rows, at::kLong).to(device, true);
+      ResizedCropSpec planar = spec;
+      planar.planar = true;
+      place(engine_rows, rows,
+            resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
+                         in[6].index_select(0, rows), planar));
+    }
+    at::Tensor out = channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+    if (!engine_rows.empty()) {
+      split.share->record_engines(static_cast<int64_t>(engine_rows.size()), decode_seconds,
+                                  seconds_since(started));
+      split.share->rebalance(split.workers, batch_size);
+    }
+    return Tensors{out};
+  };
+  f.what = "RandomResizedCrop (boxes from the loader) + flip + normalize, the rows the loader "
+           "left to the JPEG engines decoded first";
+  f.report = [split] { return split.share->report(split.workers); };
+  f.capture = Capture::kNever;  // nvJPEG's host work, and sizes that vary
+  return f;
+}
+
+}  // namespace tandem::data
