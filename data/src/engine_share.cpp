@@ -65,7 +65,8 @@ void EngineShare::record_cpu(int64_t samples, double seconds) {
   cpu_seconds_ += seconds;
 }
 
-void EngineShare::record_engines(int64_t samples, double decode_seconds, double stage_seconds) {
+void EngineShare::record_engines(int64_t samples, double decode_seconds, double stage_seconds,
+                                 double period_seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   if (warmup_calls_left_ > 0) {
     --warmup_calls_left_;
@@ -73,8 +74,11 @@ void EngineShare::record_engines(int64_t samples, double decode_seconds, double 
   }
   engine_samples_ += samples;
   engine_seconds_ += decode_seconds;
-  stage_seconds_ += stage_seconds;
   ++engine_calls_;
+  if (period_seconds > 0) {
+    timed_stage_seconds_ += stage_seconds;
+    period_seconds_ += period_seconds;
+  }
 }
 
 EngineShare::Rates EngineShare::rates(int workers) const {
@@ -93,21 +97,25 @@ bool EngineShare::rebalance(int workers, int64_t batch_size) {
   if (!adaptive_) return false;
   const Rates r = rates(workers);
   std::lock_guard<std::mutex> lock(mu_);
-  if (cpu_samples_ < std::max<int64_t>(1, batch_size / 2) || engine_calls_ < 2 ||
-      r.cpu_images_per_s <= 0 || r.engine_images_per_s <= 0)
+  if (cpu_samples_ < kWindowBatches * std::max<int64_t>(1, batch_size) / 2 ||
+      engine_calls_ < kWindowBatches || r.cpu_images_per_s <= 0 || r.engine_images_per_s <= 0)
     return false;
-  const double B = static_cast<double>(batch_size);
-  const double fixed = std::max(0.0, (stage_seconds_ - engine_seconds_) / engine_calls_);
-  const double cpu_time = B / r.cpu_images_per_s, engine_time = B / r.engine_images_per_s;
-  const double target = in_1024ths(
-      std::max(kLeastAdaptiveShare, (cpu_time - fixed) / (cpu_time + engine_time)));
-  if (std::abs(target - schedule_.back().share) < 1.0 / 256) return false;
+  const double now = schedule_.back().share;
+  const bool stage_bound =
+      period_seconds_ > 0 && timed_stage_seconds_ > kBoundBusy * period_seconds_;
+  // The share at which both sides take the same time for their parts of a batch.
+  const double balanced =
+      r.engine_images_per_s / (r.engine_images_per_s + r.cpu_images_per_s);
+  last_rates_ = r;
+  cpu_samples_ = engine_samples_ = engine_calls_ = 0;
+  cpu_seconds_ = engine_seconds_ = timed_stage_seconds_ = period_seconds_ = 0;
+  // Half way, so that one noisy window does not swing it.
+  const double target = in_1024ths(std::max(
+      kLeastAdaptiveShare, stage_bound ? now * 3 / 4 : now + (balanced - now) / 2));
+  if (std::abs(target - now) < 1.0 / 128 && !(stage_bound && target < now)) return false;
   // From the first position no worker has asked about: every position asked keeps its side.
   const uint64_t from = std::max(next_unasked_, schedule_.back().from_position + 1);
   schedule_.push_back({from, target});
-  last_rates_ = r;
-  cpu_samples_ = engine_samples_ = engine_calls_ = 0;
-  cpu_seconds_ = engine_seconds_ = stage_seconds_ = 0;
   return true;
 }
 

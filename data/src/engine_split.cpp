@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "tandem/data/decode.h"
@@ -150,7 +151,7 @@ at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
   at::Tensor x = resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
                               draw_crop_boxes(planar, d.hwc_sizes), planar);
   split.share->record_engines(static_cast<int64_t>(encoded.size()), decode_seconds,
-                              seconds_since(started));
+                              seconds_since(started), /*period_seconds=*/0);
   split.share->rebalance(split.workers, batch_size);
   return x;
 }
@@ -164,8 +165,14 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
   f.inputs = {"image",  offsets_field("image"), sizes_field("image"), "jpeg",
               offsets_field("jpeg"), sizes_field("jpeg"), "crop_box"};
   f.outputs = {"x"};
-  f.fn = [spec, split, device, channels_last, batch_size](const Tensors& in) {
+  // When the previous call started: the calls' period, against which the stage's own time
+  // says whether it bounds the pipeline.
+  auto previous = std::make_shared<std::optional<Clock::time_point>>();
+  f.fn = [spec, split, device, channels_last, batch_size, previous](const Tensors& in) {
     const auto started = Clock::now();
+    const double period = *previous ? std::chrono::duration<double>(started - **previous).count()
+                                    : 0;
+    *previous = started;
     const int64_t B = in[6].size(0);
     const SplitRows r = split_rows(in[3], in[4], in[5]);  // the jpeg fields stay on the host
     const std::vector<int64_t>& cpu_rows = r.cpu;
@@ -202,7 +209,7 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
     at::Tensor out = channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
     if (!engine_rows.empty()) {
       split.share->record_engines(static_cast<int64_t>(engine_rows.size()), decode_seconds,
-                                  seconds_since(started));
+                                  seconds_since(started), period);
       split.share->rebalance(split.workers, batch_size);
     }
     return Tensors{out};

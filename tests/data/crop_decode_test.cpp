@@ -307,45 +307,60 @@ TEST(EngineShareTest, AFixedShareSplitsAsThePositionsPatternAndStays) {
   EXPECT_FALSE(fixed.adaptive());
   for (uint64_t p = 0; p < 2048; ++p) EXPECT_EQ(fixed.on_engines(p), decodes_on_engines(0.4, p));
   fixed.record_cpu(1000, 1);
-  for (int i = 0; i < 10; ++i) fixed.record_engines(100, 0.1, 0.12);
+  for (int i = 0; i < 10; ++i) fixed.record_engines(100, 0.1, 0.12, 0.2);
   EXPECT_FALSE(fixed.rebalance(4, 256));
   ASSERT_EQ(fixed.schedule().size(), 1u);
   EXPECT_EQ(fixed.share(), std::round(0.4 * 1024) / 1024);
   EXPECT_THROW(EngineShare(1.5), InvalidArgument);
 }
 
-// Rebalancing sets the share at which the workers' part of a batch and the feed stage's call
-// take the same time, from the first position not yet asked about: every position asked keeps
-// its side.
+// Rebalancing moves the share toward the one at which both sides decode their parts of a batch
+// in the same time, window by window, from the first position not yet asked about: every
+// position asked keeps its side. Where the feed stage bounds the pipeline, the share steps down.
 TEST(EngineShareTest, RebalancingBalancesBothSidesFromTheNextUnaskedPosition) {
   EngineShare share(0.25, /*adaptive=*/true);
   for (int call = 0; call < EngineShare::kEngineWarmupCalls; ++call)
-    share.record_engines(100, 10, 10);  // the engines' set-up: not counted
+    share.record_engines(100, 10, 10, 0);  // the engines' set-up: not counted
   std::vector<bool> before;
   for (uint64_t p = 0; p < 300; ++p) before.push_back(share.on_engines(p));
-  // Too little measured: no change.
-  share.record_cpu(10, 0.1);
-  share.record_engines(50, 50.0 / 600, 50.0 / 600 + 1.0 / 30);
+  // One window: the workers 4 at 100 img/s each; the engines 600 img/s, the stage busy
+  // `busy` of its calls' period.
+  auto measure_window = [&](double busy) {
+    share.record_cpu(EngineShare::kWindowBatches * 128, EngineShare::kWindowBatches * 1.28);
+    for (int call = 0; call < EngineShare::kWindowBatches; ++call)
+      share.record_engines(60, 0.1, 0.12, 0.12 / busy);
+  };
+  share.record_cpu(10, 0.1);  // too little measured: no change
+  share.record_engines(60, 0.1, 0.12, 0.2);
   EXPECT_FALSE(share.rebalance(4, 256));
-  // The workers: 4 at 100 img/s each; the engines: 600 img/s, 1/30 s of other work per call.
-  share.record_cpu(246, 2.46);
-  share.record_engines(250, 250.0 / 600, 250.0 / 600 + 1.0 / 30);
+  measure_window(0.5);
   EXPECT_TRUE(share.rebalance(4, 256));
-  const EngineShare::Rates r = share.rates(4);  // measured anew from the change
-  EXPECT_EQ(r.cpu_samples, 0);
-  const double s = share.share(), B = 256, cpu = 400, engines = 600, fixed = 1.0 / 30;
-  EXPECT_NEAR((1 - s) * B / cpu, fixed + s * B / engines, (B / cpu + B / engines) / 1024) << s;
+  EXPECT_EQ(share.rates(4).cpu_samples, 0) << "each window measures anew";
+  const double cpu = 400, engines = 600;
+  auto imbalance = [&](double s) { return (1 - s) / cpu - s / engines; };
+  const double first = share.share();
+  EXPECT_GT(first, 0.25) << "the CPU side was the slower: the engines take more";
+  EXPECT_GT(imbalance(first), 0) << "half way: not past the balance";
   const auto schedule = share.schedule();
   ASSERT_EQ(schedule.size(), 2u);
   EXPECT_EQ(schedule[1].from_position, 300u);
   for (uint64_t p = 0; p < 300; ++p) EXPECT_EQ(share.on_engines(p), before[p]) << p;
-  for (uint64_t p = 300; p < 1400; ++p) EXPECT_EQ(share.on_engines(p), decodes_on_engines(s, p));
+  for (uint64_t p = 300; p < 1400; ++p)
+    EXPECT_EQ(share.on_engines(p), decodes_on_engines(first, p));
+  for (int window = 0; window < 12; ++window) {
+    measure_window(0.5);
+    share.rebalance(4, 256);
+  }
+  // It stops within a 1/64 of the balance (a smaller move is not made).
+  EXPECT_NEAR(imbalance(share.share()), 0, (1 / cpu + 1 / engines) / 48) << share.share();
   EXPECT_NE(share.report(4).find("the JPEG engines decode"), std::string::npos)
       << share.report(4);
-  // Rates that call for the same share again change nothing.
-  share.record_cpu(256, 2.56);
-  for (int call = 0; call < 2; ++call) share.record_engines(125, 125.0 / 600, 125.0 / 600 + 1.0 / 30);
+  measure_window(0.5);  // settled: the same rates again change nothing
   EXPECT_FALSE(share.rebalance(4, 256));
+  const double settled = share.share();
+  measure_window(0.95);  // the stage busy for nearly all its period: it bounds the pipeline
+  EXPECT_TRUE(share.rebalance(4, 256));
+  EXPECT_NEAR(share.share(), settled * 3 / 4, 1.0 / 1024);
 }
 
 // A resumed run's schedule splits its positions as the first run did; a malformed one is named.

@@ -246,6 +246,12 @@ TrainJob make_classifier(const ClassifierOptions& o) {
     }
     train_data = take(train_data, o.subset);
     if (val_data) val_data = take(val_data, o.val_subset);
+    // A held-out set the evaluation's ring holds whole is decoded by its workers while the
+    // training runs (EvalPasses): the engines, which decode only when the evaluation asks,
+    // would slow it. A larger one splits from the training's share on (a given share: always).
+    if (eval_split.share && eval_split.share->adaptive() && val_data &&
+        val_data->size() <= ring_slots_for(o.workers) * eval_part_size(o.batch_size, o.workers))
+      eval_split.share->restore({{0, 0.0}});
 
     models::ResNet net = models::resnet(model_name, models::ResNetOptions{classes});
     if (!o.weights.empty()) load_weights(*net, o.weights);

@@ -37,19 +37,21 @@ class EngineShare {
   };
   /// Every share the run has used, in order; the first is from position 0.
   std::vector<Change> schedule() const;
-  /// Replaces the schedule (a resumed run's); InvalidArgument unless it starts at position 0,
-  /// its positions rise and each share is within 0..1.
+  /// Replaces the schedule (a resumed run's, or one share from the start); InvalidArgument
+  /// unless it starts at position 0, its positions rise and each share is within 0..1.
   void restore(const std::vector<Change>& schedule);
 
   /// A worker decoded `samples` crop regions in `seconds` of its own time.
   void record_cpu(int64_t samples, double seconds);
   /// The feed stage decoded `samples` on the engines in `decode_seconds`, within a stage call of
-  /// `stage_seconds` (its other work — the resample of the whole batch — included). The first
+  /// `stage_seconds` (its other work — the resample of the whole batch — included), which
+  /// started `period_seconds` after its previous call started (<= 0: unknown). The first
   /// kEngineWarmupCalls calls, which set the engines' buffers up, are not counted.
-  void record_engines(int64_t samples, double decode_seconds, double stage_seconds);
+  void record_engines(int64_t samples, double decode_seconds, double stage_seconds,
+                      double period_seconds);
   static constexpr int kEngineWarmupCalls = 2;
 
-  /// The rates measured since the last change: the workers' combined rate (each sample's
+  /// The rates measured in the window so far: the workers' combined rate (each sample's
   /// decode time, times `workers` decoding at once) and the engines'; 0 where a side has
   /// decoded nothing.
   struct Rates {
@@ -58,12 +60,16 @@ class EngineShare {
   };
   Rates rates(int workers) const;
 
-  /// Adaptive only: once both sides have decoded a batch's worth since the last change (at
-  /// least batch_size / 2 regions and 2 engine batches), sets the share at which the workers'
-  /// part of a batch and the feed stage's call take the same time —
-  ///   (1 - s) B / cpu = fixed + s B / engines,  fixed: the stage's time besides the decode —
-  /// when it differs from the current one by at least 1/256. Returns whether it changed.
+  /// Adaptive only: once both sides have measured a window (kWindowBatches engine calls, and
+  /// as many half batches of regions), moves the share and starts the next window. Where the
+  /// feed stage was busy for more than kBoundBusy of its calls' periods, it bounds the pipeline:
+  /// the share steps down by a quarter (the engines' host work sits on that stage's thread).
+  /// Otherwise the share moves half way to the one at which both sides decode their parts of a
+  /// batch in the same time, (1 - s) / cpu = s / engines, when that moves it by at least 1/128.
+  /// Returns whether it changed.
   bool rebalance(int workers, int64_t batch_size);
+  static constexpr int kWindowBatches = 4;
+  static constexpr double kBoundBusy = 0.85;
 
   /// "the JPEG engines decode S of each batch, the CPU workers the rest" plus, where measured,
   /// both sides' rates and how the share moved.
@@ -74,10 +80,11 @@ class EngineShare {
   bool adaptive_;
   std::vector<Change> schedule_;
   uint64_t next_unasked_ = 0;  // one past the highest position asked about
-  // Since the last change:
+  // In the window so far:
   int64_t cpu_samples_ = 0, engine_samples_ = 0, engine_calls_ = 0;
   int64_t warmup_calls_left_ = kEngineWarmupCalls;
-  double cpu_seconds_ = 0, engine_seconds_ = 0, stage_seconds_ = 0;
+  double cpu_seconds_ = 0, engine_seconds_ = 0;
+  double timed_stage_seconds_ = 0, period_seconds_ = 0;  // the calls whose period is known
   // The rates that set the last change (for report()).
   Rates last_rates_;
 };
