@@ -151,7 +151,7 @@ at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
   at::Tensor x = resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
                               draw_crop_boxes(planar, d.hwc_sizes), planar);
   split.share->record_engines(static_cast<int64_t>(encoded.size()), decode_seconds,
-                              seconds_since(started), /*period_seconds=*/0);
+                              /*period_seconds=*/0);
   split.share->rebalance(split.workers, batch_size);
   return x;
 }
@@ -165,8 +165,8 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
   f.inputs = {"image",  offsets_field("image"), sizes_field("image"), "jpeg",
               offsets_field("jpeg"), sizes_field("jpeg"), "crop_box"};
   f.outputs = {"x"};
-  // When the previous call started: the calls' period, against which the stage's own time
-  // says whether it bounds the pipeline.
+  // When the previous call started: the calls' period is the pipeline's, which says whether
+  // the decode bounds it.
   auto previous = std::make_shared<std::optional<Clock::time_point>>();
   f.fn = [spec, split, device, channels_last, batch_size, previous](const Tensors& in) {
     const auto started = Clock::now();
@@ -209,7 +209,7 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
     at::Tensor out = channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
     if (!engine_rows.empty()) {
       split.share->record_engines(static_cast<int64_t>(engine_rows.size()), decode_seconds,
-                                  seconds_since(started), period);
+                                  period);
       split.share->rebalance(split.workers, batch_size);
     }
     return Tensors{out};

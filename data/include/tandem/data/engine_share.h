@@ -43,12 +43,10 @@ class EngineShare {
 
   /// A worker decoded `samples` crop regions in `seconds` of its own time.
   void record_cpu(int64_t samples, double seconds);
-  /// The feed stage decoded `samples` on the engines in `decode_seconds`, within a stage call of
-  /// `stage_seconds` (its other work — the resample of the whole batch — included), which
+  /// The feed stage decoded `samples` on the engines in `decode_seconds`, in a call that
   /// started `period_seconds` after its previous call started (<= 0: unknown). The first
   /// kEngineWarmupCalls calls, which set the engines' buffers up, are not counted.
-  void record_engines(int64_t samples, double decode_seconds, double stage_seconds,
-                      double period_seconds);
+  void record_engines(int64_t samples, double decode_seconds, double period_seconds);
   static constexpr int kEngineWarmupCalls = 2;
 
   /// The rates measured in the window so far: the workers' combined rate (each sample's
@@ -62,14 +60,16 @@ class EngineShare {
 
   /// Adaptive only: once both sides have measured a window (kWindowBatches engine calls, and
   /// as many half batches of regions), moves the share and starts the next window. Where the
-  /// feed stage was busy for more than kBoundBusy of its calls' periods, it bounds the pipeline:
-  /// the share steps down by a quarter (the engines' host work sits on that stage's thread).
-  /// Otherwise the share moves half way to the one at which both sides decode their parts of a
-  /// batch in the same time, (1 - s) / cpu = s / engines, when that moves it by at least 1/128.
-  /// Returns whether it changed.
+  /// pipeline takes batches at kDecodeBound or more of what the slower side could supply at
+  /// this share (B / the feed stage's calls' period against cpu / (1 - s) and engines / s), the
+  /// decode bounds it: the share moves half way to the one at which both sides decode their
+  /// parts of a batch in the same time, (1 - s) / cpu = s / engines, when that moves it by at
+  /// least 1/128. Otherwise something else bounds the pipeline (the step, or the feed stage's
+  /// thread, which drives the engines), and the share steps down by a quarter. Returns whether
+  /// it changed.
   bool rebalance(int workers, int64_t batch_size);
   static constexpr int kWindowBatches = 4;
-  static constexpr double kBoundBusy = 0.85;
+  static constexpr double kDecodeBound = 0.9;
 
   /// "the JPEG engines decode S of each batch, the CPU workers the rest" plus, where measured,
   /// both sides' rates and how the share moved.
@@ -84,7 +84,8 @@ class EngineShare {
   int64_t cpu_samples_ = 0, engine_samples_ = 0, engine_calls_ = 0;
   int64_t warmup_calls_left_ = kEngineWarmupCalls;
   double cpu_seconds_ = 0, engine_seconds_ = 0;
-  double timed_stage_seconds_ = 0, period_seconds_ = 0;  // the calls whose period is known
+  double period_seconds_ = 0;  // over the period_calls_ whose period is known
+  int64_t period_calls_ = 0;
   // The rates that set the last change (for report()).
   Rates last_rates_;
 };
