@@ -65,7 +65,7 @@ void EngineShare::record_cpu(int64_t samples, double seconds) {
   cpu_seconds_ += seconds;
 }
 
-void EngineShare::record_engines(int64_t samples, double decode_seconds, double period_seconds) {
+void EngineShare::record_engines(int64_t samples, double decode_seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   if (warmup_calls_left_ > 0) {
     --warmup_calls_left_;
@@ -74,10 +74,6 @@ void EngineShare::record_engines(int64_t samples, double decode_seconds, double 
   engine_samples_ += samples;
   engine_seconds_ += decode_seconds;
   ++engine_calls_;
-  if (period_seconds > 0) {
-    period_seconds_ += period_seconds;
-    ++period_calls_;
-  }
 }
 
 EngineShare::Rates EngineShare::rates(int workers) const {
@@ -100,24 +96,15 @@ bool EngineShare::rebalance(int workers, int64_t batch_size) {
       engine_calls_ < kWindowBatches || r.cpu_images_per_s <= 0 || r.engine_images_per_s <= 0)
     return false;
   const double now = schedule_.back().share;
-  // The batches' rate against what each side could supply at this share: where both could
-  // supply more than the pipeline takes, something else bounds it (the step, or the feed stage's
-  // thread, which drives the engines), and the engines' host work is not worth its cost.
-  const double B = static_cast<double>(batch_size);
-  const double pipeline = period_calls_ > 0 ? B * period_calls_ / period_seconds_ : 0;
-  const double supply = std::min(r.cpu_images_per_s / std::max(1e-9, 1 - now),
-                                 r.engine_images_per_s / std::max(1e-9, now));
-  const bool decode_bound = pipeline <= 0 || pipeline >= kDecodeBound * supply;
   // The share at which both sides take the same time for their parts of a batch.
   const double balanced =
       r.engine_images_per_s / (r.engine_images_per_s + r.cpu_images_per_s);
   last_rates_ = r;
-  cpu_samples_ = engine_samples_ = engine_calls_ = period_calls_ = 0;
-  cpu_seconds_ = engine_seconds_ = period_seconds_ = 0;
+  cpu_samples_ = engine_samples_ = engine_calls_ = 0;
+  cpu_seconds_ = engine_seconds_ = 0;
   // Half way, so that one noisy window does not swing it.
-  const double target = in_1024ths(std::max(
-      kLeastAdaptiveShare, decode_bound ? now + (balanced - now) / 2 : now * 3 / 4));
-  if (std::abs(target - now) < 1.0 / 128 && (decode_bound || target >= now)) return false;
+  const double target = in_1024ths(std::max(kLeastAdaptiveShare, now + (balanced - now) / 2));
+  if (std::abs(target - now) < 1.0 / 128) return false;
   // From the first position no worker has asked about: every position asked keeps its side.
   const uint64_t from = std::max(next_unasked_, schedule_.back().from_position + 1);
   schedule_.push_back({from, target});

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -160,9 +161,10 @@ TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLossesOnTheJpegEngines) {
     unsetenv("TANDEM_NVJPEG_BACKEND");
 }
 
-// decode=auto with crop regions and no given share: a trial sets the engines' share, the run's
-// rates move it (timing decides where), every loss is finite and the run's notes say the share.
-TEST(ImagesWorkloadGpuTest, AnAdaptiveSplitTrainsAndSaysItsShare) {
+// decode=auto with crop regions and no given share, on small images one core decodes by the
+// thousand a second: the workers feed the step on their own, and no split is made (the engines'
+// host work on the augment stage's thread would cost more than it brings).
+TEST(ImagesWorkloadGpuTest, AutoLeavesSmallImagesToTheWorkers) {
   TANDEM_SKIP_WITHOUT_CUDA();
   std::string why_not;
   if (!data::NvjpegDecoder::open(0, &why_not, data::NvjpegBackend::kHardware))
@@ -175,15 +177,15 @@ TEST(ImagesWorkloadGpuTest, AnAdaptiveSplitTrainsAndSaysItsShare) {
   o.device = c10::Device(c10::kCUDA, 0);
   o.workers = 2;
   const ImagesWorkload w = make_images(o);
+  ASSERT_EQ(w.workload.feeds.size(), 1u);
+  EXPECT_EQ(std::count(w.workload.feeds[0].inputs.begin(), w.workload.feeds[0].inputs.end(),
+                       "jpeg"),
+            0)
+      << "the loader leaves no sample to the engines";
   Runner runner(w.workload, run_options(Mode::kPipelined, 4));
-  const std::vector<float> losses = runner.train(24);
-  ASSERT_EQ(losses.size(), 24u);
+  const std::vector<float> losses = runner.train(8);
+  ASSERT_EQ(losses.size(), 8u);
   for (float l : losses) EXPECT_TRUE(std::isfinite(l));
-  std::string said;
-  for (const auto& note : runner.notes())
-    if (note.rfind("augment: the JPEG engines decode ", 0) == 0) said = note;
-  EXPECT_FALSE(said.empty()) << "no note of the split's share";
-  EXPECT_NE(said.find("follow"), std::string::npos) << said;
 }
 
 TEST(ImagesWorkloadTest, ASmallResNetLearnsColouredShapesFarAboveChance) {

@@ -43,10 +43,9 @@ class EngineShare {
 
   /// A worker decoded `samples` crop regions in `seconds` of its own time.
   void record_cpu(int64_t samples, double seconds);
-  /// The feed stage decoded `samples` on the engines in `decode_seconds`, in a call that
-  /// started `period_seconds` after its previous call started (<= 0: unknown). The first
+  /// The feed stage decoded `samples` on the engines in `decode_seconds`. The first
   /// kEngineWarmupCalls calls, which set the engines' buffers up, are not counted.
-  void record_engines(int64_t samples, double decode_seconds, double period_seconds);
+  void record_engines(int64_t samples, double decode_seconds);
   static constexpr int kEngineWarmupCalls = 2;
 
   /// The rates measured in the window so far: the workers' combined rate (each sample's
@@ -59,17 +58,11 @@ class EngineShare {
   Rates rates(int workers) const;
 
   /// Adaptive only: once both sides have measured a window (kWindowBatches engine calls, and
-  /// as many half batches of regions), moves the share and starts the next window. Where the
-  /// pipeline takes batches at kDecodeBound or more of what the slower side could supply at
-  /// this share (B / the feed stage's calls' period against cpu / (1 - s) and engines / s), the
-  /// decode bounds it: the share moves half way to the one at which both sides decode their
-  /// parts of a batch in the same time, (1 - s) / cpu = s / engines, when that moves it by at
-  /// least 1/128. Otherwise something else bounds the pipeline (the step, or the feed stage's
-  /// thread, which drives the engines), and the share steps down by a quarter. Returns whether
-  /// it changed.
+  /// as many half batches of regions), moves the share half way to the one at which both sides
+  /// decode their parts of a batch in the same time, (1 - s) / cpu = s / engines, when that
+  /// moves it by at least 1/128, and starts the next window. Returns whether it changed.
   bool rebalance(int workers, int64_t batch_size);
   static constexpr int kWindowBatches = 4;
-  static constexpr double kDecodeBound = 0.9;
 
   /// "the JPEG engines decode S of each batch, the CPU workers the rest" plus, where measured,
   /// both sides' rates and how the share moved.
@@ -84,8 +77,6 @@ class EngineShare {
   int64_t cpu_samples_ = 0, engine_samples_ = 0, engine_calls_ = 0;
   int64_t warmup_calls_left_ = kEngineWarmupCalls;
   double cpu_seconds_ = 0, engine_seconds_ = 0;
-  double period_seconds_ = 0;  // over the period_calls_ whose period is known
-  int64_t period_calls_ = 0;
   // The rates that set the last change (for report()).
   Rates last_rates_;
 };
