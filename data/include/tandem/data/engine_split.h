@@ -9,8 +9,9 @@
 //                   ──► one resample kernel for both sides ──► the batch
 //
 // An adaptive share follows the rates both sides measure as the run goes: the workers time each
-// region they decode, the feed stage each batch's engine decode, and after each batch the share
-// moves to where both sides would take the same time per batch (EngineShare::rebalance).
+// region they decode, the feed stage each batch's engine decode, and per window of batches the
+// share moves toward where both sides would take the same time per batch
+// (EngineShare::rebalance). Photos the CPU decodes fast stay on the workers (open_engine_split).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -56,9 +57,11 @@ struct EngineSplit {
 /// A split for `folder` (kCropRegion at crop size `size`) on `device`, or one without a decoder
 /// where there is none: not a GPU, no JPEG engines (said on stderr), a share of 0, a trial
 /// batch the engines fail. `given` >= 0 is a fixed share; otherwise a short trial on the
-/// folder's files times one core's region decode (times DecodeTrial::cores()) and the engines
-/// on a batch, and the share starts at the engines' rate over the sum, adaptive
-/// (EngineShare::rebalance). The start is said on stderr, prefixed `who`.
+/// folder's files times one core's region decode: above 600 regions a second the workers feed
+/// the step alone (no split: the engines' host work on the feed stage's thread costs more than
+/// it brings there); else the engines on a batch too, and the share starts at the engines'
+/// rate over the sum (one core's times DecodeTrial::cores()), adaptive
+/// (EngineShare::rebalance). The choice is said on stderr, prefixed `who`.
 EngineSplit open_engine_split(const ImageFolderDataset& folder, c10::Device device, int64_t size,
                               double given, int workers, const std::string& who);
 
@@ -91,7 +94,7 @@ at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
 /// last with `channels_last`. A row whose "jpeg" is empty was decoded by a worker (its region,
 /// the box placed in it); the others are decoded here on the engines at full size, their boxes
 /// in the full-resolution pixels; one resample kernel serves both. Records the engines' times
-/// in split.share and rebalances an adaptive share after each batch; its report (for the run's
+/// in split.share and rebalances an adaptive share (EngineShare::rebalance); its report (for the run's
 /// notes) is EngineShare::report. Capture::kNever (nvJPEG's host work, sizes that vary).
 FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10::Device device,
                             bool channels_last, int64_t batch_size);
