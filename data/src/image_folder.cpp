@@ -91,19 +91,21 @@ std::string join(const std::vector<std::string>& names, const char* separator) {
   return text;
 }
 
-// Whether `output`'s samples can be split between the workers and the JPEG engines.
-bool splits(ImageFolderOutput output) {
-  return output == ImageFolderOutput::kCropRegion || output == ImageFolderOutput::kDecoded;
+// InvalidArgument where a split (`split`: there is one) is asked of an output whose samples
+// cannot be split between the workers and the JPEG engines.
+void check_split_output(bool split, ImageFolderOutput output) {
+  TANDEM_CHECK_ARG(!split || output == ImageFolderOutput::kCropRegion ||
+                       output == ImageFolderOutput::kDecoded,
+                   "ImageFolder: an engine share needs crop regions or decoded images "
+                   "(kCropRegion, kDecoded)");
 }
 
 // The split of a fixed `share` for `output` (null for 0); InvalidArgument outside [0, 1] or for
-// a share of an output other than kCropRegion.
+// an output that does not split (check_split_output).
 std::shared_ptr<EngineShare> fixed_engine_share(double share, ImageFolderOutput output) {
   TANDEM_CHECK_ARG(share >= 0 && share <= 1, "ImageFolder: engine share ", share,
                    " is not valid: expected 0 to 1");
-  TANDEM_CHECK_ARG(share == 0 || splits(output),
-                   "ImageFolder: an engine share needs crop regions or decoded images "
-                   "(kCropRegion, kDecoded)");
+  check_split_output(share > 0, output);
   return share > 0 ? std::make_shared<EngineShare>(share) : nullptr;
 }
 }  // namespace
@@ -244,9 +246,7 @@ ImageFolderDataset ImageFolderDataset::with_engine_share(double share) const {
 }
 
 ImageFolderDataset ImageFolderDataset::with_engine_share(std::shared_ptr<EngineShare> share) const {
-  TANDEM_CHECK_ARG(!share || splits(options_.output),
-                   "ImageFolder: an engine share needs crop regions or decoded images "
-                   "(kCropRegion, kDecoded)");
+  check_split_output(share != nullptr, options_.output);
   ImageFolderDataset copy = *this;
   copy.options_.engine_share = share ? share->share() : 0;
   copy.engine_share_ = std::move(share);

@@ -482,6 +482,23 @@ std::string write_two_class_jpegs(const TempDir& tmp, int n, int64_t h, int64_t 
   return tmp.path() + "/img";
 }
 
+// Deterministic algorithms (warn-only: a few ops the jobs use have no deterministic kernel) and
+// no cuDNN autotuning, for the GPU runs that compare losses to the bit.
+void use_deterministic_gpu_algorithms() {
+  at::globalContext().setBenchmarkCuDNN(false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+}
+
+// A small ResNet-18 job over a folder of JPEGs: 32 px crops, SGD, channels-last.
+void use_small_resnet(ClassifierOptions& c) {
+  c.model = "resnet18";
+  c.image_size = 32;
+  c.optimizer = "sgd";
+  c.lr = 0.05;
+  c.channels_last = true;
+}
+
 // Job `c` in pipelined+graphed, 8 steps uninterrupted (in dir/a, into *a), then stopped after
 // step 5 and resumed (dir/b, the resumed part into *resumed): the resumed steps' losses are the
 // uninterrupted run's within 1e-6.
@@ -527,9 +544,7 @@ class TrainerGpuTest : public ::testing::TestWithParam<bool> {};
 TEST_P(TrainerGpuTest, ResumeInPipelinedGraphedRepeatsTheLosses) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const bool folder = GetParam();
-  at::globalContext().setBenchmarkCuDNN(false);
-  at::globalContext().setDeterministicCuDNN(true);
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  use_deterministic_gpu_algorithms();
   TempDir tmp;
   ClassifierOptions c;
   c.device = c10::Device(c10::kCUDA, 0);
@@ -537,11 +552,7 @@ TEST_P(TrainerGpuTest, ResumeInPipelinedGraphedRepeatsTheLosses) {
   c.seed = 5;
   if (folder) {
     c.data = write_two_class_jpegs(tmp, 64, 40, 48);
-    c.model = "resnet18";
-    c.image_size = 32;
-    c.optimizer = "sgd";
-    c.lr = 0.05;
-    c.channels_last = true;
+    use_small_resnet(c);
   } else {
     c.data = tmp.path() + "/idx";
     write_idx(c.data, "train", 64, 4, 1);
@@ -571,18 +582,12 @@ TEST(TrainerSplitGpuTest, ASplitDecodeResumesExactlyAndEvaluatesAsOnTheCpu) {
   std::string why_not;
   if (!data::NvjpegDecoder::open(0, &why_not, data::NvjpegBackend::kHardware))
     GTEST_SKIP() << why_not;
-  at::globalContext().setBenchmarkCuDNN(false);
-  at::globalContext().setDeterministicCuDNN(true);
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  use_deterministic_gpu_algorithms();
   TempDir tmp;
   ClassifierOptions c;
   c.device = c10::Device(c10::kCUDA, 0);
   c.data = write_two_class_jpegs(tmp, 80, 120, 160);
-  c.model = "resnet18";
-  c.image_size = 32;
-  c.optimizer = "sgd";
-  c.lr = 0.05;
-  c.channels_last = true;
+  use_small_resnet(c);
   c.batch_size = 16;
   c.val_split = 0.2;
   c.seed = 5;
