@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <iostream>
 #include <thread>
 
@@ -23,6 +24,7 @@ using Clock = std::chrono::steady_clock;
 // feed stage's thread costs more than it brings: on the H200 machine, photos of 320-640 px
 // (1,100-1,600 regions a second per core) trained ResNet-18 at 0.81-0.90 of the CPU-only rate
 // with a split at any share tried, photos of 1000-2000 px (200-300 a second) 1.3-1.6x faster.
+// (One core's rate: DecodeTrial::cpu_rate's over its cores.)
 constexpr double kCoreRateWithoutEngines = 600;
 
 double seconds_since(Clock::time_point t) {
@@ -43,9 +45,25 @@ DecodeTrial::DecodeTrial(const ImageFolderDataset& folder, int64_t n, bool jpeg_
 }
 
 double DecodeTrial::cpu_rate(int cores, const std::function<void(size_t)>& decode_one) const {
+  if (files.empty()) return 0;
+  cores = std::max(1, cores);
+  const size_t n = files.size(), each = std::min<size_t>(n, kTrialDecodesPerCore);
   const auto t = Clock::now();
-  for (size_t i = 0; i < files.size(); ++i) decode_one(i);
-  return static_cast<double>(files.size()) * cores / seconds_since(t);
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> failed(static_cast<size_t>(cores));
+  for (int c = 0; c < cores; ++c)
+    threads.emplace_back([&, c] {
+      try {
+        const size_t first = static_cast<size_t>(c) * n / static_cast<size_t>(cores);
+        for (size_t k = 0; k < each; ++k) decode_one((first + k) % n);
+      } catch (...) {
+        failed[static_cast<size_t>(c)] = std::current_exception();
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  for (const auto& e : failed)
+    if (e) std::rethrow_exception(e);
+  return static_cast<double>(each) * cores / seconds_since(t);
 }
 
 double DecodeTrial::engine_rate(NvjpegDecoder& decoder, c10::Device device) const {
@@ -84,8 +102,8 @@ EngineSplit open_engine_split(const ImageFolderDataset& folder, c10::Device devi
   const DecodeTrial trial(folder, 64, /*jpeg_only=*/true);
   if (trial.files.empty()) return split;
   const int cores = DecodeTrial::cores();
-  int32_t box[kCropBoxFields];
   const double cpu = trial.cpu_rate(cores, [&](size_t i) {
+    int32_t box[kCropBoxFields];
     decode_drawn_crop(trial.files[i], trial.encoded[i].name, 3, size, SampleDraw{1, i}, box);
   });
   if (cpu / cores > kCoreRateWithoutEngines) {
@@ -118,10 +136,16 @@ DeviceDecoded decode_on_device(NvjpegDecoder& decoder, const std::vector<Encoded
   out.images = decoder.decode(encoded, 3, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   std::vector<int64_t> hwc;  // the crop's sizes are (H, W, C) in either layout
   for (const auto& s : out.images.sizes_host) hwc.insert(hwc.end(), {s[1], s[2], s[0]});
-  out.hwc_sizes = at::tensor(hwc, at::kLong)
-                      .view({static_cast<int64_t>(encoded.size()), 3})
-                      .to(device, /*non_blocking=*/true);
+  out.hwc_sizes = host_to_device(hwc, device).view({static_cast<int64_t>(encoded.size()), 3});
   return out;
+}
+
+at::Tensor host_to_device(const std::vector<int64_t>& values, c10::Device device) {
+  at::Tensor host = at::tensor(values, at::kLong);
+  // From pageable memory the copy may wait for the stream's earlier work; from pinned memory it
+  // is queued behind it, and the host allocator keeps the block until the copy has read it.
+  if (device.is_cuda()) host = host.pin_memory();
+  return host.to(device, /*non_blocking=*/true);
 }
 
 SplitRows split_rows(const at::Tensor& jpeg, const at::Tensor& offsets, const at::Tensor& sizes) {
@@ -153,14 +177,15 @@ EngineSplit companion_split(const EngineSplit& split, c10::Device device, int wo
 
 at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
                         const std::vector<EncodedImage>& encoded, c10::Device device,
-                        int64_t batch_size) {
+                        int64_t batch_size, const at::Tensor& boxes) {
   const auto started = Clock::now();
   const DeviceDecoded d = decode_on_device(*split.decoder, encoded, device);
   const double decode_seconds = seconds_since(started);
   ResizedCropSpec planar = spec;
   planar.planar = true;
   at::Tensor x = resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
-                              draw_crop_boxes(planar, d.hwc_sizes), planar);
+                              boxes.defined() ? boxes : draw_crop_boxes(planar, d.hwc_sizes),
+                              planar);
   split.share->record_engines(static_cast<int64_t>(encoded.size()), decode_seconds);
   split.share->rebalance(split.workers, batch_size);
   return x;
@@ -192,28 +217,17 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
       x.index_copy_(0, device_rows, part);
     };
     if (!cpu_rows.empty()) {
-      const at::Tensor rows = at::tensor(cpu_rows, at::kLong).to(device, /*non_blocking=*/true);
+      const at::Tensor rows = host_to_device(cpu_rows, device);
       place(cpu_rows, rows,
             resized_crop(in[0], in[1].index_select(0, rows), in[2].index_select(0, rows),
                          in[6].index_select(0, rows), spec));
     }
-    double decode_seconds = 0;
     if (!engine_rows.empty()) {
-      const auto t = Clock::now();
-      const DeviceDecoded d = decode_on_device(*split.decoder, r.encoded, device);
-      decode_seconds = seconds_since(t);
-      const at::Tensor rows = at::tensor(engine_rows, at::kLong).to(device, true);
-      ResizedCropSpec planar = spec;
-      planar.planar = true;
+      const at::Tensor rows = host_to_device(engine_rows, device);
       place(engine_rows, rows,
-            resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
-                         in[6].index_select(0, rows), planar));
+            engine_crops(spec, split, r.encoded, device, batch_size, in[6].index_select(0, rows)));
     }
     at::Tensor out = channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
-    if (!engine_rows.empty()) {
-      split.share->record_engines(static_cast<int64_t>(engine_rows.size()), decode_seconds);
-      split.share->rebalance(split.workers, batch_size);
-    }
     return Tensors{out};
   };
   f.what = "RandomResizedCrop (boxes from the loader) + flip + normalize, the rows the loader "

@@ -308,6 +308,10 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
                      region ? (split ? "image, jpeg, crop_box, label" : "image, crop_box, label")
                             : "image, jpeg, label");
   int32_t box[kCropBoxFields];
+  // The CPU side's rate, for an adaptive share: the worker's whole time on the sample (its
+  // read, and for the engines' samples the copy of their bytes, too), over the samples it
+  // decoded — what the workers can supply, not what their decodes alone would.
+  const auto started = std::chrono::steady_clock::now();
   const std::vector<uint8_t> bytes = read_file(sample.path);
   at::Tensor jpeg = at::empty({0}, at::kByte);
   bool engines = split && split->on_engines(draw.position);
@@ -329,16 +333,15 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
       out[0] = at::empty({0, 0, options_.channels}, at::kByte);
     }
   }
-  if (!engines) {
-    const auto t = std::chrono::steady_clock::now();
+  if (!engines)
     out[0] = region ? decode_drawn_crop(bytes, sample.path, options_.channels,
                                         options_.image_size, draw, box)
                     : decode_image_interleaved(bytes, sample.path, options_.channels,
                                                options_.image_size, options_.image_size);
-    if (split)  // the CPU side's rate, for an adaptive share
-      split->record_cpu(1, std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
-                               .count());
-  }
+  if (split)
+    split->record_cpu(engines ? 0 : 1,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                          .count());
   size_t f = 1;
   if (split) out[f++] = jpeg;
   if (region) std::memcpy(out[f++].data_ptr<int32_t>(), box, sizeof(box));

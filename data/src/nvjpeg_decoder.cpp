@@ -6,6 +6,7 @@
 #include "tandem/data/nvjpeg_decoder.h"
 
 #include <ATen/ops/empty.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -16,6 +17,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -352,6 +354,9 @@ struct NvjpegDecoder::State {
   // last one's was still in flight, and the losses went non-finite).
   cudaEvent_t previous_done = nullptr;
   bool previous_pending = false;
+  // Where the decodes' outputs are allocated (see decode(), step 2); from the device's pool on
+  // first use.
+  std::optional<c10::cuda::CUDAStream> output_stream;
   Gathered hw_batch, rest_batch;
   std::vector<uint8_t> on_hardware;
 
@@ -501,12 +506,9 @@ struct NvjpegDecoder::State {
       g.destinations.push_back(destinations[b]);
     }
     bool initialize_failed = false;
-    // The engines do not wait for the work queued before them on `stream`: they may write a
-    // batch's output while an earlier kernel still reads that memory (the caching allocator
-    // hands a block back in stream order, assuming stream-ordered writers). In mode graphed the
-    // previous step's graph on this stream read such a block and trained to non-finite losses;
-    // with this wait every mode computes the serial loop's losses (ImagesWorkloadGpuTest).
-    cudaStreamSynchronize(stream);
+    // The engines do not wait for the work queued before them on `stream`; the output they
+    // write is a block no earlier work can still read (decode(), step 2), so nothing here
+    // waits for the stream.
     const nvjpegStatus_t status =
         run_batched(*api, hw_handle, hw, g, format, stream, &initialize_failed);
     // The engines refused to initialise for a format they never decoded to: never again.
@@ -697,16 +699,28 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
     s.on_hardware[b] = s.hardware_supports(im.data, im.size, format) ? 1 : 0;
   }
 
-  // 2. Output, allocated on `stream` itself (the caching allocator ties the block to the
-  //    stream current at allocation), so freeing it after work queued on `stream` is safe
-  //    without recordStream.
+  // 2. Output. The engines write it without waiting for the work queued before them on
+  //    `stream` (they are not stream-ordered), so its block must be one no queued kernel still
+  //    reads: a block the caching allocator hands back on `stream` may have been freed by a
+  //    tensor whose readers are still queued there (in mode graphed, the previous step's graph
+  //    read such a block and the losses went non-finite). So the output is allocated on a
+  //    stream of the decoder's own, on which only decodes' outputs are allocated, and marked as
+  //    used on `stream`: freed, its block is reused only once the work queued on `stream` by
+  //    then has completed (recordStream), which the allocator checks without blocking — where
+  //    a wait for the whole stream before each engines' batch would hold the caller's thread.
   const auto index = static_cast<c10::DeviceIndex>(device_);
   const c10::cuda::CUDAStream lane = stream != nullptr
                                          ? c10::cuda::getStreamFromExternal(stream, index)
                                          : c10::cuda::getDefaultCUDAStream(index);
-  c10::cuda::CUDAStreamGuard stream_guard(lane);
+  if (!s.output_stream) s.output_stream = c10::cuda::getStreamFromPool(false, index);
   const auto on_device = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, index);
-  out.packed = at::empty({total}, on_device);
+  {
+    c10::cuda::CUDAStreamGuard output_guard(*s.output_stream);
+    out.packed = at::empty({total}, on_device);
+  }
+  if (total > 0)
+    c10::cuda::CUDACachingAllocator::recordStream(out.packed.storage().data_ptr(), lane);
+  c10::cuda::CUDAStreamGuard stream_guard(lane);
   {
     // offsets (B,) and sizes (B, 3) as two views of one (4B,) int64 block: one pinned staging
     // block (the caching host allocator keeps it until the copy is done) and one asynchronous

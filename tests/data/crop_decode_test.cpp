@@ -357,6 +357,17 @@ TEST(EngineShareTest, RebalancingBalancesBothSidesFromTheNextUnaskedPosition) {
   EXPECT_FALSE(share.rebalance(4, 256));
 }
 
+// The workers' time on the samples they left to the engines (reading the file, copying its
+// bytes) counts against the CPU side: it is time they cannot decode in.
+TEST(EngineShareTest, TheWorkersTimeOnTheEnginesSamplesCountsAgainstTheirRate) {
+  EngineShare share(0.5, /*adaptive=*/true);
+  share.record_cpu(100, 1.0);
+  EXPECT_DOUBLE_EQ(share.rates(4).cpu_images_per_s, 400);
+  share.record_cpu(0, 0.25);  // the engines' samples' reads
+  EXPECT_DOUBLE_EQ(share.rates(4).cpu_images_per_s, 320);
+  EXPECT_EQ(share.rates(4).cpu_samples, 100);
+}
+
 // A resumed run's schedule splits its positions as the first run did; a malformed one is named.
 TEST(EngineShareTest, ARestoredScheduleSplitsAsTheSavedOne) {
   EngineShare share(0.5, /*adaptive=*/true);

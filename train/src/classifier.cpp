@@ -337,19 +337,18 @@ TrainJob make_classifier(const ClassifierOptions& o) {
         passes->run(
             lane,
             [&](Batch& batch) {  // each loader part
-              if (!eval_split.decoder)
+              const data::SplitRows r =
+                  eval_split.decoder
+                      ? data::split_rows(batch.get("jpeg"), batch.get(offsets_field("jpeg")),
+                                         batch.get(sizes_field("jpeg")))
+                      : data::SplitRows{};
+              if (r.engines.empty())  // every row decoded by the workers
                 return std::vector<at::Tensor>{crop(batch, at::Tensor()), batch.get("label")};
-              const at::Tensor& jpeg = batch.get("jpeg");
-              const data::SplitRows r = data::split_rows(jpeg, batch.get(offsets_field("jpeg")),
-                                                         batch.get(sizes_field("jpeg")));
               const at::Tensor label = batch.get("label");
-              if (!r.engines.empty()) {
-                held_bytes.push_back(jpeg);
-                encoded.insert(encoded.end(), r.encoded.begin(), r.encoded.end());
-                held_labels.push_back(label.index_select(
-                    0, at::tensor(r.engines, at::kLong).to(device, /*non_blocking=*/true)));
-              }
-              const at::Tensor rows = at::tensor(r.cpu, at::kLong).to(device, true);
+              held_bytes.push_back(batch.get("jpeg"));
+              encoded.insert(encoded.end(), r.encoded.begin(), r.encoded.end());
+              held_labels.push_back(label.index_select(0, data::host_to_device(r.engines, device)));
+              const at::Tensor rows = data::host_to_device(r.cpu, device);
               if (r.cpu.empty())  // every row on the engines: nothing to crop now
                 return std::vector<at::Tensor>{
                     at::empty({0, 3, eval_spec.out_h, eval_spec.out_w},

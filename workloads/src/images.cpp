@@ -85,7 +85,7 @@ constexpr data::NvjpegBackend kPipelineBackend = data::NvjpegBackend::kHybrid;
 
 // A decoder for `decode` (gpu or auto) on `device`, or null to decode on the CPU: always for
 // decode=cpu; for gpu when nvJPEG cannot open (said on stderr); for auto when a short trial on
-// this machine's files finds one core's TurboJPEG rate times the cores the loader can use
+// this machine's files finds TurboJPEG on the cores the loader can use (all decoding at once)
 // faster than nvJPEG on a batch (the choice and both rates said on stderr).
 std::shared_ptr<data::NvjpegDecoder> gpu_decoder(const data::ImageFolderDataset& folder,
                                                  c10::Device device, int64_t size,
@@ -237,15 +237,10 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
            {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
            {"x"},
            [spec, generator, decoder, device, nhwc](const Tensors& in) {
-             const int64_t B = in[1].size(0);
-             const uint8_t* bytes = in[0].data_ptr<uint8_t>();
-             const int64_t* off = in[1].data_ptr<int64_t>();
-             const int64_t* len = in[2].data_ptr<int64_t>();
-             std::vector<data::EncodedImage> encoded;
-             for (int64_t b = 0; b < B; ++b)
-               encoded.push_back({bytes + off[b], static_cast<size_t>(len[b]),
-                                  "image " + std::to_string(b) + " of the batch"});
-             const data::DeviceDecoded d = data::decode_on_device(*decoder, encoded, device);
+             // Every row holds its file's bytes: all of them are the engines'.
+             const data::DeviceDecoded d =
+                 data::decode_on_device(*decoder, data::split_rows(in[0], in[1], in[2]).encoded,
+                                        device);
              const data::PackedImages& p = d.images;
              const at::Tensor& sizes = d.hwc_sizes;
              const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);

@@ -41,16 +41,17 @@ class EngineShare {
   /// unless it starts at position 0, its positions rise and each share is within 0..1.
   void restore(const std::vector<Change>& schedule);
 
-  /// A worker decoded `samples` crop regions in `seconds` of its own time.
+  /// A worker spent `seconds` of its own time on samples, `samples` of which it decoded (0 for
+  /// one it left to the engines: its read still takes the worker's time).
   void record_cpu(int64_t samples, double seconds);
   /// The feed stage decoded `samples` on the engines in `decode_seconds`. The first
   /// kEngineWarmupCalls calls, which set the engines' buffers up, are not counted.
   void record_engines(int64_t samples, double decode_seconds);
   static constexpr int kEngineWarmupCalls = 2;
 
-  /// The rates measured in the window so far: the workers' combined rate (each sample's
-  /// decode time, times `workers` decoding at once) and the engines'; 0 where a side has
-  /// decoded nothing.
+  /// The rates measured in the window so far: the workers' combined rate (the samples they
+  /// decoded over their time on every sample, times `workers` at once) and the engines'; 0
+  /// where a side has decoded nothing.
   struct Rates {
     double cpu_images_per_s = 0, engine_images_per_s = 0;
     int64_t cpu_samples = 0, engine_samples = 0;

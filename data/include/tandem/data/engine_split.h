@@ -37,8 +37,14 @@ struct DecodeTrial {
   std::vector<EncodedImage> encoded;
 
   DecodeTrial(const ImageFolderDataset& folder, int64_t n, bool jpeg_only);
-  /// One core's rate of decode_one(i) over the files, times `cores`.
+  /// The rate of decode_one(i) (thread-safe) on `cores` threads at once, each decoding
+  /// kTrialDecodesPerCore files (fewer where there are fewer) from its own start in the list:
+  /// the cores' contention is in it, as it is in a loader's. (One core's rate times `cores`
+  /// over-stated the workers' rate in a run by ~1.3x on the H200 machine's 16 cores: 4,773
+  /// against 3,423-3,569 crop regions a second of 1000-2000 px photos.) Rethrows a decode's
+  /// exception.
   double cpu_rate(int cores, const std::function<void(size_t)>& decode_one) const;
+  static constexpr size_t kTrialDecodesPerCore = 16;
   /// nvJPEG's rate on the files as one batch, after a warm-up batch; throws what decode()
   /// throws.
   double engine_rate(NvjpegDecoder& decoder, c10::Device device) const;
@@ -57,10 +63,10 @@ struct EngineSplit {
 /// A split for `folder` (kCropRegion at crop size `size`) on `device`, or one without a decoder
 /// where there is none: not a GPU, no JPEG engines (said on stderr), a share of 0, a trial
 /// batch the engines fail. `given` >= 0 is a fixed share; otherwise a short trial on the
-/// folder's files times one core's region decode: above 600 regions a second the workers feed
-/// the step alone (no split: the engines' host work on the feed stage's thread costs more than
-/// it brings there); else the engines on a batch too, and the share starts at the engines'
-/// rate over the sum (one core's times DecodeTrial::cores()), adaptive
+/// folder's files, their regions decoded on DecodeTrial::cores() threads at once: above 600
+/// regions a second per core the workers feed the step alone (no split: the engines' host work
+/// on the feed stage's thread costs more than it brings there); else the engines on a batch
+/// too, and the share starts at the engines' rate over the sum, adaptive
 /// (EngineShare::rebalance). The choice is said on stderr, prefixed `who`.
 EngineSplit open_engine_split(const ImageFolderDataset& folder, c10::Device device, int64_t size,
                               double given, int workers, const std::string& who);
@@ -81,13 +87,14 @@ SplitRows split_rows(const at::Tensor& jpeg, const at::Tensor& offsets, const at
 EngineSplit companion_split(const EngineSplit& split, c10::Device device, int workers);
 
 /// The rows a split loader left to the engines, cropped: decodes `encoded` on split.decoder
-/// (on `device`'s current stream), draws `spec`'s boxes for the full-resolution images on the
-/// device (evaluation's Resize + CenterCrop draws nothing random) and resamples them: (N, C,
-/// out_h, out_w) normalized. Records the engines' time in split.share and rebalances an
-/// adaptive one for batches of `batch_size`.
+/// (on `device`'s current stream) and resamples `boxes` ((N, kCropBoxFields) on the device, in
+/// the full-resolution pixels: the loader's draws) of them — where `boxes` is undefined, `spec`'s
+/// boxes drawn on the device for the decoded sizes (evaluation's Resize + CenterCrop draws
+/// nothing random): (N, C, out_h, out_w) normalized. Records the engines' time in split.share
+/// and rebalances an adaptive one for batches of `batch_size`.
 at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
                         const std::vector<EncodedImage>& encoded, c10::Device device,
-                        int64_t batch_size);
+                        int64_t batch_size, const at::Tensor& boxes = {});
 
 /// The feed stage "augment" of a split run: inputs image (+ offsets, sizes), jpeg (+ offsets,
 /// sizes) and crop_box from the loader, output "x" (B, C, out_h, out_w) normalized, channels
@@ -107,5 +114,9 @@ struct DeviceDecoded {
 };
 DeviceDecoded decode_on_device(NvjpegDecoder& decoder, const std::vector<EncodedImage>& encoded,
                                c10::Device device);
+
+/// `values` as an int64 tensor on `device`, copied without waiting for the stream's earlier work
+/// (from pinned memory on a GPU): row indices and sizes a feed stage builds on the host.
+at::Tensor host_to_device(const std::vector<int64_t>& values, c10::Device device);
 
 }  // namespace tandem::data
