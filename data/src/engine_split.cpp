@@ -22,9 +22,10 @@ using Clock = std::chrono::steady_clock;
 // Above this many crop regions a second per core (photos of well under a megapixel), the
 // loader's workers keep the step fed without the engines, and the engines' host work on the
 // feed stage's thread costs more than it brings: on the H200 machine, photos of 320-640 px
-// (1,100-1,600 regions a second per core) trained ResNet-18 at 0.81-0.90 of the CPU-only rate
-// with a split at any share tried, photos of 1000-2000 px (200-300 a second) 1.3-1.6x faster.
-// (One core's rate: DecodeTrial::cpu_rate's over its cores.)
+// (1,100-1,600 regions a second on one core alone, ~950 with all 15 decoding at once) trained
+// ResNet-18 at 0.81-0.90 of the CPU-only rate with a split at any share tried, photos of
+// 1000-2000 px (200-300 a second on one core, ~190 with all at once) 1.2-1.7x faster.
+// (A core's rate: DecodeTrial::cpu_rate's over its cores.)
 constexpr double kCoreRateWithoutEngines = 600;
 
 double seconds_since(Clock::time_point t) {
