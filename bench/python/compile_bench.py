@@ -23,6 +23,14 @@ happen there), synchronizing the device around the clock. Rows:
                         and add) in --mode; needs --tandem-cli (or TANDEM_CLI)
     tandem-cpp-module   the same with LibTorch's modules instead (backbone=module, bn=module):
                         the A/B of tandem's fused paths
+    compile_frozen      r50_frozen_head only: the backbone compiled alone with inductor's
+                        freezing (its weights constants: batch norm folded into the
+                        convolutions, as for inference), the head + loss compiled as a region
+    aoti                r50_frozen_head only: the backbone exported (bf16 weights, channels_last)
+                        and compiled ahead of time by AOTInductor with freezing
+                        (torch._inductor.aoti_compile_and_package), loaded with aoti_load_package
+                        (the C++ AOTIModelPackageLoader a C++ feed stage would use): the route a
+                        package for C++ takes, timed from Python; the head eager
 
 Jobs: r18_full / r50_full (torchvision ResNet-18/50, every weight trained), r50_frozen_head (a
 frozen ResNet-50 backbone in eval mode as a feed stage, a linear head trained), and two non-ResNet
@@ -48,7 +56,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = ("r18_full", "r50_full", "r50_frozen_head", "vit_b16_full", "mnv3_full")
 PROFILE_STEPS = 10  # steps a profiled row lists the kernels of (after its timed ones)
 IMPLS = ("eager", "compile", "compile_ro", "tandem-py", "tandem-py-compiled",
-         "tandem-py-model-compiled", "tandem-cpp", "tandem-cpp-module")
+         "tandem-py-model-compiled", "tandem-cpp", "tandem-cpp-module", "compile_frozen", "aoti")
+FROZEN_IMPLS = ("compile_frozen", "aoti")  # rows of r50_frozen_head only
 CPP_JOBS = ("r18_full", "r50_full", "r50_frozen_head")  # the jobs tandem-cpp has
 
 
@@ -104,7 +113,17 @@ def plain_loop(impl, feed, model, loss_fn, optimizer, data, torch):
                 x = feed(x)
         return loss_fn(model(x), y)
 
-    if impl == "compile":
+    if impl in FROZEN_IMPLS:
+        if feed is None:
+            raise ValueError(f"{impl} rows need a frozen backbone (job r50_frozen_head)")
+        head_loss = torch.compile(lambda x, y: loss_fn(model(x), y))
+        backbone = frozen_backbone(impl, feed, data[0][0], torch)
+
+        def forward_loss(x, y):  # noqa: F811 - the frozen rows' own
+            with torch.no_grad():
+                x = backbone(x)
+            return head_loss(x, y)
+    elif impl == "compile":
         forward_loss = torch.compile(forward_loss)
     elif impl == "compile_ro":
         forward_loss = torch.compile(forward_loss, mode="reduce-overhead")
@@ -117,6 +136,26 @@ def plain_loop(impl, feed, model, loss_fn, optimizer, data, torch):
         optimizer.zero_grad(set_to_none=True)
         return loss
     return step
+
+
+def frozen_backbone(impl, feed, example, torch):
+    """The frozen backbone for compile_frozen (torch.compile with freezing) or aoti (an
+    AOTInductor package with freezing, bf16 weights, loaded back): x -> float features."""
+    import torch._inductor.config as inductor_config
+    if impl == "compile_frozen":
+        inductor_config.freezing = True
+        return torch.compile(feed)
+    import tempfile
+    net = feed.net.to(torch.bfloat16)  # the bf16 weights autocast would cast to per step
+    with torch.no_grad():
+        ep = torch.export.export(net, (example.to(torch.bfloat16),))
+        path = os.path.join(tempfile.mkdtemp(), "backbone.pt2")
+        t0 = time.perf_counter()
+        torch._inductor.aoti_compile_and_package(ep, package_path=path,
+                                                 inductor_configs={"freezing": True})
+        log(f"aoti: compiled {path} in {time.perf_counter() - t0:.0f} s")
+    runner = torch._inductor.aoti_load_package(path)
+    return lambda x: runner(x.to(torch.bfloat16)).float()
 
 
 def run_cpp_row(a):
@@ -306,6 +345,8 @@ def main():
     for job in a.jobs.split(","):
         for bs in (int(b) for b in a.bs.split(",")):
             for impl in a.impls.split(","):
+                if impl in FROZEN_IMPLS and job != "r50_frozen_head":
+                    continue
                 prof = (job, bs, impl) in profiled_rows
                 cmd = [sys.executable, __file__, "--row", "--job", job, "--bs", str(bs),
                        "--impl", impl, "--steps", str(a.steps), "--warmup", str(a.warmup),

@@ -59,6 +59,18 @@ void EngineShare::restore(const std::vector<Change>& schedule) {
   next_unasked_ = std::max(next_unasked_, schedule.back().from_position);
 }
 
+void EngineShare::set(double share) {
+  TANDEM_CHECK_ARG(share >= 0 && share <= 1, "engine share ", share,
+                   " is not valid: expected 0 to 1");
+  const double s = in_1024ths(share);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (schedule_.back().share == s) return;
+  if (schedule_.back().from_position >= next_unasked_)  // nobody asked under the last change
+    schedule_.back().share = s;
+  else
+    schedule_.push_back({next_unasked_, s});
+}
+
 void EngineShare::record_cpu(int64_t samples, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   cpu_samples_ += samples;

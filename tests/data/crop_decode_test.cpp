@@ -359,6 +359,29 @@ TEST(EngineShareTest, RebalancingBalancesBothSidesFromTheNextUnaskedPosition) {
 
 // The workers' time on the samples they left to the engines (reading the file, copying its
 // bytes) counts against the CPU side: it is time they cannot decode in.
+// An evaluation turns the engines on for the positions its workers have not decoded ahead,
+// and off after: a set share applies from the first unasked position, and the asked ones keep
+// their side.
+TEST(EngineShareTest, ASetShareAppliesFromTheFirstUnaskedPosition) {
+  EngineShare share(0.5, /*adaptive=*/true);
+  share.set(0);  // nobody asked yet: the first share itself
+  ASSERT_EQ(share.schedule().size(), 1u);
+  EXPECT_EQ(share.schedule()[0].share, 0);
+  for (uint64_t p = 0; p < 100; ++p) EXPECT_FALSE(share.on_engines(p)) << p;  // the ring ahead
+  share.set(0.5);
+  share.set(0.5);  // the same share: no change
+  const auto schedule = share.schedule();
+  ASSERT_EQ(schedule.size(), 2u);
+  EXPECT_EQ(schedule[1].from_position, 100u);
+  int engines = 0;
+  for (uint64_t p = 0; p < 300; ++p) engines += share.on_engines(p) ? 1 : 0;
+  EXPECT_EQ(engines, 100) << "half of the 200 positions after the ring, none before";
+  share.set(0);
+  EXPECT_EQ(share.schedule().back().from_position, 300u);
+  EXPECT_FALSE(share.on_engines(300));
+  EXPECT_THROW(share.set(1.5), InvalidArgument);
+}
+
 TEST(EngineShareTest, TheWorkersTimeOnTheEnginesSamplesCountsAgainstTheirRate) {
   EngineShare share(0.5, /*adaptive=*/true);
   share.record_cpu(100, 1.0);

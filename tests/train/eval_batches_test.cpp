@@ -22,6 +22,7 @@ namespace {
 
 using detail::eval_loader_options;
 using detail::eval_part_size;
+using detail::eval_ring_slots;
 using detail::EvalPasses;
 
 TEST(EvalBatchesTest, PartsAreDivisorsThatKeepEveryWorkerBusy) {
@@ -31,6 +32,17 @@ TEST(EvalBatchesTest, PartsAreDivisorsThatKeepEveryWorkerBusy) {
   EXPECT_EQ(eval_part_size(7, 2), 1);    // a prime batch: parts of one
   EXPECT_EQ(eval_part_size(4, 0), 4);    // no workers given: one part
   EXPECT_EQ(eval_part_size(3, 8), 1);    // more workers than samples
+}
+
+// A small held-out set is held whole by its ring (decoded ahead, while the training runs); a
+// large one gets the workers' slots, or the parts of kEvalAheadSamples where those are more.
+TEST(EvalBatchesTest, TheRingHoldsASmallHeldOutSetWhole) {
+  using detail::kEvalAheadSamples;
+  EXPECT_EQ(eval_ring_slots(300, 256, 15), 19);  // parts of 16: 19, more than 15 + 2
+  EXPECT_EQ(eval_ring_slots(100, 256, 15), ring_slots_for(15));  // never below the workers'
+  EXPECT_EQ(eval_ring_slots(100000, 256, 15), kEvalAheadSamples / 16);
+  EXPECT_EQ(eval_ring_slots(100000, 256, 1), ring_slots_for(1));  // parts of 256: 2 of them
+  EXPECT_EQ(eval_ring_slots(0, 256, 15), ring_slots_for(15));
 }
 
 TEST(EvalBatchesTest, EverySampleOnceInOrderInBatchesOfTheBatchSize) {

@@ -615,6 +615,17 @@ TEST(TrainerSplitGpuTest, ASplitDecodeResumesExactlyAndEvaluatesAsOnTheCpu) {
   EXPECT_NEAR(split.metrics.at("accuracy"), cpu.metrics.at("accuracy"), 1.0 / 16 + 1e-9);
   EXPECT_NEAR(split.metrics.at("val_loss"), cpu.metrics.at("val_loss"),
               0.1 * cpu.metrics.at("val_loss") + 0.02);
+
+  // In batches of 4 the engines decode one batch's rows while the next batch's parts load:
+  // the same photos on the same sides, so the same scores (rows paired with their labels
+  // across batches), up to the batch size's own convolution algorithms.
+  c.decode = "auto";
+  c.batch_size = 4;
+  const Evaluation ahead = make_classifier(c).evaluate(lane);
+  EXPECT_EQ(ahead.samples, 16);
+  EXPECT_DOUBLE_EQ(ahead.metrics.at("accuracy"), split.metrics.at("accuracy"));
+  EXPECT_NEAR(ahead.metrics.at("val_loss"), split.metrics.at("val_loss"),
+              1e-3 * split.metrics.at("val_loss") + 1e-4);
   at::globalContext().setDeterministicAlgorithms(false, false);
 }
 

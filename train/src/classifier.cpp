@@ -21,6 +21,7 @@
 #include "tandem/models/safetensors.h"
 #include "tandem/models/small_cnn.h"
 #include "tandem/resized_crop.h"
+#include "engine_crops_ahead.h"
 #include "job_util.h"
 
 namespace tandem::train {
@@ -246,12 +247,21 @@ TrainJob make_classifier(const ClassifierOptions& o) {
     }
     train_data = take(train_data, o.subset);
     if (val_data) val_data = take(val_data, o.val_subset);
-    // A held-out set the evaluation's ring holds whole is decoded by its workers while the
-    // training runs (EvalPasses): the engines, which decode only when the evaluation asks,
-    // would slow it. A larger one splits from the training's share on (a given share: always).
-    if (eval_split.share && eval_split.share->adaptive() && val_data &&
-        val_data->size() <= ring_slots_for(o.workers) * eval_part_size(o.batch_size, o.workers))
+    // The evaluation's workers decode ahead while the training runs (EvalPasses: the ring's
+    // parts); the engines decode only when the evaluation asks. So, for an adaptive share,
+    // the ring fills on the workers alone, and each evaluation turns the engines on for the
+    // positions the ring did not hold (from the training's share, then the evaluation's own
+    // rates), off again after. A held-out set the ring holds whole never uses them. (A given
+    // share splits every position alike, ahead or not: a run that must repeat cannot depend
+    // on how far the ring got.)
+    std::shared_ptr<double> eval_engine_share;  // the share an evaluation turns on
+    if (eval_split.share && eval_split.share->adaptive() && val_data) {
+      const bool held_whole =
+          val_data->size() <= eval_ring_slots(val_data->size(), o.batch_size, o.workers) *
+                                  eval_part_size(o.batch_size, o.workers);
+      eval_engine_share = std::make_shared<double>(held_whole ? 0.0 : eval_split.share->share());
       eval_split.share->restore({{0, 0.0}});
+    }
 
     models::ResNet net = models::resnet(model_name, models::ResNetOptions{classes});
     if (!o.weights.empty()) load_weights(*net, o.weights);
@@ -309,19 +319,51 @@ TrainJob make_classifier(const ClassifierOptions& o) {
       const at::Generator eval_gen = seeded_generator(device, o.seed);  // draws no randomness
       const bool frozen = o.freeze_backbone;
       auto passes = std::make_shared<EvalPasses>(val_data, o.batch_size, o.workers);
-      const int64_t batch_size = o.batch_size;
+      // The engines' rows of each batch decode on a thread of their own while the next
+      // batch's parts load (EngineCropsAhead); made once, for every evaluation of the run.
+      std::shared_ptr<EngineCropsAhead> ahead;
+      if (eval_split.decoder)
+        ahead = std::make_shared<EngineCropsAhead>(eval_spec, eval_split, device, o.batch_size);
       job.evaluate = [n, folded, passes, eval_spec, eval_gen, device, precision, frozen, nhwc,
-                      eval_split, batch_size](const Lane& lane) {
+                      eval_split, ahead, eval_engine_share](const Lane& lane) {
         at::NoGradGuard no_grad;
         n->eval();
+        // The engines on for the positions the ring has not decoded, off for the next pass's
+        // (the share the evaluation ended with kept for the next one), even if it throws.
+        struct EnginesOn {
+          data::EngineShare* share;
+          double* value;
+          EnginesOn(data::EngineShare* s, double* v) : share(v && *v > 0 ? s : nullptr), value(v) {
+            if (share) share->set(*value);
+          }
+          ~EnginesOn() {
+            if (!share) return;
+            *value = share->share();
+            share->set(0);
+          }
+        } engines_on(eval_split.share.get(), eval_engine_share.get());
         at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
         at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         int64_t seen = 0;
+        // An evaluation stopped by an error leaves no decode behind for the next one.
+        struct DropPending {
+          EngineCropsAhead* a;
+          ~DropPending() {
+            if (a) a->drop();
+          }
+        } drop_pending{ahead.get()};
         // Split: the rows the loader left to the engines, kept for one decode per batch (the
         // engines lose much of their rate on a part's few images). The host tensors hold the
         // bytes `encoded` points into.
         std::vector<at::Tensor> held_bytes, held_labels;
         std::vector<data::EncodedImage> encoded;
+        // The batch whose engine rows are decoding: its workers' rows (x, label) and the
+        // engine rows' labels, joined and forwarded once the next batch's parts are in.
+        std::vector<at::Tensor> waiting;
+        at::Tensor waiting_labels;
+        auto layout = [nhwc](const at::Tensor& x) {
+          return nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+        };
         // Resize + CenterCrop on the device of a part's `rows` (all where undefined).
         auto crop = [&](const Batch& batch, const at::Tensor& rows) {
           at::Tensor offsets = batch.get(offsets_field("image")),
@@ -330,9 +372,34 @@ TrainJob make_classifier(const ClassifierOptions& o) {
             offsets = offsets.index_select(0, rows);
             sizes = sizes.index_select(0, rows);
           }
-          at::Tensor x = resized_crop(batch.get("image"), offsets, sizes,
-                                      draw_crop_boxes(eval_spec, sizes, eval_gen), eval_spec);
-          return nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+          return layout(resized_crop(batch.get("image"), offsets, sizes,
+                                     draw_crop_boxes(eval_spec, sizes, eval_gen), eval_spec));
+        };
+        auto forward = [&](const std::vector<at::Tensor>& xy) {
+          AutocastScope autocast(device, precision);
+          // A frozen backbone evaluates as it trains: folded (the module's features within
+          // float rounding, without its batch-norm and ReLU passes).
+          const at::Tensor logits =
+              (folded ? n->fc->forward(folded->features(xy[0]).to(at::kFloat))
+                      : n->forward(xy[0]))
+                  .to(at::kFloat);
+          correct += logits.argmax(1).eq(xy[1]).sum();
+          loss +=
+              at::cross_entropy_loss(logits, xy[1], {}, at::Reduction::Sum).to(at::kDouble);
+          seen += xy[1].size(0);
+        };
+        // Takes the waiting batch's engine crops (their decode done) and forwards the batch;
+        // `next` (may be empty) starts on the engines first, so they never idle on a forward.
+        auto forward_waiting = [&](std::vector<data::EncodedImage> next) {
+          at::Tensor engine_x;
+          if (!waiting.empty()) engine_x = ahead->finish(lane);
+          if (!next.empty()) ahead->start(std::move(next), std::move(held_bytes));
+          held_bytes.clear();
+          if (waiting.empty()) return;
+          // (cat of a part the engines took whole, with no rows, may not keep channels-last)
+          forward({layout(at::cat({waiting[0], layout(engine_x)})),
+                   at::cat({waiting[1], waiting_labels})});
+          waiting.clear();
         };
         passes->run(
             lane,
@@ -351,40 +418,25 @@ TrainJob make_classifier(const ClassifierOptions& o) {
               const at::Tensor rows = data::host_to_device(r.cpu, device);
               if (r.cpu.empty())  // every row on the engines: nothing to crop now
                 return std::vector<at::Tensor>{
-                    at::empty({0, 3, eval_spec.out_h, eval_spec.out_w},
-                              at::TensorOptions().dtype(at::kFloat).device(device))
-                        .contiguous(nhwc ? at::MemoryFormat::ChannelsLast
-                                         : at::MemoryFormat::Contiguous),
+                    layout(at::empty({0, 3, eval_spec.out_h, eval_spec.out_w},
+                                     at::TensorOptions().dtype(at::kFloat).device(device))),
                     label.index_select(0, rows)};
               return std::vector<at::Tensor>{crop(batch, rows), label.index_select(0, rows)};
             },
-            [&](std::vector<at::Tensor> xy) {  // a whole batch: the forward
-              if (!encoded.empty()) {  // the engines' rows of the batch
-                at::Tensor x = data::engine_crops(eval_spec, eval_split, encoded, device,
-                                                  batch_size);
-                if (nhwc) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-                xy[0] = at::cat({xy[0], x});
-                held_labels.insert(held_labels.begin(), xy[1]);
-                xy[1] = at::cat(held_labels);
-                held_bytes.clear();
-                held_labels.clear();
-                encoded.clear();
-                // (a part the engines took whole has no rows here, which cat may not keep
-                // channels-last)
-                if (nhwc) xy[0] = xy[0].contiguous(at::MemoryFormat::ChannelsLast);
+            [&](std::vector<at::Tensor> xy) {  // a whole batch's workers' rows
+              if (encoded.empty()) {  // none on the engines: forward it in order
+                forward_waiting({});
+                forward(xy);
+                return;
               }
-              AutocastScope autocast(device, precision);
-              // A frozen backbone evaluates as it trains: folded (the module's features
-              // within float rounding, without its batch-norm and ReLU passes).
-              const at::Tensor logits =
-                  (folded ? n->fc->forward(folded->features(xy[0]).to(at::kFloat))
-                          : n->forward(xy[0]))
-                      .to(at::kFloat);
-              correct += logits.argmax(1).eq(xy[1]).sum();
-              loss += at::cross_entropy_loss(logits, xy[1], {}, at::Reduction::Sum)
-                          .to(at::kDouble);
-              seen += xy[1].size(0);
+              const at::Tensor labels = at::cat(held_labels);
+              held_labels.clear();
+              forward_waiting(std::move(encoded));
+              encoded.clear();
+              waiting = std::move(xy);
+              waiting_labels = labels;
             });
+        forward_waiting({});
         if (!frozen) n->train();
         return Evaluation(accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), seen),
                           seen);

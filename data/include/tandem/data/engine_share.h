@@ -41,6 +41,11 @@ class EngineShare {
   /// unless it starts at position 0, its positions rise and each share is within 0..1.
   void restore(const std::vector<Change>& schedule);
 
+  /// `share` (0..1, InvalidArgument outside) from the first position no worker has asked about
+  /// on: an evaluation turns the engines on for the positions its ring has not decoded ahead,
+  /// and off again after it, since the workers can decode ahead and the engines cannot.
+  void set(double share);
+
   /// A worker spent `seconds` of its own time on samples, `samples` of which it decoded (0 for
   /// one it left to the engines: its read still takes the worker's time).
   void record_cpu(int64_t samples, double seconds);
