@@ -357,8 +357,6 @@ TEST(EngineShareTest, RebalancingBalancesBothSidesFromTheNextUnaskedPosition) {
   EXPECT_FALSE(share.rebalance(4, 256));
 }
 
-// The workers' time on the samples they left to the engines (reading the file, copying its
-// bytes) counts against the CPU side: it is time they cannot decode in.
 // An evaluation turns the engines on for the positions its workers have not decoded ahead,
 // and off after: a set share applies from the first unasked position, and the asked ones keep
 // their side.
@@ -382,6 +380,8 @@ TEST(EngineShareTest, ASetShareAppliesFromTheFirstUnaskedPosition) {
   EXPECT_THROW(share.set(1.5), InvalidArgument);
 }
 
+// The workers' time on the samples they left to the engines (reading the file, copying its
+// bytes) counts against the CPU side: it is time they cannot decode in.
 TEST(EngineShareTest, TheWorkersTimeOnTheEnginesSamplesCountsAgainstTheirRate) {
   EngineShare share(0.5, /*adaptive=*/true);
   share.record_cpu(100, 1.0);

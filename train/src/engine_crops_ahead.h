@@ -51,8 +51,6 @@ class EngineCropsAhead {
     });
   }
 
-  bool pending() const { return job_.valid(); }
-
   /// Waits for a started decode, if any, and drops it and its error (an evaluation that
   /// stopped before taking it).
   void drop() noexcept {
