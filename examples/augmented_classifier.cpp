@@ -1,8 +1,9 @@
-// augmented_classifier: a workload of your own handed to the runner front ends that the CLI uses
-// (tandem::bench). A small CNN trains on images that tandem's augmentation stage crops, flips and
-// normalizes on a lane of its own (one fused kernel on a GPU). The workload is a WorkloadEntry, a
-// factory the front ends call for a fresh instance per run: bench (--mode MODE), auto's trials
-// (--mode auto), a sweep (--sweep: MODE at batch B and 2B beside serial), a trace (--trace FILE).
+// augmented_classifier: a workload of your own handed to the run layer and the front ends that
+// the CLI uses (tandem::run, tandem::bench). A small CNN trains on images that tandem's
+// augmentation stage crops, flips and normalizes on a lane of its own (one fused kernel on a
+// GPU). The workload is a WorkloadEntry, a factory the front ends call for a fresh instance per
+// run: bench (--mode MODE), auto's trials (--mode auto), a sweep (--sweep: MODE at batch B and 2B
+// beside serial), a trace (--trace FILE).
 //
 //   augmented_classifier [--device auto|cpu|cuda] [--steps N] [--batch-size B] [--mode MODE|auto]
 //                        [--trace FILE] [--sweep]
@@ -18,8 +19,7 @@
 #include <string>
 
 #include "tandem/augment.h"
-#include "tandem/auto_mode.h"
-#include "tandem/bench.h"
+#include "tandem/run/resolve_mode.h"
 #include "tandem/sweep.h"
 
 namespace nn = torch::nn;
@@ -75,7 +75,7 @@ tandem::Workload make_classifier(const tandem::WorkloadOptions& o) {
 }
 
 int main(int argc, char** argv) try {
-  tandem::BenchOptions options;  // what `tandem bench` fills from its flags
+  tandem::run::RunRequest options;  // what `tandem bench` fills from its flags
   options.workload.name = "aug-cls";
   options.workload.description = "small CNN behind a crop/flip/normalize stage, 32x32";
   options.workload.gpu_batch_size = 256;
@@ -109,21 +109,20 @@ int main(int argc, char** argv) try {
     else
       throw tandem::InvalidArgument("unknown option '" + flag + "'");
   }
-  options = tandem::resolve(options);  // the device's defaults; throws naming a bad value
-  std::cout << tandem::describe_config(options) << "\n";
+  options = tandem::run::resolve(options);  // the device's defaults; throws naming a bad value
+  std::cout << tandem::run::describe_request(options) << "\n";
 
-  tandem::BenchResult result;
-  if (options.mode == tandem::Mode::kAuto) {  // short trials of every mode, then the fastest
-    tandem::AutoResult a = tandem::run_auto(options);
-    for (const tandem::Trial& t : a.trials)
-      std::printf("  trial %-17s %10.2f steps/s %s\n", t.mode.c_str(), t.steps_per_s.value_or(0),
-                  t.error.c_str());
-    std::printf("auto: picked %s (%s)\n\n", a.decision.mode.c_str(), a.decision.reason.c_str());
-    result = std::move(a.result);
-  } else {
-    result = tandem::run_bench(options);  // warm-up, then timed steps
-  }
-  std::cout << tandem::describe_result(result);
+  // Mode auto: short trials of every mode, then the fastest; a named mode runs as asked. Then
+  // warm-up steps, then timed steps.
+  const tandem::run::AutoReport a = tandem::run::run_auto(options);
+  for (const tandem::run::Trial& t : a.resolution.trials)
+    std::printf("  trial %-17s %10.2f steps/s %s\n", t.mode.c_str(), t.steps_per_s.value_or(0),
+                t.error.c_str());
+  if (!a.resolution.trials.empty())
+    std::printf("auto: picked %s (%s)\n\n", a.resolution.decision.mode.c_str(),
+                a.resolution.decision.reason.c_str());
+  const tandem::run::RunReport& result = a.report;
+  std::cout << tandem::run::describe_report(result);
   if (!options.trace_path.empty()) std::cout << "wrote " << options.trace_path << "\n";
   if (!std::isfinite(result.losses.back())) throw tandem::Error("the last loss is not finite");
 

@@ -189,7 +189,7 @@ Runner::Runner(const Workload& workload, RunOptions options)
   workload_.validate();
   const Mode mode = options_.mode;
   TANDEM_CHECK_ARG(mode != Mode::kAuto,
-                   "mode auto is chosen by the bench front end (run_auto), not by a Runner: "
+                   "mode auto is chosen by the run layer (run::resolve_mode), not by a Runner: "
                    "expected ",
                    mode_choices(false));
   TANDEM_CHECK_ARG(options_.graph_warmup_steps >= 0, "graph warm-up step count ",

@@ -9,9 +9,9 @@
 #include <set>
 #include <sstream>
 
-#include "tandem/auto_mode.h"
 #include "tandem/error.h"
 #include "tandem/mode.h"
+#include "tandem/run/resolve_mode.h"
 
 namespace tandem {
 
@@ -58,9 +58,9 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
       if (std::find(modes.begin(), modes.end(), mode) == modes.end()) modes.push_back(mode);
   TANDEM_CHECK_ARG(!options.batch_sizes.empty(), "a sweep needs at least one batch size");
   for (const auto& m : modes) {
-    BenchOptions probe = options.base;
+    run::RunRequest probe = options.base;
     probe.mode = parse_mode(m);  // throws InvalidArgument naming a bad mode before anything runs
-    resolve(probe);
+    run::resolve(probe);
   }
   for (int64_t bs : options.batch_sizes)
     TANDEM_CHECK_ARG(bs > 0, "batch size ", bs, " is not valid: expected a positive number");
@@ -83,18 +83,18 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
       for (size_t m = 0; m < modes.size(); ++m) {
         Runs& run = runs[m];
         if (!run.error.empty()) continue;  // a point that failed once is reported as failed
-        BenchOptions o = options.base;
+        run::RunRequest o = options.base;
         o.mode = parse_mode(modes[m]);
         o.batch_size = bs;
         o.progress = false;
         try {
-          BenchResult r;
+          run::RunReport r;
           if (o.mode == Mode::kAuto) {
-            AutoResult a = run_auto(o);
-            run.picks.push_back(a.decision.mode);
-            r = std::move(a.result);
+            run::AutoReport a = run::run_auto(o);
+            run.picks.push_back(a.resolution.decision.mode);
+            r = std::move(a.report);
           } else {
-            r = run_bench(o);
+            r = run::run_workload(o);
           }
           run.rates.push_back(r.steps_per_s);
           if (r.floor_ms > 0) run.floors.push_back(r.floor_ms);

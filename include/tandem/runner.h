@@ -1,5 +1,6 @@
 // Runner: turns a Workload into a Pipeline for one mode and runs it — the only place that knows
-// how each mode is built. bench, auto, sweep (tandem::bench) and the examples are its clients.
+// how each mode is built. The run layer (tandem::run), the trainer and the examples are its
+// clients.
 //
 //   mode               lanes and stages (load: the loader and H2D copy, host sources only)
 //   serial             load, feeds, train: one lane, one host thread, step after step
@@ -34,7 +35,7 @@
 namespace tandem {
 
 struct RunOptions {
-  Mode mode = Mode::kSerial;  ///< not kAuto: auto is the bench front end's (bench.h)
+  Mode mode = Mode::kSerial;  ///< not kAuto: auto is the run layer's (run/resolve_mode.h)
   int64_t batch_size = 8;     ///< samples per step read from a host data source
   int workers = 4;            ///< loader worker threads (host data sources)
   /// Host batch slots in the loader's ring; 0: ring_slots_for(workers) (loader.h).

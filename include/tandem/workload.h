@@ -185,7 +185,7 @@ struct WorkloadParam {
   std::string description;
   std::vector<std::string> choices;  ///< the first is the default; empty: any value
 };
-/// A workload as the runner's front ends (bench, auto, sweep: bench.h) and the CLI know it: a
+/// A workload as the run layer (tandem/run/), the bench front ends and the CLI know it: a
 /// factory they call for a fresh instance per run, and what to tell a user about it.
 struct WorkloadEntry {
   std::string name;

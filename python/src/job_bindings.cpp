@@ -1,6 +1,6 @@
 // tandem._C's side of data parallel from Python (tandem/distributed.py): read the launch
 // environment torchrun sets, join the job once per process (rank 0's weights, NCCL on CUDA or
-// the store on the CPU: the CLI's own join, bench_data_parallel.h), agree on a value across the
+// the store on the CPU: the CLI's own join, run/data_parallel.h), agree on a value across the
 // ranks, and leave the job when the interpreter exits. tandem.Trainer's runs then go as this
 // rank (trainer_bindings.cpp: apply_data_parallel, reduce_over_ranks).
 #include <pybind11/pybind11.h>
@@ -10,8 +10,8 @@
 #include <string>
 
 #include "job.h"
-#include "tandem/bench_data_parallel.h"
 #include "tandem/dist/launch_env.h"
+#include "tandem/run/data_parallel.h"
 
 namespace py = pybind11;
 
@@ -92,7 +92,7 @@ void bind_job(py::module_& m) {
         }
         {
           py::gil_scoped_release no_gil;  // the other ranks may take a while to arrive
-          joined = join_data_parallel(device);
+          joined = run::join_data_parallel(device);
         }
         if (!joined) return py::none();
         std::lock_guard<std::mutex> lock(job_mutex);

@@ -1,7 +1,7 @@
 // tandem._C's training entry points behind tandem.Trainer (tandem/trainer.py): a Workload made
 // of the user's Python modules — feed stages (no grad), the model and loss function, a Python or
-// tandem optimizer — run by tandem's runner in any mode through the benchmark front end
-// (run_bench: the CLI's timing, stage report, floor, trace and progress line).
+// tandem optimizer — run by tandem's runner in any mode through the run layer (run_workload: the
+// CLI's timing, stage report, floor, trace and progress line; resolve_mode: mode auto's trials).
 //
 // Threads and the GIL: a run goes on a C++ thread of its own; the calling thread releases the
 // GIL and only wakes every 100 ms to let Python handle signals (Ctrl-C cancels the run at its
@@ -28,9 +28,9 @@
 #include "py_dataset.h"
 #include "python_calls.h"
 #include "tandem/augment.h"
-#include "tandem/auto_mode.h"
-#include "tandem/bench.h"
-#include "tandem/bench_data_parallel.h"
+#include "tandem/run/data_parallel.h"
+#include "tandem/run/resolve_mode.h"
+#include "tandem/run/run_workload.h"
 #include "tandem/optim.h"
 #include "tandem/workload.h"
 
@@ -84,7 +84,7 @@ struct RunConfig {
   std::optional<at::Generator> augment_generator;  // the Trainer's; none: a fresh one per run
   bool lr_schedule = false;  // instance()'s 7th part applies one before each train step
   bool data_parallel = false;  // run as this process's rank of its job (job.h)
-  BenchOptions bench;  // everything but the workload
+  run::RunRequest request;  // everything but the workload
 };
 
 at::Tensor tensor_result(const py::object& value, const std::string& who) {
@@ -108,7 +108,7 @@ at::Tensor checked_loss(const py::object& value) {
   return loss.scalar_type() == at::kFloat ? loss.reshape({}) : loss.reshape({}).to(at::kFloat);
 }
 
-/// The learning-rate setter of the instance a run built, for BenchOptions::before_train_step
+/// The learning-rate setter of the instance a run built, for RunHooks::before_train_step
 /// (the run's factory makes the instance, so it fills this in).
 using LrApplier = std::shared_ptr<PyRef>;
 
@@ -199,7 +199,7 @@ RunConfig read_config(const py::dict& d) {
     if (!d["augment_generator"].is_none())
       c.augment_generator = d["augment_generator"].cast<at::Generator>();
   }
-  BenchOptions& b = c.bench;
+  run::RunRequest& b = c.request;
   b.device = d["device"].cast<std::string>();
   b.mode = parse_mode(d["mode"].cast<std::string>());
   if (!d["batch_size"].is_none()) b.batch_size = d["batch_size"].cast<int64_t>();
@@ -301,12 +301,13 @@ struct KeepCudnnBenchmark {
   ~KeepCudnnBenchmark() { at::globalContext().setBenchmarkCuDNN(previous); }
 };
 
-/// One run of a tandem.Trainer's config: BenchOptions whose workload is the Trainer's modules,
-/// and the run's Python calls and cancel flag, which outlive the options' copies.
+/// One run of a tandem.Trainer's config: a request whose workload is the Trainer's modules, its
+/// hooks, and the run's Python calls and cancel flag, which outlive the request's copies.
 struct PreparedRun {
   std::shared_ptr<PythonCalls> calls = std::make_shared<PythonCalls>();
   std::atomic<bool> cancel{false};
-  BenchOptions options;
+  run::RunRequest request;
+  run::RunHooks hooks;
   std::shared_ptr<dist::ProcessGroup> job;  // data parallel: this process's job
   explicit PreparedRun(const py::dict& config) {
     RunConfig c = read_config(config);
@@ -314,16 +315,16 @@ struct PreparedRun {
       job = current_job();
       TANDEM_CHECK_ARG(job != nullptr, "a data-parallel run before its process joined the job "
                                        "(tandem.distributed joins it first)");
-      apply_data_parallel(c.bench, job);
+      run::apply_data_parallel(c.request, hooks, job);
     }
     const auto apply_lr = std::make_shared<PyRef>();
-    c.bench.workload = entry_for(c, calls, apply_lr);
-    c.bench.cancel = &cancel;
+    c.request.workload = entry_for(c, calls, apply_lr);
+    hooks.cancel = &cancel;
     if (c.lr_schedule)  // on the train lane, before the step: set_lr is ordered before it
-      c.bench.before_train_step = [calls = calls, apply_lr](int64_t step) {
+      hooks.before_train_step = [calls = calls, apply_lr](int64_t step) {
         calls->call("lr_schedule", [&] { (**apply_lr)(step); });
       };
-    options = c.bench;
+    request = c.request;
   }
   /// run_interruptible(f) with the cuDNN benchmark switch put back afterwards.
   template <typename R, typename F>
@@ -337,9 +338,9 @@ struct PreparedRun {
 
 py::dict run(const py::dict& config) {
   PreparedRun p(config);
-  BenchResult r = p.interruptibly<BenchResult>([&] {
+  run::RunReport r = p.interruptibly<run::RunReport>([&] {
     try {
-      return run_bench(p.options);
+      return run::run_workload(p.request, p.hooks);
     } catch (...) {
       // This rank stops; its collectives with the others are out of step for good. Leave the
       // job at once (when this run lets go of the group) rather than at the exit, after the
@@ -351,14 +352,14 @@ py::dict run(const py::dict& config) {
   nlohmann::json block;
   if (p.job) {
     py::gil_scoped_release no_gil;  // waits for the other ranks' runs to end
-    block = reduce_over_ranks(r, *p.job);
+    block = run::reduce_over_ranks(r, *p.job);
   }
-  py::dict out = to_python(to_json(r));
+  py::dict out = to_python(run::to_json(r));
   out["losses"] = r.losses;
-  out["table"] = describe_result(r);
+  out["table"] = run::describe_report(r);
   if (p.job) {
     out["data_parallel"] = to_python(block);
-    out["table"] = describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
+    out["table"] = run::describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
   }
   return out;
 }
@@ -374,28 +375,24 @@ uint64_t data_seed(uint64_t seed, int rank) {
 
 py::dict trials(const py::dict& config) {
   PreparedRun p(config);
-  double seconds = 0;
-  const std::vector<Trial> t = p.interruptibly<std::vector<Trial>>(
-      [&] { return run_trials(p.options, &seconds); });
-  py::list rows;
-  for (const Trial& trial : t) {
-    py::dict row;
-    row["mode"] = trial.mode;
-    row["steps_per_s"] = trial.steps_per_s ? py::cast(*trial.steps_per_s) : py::none();
-    row["error"] = trial.error;
-    row["runs"] = trial.runs;
-    rows.append(row);
-  }
-  py::dict out;
-  out["trials"] = rows;
-  out["seconds"] = seconds;
+  p.request.mode = Mode::kAuto;
+  run::ModeResolution resolution;
   try {
-    const AutoDecision d = choose_mode(t);
-    out["mode"] = d.mode;
-    out["reason"] = d.reason;
-  } catch (const std::exception& e) {
+    resolution = p.interruptibly<run::ModeResolution>(
+        [&] { return run::resolve_mode(p.request, p.hooks); });
+  } catch (const py::error_already_set&) {
+    throw;
+  } catch (const RunError&) {
+    throw;
+  } catch (const Error& e) {  // every mode failed its trial
     throw py::value_error(std::string("mode auto: ") + e.what());
   }
+  const nlohmann::json j = run::to_json(resolution);
+  py::dict out;
+  out["trials"] = to_python(j.at("trials"));
+  out["seconds"] = resolution.trial_seconds;
+  out["mode"] = resolution.decision.mode;
+  out["reason"] = resolution.decision.reason;
   return out;
 }
 

@@ -15,15 +15,15 @@
 #include <sstream>
 #include <thread>
 
-#include "tandem/auto_mode.h"
 #include "tandem/data/decode.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/data/image_mask_pairs.h"
 #include "tandem/data/nvjpeg_decoder.h"
 #include "tandem/error.h"
 #include "tandem/loader.h"
-#include "tandem/progress.h"
 #include "tandem/resized_crop.h"  // kCropBoxFields
+#include "tandem/run/progress.h"
+#include "tandem/run/resolve_mode.h"
 #include "tandem/sampler.h"
 #include "tandem/workloads/images.h"
 
@@ -39,7 +39,7 @@ double seconds_since(Clock::time_point t) {
 DataBenchRow time_on_one_core(const std::string& title, size_t files,
                               const std::function<void(size_t)>& decode_one,
                               const std::string& decoder, const std::string& note) {
-  Progress progress(title, static_cast<int64_t>(files));
+  run::Progress progress(title, static_cast<int64_t>(files));
   const Clock::time_point start = Clock::now();
   for (size_t i = 0; i < files; ++i) {
     decode_one(i);
@@ -110,7 +110,7 @@ bool time_gpu_decode(const std::vector<std::vector<uint8_t>>& files,
   };
   run(0, std::min(b, encoded.size()));
   c10::cuda::device_synchronize();
-  Progress progress("decode (gpu)", static_cast<int64_t>(encoded.size()));
+  run::Progress progress("decode (gpu)", static_cast<int64_t>(encoded.size()));
   const Clock::time_point start = Clock::now();
   for (size_t first = 0; first < encoded.size(); first += b) {
     run(first, std::min(b, encoded.size() - first));
@@ -154,7 +154,7 @@ DataBenchRow time_loader(std::shared_ptr<const data::ImageFolderDataset> folder,
       if (bad.count(i) == 0) lo.indices.push_back(i);
   lo.indices.resize((batches + 1) * batch_size);
   Loader loader(folder, lo);
-  Progress progress("loader", batches + 1);
+  run::Progress progress("loader", batches + 1);
   auto first = loader.next();  // the first batch waits for the workers to start: untimed
   TANDEM_CHECK_ARG(first.has_value(), "the loader gave no batch");
   loader.release(*first);
@@ -217,21 +217,22 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
       o.data, " (its progress gives img/s)");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const int workers = o.workers ? *o.workers : std::max(1, static_cast<int>(cores) - 1);
-  BenchOptions run = o.run;
-  run.data = o.data;
-  run.params["model"] = o.model;
-  run.params["decode"] = o.decode;  // the end-to-end run decodes as asked (auto: by a trial)
-  const bool end_to_end = !run.steps || *run.steps > 0;
-  if (!end_to_end) run.steps = 1;
-  run = resolve(run);  // validates the device, batch size and counts before the long work
-  const int64_t size = run.params.count("size") ? std::stoll(run.params.at("size")) : 224;
+  run::RunRequest request = o.run;
+  request.data = o.data;
+  request.params["model"] = o.model;
+  request.params["decode"] = o.decode;  // the end-to-end run decodes as asked (auto: by a trial)
+  const bool end_to_end = !request.steps || *request.steps > 0;
+  if (!end_to_end) request.steps = 1;
+  request = run::resolve(request);  // validates device, batch size and counts before the long work
+  const int64_t size =
+      request.params.count("size") ? std::stoll(request.params.at("size")) : 224;
 
   data::ImageFolderOptions fo;
   fo.image_size = size;
   fo.output = data::ImageFolderOutput::kDecoded;
   auto folder = std::make_shared<data::ImageFolderDataset>(o.data, fo);
   DataBenchResult result;
-  result.device_name = device_name(parse_device(run.device));
+  result.device_name = run::device_name(parse_device(request.device));
   std::cerr << "data-bench: " << folder->size() << " images in " << folder->classes().size()
             << " classes under " << o.data << "; " << cores << " cores\n";
 
@@ -244,11 +245,11 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   for (const auto& sample : folder->spread_samples(o.decode_images)) {
     try {
       std::vector<uint8_t> bytes = data::read_file(sample.path);
-      if (run.skip_bad) data::decode_image_interleaved(bytes, sample.path, 3, size, size);
+      if (request.skip_bad) data::decode_image_interleaved(bytes, sample.path, 3, size, size);
       paths.push_back(sample.path);
       files.push_back(std::move(bytes));
     } catch (const std::exception& e) {  // a file's: read_file and the decoders name it
-      if (!run.skip_bad) throw;
+      if (!request.skip_bad) throw;
       bad.push_back(first_line(e.what()));
       bad_paths.insert(sample.path);
     }
@@ -264,14 +265,15 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
     result.rows.push_back(time_cpu_decode(files, paths, size, true));
     result.rows.push_back(time_cpu_region_decode(files, paths, size));
     result.rows.push_back(time_cpu_decode(files, paths, size, false));
-    result.rows.push_back(time_loader(folder, workers, *run.batch_size,
-                                      std::max<int64_t>(1, o.loader_images / *run.batch_size),
-                                      run.skip_bad, bad_paths));
+    result.rows.push_back(time_loader(folder, workers, *request.batch_size,
+                                      std::max<int64_t>(1, o.loader_images / *request.batch_size),
+                                      request.skip_bad, bad_paths));
   }
   if (o.decode != "cpu") {
     DataBenchRow row;
     std::string why_not;
-    if (time_gpu_decode(files, paths, *run.batch_size, parse_device(run.device), row, why_not))
+    if (time_gpu_decode(files, paths, *request.batch_size, parse_device(request.device), row,
+                        why_not))
       result.rows.push_back(row);
     else
       result.notes.push_back("gpu decode (nvJPEG) not timed: " + why_not);
@@ -279,12 +281,12 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
 
   if (end_to_end) {
     for (const std::string source : {"files", "resident"}) {
-      BenchOptions b = run;
+      run::RunRequest b = request;
       b.params["source"] = source;
       b.workers = workers;
       std::cerr << "data-bench: workload images (" << o.model << ", " << source << "), "
                 << to_string(b.mode) << ", batch " << *b.batch_size << "\n";
-      const BenchResult r = b.mode == Mode::kAuto ? run_auto(b).result : run_bench(b);
+      const run::RunReport r = run::run_auto(b).report;  // a named mode runs as asked
       if (source == "files") {
         DataBenchRow row;
         row.job = o.model;
@@ -293,7 +295,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
         row.workers = workers;
         row.images_per_s = r.samples_per_s;
         result.rows.push_back(row);
-        result.stage_report = describe_result(r);
+        result.stage_report = run::describe_report(r);
       } else {
         result.rows.back().resident_images_per_s = r.samples_per_s;
         result.rows.back().note = detail::concat(

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/bench.h"
+#include "tandem/run/request.h"
 
 namespace tandem {
 
@@ -24,7 +24,7 @@ struct DataBenchOptions {
   std::string decode = "auto";
   /// End to end: workload images at these settings (steps, mode, device, batch size, model);
   /// its params are set by the data bench. steps == 0 skips it.
-  BenchOptions run;
+  run::RunRequest run;
   std::string model = "r50_frozen_head";
 };
 
@@ -43,7 +43,7 @@ struct DataBenchRow {
 struct DataBenchResult {
   std::vector<DataBenchRow> rows;
   std::vector<std::string> notes;
-  std::string stage_report;  ///< the end-to-end run's (describe_result)
+  std::string stage_report;  ///< the end-to-end run's (describe_report)
   std::string device_name;
 };
 

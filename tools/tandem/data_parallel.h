@@ -1,10 +1,10 @@
 // The CLI's side of data parallel: `--nproc N` starts the ranks itself. Joining the job and
-// running as a rank are the bench layer's (tandem/bench_data_parallel.h), shared with Python.
+// running as a rank are the run layer's (tandem/run/data_parallel.h), shared with Python.
 #pragma once
 
 #include <optional>
 
-#include "tandem/bench_data_parallel.h"
+#include "tandem/run/data_parallel.h"
 
 namespace tandem {
 

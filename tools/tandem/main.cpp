@@ -13,11 +13,11 @@
 #include <iostream>
 
 #include "tandem/augment_bench.h"
-#include "tandem/auto_mode.h"
-#include "tandem/bench.h"
 #include "tandem/error.h"
 #include "tandem/lane.h"
 #include "tandem/mode.h"
+#include "tandem/run/resolve_mode.h"
+#include "tandem/run/run_workload.h"
 #include "tandem/sweep.h"
 #include "tandem/workloads/registry.h"
 #include "cli_util.h"
@@ -102,7 +102,7 @@ struct RunFlags {
   std::string decode;  // --decode: workload images' decode parameter
   CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *batch_size_opt = nullptr;
 
-  void add(CLI::App* app, tandem::BenchOptions& options) {
+  void add(CLI::App* app, tandem::run::RunRequest& options) {
     app->add_option("--workload,--scenario", workload,
                     "workload: " + tandem::join_choices(tandem::reference_workload_names()) +
                         workload_help())
@@ -143,7 +143,7 @@ struct RunFlags {
         ->capture_default_str();
   }
   // Flags not given stay unset, so the library picks the device's defaults.
-  void apply(tandem::BenchOptions& options) const {
+  void apply(tandem::run::RunRequest& options) const {
     options.workload = tandem::find_reference_workload(workload);
     for (const auto& kv : params) {
       const auto eq = kv.find('=');
@@ -172,32 +172,34 @@ std::string out_of_memory_cause(const c10::Error& e) {
 }
 
 /// run_bench_command's run, once the options are resolved.
-int run_bench_resolved(const tandem::BenchOptions& options,
+int run_bench_resolved(const tandem::run::RunRequest& options,
+                       const tandem::run::RunHooks& hooks,
                        const std::shared_ptr<tandem::dist::ProcessGroup>& group,
                        const std::string& json_path) {
   const bool lead = !group || group->rank() == 0;
   std::ofstream json = open_output(lead ? json_path : std::string(), "--json");
   std::ofstream trace_probe = open_output(options.trace_path, "--trace");
   trace_probe.close();
-  if (lead) std::cout << tandem::describe_config(options) << std::flush;
+  if (lead) std::cout << tandem::run::describe_request(options) << std::flush;
   if (group && lead)
     std::cout << "data parallel  " << group->world_size() << " ranks over "
               << group->backend() << ", batch size " << *options.batch_size
               << " per rank\n" << std::flush;
   nlohmann::json out;
-  tandem::BenchResult result;
+  tandem::run::RunReport result;
   if (options.mode == tandem::Mode::kAuto) {
     if (lead)
-      std::cout << "\nauto: trials of " << tandem::kAutoTrialWarmup << " warm-up + "
-                << tandem::kAutoTrialSteps << " timed steps per mode (up to "
-                << tandem::kAutoTrialMaxSteps << " where that took under "
-                << tandem::kAutoTrialSeconds << " s), " << tandem::kAutoTrialRuns
+      std::cout << "\nauto: trials of " << tandem::run::kAutoTrialWarmup << " warm-up + "
+                << tandem::run::kAutoTrialSteps << " timed steps per mode (up to "
+                << tandem::run::kAutoTrialMaxSteps << " where that took under "
+                << tandem::run::kAutoTrialSeconds << " s), " << tandem::run::kAutoTrialRuns
                 << " runs each, ranked by the slower"
                 << (group ? "; every rank alone, then rank 0's pick" : "") << "\n"
                 << std::flush;
-    tandem::AutoResult a =
-        group ? tandem::run_auto_as_rank(options, *group) : tandem::run_auto(options);
-    for (const auto& t : a.trials) {
+    tandem::run::AutoReport a = group ? tandem::run::run_auto_as_rank(options, hooks, *group)
+                                      : tandem::run::run_auto(options, hooks);
+    const tandem::run::ModeResolution& resolution = a.resolution;
+    for (const auto& t : resolution.trials) {
       if (!lead) break;  // rank 0 alone prints
       if (t.steps_per_s) {
         std::string runs;
@@ -212,51 +214,44 @@ int run_bench_resolved(const tandem::BenchOptions& options,
         std::printf("  trial %-17s failed: %s\n", t.mode.c_str(), t.error.c_str());
     }
     if (lead)
-      std::printf("auto: picked %s (%s); trials took %.1f s\n", a.decision.mode.c_str(),
-                  a.decision.reason.c_str(), a.trial_seconds);
+      std::printf("auto: picked %s (%s); trials took %.1f s\n",
+                  resolution.decision.mode.c_str(), resolution.decision.reason.c_str(),
+                  resolution.trial_seconds);
     std::fflush(stdout);
-    result = a.result;
-    out = tandem::to_json(result);
+    result = a.report;
+    out = tandem::run::to_json(result);
     out["mode"] = "auto";
-    out["picked"] = a.decision.mode;
-    out["reason"] = a.decision.reason;
-    out["trial_seconds"] = a.trial_seconds;
-    out["trials"] = nlohmann::json::array();
-    for (const auto& t : a.trials)
-      out["trials"].push_back({{"mode", t.mode},
-                               {"steps_per_s", t.steps_per_s ? nlohmann::json(*t.steps_per_s)
-                                                             : nlohmann::json(nullptr)},
-                               {"runs", t.runs},
-                               {"error", t.error}});
+    out.update(tandem::run::to_json(resolution));
   } else {
-    result = tandem::run_bench(options);
-    out = tandem::to_json(result);
+    result = tandem::run::run_workload(options, hooks);
+    out = tandem::run::to_json(result);
   }
   if (group) {
-    const nlohmann::json block = tandem::reduce_over_ranks(result, *group);
+    const nlohmann::json block = tandem::run::reduce_over_ranks(result, *group);
     group->finish();
     if (!lead) return 0;
-    out.update(tandem::to_json(result));  // the ranks' mean losses; auto's keys stay
+    out.update(tandem::run::to_json(result));  // the ranks' mean losses; auto's keys stay
     out["data_parallel"] = block;
-    std::printf("\n%s\n", tandem::describe_data_parallel(block).c_str());
+    std::printf("\n%s\n", tandem::run::describe_data_parallel(block).c_str());
   }
-  std::cout << "\n" << tandem::describe_result(result) << std::flush;
+  std::cout << "\n" << tandem::run::describe_report(result) << std::flush;
   write_output(json, out.dump(2) + "\n", json_path);
   if (!options.trace_path.empty()) std::cout << "wrote " << options.trace_path << "\n";
   return 0;
 }
 
-int run_bench_command(tandem::BenchOptions options, const std::string& json_path,
+int run_bench_command(tandem::run::RunRequest options, const std::string& json_path,
                       const tandem::dist::DataParallelOptions& data_parallel) {
   // Data parallel (torchrun, or the ranks --nproc started): join, then run as this rank; rank 0
   // alone prints and writes.
   const std::shared_ptr<tandem::dist::ProcessGroup> group =
-      tandem::join_data_parallel(options.device);
-  tandem::apply_data_parallel(options, group, data_parallel);
+      tandem::run::join_data_parallel(options.device);
+  tandem::run::RunHooks hooks;
+  tandem::run::apply_data_parallel(options, hooks, group, data_parallel);
   if (group && group->rank() != 0) options.trace_path.clear();
-  options = tandem::resolve(options);
+  options = tandem::run::resolve(options);
   try {
-    return run_bench_resolved(options, group, json_path);
+    return run_bench_resolved(options, hooks, group, json_path);
   } catch (const c10::Error& e) {
     // The allocator's own line names bytes, not the flags that asked for them (the batch's
     // tensors, the loss log of every step). Exit 2, as for a loader ring that cannot fit (the
@@ -274,7 +269,7 @@ int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
                       const std::string& json_path, const std::string& svg_path) {
   // The rows' modes ("all" among them) are checked by run_sweep; any valid mode resolves the rest.
   options.base.mode = tandem::Mode::kAuto;
-  options.base = tandem::resolve(options.base);  // validates device, workload, counts
+  options.base = tandem::run::resolve(options.base);  // validates device, workload, counts
   options.base.batch_size.reset();
   std::ofstream csv = open_output(csv_path, "--csv");
   std::ofstream json = open_output(json_path, "--json");
@@ -340,7 +335,7 @@ int main(int argc, char** argv) {
       "messages (with TORCH_SHOW_CPP_STACKTRACES=1, where they were thrown) and LibTorch's\n"
       "warnings.");
 
-  tandem::BenchOptions bench_options;
+  tandem::run::RunRequest bench_options;
   std::string bench_json, bench_mode = "serial";
   RunFlags bench_flags;
   CLI::App* bench = app.add_subcommand(

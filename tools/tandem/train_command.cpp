@@ -20,13 +20,13 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/bench.h"  // device_name
 #include "tandem/error.h"
 #include "tandem/lane.h"
 #include "tandem/loader.h"  // kMaxLoaderWorkers
 #include "tandem/mode.h"
 #include "tandem/models/resnet.h"
 #include "tandem/models/safetensors.h"
+#include "tandem/run/report.h"  // device_name
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/trainer.h"
 
@@ -311,7 +311,7 @@ void TrainCommand::validate() const {
 int TrainCommand::run(const std::string& command_line) {
   // Data parallel (torchrun, or the ranks --nproc started): this rank's device; rank 0 alone
   // prints and writes.
-  const std::shared_ptr<dist::ProcessGroup> group = join_data_parallel(device);
+  const std::shared_ptr<dist::ProcessGroup> group = run::join_data_parallel(device);
   const bool lead = !group || group->rank() == 0;
   const int world = group ? group->world_size() : 1;
   if (!lead) quiet = true;
@@ -325,7 +325,7 @@ int TrainCommand::run(const std::string& command_line) {
   if (!given("--batch-size"))
     batch_size = cnn ? 128 : seg ? (dev.is_cuda() ? 32 : 4) : (dev.is_cuda() ? 256 : 16);
   if (seg && !dev.is_cuda() && !given("--image-size")) job.image_size = 128;  // CPU: finishes
-  if (!given("--workers")) workers = default_loader_workers(dev);
+  if (!given("--workers")) workers = run::default_loader_workers(dev);
   job.batch_size = batch_size;
   job.workers = workers;
   job.channels_last = given("--channels-last") ? channels_last : dev.is_cuda() && !cnn;
@@ -512,7 +512,7 @@ int TrainCommand::run(const std::string& command_line) {
   if (!json.empty() && lead) {
     nlohmann::json j;
     j["command"] = command_line;
-    j["device"] = device_name(dev);
+    j["device"] = run::device_name(dev);
     j["job"] = tj.name;
     j["config"] = tj.config;
     j["mode"] = to_string(m);

@@ -1,6 +1,6 @@
 // The reference workloads by name (seg, cls, mlp: docs/reference-workloads.md), for the CLI. Each
 // is an instance of the workload API in one file; a user's workload needs no entry here — it is
-// handed to the same runner front ends directly (bench.h).
+// handed to the same run layer directly (tandem/run/run_workload.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,5 +1,5 @@
-// join_data_parallel and friends (bench_data_parallel.h).
-#include "tandem/bench_data_parallel.h"
+// join_data_parallel and friends (data_parallel.h).
+#include "tandem/run/data_parallel.h"
 
 #include <c10/cuda/CUDAFunctions.h>
 
@@ -11,7 +11,7 @@
 #include "tandem/dist/launch_env.h"
 #include "tandem/mode.h"
 
-namespace tandem {
+namespace tandem::run {
 
 int default_loader_workers(c10::Device device, int most) {
   if (!device.is_cuda()) return 2;
@@ -45,7 +45,8 @@ std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device
   return dist::ProcessGroup::connect(*env, device);
 }
 
-void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group,
+void apply_data_parallel(RunRequest& options, RunHooks& hooks,
+                         const std::shared_ptr<dist::ProcessGroup>& group,
                          const dist::DataParallelOptions& data_parallel) {
   if (!group) return;
   options.device = group->device().str();
@@ -53,7 +54,7 @@ void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::Proc
   options.world_size = group->world_size();
   options.progress = options.progress && group->rank() == 0;
   options.gpu_monitor = options.gpu_monitor && group->rank() == 0;
-  options.prepare_workload = [group, data_parallel](Workload& w) {
+  hooks.prepare_workload = [group, data_parallel](Workload& w) {
     dist::make_data_parallel(w, group, data_parallel);
   };
 }
@@ -63,13 +64,15 @@ double value_of_rank0(dist::ProcessGroup& group, double value) {
                                dist::ProcessGroup::HostOp::kSum)[0];
 }
 
-AutoResult run_auto_as_rank(const BenchOptions& options, dist::ProcessGroup& group) {
-  const BenchOptions resolved = resolve(options);
-  BenchOptions alone = resolved;
-  alone.prepare_workload = nullptr;  // the trials: this rank by itself
+ModeResolution resolve_mode_as_rank(const RunRequest& request, const RunHooks& hooks,
+                                    dist::ProcessGroup& group) {
+  if (request.mode != Mode::kAuto) return resolve_mode(request, hooks);
+  RunRequest alone = resolve(request);
   alone.progress = false;
-  AutoResult out;
-  out.trials = run_trials(alone, &out.trial_seconds);
+  RunHooks alone_hooks = hooks;
+  alone_hooks.prepare_workload = nullptr;  // the trials: this rank by itself
+  ModeResolution out;
+  out.trials = run_trials(alone, alone_hooks, &out.trial_seconds);
   // Every rank has the same trials in the same order (workload_modes()); rank 0's pick by its
   // index. A rank whose trials all failed still takes part, then fails with the others' pick
   // if that mode fails for it too.
@@ -89,13 +92,21 @@ AutoResult run_auto_as_rank(const BenchOptions& options, dist::ProcessGroup& gro
   if (mode != out.decision.mode)
     out.decision = {mode, "rank 0's pick (this rank's trials: " +
                               (out.decision.mode.empty() ? "none ran" : out.decision.mode) + ")"};
-  BenchOptions run = resolved;
-  run.mode = parse_mode(mode);
-  out.result = run_bench(run);
+  out.mode = parse_mode(mode);
   return out;
 }
 
-nlohmann::json reduce_over_ranks(BenchResult& result, dist::ProcessGroup& group) {
+AutoReport run_auto_as_rank(const RunRequest& request, const RunHooks& hooks,
+                            dist::ProcessGroup& group) {
+  AutoReport out;
+  out.resolution = resolve_mode_as_rank(request, hooks, group);
+  RunRequest run = request;
+  run.mode = out.resolution.mode;
+  out.report = run_workload(run, hooks);
+  return out;
+}
+
+nlohmann::json reduce_over_ranks(RunReport& result, dist::ProcessGroup& group) {
   // Losses: the mean over the ranks (the global batch's). Rates: every rank's; ranks run in
   // lockstep (an all-reduce per step), so they agree closely.
   const int world = group.world_size();
@@ -124,4 +135,4 @@ std::string describe_data_parallel(const nlohmann::json& block) {
   return line;
 }
 
-}  // namespace tandem
+}  // namespace tandem::run

@@ -1,11 +1,11 @@
 // The progress line.
-#include "tandem/progress.h"
+#include "tandem/run/progress.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 
-namespace tandem {
+namespace tandem::run {
 
 Progress::Progress(std::string label, int64_t total, bool enabled)
     : label_(std::move(label)),
@@ -37,4 +37,4 @@ void Progress::finish() {
   drawn_ = false;
 }
 
-}  // namespace tandem
+}  // namespace tandem::run

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-namespace tandem {
+namespace tandem::run {
 
 class Progress {
  public:
@@ -28,4 +28,4 @@ class Progress {
   Clock::time_point start_, last_draw_;
 };
 
-}  // namespace tandem
+}  // namespace tandem::run

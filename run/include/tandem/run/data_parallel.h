@@ -1,7 +1,8 @@
-// A benchmark or training run as one rank of a data-parallel job, for every front end (the CLI's
-// bench and train, tandem.Trainer in Python): join the job the environment describes (torchrun,
-// or the ranks `tandem --nproc N` starts), pick this rank's device, hand run_bench its rank and
-// the step that makes each workload instance data parallel, and reduce its result over the ranks.
+// A run as one rank of a data-parallel job, for every front end (the CLI's bench and train,
+// tandem.Trainer in Python): join the job the environment describes (torchrun, or the ranks
+// `tandem --nproc N` starts), pick this rank's device, hand run_workload its rank and the hook
+// that makes each workload instance data parallel, agree on mode auto's pick, and reduce the
+// report over the ranks.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -9,12 +10,12 @@
 #include <memory>
 #include <string>
 
-#include "tandem/auto_mode.h"
-#include "tandem/bench.h"
+#include "tandem/run/resolve_mode.h"
+#include "tandem/run/run_workload.h"
 #include "tandem/dist/data_parallel.h"
 #include "tandem/dist/process_group.h"
 
-namespace tandem {
+namespace tandem::run {
 
 /// Joins the job when the environment describes one of more than one rank, else nullptr.
 /// `device_flag` (auto, cpu, cuda, cuda:N) picks this rank's device: cuda:LOCAL_RANK unless the
@@ -28,30 +29,37 @@ std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device
 /// the same cores); 2 on the CPU.
 int default_loader_workers(c10::Device device, int most = 15);
 
-/// Makes `options` run as this rank of `group`: device, rank, world size, data parallel
-/// workloads, progress and GPU monitor on rank 0 only. No group: nothing. Mode auto then runs
-/// through run_auto_as_rank.
-void apply_data_parallel(BenchOptions& options, const std::shared_ptr<dist::ProcessGroup>& group,
+/// Makes `request` run as this rank of `group`: device, rank, world size, progress and GPU
+/// monitor on rank 0 only, and the hook that makes each instance data parallel. No group:
+/// nothing. Mode auto then resolves through resolve_mode_as_rank.
+void apply_data_parallel(RunRequest& request, RunHooks& hooks,
+                         const std::shared_ptr<dist::ProcessGroup>& group,
                          const dist::DataParallelOptions& data_parallel = {});
 
 /// Rank 0's `value` on every rank of `group` (through the store; a collective: every rank
 /// calls it). How the ranks agree on a choice each could make differently, such as mode auto's.
 double value_of_rank0(dist::ProcessGroup& group, double value);
 
-/// Mode auto as this rank of `group` (options from apply_data_parallel): every rank times the
-/// modes alone, without communication (a trial's step count follows its own rate, so ranks
-/// could not keep their collectives in step), then all take rank 0's pick (the decision and
-/// trials returned are rank 0's) and run it data parallel. A collective: every rank calls it.
-AutoResult run_auto_as_rank(const BenchOptions& options, dist::ProcessGroup& group);
+/// resolve_mode as this rank of `group` (request and hooks from apply_data_parallel): for mode
+/// auto every rank times the modes alone, without communication (a trial's step count follows
+/// its own rate, so ranks could not keep their collectives in step), then all take rank 0's pick
+/// (the decision and trials returned are this rank's, the mode rank 0's). A collective for mode
+/// auto: every rank calls it.
+ModeResolution resolve_mode_as_rank(const RunRequest& request, const RunHooks& hooks,
+                                    dist::ProcessGroup& group);
+
+/// resolve_mode_as_rank, then the run of its mode, data parallel. A collective.
+AutoReport run_auto_as_rank(const RunRequest& request, const RunHooks& hooks,
+                            dist::ProcessGroup& group);
 
 /// After a run of every rank: replaces `result`'s losses by their mean over the ranks (the
 /// global batch's loss, the same on every rank) and returns what the report adds under
 /// "data_parallel" — world size, backend, this rank's and every rank's steps/s, the slowest
 /// rank's, samples/s in total. A collective: every rank calls it once per run.
-nlohmann::json reduce_over_ranks(BenchResult& result, dist::ProcessGroup& group);
+nlohmann::json reduce_over_ranks(RunReport& result, dist::ProcessGroup& group);
 
 /// One line for a terminal: "data parallel: W ranks; per rank ... steps/s (slowest rank ...),
 /// ... samples/s in total", from reduce_over_ranks' block.
 std::string describe_data_parallel(const nlohmann::json& block);
 
-}  // namespace tandem
+}  // namespace tandem::run

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace tandem {
+namespace tandem::run {
 
 /// One kernel name's launches over the profiled steps.
 struct KernelTime {
@@ -47,4 +47,4 @@ class KernelRecorder {
 std::string describe_kernels(const KernelProfile& profile, size_t top = 25);
 nlohmann::json to_json(const KernelProfile& profile);
 
-}  // namespace tandem
+}  // namespace tandem::run

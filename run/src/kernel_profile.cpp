@@ -1,6 +1,6 @@
 // LibTorch's Kineto profiler driven from C++ (what torch.profiler does from Python): CUDA
 // activity only, so the host-side operator records that would slow the step are not taken.
-#include "tandem/kernel_profile.h"
+#include "tandem/run/kernel_profile.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
@@ -11,7 +11,7 @@
 
 #include "tandem/error.h"
 
-namespace tandem {
+namespace tandem::run {
 
 namespace {
 namespace prof = torch::profiler::impl;
@@ -101,4 +101,4 @@ nlohmann::json to_json(const KernelProfile& p) {
   return {{"steps", p.steps}, {"total_ms", p.total_ms()}, {"kernels", rows}};
 }
 
-}  // namespace tandem
+}  // namespace tandem::run

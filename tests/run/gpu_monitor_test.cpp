@@ -7,10 +7,10 @@
 #include <chrono>
 #include <thread>
 
-#include "tandem/gpu_monitor.h"
+#include "tandem/run/gpu_monitor.h"
 #include "test_util.h"
 
-namespace tandem {
+namespace tandem::run {
 namespace {
 
 TEST(GpuMonitorTest, CpuDeviceHasNoUtilization) {
@@ -70,4 +70,4 @@ TEST(GpuMonitorGpuTest, ABusyGpuReadsMostlyBusy) {
 }
 
 }  // namespace
-}  // namespace tandem
+}  // namespace tandem::run

@@ -1,5 +1,5 @@
 // NVML through dlopen: the few entry points tandem needs, declared here with NVML's C ABI.
-#include "tandem/gpu_monitor.h"
+#include "tandem/run/gpu_monitor.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <vector>
 
-namespace tandem {
+namespace tandem::run {
 
 namespace {
 // NVML's C types and constants, as its public header defines them.
@@ -187,4 +187,4 @@ std::string format_utilization(const std::optional<double>& percent) {
   return text;
 }
 
-}  // namespace tandem
+}  // namespace tandem::run

@@ -1,14 +1,15 @@
-// `--mode auto`: short timed trials of every mode of a workload, then the fastest, with a noise
-// margin in favour of the simpler mode (workload_modes() lists them simplest first).
+// Mode auto, for every front end: short timed trials of every mode of a workload, then the
+// fastest, with a noise margin in favour of the simpler mode (workload_modes() lists them simplest
+// first). resolve_mode() is the one place a request's mode becomes the mode that runs.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "tandem/bench.h"
+#include "tandem/run/run_workload.h"
 
-namespace tandem {
+namespace tandem::run {
 
 struct Trial {
   std::string mode;
@@ -17,7 +18,7 @@ struct Trial {
   std::vector<double> runs;           ///< steps/s of each measured run (a fresh instance each)
 };
 
-struct AutoDecision {
+struct ModeDecision {
   std::string mode;
   std::string reason;
 };
@@ -25,7 +26,7 @@ struct AutoDecision {
 /// Trials are in workload_modes()' order (simplest first). The pick is the first mode whose rate is
 /// within `margin` (relative) of the fastest: a mode must beat a simpler one by more than the
 /// noise to be chosen. Failed trials are skipped; throws std::runtime_error if all failed.
-AutoDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015);
+ModeDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015);
 
 /// Trial length. Each mode first runs kAutoTrialWarmup + kAutoTrialSteps steps (fewer if the
 /// run asks for fewer); a mode whose timed steps took less than kAutoTrialSeconds then runs
@@ -54,20 +55,35 @@ double trial_rate(const std::vector<double>& runs);
 /// (the run's own step count); 0 when the first trial already lasted long enough.
 int64_t second_trial_steps(int64_t steps, double steps_per_s, int64_t cap);
 
-struct AutoResult {
-  std::vector<Trial> trials;
-  AutoDecision decision;
-  double trial_seconds = 0;  ///< wall time of all trials, model set-up included
-  BenchResult result;        ///< the full run of the picked mode
-};
-
 /// The trials alone: each mode of workload_modes() measured as described above, in that
 /// order; a mode that fails has its error instead of a rate. Adds the wall time of all trials,
-/// model set-up included, to `*seconds` when given. Prints nothing.
-std::vector<Trial> run_trials(const BenchOptions& options, double* seconds = nullptr);
+/// model set-up included, to `*seconds` when given. Prints nothing. A cancelled trial (hooks)
+/// stops them all.
+std::vector<Trial> run_trials(const RunRequest& request, const RunHooks& hooks = {},
+                              double* seconds = nullptr);
 
-/// Runs the trials for options.workload, prints nothing, then the full run of the pick.
-/// `options.mode` is ignored.
-AutoResult run_auto(const BenchOptions& options);
+struct ModeResolution {
+  Mode mode = Mode::kSerial;  ///< the mode to run: never kAuto
+  /// Why: the trials' pick, or "asked for" when the request named its mode.
+  ModeDecision decision;
+  std::vector<Trial> trials;  ///< empty when the request named its mode
+  double trial_seconds = 0;   ///< wall time of all trials, model set-up included
+};
 
-}  // namespace tandem
+/// The request's mode when it names one; for kAuto, the trials' pick (choose_mode). Prints
+/// nothing.
+ModeResolution resolve_mode(const RunRequest& request, const RunHooks& hooks = {});
+
+/// The trials' report: {"picked", "reason", "trial_seconds", "trials": [{"mode", "steps_per_s"
+/// (null for a failed trial), "runs", "error"}]}.
+nlohmann::json to_json(const ModeResolution& resolution);
+
+struct AutoReport {
+  ModeResolution resolution;
+  RunReport report;  ///< the full run of the resolved mode
+};
+
+/// resolve_mode(), then the full run of its mode.
+AutoReport run_auto(const RunRequest& request, const RunHooks& hooks = {});
+
+}  // namespace tandem::run

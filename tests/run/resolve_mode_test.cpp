@@ -2,9 +2,9 @@
 // simpler mode, failures are skipped, all-failed is an error.
 #include <gtest/gtest.h>
 
-#include "tandem/auto_mode.h"
+#include "tandem/run/resolve_mode.h"
 
-namespace tandem {
+namespace tandem::run {
 namespace {
 
 Trial ok(const char* mode, double steps_per_s) { return {mode, steps_per_s, "", {steps_per_s}}; }
@@ -13,34 +13,34 @@ Trial runs(const char* mode, std::vector<double> rates) {
   return {mode, trial_rate(rates), "", rates};
 }
 
-TEST(AutoModeTest, PicksTheFastestWhenItWinsByMoreThanTheMargin) {
+TEST(ResolveModeTest, PicksTheFastestWhenItWinsByMoreThanTheMargin) {
   const auto d = choose_mode({ok("serial", 100.0), ok("pipelined", 120.0)}, 0.015);
   EXPECT_EQ(d.mode, "pipelined");
   EXPECT_NE(d.reason.find("fastest"), std::string::npos);
 }
 
-TEST(AutoModeTest, PrefersTheSimplerModeWithinTheNoiseMargin) {
+TEST(ResolveModeTest, PrefersTheSimplerModeWithinTheNoiseMargin) {
   const auto d = choose_mode({ok("serial", 100.0), ok("pipelined", 101.0)}, 0.015);
   EXPECT_EQ(d.mode, "serial");
   EXPECT_NE(d.reason.find("simpler"), std::string::npos);
 }
 
-TEST(AutoModeTest, AnExactTieGoesToTheSimplerMode) {
+TEST(ResolveModeTest, AnExactTieGoesToTheSimplerMode) {
   EXPECT_EQ(choose_mode({ok("serial", 50.0), ok("pipelined", 50.0)}).mode, "serial");
 }
 
-TEST(AutoModeTest, JustOutsideTheMarginTheFasterModeWins) {
+TEST(ResolveModeTest, JustOutsideTheMarginTheFasterModeWins) {
   EXPECT_EQ(choose_mode({ok("serial", 100.0), ok("pipelined", 102.0)}, 0.015).mode,
             "pipelined");
 }
 
-TEST(AutoModeTest, SkipsAFailedMode) {
+TEST(ResolveModeTest, SkipsAFailedMode) {
   const auto d =
       choose_mode({failed("serial", "out of memory"), ok("pipelined", 80.0)});
   EXPECT_EQ(d.mode, "pipelined");
 }
 
-TEST(AutoModeTest, ATrialShorterThanItsTimeTargetRunsAgainLonger) {
+TEST(ResolveModeTest, ATrialShorterThanItsTimeTargetRunsAgainLonger) {
   // 20 steps at 1000 steps/s took 20 ms: a second trial of 0.6 s worth, capped.
   EXPECT_EQ(second_trial_steps(20, 1000.0, 10000), kAutoTrialMaxSteps);
   EXPECT_EQ(second_trial_steps(20, 100.0, 10000), 60);
@@ -49,7 +49,7 @@ TEST(AutoModeTest, ATrialShorterThanItsTimeTargetRunsAgainLonger) {
   EXPECT_EQ(second_trial_steps(20, 100.0, 20), 0);   // the cap leaves nothing longer
 }
 
-TEST(AutoModeTest, AllModesFailingIsAnErrorThatSaysWhy) {
+TEST(ResolveModeTest, AllModesFailingIsAnErrorThatSaysWhy) {
   try {
     choose_mode({failed("serial", "boom"), failed("pipelined", "bang")});
     FAIL();
@@ -59,7 +59,7 @@ TEST(AutoModeTest, AllModesFailingIsAnErrorThatSaysWhy) {
   }
 }
 
-TEST(AutoModeTest, AModeIsRankedByItsSlowestRun) {
+TEST(ResolveModeTest, AModeIsRankedByItsSlowestRun) {
   EXPECT_EQ(trial_rate({328.0, 289.0}), 289.0);
   EXPECT_EQ(trial_rate({327.0}), 327.0);
   EXPECT_EQ(trial_rate({}), 0.0);
@@ -70,4 +70,4 @@ TEST(AutoModeTest, AModeIsRankedByItsSlowestRun) {
 }
 
 }  // namespace
-}  // namespace tandem
+}  // namespace tandem::run

@@ -12,7 +12,7 @@
 
 #include <c10/core/Device.h>
 
-namespace tandem {
+namespace tandem::run {
 
 /// The utilization of one GPU between start() and stop().
 ///
@@ -73,4 +73,4 @@ class GpuMonitor {
 /// "n/a" or e.g. "87.5%": how reports print an optional utilization.
 std::string format_utilization(const std::optional<double>& percent);
 
-}  // namespace tandem
+}  // namespace tandem::run

@@ -1,5 +1,5 @@
-// Trials and the choice behind `--mode auto`.
-#include "tandem/auto_mode.h"
+// Trials and the choice behind mode auto.
+#include "tandem/run/resolve_mode.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,9 +13,9 @@
 #include "tandem/error.h"
 #include "tandem/mode.h"
 
-namespace tandem {
+namespace tandem::run {
 
-AutoDecision choose_mode(const std::vector<Trial>& trials, double margin) {
+ModeDecision choose_mode(const std::vector<Trial>& trials, double margin) {
   const Trial* best = nullptr;
   for (const auto& t : trials)
     if (t.steps_per_s && (!best || *t.steps_per_s > *best->steps_per_s)) best = &t;
@@ -60,19 +60,20 @@ namespace {
 // captures after trials that did not could run out of memory beside memory cached and unused
 // (ViT-B/16 at batch size 256 on an H200: 100 GiB cached, graphed failed). Released after every
 // trial; the run's own warm-up fills the cache again.
-void release_cached_memory(const BenchOptions& options) {
+void release_cached_memory(const RunRequest& options) {
   if (options.device.rfind("cuda", 0) == 0 && at::cuda::is_available())
     c10::cuda::CUDACachingAllocator::emptyCache();
 }
 
 }  // namespace
 
-std::vector<Trial> run_trials(const BenchOptions& unresolved, double* seconds) {
-  const BenchOptions options = resolve(unresolved);
+std::vector<Trial> run_trials(const RunRequest& unresolved, const RunHooks& hooks,
+                              double* seconds) {
+  const RunRequest options = resolve(unresolved);
   std::vector<Trial> trials;
   const auto start = std::chrono::steady_clock::now();
   for (const Mode mode : workload_modes()) {
-    BenchOptions trial = options;
+    RunRequest trial = options;
     trial.mode = mode;
     trial.steps = std::min(*options.steps, kAutoTrialSteps);
     trial.warmup = std::min(*options.warmup, kAutoTrialWarmup);
@@ -81,18 +82,18 @@ std::vector<Trial> run_trials(const BenchOptions& unresolved, double* seconds) {
     trial.progress = false;
     Trial t{to_string(mode), std::nullopt, "", {}};
     try {
-      const double first = run_bench(trial).steps_per_s;  // sizes the measured runs
+      const double first = run_workload(trial, hooks).steps_per_s;  // sizes the measured runs
       const int64_t longer = second_trial_steps(*trial.steps, first, *options.steps);
       if (longer > 0)
         trial.steps = longer;
       else
         t.runs.push_back(first);  // already long enough: it counts as a run
       while (static_cast<int>(t.runs.size()) < kAutoTrialRuns)
-        t.runs.push_back(run_bench(trial).steps_per_s);
+        t.runs.push_back(run_workload(trial, hooks).steps_per_s);
       t.steps_per_s = trial_rate(t.runs);
     } catch (const std::exception& e) {
       // A cancelled run is the caller's stop, not this mode's failure.
-      if (options.cancel && options.cancel->load()) throw;
+      if (hooks.cancel && hooks.cancel->load()) throw;
       t.error = first_line(e.what());
     }
     release_cached_memory(options);
@@ -103,14 +104,40 @@ std::vector<Trial> run_trials(const BenchOptions& unresolved, double* seconds) {
   return trials;
 }
 
-AutoResult run_auto(const BenchOptions& unresolved) {
-  BenchOptions options = resolve(unresolved);
-  AutoResult out;
-  out.trials = run_trials(options, &out.trial_seconds);
+ModeResolution resolve_mode(const RunRequest& request, const RunHooks& hooks) {
+  ModeResolution out;
+  if (request.mode != Mode::kAuto) {
+    out.mode = request.mode;
+    out.decision = {to_string(request.mode), "asked for"};
+    return out;
+  }
+  out.trials = run_trials(request, hooks, &out.trial_seconds);
   out.decision = choose_mode(out.trials);
-  options.mode = parse_mode(out.decision.mode);
-  out.result = run_bench(options);
+  out.mode = parse_mode(out.decision.mode);
   return out;
 }
 
-}  // namespace tandem
+nlohmann::json to_json(const ModeResolution& r) {
+  nlohmann::json trials = nlohmann::json::array();
+  for (const auto& t : r.trials)
+    trials.push_back({{"mode", t.mode},
+                      {"steps_per_s",
+                       t.steps_per_s ? nlohmann::json(*t.steps_per_s) : nlohmann::json(nullptr)},
+                      {"runs", t.runs},
+                      {"error", t.error}});
+  return {{"picked", r.decision.mode},
+          {"reason", r.decision.reason},
+          {"trial_seconds", r.trial_seconds},
+          {"trials", trials}};
+}
+
+AutoReport run_auto(const RunRequest& request, const RunHooks& hooks) {
+  AutoReport out;
+  out.resolution = resolve_mode(request, hooks);
+  RunRequest picked = request;
+  picked.mode = out.resolution.mode;
+  out.report = run_workload(picked, hooks);
+  return out;
+}
+
+}  // namespace tandem::run

@@ -1,0 +1,87 @@
+// A run's request: its defaults, its checks, and the core's options it becomes.
+#include "tandem/run/request.h"
+
+#include <sstream>
+
+#include "tandem/error.h"
+#include "tandem/loader.h"
+#include "tandem/run/report.h"
+
+namespace tandem::run {
+
+RunRequest resolve(RunRequest o) {
+  TANDEM_CHECK_ARG(static_cast<bool>(o.workload.make),
+                   "no workload to run: set RunRequest::workload (a WorkloadEntry)");
+  const c10::Device device = parse_device(o.device);
+  o.device = device.str();
+  const RunDefaults& d = device.is_cuda() ? kGpuRunDefaults : kCpuRunDefaults;
+  check_params(o.workload.name, o.params, o.workload.params);
+  o.batch_size = o.batch_size.value_or(device.is_cuda() ? o.workload.gpu_batch_size
+                                                        : o.workload.cpu_batch_size);
+  o.steps = o.steps.value_or(d.steps);
+  o.warmup = o.warmup.value_or(d.warmup);
+  o.workers = o.workers.value_or(d.workers);
+  o.cudnn_benchmark = o.cudnn_benchmark.value_or(device.is_cuda());
+  TANDEM_CHECK_ARG(o.train_priority == "high" || o.train_priority == "normal",
+                   "train priority '", o.train_priority, "' is not valid: expected high or normal");
+  TANDEM_CHECK_ARG(*o.batch_size > 0, "batch size ", *o.batch_size,
+                   " is not valid: expected a positive number of samples");
+  TANDEM_CHECK_ARG(*o.steps > 0, "step count ", *o.steps,
+                   " is not valid: expected a positive number of timed steps");
+  TANDEM_CHECK_ARG(*o.warmup >= 0, "warm-up count ", *o.warmup,
+                   " is not valid: expected 0 or more warm-up steps");
+  TANDEM_CHECK_ARG(*o.workers > 0 && *o.workers <= kMaxLoaderWorkers, "worker count ",
+                   *o.workers, " is not valid: expected 1 to ", kMaxLoaderWorkers,
+                   " loader worker threads");
+  TANDEM_CHECK_ARG(o.kernel_steps >= 0, "kernel profile step count ", o.kernel_steps,
+                   " is not valid: expected 0 (none) or more steps");
+  TANDEM_CHECK_ARG(o.device_timing_every >= 1, "device timing interval ", o.device_timing_every,
+                   " is not valid: expected a positive number of steps");
+  return o;
+}
+
+WorkloadOptions workload_options(const RunRequest& r) {
+  WorkloadOptions wo;
+  wo.batch_size = r.batch_size.value();
+  wo.workers = r.workers.value();
+  wo.device = parse_device(r.device);
+  wo.seed = r.seed;
+  wo.params = r.params;
+  wo.data = r.data;
+  wo.rank = r.rank;
+  wo.world_size = r.world_size;
+  return wo;
+}
+
+RunOptions runner_options(const RunRequest& r) {
+  RunOptions ro;
+  ro.mode = r.mode;
+  ro.batch_size = r.batch_size.value();
+  ro.workers = r.workers.value();
+  ro.seed = r.seed;
+  ro.rank = r.rank;
+  ro.world_size = r.world_size;
+  ro.skip_bad = r.skip_bad;
+  ro.first_step = r.first_step;
+  ro.train_priority = r.train_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
+  return ro;
+}
+
+std::string describe_request(const RunRequest& o) {
+  std::ostringstream os;
+  os << "workload   " << o.workload.name << "\n";
+  for (const auto& [key, value] : o.params) os << "param      " << key << "=" << value << "\n";
+  if (!o.data.empty()) os << "data       " << o.data << (o.skip_bad ? " (--skip-bad)" : "") << "\n";
+  os << "mode       " << to_string(o.mode) << "\n"
+     << "device     " << o.device << " (" << device_name(parse_device(o.device)) << ")\n"
+     << "batch size " << o.batch_size.value_or(0) << "\n"
+     << "steps      " << o.steps.value_or(0) << " timed after " << o.warmup.value_or(0)
+     << " warm-up\n"
+     << "workers    " << o.workers.value_or(0) << "\n"
+     << "seed       " << o.seed << "\n"
+     << "cudnn      benchmark " << (o.cudnn_benchmark.value_or(false) ? "on" : "off") << "\n"
+     << "train lane priority " << o.train_priority << "\n";
+  return os.str();
+}
+
+}  // namespace tandem::run

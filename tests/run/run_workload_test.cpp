@@ -1,0 +1,145 @@
+// The run layer on the CPU (reference workload mlp, a few steps): a request's fields reach the
+// core's options once, each hook is called where it says, a cancel stops the run, and
+// resolve_mode keeps a named mode and picks one of the trials' modes for auto.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "tandem/run/resolve_mode.h"
+#include "tandem/run/run_workload.h"
+#include "tandem/workloads/registry.h"
+
+namespace tandem::run {
+namespace {
+
+RunRequest small_mlp_request() {
+  RunRequest r;
+  r.workload = find_reference_workload("mlp");
+  r.device = "cpu";
+  r.steps = 3;
+  r.warmup = 1;
+  r.workers = 1;
+  r.progress = false;
+  r.gpu_monitor = false;
+  return r;
+}
+
+TEST(RunRequestTest, TheCoreOptionsCarryTheRequestsFields) {
+  RunRequest r = small_mlp_request();
+  r.batch_size = 6;
+  r.seed = 11;
+  r.rank = 1;
+  r.world_size = 2;
+  r.skip_bad = true;
+  r.first_step = 40;
+  r.train_priority = "normal";
+  r.mode = Mode::kPipelined;
+  r = resolve(r);
+  const WorkloadOptions wo = workload_options(r);
+  EXPECT_EQ(wo.batch_size, 6);
+  EXPECT_EQ(wo.workers, 1);
+  EXPECT_EQ(wo.seed, 11u);
+  EXPECT_EQ(wo.rank, 1);
+  EXPECT_EQ(wo.world_size, 2);
+  EXPECT_TRUE(wo.device.is_cpu());
+  const RunOptions ro = runner_options(r);
+  EXPECT_EQ(ro.mode, Mode::kPipelined);
+  EXPECT_EQ(ro.batch_size, 6);
+  EXPECT_EQ(ro.seed, 11u);
+  EXPECT_EQ(ro.rank, 1);
+  EXPECT_EQ(ro.world_size, 2);
+  EXPECT_TRUE(ro.skip_bad);
+  EXPECT_EQ(ro.first_step, 40);
+  EXPECT_EQ(ro.train_priority, LanePriority::kNormal);
+}
+
+TEST(RunRequestTest, ResolveNamesABadValue) {
+  RunRequest r = small_mlp_request();
+  r.workers = 0;
+  EXPECT_THROW(
+      {
+        try {
+          resolve(r);
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("worker count 0 is not valid"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      InvalidArgument);
+}
+
+TEST(RunWorkloadTest, HooksAreCalledOncePerInstanceAndBeforeEveryTrainStep) {
+  RunRequest r = small_mlp_request();
+  r.mode = Mode::kPipelined;
+  r.first_step = 100;
+  int prepared = 0;
+  std::vector<int64_t> steps;
+  RunHooks hooks;
+  hooks.prepare_workload = [&](Workload& w) {
+    ++prepared;
+    EXPECT_EQ(w.name, "mlp");
+  };
+  hooks.before_train_step = [&](int64_t step) { steps.push_back(step); };
+  const RunReport report = run_workload(r, hooks);
+  EXPECT_EQ(prepared, 1);
+  EXPECT_EQ(steps, (std::vector<int64_t>{100, 101, 102, 103}));  // warm-up included
+  EXPECT_EQ(report.losses.size(), 4u);
+  EXPECT_GT(report.steps_per_s, 0.0);
+  EXPECT_EQ(report.request.mode, Mode::kPipelined);
+  EXPECT_EQ(report.device_name, "cpu");
+  const nlohmann::json j = to_json(report);
+  EXPECT_EQ(j.at("mode"), "pipelined");
+  EXPECT_EQ(j.at("losses").size(), 4u);
+  EXPECT_NE(describe_report(report).find("mlp"), std::string::npos);
+}
+
+TEST(RunWorkloadTest, ACancelStopsTheRunWithARunError) {
+  RunRequest r = small_mlp_request();
+  std::atomic<bool> cancel{true};
+  RunHooks hooks;
+  hooks.cancel = &cancel;
+  try {
+    run_workload(r, hooks);
+    FAIL() << "a cancelled run returned";
+  } catch (const RunError& e) {
+    EXPECT_NE(std::string(e.what()).find("cancelled"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RunWorkloadTest, ModeAutoIsRefusedUntilResolved) {
+  RunRequest r = small_mlp_request();
+  r.mode = Mode::kAuto;
+  EXPECT_THROW(run_workload(r), InvalidArgument);
+}
+
+TEST(ResolveModeRunTest, ANamedModeIsKeptWithoutTrials) {
+  RunRequest r = small_mlp_request();
+  r.mode = Mode::kGraphed;
+  const ModeResolution m = resolve_mode(r);
+  EXPECT_EQ(m.mode, Mode::kGraphed);
+  EXPECT_EQ(m.decision.reason, "asked for");
+  EXPECT_TRUE(m.trials.empty());
+}
+
+TEST(ResolveModeRunTest, AutoTriesEveryModeAndPicksOneThatRan) {
+  RunRequest r = small_mlp_request();
+  r.mode = Mode::kAuto;
+  r.steps = 2;  // the trials' cap: no longer second trials
+  const ModeResolution m = resolve_mode(r);
+  ASSERT_EQ(m.trials.size(), workload_modes().size());
+  EXPECT_NE(m.mode, Mode::kAuto);
+  bool picked_ran = false;
+  for (const Trial& t : m.trials)
+    if (t.mode == to_string(m.mode)) picked_ran = t.steps_per_s.has_value();
+  EXPECT_TRUE(picked_ran) << m.decision.reason;
+  const nlohmann::json j = to_json(m);
+  EXPECT_EQ(j.at("picked"), to_string(m.mode));
+  EXPECT_EQ(j.at("trials").size(), m.trials.size());
+  EXPECT_GT(m.trial_seconds, 0.0);
+}
+
+}  // namespace
+}  // namespace tandem::run
