@@ -99,7 +99,7 @@ int main(int argc, char** argv) try {
     if (flag == "--device")
       options.device = value;  // auto, cpu, cuda, cuda:N
     else if (flag == "--mode")
-      options.mode = tandem::parse_mode(value);
+      options.mode = tandem::run::parse_run_mode(value);  // a mode, or auto
     else if (flag == "--trace")
       options.trace_path = value;
     else if (flag == "--steps")
@@ -128,7 +128,7 @@ int main(int argc, char** argv) try {
 
   if (sweep) {  // run_sweep adds serial, the baseline of the speedups, at each batch size
     tandem::SweepOptions s;
-    s.modes = {tandem::to_string(options.mode)};
+    s.modes = {tandem::run::mode_name(options.mode)};
     s.batch_sizes = {*options.batch_size, 2 * *options.batch_size};
     s.base = options;
     s.base.trace_path.clear();

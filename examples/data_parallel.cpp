@@ -1,5 +1,5 @@
-// data_parallel: a workload of your own trained on several processes (tandem::dist). Started
-// plainly, it launches itself as --nproc ranks (dist::run_local_ranks, torchrun's environment
+// data_parallel: a workload of your own trained on several processes (tandem::distributed). Started
+// plainly, it launches itself as --nproc ranks (distributed::run_local_ranks, torchrun's environment
 // contract); under torchrun it is one of them. Each rank builds the same workload, joins the
 // group, and make_data_parallel broadcasts rank 0's weights and averages the gradients during
 // backward; each rank reads its shard of the dataset. The first layer is a tandem::GatheredGrad:
@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "tandem/dist/data_parallel.h"
-#include "tandem/dist/launch_env.h"
-#include "tandem/dist/launcher.h"
+#include "tandem/distributed/data_parallel.h"
+#include "tandem/distributed/launch_env.h"
+#include "tandem/distributed/launcher.h"
 #include "tandem/gathered_grad.h"
 #include "tandem/runner.h"
 
@@ -46,13 +46,13 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--device")) device_flag = argv[i + 1];
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
   }
-  const auto env = tandem::dist::launch_env_from_environment();
+  const auto env = tandem::distributed::launch_env_from_environment();
   if (!env)  // not launched yet: become the launcher of nproc copies of this program
-    return tandem::dist::run_local_ranks(nproc, std::vector<std::string>(argv, argv + argc));
+    return tandem::distributed::run_local_ranks(nproc, std::vector<std::string>(argv, argv + argc));
 
   const c10::Device device = device_flag == "cuda" ? c10::Device(c10::kCUDA, env->local_rank)
                                                    : c10::Device(c10::kCPU);
-  auto group = tandem::dist::ProcessGroup::connect(*env, device);
+  auto group = tandem::distributed::ProcessGroup::connect(*env, device);
 
   torch::manual_seed(1);  // the same model on every rank (rank 0's is broadcast anyway)
   torch::nn::Sequential model(tandem::GatheredGrad(torch::nn::Linear(16, 32)), torch::nn::ReLU(),
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     return at::mse_loss(model->forward(in[0]), in[1]);
   };
   w.train.optimizer = std::make_shared<tandem::optim::Sgd>(model->parameters(), 0.05);
-  tandem::dist::make_data_parallel(w, group);
+  tandem::distributed::make_data_parallel(w, group);
 
   tandem::RunOptions o;
   o.mode = device.is_cuda() ? tandem::Mode::kPipelinedGraphed : tandem::Mode::kPipelined;
@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
   const double last = group->all_reduce_host({losses.back()})[0];
   double sum = 0;
   for (const auto& p : model->parameters()) sum += p.detach().to(at::kDouble).sum().item<double>();
-  const double hi = group->all_reduce_host({sum}, tandem::dist::ProcessGroup::HostOp::kMax)[0];
-  const double lo = -group->all_reduce_host({-sum}, tandem::dist::ProcessGroup::HostOp::kMax)[0];
+  const double hi = group->all_reduce_host({sum}, tandem::distributed::ProcessGroup::HostOp::kMax)[0];
+  const double lo = -group->all_reduce_host({-sum}, tandem::distributed::ProcessGroup::HostOp::kMax)[0];
   group->finish();
   if (group->rank() == 0) {
     std::printf("%d ranks (%s), %d steps of batch %lld per rank: loss %.5f -> %.5f\n",

@@ -3,7 +3,8 @@
 # machine lacks: the data layer's .debs (TurboJPEG's and libjpeg's libraries and headers,
 # Fashion-MNIST) into
 # .ref/debs, and pytest's wheels (the python phase) into .ref/debs/wheels (git-ignored). Carry
-# .ref/debs in the device call; scripts/gpu-check.sh unpacks and installs from there.
+# .ref/debs in the device call; scripts/gpu-check.sh (the build's libraries) and
+# benchmarks/gpu_check.py (Fashion-MNIST, pytest) unpack and install from there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$root/.ref/debs"

@@ -1,5 +1,5 @@
 // GraphedStep: warm-up, capture with a diagnosis of failures, replay.
-#include "tandem/graph.h"
+#include "graph.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>

@@ -1,5 +1,5 @@
 // GraphedKStage: K steps per CUDA graph, with inputs staged into K static slots.
-#include "tandem/graphed_k_stage.h"
+#include "graphed_k_stage.h"
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,6 @@
 // GraphedStage: a pipeline stage's warm-up / capture / replay / eager-fallback life cycle, and
 // the WarmupBarrier its stages share.
-#include "tandem/graphed_stage.h"
+#include "graphed_stage.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>

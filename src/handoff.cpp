@@ -1,5 +1,5 @@
 // Batches and the handoff of a batch between two lanes: event, wait, recordStream.
-#include "tandem/handoff.h"
+#include "handoff.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
 

@@ -1,6 +1,6 @@
 // LossLog: checks a recorded loss, appends it (a kernel on CUDA, a store on the CPU) and reads
 // the log back in one copy.
-#include "tandem/loss_log.h"
+#include "loss_log.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>

@@ -23,7 +23,6 @@ constexpr ModeInfo kModeInfo[] = {
     {Mode::kPipelinedGraphed, "pipelined+graphed",
      "pipelined's lanes; each GPU stage replays its own CUDA graph on its lane"},
     {Mode::kGraphedK, "graphed_k", "graphed, with K steps captured into one graph"},
-    {Mode::kAuto, "auto", "short trials of every mode, then the fastest"},
 };
 
 const ModeInfo& info(Mode mode) {
@@ -39,17 +38,15 @@ const char* describe(Mode mode) { return info(mode).description; }
 const std::vector<Mode>& workload_modes() {
   static const std::vector<Mode> modes = [] {
     std::vector<Mode> out;
-    for (const auto& i : kModeInfo)
-      if (i.mode != Mode::kAuto) out.push_back(i.mode);
+    for (const auto& i : kModeInfo) out.push_back(i.mode);
     return out;
   }();
   return modes;
 }
 
-std::string mode_choices(bool with_auto) {
+std::string mode_choices() {
   std::vector<std::string> names;
-  for (const auto& i : kModeInfo)
-    if (with_auto || i.mode != Mode::kAuto) names.push_back(i.name);
+  for (const auto& i : kModeInfo) names.push_back(i.name);
   return join_choices(names);
 }
 

@@ -1,5 +1,5 @@
 // The pipeline's tick loop: fill, steady state and drain over a ring of batch slots.
-#include "tandem/pipeline.h"
+#include "pipeline.h"
 
 #include <c10/util/Exception.h>
 

@@ -12,10 +12,12 @@
 #include <optional>
 #include <sstream>
 
+#include "graphed_k_stage.h"
+#include "graphed_stage.h"
+#include "loss_log.h"
+#include "pipeline.h"
 #include "tandem/error.h"
-#include "tandem/graphed_k_stage.h"
 #include "tandem/loader.h"
-#include "tandem/loss_log.h"
 #include "tandem/sampler.h"
 
 namespace tandem {
@@ -188,10 +190,6 @@ Runner::Runner(const Workload& workload, RunOptions options)
     : workload_(workload), options_(options), impl_(std::make_unique<Impl>()) {
   workload_.validate();
   const Mode mode = options_.mode;
-  TANDEM_CHECK_ARG(mode != Mode::kAuto,
-                   "mode auto is chosen by the run layer (run::resolve_mode), not by a Runner: "
-                   "expected ",
-                   mode_choices(false));
   TANDEM_CHECK_ARG(options_.graph_warmup_steps >= 0, "graph warm-up step count ",
                    options_.graph_warmup_steps, " is not valid: expected >= 0");
   TANDEM_CHECK_ARG(options_.steps_per_graph >= 1, "steps per graph ", options_.steps_per_graph,
@@ -312,12 +310,34 @@ Runner::Runner(const Workload& workload, RunOptions options)
 
 Runner::~Runner() = default;
 
-Pipeline& Runner::pipeline() {
-  TORCH_CHECK(impl_->pipeline, "Runner::pipeline(): prepare() first");
-  return *impl_->pipeline;
+namespace {
+Pipeline& prepared(const std::unique_ptr<Pipeline>& pipeline, const char* who) {
+  TORCH_CHECK(pipeline, "Runner::", who, "(): prepare() first");
+  return *pipeline;
+}
+}  // namespace
+
+int Runner::num_stages() const { return prepared(impl_->pipeline, "num_stages").num_stages(); }
+
+int Runner::step_start_stage() const {
+  const Pipeline& p = prepared(impl_->pipeline, "step_start_stage");
+  return p.mode() == PipelineMode::kSerial ? 0 : p.num_stages() - 1;
 }
 
-Pipeline& Runner::prepare(int64_t num_steps) {
+const Lane& Runner::train_lane() const {
+  const Pipeline& p = prepared(impl_->pipeline, "train_lane");
+  return p.lane_of(p.num_stages() - 1);
+}
+
+int Runner::depth() const { return prepared(impl_->pipeline, "depth").depth(); }
+
+void Runner::set_timing(int64_t first_timed_step, int64_t device_timing_every) {
+  prepared(impl_->pipeline, "set_timing").set_timing(first_timed_step, device_timing_every);
+}
+
+StageTiming Runner::timing() const { return prepared(impl_->pipeline, "timing").timing(); }
+
+void Runner::prepare(int64_t num_steps) {
   TANDEM_CHECK_ARG(num_steps >= 0, "step count ", num_steps, " is not valid: expected >= 0");
   Impl& im = *impl_;
   const Mode mode = options_.mode;
@@ -508,13 +528,13 @@ Pipeline& Runner::prepare(int64_t num_steps) {
       Lane::create("serial", dev));
   std::shared_ptr<WarmupBarrier> barrier = im.barrier;
   im.pipeline->set_on_error([barrier] { barrier->cancel(); });
-  return *im.pipeline;
+  im.pipeline->set_trace(options_.trace);
 }
 
-void Runner::run(const Pipeline::ItemHook& on_item) {
-  Pipeline& p = pipeline();
+void Runner::run(const StepHook& on_step) {
+  Pipeline& p = prepared(impl_->pipeline, "run");
   try {
-    p.run(impl_->num_steps, on_item);
+    p.run(impl_->num_steps, on_step);
   } catch (const StageError& e) {
     throw RunError(detail::concat("stage '", e.stage(), "' (lane ", e.lane(), ") failed at step ",
                                   e.item(), " in mode ", to_string(options_.mode),

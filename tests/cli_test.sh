@@ -161,8 +161,8 @@ else
   failed=$((failed + 1)); echo "FAIL: a tiny CPU sweep"; cat "$tmp/out" "$tmp/err"
 fi
 
-# "all" (first, as gpu-check passes it) expands to the scenario's modes; a mode named twice runs
-# once; the baseline runs first.
+# "all" (first, as benchmarks/gpu_check.py's sweep passes it) expands to the scenario's modes; a
+# mode named twice runs once; the baseline runs first.
 if "$tandem" sweep --scenario mlp --device cpu --batch-sizes 1 --steps 1 --warmup 0 \
      --modes all,graphed --csv "$tmp/m.csv" >"$tmp/out" 2>"$tmp/err" &&
    [ "$(cut -d, -f1 "$tmp/m.csv" | tail -n +2 | paste -sd' ')" = "serial pipelined graphed pipelined+graphed graphed_k" ]; then

@@ -59,7 +59,7 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
   TANDEM_CHECK_ARG(!options.batch_sizes.empty(), "a sweep needs at least one batch size");
   for (const auto& m : modes) {
     run::RunRequest probe = options.base;
-    probe.mode = parse_mode(m);  // throws InvalidArgument naming a bad mode before anything runs
+    probe.mode = run::parse_run_mode(m);  // throws naming a bad mode before anything runs
     run::resolve(probe);
   }
   for (int64_t bs : options.batch_sizes)
@@ -84,12 +84,12 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
         Runs& run = runs[m];
         if (!run.error.empty()) continue;  // a point that failed once is reported as failed
         run::RunRequest o = options.base;
-        o.mode = parse_mode(modes[m]);
+        o.mode = run::parse_run_mode(modes[m]);
         o.batch_size = bs;
         o.progress = false;
         try {
           run::RunReport r;
-          if (o.mode == Mode::kAuto) {
+          if (!o.mode) {  // auto
             run::AutoReport a = run::run_auto(o);
             run.picks.push_back(a.resolution.decision.mode);
             r = std::move(a.report);

@@ -16,7 +16,7 @@
 // whose input gradient is the layer's own and whose weight and bias gradients are one GEMM over
 // every rank's rows, divided by the world size (the mean the all-reduce would give). Every
 // rank computes them from the same gathered bits with the same GEMM, so the ranks' weights stay
-// bitwise equal. dist::GradientBuckets leaves the layer's parameters out of its buckets.
+// bitwise equal. distributed::GradientBuckets leaves the layer's parameters out of its buckets.
 //
 // Worth it when batch x (input + output features) per rank is much less than the weight's
 // size. Supported: Linear, and Conv2d / ConvTranspose2d whose kernel equals their stride with

@@ -1,6 +1,6 @@
 // GradientSync: what a data-parallel train step does around backward — the hook by which the
-// dist layer (tandem::dist, GradientBuckets) averages gradients over the ranks while backward
-// still runs. The core only calls it; it knows nothing of process groups.
+// distributed layer (tandem::distributed, GradientBuckets) averages gradients over the ranks
+// while backward still runs. The core only calls it; it knows nothing of process groups.
 //
 //   train lane:  zero_grad · forward · loss · before_backward() · backward · after_backward() · step
 //                                                 │ (gradients ready, bucket by bucket)

@@ -14,25 +14,30 @@ enum class Mode {
   kGraphed,           ///< one lane; the stages after the load captured into one CUDA graph
   kPipelinedGraphed,  ///< pipelined's lanes; each GPU stage replays its own CUDA graph
   kGraphedK,          ///< graphed, with K steps captured into one graph (K per replay)
-  kAuto,              ///< short trials of every other mode, then the fastest (the runner's)
 };
+// Mode auto — short timed trials of every mode, then the fastest — is the run layer's
+// (tandem/run/request.h: RunMode), not a mode a Runner runs.
 
-/// "serial", "pipelined", "graphed", "pipelined+graphed", "graphed_k" or "auto".
+/// "serial", "pipelined", "graphed", "pipelined+graphed" or "graphed_k".
 const char* to_string(Mode mode);
 /// One line for help texts: what the mode does.
 const char* describe(Mode mode);
-/// The modes a workload runs, simplest first (serial, the baseline, first); auto excluded.
+/// Every mode, simplest first (serial, the baseline, first).
 const std::vector<Mode>& workload_modes();
 /// Parses a mode name; throws InvalidArgument naming the bad value and every valid one
-/// ("mode 'fast' is not valid: expected serial, pipelined, ... or auto").
+/// ("mode 'fast' is not valid: expected serial, pipelined, ... or graphed_k").
 Mode parse_mode(const std::string& name);
-/// "serial, pipelined, graphed, pipelined+graphed, graphed_k or auto": for help texts.
-std::string mode_choices(bool with_auto = true);
+/// "serial, pipelined, graphed, pipelined+graphed or graphed_k": for help texts.
+std::string mode_choices();
 
 /// Each stage has a lane and a host thread of its own (kPipelined, kPipelinedGraphed).
 bool runs_pipelined(Mode mode);
 /// Stages replay CUDA graphs (kGraphed, kPipelinedGraphed, kGraphedK).
 bool captures_graphs(Mode mode);
+
+/// Eager steps before a stage captures its graph in the graphed modes: lazy initialization
+/// (cuDNN plans, cuBLAS workspaces, optimizer state) happens in them, outside the graph.
+constexpr int kGraphWarmupSteps = 3;
 
 /// "a, b or c": for error messages that list what was expected.
 std::string join_choices(const std::vector<std::string>& choices);

@@ -20,22 +20,22 @@
 #include <atomic>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tandem/error.h"
-#include "tandem/graphed_stage.h"
 #include "tandem/lane.h"
 #include "tandem/mode.h"
-#include "tandem/pipeline.h"
+#include "tandem/stage_timing.h"
 #include "tandem/trace.h"
 #include "tandem/workload.h"
 
 namespace tandem {
 
 struct RunOptions {
-  Mode mode = Mode::kSerial;  ///< not kAuto: auto is the run layer's (run/resolve_mode.h)
+  Mode mode = Mode::kSerial;  ///< auto is the run layer's (tandem/run/request.h: RunMode)
   int64_t batch_size = 8;     ///< samples per step read from a host data source
   int workers = 4;            ///< loader worker threads (host data sources)
   /// Host batch slots in the loader's ring; 0: ring_slots_for(workers) (loader.h).
@@ -55,7 +55,7 @@ struct RunOptions {
   /// Host data: a sample that fails to load (a corrupt file) is left out of its batch and
   /// reported by skipped(), instead of stopping the run (LoaderOptions::skip_bad).
   bool skip_bad = false;
-  /// If set: the loader's fills and waits, and (Pipeline::set_trace) the stages' intervals.
+  /// If set: the loader's fills and waits, and the stages' intervals (prepare() hands it on).
   Trace* trace = nullptr;
   /// Dataset sources: the global step the run's first step is (a resumed run). The loader
   /// starts where a run from step 0 would be at that step: epoch first_step /
@@ -87,13 +87,36 @@ class Runner {
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
-  /// A fresh pipeline for `num_steps` steps: a new loader, lanes, graphs and loss log. Set its
-  /// timing and trace (Pipeline::set_timing, set_trace) before run().
-  Pipeline& prepare(int64_t num_steps);
+  /// A fresh pipeline for `num_steps` steps: a new loader, lanes, graphs and loss log, its
+  /// trace RunOptions::trace. Set its timing (set_timing) before run().
+  void prepare(int64_t num_steps);
+  /// Called by each stage's host thread as it starts step `step` (0-based within the run) of
+  /// stage `stage` (0 .. num_stages() - 1, the train stage last), before its work is enqueued.
+  /// An exception it throws stops the run as the stage's own failure would.
+  using StepHook = std::function<void(int stage, int64_t step)>;
   /// Runs the prepared steps; a stage's failure stops every stage and is re-thrown as RunError.
-  void run(const Pipeline::ItemHook& on_item = {});
+  void run(const StepHook& on_step = {});
   /// prepare(num_steps), run(): trains `num_steps` steps and returns their losses.
   std::vector<float> train(int64_t num_steps);
+
+  // The prepared pipeline's shape, for a front end that times or hooks its steps.
+  /// Its stages: the load (host sources), the feeds, the train stage last.
+  int num_stages() const;
+  /// The stage at which a step's own work begins: 0 where the stages run one after another on
+  /// one thread (serial, graphed, graphed_k), the train stage where each stage has a thread of
+  /// its own and the stages ahead of it work on later steps (pipelined modes). A clock started
+  /// there times exactly the steps that remain.
+  int step_start_stage() const;
+  /// The lane the train stage runs on in this mode: where work placed between two steps (a
+  /// learning rate set, an evaluation) is ordered against them.
+  const Lane& train_lane() const;
+  /// How many steps the stages ahead of the train stage may run ahead of it.
+  int depth() const;
+  /// Times the steps >= first_timed_step of the prepared run: host time for each, device time
+  /// (CUDA events) on one in every `device_timing_every` (each while a trace is recorded).
+  void set_timing(int64_t first_timed_step, int64_t device_timing_every = 1);
+  /// The last run's timing per stage (synchronizes with the timing events).
+  StageTiming timing() const;
 
   /// Holds (true) or lets go (false) the loader's workers of a host data source, from any
   /// thread while run() runs: an evaluation between two steps then has the cores its own loader
@@ -122,7 +145,6 @@ class Runner {
   const Workload& workload() const { return workload_; }
   const RunOptions& options() const { return options_; }
   Mode mode() const { return options_.mode; }
-  Pipeline& pipeline();
 
  private:
   struct Impl;

@@ -88,8 +88,8 @@ struct TrainStage {
   std::string what;  ///< for notes: "decoder forward, cross-entropy"
   std::vector<at::Generator> generators;  ///< as FeedStage::generators
   Capture capture = Capture::kAllowed;
-  /// Data parallel: averages the gradients over the ranks during backward (dist::GradientBuckets,
-  /// dist/include/tandem/dist/data_parallel.h); empty for one process.
+  /// Data parallel: averages the gradients over the ranks during backward (distributed::GradientBuckets,
+  /// distributed/include/tandem/distributed/data_parallel.h); empty for one process.
   std::shared_ptr<GradientSync> gradient_sync;
 };
 

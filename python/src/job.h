@@ -4,12 +4,12 @@
 
 #include <memory>
 
-#include "tandem/dist/process_group.h"
+#include "tandem/distributed/process_group.h"
 
 namespace tandem::python {
 
 /// The joined job's process group, or nullptr (one process, or not joined yet).
-std::shared_ptr<dist::ProcessGroup> current_job();
+std::shared_ptr<distributed::ProcessGroup> current_job();
 
 /// After a failed run on this rank (an exception, Ctrl-C) or an uncaught Python exception: drops
 /// the job without finishing it, so that the group, once its last user lets go, leaves at once

@@ -1,8 +1,8 @@
 // tandem._C's side of data parallel from Python (tandem/distributed.py): read the launch
 // environment torchrun sets, join the job once per process (rank 0's weights, NCCL on CUDA or
-// the store on the CPU: the CLI's own join, run/data_parallel.h), agree on a value across the
-// ranks, and leave the job when the interpreter exits. tandem.Trainer's runs then go as this
-// rank (trainer_bindings.cpp: apply_data_parallel, reduce_over_ranks).
+// the store on the CPU: the CLI's own join, run/data_parallel.h), and leave the job when the
+// interpreter exits. tandem.Trainer's runs then go as this rank (trainer_bindings.cpp:
+// apply_data_parallel, resolve_mode_as_rank, reduce_over_ranks).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "job.h"
-#include "tandem/dist/launch_env.h"
+#include "tandem/distributed/launch_env.h"
 #include "tandem/run/data_parallel.h"
 
 namespace py = pybind11;
@@ -19,10 +19,10 @@ namespace tandem::python {
 namespace {
 
 std::mutex job_mutex;
-std::shared_ptr<dist::ProcessGroup> job;  // guarded by job_mutex
+std::shared_ptr<distributed::ProcessGroup> job;  // guarded by job_mutex
 bool job_abandoned = false;               // guarded by job_mutex
 
-py::dict describe(const dist::LaunchEnv& env) {
+py::dict describe(const distributed::LaunchEnv& env) {
   py::dict d;
   d["rank"] = env.rank;
   d["world_size"] = env.world_size;
@@ -31,7 +31,7 @@ py::dict describe(const dist::LaunchEnv& env) {
   return d;
 }
 
-py::dict describe(const dist::ProcessGroup& g) {
+py::dict describe(const distributed::ProcessGroup& g) {
   py::dict d = describe(g.env());
   d["device"] = g.device().str();
   d["backend"] = g.backend();
@@ -40,13 +40,13 @@ py::dict describe(const dist::ProcessGroup& g) {
 
 }  // namespace
 
-std::shared_ptr<dist::ProcessGroup> current_job() {
+std::shared_ptr<distributed::ProcessGroup> current_job() {
   std::lock_guard<std::mutex> lock(job_mutex);
   return job;
 }
 
 void abandon_job() {
-  std::shared_ptr<dist::ProcessGroup> g;
+  std::shared_ptr<distributed::ProcessGroup> g;
   {
     std::lock_guard<std::mutex> lock(job_mutex);
     g.swap(job);
@@ -65,7 +65,7 @@ void bind_job(py::module_& m) {
   m.def(
       "launch_env",
       []() -> py::object {
-        const std::optional<dist::LaunchEnv> env = dist::launch_env_from_environment();
+        const std::optional<distributed::LaunchEnv> env = distributed::launch_env_from_environment();
         if (!env) return py::none();
         return tandem::python::describe(*env);
       },
@@ -74,7 +74,7 @@ void bind_job(py::module_& m) {
   m.def(
       "join_job",
       [](const std::string& device) -> py::object {
-        std::shared_ptr<dist::ProcessGroup> joined;
+        std::shared_ptr<distributed::ProcessGroup> joined;
         {
           std::lock_guard<std::mutex> lock(job_mutex);
           if (job_abandoned)
@@ -103,22 +103,13 @@ void bind_job(py::module_& m) {
       "Joins the job the environment describes (once per process; later calls return the same) "
       "on `device` ('cpu', or 'cuda': cuda:LOCAL_RANK); None when there is no job of more than "
       "one rank");
-  m.def(
-      "job_value_of_rank0",
-      [](double value) {
-        const auto g = tandem::python::current_job();
-        TANDEM_CHECK_ARG(g != nullptr, "job_value_of_rank0: this process has joined no job");
-        py::gil_scoped_release no_gil;
-        return value_of_rank0(*g, value);
-      },
-      py::arg("value"), "Rank 0's `value`, on every rank (a collective: every rank calls it)");
   m.def("abandon_job", &tandem::python::abandon_job, py::call_guard<py::gil_scoped_release>(),
         "Drops the job without finishing it (a failed run; an uncaught exception): the other "
         "ranks see this one stop");
   m.def(
       "leave_job",
       [] {
-        std::shared_ptr<dist::ProcessGroup> g;
+        std::shared_ptr<distributed::ProcessGroup> g;
         {
           std::lock_guard<std::mutex> lock(job_mutex);
           g.swap(job);

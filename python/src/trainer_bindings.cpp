@@ -201,7 +201,7 @@ RunConfig read_config(const py::dict& d) {
   }
   run::RunRequest& b = c.request;
   b.device = d["device"].cast<std::string>();
-  b.mode = parse_mode(d["mode"].cast<std::string>());
+  b.mode = run::parse_run_mode(d["mode"].cast<std::string>());
   if (!d["batch_size"].is_none()) b.batch_size = d["batch_size"].cast<int64_t>();
   b.steps = d["steps"].cast<int64_t>();
   b.warmup = d["warmup"].cast<int64_t>();
@@ -216,6 +216,8 @@ RunConfig read_config(const py::dict& d) {
   c.shuffle = d["shuffle"].cast<bool>();
   c.drop_last = d["drop_last"].cast<bool>();
   c.data_parallel = d["data_parallel"].cast<bool>();
+  for (const auto& [mode, why] : d["ruled_out"].cast<py::dict>())
+    b.ruled_out[parse_mode(mode.cast<std::string>())] = why.cast<std::string>();
   return c;
 }
 
@@ -308,7 +310,7 @@ struct PreparedRun {
   std::atomic<bool> cancel{false};
   run::RunRequest request;
   run::RunHooks hooks;
-  std::shared_ptr<dist::ProcessGroup> job;  // data parallel: this process's job
+  std::shared_ptr<distributed::ProcessGroup> job;  // data parallel: this process's job
   explicit PreparedRun(const py::dict& config) {
     RunConfig c = read_config(config);
     if (c.data_parallel) {
@@ -359,7 +361,8 @@ py::dict run(const py::dict& config) {
   out["table"] = run::describe_report(r);
   if (p.job) {
     out["data_parallel"] = to_python(block);
-    out["table"] = run::describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
+    out["table"] =
+        run::describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
   }
   return out;
 }
@@ -375,11 +378,14 @@ uint64_t data_seed(uint64_t seed, int rank) {
 
 py::dict trials(const py::dict& config) {
   PreparedRun p(config);
-  p.request.mode = Mode::kAuto;
+  p.request.mode = std::nullopt;  // auto
   run::ModeResolution resolution;
   try {
-    resolution = p.interruptibly<run::ModeResolution>(
-        [&] { return run::resolve_mode(p.request, p.hooks); });
+    // Under a launch each rank times the modes alone, then every rank takes rank 0's pick.
+    resolution = p.interruptibly<run::ModeResolution>([&] {
+      return p.job ? run::resolve_mode_as_rank(p.request, p.hooks, *p.job)
+                   : run::resolve_mode(p.request, p.hooks);
+    });
   } catch (const py::error_already_set&) {
     throw;
   } catch (const RunError&) {

@@ -113,8 +113,3 @@ def _join(device: torch.device) -> Optional[dict]:
             previous_hook(*exc_info)
         sys.excepthook = abandon_then_report
     return job
-
-
-def _value_of_rank0(value: float) -> float:
-    """Rank 0's `value` on every rank of the joined job (every rank calls it)."""
-    return _C.job_value_of_rank0(float(value))

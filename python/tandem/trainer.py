@@ -408,7 +408,7 @@ class Trainer:
         return set_lr
 
     def _config(self, mode, steps, warmup, copies, progress=False, trace=None,
-                gpu_monitor=True, data_parallel=False):
+                gpu_monitor=True, data_parallel=False, ruled_out=None):
         if self._compile is not None or any(
                 _is_compiled(f) for f in (self.model, self.loss_fn, *(f for _, f in self._feeds))):
             _prime_dynamo()  # on this thread, before the run's lane threads compile
@@ -425,7 +425,8 @@ class Trainer:
                     trace=None if trace is None else os.fspath(trace), progress=progress,
                     cudnn_benchmark=self.cudnn_benchmark, gpu_monitor=gpu_monitor,
                     shuffle=self.shuffle, drop_last=self.drop_last,
-                    lr_schedule=self.lr_schedule is not None, data_parallel=data_parallel)
+                    lr_schedule=self.lr_schedule is not None, data_parallel=data_parallel,
+                    ruled_out=dict(ruled_out or {}))
 
     def _mode_problem(self, mode) -> Optional[str]:
         """Why `mode` cannot run this trainer's optimizer and schedule, or None."""
@@ -465,28 +466,18 @@ class Trainer:
             else:
                 watched = _tensors_of([self.model, *[f for _, f in self._feeds]])
                 versions = [t._version for t in watched]
-                self._trials = _C.trials(self._config("serial", steps, 5, copies=True,
-                                                      gpu_monitor=False))
-                if self._mode_problem(self._trials["mode"]):  # the fastest allowed instead
-                    allowed = [t for t in self._trials["trials"]
-                               if t["steps_per_s"] and not self._mode_problem(t["mode"])]
-                    best = max(allowed, key=lambda t: t["steps_per_s"])
-                    self._trials["reason"] = (
-                        f"{best['mode']} was the fastest mode that can run the lr_schedule "
-                        f"({best['steps_per_s']:.1f} steps/s; {self._trials['mode']} cannot)")
-                    self._trials["mode"] = best["mode"]
+                # The run layer's mode auto: the modes this optimizer and schedule cannot take
+                # are not tried (their reason is their trial's error); under a launch each rank
+                # times the modes alone, then every rank takes rank 0's pick.
+                ruled_out = {m: p for m in MODES[1:] if (p := self._mode_problem(m))}
+                self._trials = _C.trials(self._config(
+                    "serial", steps, 5, copies=True, gpu_monitor=False,
+                    data_parallel=self._joined(), ruled_out=ruled_out))
                 if [t._version for t in watched] != versions:
                     raise RuntimeError(
                         "mode auto's trials changed your modules' tensors: a model or feed "
                         "reaches modules that deepcopy does not copy (a closure?). Pass an "
                         "explicit mode instead of 'auto'")
-                if self._joined():  # each rank timed its own: every rank takes rank 0's pick
-                    picked = MODES[int(distributed._value_of_rank0(
-                        MODES.index(self._trials["mode"])))]
-                    if picked != self._trials["mode"]:
-                        self._trials["reason"] = (f"rank 0's pick, {picked} (this rank's "
-                                                  f"trials: {self._trials['mode']})")
-                        self._trials["mode"] = picked
         return self._trials["mode"]
 
     def _joined(self) -> bool:

@@ -1,7 +1,7 @@
 """tandem.Trainer: every mode computes the plain Python loop's losses (same seed, same data),
 frozen feed stages get no gradient, a Python exception inside a stage comes back with its
 traceback and leaves nothing running, Ctrl-C stops a run, bad arguments are refused by name.
-CPU tests run in CI; the CUDA ones skip without a GPU (scripts/gpu-check.sh runs them)."""
+CPU tests run in CI; the CUDA ones skip without a GPU (benchmarks/gpu_check.py python runs them)."""
 import json
 import os
 import signal
@@ -322,6 +322,19 @@ def test_auto_on_the_cpu_is_serial():
     t, _, _ = trainer("cpu", "auto")
     r = t.fit(steps=3, progress=False)
     assert r.mode == "serial" and "CPU" in t.trials["reason"]
+
+
+def test_auto_trials_leave_out_the_modes_the_trainer_rules_out():
+    # The run layer's trials, which choose_mode runs on CUDA, here on the CPU: a mode the
+    # optimizer or schedule cannot take is not tried, its row says why, the pick is another.
+    t, _, _ = trainer("cpu", "auto")
+    why = "graphed is not for this optimizer"
+    out = tandem._C.trials(t._config("serial", 2, 1, copies=True, gpu_monitor=False,
+                                     ruled_out={"graphed": why}))
+    rows = {r["mode"]: r for r in out["trials"]}
+    assert set(rows) == set(ALL_MODES)  # every mode: auto is the choice among them
+    assert rows["graphed"]["error"] == why and rows["graphed"]["steps_per_s"] is None
+    assert out["mode"] != "graphed" and rows[out["mode"]]["steps_per_s"] > 0
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

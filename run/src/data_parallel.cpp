@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/dist/launch_env.h"
+#include "tandem/distributed/launch_env.h"
 #include "tandem/mode.h"
 
 namespace tandem::run {
@@ -16,24 +16,24 @@ namespace tandem::run {
 int default_loader_workers(c10::Device device, int most) {
   if (!device.is_cuda()) return 2;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const std::optional<dist::LaunchEnv> env = dist::launch_env_from_environment();
+  const std::optional<distributed::LaunchEnv> env = distributed::launch_env_from_environment();
   const int local_ranks = env ? std::max(1, env->local_world_size) : 1;
   return std::max(1, std::min(most, (cores - 1) / local_ranks));
 }
 
-std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device_flag) {
-  const std::optional<dist::LaunchEnv> env = dist::launch_env_from_environment();
+std::shared_ptr<distributed::ProcessGroup> join_data_parallel(const std::string& device_flag) {
+  const std::optional<distributed::LaunchEnv> env = distributed::launch_env_from_environment();
   if (!env || env->world_size == 1) return nullptr;
   c10::Device device(c10::kCPU);
   if (device_flag != "cpu") {
     const int gpus = c10::cuda::device_count();
     if (device_flag.rfind("cuda:", 0) == 0)
-      throw dist::EnvironmentError(detail::concat(
+      throw distributed::EnvironmentError(detail::concat(
           "--device ", device_flag, " under data parallel: each rank uses cuda:LOCAL_RANK; "
           "expected --device cuda (or auto)"));
     if (gpus > 0) {
       if (env->local_world_size > gpus || env->local_rank >= gpus)
-        throw dist::EnvironmentError(detail::concat(
+        throw distributed::EnvironmentError(detail::concat(
             "LOCAL_WORLD_SIZE=", env->local_world_size, " ranks on this machine but ", gpus,
             " GPU(s): expected at most one rank per GPU (or --device cpu)"));
       device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
@@ -42,12 +42,12 @@ std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device
       throw InvalidArgument("--device cuda: no CUDA device is available");
     }
   }
-  return dist::ProcessGroup::connect(*env, device);
+  return distributed::ProcessGroup::connect(*env, device);
 }
 
 void apply_data_parallel(RunRequest& options, RunHooks& hooks,
-                         const std::shared_ptr<dist::ProcessGroup>& group,
-                         const dist::DataParallelOptions& data_parallel) {
+                         const std::shared_ptr<distributed::ProcessGroup>& group,
+                         const distributed::DataParallelOptions& data_parallel) {
   if (!group) return;
   options.device = group->device().str();
   options.rank = group->rank();
@@ -55,18 +55,18 @@ void apply_data_parallel(RunRequest& options, RunHooks& hooks,
   options.progress = options.progress && group->rank() == 0;
   options.gpu_monitor = options.gpu_monitor && group->rank() == 0;
   hooks.prepare_workload = [group, data_parallel](Workload& w) {
-    dist::make_data_parallel(w, group, data_parallel);
+    distributed::make_data_parallel(w, group, data_parallel);
   };
 }
 
-double value_of_rank0(dist::ProcessGroup& group, double value) {
+double value_of_rank0(distributed::ProcessGroup& group, double value) {
   return group.all_reduce_host({group.rank() == 0 ? value : 0.0},
-                               dist::ProcessGroup::HostOp::kSum)[0];
+                               distributed::ProcessGroup::HostOp::kSum)[0];
 }
 
 ModeResolution resolve_mode_as_rank(const RunRequest& request, const RunHooks& hooks,
-                                    dist::ProcessGroup& group) {
-  if (request.mode != Mode::kAuto) return resolve_mode(request, hooks);
+                                    distributed::ProcessGroup& group) {
+  if (request.mode) return resolve_mode(request, hooks);
   RunRequest alone = resolve(request);
   alone.progress = false;
   RunHooks alone_hooks = hooks;
@@ -97,7 +97,7 @@ ModeResolution resolve_mode_as_rank(const RunRequest& request, const RunHooks& h
 }
 
 AutoReport run_auto_as_rank(const RunRequest& request, const RunHooks& hooks,
-                            dist::ProcessGroup& group) {
+                            distributed::ProcessGroup& group) {
   AutoReport out;
   out.resolution = resolve_mode_as_rank(request, hooks, group);
   RunRequest run = request;
@@ -106,7 +106,7 @@ AutoReport run_auto_as_rank(const RunRequest& request, const RunHooks& hooks,
   return out;
 }
 
-nlohmann::json reduce_over_ranks(RunReport& result, dist::ProcessGroup& group) {
+nlohmann::json reduce_over_ranks(RunReport& result, distributed::ProcessGroup& group) {
   // Losses: the mean over the ranks (the global batch's). Rates: every rank's; ranks run in
   // lockstep (an all-reduce per step), so they agree closely.
   const int world = group.world_size();
@@ -115,7 +115,7 @@ nlohmann::json reduce_over_ranks(RunReport& result, dist::ProcessGroup& group) {
   result.losses.assign(losses.begin(), losses.end());
   std::vector<double> rates(world, 0.0);
   rates[group.rank()] = result.steps_per_s;
-  rates = group.all_reduce_host(rates, dist::ProcessGroup::HostOp::kSum);
+  rates = group.all_reduce_host(rates, distributed::ProcessGroup::HostOp::kSum);
   return {{"world_size", world},
           {"backend", group.backend()},
           {"steps_per_s_per_gpu", result.steps_per_s},

@@ -23,7 +23,7 @@ std::string describe_report(const RunReport& r) {
                 "mode", "batch", "steps/s", "samples/s", "ms/step", "first loss", "last loss");
   os << line;
   std::snprintf(line, sizeof line, "%-9s %-17s %6lld %10.2f %11.1f %9.3f %11.5f %11.5f\n",
-                r.request.workload.name.c_str(), to_string(r.request.mode),
+                r.request.workload.name.c_str(), mode_name(r.request.mode).c_str(),
                 static_cast<long long>(r.request.batch_size.value_or(0)), r.steps_per_s, r.samples_per_s,
                 1000.0 / r.steps_per_s, r.losses.empty() ? 0.0 : r.losses.front(),
                 r.losses.empty() ? 0.0 : r.losses.back());
@@ -85,7 +85,7 @@ nlohmann::json to_json(const RunReport& r) {
           {"skipped_count", r.skipped.size()},
           {"skipped", skipped},
           {"params", o.params},
-          {"mode", to_string(o.mode)},
+          {"mode", mode_name(o.mode)},
           {"batch_size", o.batch_size.value_or(0)},
           {"steps", o.steps.value_or(0)},
           {"warmup", o.warmup.value_or(0)},

@@ -9,6 +9,27 @@
 
 namespace tandem::run {
 
+std::string mode_name(const RunMode& mode) { return mode ? to_string(*mode) : "auto"; }
+
+std::string describe_mode(const RunMode& mode) {
+  return mode ? describe(*mode) : "short trials of every mode, then the fastest";
+}
+
+std::vector<RunMode> run_modes() {
+  std::vector<RunMode> modes(workload_modes().begin(), workload_modes().end());
+  modes.push_back(std::nullopt);
+  return modes;
+}
+
+RunMode parse_run_mode(const std::string& name) {
+  if (name == "auto") return std::nullopt;
+  std::vector<std::string> names;
+  for (const RunMode& m : run_modes()) names.push_back(mode_name(m));
+  for (const Mode m : workload_modes())
+    if (name == to_string(m)) return m;
+  throw InvalidArgument("mode '" + name + "' is not valid: expected " + join_choices(names));
+}
+
 RunRequest resolve(RunRequest o) {
   TANDEM_CHECK_ARG(static_cast<bool>(o.workload.make),
                    "no workload to run: set RunRequest::workload (a WorkloadEntry)");
@@ -55,7 +76,9 @@ WorkloadOptions workload_options(const RunRequest& r) {
 
 RunOptions runner_options(const RunRequest& r) {
   RunOptions ro;
-  ro.mode = r.mode;
+  TANDEM_CHECK_ARG(r.mode.has_value(),
+                   "mode auto is resolved first (resolve_mode), then run with the mode it picked");
+  ro.mode = *r.mode;
   ro.batch_size = r.batch_size.value();
   ro.workers = r.workers.value();
   ro.seed = r.seed;
@@ -72,7 +95,7 @@ std::string describe_request(const RunRequest& o) {
   os << "workload   " << o.workload.name << "\n";
   for (const auto& [key, value] : o.params) os << "param      " << key << "=" << value << "\n";
   if (!o.data.empty()) os << "data       " << o.data << (o.skip_bad ? " (--skip-bad)" : "") << "\n";
-  os << "mode       " << to_string(o.mode) << "\n"
+  os << "mode       " << mode_name(o.mode) << "\n"
      << "device     " << o.device << " (" << device_name(parse_device(o.device)) << ")\n"
      << "batch size " << o.batch_size.value_or(0) << "\n"
      << "steps      " << o.steps.value_or(0) << " timed after " << o.warmup.value_or(0)

@@ -81,6 +81,11 @@ std::vector<Trial> run_trials(const RunRequest& unresolved, const RunHooks& hook
     trial.kernel_steps = 0;  // the picked mode's run lists its kernels
     trial.progress = false;
     Trial t{to_string(mode), std::nullopt, "", {}};
+    if (const auto no = options.ruled_out.find(mode); no != options.ruled_out.end()) {
+      t.error = no->second;  // not tried: this run cannot take it
+      trials.push_back(t);
+      continue;
+    }
     try {
       const double first = run_workload(trial, hooks).steps_per_s;  // sizes the measured runs
       const int64_t longer = second_trial_steps(*trial.steps, first, *options.steps);
@@ -106,9 +111,11 @@ std::vector<Trial> run_trials(const RunRequest& unresolved, const RunHooks& hook
 
 ModeResolution resolve_mode(const RunRequest& request, const RunHooks& hooks) {
   ModeResolution out;
-  if (request.mode != Mode::kAuto) {
-    out.mode = request.mode;
-    out.decision = {to_string(request.mode), "asked for"};
+  if (request.mode) {
+    if (const auto no = request.ruled_out.find(*request.mode); no != request.ruled_out.end())
+      throw InvalidArgument(no->second);
+    out.mode = *request.mode;
+    out.decision = {to_string(*request.mode), "asked for"};
     return out;
   }
   out.trials = run_trials(request, hooks, &out.trial_seconds);

@@ -25,7 +25,7 @@ void synchronize(c10::Device device) {
 
 RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
   const RunRequest request = resolve(unresolved);
-  TANDEM_CHECK_ARG(request.mode != Mode::kAuto,
+  TANDEM_CHECK_ARG(request.mode.has_value(),
                    "mode auto is resolved first (resolve_mode), then run by run_workload()");
   const int64_t batch_size = *request.batch_size, steps = *request.steps,
                 warmup = *request.warmup;
@@ -49,19 +49,17 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
   // stops: on the thread that started it (the clock stage's), once their work is done.
   const int64_t profiled = request.kernel_steps;
   const int64_t total_steps = warmup + steps + (profiled > 0 ? profiled + 1 : 0);
-  Pipeline* pipeline = &runner.prepare(total_steps);
+  runner.prepare(total_steps);
 
   // The clock starts when step `warmup` begins its exclusive work: in serial mode when it
   // enters the first stage; pipelined, when it enters the last (training) stage, so exactly
   // `steps` training steps remain and the stages ahead of it are in their steady state.
-  const int clock_stage =
-      pipeline->mode() == PipelineMode::kSerial ? 0 : pipeline->num_stages() - 1;
-  pipeline->set_timing(warmup, request.device_timing_every);
-  pipeline->set_trace(trace.get());
+  const int clock_stage = runner.step_start_stage();
+  runner.set_timing(warmup, request.device_timing_every);
   GpuMonitor monitor(device);
-  Progress progress(request.workload.name + " " + to_string(request.mode), total_steps,
+  Progress progress(request.workload.name + " " + mode_name(request.mode), total_steps,
                     request.progress);
-  const int last_stage = pipeline->num_stages() - 1;
+  const int last_stage = runner.num_stages() - 1;
   using Clock = std::chrono::steady_clock;
   Clock::time_point start = Clock::now(), end{};
   std::unique_ptr<KernelRecorder> recorder;
@@ -86,7 +84,7 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
     if (stage == last_stage) {
       progress.update(item);
       if (hooks.before_train_step) {
-        const LaneGuard guard(pipeline->lane_of(last_stage), "before the train step");
+        const LaneGuard guard(runner.train_lane(), "before the train step");
         hooks.before_train_step(request.first_step + item);
       }
     }
@@ -99,7 +97,7 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
   result.steps_per_s = static_cast<double>(steps) / result.seconds;
   result.samples_per_s = result.steps_per_s * static_cast<double>(batch_size);
   result.losses = runner.losses();
-  result.timing = pipeline->timing();
+  result.timing = runner.timing();
   result.notes = runner.notes();
   result.skipped = runner.skipped();
   result.gpu_utilization = monitor.mean_utilization();

@@ -111,8 +111,31 @@ TEST(RunWorkloadTest, ACancelStopsTheRunWithARunError) {
 
 TEST(RunWorkloadTest, ModeAutoIsRefusedUntilResolved) {
   RunRequest r = small_mlp_request();
-  r.mode = Mode::kAuto;
+  r.mode = std::nullopt;
   EXPECT_THROW(run_workload(r), InvalidArgument);
+}
+
+TEST(RunModeTest, AutoIsTheRunLayersModeBesideTheCoresOnes) {
+  EXPECT_EQ(parse_run_mode("auto"), std::nullopt);
+  EXPECT_EQ(parse_run_mode("graphed"), RunMode(Mode::kGraphed));
+  EXPECT_EQ(mode_name(std::nullopt), "auto");
+  EXPECT_EQ(mode_name(Mode::kPipelinedGraphed), "pipelined+graphed");
+  EXPECT_EQ(run_modes().size(), workload_modes().size() + 1);
+  EXPECT_FALSE(run_modes().back().has_value());
+  try {
+    parse_run_mode("fast");
+    FAIL() << "an unknown mode was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "mode 'fast' is not valid: expected serial, pipelined, graphed, "
+                           "pipelined+graphed, graphed_k or auto");
+  }
+}
+
+TEST(ResolveModeRunTest, ARuledOutModeAskedForIsRefusedWithItsReason) {
+  RunRequest r = small_mlp_request();
+  r.mode = Mode::kGraphed;
+  r.ruled_out[Mode::kGraphed] = "no graphs for this optimizer";
+  EXPECT_THROW(resolve_mode(r), InvalidArgument);
 }
 
 TEST(ResolveModeRunTest, ANamedModeIsKeptWithoutTrials) {
@@ -126,11 +149,15 @@ TEST(ResolveModeRunTest, ANamedModeIsKeptWithoutTrials) {
 
 TEST(ResolveModeRunTest, AutoTriesEveryModeAndPicksOneThatRan) {
   RunRequest r = small_mlp_request();
-  r.mode = Mode::kAuto;
+  r.mode = std::nullopt;  // auto
   r.steps = 2;  // the trials' cap: no longer second trials
+  r.ruled_out[Mode::kPipelined] = "pipelined is not for this run";
   const ModeResolution m = resolve_mode(r);
   ASSERT_EQ(m.trials.size(), workload_modes().size());
-  EXPECT_NE(m.mode, Mode::kAuto);
+  EXPECT_NE(m.mode, Mode::kPipelined);
+  EXPECT_EQ(m.trials.at(1).mode, "pipelined");
+  EXPECT_EQ(m.trials.at(1).error, "pipelined is not for this run");
+  EXPECT_FALSE(m.trials.at(1).steps_per_s.has_value());
   bool picked_ran = false;
   for (const Trial& t : m.trials)
     if (t.mode == to_string(m.mode)) picked_ran = t.steps_per_s.has_value();

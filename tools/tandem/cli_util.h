@@ -16,6 +16,7 @@
 
 #include "tandem/error.h"
 #include "tandem/mode.h"
+#include "tandem/run/request.h"  // RunMode: the modes and auto
 
 namespace tandem::cli {
 
@@ -72,23 +73,23 @@ inline void check_output_folder(const std::string& option, const std::string& pa
     refuse("no permission to make it in " + dir + " (" + std::strerror(errno) + ")");
 }
 
-/// The names of `modes`, in the table's order ("serial", "pipelined", ...).
-inline std::vector<std::string> mode_names(const std::vector<Mode>& modes) {
+/// The names of `modes`, in the table's order ("serial", "pipelined", ..., "auto").
+inline std::vector<std::string> mode_names(const std::vector<run::RunMode>& modes) {
   std::vector<std::string> names;
-  for (const Mode m : modes) names.push_back(to_string(m));
+  for (const run::RunMode& m : modes) names.push_back(run::mode_name(m));
   return names;
 }
 
 /// "\n  serial             every stage ..." lines for `modes`: the help text's list. A command
 /// that resolves auto its own way (train: by device, no trials) gives `auto_description`.
-inline std::string mode_help(const std::vector<Mode>& modes,
+inline std::string mode_help(const std::vector<run::RunMode>& modes,
                              const std::string& auto_description = {}) {
   std::string out;
-  for (const Mode m : modes) {
+  for (const run::RunMode& m : modes) {
     const std::string what =
-        m == Mode::kAuto && !auto_description.empty() ? auto_description : describe(m);
+        !m && !auto_description.empty() ? auto_description : run::describe_mode(m);
     char line[256];
-    std::snprintf(line, sizeof line, "\n  %-18s %s", to_string(m), what.c_str());
+    std::snprintf(line, sizeof line, "\n  %-18s %s", run::mode_name(m).c_str(), what.c_str());
     out += line;
   }
   return out;
@@ -109,7 +110,7 @@ inline CLI::Validator choice_validator(const std::string& what, std::vector<std:
 }
 
 /// choice_validator for a --mode that offers `extra_names` (sweep's "all") and `modes`.
-inline CLI::Validator mode_validator(const std::vector<Mode>& modes,
+inline CLI::Validator mode_validator(const std::vector<run::RunMode>& modes,
                                      const std::vector<std::string>& extra_names = {}) {
   std::vector<std::string> names = extra_names;
   const std::vector<std::string> table = mode_names(modes);
@@ -117,11 +118,7 @@ inline CLI::Validator mode_validator(const std::vector<Mode>& modes,
   return choice_validator("mode", names);
 }
 
-/// Every workload mode and auto: what bench and data-bench run.
-inline std::vector<Mode> modes_with_auto() {
-  std::vector<Mode> modes = workload_modes();
-  modes.push_back(Mode::kAuto);
-  return modes;
-}
+/// Every workload mode and auto: what bench, sweep and data-bench run.
+inline std::vector<run::RunMode> modes_with_auto() { return run::run_modes(); }
 
 }  // namespace tandem::cli

@@ -285,7 +285,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
       b.params["source"] = source;
       b.workers = workers;
       std::cerr << "data-bench: workload images (" << o.model << ", " << source << "), "
-                << to_string(b.mode) << ", batch " << *b.batch_size << "\n";
+                << run::mode_name(b.mode) << ", batch " << *b.batch_size << "\n";
       const run::RunReport r = run::run_auto(b).report;  // a named mode runs as asked
       if (source == "files") {
         DataBenchRow row;
@@ -299,7 +299,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
       } else {
         result.rows.back().resident_images_per_s = r.samples_per_s;
         result.rows.back().note = detail::concat(
-            "mode ", to_string(b.mode), "; ",
+            "mode ", run::mode_name(b.mode), "; ",
             static_cast<int>(100.0 * result.rows.back().images_per_s / r.samples_per_s + 0.5),
             "% of the resident rate");
       }

@@ -4,19 +4,19 @@
 #include <string>
 #include <vector>
 
-#include "tandem/dist/launch_env.h"
-#include "tandem/dist/launcher.h"
+#include "tandem/distributed/launch_env.h"
+#include "tandem/distributed/launcher.h"
 
 namespace tandem {
 
 std::optional<int> launch_if_asked(int nproc, int argc, char** argv) {
   if (nproc <= 0) return std::nullopt;
-  if (dist::launch_env_from_environment())
+  if (distributed::launch_env_from_environment())
     throw InvalidArgument(detail::concat(
         "--nproc ", nproc, " under a launcher that already set RANK/WORLD_SIZE: drop --nproc "
         "(torchrun starts the ranks) or run without torchrun"));
   std::vector<std::string> args(argv, argv + argc);
-  return dist::run_local_ranks(nproc, dist::without_flag(args, "--nproc"));
+  return distributed::run_local_ranks(nproc, distributed::without_flag(args, "--nproc"));
 }
 
 }  // namespace tandem

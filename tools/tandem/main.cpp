@@ -22,7 +22,7 @@
 #include "tandem/workloads/registry.h"
 #include "cli_util.h"
 #include "data_parallel.h"
-#include "tandem/dist/launch_env.h"
+#include "tandem/distributed/launch_env.h"
 #ifdef TANDEM_HAVE_IMAGES
 #include "data_bench.h"
 #endif
@@ -174,7 +174,7 @@ std::string out_of_memory_cause(const c10::Error& e) {
 /// run_bench_command's run, once the options are resolved.
 int run_bench_resolved(const tandem::run::RunRequest& options,
                        const tandem::run::RunHooks& hooks,
-                       const std::shared_ptr<tandem::dist::ProcessGroup>& group,
+                       const std::shared_ptr<tandem::distributed::ProcessGroup>& group,
                        const std::string& json_path) {
   const bool lead = !group || group->rank() == 0;
   std::ofstream json = open_output(lead ? json_path : std::string(), "--json");
@@ -187,7 +187,7 @@ int run_bench_resolved(const tandem::run::RunRequest& options,
               << " per rank\n" << std::flush;
   nlohmann::json out;
   tandem::run::RunReport result;
-  if (options.mode == tandem::Mode::kAuto) {
+  if (!options.mode) {  // auto
     if (lead)
       std::cout << "\nauto: trials of " << tandem::run::kAutoTrialWarmup << " warm-up + "
                 << tandem::run::kAutoTrialSteps << " timed steps per mode (up to "
@@ -241,10 +241,10 @@ int run_bench_resolved(const tandem::run::RunRequest& options,
 }
 
 int run_bench_command(tandem::run::RunRequest options, const std::string& json_path,
-                      const tandem::dist::DataParallelOptions& data_parallel) {
+                      const tandem::distributed::DataParallelOptions& data_parallel) {
   // Data parallel (torchrun, or the ranks --nproc started): join, then run as this rank; rank 0
   // alone prints and writes.
-  const std::shared_ptr<tandem::dist::ProcessGroup> group =
+  const std::shared_ptr<tandem::distributed::ProcessGroup> group =
       tandem::run::join_data_parallel(options.device);
   tandem::run::RunHooks hooks;
   tandem::run::apply_data_parallel(options, hooks, group, data_parallel);
@@ -268,7 +268,7 @@ int run_bench_command(tandem::run::RunRequest options, const std::string& json_p
 int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
                       const std::string& json_path, const std::string& svg_path) {
   // The rows' modes ("all" among them) are checked by run_sweep; any valid mode resolves the rest.
-  options.base.mode = tandem::Mode::kAuto;
+  options.base.mode = std::nullopt;  // auto
   options.base = tandem::run::resolve(options.base);  // validates device, workload, counts
   options.base.batch_size.reset();
   std::ofstream csv = open_output(csv_path, "--csv");
@@ -485,11 +485,11 @@ int main(int argc, char** argv) {
     if (bench->parsed()) {
       if (auto code = tandem::launch_if_asked(bench_nproc, argc, argv)) return *code;
       bench_flags.apply(bench_options);
-      bench_options.mode = tandem::parse_mode(bench_mode);
+      bench_options.mode = tandem::run::parse_run_mode(bench_mode);
     }
     if (sweep->parsed()) sweep_flags.apply(sweep_options.base);
     if (bench->parsed()) {
-      tandem::dist::DataParallelOptions data_parallel;
+      tandem::distributed::DataParallelOptions data_parallel;
       data_parallel.bucket_cap_mb = bench_bucket_cap_mb;
       data_parallel.gathered_grad = bench_gathered_grad;
       return run_bench_command(bench_options, bench_json, data_parallel);
@@ -501,7 +501,7 @@ int main(int argc, char** argv) {
 #ifdef TANDEM_HAVE_IMAGES
     if (data_bench->parsed()) {
       db.run.workload = tandem::find_reference_workload("images");
-      db.run.mode = tandem::parse_mode(db_mode);
+      db.run.mode = tandem::run::parse_run_mode(db_mode);
       std::string command = "tandem";
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
       return run_data_bench_command(db, db_json, command);
@@ -517,19 +517,19 @@ int main(int argc, char** argv) {
     }
 #endif
   } catch (const tandem::InvalidArgument& e) {
-    std::cerr << tandem::dist::rank_prefix() << "tandem: error: " << tandem::first_line(e.what())
+    std::cerr << tandem::distributed::rank_prefix() << "tandem: error: " << tandem::first_line(e.what())
               << "\n";
     return kExitUsage;
   } catch (const c10::Error& e) {
     // TANDEM_DEBUG=1: the whole message, with LibTorch's C++ backtrace of where it was thrown
     // (stage threads included) when TORCH_SHOW_CPP_STACKTRACES=1 is set too.
-    std::cerr << tandem::dist::rank_prefix() << "tandem: error: "
+    std::cerr << tandem::distributed::rank_prefix() << "tandem: error: "
               << (std::getenv("TANDEM_DEBUG") ? std::string(e.what())
                                               : tandem::first_line(e.what_without_backtrace()))
               << "\n";
     return kExitFailure;
   } catch (const std::exception& e) {
-    std::cerr << tandem::dist::rank_prefix() << "tandem: error: "
+    std::cerr << tandem::distributed::rank_prefix() << "tandem: error: "
               << (std::getenv("TANDEM_DEBUG") ? std::string(e.what())
                                               : tandem::first_line(e.what()))
               << "\n";

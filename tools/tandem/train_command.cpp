@@ -64,11 +64,11 @@ std::vector<std::string> model_choices() {
 // The modes the Trainer runs: every workload mode but graphed_k (its K steps per graph replay
 // would cut through the Trainer's per-step schedule, checkpoints and progress), and auto, which
 // train resolves by device (no trials: a run is long, a trial of every mode would not pay).
-std::vector<Mode> train_modes() {
-  std::vector<Mode> modes;
+std::vector<run::RunMode> train_modes() {
+  std::vector<run::RunMode> modes;
   for (const Mode m : workload_modes())
     if (m != Mode::kGraphedK) modes.push_back(m);
-  modes.push_back(Mode::kAuto);
+  modes.push_back(std::nullopt);  // auto
   return modes;
 }
 // The mean of a run's per-epoch rates, the first left out when there are two or more: the first
@@ -311,7 +311,7 @@ void TrainCommand::validate() const {
 int TrainCommand::run(const std::string& command_line) {
   // Data parallel (torchrun, or the ranks --nproc started): this rank's device; rank 0 alone
   // prints and writes.
-  const std::shared_ptr<dist::ProcessGroup> group = run::join_data_parallel(device);
+  const std::shared_ptr<distributed::ProcessGroup> group = run::join_data_parallel(device);
   const bool lead = !group || group->rank() == 0;
   const int world = group ? group->world_size() : 1;
   if (!lead) quiet = true;
@@ -334,8 +334,8 @@ int TrainCommand::run(const std::string& command_line) {
   // A share that follows the rates makes the pixels depend on timing: a deterministic run
   // splits only at a share it is given.
   job.decode = deterministic && !given("--engine-share") ? "cpu" : decode;
-  const Mode parsed = parse_mode(mode);  // one of train_modes(): --mode's check
-  const Mode m = parsed == Mode::kAuto ? auto_mode(dev) : parsed;
+  const run::RunMode parsed = run::parse_run_mode(mode);  // one of train_modes(): --mode's check
+  const Mode m = parsed ? *parsed : auto_mode(dev);
   if (dev.is_cuda()) {
     at::globalContext().setBenchmarkCuDNN(!deterministic);
     at::globalContext().setAllowTF32CuBLAS(tf32);

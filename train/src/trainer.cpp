@@ -17,8 +17,8 @@
 #include <sstream>
 #include <utility>
 
-#include "tandem/dist/data_parallel.h"
-#include "tandem/dist/process_group.h"
+#include "tandem/distributed/data_parallel.h"
+#include "tandem/distributed/process_group.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/runner.h"
 #include "tandem/train/checkpoint.h"
@@ -140,11 +140,11 @@ std::string config_difference(const nlohmann::json& saved, const nlohmann::json&
 }
 
 // Thrown from the hook to end the run on a stop request (the runner wraps it in a RunError).
-constexpr auto kMax = dist::ProcessGroup::HostOp::kMax;
-constexpr auto kMean = dist::ProcessGroup::HostOp::kMean;
+constexpr auto kMax = distributed::ProcessGroup::HostOp::kMax;
+constexpr auto kMean = distributed::ProcessGroup::HostOp::kMean;
 
 /// Every rank's generator states (uint8 CPU tensors), gathered on every rank, in rank order.
-std::vector<std::vector<at::Tensor>> gather_states(dist::ProcessGroup& group,
+std::vector<std::vector<at::Tensor>> gather_states(distributed::ProcessGroup& group,
                                                    const std::vector<at::Tensor>& states) {
   std::vector<uint8_t> mine;  // per state: its byte count (8 bytes), then its bytes
   for (const auto& t : states) {
@@ -203,7 +203,6 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
   const TrainOptions& o = options_;
   TANDEM_CHECK_ARG(o.epochs >= 1, "epochs ", o.epochs, " is not valid: expected >= 1");
   TANDEM_CHECK_ARG(o.batch_size >= 1, "batch size ", o.batch_size, " is not valid: expected >= 1");
-  TANDEM_CHECK_ARG(o.mode != Mode::kAuto, "the trainer takes a resolved mode, not auto");
   TANDEM_CHECK_ARG(!o.out_dir.empty(), "no run folder given: expected --out RUN_DIR");
   TANDEM_CHECK_ARG(o.checkpoint_every >= 0, "checkpoint interval ", o.checkpoint_every,
                    " is not valid: expected >= 0 steps (0: at each epoch end)");
@@ -241,7 +240,7 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
       load_checkpoint(found->first, found->second);
       if (lead)
         for (const auto& n : resume_notes_) std::cerr << n << "\n";
-      if (o.group) dist::make_data_parallel(job_.workload, o.group);  // the same weights
+      if (o.group) distributed::make_data_parallel(job_.workload, o.group);  // the same weights
       return;
     }
     // A run that failed before its first checkpoint (or a new folder): nothing to continue.
@@ -263,7 +262,7 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
   // and the group's watchdog the others), then take rank 0's weights.
   if (o.group) {
     o.group->barrier();
-    dist::make_data_parallel(job_.workload, o.group);
+    distributed::make_data_parallel(job_.workload, o.group);
   }
 }
 
@@ -382,7 +381,7 @@ TrainResult Trainer::run() {
   ro.rank = rank_;
   ro.world_size = world_;
   const bool lead = rank_ == 0;
-  dist::ProcessGroup* group = o.group.get();
+  distributed::ProcessGroup* group = o.group.get();
   Runner runner(job_.workload, ro);
   const std::vector<at::Generator> gens = runner.generators();
   if (o.resume) {
@@ -463,9 +462,9 @@ TrainResult Trainer::run() {
     cause = "the starting weights (" + source + ") hold non-finite values (" + bad_start + ")";
   }
 
-  Pipeline& pipeline = runner.prepare(total - start);
-  const int last = pipeline.num_stages() - 1;
-  const Lane& train_lane = pipeline.lane_of(last);
+  runner.prepare(total - start);
+  const int last = runner.num_stages() - 1;
+  const Lane& train_lane = runner.train_lane();
 
   // Host-side bookkeeping, touched only by the train stage's thread (and after run()).
   std::vector<float> losses;   // this run's, read so far
@@ -480,7 +479,7 @@ TrainResult Trainer::run() {
   // lane evaluates and checkpoints, the feed stages run ahead (up to the pipeline's depth), so
   // the first steps after an epoch boundary find their inputs already made and would count
   // work done during the pause. Past the depth the lead is what it is at the epoch's end.
-  const int64_t steady_skip = std::min<int64_t>(pipeline.depth() + 2, spe / 2);
+  const int64_t steady_skip = std::min<int64_t>(runner.depth() + 2, spe / 2);
   bool steady_marked = false;
   int64_t steady_from = 0;
   Clock::time_point steady_t = run_start;

@@ -2,7 +2,7 @@
 // a 9-conv encoder that halves the image 8 times to (4096, 1, 1), the decoder that mirrors it back
 // to per-pixel logits, and the classifier of the same encoder plus a linear head. Plain
 // nn::Sequential stacks: their state_dict keys are the Python reference loops'
-// (bench/python/reference_loops.py: its seg encoder / decoder layers by index). Their largest
+// (benchmarks/reference_loops.py: its seg encoder / decoder layers by index). Their largest
 // layers are GatheredGrad (the encoder's last conv, the decoder's first two): the same layers with
 // one process, and under data parallel weight gradients formed from every rank's gathered batch.
 #pragma once

@@ -12,16 +12,16 @@
 
 #include "tandem/run/resolve_mode.h"
 #include "tandem/run/run_workload.h"
-#include "tandem/dist/data_parallel.h"
-#include "tandem/dist/process_group.h"
+#include "tandem/distributed/data_parallel.h"
+#include "tandem/distributed/process_group.h"
 
 namespace tandem::run {
 
 /// Joins the job when the environment describes one of more than one rank, else nullptr.
 /// `device_flag` (auto, cpu, cuda, cuda:N) picks this rank's device: cuda:LOCAL_RANK unless the
-/// CPU is asked for or there is no GPU. Throws dist::EnvironmentError (exit 2) for more local
+/// CPU is asked for or there is no GPU. Throws distributed::EnvironmentError (exit 2) for more local
 /// ranks than GPUs or an explicit cuda:N.
-std::shared_ptr<dist::ProcessGroup> join_data_parallel(const std::string& device_flag);
+std::shared_ptr<distributed::ProcessGroup> join_data_parallel(const std::string& device_flag);
 
 /// Loader threads for a process training on `device` when the user gives no count: on a GPU
 /// the machine's cores less one (at most `most`), shared by the LOCAL_WORLD_SIZE ranks of this
@@ -33,12 +33,12 @@ int default_loader_workers(c10::Device device, int most = 15);
 /// monitor on rank 0 only, and the hook that makes each instance data parallel. No group:
 /// nothing. Mode auto then resolves through resolve_mode_as_rank.
 void apply_data_parallel(RunRequest& request, RunHooks& hooks,
-                         const std::shared_ptr<dist::ProcessGroup>& group,
-                         const dist::DataParallelOptions& data_parallel = {});
+                         const std::shared_ptr<distributed::ProcessGroup>& group,
+                         const distributed::DataParallelOptions& data_parallel = {});
 
 /// Rank 0's `value` on every rank of `group` (through the store; a collective: every rank
 /// calls it). How the ranks agree on a choice each could make differently, such as mode auto's.
-double value_of_rank0(dist::ProcessGroup& group, double value);
+double value_of_rank0(distributed::ProcessGroup& group, double value);
 
 /// resolve_mode as this rank of `group` (request and hooks from apply_data_parallel): for mode
 /// auto every rank times the modes alone, without communication (a trial's step count follows
@@ -46,17 +46,17 @@ double value_of_rank0(dist::ProcessGroup& group, double value);
 /// (the decision and trials returned are this rank's, the mode rank 0's). A collective for mode
 /// auto: every rank calls it.
 ModeResolution resolve_mode_as_rank(const RunRequest& request, const RunHooks& hooks,
-                                    dist::ProcessGroup& group);
+                                    distributed::ProcessGroup& group);
 
 /// resolve_mode_as_rank, then the run of its mode, data parallel. A collective.
 AutoReport run_auto_as_rank(const RunRequest& request, const RunHooks& hooks,
-                            dist::ProcessGroup& group);
+                            distributed::ProcessGroup& group);
 
 /// After a run of every rank: replaces `result`'s losses by their mean over the ranks (the
 /// global batch's loss, the same on every rank) and returns what the report adds under
 /// "data_parallel" — world size, backend, this rank's and every rank's steps/s, the slowest
 /// rank's, samples/s in total. A collective: every rank calls it once per run.
-nlohmann::json reduce_over_ranks(RunReport& result, dist::ProcessGroup& group);
+nlohmann::json reduce_over_ranks(RunReport& result, distributed::ProcessGroup& group);
 
 /// One line for a terminal: "data parallel: W ranks; per rank ... steps/s (slowest rank ...),
 /// ... samples/s in total", from reduce_over_ranks' block.

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "tandem/pipeline.h"
 #include "tandem/run/kernel_profile.h"
 #include "tandem/run/request.h"
+#include "tandem/stage_timing.h"
 
 namespace tandem::run {
 
@@ -23,7 +23,7 @@ struct RunReport {
   double steps_per_s = 0;
   double samples_per_s = 0;
   std::vector<float> losses;    ///< every step, warm-up included
-  Pipeline::Timing timing;      ///< per stage, over the timed steps
+  StageTiming timing;           ///< per stage, over the timed steps
   /// NVML's mean GPU utilization over the timed steps, or nullopt (see gpu_utilization_note).
   std::optional<double> gpu_utilization;
   std::string gpu_utilization_note;

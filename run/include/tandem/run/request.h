@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tandem/mode.h"
 #include "tandem/runner.h"
@@ -18,13 +19,31 @@
 
 namespace tandem::run {
 
+/// A run's mode: one of the core's (mode.h), or auto — no value — which resolve_mode
+/// (resolve_mode.h) turns into one by short timed trials. Auto is the run layer's: a Runner
+/// only ever gets a mode.
+using RunMode = std::optional<Mode>;
+
+/// "auto" for no value, else the mode's name.
+std::string mode_name(const RunMode& mode);
+/// One line for help texts: what the mode does.
+std::string describe_mode(const RunMode& mode);
+/// Every mode a run can ask for: the workload modes, simplest first, then auto.
+std::vector<RunMode> run_modes();
+/// Parses a mode name or "auto"; throws InvalidArgument naming the bad value and every valid
+/// one ("mode 'fast' is not valid: expected serial, pipelined, ... or auto").
+RunMode parse_run_mode(const std::string& name);
+
 struct RunRequest {
   /// What to run: a factory of fresh instances (one per run), its default batch sizes and
   /// parameters. The CLI takes it from the reference workloads by name.
   WorkloadEntry workload;
   /// Workload-specific settings, checked against workload.params by resolve().
   std::map<std::string, std::string> params;
-  Mode mode = Mode::kSerial;  ///< kAuto: resolve_mode() (resolve_mode.h) first
+  RunMode mode = Mode::kSerial;  ///< auto (no value): resolve_mode() (resolve_mode.h) first
+  /// Modes this run cannot take, each with why (an optimizer a graph cannot capture, say):
+  /// mode auto does not try them, and its trials list them with that reason as their error.
+  std::map<Mode, std::string> ruled_out;
   std::string device = "auto";  ///< auto, cpu, cuda, cuda:N
   // Unset: resolve() fills the defaults: the workload's batch size for the device and
   // kGpuRunDefaults / kCpuRunDefaults for the rest.
@@ -70,7 +89,7 @@ struct RunRequest {
 /// What a front end does during a run. Every hook may be empty.
 struct RunHooks {
   /// Called on each fresh workload instance before its Runner is built: how a data-parallel
-  /// front end makes it one rank of the job (dist::make_data_parallel, data_parallel.h).
+  /// front end makes it one rank of the job (distributed::make_data_parallel, data_parallel.h).
   std::function<void(Workload&)> prepare_workload;
   /// If set: read before every stage of every step; once true, the run stops there and
   /// run_workload throws RunError ("... cancelled"). How a front end that cannot signal the

@@ -63,14 +63,15 @@ std::vector<Trial> run_trials(const RunRequest& request, const RunHooks& hooks =
                               double* seconds = nullptr);
 
 struct ModeResolution {
-  Mode mode = Mode::kSerial;  ///< the mode to run: never kAuto
+  Mode mode = Mode::kSerial;  ///< the mode to run
   /// Why: the trials' pick, or "asked for" when the request named its mode.
   ModeDecision decision;
   std::vector<Trial> trials;  ///< empty when the request named its mode
   double trial_seconds = 0;   ///< wall time of all trials, model set-up included
 };
 
-/// The request's mode when it names one; for kAuto, the trials' pick (choose_mode). Prints
+/// The request's mode when it names one (InvalidArgument with its reason when the request rules
+/// it out); for auto, the trials' pick (choose_mode) among the modes not ruled out. Prints
 /// nothing.
 ModeResolution resolve_mode(const RunRequest& request, const RunHooks& hooks = {});
 

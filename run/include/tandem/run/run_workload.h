@@ -11,7 +11,7 @@
 namespace tandem::run {
 
 /// Runs request.warmup + request.steps training steps and times the last request.steps.
-/// Resolves the request first (resolve()); its mode must not be kAuto (resolve_mode.h).
+/// Resolves the request first (resolve()); its mode must not be auto (resolve_mode.h).
 RunReport run_workload(const RunRequest& request, const RunHooks& hooks = {});
 
 }  // namespace tandem::run

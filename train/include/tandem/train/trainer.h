@@ -28,7 +28,7 @@
 #include "tandem/optim.h"
 #include "tandem/workload.h"
 
-namespace tandem::dist {
+namespace tandem::distributed {
 class ProcessGroup;
 }
 
@@ -77,7 +77,7 @@ struct TrainJob {
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 64;
-  Mode mode = Mode::kPipelinedGraphed;  ///< not kAuto (the CLI resolves it)
+  Mode mode = Mode::kPipelinedGraphed;  ///< auto is a front end's to resolve
   int workers = 4;
   uint64_t seed = 0;
   bool skip_bad = false;
@@ -107,13 +107,13 @@ struct TrainOptions {
   double progress_seconds = 0.5;
   /// Called after each epoch's evaluation, once its record is in metrics.jsonl.
   std::function<void(const struct EpochRecord&)> on_epoch;
-  /// Data parallel (tandem::dist): every rank builds the same job and runs a Trainer with the
+  /// Data parallel (tandem::distributed): every rank builds the same job and runs a Trainer with the
   /// same options; batch_size is per rank and each rank trains on its shard. Rank 0 alone
   /// writes the run folder (checkpoints hold every rank's generator states), evaluates and
   /// reports; the ranks agree every kAgreeEvery steps on a stop (a signal on any rank) and on
   /// a non-finite loss, so all stop at one step. Losses are averaged over the ranks; img/s
   /// counts every rank's images. Empty: one process.
-  std::shared_ptr<dist::ProcessGroup> group;
+  std::shared_ptr<distributed::ProcessGroup> group;
 };
 
 /// Data parallel: steps between the ranks' agreements on a stop (a store round trip each).
