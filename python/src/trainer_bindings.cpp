@@ -388,7 +388,9 @@ py::dict trials(const py::dict& config) {
     });
   } catch (const py::error_already_set&) {
     throw;
-  } catch (const RunError&) {
+  } catch (const RunError&) {  // a cancel
+    throw;
+  } catch (const InvalidArgument&) {  // a bad setting, reported as without auto
     throw;
   } catch (const Error& e) {  // every mode failed its trial
     throw py::value_error(std::string("mode auto: ") + e.what());

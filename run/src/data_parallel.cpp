@@ -67,12 +67,10 @@ double value_of_rank0(distributed::ProcessGroup& group, double value) {
 ModeResolution resolve_mode_as_rank(const RunRequest& request, const RunHooks& hooks,
                                     distributed::ProcessGroup& group) {
   if (request.mode) return resolve_mode(request, hooks);
-  RunRequest alone = resolve(request);
-  alone.progress = false;
-  RunHooks alone_hooks = hooks;
-  alone_hooks.prepare_workload = nullptr;  // the trials: this rank by itself
+  RunHooks alone = hooks;
+  alone.prepare_workload = nullptr;  // the trials: this rank by itself (and without progress)
   ModeResolution out;
-  out.trials = run_trials(alone, alone_hooks, &out.trial_seconds);
+  out.trials = run_trials(request, alone, &out.trial_seconds);
   // Every rank has the same trials in the same order (workload_modes()); rank 0's pick by its
   // index. A rank whose trials all failed still takes part, then fails with the others' pick
   // if that mode fails for it too.

@@ -23,10 +23,10 @@ std::vector<RunMode> run_modes() {
 
 RunMode parse_run_mode(const std::string& name) {
   if (name == "auto") return std::nullopt;
-  std::vector<std::string> names;
-  for (const RunMode& m : run_modes()) names.push_back(mode_name(m));
   for (const Mode m : workload_modes())
     if (name == to_string(m)) return m;
+  std::vector<std::string> names;
+  for (const RunMode& m : run_modes()) names.push_back(mode_name(m));
   throw InvalidArgument("mode '" + name + "' is not valid: expected " + join_choices(names));
 }
 
