@@ -19,6 +19,9 @@ void bind_python_dataset(py::module_& m);  // python_dataset.cpp
 void bind_optim(py::module_& m);    // optim_bindings.cpp
 void bind_trainer(py::module_& m);  // trainer_bindings.cpp
 void bind_job(py::module_& m);      // job_bindings.cpp
+#ifdef TANDEM_PY_HAVE_TRAIN
+void bind_train(py::module_& m);    // train_bindings.cpp
+#endif
 
 PYBIND11_MODULE(_C, m) {
   // A bad argument the C++ library names is a ValueError in Python (other tandem errors are
@@ -36,6 +39,9 @@ PYBIND11_MODULE(_C, m) {
   bind_optim(m);
   bind_trainer(m);
   bind_job(m);
+#ifdef TANDEM_PY_HAVE_TRAIN
+  bind_train(m);
+#endif
   m.doc() = "tandem's C++ extension: torch.ops.tandem.* and the library's defaults";
   m.def("augment_spec_defaults", [] {
     const tandem::AugmentSpec s;

@@ -32,6 +32,7 @@ class ImageFolder(Dataset):
 
     def __init__(self, root: str, image_size: int = 224, channels: int = 3):
         super().__init__(_C.image_folder(root, image_size, channels))
+        self.source = os.fspath(root)  # what a run folder's resume checks (by content)
 
 
 class ImageMaskPairs(Dataset):
@@ -40,6 +41,7 @@ class ImageMaskPairs(Dataset):
 
     def __init__(self, root: str, classes: int, image_size: int = 512, ignore_index: int = 255):
         super().__init__(_C.image_mask_pairs(root, classes, image_size, ignore_index))
+        self.source = os.fspath(root)
 
 
 class Idx(Dataset):
@@ -47,6 +49,7 @@ class Idx(Dataset):
 
     def __init__(self, images: str, labels: str):
         super().__init__(_C.idx(images, labels))
+        self.source = os.fspath(images)
 
 
 def decode_image(data, channels: int = 3, min_size: int = 0, layout: str = "CHW") -> torch.Tensor:
@@ -102,6 +105,7 @@ class TorchDataset(Dataset):
             raise TypeError(f"{type(dataset).__name__} is not a map-style dataset: expected "
                             "__len__ and __getitem__ (an IterableDataset cannot be indexed)")
         super().__init__(_C.python_dataset(dataset, list(fields or [])))
+        self.source = f"{type(dataset).__qualname__} of {len(dataset)} samples"
 
 
 _DTYPES = (torch.uint8, torch.int32, torch.int64, torch.float32)  # RandomDataset's
@@ -144,6 +148,7 @@ class Random(Dataset):
                                  f"e.g. {name}=({tuple(shape)}, {dtype}, 10) for values 0..9")
             specs.append((name, [int(d) for d in shape], dtype, float(low), float(high)))
         super().__init__(_C.random_dataset(specs, int(size), int(seed)))
+        self.source = f"tandem.data.Random of {size} samples, seed {seed}, fields {fields!r}"
 
 
 class Loader:

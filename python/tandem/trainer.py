@@ -28,12 +28,19 @@ random choices made in Python) runs only during capture there. Python optimizers
 capturable when every param group has ``capturable=True`` (torch.optim.Adam/AdamW) or for
 torch.optim.SGD (its float lr is baked into the graph); tandem.optim's always are.
 
+A run folder: ``Trainer(..., out="runs/x", evaluate=fn)`` makes ``fit(epochs=N)`` the training
+loop `tandem train` runs — ``fn(model)``'s metrics after every epoch, metrics.jsonl and .csv,
+atomic checkpoints, the final weights in model.safetensors — and ``fit(epochs=N, resume=True)``
+continues it from its newest checkpoint exactly (the same losses as a run never stopped).
+Ctrl-C stops it at the next step with a checkpoint.
+
 Many GPUs: run the script under torchrun (``torchrun --nproc-per-node 8 train.py``), with the
 model on ``tandem.distributed.local_device()``, and each process trains as one rank of a
 data-parallel job — see tandem.distributed.
 """
 import copy
 import dataclasses
+import json
 import math
 import os
 import threading
@@ -66,6 +73,11 @@ class FitResult:
     report: dict
     table: str
     trials: Optional[dict] = None  # mode auto: every mode's trial rate and why one was picked
+    # A fit with a run folder: every epoch's record (metrics.jsonl's rows, a resumed run's
+    # earlier ones included), the final weights' file and the newest checkpoint's folder.
+    epochs: Optional[List[dict]] = None
+    weights: Optional[str] = None
+    checkpoint: Optional[str] = None
 
     def __str__(self) -> str:
         text = self.table
@@ -106,6 +118,93 @@ def _stage_name(fn, taken) -> str:
     while name in taken:
         name, n = f"{base}{n}", n + 1
     return name
+
+
+def _set_lr(optimizer, lr: float):
+    """Sets every param group's learning rate: a tensor lr (capturable, read by a CUDA graph)
+    in place, on the current stream, before the step that reads it."""
+    for g in optimizer.param_groups:
+        if isinstance(g["lr"], torch.Tensor):
+            g["lr"].fill_(lr)
+        else:
+            g["lr"] = lr
+
+
+def _flatten(value, path, tensors):
+    """`value` as JSON, each tensor in it replaced by {"tensor": its path} and put in
+    `tensors`."""
+    if isinstance(value, torch.Tensor):
+        tensors.append((path, value.detach()))
+        return {"tensor": path}
+    if isinstance(value, dict):
+        return {"dict": [[k, _flatten(v, f"{path}.{k}", tensors)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__: [_flatten(v, f"{path}.{i}", tensors)
+                                       for i, v in enumerate(value)]}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    raise TypeError(f"the optimizer's state {path} is a {type(value).__name__}: a checkpoint "
+                    "holds tensors, numbers, strings, lists and dicts only")
+
+
+def _unflatten(node, tensors):
+    (kind, value), = node.items()
+    if kind == "tensor":
+        return tensors[value]
+    if kind == "dict":
+        return {k: _unflatten(v, tensors) for k, v in value}
+    if kind in ("list", "tuple"):
+        items = [_unflatten(v, tensors) for v in value]
+        return items if kind == "list" else tuple(items)
+    return value
+
+
+_STRUCTURE = "structure.json"
+
+
+def _optimizer_state(optimizer):
+    """A torch.optim optimizer's state_dict as a checkpoint's named tensors: each tensor under
+    its path ("state.0.momentum_buffer"), and the rest (param groups, numbers) as JSON in one
+    uint8 tensor, "structure.json" — no pickle in a checkpoint."""
+    tensors = []
+    structure = _flatten(optimizer.state_dict(), "", tensors)
+    text = json.dumps(structure).encode()
+    tensors.append((_STRUCTURE, torch.frombuffer(bytearray(text), dtype=torch.uint8)))
+    return tensors
+
+
+def _load_optimizer_state(optimizer, named):
+    """The inverse of _optimizer_state, through the optimizer's own load_state_dict. A tensor
+    learning rate keeps its identity (the value is copied in): a CUDA graph or a schedule may
+    hold it."""
+    tensors = dict(named)
+    if _STRUCTURE not in tensors:
+        raise ValueError("the checkpoint's optimizer state has no structure.json: it was saved "
+                         "from a tandem optimizer, not from a torch.optim one")
+    structure = json.loads(bytes(tensors.pop(_STRUCTURE).cpu().numpy()).decode())
+    old_lrs = [g["lr"] for g in optimizer.param_groups]
+    optimizer.load_state_dict(_unflatten(structure, tensors))
+    for g, old in zip(optimizer.param_groups, old_lrs):
+        if isinstance(old, torch.Tensor):
+            with torch.no_grad():
+                old.copy_(g["lr"] if isinstance(g["lr"], torch.Tensor) else
+                          torch.tensor(g["lr"]))
+            g["lr"] = old
+
+
+def _model_state(model):
+    """The model's state_dict as named tensors (the checkpoint's and model.safetensors')."""
+    out = []
+    for name, value in model.state_dict().items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"the model's state_dict entry {name!r} is a "
+                            f"{type(value).__name__}: a checkpoint holds tensors only")
+        out.append((name, value.detach()))
+    return out
+
+
+def _load_model_state(model, named):
+    model.load_state_dict(dict(named))  # strict: names every missing and unexpected key
 
 
 # torch.compile is not thread-safe: compilation (a compiled function's first calls) happens on
@@ -187,6 +286,32 @@ def _tensors_of(objects) -> List[torch.Tensor]:
     return out
 
 
+def _evaluation(evaluate, model):
+    """``evaluate(model)`` as the training loop calls it: the model's modules in eval mode and
+    no gradients, each module's own flag put back after; returns (metrics, samples scored)."""
+    def run():
+        flags = [(m, m.training) for m in model.modules()]
+        model.eval()
+        try:
+            with torch.no_grad():
+                result = evaluate(model)
+        finally:
+            for m, training in flags:
+                m.training = training
+        metrics, samples = result if isinstance(result, tuple) else (result, 0)
+        if not isinstance(metrics, dict) or not metrics:
+            raise TypeError(f"evaluate returned {result!r}: expected a dict of metrics, e.g. "
+                            "{'accuracy': 0.91}, or (metrics, samples scored)")
+        out = {}
+        for k, v in metrics.items():
+            try:
+                out[str(k)] = float(v)
+            except (TypeError, ValueError):
+                raise TypeError(f"evaluate's metric {k!r} is {v!r}: expected a number") from None
+        return out, int(samples)
+    return run
+
+
 class Trainer:
     """Trains ``model`` on ``data`` with tandem's runner (see the module's help).
 
@@ -225,6 +350,20 @@ class Trainer:
             capture the compiled kernels into tandem's CUDA graphs. Pass your modules
             uncompiled. Compiled code is traced on the first steps (and on each copy that mode
             auto's trials and benchmark() make).
+        out: a run folder (made when missing): fit(epochs=N) then runs the training loop of
+            `tandem train` into it — metrics.jsonl and .csv (a row per epoch), checkpoints/
+            (atomic; the model's and optimizer's state_dicts, the random generators, the
+            epoch's running sums), config.json, and model.safetensors at the end — and
+            fit(epochs=N, resume=True) continues it exactly. An existing non-empty folder is
+            refused without resume=True: nothing is overwritten. Needs a dataset (not a list
+            of batches) with drop_last=True, a torch.nn.Module model, and a mode other than
+            graphed_k.
+        evaluate: with out, ``evaluate(model)`` after every epoch, in eval mode and without
+            gradients (your modules' train/eval flags are put back), on the training's CUDA
+            stream: returns a dict of metrics (numbers, e.g.
+            ``{"accuracy": 0.91}``), or ``(metrics, samples_scored)`` to report eval img/s.
+        checkpoint_every: with out, steps between checkpoints (0: at each epoch's end only).
+        keep_checkpoints: with out, how many checkpoints to keep (the newest).
     """
 
     def __init__(self, model: Callable, loss_fn: Callable, optimizer: Any,
@@ -236,7 +375,9 @@ class Trainer:
                  skip_bad: bool = False, device: Union[str, torch.device, None] = None,
                  cudnn_benchmark: Optional[bool] = None,
                  lr_schedule: Optional[Callable[[int], float]] = None,
-                 compile: Union[bool, dict] = False):
+                 compile: Union[bool, dict] = False, out: Union[str, os.PathLike, None] = None,
+                 evaluate: Optional[Callable] = None, checkpoint_every: int = 0,
+                 keep_checkpoints: int = 3):
         if not callable(model):
             raise TypeError(f"model is a {type(model).__name__}: expected a module or callable")
         if not callable(loss_fn):
@@ -257,6 +398,22 @@ class Trainer:
         if not isinstance(compile, (bool, dict)):
             raise TypeError(f"compile is a {type(compile).__name__}: expected True, False or a "
                             "dict of torch.compile options")
+        if evaluate is not None and not callable(evaluate):
+            raise TypeError(f"evaluate is a {type(evaluate).__name__}: expected a function of "
+                            "the model returning a dict of metrics")
+        if evaluate is not None and out is None:
+            raise ValueError("evaluate runs after each epoch of a run folder's training: give "
+                             "out='runs/NAME' too")
+        if out is not None and not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model is a {type(model).__name__}: a run folder saves the model's "
+                            "state_dict, expected a torch.nn.Module")
+        if checkpoint_every < 0 or keep_checkpoints < 1:
+            raise ValueError(f"checkpoint_every {checkpoint_every} / keep_checkpoints "
+                             f"{keep_checkpoints} are not valid: expected >= 0 steps (0: at "
+                             "each epoch's end) and >= 1")
+        self.out = None if out is None else os.fspath(out)
+        self.evaluate = evaluate
+        self.checkpoint_every, self.keep_checkpoints = int(checkpoint_every), int(keep_checkpoints)
         self._compile = ({} if compile is True else dict(compile)) if compile else None
         self._compiled = None  # the compiled step of the user's own modules, made once
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
@@ -295,6 +452,10 @@ class Trainer:
             self._feeds.append((name, fn))
 
         self._data, fields = self._read_data(data, batch_size)
+        if self.out is not None and not (isinstance(self._data, _C.Dataset) and drop_last):
+            raise ValueError("a run folder (out=) trains epochs over a dataset with "
+                             "drop_last=True: expected a tandem.data dataset or a map-style "
+                             "torch Dataset, not a list of batches")
         self.input = input or fields[0]
         if self.input not in fields:
             raise ValueError(f"input {self.input!r} is not a field of the data: its fields are "
@@ -396,16 +557,7 @@ class Trainer:
             return None
         if isinstance(opt, _TandemOptimizer):
             return lambda step: opt.set_lr(float(schedule(step)))  # enqueued on the lane
-        groups = opt.param_groups
-
-        def set_lr(step):
-            lr = float(schedule(step))
-            for g in groups:
-                if isinstance(g["lr"], torch.Tensor):
-                    g["lr"].fill_(lr)  # on the lane, before the replay that reads it
-                else:
-                    g["lr"] = lr
-        return set_lr
+        return lambda step: _set_lr(opt, float(schedule(step)))  # on the lane, before the step
 
     def _config(self, mode, steps, warmup, copies, progress=False, trace=None,
                 gpu_monitor=True, data_parallel=False, ruled_out=None):
@@ -430,6 +582,10 @@ class Trainer:
 
     def _mode_problem(self, mode) -> Optional[str]:
         """Why `mode` cannot run this trainer's optimizer and schedule, or None."""
+        if mode == "graphed_k" and self.out is not None:
+            return ("mode 'graphed_k' replays K steps per graph, which would cut through a run "
+                    "folder's per-step schedule, checkpoints and stops: use "
+                    "'pipelined+graphed' or 'graphed'")
         graphed_on_cuda = mode in _GRAPHED and self.device.type == "cuda"
         if (graphed_on_cuda and self.lr_schedule is not None
                 and not isinstance(self.optimizer, _TandemOptimizer)
@@ -506,7 +662,8 @@ class Trainer:
                          report=report, trials=self._trials)
 
     def fit(self, steps: Optional[int] = None, epochs: Optional[int] = None, *,
-            progress: bool = True, trace: Optional[str] = None) -> FitResult:
+            resume: bool = False, progress: bool = True,
+            trace: Optional[str] = None) -> FitResult:
         """Trains your modules for ``steps`` steps or ``epochs`` passes over the data and
         returns every step's loss and the run's report. A fit continues the last one: the data
         order, the augmentation's random draws and lr_schedule's step go on from
@@ -514,7 +671,18 @@ class Trainer:
         on a terminal's stderr. ``trace``: write a Chrome-trace timeline (chrome://tracing,
         Perfetto) of the run to this file. Ctrl-C stops the run at its next step and raises
         KeyboardInterrupt; an exception in your code stops every stage and is raised here with
-        its traceback."""
+        its traceback.
+
+        With a run folder (``out``): ``epochs`` is the run's length, ``resume=True`` continues
+        the folder's run from its newest checkpoint (or starts it when it has none), Ctrl-C
+        writes a checkpoint before KeyboardInterrupt is raised, and the result holds every
+        epoch's record (``result.epochs``) and the weights' file; ``progress`` also prints
+        each epoch's line."""
+        if self.out is not None:
+            return self._fit_run_folder(steps, epochs, resume, progress, trace)
+        if resume:
+            raise ValueError("resume=True continues a run folder's run: give the Trainer "
+                             "out='runs/NAME'")
         n = self._steps_for(steps, epochs)
         mode = self.choose_mode(min(n, 300))
         self._check_mode(mode)
@@ -522,6 +690,56 @@ class Trainer:
                                      data_parallel=self._joined()))
         self.steps_done += n
         return self._result(report, mode)
+
+    def _run_config(self) -> str:
+        """What must match for a resume (the C++ loop adds batch size, epochs, seed and the
+        ranks), as JSON: the model, optimizer, data (a folder by its content), stages."""
+        data = getattr(self._data, "source", None) or type(self._data).__name__
+        spec = dataclasses.asdict(self.augment) if self.augment is not None else None
+        return json.dumps(dict(
+            model=self.name, optimizer=_optimizer_name(self.optimizer), data=data,
+            samples=len(self._data), input=self.input, target=self.target,
+            feeds=[n for n, _ in self._feeds], augment=spec, shuffle=self.shuffle,
+            compile=self._compile, lr_schedule=self.lr_schedule is not None))
+
+    def _fit_run_folder(self, steps, epochs, resume, progress, trace) -> FitResult:
+        if not hasattr(_C, "train"):
+            raise RuntimeError("this tandem was built without its training loop (the tandem "
+                               "library's data layer was missing): out= cannot run")
+        if steps is not None or epochs is None:
+            raise ValueError("a run folder's fit is counted in epochs: give fit(epochs=N) "
+                             "(the run's whole length; resume=True continues it)")
+        if epochs < 1:
+            raise ValueError(f"epochs {epochs} is not valid: expected >= 1")
+        if trace is not None:
+            raise ValueError("trace= times a run without a run folder: use fit(steps=...) on a "
+                             "Trainer without out, or benchmark(trace=...)")
+        mode = self.choose_mode(min(int(epochs) * self.steps_per_epoch, 300))
+        self._check_mode(mode)
+        config = self._config(mode, int(epochs) * self.steps_per_epoch, 0, copies=False,
+                              progress=progress, data_parallel=self._joined())
+        evaluate = None
+        if self.evaluate is not None:
+            evaluate = _evaluation(self.evaluate, self.model)
+        config["train"] = dict(
+            model=self.model, evaluate=evaluate, config=self._run_config(),
+            epochs=int(epochs), out=self.out, resume=bool(resume),
+            checkpoint_every=self.checkpoint_every, keep_checkpoints=self.keep_checkpoints,
+            lr_schedule=self.lr_schedule)
+        config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
+        report = _C.train(config)
+        self.steps_done = report["steps"]
+        start = max(report["resumed_from"], 0)
+        ran = [e for e in report["epochs"] if e["step"] > start]
+        seconds = sum(e["train_seconds"] for e in ran)
+        rate = report.pop("images_per_s")
+        return FitResult(losses=list(report.pop("losses")), mode=mode,
+                         steps=report["steps"] - start, seconds=seconds,
+                         steps_per_s=rate / self.batch_size / max(self.world_size, 1),
+                         samples_per_s=rate, table=report.pop("table"), report=report,
+                         trials=self._trials, epochs=report["epochs"],
+                         weights=report["weights"] or None,
+                         checkpoint=report["last_checkpoint"] or None)
 
     def benchmark(self, steps: int = 100, warmup: int = 10, mode: Optional[str] = None,
                   trace: Optional[str] = None) -> FitResult:

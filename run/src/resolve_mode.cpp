@@ -124,6 +124,20 @@ ModeResolution resolve_mode(const RunRequest& request, const RunHooks& hooks) {
   return out;
 }
 
+ModeResolution resolve_mode_by_device(const RunMode& mode, const c10::Device& device) {
+  ModeResolution out;
+  if (mode) {
+    out.mode = *mode;
+    out.decision = {to_string(*mode), "asked for"};
+    return out;
+  }
+  out.mode = device.is_cuda() ? Mode::kPipelinedGraphed : Mode::kSerial;
+  out.decision = {to_string(out.mode),
+                  device.is_cuda() ? "on a GPU: each stage on its own stream, replaying its graph"
+                                   : "on the CPU: no CUDA streams or graphs to gain from"};
+  return out;
+}
+
 nlohmann::json to_json(const ModeResolution& r) {
   nlohmann::json trials = nlohmann::json::array();
   for (const auto& t : r.trials)

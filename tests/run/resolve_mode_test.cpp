@@ -69,5 +69,17 @@ TEST(ResolveModeTest, AModeIsRankedByItsSlowestRun) {
   EXPECT_EQ(d.mode, "pipelined+graphed");
 }
 
+TEST(ResolveModeTest, ALongRunsAutoIsSettledByTheDeviceWithoutTrials) {
+  const ModeResolution gpu = resolve_mode_by_device(std::nullopt, c10::Device("cuda:0"));
+  EXPECT_EQ(gpu.mode, Mode::kPipelinedGraphed);
+  EXPECT_NE(gpu.decision.reason.find("GPU"), std::string::npos) << gpu.decision.reason;
+  EXPECT_TRUE(gpu.trials.empty());
+  const ModeResolution cpu = resolve_mode_by_device(std::nullopt, c10::Device("cpu"));
+  EXPECT_EQ(cpu.mode, Mode::kSerial);
+  const ModeResolution asked = resolve_mode_by_device(Mode::kPipelined, c10::Device("cpu"));
+  EXPECT_EQ(asked.mode, Mode::kPipelined);
+  EXPECT_EQ(asked.decision.reason, "asked for");
+}
+
 }  // namespace
 }  // namespace tandem::run

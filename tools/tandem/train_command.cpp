@@ -27,29 +27,14 @@
 #include "tandem/models/resnet.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/run/report.h"  // device_name
+#include "tandem/run/resolve_mode.h"
 #include "tandem/train/checkpoint.h"
+#include "tandem/train/report.h"
 #include "tandem/train/trainer.h"
 
 namespace tandem {
 
 namespace {
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  char buf[32];
-  if (s < 60)
-    std::snprintf(buf, sizeof buf, "%.0fs", s);
-  else if (s < 3600)
-    std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600,
-                  static_cast<int>(s) % 3600 / 60);
-  return buf;
-}
-
-// Whether a metric is a fraction, printed as a percentage (accuracy, miou, pixel_accuracy), or
-// a loss, printed as it is.
-bool is_fraction(const std::string& metric) { return metric.find("loss") == std::string::npos; }
 
 // Every model make_classifier builds: the small CNN and the ResNets (classifier.cpp), and an FCN
 // over each of those ResNets, "fcn_" + its name (segmenter.cpp); auto picks one by the data.
@@ -63,33 +48,13 @@ std::vector<std::string> model_choices() {
 
 // The modes the Trainer runs: every workload mode but graphed_k (its K steps per graph replay
 // would cut through the Trainer's per-step schedule, checkpoints and progress), and auto, which
-// train resolves by device (no trials: a run is long, a trial of every mode would not pay).
+// train resolves by device (run::resolve_mode_by_device).
 std::vector<run::RunMode> train_modes() {
   std::vector<run::RunMode> modes;
   for (const Mode m : workload_modes())
     if (m != Mode::kGraphedK) modes.push_back(m);
   modes.push_back(std::nullopt);  // auto
   return modes;
-}
-// The mean of a run's per-epoch rates, the first left out when there are two or more: the first
-// epoch also pays for the warm-up steps, graph capture and cuDNN's autotuning, and the first
-// evaluation for its loader's start and the autotuning of a short last batch.
-struct SteadyMean {
-  double value = 0;
-  bool first_left_out = false;
-};
-SteadyMean steady_mean(const std::vector<double>& rates) {
-  SteadyMean m;
-  m.first_left_out = rates.size() >= 2;
-  const size_t from = m.first_left_out ? 1 : 0;
-  double sum = 0;
-  for (size_t i = from; i < rates.size(); ++i) sum += rates[i];
-  if (rates.size() > from) m.value = sum / static_cast<double>(rates.size() - from);
-  return m;
-}
-
-Mode auto_mode(c10::Device device) {
-  return device.is_cuda() ? Mode::kPipelinedGraphed : Mode::kSerial;
 }
 
 // The smallest --image-size: the ResNets' output stride. A smaller square reaches layer4 (and
@@ -158,8 +123,11 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "fp32, or bf16 (autocast in every mode, fp32 master weights)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
-  const std::string auto_help = std::string(to_string(auto_mode(c10::Device(c10::kCUDA)))) +
-                                " on a GPU, " + to_string(auto_mode(c10::Device(c10::kCPU))) +
+  const auto by_device = [](c10::DeviceType type) {
+    return std::string(
+        to_string(run::resolve_mode_by_device(std::nullopt, c10::Device(type)).mode));
+  };
+  const std::string auto_help = by_device(c10::kCUDA) + " on a GPU, " + by_device(c10::kCPU) +
                                 " on the CPU";
   c->add_option("--mode", mode, "how steps run:" + cli::mode_help(train_modes(), auto_help))
       ->check(cli::mode_validator(train_modes()))
@@ -335,7 +303,7 @@ int TrainCommand::run(const std::string& command_line) {
   // splits only at a share it is given.
   job.decode = deterministic && !given("--engine-share") ? "cpu" : decode;
   const run::RunMode parsed = run::parse_run_mode(mode);  // one of train_modes(): --mode's check
-  const Mode m = parsed ? *parsed : auto_mode(dev);
+  const Mode m = run::resolve_mode_by_device(parsed, dev).mode;
   if (dev.is_cuda()) {
     at::globalContext().setBenchmarkCuDNN(!deterministic);
     at::globalContext().setAllowTF32CuBLAS(tf32);
@@ -396,40 +364,13 @@ int TrainCommand::run(const std::string& command_line) {
   to.on_progress = [&](const train::TrainOptions::Progress& p) {
     if (!tty) return;
     const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
-    const double eta = p.images_per_s > 0
-                           ? static_cast<double>((p.total_steps - p.step) * batch_size) /
-                                 p.images_per_s
-                           : NAN;
-    const int width = 24;
-    const int filled =
-        static_cast<int>(width * p.step_in_epoch / std::max<int64_t>(1, p.steps_per_epoch));
-    std::string bar(static_cast<size_t>(filled), '#');
-    bar += std::string(static_cast<size_t>(width - filled), '.');
-    std::fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] step %lld/%lld  loss %.4f  %.0f img/s  "
-                         "elapsed %s  ETA %s",
-                 static_cast<long long>(p.epoch + 1), static_cast<long long>(p.epochs),
-                 bar.c_str(), static_cast<long long>(p.step_in_epoch),
-                 static_cast<long long>(p.steps_per_epoch), p.loss, p.images_per_s,
-                 format_duration(elapsed).c_str(), format_duration(eta).c_str());
+    std::fprintf(stderr, "\r\033[K%s", train::progress_line(p, batch_size, elapsed).c_str());
     std::fflush(stderr);
   };
   to.on_epoch = [&](const train::EpochRecord& r) {
     if (!lead) return;
     if (tty) std::fprintf(stderr, "\r\033[K");
-    std::string metrics;
-    for (const auto& [k, v] : r.metrics) {
-      char buf[64];
-      const bool fraction = is_fraction(k);
-      std::snprintf(buf, sizeof buf, fraction ? "  %s %.2f%%" : "  %s %.4f", k.c_str(),
-                    fraction ? 100 * v : v);
-      metrics += buf;
-    }
-    char eval[48] = "";
-    if (r.eval_images_per_s > 0)
-      std::snprintf(eval, sizeof eval, "  eval %.0f img/s", r.eval_images_per_s);
-    std::printf("epoch %lld/%lld  train_loss %.4f%s  %.0f img/s%s  lr %.3g\n",
-                static_cast<long long>(r.epoch), static_cast<long long>(epochs), r.train_loss,
-                metrics.c_str(), r.images_per_s, eval, r.lr);
+    std::printf("%s\n", train::epoch_line(r, epochs).c_str());
     std::fflush(stdout);
   };
 
@@ -462,53 +403,10 @@ int TrainCommand::run(const std::string& command_line) {
   if (tty) std::fprintf(stderr, "\r\033[K");
 
   // The table of every epoch so far (a resumed run's earlier ones included).
-  std::vector<std::string> metric_names;  // every metric any epoch reported, in name order
-  for (const auto& e : r.epochs)
-    for (const auto& [k, v] : e.metrics)
-      if (std::find(metric_names.begin(), metric_names.end(), k) == metric_names.end())
-        metric_names.push_back(k);
-  std::sort(metric_names.begin(), metric_names.end());
-  std::printf("\n%6s %12s", "epoch", "train_loss");
-  for (const auto& k : metric_names) std::printf(" %14s", k.c_str());
-  std::printf(" %12s %12s %10s\n", "img/s", "eval img/s", "seconds");
-  std::vector<double> run_ips;  // this run's epochs' img/s (not a resumed run's earlier ones)
-  std::vector<double> run_eval_ips;  // and their evaluations' img/s, where measured
-  for (const auto& e : r.epochs) {
-    std::printf("%6lld %12.4f", static_cast<long long>(e.epoch), e.train_loss);
-    for (const auto& k : metric_names) {
-      if (!e.metrics.count(k))
-        std::printf(" %14s", "-");
-      else if (is_fraction(k))
-        std::printf(" %13.2f%%", 100 * e.metrics.at(k));
-      else
-        std::printf(" %14.4f", e.metrics.at(k));
-    }
-    std::printf(" %12.0f", e.images_per_s);
-    if (e.eval_images_per_s > 0)
-      std::printf(" %12.0f", e.eval_images_per_s);
-    else
-      std::printf(" %12s", "-");
-    std::printf(" %10.1f\n", e.train_seconds + e.eval_seconds);
-    if (e.step - spe >= std::max<int64_t>(r.resumed_from, 0)) {
-      run_ips.push_back(e.images_per_s);
-      if (e.eval_images_per_s > 0) run_eval_ips.push_back(e.eval_images_per_s);
-    }
-  }
-  const SteadyMean train_rate = steady_mean(run_ips), eval_rate = steady_mean(run_eval_ips);
-  const double steady_ips = train_rate.value, eval_ips = eval_rate.value;
-  if (!run_ips.empty())
-    std::printf("speed      %.0f img/s (training, mean over %s)\n", steady_ips,
-                train_rate.first_left_out ? "the epochs after the first" : "the run");
-  if (eval_ips > 0)
-    std::printf("evaluation %.0f img/s (mean over %s)\n", eval_ips,
-                eval_rate.first_left_out ? "the evaluations after the first" : "the run");
-  for (const auto& note : r.notes) std::printf("note: %s\n", note.c_str());
-  if (!r.skipped.empty()) {
-    std::printf("skipped %zu bad samples (--skip-bad):\n", r.skipped.size());
-    for (size_t i = 0; i < std::min<size_t>(10, r.skipped.size()); ++i)
-      std::printf("  sample %lld: %s\n", static_cast<long long>(r.skipped[i].index),
-                  r.skipped[i].reason.c_str());
-  }
+  const train::EpochsReport report = train::describe_epochs(r, spe);
+  std::printf("\n%s", report.text.c_str());
+  const train::SteadyMean& train_rate = report.images_per_s;
+  const double steady_ips = train_rate.value, eval_ips = report.eval_images_per_s.value;
   if (!json.empty() && lead) {
     nlohmann::json j;
     j["command"] = command_line;
@@ -521,8 +419,9 @@ int TrainCommand::run(const std::string& command_line) {
     j["world_size"] = world;
     j["images_per_s"] = steady_ips;
     if (eval_ips > 0) j["eval_images_per_s"] = eval_ips;
-    j["images_per_s_note"] = train_rate.first_left_out ? "mean over this run's epochs after the first"
-                                      : "mean over this run's epochs";
+    j["images_per_s_note"] = train_rate.first_left_out
+                                 ? "mean over this run's epochs after the first"
+                                 : "mean over this run's epochs";
     // The headline metric: accuracy for a classifier, mIoU for a segmenter.
     const char* headline = seg ? "miou" : "accuracy";
     j["accuracy"] = r.epochs.empty() || !r.epochs.back().metrics.count(headline)

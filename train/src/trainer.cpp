@@ -206,7 +206,13 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
   TANDEM_CHECK_ARG(!o.out_dir.empty(), "no run folder given: expected --out RUN_DIR");
   TANDEM_CHECK_ARG(o.checkpoint_every >= 0, "checkpoint interval ", o.checkpoint_every,
                    " is not valid: expected >= 0 steps (0: at each epoch end)");
-  TANDEM_CHECK_ARG(job_.model, "train job '", job_.name, "' has no model to save");
+  if (!job_.weights) {
+    TANDEM_CHECK_ARG(job_.model, "train job '", job_.name, "' has no model to save");
+    job_.weights.state_dict = [model = job_.model] { return models::state_dict(*model); };
+    job_.weights.load_state_dict = [model = job_.model](const models::NamedTensors& t) {
+      models::load_state_dict(*model, t);
+    };
+  }
   const DataSource& data = job_.workload.data;
   TANDEM_CHECK_ARG(data.kind() == DataSource::Kind::kDataset && data.drop_last(),
                    "train job '", job_.name,
@@ -310,7 +316,7 @@ void Trainer::load_checkpoint(const Checkpoint& c, const std::string& folder) {
   TANDEM_CHECK_ARG(st.value("steps_per_epoch", spe) == spe, "--resume: checkpoint ", folder,
                    " has epochs of ", st.value("steps_per_epoch", spe), " steps, this run ", spe,
                    ": expected the same training set and batch size");
-  models::load_state_dict(*job_.model, c.model);
+  job_.weights.load_state_dict(c.model);
   job_.workload.train.optimizer->load_state(c.optimizer);
   if (job_.load_state && st.contains("job_state")) job_.load_state(st["job_state"]);
   // Generator states: "generator.<i>" and "default", each prefixed "rank<r>." in a data
@@ -441,7 +447,7 @@ TrainResult Trainer::run() {
     at::NoGradGuard no_grad;
     std::vector<std::string> names;
     std::vector<at::Tensor> finite;
-    for (const auto& [name, t] : models::state_dict(*job_.model))
+    for (const auto& [name, t] : job_.weights.state_dict())
       if (t.is_floating_point()) {
         names.push_back(name);
         finite.push_back(t.detach().isfinite().all());
@@ -550,7 +556,7 @@ TrainResult Trainer::run() {
     }
     Checkpoint c;
     c.step = g;
-    c.model = models::state_dict(*job_.model);
+    c.model = job_.weights.state_dict();
     c.optimizer = optimizer->state();
     std::vector<at::Tensor> states = runner.generator_states_before(g - start);
     states.push_back(default_generator(device).get_state());
@@ -729,7 +735,7 @@ TrainResult Trainer::run() {
   for (const auto& n : runner.notes()) result.notes.push_back(n);
   if (!lead) return result;
   result.weights = o.out_dir + "/model.safetensors";
-  models::save_safetensors(result.weights, models::state_dict(*job_.model),
+  models::save_safetensors(result.weights, job_.weights.state_dict(),
                            {{"format", "pt"}, {"job", job_.name}});
   return result;
 }

@@ -75,6 +75,11 @@ struct ModeResolution {
 /// nothing.
 ModeResolution resolve_mode(const RunRequest& request, const RunHooks& hooks = {});
 
+/// Mode auto for a run too long for trials to pay (`tandem train`: epochs of one mode, where a
+/// trial of every mode would cost minutes for a choice the device settles): pipelined+graphed
+/// on a GPU, serial on the CPU, with that reason. A named mode is returned as asked for.
+ModeResolution resolve_mode_by_device(const RunMode& mode, const c10::Device& device);
+
 /// The trials' report: {"picked", "reason", "trial_seconds", "trials": [{"mode", "steps_per_s"
 /// (null for a failed trial), "runs", "error"}]}.
 nlohmann::json to_json(const ModeResolution& resolution);

@@ -25,6 +25,7 @@
 #include "tandem/lane.h"
 #include "tandem/loader.h"
 #include "tandem/mode.h"
+#include "tandem/models/safetensors.h"
 #include "tandem/optim.h"
 #include "tandem/workload.h"
 
@@ -50,6 +51,16 @@ struct Evaluation {
   int64_t samples = 0;
 };
 
+/// The weights a run saves (checkpoints, the final model.safetensors) and a resume loads, under
+/// their state_dict keys, for a model that is not a LibTorch module (Python's tandem.Trainer
+/// gives its torch.nn.Module's this way). Both are called between steps, on the train lane.
+struct ModelWeights {
+  std::function<models::NamedTensors()> state_dict;
+  /// Copies `tensors` into the model (strictly: every key, no other); throws naming a mismatch.
+  std::function<void(const models::NamedTensors& tensors)> load_state_dict;
+  explicit operator bool() const { return state_dict && load_state_dict; }
+};
+
 /// What a Trainer trains: built by make_classifier (classifier.h), or by hand.
 struct TrainJob {
   std::string name;  ///< for reports: "small_cnn on fashion-mnist"
@@ -59,6 +70,8 @@ struct TrainJob {
   /// Every weight the run trains and saves, under its state_dict keys (frozen parts included:
   /// the file is the whole model).
   std::shared_ptr<torch::nn::Module> model;
+  /// Instead of `model`, for a model that is not a LibTorch module; empty: the model's own.
+  ModelWeights weights;
   /// Evaluates the model on held-out data on `lane` (the train lane, between two steps) and
   /// returns its metrics (the first is the headline: accuracy), and how many samples it scored.
   /// May synchronize. Empty: none.

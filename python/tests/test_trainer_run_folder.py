@@ -1,0 +1,176 @@
+"""tandem.Trainer with a run folder (out=): fit(epochs=N) runs the training loop `tandem train`
+runs — its losses are the plain loop's, evaluate's metrics land in metrics.jsonl, checkpoints and
+the final weights are written — and a run stopped by Ctrl-C (inside an epoch or at its end)
+resumes to the very losses and weights of a run never stopped. Bad requests are refused by name.
+CPU tests run in CI; the CUDA ones skip without a GPU."""
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tandem
+from test_trainer import AUGMENT, DEVICES, close, dataset, job, plain_losses
+
+SPE = 5  # steps per epoch: 40 samples, batch 8
+
+
+def run_folder_trainer(device, out, mode=None, optimizer="sgd", evaluate=None, **kw):
+    encoder, head, opt = job(device, optimizer)
+    mode = mode or ("pipelined+graphed" if device == "cuda" else "pipelined")
+    t = tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(), feed=[encoder],
+                       augment=AUGMENT, mode=mode, batch_size=8, workers=2, out=out,
+                       evaluate=evaluate, **kw)
+    return t, encoder, head
+
+
+def held_out_accuracy(encoder, device):
+    """An evaluation over a fixed held-out batch: accuracy and how many samples it scored."""
+    g = torch.Generator().manual_seed(7)
+    x = encoder(torch.randn(16, 3, 8, 8, generator=g).to(device))  # augment's output size
+    y = torch.randint(0, 4, (16,), generator=g).to(device)
+
+    def evaluate(model):
+        assert not model.training and not torch.is_grad_enabled()
+        return {"accuracy": (model(x).argmax(1) == y).float().mean()}, len(y)
+    return evaluate
+
+
+def rows(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_run_folder_trains_the_plain_loops_losses_and_keeps_its_records(device, tmp_path):
+    out = str(tmp_path / "run")
+    encoder, _, _ = job(device)
+    t, _, head = run_folder_trainer(device, out, evaluate=held_out_accuracy(encoder, device))
+    result = t.fit(epochs=2, progress=False)
+    expected, plain_head = plain_losses(device, 2 * SPE)
+    close(result.losses, expected, device)
+    for a, b in zip(head.parameters(), plain_head.parameters()):
+        close(a.detach().cpu(), b.detach().cpu(), device)
+    assert head.training  # evaluate ran in eval mode; the flag is back
+    assert t.steps_done == 2 * SPE and result.steps == 2 * SPE
+    records = rows(out)
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert [r["step"] for r in records] == [SPE, 2 * SPE]
+    for r, first in zip(records, (0, SPE)):
+        assert 0 <= r["accuracy"] <= 1 and r["eval_images_per_s"] > 0
+        assert r["train_loss"] == pytest.approx(sum(result.losses[first:first + SPE]) / SPE)
+    assert result.epochs == records
+    assert result.weights == os.path.join(out, "model.safetensors") and \
+        os.path.getsize(result.weights) > 0
+    assert os.path.isdir(result.checkpoint) and \
+        sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step-000000005",
+                                                                "step-000000010"]
+    assert "train_loss" in str(result) and "accuracy" in str(result)
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    assert config["batch_size"] == 8 and config["epochs"] == 2
+    assert config["optimizer"] == "torch.optim.sgd.SGD"
+
+
+def schedule(step):
+    return 0.05 * 0.8 ** (step // 3)
+
+
+def stopping_at(step_to_stop):
+    """The schedule, which also sends SIGINT once, at `step_to_stop`: the run stops at the step
+    after it (the Ctrl-C is seen between steps), keeping a checkpoint there."""
+    sent = []
+
+    def lr(step):
+        if step == step_to_stop and not sent:
+            sent.append(step)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the fit's waiting thread sees it within 0.1 s: before the next step
+        return schedule(step)
+    return lr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("optimizer", ["sgd", "adam_tensor_lr", "tandem"])
+@pytest.mark.parametrize("stop_at", [7, SPE - 1])  # inside epoch 2; at epoch 1's end
+def test_a_run_stopped_by_ctrl_c_resumes_to_the_uninterrupted_runs_losses_and_weights(
+        device, optimizer, stop_at, tmp_path):
+    # A float lr cannot be scheduled inside a CUDA graph: torch.optim.SGD runs eagerly there.
+    mode = "pipelined" if device == "cuda" and optimizer == "sgd" else None
+    whole = str(tmp_path / "whole")
+    t, _, whole_head = run_folder_trainer(device, whole, mode, optimizer, lr_schedule=schedule)
+    whole_result = t.fit(epochs=3, progress=False)
+
+    out = str(tmp_path / "stopped")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        t, _, _ = run_folder_trainer(device, out, mode, optimizer,
+                                     lr_schedule=stopping_at(stop_at))
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            t.fit(epochs=3, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert any("resume=True" in n for n in getattr(stopped.value, "__notes__", []))
+    checkpoints = sorted(os.listdir(os.path.join(out, "checkpoints")))
+    assert checkpoints[-1] == f"step-{stop_at + 1:09d}"
+
+    # A new process would build everything again: so does this, with fresh modules.
+    t, _, head = run_folder_trainer(device, out, mode, optimizer, lr_schedule=schedule)
+    result = t.fit(epochs=3, resume=True, progress=False)
+    assert result.report["resumed_from"] == stop_at + 1
+    assert len(result.losses) == 3 * SPE - (stop_at + 1)
+    close(result.losses, whole_result.losses[stop_at + 1:], device)
+    resumed_rows, whole_rows = rows(out), rows(whole)
+    assert [r["epoch"] for r in resumed_rows] == [1, 2, 3]
+    for a, b in zip(resumed_rows, whole_rows):
+        if device == "cpu":
+            assert a["train_loss"] == b["train_loss"]  # bitwise: the epoch's sums carried
+        else:
+            close(a["train_loss"], b["train_loss"], device)
+        assert a["lr"] == b["lr"]
+    for a, b in zip(head.parameters(), whole_head.parameters()):
+        close(a.detach().cpu(), b.detach().cpu(), device)
+
+
+def test_an_existing_run_folder_is_not_overwritten_and_a_changed_run_is_not_resumed(tmp_path):
+    out = str(tmp_path / "run")
+    t, _, _ = run_folder_trainer("cpu", out)
+    t.fit(epochs=1, progress=False)
+    t, _, _ = run_folder_trainer("cpu", out)
+    with pytest.raises(ValueError, match="already exists and is not empty"):
+        t.fit(epochs=2, progress=False)
+    encoder, head, opt = job("cpu")
+    t = tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(), feed=[encoder],
+                       augment=AUGMENT, mode="pipelined", batch_size=4, workers=2, out=out)
+    with pytest.raises(ValueError, match="batch_size"):
+        t.fit(epochs=1, resume=True, progress=False)
+    t, _, _ = run_folder_trainer("cpu", out)  # the same run: complete, nothing left to do
+    assert t.fit(epochs=1, resume=True, progress=False).losses == []
+
+
+def test_run_folder_requests_that_cannot_work_are_refused_by_name(tmp_path):
+    out = str(tmp_path / "run")
+    encoder, head, opt = job("cpu")
+    batches = [(torch.randn(8, 8, 8, 8), torch.randint(0, 4, (8,)))]
+    with pytest.raises(ValueError, match="list of batches"):
+        tandem.Trainer(head, nn.CrossEntropyLoss(), opt, batches, out=out)
+    with pytest.raises(ValueError, match="give out="):
+        tandem.Trainer(head, nn.CrossEntropyLoss(), opt, batches, evaluate=lambda m: {})
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        tandem.Trainer(lambda x: head(x), nn.CrossEntropyLoss(), opt, dataset(), out=out,
+                       batch_size=8)
+    t, _, _ = run_folder_trainer("cpu", out)
+    with pytest.raises(ValueError, match="fit\\(epochs=N\\)"):
+        t.fit(steps=3)
+    t, _, _ = run_folder_trainer("cpu", out, mode="graphed_k")
+    with pytest.raises(ValueError, match="graphed_k"):
+        t.fit(epochs=1)
+    t = tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(), batch_size=8)
+    with pytest.raises(ValueError, match="out="):
+        t.fit(epochs=1, resume=True)
+    t, _, _ = run_folder_trainer("cpu", out, evaluate=lambda m: 0.5)
+    with pytest.raises(TypeError, match="dict of metrics"):
+        t.fit(epochs=1, progress=False)
