@@ -771,6 +771,11 @@ def ab_measurement(run, timeout_s):
             if not mine:
                 return None, f"no row of batch size {bs}, sampling {mode}", None
             r, got = mine[0], (job, mode, bs)
+        elif job == "train":  # tandem train's report: the epochs' steady img/s, its losses
+            got = ("train", r.get("mode"), r.get("batch_size"))
+            rows = r.get("rows") or [{}]
+            r = {"steps_per_s": (r.get("images_per_s") or 0) / bs,
+                 "first_loss": rows[0].get("train_loss"), "last_loss": rows[-1].get("train_loss")}
         else:
             got = (r.get("scenario", r.get("workload")), r.get("mode"), r.get("batch_size"))
         if got != (job, mode, bs):

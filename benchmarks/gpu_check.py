@@ -381,8 +381,9 @@ def ab_options(p):
     value(g, "--ab-rounds", 3, "rounds; odd rounds run each cell old then new, even ones new "
           "first", count)
     words(g, "--ab-cells", [compare.parse_cell(c) for c in DEFAULT_CELLS],
-          "JOB:BATCH:MODE cells: JOB a workload of tandem bench (MODE its mode) or augment "
-          "(tandem augment-bench, MODE its sampling)", cell)
+          "JOB:BATCH:MODE cells: JOB a workload of tandem bench (MODE its mode), augment "
+          "(tandem augment-bench, MODE its sampling) or train (tandem train, ResNet-18 bf16 "
+          "from the generated JPEG folder for --train-epochs, MODE its mode)", cell)
     value(g, "--ab-steps", 100, "timed steps per run", positive)
     value(g, "--ab-warmup", 10, "warm-up steps per run", count)
     value(g, "--ab-workers", 8, "loader workers per run", positive)
@@ -1415,6 +1416,14 @@ def build_tree(c, a, name, tree, build, build_log):
             knows_examples = knows_examples or "TANDEM_BUILD_EXAMPLES" in f.read()
     if knows_examples:
         opts.append("-DTANDEM_BUILD_EXAMPLES=OFF")
+    # The JPEG libraries scripts/gpu-check.sh unpacked beside its build, where the machine has
+    # none: the data layer (train cells, tandem train) is built with them.
+    deps = f"{c.build_abs}-deps/usr"
+    for name_, header, lib in (("TURBOJPEG", "turbojpeg.h", "libturbojpeg.so"),
+                               ("JPEG", "jpeglib.h", "libjpeg.so")):
+        if os.path.isfile(f"{deps}/include/{header}"):
+            opts += [f"-D{name_}_INCLUDE_DIR={deps}/include",
+                     f"-D{name_}_LIBRARY={deps}/lib/x86_64-linux-gnu/{lib}"]
     prefix = torch_prefix(a)
     if not prefix:
         c.emit(f"{name}: python3 has no torch (--torch-prefix names LibTorch's CMake prefix)")
@@ -1454,6 +1463,11 @@ def ab_command(job, mode, bs, a, json_path):
     if job == "augment":
         return ["augment-bench", "--batch-sizes", bs, "--sampling", mode, "--repeats",
                 a.ab_repeats, "--json", json_path]
+    if job == "train":  # tandem train, ResNet-18 bf16 from the generated JPEG folder
+        return ["train", "--data", a.data_dir, *TRAIN_MODELS["r18_full"], "--optimizer", "sgd",
+                "--lr", 0.1, "--channels-last", "--precision", "bf16", "--batch-size", bs,
+                "--mode", mode, "--epochs", a.train_epochs, "--workers", a.ab_workers,
+                "--quiet", "--out", json_path[:-len(".json")] + "-run", "--json", json_path]
     return ["bench", "--scenario", job, "--mode", mode, "--batch-size", bs, "--steps", a.ab_steps,
             "--warmup", a.ab_warmup, "--workers", a.ab_workers, "--no-gpu-monitor",
             "--json", json_path]
@@ -1493,6 +1507,7 @@ def phase_ab(c, a):
 
 
 def ab_runs(c, a, old_tree, old_build, new_build):
+    c.export_deps_lib()  # the unpacked TurboJPEG the builds linked, where the machine has none
     bins = {"old": find_bin(old_build), "new": find_bin(new_build)}
     if not bins["old"] or not bins["new"]:
         c.say(f"no binary in {old_build} or {new_build}: run --ab-phase build (or all) first")
@@ -1529,6 +1544,8 @@ def ab_runs(c, a, old_tree, old_build, new_build):
     c.say(f"runs: {len(cells)} cells x 2 builds x {a.ab_rounds} rounds, {a.ab_steps} timed + "
           f"{a.ab_warmup} warm-up steps, {a.ab_workers} workers, budget {a.ab_budget_s} s from "
           f"the start")
+    if any(job == "train" for job, _, _ in cells):
+        c.image_folder()
     result_path = c.out_path("redesign.json")
     runs, longest = [], 0
 
@@ -1561,8 +1578,8 @@ def ab_runs(c, a, old_tree, old_build, new_build):
                 with open(run["out"], errors="replace") as f:
                     output = f.read().splitlines()
                 if run["rc"] == 0:
-                    row = [line for line in output
-                           if re.search("^gpu " if job == "augment" else f"^{job} +[a-z]", line)]
+                    first = {"augment": "^gpu ", "train": "^speed "}.get(job, f"^{job} +[a-z]")
+                    row = [line for line in output if re.search(first, line)]
                     c.emit(f"round {rnd} {side} {took}s: {row[-1] if row else ''}")
                 else:
                     c.emit(f"round {rnd} {side} {job} {mode} bs {bs}: FAILED (exit {run['rc']}, "
@@ -1582,7 +1599,7 @@ def ab_runs(c, a, old_tree, old_build, new_build):
     return 1 if status is None else status
 
 
-@phase("ab", old_tree_options, ab_options)
+@phase("ab", old_tree_options, ab_options, folder_options, train_options)
 def phase_ab_in_run(c, a):
     """this tree's tandem against --old-tree's, both built alike (build-ab, build-ab-old),
     alternating rounds: per cell each side's median and new / old, redesign.json after every round;

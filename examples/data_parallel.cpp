@@ -1,15 +1,17 @@
 // data_parallel: a workload of your own trained on several processes (tandem::distributed). Started
-// plainly, it launches itself as --nproc ranks (distributed::run_local_ranks, torchrun's environment
-// contract); under torchrun it is one of them. Each rank builds the same workload, joins the
-// group, and make_data_parallel broadcasts rank 0's weights and averages the gradients during
-// backward; each rank reads its shard of the dataset. The first layer is a tandem::GatheredGrad:
-// its gradient is formed from every rank's inputs and output gradients, gathered, instead of
-// all-reduced (worth it where the weight is much larger than batch x (in + out): seg's
-// 4096-channel layers, not this small one, which is here to show it). At the end the ranks
-// compare their weights: they must be bitwise identical.
+// plainly, it launches itself as --nproc ranks (distributed::run_local_ranks, torchrun's
+// environment contract); under torchrun it is one of them. Each rank builds the same workload,
+// joins the group, and make_data_parallel broadcasts rank 0's weights and averages the gradients
+// during backward; each rank reads its shard of the dataset. The first layer is a
+// tandem::GatheredGrad: its gradient is formed from every rank's inputs and output gradients,
+// gathered, instead of all-reduced (worth it where the weight is much larger than batch x (in +
+// out): seg's 4096-channel layers, not this small one, which is here to show it). At the end the
+// ranks compare their weights: they must be bitwise identical.
 //
 //   data_parallel [--nproc N] [--device cpu|cuda] [--steps S]
 //   torchrun --nproc-per-node 2 data_parallel --device cuda
+#include "tandem/distributed/data_parallel.h"
+
 #include <ATen/ATen.h>
 #include <torch/nn.h>
 
@@ -19,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "tandem/distributed/data_parallel.h"
 #include "tandem/distributed/launch_env.h"
 #include "tandem/distributed/launcher.h"
 #include "tandem/gathered_grad.h"
@@ -33,7 +34,8 @@ class LineDataset : public tandem::Dataset {
     return {{"x", {16}, at::kFloat}, {"y", {1}, at::kFloat}};
   }
   void get(int64_t i, const std::vector<at::Tensor>& out) const override {
-    for (int64_t k = 0; k < 16; ++k) out[0][k] = static_cast<float>(((i * 31 + k * 17) % 97) / 97.0);
+    for (int64_t k = 0; k < 16; ++k)
+      out[0][k] = static_cast<float>(((i * 31 + k * 17) % 97) / 97.0);
     out[1].fill_(out[0].sum() * (3.0 / 16));
   }
 };
@@ -50,8 +52,8 @@ int main(int argc, char** argv) {
   if (!env)  // not launched yet: become the launcher of nproc copies of this program
     return tandem::distributed::run_local_ranks(nproc, std::vector<std::string>(argv, argv + argc));
 
-  const c10::Device device = device_flag == "cuda" ? c10::Device(c10::kCUDA, env->local_rank)
-                                                   : c10::Device(c10::kCPU);
+  const c10::Device device =
+      device_flag == "cuda" ? c10::Device(c10::kCUDA, env->local_rank) : c10::Device(c10::kCPU);
   auto group = tandem::distributed::ProcessGroup::connect(*env, device);
 
   torch::manual_seed(1);  // the same model on every rank (rank 0's is broadcast anyway)
@@ -82,8 +84,10 @@ int main(int argc, char** argv) {
   const double last = group->all_reduce_host({losses.back()})[0];
   double sum = 0;
   for (const auto& p : model->parameters()) sum += p.detach().to(at::kDouble).sum().item<double>();
-  const double hi = group->all_reduce_host({sum}, tandem::distributed::ProcessGroup::HostOp::kMax)[0];
-  const double lo = -group->all_reduce_host({-sum}, tandem::distributed::ProcessGroup::HostOp::kMax)[0];
+  const double hi =
+      group->all_reduce_host({sum}, tandem::distributed::ProcessGroup::HostOp::kMax)[0];
+  const double lo =
+      -group->all_reduce_host({-sum}, tandem::distributed::ProcessGroup::HostOp::kMax)[0];
   group->finish();
   if (group->rank() == 0) {
     std::printf("%d ranks (%s), %d steps of batch %lld per rank: loss %.5f -> %.5f\n",

@@ -38,14 +38,19 @@ int main(int argc, char** argv) {
   int64_t epochs = 4;
   bool resume = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
-    else if (!std::strcmp(argv[i], "--epochs") && i + 1 < argc) epochs = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device_flag = argv[++i];
-    else if (!std::strcmp(argv[i], "--resume")) resume = true;
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc)
+      out = argv[++i];
+    else if (!std::strcmp(argv[i], "--epochs") && i + 1 < argc)
+      epochs = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc)
+      device_flag = argv[++i];
+    else if (!std::strcmp(argv[i], "--resume"))
+      resume = true;
   }
   if (out.empty()) {
-    std::fprintf(stderr, "usage: train_your_job --out RUN_DIR [--epochs N] [--device cpu|cuda] "
-                         "[--resume]\n");
+    std::fprintf(stderr,
+                 "usage: train_your_job --out RUN_DIR [--epochs N] [--device cpu|cuda] "
+                 "[--resume]\n");
     return 2;
   }
   const c10::Device device(device_flag == "cuda" ? c10::kCUDA : c10::kCPU);
@@ -68,8 +73,8 @@ int main(int argc, char** argv) {
   w.train.loss = [model](const tandem::Tensors& in) {
     return tandem::deterministic_cross_entropy(model->forward(in[0]), in[1]);
   };
-  w.train.optimizer = std::make_shared<tandem::optim::Adam>(
-      model->parameters(), tandem::optim::AdamOptions::adamw());
+  w.train.optimizer = std::make_shared<tandem::optim::Adam>(model->parameters(),
+                                                            tandem::optim::AdamOptions::adamw());
   // The evaluation runs on the train lane between two steps: it may synchronize.
   const auto val = std::make_shared<CircleDataset>(8192, 1024);
   job.evaluate = [model, val, device](const tandem::Lane&) {

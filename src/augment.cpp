@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "check_normalization.h"
+#include "draw_seeds.h"
 #include "kernels/augment_draw.h"
 #include "kernels/augment_launch.h"
 #include "kernels/augment_math.h"
-#include "draw_seeds.h"
 #include "plane_textures.h"
 #include "tandem/error.h"
 
@@ -61,9 +61,15 @@ AugmentParams AugmentParams::to(c10::Device device) const {
 
 namespace {
 augment_math::DrawSpec draw_spec_of(const AugmentSpec& s, int64_t in_h, int64_t in_w) {
-  return {static_cast<int>(in_h),     static_cast<int>(in_w), static_cast<int>(s.crop_h),
-          static_cast<int>(s.crop_w), s.max_rotation_deg,     s.sigma_min,
-          s.sigma_max,                s.hflip_probability,    static_cast<int>(s.blur_kernel)};
+  return {static_cast<int>(in_h),
+          static_cast<int>(in_w),
+          static_cast<int>(s.crop_h),
+          static_cast<int>(s.crop_w),
+          s.max_rotation_deg,
+          s.sigma_min,
+          s.sigma_max,
+          s.hflip_probability,
+          static_cast<int>(s.blur_kernel)};
 }
 
 AugmentParams empty_params(int64_t batch_size, int64_t taps, c10::Device device) {
@@ -82,12 +88,12 @@ AugmentParams empty_params(int64_t batch_size, int64_t taps, c10::Device device)
 }
 
 // Draws on the host into CPU tensors: sample `first + b` of the draw keyed by (seed, offset).
-void draw_on_host(const augment_math::DrawSpec& ds, uint64_t seed, uint64_t offset,
-                  uint64_t first, AugmentParams& p) {
+void draw_on_host(const augment_math::DrawSpec& ds, uint64_t seed, uint64_t offset, uint64_t first,
+                  AugmentParams& p) {
   for (int64_t b = 0; b < p.batch_size(); ++b) {
-    const augment_math::Drawn d = augment_math::draw_sample(
-        ds, seed, offset, first + static_cast<uint64_t>(b),
-        p.blur_weights.data_ptr<float>() + b * ds.taps);
+    const augment_math::Drawn d =
+        augment_math::draw_sample(ds, seed, offset, first + static_cast<uint64_t>(b),
+                                  p.blur_weights.data_ptr<float>() + b * ds.taps);
     p.top.data_ptr<int32_t>()[b] = d.top;
     p.left.data_ptr<int32_t>()[b] = d.left;
     p.flip.data_ptr<int32_t>()[b] = d.flip;
@@ -228,11 +234,10 @@ void augment_one(const uint8_t* src, int64_t C, int64_t H, int64_t W,
 
 void augment_sample_cpu(const at::Tensor& image, const AugmentParams& params, int64_t row,
                         const AugmentSpec& spec, at::Tensor& out) {
-  const augment_math::SampleParams p{params.top.data_ptr<int32_t>()[row],
-                                     params.left.data_ptr<int32_t>()[row],
-                                     params.cos_a.data_ptr<float>()[row],
-                                     params.sin_a.data_ptr<float>()[row],
-                                     params.flip.data_ptr<int32_t>()[row]};
+  const augment_math::SampleParams p{
+      params.top.data_ptr<int32_t>()[row], params.left.data_ptr<int32_t>()[row],
+      params.cos_a.data_ptr<float>()[row], params.sin_a.data_ptr<float>()[row],
+      params.flip.data_ptr<int32_t>()[row]};
   const int64_t taps = spec.blur_kernel;
   augment_one(image.data_ptr<uint8_t>(), image.size(0), image.size(1), image.size(2), p,
               params.blur_weights.data_ptr<float>() + row * taps, spec, out.data_ptr<float>());
@@ -299,13 +304,13 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
                    " dimensions");
   const int64_t B = images.size(0), C = images.size(1), H = images.size(2), W = images.size(3);
   spec.validate(C, H, W);
-  TANDEM_CHECK_ARG(H * W <= INT32_MAX && spec.out_h * spec.out_w <= INT32_MAX, "image ", H, "x",
-                   W, " or output ", spec.out_h, "x", spec.out_w,
+  TANDEM_CHECK_ARG(H * W <= INT32_MAX && spec.out_h * spec.out_w <= INT32_MAX, "image ", H, "x", W,
+                   " or output ", spec.out_h, "x", spec.out_w,
                    " is too large: expected fewer than 2^31 pixels per channel");
   TANDEM_CHECK_ARG(params.batch_size() == B, "parameters for ", params.batch_size(),
                    " samples given for a batch of ", B);
-  TANDEM_CHECK_ARG(params.top.device() == images.device(), "parameters on ",
-                   params.top.device(), " but images on ", images.device());
+  TANDEM_CHECK_ARG(params.top.device() == images.device(), "parameters on ", params.top.device(),
+                   " but images on ", images.device());
   TANDEM_CHECK_ARG(params.blur_weights.size(1) == spec.blur_kernel, "blur weights have ",
                    params.blur_weights.size(1), " taps but the kernel size is ", spec.blur_kernel);
   const at::Tensor src = images.contiguous();
@@ -345,8 +350,7 @@ at::Tensor augment(const at::Tensor& images, const AugmentParams& params, const 
   return out;
 }
 
-FeedStage augment_feed(const AugmentSpec& spec, at::Generator generator,
-                       const std::string& field) {
+FeedStage augment_feed(const AugmentSpec& spec, at::Generator generator, const std::string& field) {
   FeedStage f;
   f.name = "augment";
   f.lane = "augment";

@@ -30,9 +30,12 @@ at::Tensor layer_forward(Kind kind, int64_t k, const at::Tensor& x, const at::Te
                          const at::Tensor& b) {
   // The calls the modules' own forward() make, for these options (checked in adopt()).
   switch (kind) {
-    case Kind::kLinear: return at::linear(x, w, b);
-    case Kind::kConv: return at::conv2d(x, w, b, {k, k});
-    case Kind::kConvTranspose: return at::conv_transpose2d(x, w, b, {k, k});
+    case Kind::kLinear:
+      return at::linear(x, w, b);
+    case Kind::kConv:
+      return at::conv2d(x, w, b, {k, k});
+    case Kind::kConvTranspose:
+      return at::conv_transpose2d(x, w, b, {k, k});
   }
   return {};
 }
@@ -54,7 +57,7 @@ at::Tensor gemm_tn_conv(const at::Tensor& a, const at::Tensor& b) {
   if (!a.is_cuda()) return a.t().mm(b);
   const int64_t n = a.size(0), p = a.size(1), q = b.size(1);
   const at::Tensor weight = a.t().contiguous().view({p, n, 1, 1});  // out channel p, in n
-  const at::Tensor input = b.contiguous().view({1, n, q, 1});      // in channel n, q pixels
+  const at::Tensor input = b.contiguous().view({1, n, q, 1});       // in channel n, q pixels
   const at::Context& ctx = at::globalContext();
   return at::_convolution(input, weight, std::nullopt, {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, 1,
                           /*benchmark=*/false, /*deterministic=*/true, ctx.userEnabledCuDNN(),
@@ -126,12 +129,11 @@ struct GatheredGradFunction : torch::autograd::Function<GatheredGradFunction> {
     const at::Tensor x = saved[0].to(w.scalar_type());
     const auto kind = static_cast<Kind>(ctx->saved_data["kind"].toInt());
     const int64_t k = ctx->saved_data["k"].toInt();
-    auto* sync = reinterpret_cast<GradientSync*>(
-        static_cast<intptr_t>(ctx->saved_data["sync"].toInt()));
+    auto* sync =
+        reinterpret_cast<GradientSync*>(static_cast<intptr_t>(ctx->saved_data["sync"].toInt()));
     const at::Tensor gy = grads[0].to(w.scalar_type()).contiguous();
     at::Tensor gx, dw, db;
-    if (ctx->needs_input_grad(0))
-      gx = input_grad(kind, k, gy, x, w).to(saved[0].scalar_type());
+    if (ctx->needs_input_grad(0)) gx = input_grad(kind, k, gy, x, w).to(saved[0].scalar_type());
     const auto all = sync->all_gather_batch({x, gy});
     const bool want_bias = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2);
     std::tie(dw, db) = weight_grads(kind, k, all[0], all[1], w, want_bias);
@@ -139,8 +141,9 @@ struct GatheredGradFunction : torch::autograd::Function<GatheredGradFunction> {
     const double inv_world = 1.0 / sync->world_size();
     dw.mul_(inv_world);
     if (db.defined()) db.mul_(inv_world);
-    return {gx, ctx->needs_input_grad(1) ? dw : at::Tensor(), db, at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {gx,           ctx->needs_input_grad(1) ? dw : at::Tensor(),
+            db,           at::Tensor(),
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -154,9 +157,9 @@ void check_patch_conv(const Options& o, const char* what) {
                             (*std::get<torch::ExpandingArray<2>>(o.padding()))[1] == 0;
   TANDEM_CHECK_ARG(kernel[0] == kernel[1] && stride[0] == kernel[0] && stride[1] == kernel[1] &&
                        dilation[0] == 1 && dilation[1] == 1 && o.groups() == 1 && zero_padding,
-                   "GatheredGrad: a ", what, " with kernel ", at::IntArrayRef(kernel),
-                   ", stride ", at::IntArrayRef(stride), ", dilation ", at::IntArrayRef(dilation),
-                   ", groups ", o.groups(),
+                   "GatheredGrad: a ", what, " with kernel ", at::IntArrayRef(kernel), ", stride ",
+                   at::IntArrayRef(stride), ", dilation ", at::IntArrayRef(dilation), ", groups ",
+                   o.groups(),
                    ": expected a square kernel equal to its stride, no padding, dilation 1, "
                    "groups 1 (patches that do not overlap)");
 }
@@ -180,8 +183,7 @@ GatheredGradImpl::GatheredGradImpl(torch::nn::ConvTranspose2d layer) {
   check_patch_conv(o, "ConvTranspose2d");
   TANDEM_CHECK_ARG((*o.output_padding())[0] == 0 && (*o.output_padding())[1] == 0,
                    "GatheredGrad: a ConvTranspose2d with output padding ",
-                   at::IntArrayRef(*o.output_padding()),
-                   ": expected none");
+                   at::IntArrayRef(*o.output_padding()), ": expected none");
   adopt(layer.ptr(), Kind::kConvTranspose, (*o.kernel_size())[0]);
 }
 

@@ -116,14 +116,14 @@ void GraphedStep::capture(const Lane& lane, const std::function<void()>& body) {
     const at::Tensor& t = options_.static_tensors[i];
     TANDEM_CHECK_ARG(t.defined() && t.is_cuda() && t.device() == lane.device(), "stage '",
                      options_.name, "': static tensor ", i, " is on ",
-                     t.defined() ? t.device().str() : std::string("nothing"),
-                     ", expected ", lane.device(),
+                     t.defined() ? t.device().str() : std::string("nothing"), ", expected ",
+                     lane.device(),
                      " (work on a CPU tensor runs once at capture, never at replay)");
   }
   for (size_t i = 0; i < options_.generators.size(); ++i) {
     const at::Generator& g = options_.generators[i];
-    TANDEM_CHECK_ARG(g.defined() && g.device().is_cuda(), "stage '", options_.name,
-                     "': generator ", i, " is ", g.defined() ? g.device().str() : "undefined",
+    TANDEM_CHECK_ARG(g.defined() && g.device().is_cuda(), "stage '", options_.name, "': generator ",
+                     i, " is ", g.defined() ? g.device().str() : "undefined",
                      ", expected a CUDA generator (only those advance under replay)");
   }
   std::lock_guard<std::mutex> lock(graph_mutex());

@@ -50,8 +50,8 @@ void WarmupBarrier::wait(const std::string& stage) {
   std::unique_lock<std::mutex> lock(mutex_);
   // Bounded even without cancel(): a stage that died in its warm-up without arriving must not
   // hang the pipeline (its own error, recorded first, is what the pipeline reports).
-  const bool woken = done_.wait_for(lock, std::chrono::minutes(5),
-                                    [&] { return cancelled_ || pending_ <= 0; });
+  const bool woken =
+      done_.wait_for(lock, std::chrono::minutes(5), [&] { return cancelled_ || pending_ <= 0; });
   if (cancelled_)  // checked first: a cancelled barrier stays cancelled
     throw Error("stage '" + stage +
                 "' stopped waiting for the other graphed stages' warm-up: another stage failed");

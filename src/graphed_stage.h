@@ -30,8 +30,8 @@ namespace tandem {
 /// here has already handed its warm-up items downstream, and upstream stages are past theirs.
 class WarmupBarrier {
  public:
-  void join();     ///< a stage that will warm up before it captures
-  void arrive();   ///< that stage finished its warm-up (or will never finish it)
+  void join();    ///< a stage that will warm up before it captures
+  void arrive();  ///< that stage finished its warm-up (or will never finish it)
   /// Blocks until every joined stage has arrived; throws tandem::Error naming `stage` once the
   /// barrier is cancelled, or after 5 minutes.
   void wait(const std::string& stage);

@@ -3,14 +3,13 @@
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <iterator>
 #include <limits>
@@ -64,13 +63,15 @@ std::vector<FieldSpec> packed_fields(const std::vector<FieldSpec>& fields) {
     }
     int64_t typical = 1;
     for (const int64_t d : f.shape) {
-      TANDEM_CHECK_ARG(d >= 0, "field '", f.name, "' has dimension ", d,
-                       ": expected sizes >= 0");
+      TANDEM_CHECK_ARG(d >= 0, "field '", f.name, "' has dimension ", d, ": expected sizes >= 0");
       typical *= d;
     }
     out.push_back({f.name, {typical}, f.dtype, true, f.stays_on_host});
     out.push_back({offsets_field(f.name), {}, at::kLong, false, f.stays_on_host});
-    out.push_back({sizes_field(f.name), {static_cast<int64_t>(f.shape.size())}, at::kLong, false,
+    out.push_back({sizes_field(f.name),
+                   {static_cast<int64_t>(f.shape.size())},
+                   at::kLong,
+                   false,
                    f.stays_on_host});
   }
   return out;
@@ -100,9 +101,8 @@ void check_ring_fits(int64_t depth, int64_t batch_size, int64_t sample_bytes) {
                       static_cast<double>(sample_bytes);
   TANDEM_CHECK_ARG(ring <= memory / 2, "the loader's ring of ", depth, " slots x batch ",
                    batch_size, " x ", format_bytes(static_cast<double>(sample_bytes)),
-                   " per sample = ", format_bytes(ring),
-                   " exceeds half of this machine's memory (", format_bytes(memory / 2), " of ",
-                   format_bytes(memory),
+                   " per sample = ", format_bytes(ring), " exceeds half of this machine's memory (",
+                   format_bytes(memory / 2), " of ", format_bytes(memory),
                    "): lower the batch size, the worker count or the loader depth (a runner's "
                    "ring holds workers + 2 batches)");
 }
@@ -110,12 +110,11 @@ void check_ring_fits(int64_t depth, int64_t batch_size, int64_t sample_bytes) {
 void check_loader_options(const LoaderOptions& options, int64_t sample_bytes) {
   TANDEM_CHECK_ARG(options.batch_size > 0, "batch size ", options.batch_size,
                    " is not valid: expected a positive number of samples");
-  TANDEM_CHECK_ARG(options.workers >= 1 && options.workers <= kMaxLoaderWorkers,
-                   "worker count ", options.workers, " is not valid: expected 1 to ",
-                   kMaxLoaderWorkers, " loader worker threads");
+  TANDEM_CHECK_ARG(options.workers >= 1 && options.workers <= kMaxLoaderWorkers, "worker count ",
+                   options.workers, " is not valid: expected 1 to ", kMaxLoaderWorkers,
+                   " loader worker threads");
   TANDEM_CHECK_ARG(options.depth >= 1 && options.depth <= kMaxLoaderDepth, "loader depth ",
-                   options.depth, " is not valid: expected 1 to ", kMaxLoaderDepth,
-                   " host slots");
+                   options.depth, " is not valid: expected 1 to ", kMaxLoaderDepth, " host slots");
   TANDEM_CHECK_ARG(options.passes >= 1, "loader pass count ", options.passes,
                    " is not valid: expected >= 1");
   // Before any slot is allocated: a ring larger than memory would otherwise be found by the OS
@@ -250,8 +249,8 @@ namespace {
 // A dataset's variable-size sample: defined, contiguous on the CPU, of the declared dtype and
 // rank. Throws InvalidArgument saying which it is not.
 void check_variable(const FieldSpec& field, const at::Tensor& t) {
-  TANDEM_CHECK_ARG(t.defined(), "the dataset gave no tensor for variable-size field '",
-                   field.name, "'");
+  TANDEM_CHECK_ARG(t.defined(), "the dataset gave no tensor for variable-size field '", field.name,
+                   "'");
   TANDEM_CHECK_ARG(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == field.dtype &&
                        t.dim() == static_cast<int64_t>(field.shape.size()),
                    "the dataset's tensor for field '", field.name, "' is ", t.scalar_type(), " ",
@@ -404,8 +403,8 @@ std::optional<HostBatch> Loader::next() {
   const int64_t number = next_to_deliver_;
   Slot& slot = slots_[number % options_.depth];
   auto ready = [&] {
-    return stopping_ || (slot.number == number && (slot.state == SlotState::kReady ||
-                                                   slot.state == SlotState::kFailed));
+    return stopping_ || (slot.number == number &&
+                         (slot.state == SlotState::kReady || slot.state == SlotState::kFailed));
   };
   if (!ready()) {  // the workers are behind: the consumer waits (a span in the trace)
     HostSpan span(options_.trace, "loader consumer", "wait for batch " + std::to_string(number),
@@ -442,8 +441,7 @@ std::vector<SkippedSample> Loader::skipped() const {
   return skipped_;
 }
 
-void Loader::pack(Slot& slot, const std::vector<std::vector<at::Tensor>>& variable,
-                  int64_t count) {
+void Loader::pack(Slot& slot, const std::vector<std::vector<at::Tensor>>& variable, int64_t count) {
   for (size_t s = 0; s < sample_fields_.size(); ++s) {
     if (!sample_fields_[s].variable_size) continue;
     const size_t b = batch_field_of_[s];
@@ -479,8 +477,8 @@ void Loader::release(const HostBatch& batch, const Lane* lane) {
     TORCH_CHECK(batch.slot >= 0 && batch.slot < options_.depth, "release of an invalid slot ",
                 batch.slot);
     Slot& slot = slots_[batch.slot];
-    TORCH_CHECK(slot.state == SlotState::kInUse && slot.number == batch.number,
-                "release of batch ", batch.number, " which is not in use");
+    TORCH_CHECK(slot.state == SlotState::kInUse && slot.number == batch.number, "release of batch ",
+                batch.number, " which is not in use");
     if (lane && lane->is_cuda()) {
       if (!slot.copied) slot.copied.emplace();
       slot.copied->record(lane->stream());

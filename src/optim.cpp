@@ -6,9 +6,9 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
-#include <initializer_list>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
@@ -142,9 +142,9 @@ Adam::Adam(std::vector<at::Tensor> params, AdamOptions options)
     : params_(std::move(params)), options_(options) {
   TANDEM_CHECK_ARG(!params_.empty(), "Adam was given no parameters");
   TANDEM_CHECK_ARG(options.lr > 0, "learning rate ", options.lr, " is not valid: expected > 0");
-  TANDEM_CHECK_ARG(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
-                       options.beta2 < 1,
-                   "betas (", options.beta1, ", ", options.beta2, ") are not valid: expected [0, 1)");
+  TANDEM_CHECK_ARG(
+      options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1, "betas (",
+      options.beta1, ", ", options.beta2, ") are not valid: expected [0, 1)");
   TANDEM_CHECK_ARG(options.eps > 0, "eps ", options.eps, " is not valid: expected > 0");
   TANDEM_CHECK_ARG(options.weight_decay >= 0, "weight decay ", options.weight_decay,
                    " is not valid: expected >= 0");
@@ -188,8 +188,8 @@ void Adam::step() {
       at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, {}, steps, lr_, b1, b2, wd,
                         options_.eps, /*amsgrad=*/false, /*maximize=*/false);
     else
-      at::_fused_adam_(params, grads, exp_avg, exp_avg_sq, {}, steps, lr_, b1, b2, wd,
-                       options_.eps, /*amsgrad=*/false, /*maximize=*/false);
+      at::_fused_adam_(params, grads, exp_avg, exp_avg_sq, {}, steps, lr_, b1, b2, wd, options_.eps,
+                       /*amsgrad=*/false, /*maximize=*/false);
     return;
   }
   // The reference: the same update op by op. Everything that depends on the step count is a
@@ -268,18 +268,21 @@ LrSchedule linear_warmup(int64_t warmup_steps, LrSchedule after) {
 }
 
 void Optimizer::set_lr(double) {
-  TANDEM_CHECK_ARG(false, name(), " takes no learning-rate schedule: expected tandem::optim::Sgd, "
+  TANDEM_CHECK_ARG(false, name(),
+                   " takes no learning-rate schedule: expected tandem::optim::Sgd, "
                    "Adam or AdamW");
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Optimizer::state() const {
-  TANDEM_CHECK_ARG(false, name(), " cannot be checkpointed: expected tandem::optim::Sgd, Adam "
+  TANDEM_CHECK_ARG(false, name(),
+                   " cannot be checkpointed: expected tandem::optim::Sgd, Adam "
                    "or AdamW");
   return {};
 }
 
 void Optimizer::load_state(const std::vector<std::pair<std::string, at::Tensor>>&) {
-  TANDEM_CHECK_ARG(false, name(), " cannot be restored from a checkpoint: expected "
+  TANDEM_CHECK_ARG(false, name(),
+                   " cannot be restored from a checkpoint: expected "
                    "tandem::optim::Sgd, Adam or AdamW");
 }
 
@@ -344,8 +347,8 @@ void Sgd::load_state(const std::vector<std::pair<std::string, at::Tensor>>& stat
              [](const std::string& n) { return n.rfind("momentum_buffer.", 0) == 0; });
   for (size_t i = 0; i < made.size(); ++i) {
     const std::string key = "momentum_buffer." + std::to_string(i);
-    const bool named = std::any_of(state.begin(), state.end(),
-                                   [&](const auto& e) { return e.first == key; });
+    const bool named =
+        std::any_of(state.begin(), state.end(), [&](const auto& e) { return e.first == key; });
     momentum_buffers_[i] = named ? made[i] : at::Tensor();
   }
 }

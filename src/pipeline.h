@@ -126,8 +126,7 @@ class Pipeline {
   /// from adding to what it measures where a step is a fraction of a millisecond.
   void set_timing(int64_t first_timed_item, int64_t device_timing_every = 1) {
     TORCH_CHECK(device_timing_every >= 1,
-                "device timing must sample one item in every n, n >= 1; got ",
-                device_timing_every);
+                "device timing must sample one item in every n, n >= 1; got ", device_timing_every);
     first_timed_item_ = first_timed_item;
     device_timing_every_ = device_timing_every;
   }
@@ -176,7 +175,7 @@ class Pipeline {
   Lane serial_lane_;
   int slots_;
   std::vector<Batch> ring_;
-  std::vector<Handoff> handoffs_;            // handoffs_[i]: stage i -> stage i+1
+  std::vector<Handoff> handoffs_;  // handoffs_[i]: stage i -> stage i+1
   // A slot's item is done on the device when its done marker has completed: the last stage's
   // timing end event for a timed item (recorded right after the stage on the same lane: a
   // second event there would only cost device time), else done_[slot] recorded by end_item.

@@ -16,12 +16,12 @@ namespace {
 bool is_integer(at::ScalarType t) { return t == at::kByte || t == at::kInt || t == at::kLong; }
 
 double lowest(at::ScalarType t) {
-  return t == at::kByte ? 0.0
+  return t == at::kByte  ? 0.0
          : t == at::kInt ? static_cast<double>(std::numeric_limits<int32_t>::min())
                          : static_cast<double>(std::numeric_limits<int64_t>::min());
 }
 double highest_plus_one(at::ScalarType t) {
-  return t == at::kByte ? 256.0
+  return t == at::kByte  ? 256.0
          : t == at::kInt ? 2147483648.0
                          : static_cast<double>(std::numeric_limits<int64_t>::max());
 }
@@ -52,14 +52,14 @@ RandomDataset::RandomDataset(std::vector<RandomField> fields, int64_t size, uint
     TANDEM_CHECK_ARG(is_integer(f.dtype) || f.dtype == at::kFloat, "random field '", f.name,
                      "' has dtype ", c10::toString(f.dtype),
                      ": expected uint8, int32, int64 or float32");
-    TANDEM_CHECK_ARG(f.high > f.low, "random field '", f.name, "' has range [", f.low, ", ",
-                     f.high, "): expected high > low");
+    TANDEM_CHECK_ARG(f.high > f.low, "random field '", f.name, "' has range [", f.low, ", ", f.high,
+                     "): expected high > low");
     if (is_integer(f.dtype)) {
-      TANDEM_CHECK_ARG(f.low == std::floor(f.low) && f.high == std::floor(f.high),
-                       "random field '", f.name, "' has range [", f.low, ", ", f.high,
+      TANDEM_CHECK_ARG(f.low == std::floor(f.low) && f.high == std::floor(f.high), "random field '",
+                       f.name, "' has range [", f.low, ", ", f.high,
                        "): expected whole numbers for an integer dtype");
-      TANDEM_CHECK_ARG(f.high - f.low <= 4294967296.0, "random field '", f.name,
-                       "' spans ", f.high - f.low, " values: expected at most 2^32");
+      TANDEM_CHECK_ARG(f.high - f.low <= 4294967296.0, "random field '", f.name, "' spans ",
+                       f.high - f.low, " values: expected at most 2^32");
       TANDEM_CHECK_ARG(f.low >= lowest(f.dtype) && f.high <= highest_plus_one(f.dtype),
                        "random field '", f.name, "' has range [", f.low, ", ", f.high,
                        "): outside what ", c10::toString(f.dtype), " holds");
@@ -89,18 +89,23 @@ void RandomDataset::get(int64_t index, const std::vector<at::Tensor>& out) const
       float* p = out[i].data_ptr<float>();
       for (int64_t j = 0; j < n; ++j)  // 24 random bits: every float32 in [0, 1) step 2^-24
         p[j] = static_cast<float>(f.low + width * static_cast<double>(rng.next() >> 40) *
-                                               (1.0 / 16777216.0));
+                                              (1.0 / 16777216.0));
     } else if (width == 4294967296.0) {
       for (int64_t j = 0; j < n; ++j) {
         const int64_t v = low + static_cast<int64_t>(rng.next() >> 32);
-        if (f.dtype == at::kLong) out[i].data_ptr<int64_t>()[j] = v;
-        else out[i].data_ptr<int32_t>()[j] = static_cast<int32_t>(v);
+        if (f.dtype == at::kLong)
+          out[i].data_ptr<int64_t>()[j] = v;
+        else
+          out[i].data_ptr<int32_t>()[j] = static_cast<int32_t>(v);
       }
     } else {
       const auto span = static_cast<uint32_t>(width);
-      if (f.dtype == at::kByte) fill_integers(rng, static_cast<uint8_t*>(out[i].data_ptr()), n, low, span);
-      else if (f.dtype == at::kInt) fill_integers(rng, out[i].data_ptr<int32_t>(), n, low, span);
-      else fill_integers(rng, out[i].data_ptr<int64_t>(), n, low, span);
+      if (f.dtype == at::kByte)
+        fill_integers(rng, static_cast<uint8_t*>(out[i].data_ptr()), n, low, span);
+      else if (f.dtype == at::kInt)
+        fill_integers(rng, out[i].data_ptr<int32_t>(), n, low, span);
+      else
+        fill_integers(rng, out[i].data_ptr<int64_t>(), n, low, span);
     }
   }
 }

@@ -12,8 +12,8 @@
 #include <cmath>
 #include <mutex>
 
-#include "draw_seeds.h"
 #include "check_normalization.h"
+#include "draw_seeds.h"
 #include "kernels/resized_crop_launch.h"
 #include "tandem/error.h"
 
@@ -87,11 +87,10 @@ at::Tensor draw_crop_boxes(const ResizedCropSpec& spec, const at::Tensor& sizes,
     const uint64_t seed = next_host_seed(generator);
     const int64_t* sz = s.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
-      TANDEM_CHECK_ARG(sz[b * 3] >= 1 && sz[b * 3 + 1] >= 1, "sample ", b, " is ", sz[b * 3],
-                       "x", sz[b * 3 + 1], ": expected a non-empty image");
-      crop_math::draw_box(ds, static_cast<int>(sz[b * 3]), static_cast<int>(sz[b * 3 + 1]),
-                          seed, 0, static_cast<uint64_t>(b),
-                          boxes.data_ptr<int32_t>() + b * kCropBoxFields);
+      TANDEM_CHECK_ARG(sz[b * 3] >= 1 && sz[b * 3 + 1] >= 1, "sample ", b, " is ", sz[b * 3], "x",
+                       sz[b * 3 + 1], ": expected a non-empty image");
+      crop_math::draw_box(ds, static_cast<int>(sz[b * 3]), static_cast<int>(sz[b * 3 + 1]), seed, 0,
+                          static_cast<uint64_t>(b), boxes.data_ptr<int32_t>() + b * kCropBoxFields);
     }
     return boxes;
   }
@@ -136,8 +135,8 @@ void place_crop_box(int32_t* box, double top, double left, double height, double
   axis(left, width, region_w, &box[cm::kLeft], &box[cm::kWidth], &box[cm::kSubX]);
 }
 
-FeedStage given_crop_feed(const ResizedCropSpec& spec, bool channels_last,
-                          const std::string& field, const std::string& boxes_field) {
+FeedStage given_crop_feed(const ResizedCropSpec& spec, bool channels_last, const std::string& field,
+                          const std::string& boxes_field) {
   FeedStage f;
   f.name = "augment";
   f.lane = "augment";
@@ -171,9 +170,8 @@ void crop_one(const uint8_t* src, int h, int w, int c_in, const int32_t* box,
     cols[x] = cm::axis_window(box[cm::kOffsetX] + (box[cm::kFlip] ? ow - 1 - x : x),
                               box[cm::kWidth], box[cm::kResizedW], box[cm::kSubX]);
   for (int y = 0; y < oh; ++y) {
-    const cm::AxisWindow rows =
-        cm::axis_window(box[cm::kOffsetY] + y, box[cm::kHeight], box[cm::kResizedH],
-                        box[cm::kSubY]);
+    const cm::AxisWindow rows = cm::axis_window(box[cm::kOffsetY] + y, box[cm::kHeight],
+                                                box[cm::kResizedH], box[cm::kSubY]);
     for (int x = 0; x < ow; ++x)
       for (int c = 0; c < C; ++c) {
         const float v = cm::resample(src, layout, c, box[cm::kTop], box[cm::kLeft], rows, cols[x]);
@@ -193,14 +191,13 @@ at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
   TANDEM_CHECK_ARG(packed.scalar_type() == at::kByte && packed.dim() == 1,
                    "packed images must be 1-D uint8, got ", packed.scalar_type(), " ",
                    packed.sizes());
-  TANDEM_CHECK_ARG(offsets.scalar_type() == at::kLong && offsets.dim() == 1 &&
-                       offsets.size(0) == B,
+  TANDEM_CHECK_ARG(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && offsets.size(0) == B,
                    "image offsets must be (", B, ",) int64, got ", offsets.scalar_type(), " ",
                    offsets.sizes());
   TANDEM_CHECK_ARG(boxes.scalar_type() == at::kInt && boxes.dim() == 2 && boxes.size(0) == B &&
                        boxes.size(1) == kCropBoxFields,
-                   "boxes must be (", B, ", ", kCropBoxFields, ") int32, got ",
-                   boxes.scalar_type(), " ", boxes.sizes());
+                   "boxes must be (", B, ", ", kCropBoxFields, ") int32, got ", boxes.scalar_type(),
+                   " ", boxes.sizes());
   for (const at::Tensor* t : {&offsets, &sizes, &boxes})
     TANDEM_CHECK_ARG(t->device() == packed.device(), "images on ", packed.device(),
                      " but offsets, sizes or boxes on ", t->device());

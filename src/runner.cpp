@@ -182,7 +182,7 @@ struct Runner::Impl {
   std::mutex loader_mutex;         // pause_loading() against that replacement
   bool loading_paused = false;     // under loader_mutex; a new loader starts paused too
   int64_t epoch = 0, taken_in_epoch = 0;
-  int64_t draw_position = 0;  // the next loader's first sample in the run's draw stream
+  int64_t draw_position = 0;           // the next loader's first sample in the run's draw stream
   std::vector<SkippedSample> skipped;  // by the previous epochs' loaders (skip_bad)
 };
 
@@ -195,16 +195,16 @@ Runner::Runner(const Workload& workload, RunOptions options)
   TANDEM_CHECK_ARG(options_.steps_per_graph >= 1, "steps per graph ", options_.steps_per_graph,
                    " is not valid: expected >= 1");
   const bool host = workload_.data.on_host();
-  TANDEM_CHECK_ARG(options_.world_size >= 1 && options_.rank >= 0 &&
-                       options_.rank < options_.world_size,
-                   "rank ", options_.rank, " of world size ", options_.world_size,
-                   " is not valid: expected a world size >= 1 and 0 <= rank < world size");
+  TANDEM_CHECK_ARG(
+      options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
+      "rank ", options_.rank, " of world size ", options_.world_size,
+      " is not valid: expected a world size >= 1 and 0 <= rank < world size");
   TANDEM_CHECK_ARG(options_.first_step >= 0, "first step ", options_.first_step,
                    " is not valid: expected >= 0");
-  TANDEM_CHECK_ARG(options_.first_step == 0 ||
-                       workload_.data.kind() != DataSource::Kind::kSizedToRun,
-                   "first step ", options_.first_step, " is not valid for workload ",
-                   workload_.name, ": its data is made for each run, expected 0");
+  TANDEM_CHECK_ARG(
+      options_.first_step == 0 || workload_.data.kind() != DataSource::Kind::kSizedToRun,
+      "first step ", options_.first_step, " is not valid for workload ", workload_.name,
+      ": its data is made for each run, expected 0");
   if (host) {
     TANDEM_CHECK_ARG(options_.batch_size > 0, "batch size ", options_.batch_size,
                      " is not valid: expected a positive number of samples");
@@ -402,10 +402,10 @@ void Runner::prepare(int64_t num_steps) {
         } else {
           lo.indices = sampler.indices(impl->epoch);
           if (first_loader)
-            lo.indices.erase(lo.indices.begin(),
-                             lo.indices.begin() +
-                                 std::min<int64_t>(skip_batches * o.batch_size,
-                                                   static_cast<int64_t>(lo.indices.size())));
+            lo.indices.erase(
+                lo.indices.begin(),
+                lo.indices.begin() + std::min<int64_t>(skip_batches * o.batch_size,
+                                                       static_cast<int64_t>(lo.indices.size())));
         }
       }
       lo.drop_last = source->drop_last();
@@ -413,8 +413,8 @@ void Runner::prepare(int64_t num_steps) {
       // rank's stream of the run, so a resumed run (first_step) draws what the whole run would.
       lo.draw_seed = o.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(o.rank + 1));
       lo.first_position = impl->draw_position;
-      impl->draw_position += lo.indices.empty() ? impl->run_dataset->size()
-                                                : static_cast<int64_t>(lo.indices.size());
+      impl->draw_position +=
+          lo.indices.empty() ? impl->run_dataset->size() : static_cast<int64_t>(lo.indices.size());
       // The previous epoch's workers have filled every batch by now (the last one was taken),
       // so this joins at once; its pinned slots return to LibTorch's caching host allocator,
       // which does not hand them out again before the copies that read them have completed.
@@ -434,17 +434,18 @@ void Runner::prepare(int64_t num_steps) {
                        " (drop_last): expected at least one full batch per epoch");
     };
     if (num_steps > 0) next_loader();
-    stages.push_back(
-        {"load", Lane::create("copy", dev),
-         [impl, next_loader, num_steps](Batch& b, const Lane& lane) {
-           load_next_batch(*impl->loader, b, lane);
-           // An epoch's last batch taken: start the next epoch's workers now, so they fill its
-           // first batches while this one trains, instead of at the next step (a stall).
-           if (++impl->taken_in_epoch == impl->loader->num_batches() && b.index + 1 < num_steps) {
-             ++impl->epoch;
-             next_loader();
-           }
-         }});
+    stages.push_back({"load", Lane::create("copy", dev),
+                      [impl, next_loader, num_steps](Batch& b, const Lane& lane) {
+                        load_next_batch(*impl->loader, b, lane);
+                        // An epoch's last batch taken: start the next epoch's workers now, so they
+                        // fill its first batches while this one trains, instead of at the next step
+                        // (a stall).
+                        if (++impl->taken_in_epoch == impl->loader->num_batches() &&
+                            b.index + 1 < num_steps) {
+                          ++impl->epoch;
+                          next_loader();
+                        }
+                      }});
   }
   im.graphed.resize(im.groups.size());
   im.snapshots.clear();

@@ -9,8 +9,8 @@
 
 namespace tandem {
 
-DistributedSampler::DistributedSampler(int64_t size, int64_t world_size, int64_t rank,
-                                       bool shuffle, uint64_t seed, bool drop_last)
+DistributedSampler::DistributedSampler(int64_t size, int64_t world_size, int64_t rank, bool shuffle,
+                                       uint64_t seed, bool drop_last)
     : size_(size),
       world_(world_size),
       rank_(rank),
@@ -19,9 +19,8 @@ DistributedSampler::DistributedSampler(int64_t size, int64_t world_size, int64_t
       drop_last_(drop_last) {
   TANDEM_CHECK_ARG(size >= 0, "dataset size ", size, " is not valid: expected >= 0");
   TANDEM_CHECK_ARG(world_size >= 1, "world size ", world_size, " is not valid: expected >= 1");
-  TANDEM_CHECK_ARG(rank >= 0 && rank < world_size, "rank ", rank,
-                   " is not valid for world size ", world_size, ": expected 0 to ",
-                   world_size - 1);
+  TANDEM_CHECK_ARG(rank >= 0 && rank < world_size, "rank ", rank, " is not valid for world size ",
+                   world_size, ": expected 0 to ", world_size - 1);
   num_samples_ = drop_last_ && size_ % world_ != 0 ? (size_ - world_ + world_ - 1) / world_
                                                    : (size_ + world_ - 1) / world_;
   if (num_samples_ < 0) num_samples_ = 0;
@@ -32,7 +31,8 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   std::vector<int64_t> all(static_cast<size_t>(size_));
   if (shuffle_) {
     // Python: g = torch.Generator(); g.manual_seed(seed + epoch); torch.randperm(n, generator=g)
-    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed_ + static_cast<uint64_t>(epoch));
+    at::Generator g =
+        at::make_generator<at::CPUGeneratorImpl>(seed_ + static_cast<uint64_t>(epoch));
     const at::Tensor perm = at::randperm(size_, g, at::TensorOptions().dtype(at::kLong));
     const int64_t* p = perm.data_ptr<int64_t>();
     all.assign(p, p + size_);

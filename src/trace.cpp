@@ -25,19 +25,28 @@ nlohmann::json Trace::to_chrome_json() const {
   constexpr int kLanePid = 1, kHostPid = 2;
   std::map<std::pair<int, std::string>, int> tids;  // (pid, track) -> tid, in first-seen order
   nlohmann::json events = nlohmann::json::array();
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", kLanePid}, {"tid", 0},
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", kLanePid},
+                    {"tid", 0},
                     {"args", {{"name", "lanes (device time)"}}}});
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", kHostPid}, {"tid", 0},
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", kHostPid},
+                    {"tid", 0},
                     {"args", {{"name", "host threads"}}}});
   for (const auto& s : spans) {
     const int pid = s.kind == TraceSpan::Kind::kLane ? kLanePid : kHostPid;
     auto [it, inserted] =
         tids.emplace(std::make_pair(pid, s.track), static_cast<int>(tids.size()) + 1);
     if (inserted)
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", it->second},
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_name"},
+                        {"pid", pid},
+                        {"tid", it->second},
                         {"args", {{"name", s.track}}}});
-    nlohmann::json e = {{"ph", "X"},         {"name", s.name},         {"cat", s.track},
-                        {"pid", pid},        {"tid", it->second},      {"ts", s.start_us},
+    nlohmann::json e = {{"ph", "X"},           {"name", s.name},    {"cat", s.track},
+                        {"pid", pid},          {"tid", it->second}, {"ts", s.start_us},
                         {"dur", s.duration_us}};
     if (s.item >= 0) e["args"] = {{"step", s.item}};
     events.push_back(std::move(e));

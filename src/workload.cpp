@@ -16,9 +16,8 @@
 namespace tandem {
 
 at::Generator seeded_generator(c10::Device device, uint64_t seed) {
-  at::Generator generator = device.is_cuda()
-                                ? at::cuda::detail::createCUDAGenerator(device.index())
-                                : at::make_generator<at::CPUGeneratorImpl>();
+  at::Generator generator = device.is_cuda() ? at::cuda::detail::createCUDAGenerator(device.index())
+                                             : at::make_generator<at::CPUGeneratorImpl>();
   generator.set_current_seed(seed);
   return generator;
 }

@@ -42,8 +42,7 @@ double time_ms(c10::Device device, int repeats, Fn fn) {
       const auto t0 = std::chrono::steady_clock::now();
       fn(r);
       samples.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-              .count());
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   }
   return median(samples).value_or(0.0);  // repeats > 0: never empty
@@ -62,9 +61,9 @@ std::vector<AugmentBenchRow> run_augment_bench(const std::vector<int64_t>& batch
     auto cpu_gen = at::make_generator<at::CPUGeneratorImpl>(bs);
     std::vector<at::Tensor> inputs;
     for (int i = 0; i < kInputSets; ++i)
-      inputs.push_back(at::randint(0, 256, {bs, 3, 256, 256}, cpu_gen,
-                                   at::TensorOptions().dtype(at::kByte))
-                           .to(device));
+      inputs.push_back(
+          at::randint(0, 256, {bs, 3, 256, 256}, cpu_gen, at::TensorOptions().dtype(at::kByte))
+              .to(device));
     const at::Generator gen = seeded_generator(device, bs);
     const AugmentParams params = draw_augment_params(spec, bs, 256, 256, device, gen);
     const double bytes = static_cast<double>(bs) * 3 * 256 * 256 +

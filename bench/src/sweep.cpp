@@ -28,11 +28,20 @@ std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -259,13 +268,14 @@ std::string sweep_svg(const std::vector<SweepRow>& rows, const std::string& titl
                   x_of(bs), kTop + ph + 18, static_cast<long long>(bs));
     os << buf;
   }
-  std::snprintf(buf, sizeof buf,
-                "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">batch size</text>\n"
-                "<text x=\"16\" y=\"%g\" text-anchor=\"middle\" transform=\"rotate(-90 16 %g)\">"
-                "%s</text>\n"
-                "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#888\"/>\n",
-                kLeft + pw / 2, kH - 10, kTop + ph / 2, kTop + ph / 2,
-                speedup ? "speedup over serial" : "steps/s", kLeft, kTop, pw, ph);
+  std::snprintf(
+      buf, sizeof buf,
+      "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">batch size</text>\n"
+      "<text x=\"16\" y=\"%g\" text-anchor=\"middle\" transform=\"rotate(-90 16 %g)\">"
+      "%s</text>\n"
+      "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#888\"/>\n",
+      kLeft + pw / 2, kH - 10, kTop + ph / 2, kTop + ph / 2,
+      speedup ? "speedup over serial" : "steps/s", kLeft, kTop, pw, ph);
   os << buf;
   for (size_t m = 0; m < modes.size(); ++m) {
     const char* color = kColors[m % 6];

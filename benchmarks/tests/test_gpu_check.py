@@ -535,6 +535,22 @@ def test_ab_medians_ratios_and_verdicts(tmp_path):
     assert "counts" not in read_json(tmp_path / "ab.json")
 
 
+def test_ab_train_cells_rate_tandem_trains_steady_images_per_s_in_steps(tmp_path):
+    cell = ("train", 256, "pipelined+graphed")
+    runs = []
+    for rnd, side, ips in ((1, "old", 5120.0), (1, "new", 5376.0)):
+        run = ab_run(tmp_path, rnd, side, *cell)
+        write_json(run["json"], {"mode": "pipelined+graphed", "batch_size": 256,
+                                 "images_per_s": ips, "rows": [{"train_loss": 2.3},
+                                                               {"train_loss": 1.9}]})
+        runs.append(run)
+    wrong = ab_run(tmp_path, 2, "new", *cell)
+    write_json(wrong["json"], {"mode": "pipelined", "batch_size": 256, "images_per_s": 1.0})
+    [row] = compare.ab_result(META, runs + [wrong], [cell])["rows"]
+    assert (row["old"], row["new"], row["ratio"], row["same_losses"]) == (20.0, 21.0, 1.05, True)
+    assert "the JSON says ('train', 'pipelined', 256)" in row["errors"][0]["error"]
+
+
 def test_ab_exit_status(tmp_path):
     cell = ("cls", 32, "pipelined+graphed")
     runs = [ab_run(tmp_path, 1, "old", *cell, rate=100.0),

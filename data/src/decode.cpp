@@ -47,9 +47,8 @@ void check_decode_args(int64_t channels, int64_t min_height, int64_t min_width,
 void check_box_inside(const PixelBox& box, int64_t height, int64_t width, const std::string& path) {
   TANDEM_CHECK_ARG(box.height >= 1 && box.width >= 1 && box.top >= 0 && box.left >= 0 &&
                        box.top + box.height <= height && box.left + box.width <= width,
-                   "decode_image_region: box (top ", box.top, ", left ", box.left, ", ",
-                   box.height, " x ", box.width, ") is not inside ", path, " (", height, " x ",
-                   width, ")");
+                   "decode_image_region: box (top ", box.top, ", left ", box.left, ", ", box.height,
+                   " x ", box.width, ") is not inside ", path, " (", height, " x ", width, ")");
 }
 
 #ifndef TANDEM_DATA_NO_TURBOJPEG
@@ -347,8 +346,9 @@ struct JpegHeader {
   int width = 0, height = 0, colorspace = 0;
 };
 [[noreturn]] void no_jpeg(const std::string& path) {
-  fail(path, "a JPEG file, but this tandem was built without TurboJPEG: install libturbojpeg0-dev "
-             "(turbojpeg.h) and rebuild to read JPEGs");
+  fail(path,
+       "a JPEG file, but this tandem was built without TurboJPEG: install libturbojpeg0-dev "
+       "(turbojpeg.h) and rebuild to read JPEGs");
 }
 JpegHeader read_jpeg_header(const std::vector<uint8_t>&, const std::string& path) { no_jpeg(path); }
 at::Tensor decode_jpeg(const std::vector<uint8_t>&, const std::string& path, int64_t, int64_t,
@@ -421,8 +421,8 @@ ImageInfo read_image_info(const std::vector<uint8_t>& bytes, const std::string& 
 }
 
 namespace {
-at::Tensor decode_any(const std::vector<uint8_t>& bytes, const std::string& path,
-                      int64_t channels, int64_t min_height, int64_t min_width, bool interleaved) {
+at::Tensor decode_any(const std::vector<uint8_t>& bytes, const std::string& path, int64_t channels,
+                      int64_t min_height, int64_t min_width, bool interleaved) {
   check_decode_args(channels, min_height, min_width, path, "decode_image");
   if (sniff_or_fail(bytes, path) == ImageFormat::kPng) {
     at::Tensor chw = detail::decode_png(bytes, path, channels);
@@ -468,8 +468,9 @@ at::Tensor decode_mask(const std::vector<uint8_t>& bytes, const std::string& pat
 std::vector<uint8_t> encode_jpeg(const at::Tensor& chw_u8, int quality,
                                  ChromaSubsampling subsampling) {
 #ifdef TANDEM_DATA_NO_TURBOJPEG
-  throw Error("encode_jpeg: this tandem was built without TurboJPEG: install libturbojpeg0-dev "
-              "(turbojpeg.h) and rebuild to write JPEGs");
+  throw Error(
+      "encode_jpeg: this tandem was built without TurboJPEG: install libturbojpeg0-dev "
+      "(turbojpeg.h) and rebuild to write JPEGs");
 #else
   check_encodable(chw_u8, "encode_jpeg");
   TANDEM_CHECK_ARG(quality >= 1 && quality <= 100, "encode_jpeg: quality must be in [1, 100], got ",
@@ -501,7 +502,7 @@ std::vector<uint8_t> read_file(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) fail(path, "cannot open: " + errno_message(errno));
   auto check_kind = [&] {
     if (S_ISDIR(st.st_mode)) fail(path, "cannot read: " + errno_message(EISDIR));
-    if (const char* kind = detail::special_file_kind(st.st_mode))
+    if (const char* kind = fs::special_file_kind(st.st_mode))
       fail(path, std::string("not a regular file: ") + kind);
   };
   check_kind();

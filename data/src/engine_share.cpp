@@ -109,8 +109,7 @@ bool EngineShare::rebalance(int workers, int64_t batch_size) {
     return false;
   const double now = schedule_.back().share;
   // The share at which both sides take the same time for their parts of a batch.
-  const double balanced =
-      r.engine_images_per_s / (r.engine_images_per_s + r.cpu_images_per_s);
+  const double balanced = r.engine_images_per_s / (r.engine_images_per_s + r.cpu_images_per_s);
   last_rates_ = r;
   cpu_samples_ = engine_samples_ = engine_calls_ = 0;
   cpu_seconds_ = engine_seconds_ = 0;
@@ -130,15 +129,13 @@ std::string EngineShare::report(int workers) const {
   std::string out = detail::concat("the JPEG engines decode ", schedule_.back().share,
                                    " of each batch, the CPU workers the rest");
   if (r.cpu_images_per_s > 0 && r.engine_images_per_s > 0)
-    out += detail::concat(" (in the run: CPU crop regions ",
-                          static_cast<int64_t>(r.cpu_images_per_s), " img/s on ", workers,
-                          " workers, engines ", static_cast<int64_t>(r.engine_images_per_s),
-                          " img/s)");
+    out += detail::concat(
+        " (in the run: CPU crop regions ", static_cast<int64_t>(r.cpu_images_per_s), " img/s on ",
+        workers, " workers, engines ", static_cast<int64_t>(r.engine_images_per_s), " img/s)");
   if (adaptive_)
     out += schedule_.size() > 1
                ? detail::concat("; following both sides' rates, the share moved from ",
-                                schedule_.front().share, " in ", schedule_.size() - 1,
-                                " change(s)")
+                                schedule_.front().share, " in ", schedule_.size() - 1, " change(s)")
                : std::string("; following both sides' rates, the share did not move");
   else if (schedule_.size() > 1)  // a resumed fixed share
     out += detail::concat("; from ", schedule_.front().share, " in ", schedule_.size() - 1,

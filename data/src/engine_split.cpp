@@ -184,9 +184,9 @@ at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
   const double decode_seconds = seconds_since(started);
   ResizedCropSpec planar = spec;
   planar.planar = true;
-  at::Tensor x = resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
-                              boxes.defined() ? boxes : draw_crop_boxes(planar, d.hwc_sizes),
-                              planar);
+  at::Tensor x =
+      resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
+                   boxes.defined() ? boxes : draw_crop_boxes(planar, d.hwc_sizes), planar);
   split.share->record_engines(static_cast<int64_t>(encoded.size()), decode_seconds);
   split.share->rebalance(split.workers, batch_size);
   return x;
@@ -198,8 +198,9 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
   FeedStage f;
   f.name = "augment";
   f.lane = "augment";
-  f.inputs = {"image",  offsets_field("image"), sizes_field("image"), "jpeg",
-              offsets_field("jpeg"), sizes_field("jpeg"), "crop_box"};
+  f.inputs = {"image",   offsets_field("image"), sizes_field("image"),
+              "jpeg",    offsets_field("jpeg"),  sizes_field("jpeg"),
+              "crop_box"};
   f.outputs = {"x"};
   f.fn = [spec, split, device, channels_last, batch_size](const Tensors& in) {
     const int64_t B = in[6].size(0);
@@ -214,7 +215,8 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
         x = part;
         return;
       }
-      if (!x.defined()) x = at::empty({B, part.size(1), part.size(2), part.size(3)}, part.options());
+      if (!x.defined())
+        x = at::empty({B, part.size(1), part.size(2), part.size(3)}, part.options());
       x.index_copy_(0, device_rows, part);
     };
     if (!cpu_rows.empty()) {
@@ -231,8 +233,9 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
     at::Tensor out = channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
     return Tensors{out};
   };
-  f.what = "RandomResizedCrop (boxes from the loader) + flip + normalize, the rows the loader "
-           "left to the JPEG engines decoded first";
+  f.what =
+      "RandomResizedCrop (boxes from the loader) + flip + normalize, the rows the loader "
+      "left to the JPEG engines decoded first";
   f.report = [split] { return split.share->report(split.workers); };
   f.capture = Capture::kNever;  // nvJPEG's host work, and sizes that vary
   return f;

@@ -3,7 +3,6 @@
 #include "tandem/data/image_folder.h"
 
 #include <ATen/ops/empty.h>
-
 #include <sys/types.h>
 
 #include <algorithm>
@@ -16,8 +15,8 @@
 #include <utility>
 
 #include "codec_util.h"
-#include "jpeg_markers.h"
 #include "dataset_util.h"
+#include "jpeg_markers.h"
 #include "posix_fs.h"
 #include "tandem/data/decode.h"
 #include "tandem/data/engine_share.h"
@@ -55,8 +54,8 @@ struct WalkState {
 // which of two links is read is fixed.
 void walk(const std::string& dir, WalkState& state, std::vector<WalkedFolder>& out) {
   WalkedFolder folder{dir, {}};
-  std::vector<detail::DirEntry> subfolders;
-  for (detail::DirEntry& entry : detail::list_dir(dir, kWho)) {
+  std::vector<fs::DirEntry> subfolders;
+  for (fs::DirEntry& entry : fs::list_dir(dir, kWho)) {
     if (entry.is_folder())
       subfolders.push_back(std::move(entry));
     else if (detail::has_image_extension(entry.name))  // broken links and FIFOs count too:
@@ -65,9 +64,9 @@ void walk(const std::string& dir, WalkState& state, std::vector<WalkedFolder>& o
   std::sort(folder.files.begin(), folder.files.end());
   out.push_back(std::move(folder));
   std::sort(subfolders.begin(), subfolders.end(),
-            [](const detail::DirEntry& a, const detail::DirEntry& b) { return a.name < b.name; });
-  for (const detail::DirEntry& sub : subfolders) {
-    const std::string path = detail::join_path(dir, sub.name);
+            [](const fs::DirEntry& a, const fs::DirEntry& b) { return a.name < b.name; });
+  for (const fs::DirEntry& sub : subfolders) {
+    const std::string path = fs::join_path(dir, sub.name);
     const FolderId id{sub.device, sub.inode};
     const auto [first, fresh] = state.read.emplace(id, path);
     if (!fresh) {
@@ -94,10 +93,10 @@ std::string join(const std::vector<std::string>& names, const char* separator) {
 // InvalidArgument where a split (`split`: there is one) is asked of an output whose samples
 // cannot be split between the workers and the JPEG engines.
 void check_split_output(bool split, ImageFolderOutput output) {
-  TANDEM_CHECK_ARG(!split || output == ImageFolderOutput::kCropRegion ||
-                       output == ImageFolderOutput::kDecoded,
-                   "ImageFolder: an engine share needs crop regions or decoded images "
-                   "(kCropRegion, kDecoded)");
+  TANDEM_CHECK_ARG(
+      !split || output == ImageFolderOutput::kCropRegion || output == ImageFolderOutput::kDecoded,
+      "ImageFolder: an engine share needs crop regions or decoded images "
+      "(kCropRegion, kDecoded)");
 }
 
 // The split of a fixed `share` for `output` (null for 0); InvalidArgument outside [0, 1] or for
@@ -117,20 +116,20 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
   TANDEM_CHECK_ARG(options_.channels == 1 || options_.channels == 3,
                    "ImageFolder: channels must be 1 or 3, got ", options_.channels);
   engine_share_ = fixed_engine_share(options_.engine_share, options_.output);
-  const detail::PathStatus status = detail::path_status(root_);
+  const fs::PathStatus status = fs::path_status(root_);
   TANDEM_CHECK_ARG(status.exists, "ImageFolder: root '", root_, "' does not exist (",
-                   detail::errno_text(status.error), ")");
+                   fs::errno_text(status.error), ")");
   TANDEM_CHECK_ARG(status.is_directory, "ImageFolder: root '", root_,
                    "' is not a folder (expected one subfolder of images per class)");
 
   // find_classes: the subfolders of root (symlinks followed), sorted by name.
-  std::vector<detail::DirEntry> class_entries;
-  for (detail::DirEntry& entry : detail::list_dir(root_, kWho))
+  std::vector<fs::DirEntry> class_entries;
+  for (fs::DirEntry& entry : fs::list_dir(root_, kWho))
     if (entry.is_folder()) class_entries.push_back(std::move(entry));
   TANDEM_CHECK_ARG(!class_entries.empty(), "ImageFolder: found no class folder in '", root_,
                    "' (expected one subfolder of images per class)");
   std::sort(class_entries.begin(), class_entries.end(),
-            [](const detail::DirEntry& a, const detail::DirEntry& b) { return a.name < b.name; });
+            [](const fs::DirEntry& a, const fs::DirEntry& b) { return a.name < b.name; });
 
   // The root and every class folder are read as themselves: a link back to one from below is a
   // loop or a second way in, never a second copy of its files under another class.
@@ -138,10 +137,10 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
   state.read.emplace(FolderId{status.device, status.inode}, root_);
   std::vector<size_t> alias_of(class_entries.size());  // the first class with the same folder
   for (size_t label = 0; label < class_entries.size(); ++label) {
-    const detail::DirEntry& entry = class_entries[label];
+    const fs::DirEntry& entry = class_entries[label];
     classes_.push_back(entry.name);
-    const auto [first, fresh] = state.read.emplace(FolderId{entry.device, entry.inode},
-                                                   detail::join_path(root_, entry.name));
+    const auto [first, fresh] =
+        state.read.emplace(FolderId{entry.device, entry.inode}, fs::join_path(root_, entry.name));
     alias_of[label] = label;
     if (fresh) continue;
     for (size_t k = 0; k < label && alias_of[label] == label; ++k)
@@ -158,10 +157,10 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
   std::vector<std::string> empty_classes;
   std::vector<std::pair<size_t, size_t>> class_range(classes_.size());  // [begin, end) in samples_
   for (size_t label = 0; label < classes_.size(); ++label) {
-    const std::string dir = detail::join_path(root_, classes_[label]);
+    const std::string dir = fs::join_path(root_, classes_[label]);
     const size_t before = samples_.size();
     if (alias_of[label] != label) {
-      const std::string original = detail::join_path(root_, classes_[alias_of[label]]);
+      const std::string original = fs::join_path(root_, classes_[alias_of[label]]);
       const auto [begin, end] = class_range[alias_of[label]];
       for (size_t i = begin; i < end; ++i)
         samples_.push_back(
@@ -175,7 +174,7 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
                 [](const WalkedFolder& a, const WalkedFolder& b) { return a.path < b.path; });
       for (const WalkedFolder& folder : folders)
         for (const std::string& file : folder.files)
-          samples_.push_back({detail::join_path(folder.path, file), static_cast<int64_t>(label)});
+          samples_.push_back({fs::join_path(folder.path, file), static_cast<int64_t>(label)});
     }
     class_range[label] = {before, samples_.size()};
     if (samples_.size() == before) empty_classes.push_back(classes_[label]);
@@ -266,12 +265,11 @@ void ImageFolderDataset::get(int64_t index, const std::vector<at::Tensor>& out) 
 }
 
 at::Tensor decode_drawn_crop(const std::vector<uint8_t>& bytes, const std::string& path,
-                             int64_t channels, int64_t size, const SampleDraw& draw,
-                             int32_t* box) {
+                             int64_t channels, int64_t size, const SampleDraw& draw, int32_t* box) {
   const ImageInfo info = read_image_info(bytes, path);  // names a bad file
   draw_crop_box(ResizedCropSpec::train(size), info.height, info.width, draw, box);
-  const DecodedRegion region =
-      decode_image_region(bytes, path, channels, PixelBox{box[0], box[1], box[2], box[3]}, size, size);
+  const DecodedRegion region = decode_image_region(
+      bytes, path, channels, PixelBox{box[0], box[1], box[2], box[3]}, size, size);
   place_crop_box(box, region.top, region.left, region.height, region.width, region.image.size(0),
                  region.image.size(1));
   return region.image;
@@ -287,8 +285,8 @@ const ImageFolderDataset::Sample& checked_sample(
   TANDEM_CHECK_ARG(index >= 0 && index < n, "ImageFolder: sample index ", index,
                    " out of range [0, ", n, ")");
   const size_t fields = static_cast<size_t>(std::count(names.begin(), names.end(), ',')) + 1;
-  TANDEM_CHECK_ARG(out.size() == fields, "ImageFolder: get() needs ", fields,
-                   " output tensors (", names, "), got ", out.size());
+  TANDEM_CHECK_ARG(out.size() == fields, "ImageFolder: get() needs ", fields, " output tensors (",
+                   names, "), got ", out.size());
   return samples[static_cast<size_t>(index)];
 }
 }  // namespace
@@ -334,14 +332,14 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
     }
   }
   if (!engines)
-    out[0] = region ? decode_drawn_crop(bytes, sample.path, options_.channels,
-                                        options_.image_size, draw, box)
+    out[0] = region ? decode_drawn_crop(bytes, sample.path, options_.channels, options_.image_size,
+                                        draw, box)
                     : decode_image_interleaved(bytes, sample.path, options_.channels,
                                                options_.image_size, options_.image_size);
   if (split)
-    split->record_cpu(engines ? 0 : 1,
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
-                          .count());
+    split->record_cpu(
+        engines ? 0 : 1,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   size_t f = 1;
   if (split) out[f++] = jpeg;
   if (region) std::memcpy(out[f++].data_ptr<int32_t>(), box, sizeof(box));
@@ -359,18 +357,19 @@ void ImageFolderDataset::get_sample(int64_t index, std::vector<at::Tensor>& out)
       detail::fail(sample.path, std::string("a ") + format_name(info.format) +
                                     " file: GPU decode reads JPEGs (decode on the CPU instead)");
     if (info.channels == 4)
-      detail::fail(sample.path, "a CMYK JPEG: GPU decode reads gray and YCbCr JPEGs (decode on "
-                                "the CPU instead)");
+      detail::fail(sample.path,
+                   "a CMYK JPEG: GPU decode reads gray and YCbCr JPEGs (decode on "
+                   "the CPU instead)");
     at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
     std::memcpy(t.data_ptr<uint8_t>(), bytes.data(), bytes.size());
     out[0] = t;
   } else if (options_.output == ImageFolderOutput::kDecoded) {
-    out[0] = decode_image_interleaved(bytes, sample.path, options_.channels,
-                                      options_.image_size, options_.image_size);
+    out[0] = decode_image_interleaved(bytes, sample.path, options_.channels, options_.image_size,
+                                      options_.image_size);
   } else {
     const ImageInfo info = read_image_info(bytes, sample.path);
-    out[0].copy_(detail::load_eval_image(bytes, sample.path, options_.channels,
-                                         options_.image_size, info));
+    out[0].copy_(
+        detail::load_eval_image(bytes, sample.path, options_.channels, options_.image_size, info));
   }
   out[1].fill_(sample.label);
 }

@@ -20,15 +20,15 @@ constexpr const char* kWho = "ImageMaskPairs";
 // an error (which one would be meant?).
 template <typename Keep>
 std::map<std::string, std::string> files_by_stem(const std::string& dir, Keep keep) {
-  const detail::PathStatus status = detail::path_status(dir);
+  const fs::PathStatus status = fs::path_status(dir);
   TANDEM_CHECK_ARG(status.exists, "ImageMaskPairs: folder '", dir,
                    "' does not exist (expected images/ and masks/ under the root)");
   TANDEM_CHECK_ARG(status.is_directory, "ImageMaskPairs: '", dir, "' is not a folder");
   std::map<std::string, std::string> files;
-  for (const detail::DirEntry& entry : detail::list_dir(dir, kWho)) {
+  for (const fs::DirEntry& entry : fs::list_dir(dir, kWho)) {
     if (entry.is_folder() || !keep(entry.name)) continue;  // a FIFO stays: its load names it
-    const std::string stem = detail::stem_of(entry.name);
-    const std::string path = detail::join_path(dir, entry.name);
+    const std::string stem = fs::stem_of(entry.name);
+    const std::string path = fs::join_path(dir, entry.name);
     const auto [where, inserted] = files.emplace(stem, path);
     TANDEM_CHECK_ARG(inserted, "ImageMaskPairs: two files with the stem '", stem, "' in '", dir,
                      "': '", where->second, "' and '", path, "'");
@@ -47,8 +47,8 @@ std::string unmatched(const std::vector<std::string>& stems, const char* what) {
 }  // namespace
 
 bool is_image_mask_pairs_folder(const std::string& root) {
-  return detail::path_status(detail::join_path(root, "images")).is_directory &&
-         detail::path_status(detail::join_path(root, "masks")).is_directory;
+  return fs::path_status(fs::join_path(root, "images")).is_directory &&
+         fs::path_status(fs::join_path(root, "masks")).is_directory;
 }
 
 ImageMaskPairs::ImageMaskPairs(std::string root, ImageMaskPairsOptions options)
@@ -59,16 +59,16 @@ ImageMaskPairs::ImageMaskPairs(std::string root, ImageMaskPairsOptions options)
                    options_.classes);
   TANDEM_CHECK_ARG(options_.ignore_index >= 0, "ImageMaskPairs: ignore_index must be >= 0, got ",
                    options_.ignore_index);
-  const detail::PathStatus status = detail::path_status(root_);
+  const fs::PathStatus status = fs::path_status(root_);
   TANDEM_CHECK_ARG(status.exists, "ImageMaskPairs: root '", root_, "' does not exist (",
-                   detail::errno_text(status.error), ")");
+                   fs::errno_text(status.error), ")");
   TANDEM_CHECK_ARG(status.is_directory, "ImageMaskPairs: root '", root_,
                    "' is not a folder (expected images/ and masks/ under it)");
 
-  const auto images =
-      files_by_stem(detail::join_path(root_, "images"),
-                    [](const std::string& name) { return detail::has_image_extension(name); });
-  const auto masks = files_by_stem(detail::join_path(root_, "masks"), [](const std::string& name) {
+  const auto images = files_by_stem(fs::join_path(root_, "images"), [](const std::string& name) {
+    return detail::has_image_extension(name);
+  });
+  const auto masks = files_by_stem(fs::join_path(root_, "masks"), [](const std::string& name) {
     return detail::lower_extension(name) == ".png";
   });
   std::vector<std::string> no_mask, no_image;

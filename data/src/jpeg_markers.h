@@ -38,8 +38,8 @@ inline JpegMarkers walk_markers(const uint8_t* p, size_t n) {
       continue;
     }
     // SOF0..SOF15 but DHT (C4), JPG (C8), DAC (CC): FF Cn, length(2), P, Y(2), X(2), Nf.
-    const bool frame = marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 &&
-                       marker != 0xCC;
+    const bool frame =
+        marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC;
     if (frame && pos + 9 < n) found.components = p[pos + 9];
     if (pos + 3 >= n) return found;
     pos += 2 + ((static_cast<size_t>(p[pos + 2]) << 8) | p[pos + 3]);

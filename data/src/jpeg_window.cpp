@@ -7,13 +7,12 @@
 
 #ifdef TANDEM_HAVE_JPEGLIB
 #include <ATen/ops/empty.h>
+#include <jpeglib.h>
 
 #include <algorithm>
 #include <csetjmp>
 #include <cstdio>  // jpeglib.h needs FILE
 #include <memory>
-
-#include <jpeglib.h>
 #endif
 
 namespace tandem::data::detail {
@@ -54,8 +53,8 @@ struct State {
 
 bool jpeg_window_available() { return true; }
 
-JpegWindow decode_jpeg_window(const std::vector<uint8_t>& bytes, int channels, int denom,
-                              bool fast, int64_t y0, int64_t y1, int64_t x0, int64_t x1) {
+JpegWindow decode_jpeg_window(const std::vector<uint8_t>& bytes, int channels, int denom, bool fast,
+                              int64_t y0, int64_t y1, int64_t x0, int64_t x1) {
   const std::unique_ptr<State> s = std::make_unique<State>();
   State* const st = s.get();
   st->cinfo.err = jpeg_std_error(&st->err.pub);

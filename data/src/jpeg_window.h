@@ -30,7 +30,7 @@ struct JpegWindow {
 /// (channels 1) or RGB (3); `fast`: the ifast IDCT and replicated chroma (TurboJPEG's
 /// TJFLAG_FASTDCT | TJFLAG_FASTUPSAMPLE). Gray and YCbCr JPEGs only (not CMYK). Never throws
 /// for bad bytes: the message is in `error`.
-JpegWindow decode_jpeg_window(const std::vector<uint8_t>& bytes, int channels, int denom,
-                              bool fast, int64_t y0, int64_t y1, int64_t x0, int64_t x1);
+JpegWindow decode_jpeg_window(const std::vector<uint8_t>& bytes, int channels, int denom, bool fast,
+                              int64_t y0, int64_t y1, int64_t x0, int64_t x1);
 
 }  // namespace tandem::data::detail

@@ -165,18 +165,28 @@ const LoadedApi& loaded_api() {
 
 std::string status_name(nvjpegStatus_t status) {
   switch (status) {
-    case NVJPEG_STATUS_SUCCESS: return "NVJPEG_STATUS_SUCCESS";
-    case NVJPEG_STATUS_NOT_INITIALIZED: return "NVJPEG_STATUS_NOT_INITIALIZED";
-    case NVJPEG_STATUS_INVALID_PARAMETER: return "NVJPEG_STATUS_INVALID_PARAMETER";
-    case NVJPEG_STATUS_BAD_JPEG: return "NVJPEG_STATUS_BAD_JPEG";
-    case NVJPEG_STATUS_JPEG_NOT_SUPPORTED: return "NVJPEG_STATUS_JPEG_NOT_SUPPORTED";
-    case NVJPEG_STATUS_ALLOCATOR_FAILURE: return "NVJPEG_STATUS_ALLOCATOR_FAILURE";
-    case NVJPEG_STATUS_EXECUTION_FAILED: return "NVJPEG_STATUS_EXECUTION_FAILED";
-    case NVJPEG_STATUS_ARCH_MISMATCH: return "NVJPEG_STATUS_ARCH_MISMATCH";
-    case NVJPEG_STATUS_INTERNAL_ERROR: return "NVJPEG_STATUS_INTERNAL_ERROR";
+    case NVJPEG_STATUS_SUCCESS:
+      return "NVJPEG_STATUS_SUCCESS";
+    case NVJPEG_STATUS_NOT_INITIALIZED:
+      return "NVJPEG_STATUS_NOT_INITIALIZED";
+    case NVJPEG_STATUS_INVALID_PARAMETER:
+      return "NVJPEG_STATUS_INVALID_PARAMETER";
+    case NVJPEG_STATUS_BAD_JPEG:
+      return "NVJPEG_STATUS_BAD_JPEG";
+    case NVJPEG_STATUS_JPEG_NOT_SUPPORTED:
+      return "NVJPEG_STATUS_JPEG_NOT_SUPPORTED";
+    case NVJPEG_STATUS_ALLOCATOR_FAILURE:
+      return "NVJPEG_STATUS_ALLOCATOR_FAILURE";
+    case NVJPEG_STATUS_EXECUTION_FAILED:
+      return "NVJPEG_STATUS_EXECUTION_FAILED";
+    case NVJPEG_STATUS_ARCH_MISMATCH:
+      return "NVJPEG_STATUS_ARCH_MISMATCH";
+    case NVJPEG_STATUS_INTERNAL_ERROR:
+      return "NVJPEG_STATUS_INTERNAL_ERROR";
     case NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED:
       return "NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED";
-    case NVJPEG_STATUS_INCOMPLETE_BITSTREAM: return "NVJPEG_STATUS_INCOMPLETE_BITSTREAM";
+    case NVJPEG_STATUS_INCOMPLETE_BITSTREAM:
+      return "NVJPEG_STATUS_INCOMPLETE_BITSTREAM";
   }
   return "nvjpegStatus_t " + std::to_string(static_cast<int>(status));
 }
@@ -186,11 +196,13 @@ std::string decode_failure(const char* call, nvjpegStatus_t status) {
   const std::string where = std::string(" (") + call + ": " + status_name(status) + ")";
   switch (status) {
     case NVJPEG_STATUS_BAD_JPEG:
-    case NVJPEG_STATUS_INCOMPLETE_BITSTREAM: return "corrupt or truncated JPEG" + where;
+    case NVJPEG_STATUS_INCOMPLETE_BITSTREAM:
+      return "corrupt or truncated JPEG" + where;
     case NVJPEG_STATUS_JPEG_NOT_SUPPORTED:
     case NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED:
       return "JPEG kind not supported by nvJPEG (decode_image may read it)" + where;
-    default: return "nvJPEG failed to decode it" + where;
+    default:
+      return "nvJPEG failed to decode it" + where;
   }
 }
 
@@ -280,8 +292,8 @@ struct Gathered {
 // nvjpegDecodeBatched of `batch` on `b`, initialised first when needed: the status of whichever
 // call failed (`*initialize_failed`, if given, says whether it was the initialisation), or
 // success.
-nvjpegStatus_t run_batched(const NvjpegApi& api, nvjpegHandle_t handle, Batched& b,
-                           Gathered& batch, nvjpegOutputFormat_t format, cudaStream_t stream,
+nvjpegStatus_t run_batched(const NvjpegApi& api, nvjpegHandle_t handle, Batched& b, Gathered& batch,
+                           nvjpegOutputFormat_t format, cudaStream_t stream,
                            bool* initialize_failed = nullptr) {
   const int n = static_cast<int>(batch.data.size());
   if (initialize_failed) *initialize_failed = false;
@@ -297,9 +309,8 @@ nvjpegStatus_t run_batched(const NvjpegApi& api, nvjpegHandle_t handle, Batched&
     b.batch_size = n;
     b.format = format;
   }
-  const nvjpegStatus_t status = api.decode_batched(handle, b.state, batch.data.data(),
-                                                   batch.lengths.data(),
-                                                   batch.destinations.data(), stream);
+  const nvjpegStatus_t status = api.decode_batched(
+      handle, b.state, batch.data.data(), batch.lengths.data(), batch.destinations.data(), stream);
   if (status != NVJPEG_STATUS_SUCCESS) b.ready = false;
   return status;
 }
@@ -328,11 +339,11 @@ struct NvjpegDecoder::State {
   const NvjpegApi* api = nullptr;
   NvjpegBackend prefer = NvjpegBackend::kAuto;
 
-  nvjpegHandle_t handle = nullptr;      // default backend
-  Batched batched;                      // its nvjpegDecodeBatched state
-  nvjpegJpegState_t single = nullptr;   // its nvjpegDecode state, for the per-image fallback
+  nvjpegHandle_t handle = nullptr;     // default backend
+  Batched batched;                     // its nvjpegDecodeBatched state
+  nvjpegJpegState_t single = nullptr;  // its nvjpegDecode state, for the per-image fallback
 
-  nvjpegHandle_t hw_handle = nullptr;   // hardware engines; null when not in use
+  nvjpegHandle_t hw_handle = nullptr;  // hardware engines; null when not in use
   Batched hw;
   nvjpegJpegStream_t hw_stream = nullptr;  // one image's parsed headers: is it supported?
   std::array<Staging, 2> staging;
@@ -457,19 +468,17 @@ struct NvjpegDecoder::State {
   // to `format`.
   bool hardware_supports(const uint8_t* p, size_t n, nvjpegOutputFormat_t format) {
     if (hw_handle == nullptr || (hw_refused_formats & format_bit(format)) != 0) return false;
-    if (api->stream_parse_header(hw_handle, p, n, hw_stream) != NVJPEG_STATUS_SUCCESS)
-      return false;
+    if (api->stream_parse_header(hw_handle, p, n, hw_stream) != NVJPEG_STATUS_SUCCESS) return false;
     int is_supported = -1;  // 0 means supported (nvjpeg.h)
-    return api->batched_supported(hw_handle, hw_stream, &is_supported) ==
-               NVJPEG_STATUS_SUCCESS &&
+    return api->batched_supported(hw_handle, hw_stream, &is_supported) == NVJPEG_STATUS_SUCCESS &&
            is_supported == 0;
   }
 
   // The images `which` on the hardware engines, their bitstreams staged in pinned memory;
   // false when nvJPEG refused the batch (nothing thrown: the caller decodes them another way).
   bool decode_hardware(const std::vector<EncodedImage>& images, const std::vector<size_t>& which,
-                       const std::vector<nvjpegImage_t>& destinations,
-                       nvjpegOutputFormat_t format, cudaStream_t stream) {
+                       const std::vector<nvjpegImage_t>& destinations, nvjpegOutputFormat_t format,
+                       cudaStream_t stream) {
     Staging& st = staging[static_cast<size_t>(next_staging)];
     next_staging ^= 1;
     if (st.pending) {  // the decode that last read this buffer must be done with it
@@ -532,8 +541,8 @@ struct NvjpegDecoder::State {
   // fails there is the one the error names (a failed batch names none). Rewriting slots in
   // stream order is safe: the later write wins. Returns the backend bit that decoded.
   unsigned decode_rest(const std::vector<EncodedImage>& images, const std::vector<size_t>& which,
-                       const std::vector<nvjpegImage_t>& destinations,
-                       nvjpegOutputFormat_t format, cudaStream_t stream) {
+                       const std::vector<nvjpegImage_t>& destinations, nvjpegOutputFormat_t format,
+                       cudaStream_t stream) {
     Gathered& g = rest_batch;
     g.clear();
     for (size_t b : which) {
@@ -549,8 +558,8 @@ struct NvjpegDecoder::State {
     if (run_batched(*api, handle, batched, g, format, stream) == NVJPEG_STATUS_SUCCESS)
       return kUsedDefault;
     for (size_t k = 0; k < which.size(); ++k) {
-      const nvjpegStatus_t status = api->decode(handle, single, g.data[k], g.lengths[k], format,
-                                                &g.destinations[k], stream);
+      const nvjpegStatus_t status =
+          api->decode(handle, single, g.data[k], g.lengths[k], format, &g.destinations[k], stream);
       if (status != NVJPEG_STATUS_SUCCESS)
         fail(images[which[k]].name, decode_failure("nvjpegDecode", status));
     }
@@ -585,8 +594,8 @@ std::unique_ptr<NvjpegDecoder> NvjpegDecoder::open(int device, std::string* why_
   const NvjpegApi& api = *state->api;
   // The default backend lets nvJPEG pick hybrid (host Huffman) or GPU-assisted Huffman per
   // image; it is every path's last resort, and reads the headers.
-  nvjpegStatus_t status = create_handle(api, NVJPEG_BACKEND_DEFAULT,
-                                        NVJPEG_FLAGS_BITSTREAM_STRICT, &state->handle);
+  nvjpegStatus_t status =
+      create_handle(api, NVJPEG_BACKEND_DEFAULT, NVJPEG_FLAGS_BITSTREAM_STRICT, &state->handle);
   if (status != NVJPEG_STATUS_SUCCESS) {
     if (why_not) *why_not = "nvjpegCreateEx failed" + where + ": " + status_name(status);
     return nullptr;
@@ -657,24 +666,26 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
   int64_t total = 0;
   for (size_t b = 0; b < batch; ++b) {
     const EncodedImage& im = images[b];
-    TANDEM_CHECK_ARG(im.data != nullptr || im.size == 0, "NvjpegDecoder::decode: image ", b,
-                     " (", im.name, ") has ", im.size, " bytes at a null pointer");
+    TANDEM_CHECK_ARG(im.data != nullptr || im.size == 0, "NvjpegDecoder::decode: image ", b, " (",
+                     im.name, ") has ", im.size, " bytes at a null pointer");
     if (im.size == 0) fail(im.name, "empty file (0 bytes), not an image");
     const ImageFormat kind = sniff_format(im.data, im.size);
     if (kind == ImageFormat::kPng)
-      fail(im.name, "a PNG, not a JPEG: the GPU decoder reads JPEGs only (decode_image reads "
-                    "PNGs)");
+      fail(im.name,
+           "a PNG, not a JPEG: the GPU decoder reads JPEGs only (decode_image reads "
+           "PNGs)");
     if (kind != ImageFormat::kJpeg)
-      fail(im.name, "not a JPEG file (it starts with bytes " + first_bytes_hex(im.data, im.size) +
-                        ")");
+      fail(im.name,
+           "not a JPEG file (it starts with bytes " + first_bytes_hex(im.data, im.size) + ")");
     int components = 0;
     nvjpegChromaSubsampling_t subsampling = NVJPEG_CSS_UNKNOWN;
     int widths[NVJPEG_MAX_COMPONENT] = {0};
     int heights[NVJPEG_MAX_COMPONENT] = {0};
     const detail::JpegMarkers markers = detail::walk_markers(im.data, im.size);
-    const nvjpegStatus_t status = api.get_image_info(s.handle, im.data, im.size, &components,
-                                                     &subsampling, widths, heights);
-    if (status != NVJPEG_STATUS_SUCCESS && markers.components == 4) components = 4;
+    const nvjpegStatus_t status =
+        api.get_image_info(s.handle, im.data, im.size, &components, &subsampling, widths, heights);
+    if (status != NVJPEG_STATUS_SUCCESS && markers.components == 4)
+      components = 4;
     else if (status != NVJPEG_STATUS_SUCCESS)
       fail(im.name, (status == NVJPEG_STATUS_JPEG_NOT_SUPPORTED ||
                              status == NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED
@@ -682,8 +693,9 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
                          : "corrupt or truncated JPEG header (nvjpegGetImageInfo: ") +
                         status_name(status) + ")");
     if (components == 4)
-      fail(im.name, "CMYK / YCCK JPEG (4 components): not supported by the GPU decoder "
-                    "(decode_image reads it)");
+      fail(im.name,
+           "CMYK / YCCK JPEG (4 components): not supported by the GPU decoder "
+           "(decode_image reads it)");
     if (components != 1 && components != 3)
       fail(im.name, "JPEG with " + std::to_string(components) +
                         " components: not supported by the GPU decoder (expected 1 or 3)");

@@ -5,12 +5,12 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 namespace tandem::distributed {

@@ -2,18 +2,18 @@
 #include "tandem/distributed/data_parallel.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <ATen/cuda/CUDAEvent.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "tandem/gathered_grad.h"
-
 #include <mutex>
 #include <optional>
+
+#include "tandem/gathered_grad.h"
 
 namespace tandem::distributed {
 
@@ -22,7 +22,7 @@ namespace {
 // The hook a parameter carries: tells its GradientBuckets that the gradient has been
 // accumulated. A raw pointer: ~GradientBuckets removes the hooks before it goes.
 struct ReadyHook : torch::autograd::PostAccumulateGradHook {
-  ReadyHook(GradientBuckets* owner, size_t param) : owner(owner), param(param) {}
+  ReadyHook(GradientBuckets* buckets, size_t index) : owner(buckets), param(index) {}
   void operator()(const torch::autograd::Variable&) override { owner->on_gradient_ready(param); }
   GradientBuckets* owner;
   size_t param;
@@ -90,8 +90,8 @@ GradientBuckets::GradientBuckets(std::vector<at::Tensor> params,
     : impl_(std::make_unique<Impl>()) {
   Impl& im = *impl_;
   TANDEM_CHECK_ARG(group != nullptr, "data parallel needs a process group: got none");
-  TANDEM_CHECK_ARG(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0,
-                   "bucket caps ", options.first_bucket_cap_mb, " / ", options.bucket_cap_mb,
+  TANDEM_CHECK_ARG(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0, "bucket caps ",
+                   options.first_bucket_cap_mb, " / ", options.bucket_cap_mb,
                    " MB are not valid: expected > 0");
   im.group = std::move(group);
   im.options = options;
@@ -140,8 +140,7 @@ GradientBuckets::GradientBuckets(std::vector<at::Tensor> params,
     im.buckets.back().bytes += bytes;
     im.bucket_of[k] = im.buckets.size() - 1;
   }
-  if (im.cuda) im.comm = c10::cuda::getStreamFromPool(/*isHighPriority=*/true,
-                                                      device->index());
+  if (im.cuda) im.comm = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device->index());
   for (size_t i = 0; i < im.params.size(); ++i)
     torch::autograd::impl::set_post_acc_grad_hooks(im.params[i],
                                                    std::make_unique<ReadyHook>(this, i));
@@ -190,10 +189,10 @@ std::string GradientBuckets::what() const {
     own = detail::concat("; ", im.own_params, " parameters (", im.own_bytes / 1e6,
                          " MB) from every rank's gathered batch (GatheredGrad)");
   return detail::concat("data parallel: gradients averaged over ", im.group->world_size(),
-                        " ranks (", im.group->backend(), ") during backward, ",
-                        im.params.size(), " parameters (", bytes / 1e6, " MB) in ",
-                        im.buckets.size(), " buckets of <= ", im.options.bucket_cap_mb, " MB",
-                        own, im.cuda ? ", on a comm lane" : "");
+                        " ranks (", im.group->backend(), ") during backward, ", im.params.size(),
+                        " parameters (", bytes / 1e6, " MB) in ", im.buckets.size(),
+                        " buckets of <= ", im.options.bucket_cap_mb, " MB", own,
+                        im.cuda ? ", on a comm lane" : "");
 }
 
 int GradientBuckets::world_size() const { return impl_->group->world_size(); }
@@ -244,7 +243,8 @@ void make_data_parallel(Workload& workload, std::shared_ptr<ProcessGroup> group,
     std::vector<at::Tensor> data;
     for (auto& p : params) data.push_back(p.detach());
     group->broadcast_(data, 0);
-    if (workload.device.is_cuda()) c10::cuda::getCurrentCUDAStream(workload.device.index()).synchronize();
+    if (workload.device.is_cuda())
+      c10::cuda::getCurrentCUDAStream(workload.device.index()).synchronize();
   }
   workload.train.gradient_sync =
       std::make_shared<GradientBuckets>(std::move(params), std::move(group), options);

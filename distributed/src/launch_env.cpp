@@ -21,16 +21,16 @@ int integer(const char* name, std::optional<int> fallback, const char* what) {
   if (!v) {
     if (fallback) return *fallback;
     throw EnvironmentError(detail::concat(
-        name, " is not set: a data-parallel launch (torchrun, or tandem --nproc N) sets RANK, "
-              "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; expected ",
+        name,
+        " is not set: a data-parallel launch (torchrun, or tandem --nproc N) sets RANK, "
+        "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; expected ",
         what));
   }
   errno = 0;
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
   if (errno || end == v || *end != '\0' || x < -1000000 || x > 1000000)
-    throw EnvironmentError(
-        detail::concat(name, "='", v, "' is not valid: expected ", what));
+    throw EnvironmentError(detail::concat(name, "='", v, "' is not valid: expected ", what));
   return static_cast<int>(x);
 }
 
@@ -67,13 +67,13 @@ std::optional<LaunchEnv> launch_env_from_environment() {
       integer("LOCAL_WORLD_SIZE", e.world_size, "the number of processes on this machine, >= 1");
   e.local_rank = integer("LOCAL_RANK", e.rank, "this process's rank on its machine");
   if (e.local_world_size < 1 || e.local_world_size > e.world_size)
-    throw EnvironmentError(detail::concat("LOCAL_WORLD_SIZE=", e.local_world_size,
-                                          " is not valid: expected 1 .. WORLD_SIZE=",
-                                          e.world_size));
+    throw EnvironmentError(
+        detail::concat("LOCAL_WORLD_SIZE=", e.local_world_size,
+                       " is not valid: expected 1 .. WORLD_SIZE=", e.world_size));
   if (e.local_rank < 0 || e.local_rank >= e.local_world_size)
-    throw EnvironmentError(detail::concat("LOCAL_RANK=", e.local_rank,
-                                          " is not valid: expected 0 .. LOCAL_WORLD_SIZE-1 = ",
-                                          e.local_world_size - 1));
+    throw EnvironmentError(detail::concat(
+        "LOCAL_RANK=", e.local_rank,
+        " is not valid: expected 0 .. LOCAL_WORLD_SIZE-1 = ", e.local_world_size - 1));
   const char* addr = get("MASTER_ADDR");
   if (!addr)
     throw EnvironmentError(

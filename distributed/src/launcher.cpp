@@ -50,7 +50,8 @@ int free_loopback_port() {
 
 std::string describe_status(int status) {
   if (WIFSIGNALED(status))
-    return detail::concat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+    return detail::concat("was killed by signal ", WTERMSIG(status), " (",
+                          strsignal(WTERMSIG(status)), ")");
   return detail::concat("exited with code ", WEXITSTATUS(status));
 }
 
@@ -87,7 +88,8 @@ int run_local_ranks(int nproc, const std::vector<std::string>& argv) {
   struct sigaction sa {};
   sa.sa_handler = remember_signal;
   sigemptyset(&sa.sa_mask);
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
 

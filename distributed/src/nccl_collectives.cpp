@@ -27,15 +27,24 @@ void check(ncclResult_t r, const char* what) {
 
 ncclDataType_t nccl_type(const at::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    case at::kByte: return ncclUint8;
-    case at::kChar: return ncclInt8;
-    default: break;
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kByte:
+      return ncclUint8;
+    case at::kChar:
+      return ncclInt8;
+    default:
+      break;
   }
   throw InvalidArgument(detail::concat("NCCL collectives: a ", t.scalar_type(),
                                        " tensor: expected float, double, half, bfloat16 or an "
@@ -70,8 +79,8 @@ class NcclCollectives : public DeviceCollectives {
     check(ncclCommInitRank(&comm_, world, id, rank), "ncclCommInitRank");
     int version = 0;
     ncclGetVersion(&version);
-    name_ = detail::concat("NCCL ", version / 10000, ".", (version / 100) % 100, ".",
-                           version % 100);
+    name_ =
+        detail::concat("NCCL ", version / 10000, ".", (version / 100) % 100, ".", version % 100);
   }
   ~NcclCollectives() override { shutdown(/*abort=*/true); }
 
@@ -91,8 +100,7 @@ class NcclCollectives : public DeviceCollectives {
     for (const auto& t : tensors) check_tensor(t, device_);
     check(ncclGroupStart(), "ncclGroupStart");
     for (const auto& t : tensors)
-      check(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), root, comm_,
-                          stream),
+      check(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), root, comm_, stream),
             "ncclBroadcast");
     check(ncclGroupEnd(), "ncclGroupEnd (broadcast)");
   }
@@ -134,8 +142,8 @@ std::unique_ptr<DeviceCollectives> make_nccl_collectives(c10d::Store& store, con
   return std::make_unique<NcclCollectives>(store, key, rank, world, device);
 }
 #else
-std::unique_ptr<DeviceCollectives> make_nccl_collectives(c10d::Store&, const std::string&, int,
-                                                         int, c10::Device device) {
+std::unique_ptr<DeviceCollectives> make_nccl_collectives(c10d::Store&, const std::string&, int, int,
+                                                         c10::Device device) {
   throw Error(detail::concat("data parallel on ", device,
                              " needs NCCL, and tandem was built without nccl.h (pip install "
                              "nvidia-nccl-cu13 into the build's venv, then rebuild)"));

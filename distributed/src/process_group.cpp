@@ -2,17 +2,17 @@
 // reductions, the heartbeat watchdog and a clean leave.
 #include "tandem/distributed/process_group.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cmath>
 #include <random>
 #include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "collectives.h"
 
@@ -84,8 +84,9 @@ struct ProcessGroup::Impl {
       s = store->clone();  // a connection of its own: the main thread may block in a read
       s->setTimeout(std::chrono::seconds(5));
     } catch (const std::exception& e) {
-      die(r, W, "the watchdog could not connect to the store at " + store_name() + ": " +
-                 first_line(e.what()));
+      die(r, W,
+          "the watchdog could not connect to the store at " + store_name() + ": " +
+              first_line(e.what()));
     }
     std::vector<int64_t> last(W, -1);
     std::vector<Clock::time_point> seen(W, Clock::now());
@@ -113,8 +114,9 @@ struct ProcessGroup::Impl {
         }
       } catch (const std::exception& e) {
         if (stop.load()) break;
-        die(r, W, "lost the rendezvous store at " + store_name() +
-                   ": the rank or launcher hosting it has exited (" + first_line(e.what()) + ")");
+        die(r, W,
+            "lost the rendezvous store at " + store_name() +
+                ": the rank or launcher hosting it has exited (" + first_line(e.what()) + ")");
       }
       std::unique_lock<std::mutex> lock(mu);
       cv.wait_for(lock, std::chrono::seconds(1), [this] { return stop.load(); });
@@ -134,12 +136,12 @@ struct ProcessGroup::Impl {
   void join() {
     const int W = env.world_size, r = env.rank;
     const std::string mine = detail::concat(W, " ", process_token());
-    const std::string got = string_of(
-        store->compareSet(key("join/" + std::to_string(r)), {}, bytes_of(mine)));
+    const std::string got =
+        string_of(store->compareSet(key("join/" + std::to_string(r)), {}, bytes_of(mine)));
     if (got != mine)
-      throw EnvironmentError(detail::concat(
-          "rank ", r, " has joined the store at ", store_name(),
-          " twice: two processes were started with RANK=", r, " (expected one process per rank)"));
+      throw EnvironmentError(detail::concat("rank ", r, " has joined the store at ", store_name(),
+                                            " twice: two processes were started with RANK=", r,
+                                            " (expected one process per rank)"));
     // Wait for every rank, checking each one's world size as it arrives (a mismatch fails
     // every rank at once, not after the timeout) and naming the missing ones on timeout.
     const auto deadline = Clock::now() + options.join_timeout;
@@ -154,9 +156,9 @@ struct ProcessGroup::Impl {
         --missing;
         const int their_world = std::atoi(string_of(store->get(k)).c_str());
         if (their_world != W)
-          throw EnvironmentError(detail::concat("rank ", p, " was started with WORLD_SIZE=",
-                                                their_world, " and rank ", r, " with WORLD_SIZE=",
-                                                W, ": expected the same world size on every rank"));
+          throw EnvironmentError(detail::concat(
+              "rank ", p, " was started with WORLD_SIZE=", their_world, " and rank ", r,
+              " with WORLD_SIZE=", W, ": expected the same world size on every rank"));
       }
       if (missing == 0) break;
       if (Clock::now() > deadline) {
@@ -190,19 +192,19 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const LaunchEnv& env, c10::D
     const std::string what = first_line(e.what());
     if (so.isServer)
       throw EnvironmentError(detail::concat(
-          "rank 0 cannot host the store on ", env.master_addr, ":", env.master_port, " (",
-          what, "): is MASTER_PORT in use? expected a free port (tandem --nproc picks one)"));
-    throw EnvironmentError(detail::concat("rank ", env.rank, " cannot reach the store at ",
-                                          im->store_name(), " (", what,
-                                          "): expected MASTER_ADDR:MASTER_PORT of a running rank 0"));
+          "rank 0 cannot host the store on ", env.master_addr, ":", env.master_port, " (", what,
+          "): is MASTER_PORT in use? expected a free port (tandem --nproc picks one)"));
+    throw EnvironmentError(
+        detail::concat("rank ", env.rank, " cannot reach the store at ", im->store_name(), " (",
+                       what, "): expected MASTER_ADDR:MASTER_PORT of a running rank 0"));
   }
   im->join();
   im->store->setTimeout(options.collective_timeout);  // the join's deadline was its own
   im->exchange = std::make_shared<StoreExchange>(im->store, im->prefix + "x/", env.rank,
                                                  env.world_size, im->store_name());
   if (device.is_cuda() && !options.force_store_collectives)
-    im->collectives = make_nccl_collectives(*im->store, im->key("nccl_id"), env.rank,
-                                            env.world_size, device);
+    im->collectives =
+        make_nccl_collectives(*im->store, im->key("nccl_id"), env.rank, env.world_size, device);
   else
     im->collectives = make_store_collectives(im->exchange);
   im->start_watchdog();
@@ -232,8 +234,8 @@ std::string ProcessGroup::backend() const { return impl_->collectives->name(); }
 void ProcessGroup::all_reduce_mean_(const std::vector<at::Tensor>& tensors) {
   if (impl_->env.world_size == 1 || tensors.empty()) return;
   for (const auto& t : tensors)  // a mean of integers: neither backend has one
-    TANDEM_CHECK_ARG(at::isFloatingType(t.scalar_type()), "all_reduce_mean_: a ",
-                     t.scalar_type(), " tensor: expected floating point");
+    TANDEM_CHECK_ARG(at::isFloatingType(t.scalar_type()), "all_reduce_mean_: a ", t.scalar_type(),
+                     " tensor: expected floating point");
   impl_->collectives->all_reduce_mean_(tensors);
 }
 
@@ -246,8 +248,8 @@ void ProcessGroup::broadcast_(const std::vector<at::Tensor>& tensors, int root) 
 
 void ProcessGroup::all_gather_(const std::vector<at::Tensor>& inputs,
                                const std::vector<at::Tensor>& outputs) {
-  TANDEM_CHECK_ARG(inputs.size() == outputs.size(), "all_gather_: ", inputs.size(),
-                   " inputs and ", outputs.size(), " outputs: expected one output per input");
+  TANDEM_CHECK_ARG(inputs.size() == outputs.size(), "all_gather_: ", inputs.size(), " inputs and ",
+                   outputs.size(), " outputs: expected one output per input");
   const int world = impl_->env.world_size;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor &in = inputs[i], &out = outputs[i];

@@ -41,8 +41,9 @@ class StoreCollectives : public DeviceCollectives {
   // Every rank's values travel as float32 (float64 for double tensors), are summed in float64
   // in rank order, so every rank computes the same bits, then divided.
   void all_reduce_mean_(const std::vector<at::Tensor>& tensors) override {
-    const bool wide = std::any_of(tensors.begin(), tensors.end(),
-                                  [](const at::Tensor& t) { return t.scalar_type() == at::kDouble; });
+    const bool wide = std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
+      return t.scalar_type() == at::kDouble;
+    });
     const at::ScalarType wire = wide ? at::kDouble : at::kFloat;
     std::vector<at::Tensor> flat;
     for (const auto& t : tensors)  // floating point: checked by ProcessGroup
@@ -68,8 +69,8 @@ class StoreCollectives : public DeviceCollectives {
   void broadcast_(const std::vector<at::Tensor>& tensors, int root) override {
     std::vector<at::Tensor> host;
     for (const auto& t : tensors) host.push_back(t.detach().to(at::kCPU).contiguous());
-    const std::vector<uint8_t> mine = exchange_->rank() == root ? to_bytes(host)
-                                                                : std::vector<uint8_t>();
+    const std::vector<uint8_t> mine =
+        exchange_->rank() == root ? to_bytes(host) : std::vector<uint8_t>();
     const std::vector<uint8_t> got = exchange_->broadcast(mine, root);
     if (exchange_->rank() == root) return;
     size_t offset = 0;

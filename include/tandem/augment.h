@@ -20,16 +20,16 @@ namespace tandem {
 /// in the resized grid (torchvision's RandomRotation default, and the reference's), bilinear for
 /// the resize; both paths (CPU, GPU) run the same arithmetic (src/kernels/augment_math.h).
 struct AugmentSpec {
-  int64_t crop_h = 128, crop_w = 128;  ///< random crop, inside the source image
-  int64_t out_h = 256, out_w = 256;    ///< resize target (rotation keeps the size)
-  double max_rotation_deg = 45.0;      ///< angle uniform in [-max, max]
-  int64_t blur_kernel = 7;             ///< odd, >= 1; 1 means no blur
+  int64_t crop_h = 128, crop_w = 128;       ///< random crop, inside the source image
+  int64_t out_h = 256, out_w = 256;         ///< resize target (rotation keeps the size)
+  double max_rotation_deg = 45.0;           ///< angle uniform in [-max, max]
+  int64_t blur_kernel = 7;                  ///< odd, >= 1; 1 means no blur
   double sigma_min = 0.1, sigma_max = 2.0;  ///< blur sigma uniform in [min, max], per sample
   /// Per channel, in pixel units 0..255 (not torchvision's 0..1): out = (pixel - mean) / std,
   /// so ImageNet's mean 0.485 is 123.7 here and its std 0.229 is 58.4.
   std::vector<double> mean{0.0, 0.0, 0.0};
-  std::vector<double> std{1.0, 1.0, 1.0};   ///< per channel, non-zero
-  double hflip_probability = 0.0;           ///< mirror the output with this probability
+  std::vector<double> std{1.0, 1.0, 1.0};  ///< per channel, non-zero
+  double hflip_probability = 0.0;          ///< mirror the output with this probability
 
   /// Throws InvalidArgument naming the first bad value for an image of `channels` x in_h x in_w.
   void validate(int64_t channels, int64_t in_h, int64_t in_w) const;
@@ -37,12 +37,12 @@ struct AugmentSpec {
 
 /// Per-sample parameters, one entry per sample (on the device that drew them):
 struct AugmentParams {
-  at::Tensor top, left;      ///< (B,) int32: crop offset
-  at::Tensor angle_deg;      ///< (B,) float32: rotation, counter-clockwise
-  at::Tensor cos_a, sin_a;   ///< (B,) float32: of the angle, computed once for both paths
-  at::Tensor sigma;          ///< (B,) float32
-  at::Tensor blur_weights;   ///< (B, blur_kernel) float32, each row sums to 1
-  at::Tensor flip;           ///< (B,) int32, 0 or 1
+  at::Tensor top, left;     ///< (B,) int32: crop offset
+  at::Tensor angle_deg;     ///< (B,) float32: rotation, counter-clockwise
+  at::Tensor cos_a, sin_a;  ///< (B,) float32: of the angle, computed once for both paths
+  at::Tensor sigma;         ///< (B,) float32
+  at::Tensor blur_weights;  ///< (B, blur_kernel) float32, each row sums to 1
+  at::Tensor flip;          ///< (B,) int32, 0 or 1
 
   int64_t batch_size() const { return top.defined() ? top.size(0) : 0; }
   AugmentParams to(c10::Device device) const;

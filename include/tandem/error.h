@@ -46,17 +46,17 @@ namespace detail {
 }  // namespace tandem
 
 /// Evaluates a cudaError_t-returning expression once and throws tandem::CudaError on failure.
-#define TANDEM_CUDA_CHECK(expr)                                                      \
-  do {                                                                               \
-    const auto tandem_cuda_status_ = (expr);                                         \
-    if (tandem_cuda_status_ != 0)                                                    \
-      ::tandem::detail::throw_cuda_error(static_cast<int>(tandem_cuda_status_), #expr, \
-                                         __FILE__, __LINE__);                         \
+#define TANDEM_CUDA_CHECK(expr)                                                                  \
+  do {                                                                                           \
+    const auto tandem_cuda_status_ = (expr);                                                     \
+    if (tandem_cuda_status_ != 0)                                                                \
+      ::tandem::detail::throw_cuda_error(static_cast<int>(tandem_cuda_status_), #expr, __FILE__, \
+                                         __LINE__);                                              \
   } while (0)
 
 /// Throws tandem::InvalidArgument with a streamed message when `cond` is false.
-#define TANDEM_CHECK_ARG(cond, ...)                                   \
-  do {                                                                \
+#define TANDEM_CHECK_ARG(cond, ...)                                                      \
+  do {                                                                                   \
     if (!(cond)) throw ::tandem::InvalidArgument(::tandem::detail::concat(__VA_ARGS__)); \
   } while (0)
 

@@ -2,7 +2,8 @@
 // distributed layer (tandem::distributed, GradientBuckets) averages gradients over the ranks
 // while backward still runs. The core only calls it; it knows nothing of process groups.
 //
-//   train lane:  zero_grad · forward · loss · before_backward() · backward · after_backward() · step
+//   train lane:  zero_grad · forward · loss · before_backward() · backward · after_backward() ·
+//   step
 //                                                 │ (gradients ready, bucket by bucket)
 //   comm lane:                                    └─► all-reduce b0 ─► b1 ─► … ─┐
 //   train lane waits for the comm lane in after_backward() ◄────────────────────┘

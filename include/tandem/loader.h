@@ -111,8 +111,8 @@ void check_ring_fits(int64_t depth, int64_t batch_size, int64_t sample_bytes);
 
 struct LoaderOptions {
   int64_t batch_size = 8;
-  int workers = 4;      ///< worker threads
-  int depth = 4;        ///< host slots in the ring: batches filled ahead of the consumer
+  int workers = 4;         ///< worker threads
+  int depth = 4;           ///< host slots in the ring: batches filled ahead of the consumer
   bool pin_memory = true;  ///< pinned slots (only when CUDA is present), so copies are async
   /// Visit the indices in a seeded random permutation: DistributedSampler's (sampler.h) for
   /// `seed`, epoch 0 — torch.randperm's order, as PyTorch's sampler would give.
@@ -120,7 +120,7 @@ struct LoaderOptions {
   /// If not empty: the epoch visits exactly these dataset indices, in this order (e.g. a
   /// DistributedSampler's for one rank and epoch); each in [0, size). Overrides shuffle.
   std::vector<int64_t> indices;
-  bool drop_last = true;   ///< drop a final short batch
+  bool drop_last = true;  ///< drop a final short batch
   /// The order visited this many times back to back, each pass cut into batches of its own (its
   /// last one short unless drop_last): an evaluation's loader serves every evaluation of a run,
   /// so its workers start once and fill the next pass's first batches ahead. >= 1.
@@ -217,7 +217,7 @@ class Loader {
   struct Slot {
     SlotState state = SlotState::kFree;
     int64_t number = -1;
-    std::vector<at::Tensor> fields;  // per batch field; a variable-size one's is its arena
+    std::vector<at::Tensor> fields;    // per batch field; a variable-size one's is its arena
     std::vector<int64_t> packed_used;  // per batch field: elements of the arena in use
     std::vector<int64_t> indices;
     std::optional<at::cuda::CUDAEvent> copied;  // recorded by release(); waited before refill
@@ -257,7 +257,7 @@ class Loader {
   std::vector<SkippedSample> skipped_;  // guarded by mutex_
   int64_t num_batches_ = 0;
   int64_t batches_per_pass_ = 0;
-  int64_t epoch_size_ = 0;  // samples one pass visits
+  int64_t epoch_size_ = 0;      // samples one pass visits
   std::vector<int64_t> order_;  // empty unless shuffling
 
   mutable std::mutex mutex_;

@@ -141,7 +141,7 @@ class Adam : public Optimizer {
   /// Enqueues an update of the learning-rate tensor on the current stream (lr >= 0): replays of
   /// a graph captured earlier use the new value (a schedule that works under replay).
   void set_lr(double lr) override;
-  const at::Tensor& lr() const { return lr_; }     ///< 0-dim float32 on the device
+  const at::Tensor& lr() const { return lr_; }  ///< 0-dim float32 on the device
   /// "lr", "step", then "exp_avg.<i>" and "exp_avg_sq.<i>" for each parameter i.
   std::vector<std::pair<std::string, at::Tensor>> state() const override;
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) override;
@@ -155,8 +155,8 @@ class Adam : public Optimizer {
 };
 
 /// AdamW: Adam with decoupled weight decay (default 1e-2, as torch.optim.AdamW).
-inline Adam make_adamw(std::vector<at::Tensor> params, AdamOptions options = {1e-3, 0.9, 0.999,
-                                                                              1e-8, 1e-2, true}) {
+inline Adam make_adamw(std::vector<at::Tensor> params,
+                       AdamOptions options = {1e-3, 0.9, 0.999, 1e-8, 1e-2, true}) {
   options.decoupled_weight_decay = true;
   return Adam(std::move(params), options);
 }

@@ -29,8 +29,8 @@ struct ResizedCropSpec {
   int64_t out_h = 224, out_w = 224;
   double scale_min = 0.08, scale_max = 1.0;
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
-  int64_t resize_size = 256;        ///< evaluation only
-  double hflip_probability = 0.5;   ///< mirror the output with this probability
+  int64_t resize_size = 256;       ///< evaluation only
+  double hflip_probability = 0.5;  ///< mirror the output with this probability
   /// Per channel, in pixel units 0..255: out = (pixel - mean) / std (ImageNet's by default:
   /// torchvision's 0.485 / 0.229 times 255).
   std::vector<double> mean{123.675, 116.28, 103.53};

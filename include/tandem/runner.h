@@ -18,7 +18,6 @@
 #include <ATen/core/Generator.h>
 
 #include <atomic>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -59,7 +58,8 @@ struct RunOptions {
   Trace* trace = nullptr;
   /// Dataset sources: the global step the run's first step is (a resumed run). The loader
   /// starts where a run from step 0 would be at that step: epoch first_step /
-  /// DataSource::batches_per_epoch() of the shuffled order, that many batches into it. Losses and items still count from 0.
+  /// DataSource::batches_per_epoch() of the shuffled order, that many batches into it. Losses and
+  /// items still count from 0.
   int64_t first_step = 0;
   /// Keep, for each of the last steps, the state of every generator the workload's stages
   /// register (FeedStage/TrainStage::generators) as it was just before that step's draws:

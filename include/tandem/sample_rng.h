@@ -18,7 +18,8 @@ namespace tandem {
 /// (the augmentation draws its per-sample parameters with it on either side).
 class SampleRng {
  public:
-  TANDEM_RNG_HD SampleRng(uint64_t seed, uint64_t index) : state_(mix(seed ^ mix(index + 0x9E3779B97F4A7C15ull))) {}
+  TANDEM_RNG_HD SampleRng(uint64_t seed, uint64_t index)
+      : state_(mix(seed ^ mix(index + 0x9E3779B97F4A7C15ull))) {}
 
   TANDEM_RNG_HD uint64_t next() { return mix(state_ += 0x9E3779B97F4A7C15ull); }
 

@@ -3,11 +3,10 @@
 // for the threads that enqueue stages, the waits for ring slots and the loader's workers.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -55,7 +54,10 @@ class Trace {
 class HostSpan {
  public:
   HostSpan(Trace* trace, std::string track, std::string name, int64_t item = -1)
-      : trace_(trace), track_(std::move(track)), name_(std::move(name)), item_(item),
+      : trace_(trace),
+        track_(std::move(track)),
+        name_(std::move(name)),
+        item_(item),
         start_(Trace::Clock::now()) {}
   ~HostSpan();
   HostSpan(const HostSpan&) = delete;

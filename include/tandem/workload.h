@@ -10,10 +10,9 @@
 //   w.feeds.push_back({"encode", "backbone", {"image"}, {"features"},
 //                      [=](const Tensors& in) { return Tensors{backbone->forward(in[0])}; }});
 //   w.train.inputs = {"features", "label"};
-//   w.train.loss = [=](const Tensors& in) { return at::cross_entropy_loss(head->forward(in[0]), in[1]); };
-//   w.train.optimizer = std::make_shared<optim::Adam>(head->parameters(), optim::AdamOptions::adamw());
-//   RunOptions o;
-//   o.mode = Mode::kPipelinedGraphed;
+//   w.train.loss = [=](const Tensors& in) { return at::cross_entropy_loss(head->forward(in[0]),
+//   in[1]); }; w.train.optimizer = std::make_shared<optim::Adam>(head->parameters(),
+//   optim::AdamOptions::adamw()); RunOptions o; o.mode = Mode::kPipelinedGraphed;
 //   std::vector<float> losses = Runner(w, o).train(1000);
 #pragma once
 
@@ -85,11 +84,12 @@ struct TrainStage {
   std::function<at::Tensor(const Tensors& inputs)> loss;
   /// tandem's capturable Sgd / Adam / AdamW, or a LibTorchOptimizer (eager modes only).
   std::shared_ptr<optim::Optimizer> optimizer;
-  std::string what;  ///< for notes: "decoder forward, cross-entropy"
+  std::string what;                       ///< for notes: "decoder forward, cross-entropy"
   std::vector<at::Generator> generators;  ///< as FeedStage::generators
   Capture capture = Capture::kAllowed;
-  /// Data parallel: averages the gradients over the ranks during backward (distributed::GradientBuckets,
-  /// distributed/include/tandem/distributed/data_parallel.h); empty for one process.
+  /// Data parallel: averages the gradients over the ranks during backward
+  /// (distributed::GradientBuckets, distributed/include/tandem/distributed/data_parallel.h); empty
+  /// for one process.
   std::shared_ptr<GradientSync> gradient_sync;
 };
 
@@ -101,9 +101,10 @@ class DataSource {
 
   /// Host samples of `dataset`, read by the loader's worker threads into pinned slots and
   /// copied to the device on the copy lane. A run longer than an epoch starts another one (with
-  /// drop_last, one loader runs on across epochs; each epoch's order, when `shuffle`, that of PyTorch's DistributedSampler
-  /// with seed RunOptions::seed and set_epoch(epoch) — torch.randperm seeded seed + epoch); a short last batch of an epoch is dropped (`drop_last`) or trained on (the
-  /// graphed modes run it eagerly: a graph's shapes are fixed).
+  /// drop_last, one loader runs on across epochs; each epoch's order, when `shuffle`, that of
+  /// PyTorch's DistributedSampler with seed RunOptions::seed and set_epoch(epoch) — torch.randperm
+  /// seeded seed + epoch); a short last batch of an epoch is dropped (`drop_last`) or trained on
+  /// (the graphed modes run it eagerly: a graph's shapes are fixed).
   static DataSource from_dataset(std::shared_ptr<const Dataset> dataset, bool shuffle = false,
                                  bool drop_last = true);
   /// Host samples of a dataset made for each run and sized to it: `factory(samples)` is called
@@ -167,9 +168,7 @@ struct WorkloadOptions {
   int rank = 0, world_size = 1;
   /// The seed of this rank's data: `seed` on rank 0 (so one process and rank 0 draw alike),
   /// another per rank on the others.
-  uint64_t data_seed() const {
-    return seed + static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull;
-  }
+  uint64_t data_seed() const { return seed + static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull; }
   /// Workload-specific settings, "key" -> "value" (the CLI's --param key=value); a factory
   /// rejects keys it does not know (check_params).
   std::map<std::string, std::string> params;
@@ -189,10 +188,10 @@ struct WorkloadParam {
 /// factory they call for a fresh instance per run, and what to tell a user about it.
 struct WorkloadEntry {
   std::string name;
-  std::string description;                   ///< one line, for help texts
-  int64_t gpu_batch_size = 8;                ///< default batch size on a GPU
-  int64_t cpu_batch_size = 2;                ///< and on the CPU (small: a laptop finishes)
-  std::vector<WorkloadParam> params;         ///< what --param key=value accepts
+  std::string description;            ///< one line, for help texts
+  int64_t gpu_batch_size = 8;         ///< default batch size on a GPU
+  int64_t cpu_batch_size = 2;         ///< and on the CPU (small: a laptop finishes)
+  std::vector<WorkloadParam> params;  ///< what --param key=value accepts
   WorkloadFactory make;
 };
 

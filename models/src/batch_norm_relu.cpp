@@ -8,8 +8,8 @@
 
 #include <tuple>
 
-#include "kernels/bn_relu_launch.h"
 #include "kernel_tensors.h"
+#include "kernels/bn_relu_launch.h"
 #include "tandem/error.h"
 
 namespace tandem::models {
@@ -26,7 +26,8 @@ at::ScalarType compute_type(const at::Tensor& x) {
 at::Tensor per_channel(const at::Tensor& v) { return v.view({1, -1, 1, 1}); }
 
 std::tuple<at::Tensor, at::Tensor> batch_stats(const at::Tensor& x, double eps) {
-  if (kernel_dtype_on_cuda(x)) return at::batch_norm_stats(x, eps);  // float32 mean and 1/sqrt(var + eps)
+  if (kernel_dtype_on_cuda(x))
+    return at::batch_norm_stats(x, eps);  // float32 mean and 1/sqrt(var + eps)
   const at::Tensor xf = x.to(compute_type(x));
   const at::Tensor mean = xf.mean({0, 2, 3});
   const at::Tensor var = (xf - per_channel(mean)).square().mean({0, 2, 3});
@@ -65,7 +66,8 @@ bool rows_path(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn) {
 }
 
 BnRows rows_of(const at::Tensor& x) {
-  return BnRows{x.const_data_ptr(), x.numel() / x.size(1), x.size(1), kernel_dtype(x.scalar_type())};
+  return BnRows{x.const_data_ptr(), x.numel() / x.size(1), x.size(1),
+                kernel_dtype(x.scalar_type())};
 }
 
 BnApplyRelu apply_args(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& scale,
@@ -87,11 +89,11 @@ BnApplyRelu apply_args(const at::Tensor& x, const at::Tensor& residual, const at
 at::Tensor apply_relu(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
                       const at::Tensor& residual, bool relu) {
   const at::MemoryFormat format = x.suggest_memory_format();
-  if (kernel_dtype_on_cuda(x) && (format == at::MemoryFormat::ChannelsLast ||
-                       format == at::MemoryFormat::Contiguous)) {
+  if (kernel_dtype_on_cuda(x) &&
+      (format == at::MemoryFormat::ChannelsLast || format == at::MemoryFormat::Contiguous)) {
     const at::Tensor xc = x.contiguous(format);
-    const at::Tensor rc = residual.defined() ? residual.to(x.scalar_type()).contiguous(format)
-                                             : at::Tensor();
+    const at::Tensor rc =
+        residual.defined() ? residual.to(x.scalar_type()).contiguous(format) : at::Tensor();
     const at::Tensor s = scale.to(at::kFloat).contiguous(), b = shift.to(at::kFloat).contiguous();
     at::Tensor y = at::empty_like(xc, xc.options(), format);
     launch_bn_apply_relu(apply_args(xc, rc, s, b, y, relu, format), stream_of(x));
@@ -129,9 +131,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rows_forward(
             stats[2].mutable_data_ptr<float>(),
             stats[3].mutable_data_ptr<float>()};
   launch_bn_stats(s, stream);
-  const at::Tensor rc = residual.defined()
-                            ? residual.to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast)
-                            : at::Tensor();
+  const at::Tensor rc =
+      residual.defined() ? residual.to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast)
+                         : at::Tensor();
   at::Tensor y = at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
   BnApplyRelu a = apply_args(x, rc, stats[2], stats[3], y, relu, at::MemoryFormat::ChannelsLast);
   at::Tensor mask;
@@ -154,10 +156,10 @@ variable_list rows_backward(const at::Tensor& grad_y, const at::Tensor& x, const
   const at::TensorOptions floats = x.options().dtype(at::kFloat);
   const at::Tensor partials = at::empty({bn_partials_floats(rows, splits)}, floats);
   const at::Tensor coefficients = at::empty({3 * x.size(1)}, floats);
-  at::Tensor dx = need_x ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast)
-                         : at::Tensor();
-  at::Tensor dres = need_residual ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast)
-                                  : at::Tensor();
+  at::Tensor dx =
+      need_x ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast) : at::Tensor();
+  at::Tensor dres =
+      need_residual ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast) : at::Tensor();
   at::Tensor dw = need_w ? at::empty_like(weight) : at::Tensor();
   at::Tensor db = need_b ? at::empty_like(weight) : at::Tensor();
   BnBackward b{rows,
@@ -191,8 +193,8 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       auto [y, mean, invstd, mask] = rows_forward(x, residual, *bn, momentum, eps, relu);
       // With a mask the backward needs neither y nor a pass over it; without one (no ReLU, or
       // rows the apply could not vectorize) y is the mask.
-      ctx->save_for_backward({x, weight, mean, invstd, relu && !mask.defined() ? y : at::Tensor(),
-                              mask});
+      ctx->save_for_backward(
+          {x, weight, mean, invstd, relu && !mask.defined() ? y : at::Tensor(), mask});
       ctx->saved_data["rows"] = true;
       return y;
     }
@@ -221,12 +223,11 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       return {g[0], g[1], g[2], g[3], none, none, none, none};
     }
     // The ReLU's mask first: the batch norm's backward sees the gradient of its output.
-    const at::Tensor g =
-        (y.defined() ? at::threshold_backward(grads[0], y, 0) : grads[0])
-            .contiguous(x.suggest_memory_format());
+    const at::Tensor g = (y.defined() ? at::threshold_backward(grads[0], y, 0) : grads[0])
+                             .contiguous(x.suggest_memory_format());
     if (ctx->saved_data["rows"].toBool()) {  // y as the mask: the masked gradient, no ReLU left
-      variable_list r = rows_backward(g, x, at::Tensor(), weight, mean, invstd, need_x, need_w,
-                                      need_b, false);
+      variable_list r =
+          rows_backward(g, x, at::Tensor(), weight, mean, invstd, need_x, need_w, need_b, false);
       return {r[0], r[1], r[2], residual ? g : none, none, none, none, none};
     }
     at::Tensor dx, dw, db;
@@ -259,16 +260,17 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
 
 at::Tensor run(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn, const at::Tensor& residual,
                bool relu, const char* what) {
-  TANDEM_CHECK_ARG(bn.options.affine() && bn.options.track_running_stats() &&
-                       bn.options.momentum().has_value(),
-                   what, " needs a batch norm with an affine map, running statistics and a "
-                   "momentum");
-  TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == bn.options.num_features(), what,
-                   ": expected (N, ", bn.options.num_features(), ", H, W), got ", x.sizes());
+  TANDEM_CHECK_ARG(
+      bn.options.affine() && bn.options.track_running_stats() && bn.options.momentum().has_value(),
+      what,
+      " needs a batch norm with an affine map, running statistics and a "
+      "momentum");
+  TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == bn.options.num_features(), what, ": expected (N, ",
+                   bn.options.num_features(), ", H, W), got ", x.sizes());
   TANDEM_CHECK_ARG(x.numel() > x.size(1), what,
                    ": a batch of one value per channel has no variance");
-  TANDEM_CHECK_ARG(!residual.defined() || residual.sizes() == x.sizes(), what,
-                   ": the residual is ", residual.sizes(), ", expected ", x.sizes());
+  TANDEM_CHECK_ARG(!residual.defined() || residual.sizes() == x.sizes(), what, ": the residual is ",
+                   residual.sizes(), ", expected ", x.sizes());
   // An autograd function's tensor arguments must be defined: no residual is an empty tensor.
   return BatchNormRelu::apply(x, bn.weight, bn.bias,
                               residual.defined() ? residual : at::empty({0}, x.options()), &bn,

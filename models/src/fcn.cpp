@@ -2,10 +2,10 @@
 #include "tandem/models/fcn.h"
 
 #include <torch/nn/functional/upsampling.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/dropout.h>
-#include <torch/nn/modules/activation.h>
 
 #include "tandem/error.h"
 

@@ -36,9 +36,8 @@ Conv fold_pair(const torch::nn::Conv2dImpl& conv, const torch::nn::BatchNorm2dIm
                    "FoldedResNet folds convolutions with a square numeric padding");
   TANDEM_CHECK_ARG(bn.running_mean.defined() && bn.running_var.defined() && bn.weight.defined(),
                    "FoldedResNet needs batch norms with running statistics and an affine map");
-  const at::Tensor scale =
-      bn.weight.detach().to(at::kDouble) /
-      (bn.running_var.to(at::kDouble) + bn.options.eps()).sqrt();
+  const at::Tensor scale = bn.weight.detach().to(at::kDouble) /
+                           (bn.running_var.to(at::kDouble) + bn.options.eps()).sqrt();
   at::Tensor bias = bn.bias.detach().to(at::kDouble) - bn.running_mean.to(at::kDouble) * scale;
   if (conv.bias.defined()) bias = bias + conv.bias.detach().to(at::kDouble) * scale;
   const at::Tensor& w = conv.weight;
@@ -109,10 +108,10 @@ at::Tensor FoldedResNet::conv(Conv& c, const at::Tensor& x, bool relu, const at:
     // engines may refuse a shape (a 3-channel input, say) with a cuDNN status, not a CUDA error,
     // at the first (eager) call, before any capture: that convolution runs unfused from then on.
     try {
-      at::Tensor y = add ? at::cudnn_convolution_add_relu(x, c.weight, *add, 1, c.bias, stride,
-                                                          padding, dilation, 1)
-                         : at::cudnn_convolution_relu(x, c.weight, c.bias, stride, padding,
-                                                      dilation, 1);
+      at::Tensor y =
+          add ? at::cudnn_convolution_add_relu(x, c.weight, *add, 1, c.bias, stride, padding,
+                                               dilation, 1)
+              : at::cudnn_convolution_relu(x, c.weight, c.bias, stride, padding, dilation, 1);
       c.fused_last = true;
       return y;
     } catch (const c10::Error& e) {

@@ -20,8 +20,9 @@ inline bool kernel_dtype_on_cuda(const at::Tensor& x) {
 }
 
 inline BnDtype kernel_dtype(at::ScalarType t) {
-  return t == at::kBFloat16 ? BnDtype::kBFloat16 : t == at::kHalf ? BnDtype::kHalf
-                                                                  : BnDtype::kFloat;
+  return t == at::kBFloat16 ? BnDtype::kBFloat16
+         : t == at::kHalf   ? BnDtype::kHalf
+                            : BnDtype::kFloat;
 }
 
 /// A (N, C, H, W) tensor the channels-last kernels read as rows of whole 16-byte vectors:

@@ -21,8 +21,13 @@ bool own_kernels(const at::Tensor& x) {
 
 MaxPoolShape shape_of(const at::Tensor& x) {
   // Output side: floor((side + 2 * 1 - 3) / 2) + 1.
-  return MaxPoolShape{x.size(0), x.size(2),           x.size(3),           x.size(1),
-                      (x.size(2) - 1) / 2 + 1, (x.size(3) - 1) / 2 + 1, kernel_dtype(x.scalar_type())};
+  return MaxPoolShape{x.size(0),
+                      x.size(2),
+                      x.size(3),
+                      x.size(1),
+                      (x.size(2) - 1) / 2 + 1,
+                      (x.size(3) - 1) / 2 + 1,
+                      kernel_dtype(x.scalar_type())};
 }
 
 class MaxPool3x3 : public torch::autograd::Function<MaxPool3x3> {
@@ -31,8 +36,8 @@ class MaxPool3x3 : public torch::autograd::Function<MaxPool3x3> {
     const MaxPoolShape s = shape_of(x);
     at::Tensor y = at::empty({s.n, s.channels, s.out_h, s.out_w},
                              x.options().memory_format(at::MemoryFormat::ChannelsLast));
-    at::Tensor window = at::empty({s.n * s.out_h * s.out_w * s.channels},
-                                  x.options().dtype(at::kByte));
+    at::Tensor window =
+        at::empty({s.n * s.out_h * s.out_w * s.channels}, x.options().dtype(at::kByte));
     launch_max_pool_forward(s, x.const_data_ptr(), y.mutable_data_ptr(),
                             window.mutable_data_ptr<uint8_t>(), stream_of(x));
     ctx->save_for_backward({window});
@@ -47,9 +52,8 @@ class MaxPool3x3 : public torch::autograd::Function<MaxPool3x3> {
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     const at::Tensor gy = grads[0].to(dtype).contiguous(at::MemoryFormat::ChannelsLast);
     at::Tensor gx = at::empty(shape, gy.options().memory_format(at::MemoryFormat::ChannelsLast));
-    launch_max_pool_backward(shape_of(gx), gy.const_data_ptr(),
-                             window.const_data_ptr<uint8_t>(), gx.mutable_data_ptr(),
-                             stream_of(gx));
+    launch_max_pool_backward(shape_of(gx), gy.const_data_ptr(), window.const_data_ptr<uint8_t>(),
+                             gx.mutable_data_ptr(), stream_of(gx));
     return {gx};
   }
 };

@@ -4,16 +4,17 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
 
+#include "posix_fs.h"
 #include "tandem/error.h"
 #include "tandem/models/resnet.h"
 
@@ -41,27 +42,10 @@ std::string shape_text(at::IntArrayRef shape) {
 }
 
 std::vector<uint8_t> read_all(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const int e = errno;
-    ::close(fd);
-    fail(path, S_ISDIR(st.st_mode) ? "is a folder, not a file" : std::strerror(e));
-  }
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      fail(path, n == 0 ? "shorter than its size" : std::strerror(e));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return bytes;
+  std::string why;
+  std::optional<std::vector<uint8_t>> bytes = fs::read_file(path, &why);
+  if (!bytes) fail(path, why);
+  return std::move(*bytes);
 }
 
 void write_all(int fd, const void* data, size_t size, const std::string& path) {
@@ -83,7 +67,8 @@ NamedTensors load_safetensors(const std::string& path) {
   std::memcpy(&header_size, bytes.data(), 8);
   if (header_size > bytes.size() - 8)
     fail(path, "its header says " + std::to_string(header_size) + " bytes but the file has " +
-                   std::to_string(bytes.size() - 8) + " after the length: truncated, or not "
+                   std::to_string(bytes.size() - 8) +
+                   " after the length: truncated, or not "
                    "a safetensors file");
   nlohmann::json header;
   try {
@@ -145,7 +130,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
                      tensor.scalar_type(), ", which safetensors files here do not hold");
     at::Tensor c = tensor.detach().to(at::kCPU).contiguous();
     const uint64_t size = static_cast<uint64_t>(c.numel()) * c.element_size();
-    header[name] = {{"dtype", dtype}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + size}}};
+    header[name] = {
+        {"dtype", dtype}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + size}}};
     offset += size;
     cpu.push_back(std::move(c));
   }
@@ -215,8 +201,8 @@ void load_state_dict(torch::nn::Module& module, const NamedTensors& tensors, boo
     problems += std::to_string(unexpected.size()) + " unexpected: " + list(unexpected) + "; ";
   if (!mismatched.empty())
     problems += std::to_string(mismatched.size()) + " of another shape: " + list(mismatched) + "; ";
-  TANDEM_CHECK_ARG(problems.empty(), "the weights do not fit the model: ",
-                   problems.substr(0, problems.size() - 2));
+  TANDEM_CHECK_ARG(problems.empty(),
+                   "the weights do not fit the model: ", problems.substr(0, problems.size() - 2));
   at::NoGradGuard no_grad;
   for (const auto& [name, t] : own) {
     auto it = given.find(name);

@@ -38,10 +38,10 @@ SmallCnnImpl::SmallCnnImpl(SmallCnnOptions options) : options_(options) {
 
 torch::Tensor SmallCnnImpl::forward(const torch::Tensor& x) {
   const int64_t s = options_.image_size;
-  TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == options_.in_channels && x.size(2) == s &&
-                       x.size(3) == s,
-                   "SmallCnn: input ", x.sizes(), " is not valid: expected (B, ",
-                   options_.in_channels, ", ", s, ", ", s, ")");
+  TANDEM_CHECK_ARG(
+      x.dim() == 4 && x.size(1) == options_.in_channels && x.size(2) == s && x.size(3) == s,
+      "SmallCnn: input ", x.sizes(), " is not valid: expected (B, ", options_.in_channels, ", ", s,
+      ", ", s, ")");
   namespace F = torch::nn::functional;
   auto y = bn2(conv2(bn1(conv1(x)).relu_())).relu_();
   y = F::max_pool2d(y, F::MaxPool2dFuncOptions(2));

@@ -14,11 +14,12 @@
 
 tandem::AugmentSpec augment_spec_from(at::IntArrayRef crop, at::IntArrayRef out,
                                       double max_rotation_deg, int64_t blur_kernel,
-                                      double sigma_min, double sigma_max,
-                                      at::ArrayRef<double> mean, at::ArrayRef<double> std,
-                                      double hflip_probability) {
-  TORCH_CHECK(crop.size() == 2 && out.size() == 2, "tandem.augment: crop and out are (h, w) "
-              "pairs; got ", crop.size(), " and ", out.size(), " values");
+                                      double sigma_min, double sigma_max, at::ArrayRef<double> mean,
+                                      at::ArrayRef<double> std, double hflip_probability) {
+  TORCH_CHECK(crop.size() == 2 && out.size() == 2,
+              "tandem.augment: crop and out are (h, w) "
+              "pairs; got ",
+              crop.size(), " and ", out.size(), " values");
   tandem::AugmentSpec s;
   s.crop_h = crop[0];
   s.crop_w = crop[1];
@@ -47,9 +48,8 @@ at::Tensor augment_op(const at::Tensor& images, at::IntArrayRef crop, at::IntArr
                       double sigma_max, at::ArrayRef<double> mean, at::ArrayRef<double> std,
                       double hflip_probability, std::optional<at::Generator> generator) {
   check_images(images);
-  const tandem::AugmentSpec spec = augment_spec_from(crop, out, max_rotation_deg, blur_kernel,
-                                                     sigma_min, sigma_max, mean, std,
-                                                     hflip_probability);
+  const tandem::AugmentSpec spec = augment_spec_from(
+      crop, out, max_rotation_deg, blur_kernel, sigma_min, sigma_max, mean, std, hflip_probability);
   spec.validate(images.size(1), images.size(2), images.size(3));
   const tandem::AugmentParams p =
       tandem::draw_augment_params(spec, images.size(0), images.size(2), images.size(3),
@@ -58,9 +58,9 @@ at::Tensor augment_op(const at::Tensor& images, at::IntArrayRef crop, at::IntArr
 }
 
 // Shapes only: what FakeTensor (torch.compile, torch.export) sees of the op.
-at::Tensor augment_meta(const at::Tensor& images, at::IntArrayRef crop, at::IntArrayRef out,
-                        double, int64_t, double, double, at::ArrayRef<double>,
-                        at::ArrayRef<double>, double, std::optional<at::Generator>) {
+at::Tensor augment_meta(const at::Tensor& images, at::IntArrayRef crop, at::IntArrayRef out, double,
+                        int64_t, double, double, at::ArrayRef<double>, at::ArrayRef<double>, double,
+                        std::optional<at::Generator>) {
   check_images(images);
   TORCH_CHECK(out.size() == 2, "tandem.augment: out is an (h, w) pair");
   return at::empty({images.size(0), images.size(1), out[0], out[1]},

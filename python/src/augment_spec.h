@@ -9,6 +9,5 @@
 
 tandem::AugmentSpec augment_spec_from(at::IntArrayRef crop, at::IntArrayRef out,
                                       double max_rotation_deg, int64_t blur_kernel,
-                                      double sigma_min, double sigma_max,
-                                      at::ArrayRef<double> mean, at::ArrayRef<double> std,
-                                      double hflip_probability);
+                                      double sigma_min, double sigma_max, at::ArrayRef<double> mean,
+                                      at::ArrayRef<double> std, double hflip_probability);

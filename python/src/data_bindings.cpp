@@ -89,78 +89,99 @@ void bind_data(py::module_& m) {
       .def("__len__", &PyDataset::size)
       .def_property_readonly("fields", &PyDataset::fields);
 #ifdef TANDEM_PY_HAVE_DATA
-  m.def("image_folder", [](const std::string& root, int64_t image_size, int64_t channels) {
-    tandem::data::ImageFolderOptions o;
-    o.image_size = image_size;
-    o.channels = channels;
-    return PyDataset{std::make_shared<tandem::data::ImageFolderDataset>(root, o)};
-  }, py::arg("root"), py::arg("image_size") = 224, py::arg("channels") = 3);
-  m.def("image_mask_pairs", [](const std::string& root, int64_t classes, int64_t image_size,
-                               int64_t ignore_index) {
-    tandem::data::ImageMaskPairsOptions o;
-    o.classes = classes;
-    o.image_size = image_size;
-    o.ignore_index = ignore_index;
-    return PyDataset{std::make_shared<tandem::data::ImageMaskPairs>(root, o)};
-  }, py::arg("root"), py::arg("classes"), py::arg("image_size") = 512,
-     py::arg("ignore_index") = 255);
-  m.def("idx", [](const std::string& images, const std::string& labels) {
-    return PyDataset{std::make_shared<tandem::data::IdxDataset>(images, labels)};
-  }, py::arg("images"), py::arg("labels"));
+  m.def(
+      "image_folder",
+      [](const std::string& root, int64_t image_size, int64_t channels) {
+        tandem::data::ImageFolderOptions o;
+        o.image_size = image_size;
+        o.channels = channels;
+        return PyDataset{std::make_shared<tandem::data::ImageFolderDataset>(root, o)};
+      },
+      py::arg("root"), py::arg("image_size") = 224, py::arg("channels") = 3);
+  m.def(
+      "image_mask_pairs",
+      [](const std::string& root, int64_t classes, int64_t image_size, int64_t ignore_index) {
+        tandem::data::ImageMaskPairsOptions o;
+        o.classes = classes;
+        o.image_size = image_size;
+        o.ignore_index = ignore_index;
+        return PyDataset{std::make_shared<tandem::data::ImageMaskPairs>(root, o)};
+      },
+      py::arg("root"), py::arg("classes"), py::arg("image_size") = 512,
+      py::arg("ignore_index") = 255);
+  m.def(
+      "idx",
+      [](const std::string& images, const std::string& labels) {
+        return PyDataset{std::make_shared<tandem::data::IdxDataset>(images, labels)};
+      },
+      py::arg("images"), py::arg("labels"));
   // The loader workers' decode for one image, without the GIL (threads decode in parallel).
-  m.def("decode_image", [](const py::bytes& data, int64_t channels, int64_t min_size,
-                           bool interleaved, const std::string& name) {
-    const std::string_view view(data);
-    const std::vector<uint8_t> bytes(view.begin(), view.end());
-    py::gil_scoped_release no_gil;
-    return interleaved
-               ? tandem::data::decode_image_interleaved(bytes, name, channels, min_size, min_size)
-               : tandem::data::decode_image(bytes, name, channels, min_size, min_size);
-  }, py::arg("data"), py::arg("channels"), py::arg("min_size"), py::arg("interleaved"),
-     py::arg("name"));
-  m.def("encode_image", [](const at::Tensor& image, const std::string& format, int quality) {
-    std::vector<uint8_t> out;
-    {
-      py::gil_scoped_release no_gil;
-      out = format == "png" ? tandem::data::encode_png(image)
-                            : tandem::data::encode_jpeg(image, quality);
-    }
-    return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
-  }, py::arg("image"), py::arg("format"), py::arg("quality"));
+  m.def(
+      "decode_image",
+      [](const py::bytes& data, int64_t channels, int64_t min_size, bool interleaved,
+         const std::string& name) {
+        const std::string_view view(data);
+        const std::vector<uint8_t> bytes(view.begin(), view.end());
+        py::gil_scoped_release no_gil;
+        return interleaved ? tandem::data::decode_image_interleaved(bytes, name, channels, min_size,
+                                                                    min_size)
+                           : tandem::data::decode_image(bytes, name, channels, min_size, min_size);
+      },
+      py::arg("data"), py::arg("channels"), py::arg("min_size"), py::arg("interleaved"),
+      py::arg("name"));
+  m.def(
+      "encode_image",
+      [](const at::Tensor& image, const std::string& format, int quality) {
+        std::vector<uint8_t> out;
+        {
+          py::gil_scoped_release no_gil;
+          out = format == "png" ? tandem::data::encode_png(image)
+                                : tandem::data::encode_jpeg(image, quality);
+        }
+        return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+      },
+      py::arg("image"), py::arg("format"), py::arg("quality"));
 #endif
-  m.def("random_dataset", [](const std::vector<std::tuple<std::string, std::vector<int64_t>,
-                                                          at::ScalarType, double, double>>& fields,
-                              int64_t size, uint64_t seed) {
-    std::vector<tandem::RandomField> f;  // RandomDataset checks each (dtype included)
-    for (const auto& [name, shape, dtype, low, high] : fields)
-      f.push_back({name, shape, dtype, low, high});
-    return PyDataset{std::make_shared<tandem::RandomDataset>(std::move(f), size, seed)};
-  }, py::arg("fields"), py::arg("size"), py::arg("seed"));
+  m.def(
+      "random_dataset",
+      [](const std::vector<
+             std::tuple<std::string, std::vector<int64_t>, at::ScalarType, double, double>>& fields,
+         int64_t size, uint64_t seed) {
+        std::vector<tandem::RandomField> f;  // RandomDataset checks each (dtype included)
+        for (const auto& [name, shape, dtype, low, high] : fields)
+          f.push_back({name, shape, dtype, low, high});
+        return PyDataset{std::make_shared<tandem::RandomDataset>(std::move(f), size, seed)};
+      },
+      py::arg("fields"), py::arg("size"), py::arg("seed"));
   py::class_<PyEpoch>(m, "Epoch", "One epoch of batches from the C++ loader")
       .def("__len__", &PyEpoch::size)
-      .def("__iter__", [](PyEpoch& e) -> PyEpoch& { return e; }, py::return_value_policy::reference)
+      .def(
+          "__iter__", [](PyEpoch& e) -> PyEpoch& { return e; }, py::return_value_policy::reference)
       .def("__next__", &PyEpoch::next)
       .def("skipped", &PyEpoch::skipped);
-  m.def("epoch", [](const PyDataset& data, int64_t batch_size, int workers, int depth,
-                    bool shuffle, uint64_t seed, int64_t epoch, bool drop_last, bool skip_bad,
-                    std::optional<std::string> device, int64_t rank, int64_t world_size) {
-    tandem::LoaderOptions o;
-    o.batch_size = batch_size;
-    o.workers = workers;
-    o.depth = depth > 0 ? depth : tandem::ring_slots_for(workers);
-    o.drop_last = drop_last;
-    o.skip_bad = skip_bad;
-    o.seed = seed;
-    // PyTorch's DistributedSampler order for this rank of world_size (one process: rank 0 of
-    // 1): torch.randperm seeded seed + epoch, every world_size-th index from rank.
-    if (shuffle || world_size > 1)
-      o.indices = tandem::DistributedSampler(data.size(), world_size, rank, shuffle, seed)
-                      .indices(epoch);
-    std::optional<c10::Device> dev;
-    if (device) dev = c10::Device(*device);
-    o.pin_memory = dev && dev->is_cuda();
-    return std::make_unique<PyEpoch>(data, o, dev);
-  }, py::arg("dataset"), py::arg("batch_size"), py::arg("workers"), py::arg("depth"),
-     py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("drop_last"),
-     py::arg("skip_bad"), py::arg("device"), py::arg("rank") = 0, py::arg("world_size") = 1);
+  m.def(
+      "epoch",
+      [](const PyDataset& data, int64_t batch_size, int workers, int depth, bool shuffle,
+         uint64_t seed, int64_t epoch, bool drop_last, bool skip_bad,
+         std::optional<std::string> device, int64_t rank, int64_t world_size) {
+        tandem::LoaderOptions o;
+        o.batch_size = batch_size;
+        o.workers = workers;
+        o.depth = depth > 0 ? depth : tandem::ring_slots_for(workers);
+        o.drop_last = drop_last;
+        o.skip_bad = skip_bad;
+        o.seed = seed;
+        // PyTorch's DistributedSampler order for this rank of world_size (one process: rank 0 of
+        // 1): torch.randperm seeded seed + epoch, every world_size-th index from rank.
+        if (shuffle || world_size > 1)
+          o.indices = tandem::DistributedSampler(data.size(), world_size, rank, shuffle, seed)
+                          .indices(epoch);
+        std::optional<c10::Device> dev;
+        if (device) dev = c10::Device(*device);
+        o.pin_memory = dev && dev->is_cuda();
+        return std::make_unique<PyEpoch>(data, o, dev);
+      },
+      py::arg("dataset"), py::arg("batch_size"), py::arg("workers"), py::arg("depth"),
+      py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("drop_last"),
+      py::arg("skip_bad"), py::arg("device"), py::arg("rank") = 0, py::arg("world_size") = 1);
 }

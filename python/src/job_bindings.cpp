@@ -20,7 +20,7 @@ namespace {
 
 std::mutex job_mutex;
 std::shared_ptr<distributed::ProcessGroup> job;  // guarded by job_mutex
-bool job_abandoned = false;               // guarded by job_mutex
+bool job_abandoned = false;                      // guarded by job_mutex
 
 py::dict describe(const distributed::LaunchEnv& env) {
   py::dict d;
@@ -65,7 +65,8 @@ void bind_job(py::module_& m) {
   m.def(
       "launch_env",
       []() -> py::object {
-        const std::optional<distributed::LaunchEnv> env = distributed::launch_env_from_environment();
+        const std::optional<distributed::LaunchEnv> env =
+            distributed::launch_env_from_environment();
         if (!env) return py::none();
         return tandem::python::describe(*env);
       },
@@ -85,8 +86,8 @@ void bind_job(py::module_& m) {
         }
         if (joined) {
           TANDEM_CHECK_ARG((device == "cpu") == joined->device().is_cpu(),
-                           "this process joined its job on ",
-                           joined->device().str(), ", and a run now asks for ", device,
+                           "this process joined its job on ", joined->device().str(),
+                           ", and a run now asks for ", device,
                            ": expected every tandem.Trainer of a rank on the same device");
           return tandem::python::describe(*joined);
         }

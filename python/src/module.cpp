@@ -14,13 +14,13 @@
 
 namespace py = pybind11;
 
-void bind_data(py::module_& m);     // data_bindings.cpp
+void bind_data(py::module_& m);            // data_bindings.cpp
 void bind_python_dataset(py::module_& m);  // python_dataset.cpp
-void bind_optim(py::module_& m);    // optim_bindings.cpp
-void bind_trainer(py::module_& m);  // trainer_bindings.cpp
-void bind_job(py::module_& m);      // job_bindings.cpp
+void bind_optim(py::module_& m);           // optim_bindings.cpp
+void bind_trainer(py::module_& m);         // trainer_bindings.cpp
+void bind_job(py::module_& m);             // job_bindings.cpp
 #ifdef TANDEM_PY_HAVE_TRAIN
-void bind_train(py::module_& m);    // train_bindings.cpp
+void bind_train(py::module_& m);  // train_bindings.cpp
 #endif
 
 PYBIND11_MODULE(_C, m) {
@@ -43,25 +43,31 @@ PYBIND11_MODULE(_C, m) {
   bind_train(m);
 #endif
   m.doc() = "tandem's C++ extension: torch.ops.tandem.* and the library's defaults";
-  m.def("augment_spec_defaults", [] {
-    const tandem::AugmentSpec s;
-    py::dict d;
-    d["crop"] = py::make_tuple(s.crop_h, s.crop_w);
-    d["out"] = py::make_tuple(s.out_h, s.out_w);
-    d["max_rotation_deg"] = s.max_rotation_deg;
-    d["blur_kernel"] = s.blur_kernel;
-    d["sigma_min"] = s.sigma_min;
-    d["sigma_max"] = s.sigma_max;
-    d["mean"] = py::tuple(py::cast(s.mean));
-    d["std"] = py::tuple(py::cast(s.std));
-    d["hflip_probability"] = s.hflip_probability;
-    return d;
-  }, "tandem::AugmentSpec's defaults, by field");
-  m.def("modes", [] {
-    std::vector<std::tuple<std::string, std::string, bool>> out;
-    for (const tandem::Mode mode : tandem::workload_modes())
-      out.emplace_back(tandem::to_string(mode), tandem::describe(mode),
-                       tandem::captures_graphs(mode));
-    return out;
-  }, "the library's mode table, simplest first: (name, description, captures CUDA graphs)");
+  m.def(
+      "augment_spec_defaults",
+      [] {
+        const tandem::AugmentSpec s;
+        py::dict d;
+        d["crop"] = py::make_tuple(s.crop_h, s.crop_w);
+        d["out"] = py::make_tuple(s.out_h, s.out_w);
+        d["max_rotation_deg"] = s.max_rotation_deg;
+        d["blur_kernel"] = s.blur_kernel;
+        d["sigma_min"] = s.sigma_min;
+        d["sigma_max"] = s.sigma_max;
+        d["mean"] = py::tuple(py::cast(s.mean));
+        d["std"] = py::tuple(py::cast(s.std));
+        d["hflip_probability"] = s.hflip_probability;
+        return d;
+      },
+      "tandem::AugmentSpec's defaults, by field");
+  m.def(
+      "modes",
+      [] {
+        std::vector<std::tuple<std::string, std::string, bool>> out;
+        for (const tandem::Mode mode : tandem::workload_modes())
+          out.emplace_back(tandem::to_string(mode), tandem::describe(mode),
+                           tandem::captures_graphs(mode));
+        return out;
+      },
+      "the library's mode table, simplest first: (name, description, captures CUDA graphs)");
 }

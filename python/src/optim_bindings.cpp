@@ -17,20 +17,25 @@ void bind_optim(py::module_& m) {
   using tandem::optim::Optimizer;
   py::class_<Optimizer, std::shared_ptr<Optimizer>>(m, "Optimizer",
                                                     "A tandem optimizer (tandem::optim)")
-      .def("step", [](Optimizer& o) {
-        py::gil_scoped_release no_gil;
-        o.step();
-      }, "one update on the current stream")
-      .def("zero_grad", [](Optimizer& o) { o.zero_grad(); }, "sets every gradient to None")
-      .def("set_lr", [](Optimizer& o, double lr) { o.set_lr(lr); },
-           "enqueues a new learning rate on the current stream", py::arg("lr"))
+      .def(
+          "step",
+          [](Optimizer& o) {
+            py::gil_scoped_release no_gil;
+            o.step();
+          },
+          "one update on the current stream")
+      .def(
+          "zero_grad", [](Optimizer& o) { o.zero_grad(); }, "sets every gradient to None")
+      .def(
+          "set_lr", [](Optimizer& o, double lr) { o.set_lr(lr); },
+          "enqueues a new learning rate on the current stream", py::arg("lr"))
       .def_property_readonly("capturable", &Optimizer::capturable)
       .def_property_readonly("name", &Optimizer::name)
       .def("parameters", &Optimizer::parameters)
       .def("state", &Optimizer::state, "(name, tensor) pairs: what a checkpoint keeps");
   py::class_<tandem::optim::Sgd, Optimizer, std::shared_ptr<tandem::optim::Sgd>>(m, "Sgd")
-      .def(py::init([](std::vector<at::Tensor> params, double lr, double momentum,
-                       double dampening, bool nesterov, double weight_decay) {
+      .def(py::init([](std::vector<at::Tensor> params, double lr, double momentum, double dampening,
+                       bool nesterov, double weight_decay) {
              tandem::optim::SgdOptions o;
              o.lr = lr;
              o.momentum = momentum;

@@ -84,8 +84,7 @@ class PythonDataset : public Dataset {
         } else if (values.size() <= 2) {
           *names = {"input", "target"};
         } else {
-          for (size_t i = 0; i < values.size(); ++i)
-            names->push_back("field" + std::to_string(i));
+          for (size_t i = 0; i < values.size(); ++i) names->push_back("field" + std::to_string(i));
         }
         names->resize(values.size());
       }
@@ -126,8 +125,12 @@ class PythonDataset : public Dataset {
 }  // namespace tandem::python
 
 void bind_python_dataset(py::module_& m) {
-  m.def("python_dataset", [](const py::object& dataset, std::vector<std::string> names) {
-    return PyDataset{std::make_shared<tandem::python::PythonDataset>(dataset, std::move(names))};
-  }, py::arg("dataset"), py::arg("names"),
-     "A map-style Python dataset (len and indexing) read by the C++ loader's workers");
+  m.def(
+      "python_dataset",
+      [](const py::object& dataset, std::vector<std::string> names) {
+        return PyDataset{
+            std::make_shared<tandem::python::PythonDataset>(dataset, std::move(names))};
+      },
+      py::arg("dataset"), py::arg("names"),
+      "A map-style Python dataset (len and indexing) read by the C++ loader's workers");
 }

@@ -51,8 +51,9 @@ struct PreparedRun {
     RunConfig c = read_config(config);
     if (c.data_parallel) {
       job = current_job();
-      TANDEM_CHECK_ARG(job != nullptr, "a data-parallel run before its process joined the job "
-                                       "(tandem.distributed joins it first)");
+      TANDEM_CHECK_ARG(job != nullptr,
+                       "a data-parallel run before its process joined the job "
+                       "(tandem.distributed joins it first)");
       run::apply_data_parallel(c.request, hooks, job);
     }
     const auto apply_lr = std::make_shared<PyRef>();
@@ -68,7 +69,8 @@ struct PreparedRun {
   template <typename R, typename F>
   R interruptibly(F f) {
     const KeepCudnnBenchmark keep;
-    return run_interruptible<R>(f, [this] { cancel = true; }, *calls);
+    return run_interruptible<R>(
+        f, [this] { cancel = true; }, *calls);
   }
 };
 
@@ -97,8 +99,7 @@ py::dict run(const py::dict& config) {
   out["table"] = run::describe_report(r);
   if (p.job) {
     out["data_parallel"] = to_python(block);
-    out["table"] =
-        run::describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
+    out["table"] = run::describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
   }
   return out;
 }

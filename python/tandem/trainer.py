@@ -207,6 +207,63 @@ def _load_model_state(model, named):
     model.load_state_dict(dict(named))  # strict: names every missing and unexpected key
 
 
+def _check_arguments(model, loss_fn, optimizer, mode, augment, lr_schedule, compile, out,
+                     evaluate, checkpoint_every, keep_checkpoints):
+    """TypeError / ValueError naming the first of the Trainer's arguments that cannot work."""
+    if not callable(model):
+        raise TypeError(f"model is a {type(model).__name__}: expected a module or callable")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn is a {type(loss_fn).__name__}: expected a callable "
+                        "such as torch.nn.CrossEntropyLoss()")
+    if not (isinstance(optimizer, (torch.optim.Optimizer, _TandemOptimizer))
+            or (hasattr(optimizer, "step") and hasattr(optimizer, "param_groups"))):
+        raise TypeError(f"optimizer is a {type(optimizer).__name__}: expected a "
+                        "torch.optim optimizer or a tandem.optim one")
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not valid: expected one of {', '.join(MODES)}")
+    if augment is not None and not isinstance(augment, AugmentSpec):
+        raise TypeError(f"augment is a {type(augment).__name__}: expected a "
+                        "tandem.AugmentSpec or None")
+    if lr_schedule is not None and not callable(lr_schedule):
+        raise TypeError(f"lr_schedule is a {type(lr_schedule).__name__}: expected a "
+                        "function of the step (0, 1, ...) returning the learning rate")
+    if not isinstance(compile, (bool, dict)):
+        raise TypeError(f"compile is a {type(compile).__name__}: expected True, False or a "
+                        "dict of torch.compile options")
+    if evaluate is not None and not callable(evaluate):
+        raise TypeError(f"evaluate is a {type(evaluate).__name__}: expected a function of "
+                        "the model returning a dict of metrics")
+    if evaluate is not None and out is None:
+        raise ValueError("evaluate runs after each epoch of a run folder's training: give "
+                         "out='runs/NAME' too")
+    if out is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model is a {type(model).__name__}: a run folder saves the model's "
+                        "state_dict, expected a torch.nn.Module")
+    if checkpoint_every < 0 or keep_checkpoints < 1:
+        raise ValueError(f"checkpoint_every {checkpoint_every} / keep_checkpoints "
+                         f"{keep_checkpoints} are not valid: expected >= 0 steps (0: at "
+                         "each epoch's end) and >= 1")
+
+
+def _named_feeds(feed) -> List[Tuple[str, Callable]]:
+    """The feed stages as (name, callable): each named by its ``(name, fn)`` pair or after its
+    function or class, unique, none of the runner's own stage names."""
+    feeds = []
+    taken = {"augment", "train", "copy", "load"}
+    for item in feed:
+        name, fn = item if isinstance(item, tuple) else (None, item)
+        if not callable(fn):
+            raise TypeError(f"feed item {item!r} is not callable: expected a module, a "
+                            "function, or a (name, callable) pair")
+        name = name or _stage_name(fn, taken)
+        if name in taken:
+            raise ValueError(f"feed stage name {name!r} is used twice (or reserved): "
+                             "give each stage its own name")
+        taken.add(name)
+        feeds.append((name, fn))
+    return feeds
+
+
 # torch.compile is not thread-safe: compilation (a compiled function's first calls) happens on
 # one thread at a time, whichever lane thread reaches it first.
 _COMPILE_LOCK = threading.RLock()
@@ -378,39 +435,8 @@ class Trainer:
                  compile: Union[bool, dict] = False, out: Union[str, os.PathLike, None] = None,
                  evaluate: Optional[Callable] = None, checkpoint_every: int = 0,
                  keep_checkpoints: int = 3):
-        if not callable(model):
-            raise TypeError(f"model is a {type(model).__name__}: expected a module or callable")
-        if not callable(loss_fn):
-            raise TypeError(f"loss_fn is a {type(loss_fn).__name__}: expected a callable "
-                            "such as torch.nn.CrossEntropyLoss()")
-        if not (isinstance(optimizer, (torch.optim.Optimizer, _TandemOptimizer))
-                or (hasattr(optimizer, "step") and hasattr(optimizer, "param_groups"))):
-            raise TypeError(f"optimizer is a {type(optimizer).__name__}: expected a "
-                            "torch.optim optimizer or a tandem.optim one")
-        if mode not in MODES:
-            raise ValueError(f"mode {mode!r} is not valid: expected one of {', '.join(MODES)}")
-        if augment is not None and not isinstance(augment, AugmentSpec):
-            raise TypeError(f"augment is a {type(augment).__name__}: expected a "
-                            "tandem.AugmentSpec or None")
-        if lr_schedule is not None and not callable(lr_schedule):
-            raise TypeError(f"lr_schedule is a {type(lr_schedule).__name__}: expected a "
-                            "function of the step (0, 1, ...) returning the learning rate")
-        if not isinstance(compile, (bool, dict)):
-            raise TypeError(f"compile is a {type(compile).__name__}: expected True, False or a "
-                            "dict of torch.compile options")
-        if evaluate is not None and not callable(evaluate):
-            raise TypeError(f"evaluate is a {type(evaluate).__name__}: expected a function of "
-                            "the model returning a dict of metrics")
-        if evaluate is not None and out is None:
-            raise ValueError("evaluate runs after each epoch of a run folder's training: give "
-                             "out='runs/NAME' too")
-        if out is not None and not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model is a {type(model).__name__}: a run folder saves the model's "
-                            "state_dict, expected a torch.nn.Module")
-        if checkpoint_every < 0 or keep_checkpoints < 1:
-            raise ValueError(f"checkpoint_every {checkpoint_every} / keep_checkpoints "
-                             f"{keep_checkpoints} are not valid: expected >= 0 steps (0: at "
-                             "each epoch's end) and >= 1")
+        _check_arguments(model, loss_fn, optimizer, mode, augment, lr_schedule, compile, out,
+                         evaluate, checkpoint_every, keep_checkpoints)
         self.out = None if out is None else os.fspath(out)
         self.evaluate = evaluate
         self.checkpoint_every, self.keep_checkpoints = int(checkpoint_every), int(keep_checkpoints)
@@ -437,19 +463,7 @@ class Trainer:
         if self.workers < 1:
             raise ValueError(f"workers {self.workers} is not valid: expected >= 1")
 
-        self._feeds: List[Tuple[str, Callable]] = []
-        taken = {"augment", "train", "copy", "load"}
-        for item in feed:
-            name, fn = item if isinstance(item, tuple) else (None, item)
-            if not callable(fn):
-                raise TypeError(f"feed item {item!r} is not callable: expected a module, a "
-                                "function, or a (name, callable) pair")
-            name = name or _stage_name(fn, taken)
-            if name in taken:
-                raise ValueError(f"feed stage name {name!r} is used twice (or reserved): "
-                                 "give each stage its own name")
-            taken.add(name)
-            self._feeds.append((name, fn))
+        self._feeds = _named_feeds(feed)
 
         self._data, fields = self._read_data(data, batch_size)
         if self.out is not None and not (isinstance(self._data, _C.Dataset) and drop_last):

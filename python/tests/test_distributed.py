@@ -4,6 +4,7 @@ every rank ends with bitwise the same weights, which match one process trained o
 batch, whatever rank 0's neighbours started from; the losses are the ranks' mean. Without a
 launcher everything says "one process"; a bad launch environment or a rank on another rank's GPU
 is refused by name."""
+import json
 import os
 import subprocess
 import sys
@@ -30,8 +31,9 @@ def run(args, timeout=300):
     assert r.returncode == 0, f"{' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
 
 
-def train(out, mode, batch_size, device, nproc=None):
+def train(out, mode, batch_size, device, nproc=None, folder=False):
     script = [os.path.join(HERE, "dp_rank.py"), str(out), mode, str(batch_size), device]
+    script += ["folder"] if folder else []
     if nproc is None:
         run([sys.executable] + script)
     else:
@@ -90,6 +92,29 @@ except RuntimeError as e:  # the user carries on: this rank must not hold the ot
     print("rank 1 caught:", e, flush=True)
     time.sleep(120)
 """
+
+
+def test_a_run_folder_job_trains_as_one_process_and_rank_0_alone_writes_it(tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "one").mkdir()
+    ranks = train(tmp_path / "job", "pipelined", 4, "cpu", nproc=2, folder=True)
+    [one] = train(tmp_path / "one", "pipelined", 8, "cpu", folder=True)
+    assert ranks[0]["steps"] == one["steps"] == 24  # two epochs of 12 steps
+    for a, b in zip(ranks[0]["params"], ranks[1]["params"]):
+        assert torch.equal(a, b)
+    for a, b in zip(ranks[0]["params"], one["params"]):
+        assert (a - b).abs().max().item() <= 1e-6
+    job_rows, one_rows = ([json.loads(line) for line in open(p / "run" / "metrics.jsonl")]
+                          for p in (tmp_path / "job", tmp_path / "one"))
+    assert [r["epoch"] for r in job_rows] == [1, 2]
+    for a, b in zip(job_rows, one_rows):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)  # the ranks' mean
+        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-6)
+    with open(tmp_path / "job" / "run" / "config.json") as f:
+        assert json.load(f)["world_size"] == 2
+    assert sorted(os.listdir(tmp_path / "job" / "run" / "checkpoints")) == [
+        "step-000000012", "step-000000024"]
+
 
 
 def test_a_rank_whose_run_failed_stops_the_others_instead_of_hanging(tmp_path):

@@ -28,9 +28,10 @@ std::shared_ptr<distributed::ProcessGroup> join_data_parallel(const std::string&
   if (device_flag != "cpu") {
     const int gpus = c10::cuda::device_count();
     if (device_flag.rfind("cuda:", 0) == 0)
-      throw distributed::EnvironmentError(detail::concat(
-          "--device ", device_flag, " under data parallel: each rank uses cuda:LOCAL_RANK; "
-          "expected --device cuda (or auto)"));
+      throw distributed::EnvironmentError(
+          detail::concat("--device ", device_flag,
+                         " under data parallel: each rank uses cuda:LOCAL_RANK; "
+                         "expected --device cuda (or auto)"));
     if (gpus > 0) {
       if (env->local_world_size > gpus || env->local_rank >= gpus)
         throw distributed::EnvironmentError(detail::concat(
@@ -84,8 +85,8 @@ ModeResolution resolve_mode_as_rank(const RunRequest& request, const RunHooks& h
   }
   const double rank0 = value_of_rank0(group, picked);
   if (rank0 < 0)
-    throw Error(detail::concat("mode auto: every trial failed on rank 0 (", out.decision.reason,
-                               ")"));
+    throw Error(
+        detail::concat("mode auto: every trial failed on rank 0 (", out.decision.reason, ")"));
   const std::string mode = out.trials.at(static_cast<size_t>(rank0)).mode;
   if (mode != out.decision.mode)
     out.decision = {mode, "rank 0's pick (this rank's trials: " +

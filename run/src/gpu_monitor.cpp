@@ -76,9 +76,9 @@ GpuMonitor::GpuMonitor(c10::Device device, std::string library, int period_ms)
       dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
   nvml_->utilization = reinterpret_cast<NvmlReturn (*)(NvmlDevice, NvmlUtilization*)>(
       dlsym(lib, "nvmlDeviceGetUtilizationRates"));
-  nvml_->samples = reinterpret_cast<NvmlReturn (*)(NvmlDevice, int, unsigned long long, int*,
-                                                   unsigned int*, NvmlSample*)>(
-      dlsym(lib, "nvmlDeviceGetSamples"));
+  nvml_->samples =
+      reinterpret_cast<NvmlReturn (*)(NvmlDevice, int, unsigned long long, int*, unsigned int*,
+                                      NvmlSample*)>(dlsym(lib, "nvmlDeviceGetSamples"));
   if (!nvml_->init || !nvml_->by_pci_bus_id || !nvml_->utilization) {
     reason_ = "NVML lacks the functions tandem needs";
     return;
@@ -130,8 +130,8 @@ void GpuMonitor::stop() {
   }
   wake_.notify_all();
   if (reader_.joinable()) reader_.join();
-  collect();                            // what the driver sampled since the last wake-up
-  if (samples_ == 0) read_current();    // a run shorter than one sample period
+  collect();                          // what the driver sampled since the last wake-up
+  if (samples_ == 0) read_current();  // a run shorter than one sample period
   running_ = false;
 }
 

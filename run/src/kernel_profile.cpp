@@ -79,8 +79,7 @@ std::string describe_kernels(const KernelProfile& p, size_t top) {
                 "GPU kernels over %lld profiled steps: %.3f ms per step in %zu kinds\n",
                 static_cast<long long>(p.steps), total / steps, p.kernels.size());
   os << line;
-  std::snprintf(line, sizeof line, "  %9s %6s %9s  %s\n", "ms/step", "share", "per step",
-                "kernel");
+  std::snprintf(line, sizeof line, "  %9s %6s %9s  %s\n", "ms/step", "share", "per step", "kernel");
   os << line;
   for (size_t i = 0; i < p.kernels.size() && i < top; ++i) {
     const KernelTime& k = p.kernels[i];
@@ -90,7 +89,8 @@ std::string describe_kernels(const KernelProfile& p, size_t top) {
                   static_cast<double>(k.count) / steps, name.c_str());
     os << line;
   }
-  if (p.kernels.size() > top) os << "  ... " << p.kernels.size() - top << " more (--json lists all)\n";
+  if (p.kernels.size() > top)
+    os << "  ... " << p.kernels.size() - top << " more (--json lists all)\n";
   return os.str();
 }
 

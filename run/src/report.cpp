@@ -19,16 +19,17 @@ std::string device_name(c10::Device device) {
 std::string describe_report(const RunReport& r) {
   char line[256];
   std::ostringstream os;
-  std::snprintf(line, sizeof line, "%-9s %-17s %6s %10s %11s %9s %11s %11s\n", "workload",
-                "mode", "batch", "steps/s", "samples/s", "ms/step", "first loss", "last loss");
+  std::snprintf(line, sizeof line, "%-9s %-17s %6s %10s %11s %9s %11s %11s\n", "workload", "mode",
+                "batch", "steps/s", "samples/s", "ms/step", "first loss", "last loss");
   os << line;
   std::snprintf(line, sizeof line, "%-9s %-17s %6lld %10.2f %11.1f %9.3f %11.5f %11.5f\n",
                 r.request.workload.name.c_str(), mode_name(r.request.mode).c_str(),
-                static_cast<long long>(r.request.batch_size.value_or(0)), r.steps_per_s, r.samples_per_s,
-                1000.0 / r.steps_per_s, r.losses.empty() ? 0.0 : r.losses.front(),
+                static_cast<long long>(r.request.batch_size.value_or(0)), r.steps_per_s,
+                r.samples_per_s, 1000.0 / r.steps_per_s, r.losses.empty() ? 0.0 : r.losses.front(),
                 r.losses.empty() ? 0.0 : r.losses.back());
   os << line;
-  os << "\nper step    " << "host enqueue ms   device ms   (lane)";
+  os << "\nper step    "
+     << "host enqueue ms   device ms   (lane)";
   if (r.timing.device_timing_every > 1)
     os << "   device: mean of one step in every " << r.timing.device_timing_every;
   os << "\n";
@@ -40,8 +41,9 @@ std::string describe_report(const RunReport& r) {
                   st.host_ms_per_item, device_ms, st.lane.c_str());
     os << line;
   }
-  std::snprintf(line, sizeof line, "  %-10s %15.3f   (host blocked on a ring slot: device behind)\n",
-                "slot wait", r.timing.slot_wait_ms_per_item);
+  std::snprintf(line, sizeof line,
+                "  %-10s %15.3f   (host blocked on a ring slot: device behind)\n", "slot wait",
+                r.timing.slot_wait_ms_per_item);
   os << line;
   if (r.floor_ms > 0) {
     std::snprintf(line, sizeof line,
@@ -60,7 +62,8 @@ std::string describe_report(const RunReport& r) {
        << " (--skip-bad):\n";
     for (size_t i = 0; i < r.skipped.size() && i < 10; ++i)
       os << "  sample " << r.skipped[i].index << ": " << r.skipped[i].reason << "\n";
-    if (r.skipped.size() > 10) os << "  ... and " << r.skipped.size() - 10 << " more (--json lists them)\n";
+    if (r.skipped.size() > 10)
+      os << "  ... and " << r.skipped.size() - 10 << " more (--json lists them)\n";
   }
   if (r.kernels) os << "\n" << describe_kernels(*r.kernels);
   return os.str();
@@ -110,8 +113,8 @@ nlohmann::json to_json(const RunReport& r) {
           {"floor_ms", r.floor_ms > 0 ? nlohmann::json(r.floor_ms) : nlohmann::json(nullptr)},
           {"floor_stage", r.floor_stage},
           {"efficiency", r.floor_ms > 0 ? nlohmann::json(r.efficiency) : nlohmann::json(nullptr)},
-          {"gpu_utilization", r.gpu_utilization ? nlohmann::json(*r.gpu_utilization)
-                                                : nlohmann::json(nullptr)},
+          {"gpu_utilization",
+           r.gpu_utilization ? nlohmann::json(*r.gpu_utilization) : nlohmann::json(nullptr)},
           {"gpu_utilization_note", r.gpu_utilization_note},
           {"notes", r.notes},
           {"kernels", r.kernels ? to_json(*r.kernels) : nlohmann::json(nullptr)}};

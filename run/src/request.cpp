@@ -43,17 +43,16 @@ RunRequest resolve(RunRequest o) {
   o.warmup = o.warmup.value_or(d.warmup);
   o.workers = o.workers.value_or(d.workers);
   o.cudnn_benchmark = o.cudnn_benchmark.value_or(device.is_cuda());
-  TANDEM_CHECK_ARG(o.train_priority == "high" || o.train_priority == "normal",
-                   "train priority '", o.train_priority, "' is not valid: expected high or normal");
+  TANDEM_CHECK_ARG(o.train_priority == "high" || o.train_priority == "normal", "train priority '",
+                   o.train_priority, "' is not valid: expected high or normal");
   TANDEM_CHECK_ARG(*o.batch_size > 0, "batch size ", *o.batch_size,
                    " is not valid: expected a positive number of samples");
   TANDEM_CHECK_ARG(*o.steps > 0, "step count ", *o.steps,
                    " is not valid: expected a positive number of timed steps");
   TANDEM_CHECK_ARG(*o.warmup >= 0, "warm-up count ", *o.warmup,
                    " is not valid: expected 0 or more warm-up steps");
-  TANDEM_CHECK_ARG(*o.workers > 0 && *o.workers <= kMaxLoaderWorkers, "worker count ",
-                   *o.workers, " is not valid: expected 1 to ", kMaxLoaderWorkers,
-                   " loader worker threads");
+  TANDEM_CHECK_ARG(*o.workers > 0 && *o.workers <= kMaxLoaderWorkers, "worker count ", *o.workers,
+                   " is not valid: expected 1 to ", kMaxLoaderWorkers, " loader worker threads");
   TANDEM_CHECK_ARG(o.kernel_steps >= 0, "kernel profile step count ", o.kernel_steps,
                    " is not valid: expected 0 (none) or more steps");
   TANDEM_CHECK_ARG(o.device_timing_every >= 1, "device timing interval ", o.device_timing_every,

@@ -1,14 +1,14 @@
 // Trials and the choice behind mode auto.
 #include "tandem/run/resolve_mode.h"
 
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
-
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 
 #include "tandem/error.h"
 #include "tandem/mode.h"
@@ -46,8 +46,7 @@ double trial_rate(const std::vector<double>& runs) {
 }
 
 int64_t second_trial_steps(int64_t steps, double steps_per_s, int64_t cap) {
-  if (!(steps_per_s > 0) || static_cast<double>(steps) >= kAutoTrialSeconds * steps_per_s)
-    return 0;
+  if (!(steps_per_s > 0) || static_cast<double>(steps) >= kAutoTrialSeconds * steps_per_s) return 0;
   const auto wanted = static_cast<int64_t>(std::ceil(kAutoTrialSeconds * steps_per_s));
   const int64_t longer = std::min({wanted, kAutoTrialMaxSteps, cap});
   return longer > steps ? longer : 0;
@@ -141,11 +140,11 @@ ModeResolution resolve_mode_by_device(const RunMode& mode, const c10::Device& de
 nlohmann::json to_json(const ModeResolution& r) {
   nlohmann::json trials = nlohmann::json::array();
   for (const auto& t : r.trials)
-    trials.push_back({{"mode", t.mode},
-                      {"steps_per_s",
-                       t.steps_per_s ? nlohmann::json(*t.steps_per_s) : nlohmann::json(nullptr)},
-                      {"runs", t.runs},
-                      {"error", t.error}});
+    trials.push_back(
+        {{"mode", t.mode},
+         {"steps_per_s", t.steps_per_s ? nlohmann::json(*t.steps_per_s) : nlohmann::json(nullptr)},
+         {"runs", t.runs},
+         {"error", t.error}});
   return {{"picked", r.decision.mode},
           {"reason", r.decision.reason},
           {"trial_seconds", r.trial_seconds},

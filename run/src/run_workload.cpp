@@ -27,8 +27,7 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
   const RunRequest request = resolve(unresolved);
   TANDEM_CHECK_ARG(request.mode.has_value(),
                    "mode auto is resolved first (resolve_mode), then run by run_workload()");
-  const int64_t batch_size = *request.batch_size, steps = *request.steps,
-                warmup = *request.warmup;
+  const int64_t batch_size = *request.batch_size, steps = *request.steps, warmup = *request.warmup;
   const c10::Device device = parse_device(request.device);
   RunReport result;
   result.request = request;

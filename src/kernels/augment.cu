@@ -47,7 +47,7 @@ constexpr int kTileH = 32;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerTile = kThreads / kTileW;        // thread rows of a tile
 constexpr int kRowsPerThread = kTileH / kWarpsPerTile;  // column-pass outputs per thread
-constexpr int kStripRows = 16;  // the same, blur size compiled in
+constexpr int kStripRows = 16;                          // the same, blur size compiled in
 constexpr int kMaxRadius = 31;                          // AugmentSpec allows taps <= 63
 constexpr int kMaxHalo = kTileW + 2 * kMaxRadius;
 // 14 KB: the cls workload's tiles read about 29x29 pixels (10 KB as three floats each; up to 1,194
@@ -234,7 +234,10 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     // the rows and columns the tile reads lie between those of its clamped first and last.
     auto extreme = [&](int first, int last, int n, bool mirror, float& lo, float& hi) {
       float a_ = am::centre_offset(max(0, first), n), b_ = am::centre_offset(min(n - 1, last), n);
-      if (mirror) { a_ = -a_; b_ = -b_; }
+      if (mirror) {
+        a_ = -a_;
+        b_ = -b_;
+      }
       lo = fminf(a_, b_);
       hi = fmaxf(a_, b_);
     };

@@ -35,13 +35,13 @@ struct AugmentLaunch {
   float* out;             // (B, C, out_h, out_w) float32, device
   int batch, channels;
   augment_math::Geometry geometry;
-  const int32_t* top;     // (B,)
-  const int32_t* left;    // (B,)
-  const float* cos_a;     // (B,)
-  const float* sin_a;     // (B,)
-  const int32_t* flip;    // (B,)
-  const float* weights;   // (B, taps)
-  int taps;               // odd
+  const int32_t* top;    // (B,)
+  const int32_t* left;   // (B,)
+  const float* cos_a;    // (B,)
+  const float* sin_a;    // (B,)
+  const int32_t* flip;   // (B,)
+  const float* weights;  // (B, taps)
+  int taps;              // odd
   augment_math::Normalization normalization[kAugmentMaxChannels];
   PlaneTextures textures;  // count > 0: sample by texture gathers
   // The device starts a kernel before the previous one in the stream ends (compute capability
@@ -60,7 +60,7 @@ struct DrawLaunch {
   augment_math::DrawSpec spec;
   RngSource rng;
   int batch;
-  int32_t *top, *left, *flip;             // (B,)
+  int32_t *top, *left, *flip;                // (B,)
   float *angle_deg, *cos_a, *sin_a, *sigma;  // (B,)
   float* weights;                            // (B, taps)
 };

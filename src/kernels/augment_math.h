@@ -20,9 +20,9 @@ namespace tandem::augment_math {
 
 /// Sizes shared by every sample of a batch (make_geometry fills the derived fields).
 struct Geometry {
-  int in_h, in_w;      ///< source image
-  int crop_h, crop_w;  ///< random crop
-  int out_h, out_w;    ///< after resize (and rotation, which keeps the size)
+  int in_h, in_w;          ///< source image
+  int crop_h, crop_w;      ///< random crop
+  int out_h, out_w;        ///< after resize (and rotation, which keeps the size)
   float scale_y, scale_x;  ///< crop / out, the resize's source step per output pixel
   float shift_y, shift_x;  ///< 0.5 * scale - 0.5: resized index i reads at i * scale + shift
   float half_h, half_w;    ///< out / 2: the image centre, from a pixel edge
@@ -55,9 +55,9 @@ inline Geometry make_geometry(int in_h, int in_w, int crop_h, int crop_w, int ou
 
 /// One sample's drawn parameters, as the math consumes them.
 struct SampleParams {
-  int top, left;     ///< crop offset in the source
+  int top, left;       ///< crop offset in the source
   float cos_a, sin_a;  ///< of the rotation angle (counter-clockwise on the displayed image)
-  int flip;          ///< 1: mirror the output horizontally
+  int flip;            ///< 1: mirror the output horizontally
 };
 
 TANDEM_HD float min_f(float a, float b) { return a < b ? a : b; }
@@ -203,7 +203,7 @@ TANDEM_HD Resized rotate_back(const Geometry& g, float cos_a, float sin_a, float
 }
 
 struct Tap {
-  bool inside;  ///< false: the rotation looked outside the image (fill 0)
+  bool inside;   ///< false: the rotation looked outside the image (fill 0)
   AxisTap x, y;  ///< source columns and rows with their bilinear weights
 };
 

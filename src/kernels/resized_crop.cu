@@ -15,8 +15,8 @@ __global__ void crop_draw_kernel(CropDrawLaunch d) {
   uint64_t seed, offset;
   d.rng.unpack(seed, offset);
   crop_math::draw_box(d.spec, static_cast<int>(d.sizes[b * 3]),
-                      static_cast<int>(d.sizes[b * 3 + 1]), seed, offset,
-                      static_cast<uint64_t>(b), d.boxes + b * crop_math::kBoxFields);
+                      static_cast<int>(d.sizes[b * 3 + 1]), seed, offset, static_cast<uint64_t>(b),
+                      d.boxes + b * crop_math::kBoxFields);
 }
 
 // blockIdx.z: the sample; a 32 x 8 tile of output pixels per block, each thread all channels
@@ -37,10 +37,10 @@ __global__ void resized_crop_kernel(CropLaunch a) {
     return;
   }
   const int xr = box[cm::kFlip] ? a.out_w - 1 - x : x;
-  const cm::AxisWindow rows = cm::axis_window(box[cm::kOffsetY] + y, box[cm::kHeight],
-                                              box[cm::kResizedH], box[cm::kSubY]);
-  const cm::AxisWindow cols = cm::axis_window(box[cm::kOffsetX] + xr, box[cm::kWidth],
-                                              box[cm::kResizedW], box[cm::kSubX]);
+  const cm::AxisWindow rows =
+      cm::axis_window(box[cm::kOffsetY] + y, box[cm::kHeight], box[cm::kResizedH], box[cm::kSubY]);
+  const cm::AxisWindow cols =
+      cm::axis_window(box[cm::kOffsetX] + xr, box[cm::kWidth], box[cm::kResizedW], box[cm::kSubX]);
   const uint8_t* src = a.packed + a.offsets[b];
   const cm::Layout layout = cm::layout_of(a.planar, h, w, a.channels);
   for (int c = 0; c < a.channels; ++c) {

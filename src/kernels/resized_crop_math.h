@@ -22,7 +22,17 @@ using augment_math::fmadd;
 /// kLeft and length (sub >> 3) beyond kHeight / kWidth — for a box cut from a DCT-scaled decode
 /// (1/2, 1/4, 1/8 of the full-resolution pixels it was drawn in); 0 for a box in whole pixels.
 enum BoxField {
-  kTop, kLeft, kHeight, kWidth, kResizedH, kResizedW, kOffsetY, kOffsetX, kFlip, kSubY, kSubX
+  kTop,
+  kLeft,
+  kHeight,
+  kWidth,
+  kResizedH,
+  kResizedW,
+  kOffsetY,
+  kOffsetX,
+  kFlip,
+  kSubY,
+  kSubX
 };
 constexpr int kBoxFields = 11;
 
@@ -54,7 +64,8 @@ TANDEM_HD void draw_box(const DrawSpec& s, int h, int w, uint64_t seed, uint64_t
     bool found = false;
     for (int attempt = 0; attempt < 10 && !found; ++attempt) {
       const double target = area * (s.scale_min + uniform() * (s.scale_max - s.scale_min));
-      const double aspect = ::exp(s.log_ratio_min + uniform() * (s.log_ratio_max - s.log_ratio_min));
+      const double aspect =
+          ::exp(s.log_ratio_min + uniform() * (s.log_ratio_max - s.log_ratio_min));
       const int tw = static_cast<int>(::rint(::sqrt(target * aspect)));
       const int th = static_cast<int>(::rint(::sqrt(target / aspect)));
       if (tw > 0 && tw <= w && th > 0 && th <= h) {
@@ -79,9 +90,9 @@ TANDEM_HD void draw_box(const DrawSpec& s, int h, int w, uint64_t seed, uint64_t
     }
   } else {
     const int short_side = h < w ? h : w, long_side = h < w ? w : h;
-    const int resized_long = static_cast<int>(static_cast<double>(s.resize_size) *
-                                              static_cast<double>(long_side) /
-                                              static_cast<double>(short_side));
+    const int resized_long =
+        static_cast<int>(static_cast<double>(s.resize_size) * static_cast<double>(long_side) /
+                         static_cast<double>(short_side));
     rh = h <= w ? s.resize_size : resized_long;
     rw = h <= w ? resized_long : s.resize_size;
     y0 = static_cast<int>(::rint(static_cast<double>(rh - s.out_h) / 2.0));
@@ -131,7 +142,8 @@ TANDEM_HD AxisWindow axis_window(int i, int in, int out, int sub = 0) {
   a.centre = start + scale * (static_cast<float>(i) + 0.5f);
   a.inv_scale = scale >= 1.0f ? 1.0f / scale : 1.0f;
   // The taps stay inside the source pixels the box touches: [0, ceil(start + length)).
-  const int limit = sub == 0 ? in : static_cast<int>(-augment_math::floor_f(-(start + length)));  // ceil
+  const int limit =
+      sub == 0 ? in : static_cast<int>(-augment_math::floor_f(-(start + length)));  // ceil
   int first = static_cast<int>(a.centre - support + 0.5f);
   if (first < 0) first = 0;
   int end = static_cast<int>(a.centre + support + 0.5f);
@@ -153,7 +165,9 @@ struct Normalization {
 inline Normalization normalization(double mean, double std) {
   return {static_cast<float>(1.0 / std), static_cast<float>(-mean / std)};
 }
-TANDEM_HD float normalize(float pixel, const Normalization& n) { return fmadd(pixel, n.scale, n.shift); }
+TANDEM_HD float normalize(float pixel, const Normalization& n) {
+  return fmadd(pixel, n.scale, n.shift);
+}
 
 /// Rounds a resampled value to a pixel, as the uint8 resize of torchvision does: 0..255.
 TANDEM_HD float to_pixel(float v) {
@@ -180,8 +194,8 @@ TANDEM_HD float resample(const uint8_t* image, const Layout& l, int c, int top, 
                          const AxisWindow& rows, const AxisWindow& cols) {
   float acc = 0.0f;
   for (int ky = 0; ky < rows.count; ++ky) {
-    const uint8_t* line = image + (top + rows.first + ky) * l.row +
-                          (left + cols.first) * l.pixel + c * l.channel;
+    const uint8_t* line =
+        image + (top + rows.first + ky) * l.row + (left + cols.first) * l.pixel + c * l.channel;
     float row = 0.0f;
     for (int kx = 0; kx < cols.count; ++kx)
       row = fmadd(weight(cols, kx), static_cast<float>(line[kx * l.pixel]), row);

@@ -1,12 +1,13 @@
 // Sweep outputs on given rows: CSV header and rows, table, JSON, and a well-formed SVG with one
 // series per mode.
+#include "tandem/sweep.h"
+
 #include <gtest/gtest.h>
 
 #include <regex>
 #include <sstream>
 
 #include "tandem/error.h"
-#include "tandem/sweep.h"
 #include "tandem/workloads/registry.h"
 
 namespace tandem {
@@ -17,7 +18,7 @@ std::vector<SweepRow> sample_rows() {
   for (int64_t bs : {8, 32, 128}) {
     SweepRow serial{"serial", bs, 300.0 / bs * 8, 300.0 * 8, 1.0, 0.8, 90.0, "", "", {}};
     SweepRow pipelined{"pipelined", bs, 360.0 / bs * 8, 360.0 * 8, 1.2, 0.97, std::nullopt, "",
-                       "", {}};
+                       "",          {}};
     rows.push_back(serial);
     rows.push_back(pipelined);
   }

@@ -1,6 +1,8 @@
 // Augmentation: known answers (identity, no-blur, 90-degree rotation, torch's own resize and
 // blur), per-sample parameters and their ranges, determinism, input validation, and CPU/GPU
 // parity (GPU tests carry the label gpu).
+#include "tandem/augment.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -10,7 +12,6 @@
 #include <cmath>
 #include <sstream>
 
-#include "tandem/augment.h"
 #include "tandem/error.h"
 #include "test_util.h"
 
@@ -131,10 +132,11 @@ TEST(AugmentTest, CropResizeAndBlurMatchTorchsOwnOps) {
   const at::Tensor resized = at::upsample_bilinear2d(crop, {31, 19}, /*align_corners=*/false);
   const at::Tensor k1 = p.blur_weights[0];
   const at::Tensor k2 = at::outer(k1, k1).expand({3, 1, 5, 5}).contiguous();
-  const at::Tensor want = at::conv2d(at::reflection_pad2d(resized, {2, 2, 2, 2}), k2,
-                                     /*bias=*/std::nullopt, /*stride=*/at::IntArrayRef{1},
-                                     /*padding=*/at::IntArrayRef{0}, /*dilation=*/at::IntArrayRef{1},
-                                     /*groups=*/3);
+  const at::Tensor want =
+      at::conv2d(at::reflection_pad2d(resized, {2, 2, 2, 2}), k2,
+                 /*bias=*/std::nullopt, /*stride=*/at::IntArrayRef{1},
+                 /*padding=*/at::IntArrayRef{0}, /*dilation=*/at::IntArrayRef{1},
+                 /*groups=*/3);
   EXPECT_EQ(first_mismatch(got, want, 1e-3), "");
 }
 
@@ -294,8 +296,8 @@ void expect_gpu_matches_cpu(const AugmentSpec& s, int64_t b, int64_t c, int64_t 
   const auto p = draw_augment_params(s, b, h, w, cuda, gen);
   at::Tensor dev = augment(img.to(cuda), p, s, sampling).cpu();
   at::Tensor host = augment(img, p.to(c10::Device(c10::kCPU)), s);
-  EXPECT_EQ(first_mismatch(dev, host, 1e-5), "") << "max |gpu - cpu| = "
-                                                  << (dev - host).abs().max().item<float>();
+  EXPECT_EQ(first_mismatch(dev, host, 1e-5), "")
+      << "max |gpu - cpu| = " << (dev - host).abs().max().item<float>();
 }
 
 TEST(AugmentGpuTest, KernelMatchesTheCppReferenceOnClsSizes) {
@@ -337,8 +339,7 @@ TEST(AugmentGpuTest, TextureGathersSpanSeveralTexturesInALargeBatch) {
   AugmentSpec s;
   s.hflip_probability = 0.5;
   int max_rows = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&max_rows, cudaDevAttrMaxTexture2DLinearHeight, 0),
-            cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&max_rows, cudaDevAttrMaxTexture2DLinearHeight, 0), cudaSuccess);
   const int64_t b = 2 * (max_rows / (3 * 256)) + 1;
   const c10::Device cuda(c10::kCUDA, 0);
   const at::Tensor img = random_images(b, 3, 256, 256, 50).to(cuda);
@@ -406,8 +407,8 @@ TEST(AugmentGpuTest, AnEmptyBatchGivesAnEmptyOutputEitherWay) {
   const at::Tensor none = random_images(0, 3, 256, 256, 70).to(cuda);
   auto gen = at::cuda::detail::createCUDAGenerator(0);
   const auto p = draw_augment_params(s, 0, 256, 256, cuda, gen);
-  for (AugmentSampling sampling : {AugmentSampling::kAuto, AugmentSampling::kTextureGather,
-                                   AugmentSampling::kStagedWindow}) {
+  for (AugmentSampling sampling :
+       {AugmentSampling::kAuto, AugmentSampling::kTextureGather, AugmentSampling::kStagedWindow}) {
     SCOPED_TRACE(to_string(sampling));
     const at::Tensor out = augment(none, p, s, sampling);
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{0, 3, 256, 256}));
@@ -457,8 +458,7 @@ TEST(AugmentGpuTest, KernelMatchesTheCppReferenceForOneAndFourChannels) {
   TANDEM_SKIP_WITHOUT_CUDA();
   for (int channels : {1, 4})
     for (int out_h : {45, 53}) {
-      SCOPED_TRACE(std::to_string(channels) + " channels, output height " +
-                   std::to_string(out_h));
+      SCOPED_TRACE(std::to_string(channels) + " channels, output height " + std::to_string(out_h));
       AugmentSpec s;
       s.crop_h = 30;
       s.crop_w = 26;

@@ -103,8 +103,7 @@ TEST(GatheredGradTest, LinearWithoutBias) {
 
 TEST(GatheredGradTest, PatchConvMatchesTheMeanOfTheRanksGradients) {
   // 5 x 7 input, kernel 2: the last row and column are not read, as in the conv itself.
-  check_against_layer(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 2).stride(2)),
-                      {2, 3, 5, 7});
+  check_against_layer(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 2).stride(2)), {2, 3, 5, 7});
 }
 
 TEST(GatheredGradTest, PatchConvTransposeMatchesTheMeanOfTheRanksGradients) {
@@ -122,8 +121,8 @@ TEST(GatheredGradGpuTest, PatchConvsMatchTheMeanOfTheRanksGradientsOnCuda) {
   TANDEM_SKIP_WITHOUT_CUDA();
   testing::use_deterministic_algorithms();  // the layer's own gradients, twice alike
   const c10::Device cuda(c10::kCUDA, 0);
-  check_against_layer(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 2).stride(2)),
-                      {2, 3, 5, 7}, cuda);
+  check_against_layer(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 2).stride(2)), {2, 3, 5, 7},
+                      cuda);
   check_against_layer(
       torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(8, 6, 2).stride(2)),
       {3, 8, 1, 1}, cuda);
@@ -199,8 +198,7 @@ TEST(GatheredGradTest, RefusesOverlappingPatchesAndNamesTheLayer) {
   } catch (const InvalidArgument& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("Conv2d with kernel [3, 3], stride [1, 1]"), std::string::npos) << what;
-    EXPECT_NE(what.find("expected a square kernel equal to its stride"), std::string::npos)
-        << what;
+    EXPECT_NE(what.find("expected a square kernel equal to its stride"), std::string::npos) << what;
   }
   EXPECT_THROW(GatheredGrad(torch::nn::ConvTranspose2d(
                    torch::nn::ConvTranspose2dOptions(3, 4, 2).stride(2).output_padding(1))),

@@ -2,6 +2,8 @@
 // captured; a K-iteration capture advances K per replay; bad captures fail clearly; dropout
 // under replay draws new masks; a registered generator draws the eager sequence under replay;
 // one thread may capture while another replays. (GraphedStage: graphed_stage_test.cpp.)
+#include "graph.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -15,19 +17,15 @@
 #include <vector>
 
 #include "tandem/error.h"
-#include "graph.h"
-#include "test_util.h"
 #include "test_support.h"
+#include "test_util.h"
 
 namespace tandem {
 namespace {
 
 using test_support::kCuda;
 
-
-at::Tensor counter() {
-  return at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(kCuda));
-}
+at::Tensor counter() { return at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(kCuda)); }
 
 TEST(GraphTest, ACpuLaneIsRejected) {
   GraphedStep g;
@@ -229,9 +227,8 @@ TEST(GraphGpuTest, AnUnregisteredGeneratorFailsTheCaptureAndSaysWhichOption) {
   o.name = "augment";
   GraphedStep g(o);
   try {
-    g.capture(Lane::create("graph", kCuda), [&] {
-      at::rand({16}, gen, at::TensorOptions().device(kCuda));
-    });
+    g.capture(Lane::create("graph", kCuda),
+              [&] { at::rand({16}, gen, at::TensorOptions().device(kCuda)); });
     FAIL() << "a draw from an unregistered generator was captured";
   } catch (const GraphCaptureError& e) {
     EXPECT_NE(std::string(e.what()).find("GraphOptions::generators"), std::string::npos)

@@ -2,6 +2,8 @@
 // up, captures, replays and falls back to eager on another shape; the barrier holds captures
 // until every stage has warmed up, is released by stages that go away, and cancel() wakes and
 // fails every waiter.
+#include "graphed_stage.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -15,15 +17,13 @@
 #include <vector>
 
 #include "tandem/error.h"
-#include "graphed_stage.h"
-#include "test_util.h"
 #include "test_support.h"
+#include "test_util.h"
 
 namespace tandem {
 namespace {
 
 using test_support::kCuda;
-
 
 // The message wait() throws once the barrier is cancelled.
 std::string cancelled_message(const std::string& stage) {

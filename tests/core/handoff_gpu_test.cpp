@@ -58,11 +58,11 @@ TEST(HandoffGpuTest, PipelinedStagesRunOnTheirOwnStreams) {
   std::vector<std::optional<c10::cuda::CUDAStream>> seen(3);  // one entry per stage thread
   std::vector<Stage> stages;
   for (int i = 0; i < 3; ++i)
-    stages.push_back({"s", Lane::create("lane" + std::to_string(i), cuda),
-                      [&seen, i](Batch&, const Lane& lane) {
-                        EXPECT_EQ(c10::cuda::getCurrentCUDAStream(0), lane.stream());
-                        seen[i] = lane.stream();
-                      }});
+    stages.push_back(
+        {"s", Lane::create("lane" + std::to_string(i), cuda), [&seen, i](Batch&, const Lane& lane) {
+           EXPECT_EQ(c10::cuda::getCurrentCUDAStream(0), lane.stream());
+           seen[i] = lane.stream();
+         }});
   Pipeline p(std::move(stages), PipelineMode::kPipelined, Lane::create("serial", cuda));
   p.run(1);
   ASSERT_TRUE(seen[0] && seen[1] && seen[2]);
@@ -114,8 +114,8 @@ TEST(PipelineGpuTest, DeviceTimingSamplesEveryNthTimedItem) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
   std::vector<Stage> s;
-  s.push_back({"work", Lane::create("work", cuda),
-               [](Batch&, const Lane&) { at::cuda::sleep(200000); }});
+  s.push_back(
+      {"work", Lane::create("work", cuda), [](Batch&, const Lane&) { at::cuda::sleep(200000); }});
   Pipeline p(std::move(s), PipelineMode::kSerial, Lane::create("serial", cuda));
   EXPECT_THROW(p.set_timing(0, 0), c10::Error);
   p.set_timing(2, 3);

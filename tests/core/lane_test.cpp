@@ -1,6 +1,8 @@
 // Lanes and the device choice: parse_device accepts what the CLI documents and names a bad
 // value; a CPU lane is the calling thread (its waits are no-ops); a CUDA lane is a stream of its
 // own whose waits order work without a host sync.
+#include "tandem/lane.h"
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAStream.h>
@@ -9,15 +11,13 @@
 #include <string>
 
 #include "tandem/error.h"
-#include "tandem/lane.h"
-#include "test_util.h"
 #include "test_support.h"
+#include "test_util.h"
 
 namespace tandem {
 namespace {
 
 using test_support::kCpu;
-
 
 // The message of the InvalidArgument that parse_device(text) throws; "" if it throws none.
 std::string parse_error(const std::string& text) {

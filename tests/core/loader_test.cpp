@@ -1,5 +1,7 @@
 // Loader: exactly-once delivery, order, determinism, error propagation, clean stop, and the
 // bounds on its options (workers, depth, the ring's memory) checked before anything is built.
+#include "tandem/loader.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -12,7 +14,6 @@
 #include <thread>
 
 #include "tandem/error.h"
-#include "tandem/loader.h"
 #include "tandem/sample_rng.h"
 
 namespace tandem {
@@ -239,8 +240,9 @@ TEST(LoaderTest, ExplicitIndicesAreVisitedInTheirOrderRepeatsIncluded) {
     Loader bad(ds, o);
     FAIL() << "an index past the dataset was accepted";
   } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "loader index 20 is not valid: expected 0 to 19 (the dataset has 20 "
-                           "samples)");
+    EXPECT_STREQ(e.what(),
+                 "loader index 20 is not valid: expected 0 to 19 (the dataset has 20 "
+                 "samples)");
   }
 }
 
@@ -382,7 +384,8 @@ class HugeDataset : public Dataset {
 
 TEST(LoaderTest, SampleBytesSumsEveryFieldsElements) {
   EXPECT_EQ(sample_bytes({}), 0);
-  EXPECT_EQ(sample_bytes({{"image", {3, 256, 256}, at::kByte}, {"label", {}, at::kLong},
+  EXPECT_EQ(sample_bytes({{"image", {3, 256, 256}, at::kByte},
+                          {"label", {}, at::kLong},
                           {"mask", {256, 256}, at::kFloat}}),
             3 * 256 * 256 + 8 + 256 * 256 * 4);
   EXPECT_EQ(sample_bytes({{"empty", {0, 1 << 30}, at::kFloat}}), 0);

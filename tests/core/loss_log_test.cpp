@@ -1,24 +1,24 @@
 // LossLog: records land in order; a full log counts what it could not store and refuses to be
 // read as if complete; bad losses are rejected by name; on the GPU a captured record appends the
 // next entry on every replay, interleaved in order with eager records.
+#include "loss_log.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "tandem/error.h"
 #include "graph.h"
-#include "loss_log.h"
-#include "test_util.h"
+#include "tandem/error.h"
 #include "test_support.h"
+#include "test_util.h"
 
 namespace tandem {
 namespace {
 
 using test_support::kCpu;
 using test_support::kCuda;
-
 
 at::Tensor scalar(float v, c10::Device device) {
   return at::full({}, v, at::TensorOptions().dtype(at::kFloat).device(device));

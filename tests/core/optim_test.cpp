@@ -1,6 +1,8 @@
 // tandem::optim: Sgd and Adam/AdamW match LibTorch's eager updates, learning-rate changes
-// included, and their fused kernels match their op-by-op reference paths; captured steps replayed on the GPU equal eager steps, an lr schedule set between
-// replays included; the schedules' values.
+// included, and their fused kernels match their op-by-op reference paths; captured steps replayed
+// on the GPU equal eager steps, an lr schedule set between replays included; the schedules' values.
+#include "tandem/optim.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
@@ -11,10 +13,8 @@
 #include <functional>
 
 #include "graph.h"
-#include "test_util.h"
-
 #include "tandem/error.h"
-#include "tandem/optim.h"
+#include "test_util.h"
 
 namespace tandem {
 namespace {
@@ -92,9 +92,8 @@ TEST(SgdTest, MomentumDampeningNesterovAndWeightDecayMatchTorchSgd) {
   };
   for (const Case c : {Case{0.9, 0, false, 0}, Case{0.9, 0.1, false, 0.01},
                        Case{0.8, 0, true, 0.05}, Case{0, 0, false, 0.1}}) {
-    SCOPED_TRACE(::testing::Message() << "momentum " << c.momentum << " dampening "
-                                      << c.dampening << " nesterov " << c.nesterov << " wd "
-                                      << c.wd);
+    SCOPED_TRACE(::testing::Message() << "momentum " << c.momentum << " dampening " << c.dampening
+                                      << " nesterov " << c.nesterov << " wd " << c.wd);
     Problem pr(c10::Device(c10::kCPU), 4);
     const optim::SgdOptions o{0.05, c.momentum, c.dampening, c.nesterov, c.wd};
     optim::Sgd sgd(pr.ours, o);

@@ -27,12 +27,14 @@ class RaggedDataset : public Dataset {
     return {1 + i % 5, 2 + (i * big) % 7};
   }
   void get_sample(int64_t index, std::vector<at::Tensor>& out) const override {
-    if (bad_.count(index)) throw std::runtime_error("file " + std::to_string(index) + ".jpg is truncated");
+    if (bad_.count(index))
+      throw std::runtime_error("file " + std::to_string(index) + ".jpg is truncated");
     EXPECT_FALSE(out[0].defined());  // a variable-size field comes undefined
     const auto hw = shape_of(index, big_);
     at::Tensor img = at::empty({1, hw[0], hw[1]}, at::kByte);
     for (int64_t y = 0; y < hw[0]; ++y)
-      for (int64_t x = 0; x < hw[1]; ++x) img[0][y][x] = static_cast<uint8_t>((index + y + x) % 251);
+      for (int64_t x = 0; x < hw[1]; ++x)
+        img[0][y][x] = static_cast<uint8_t>((index + y + x) % 251);
     out[0] = img;
     out[1].fill_(index);
   }
@@ -44,7 +46,8 @@ class RaggedDataset : public Dataset {
 };
 
 // Every sample of every batch, rebuilt from the packed field: checks values, returns indices.
-std::vector<int64_t> drain_ragged(Loader& loader, int64_t big, std::vector<int64_t>* batch_sizes = nullptr) {
+std::vector<int64_t> drain_ragged(Loader& loader, int64_t big,
+                                  std::vector<int64_t>* batch_sizes = nullptr) {
   std::vector<int64_t> seen;
   while (auto b = loader.next()) {
     const at::Tensor packed = b->fields[0], offsets = b->fields[1], sizes = b->fields[2],

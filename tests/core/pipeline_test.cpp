@@ -2,6 +2,8 @@
 // from stage to stage; a stage's failure stops every stage and surfaces as a StageError naming
 // stage, lane and item, on the CPU and on CUDA lanes. (Handoffs and slot reuse on the GPU:
 // handoff_gpu_test.cpp.)
+#include "pipeline.h"
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/Sleep.h>
 #include <gtest/gtest.h>
@@ -18,9 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/error.h"
 #include "graphed_stage.h"
-#include "pipeline.h"
+#include "tandem/error.h"
 #include "test_util.h"
 
 namespace tandem {
@@ -44,15 +45,15 @@ std::vector<Event> trace(PipelineMode mode, int stages, int64_t items) {
   };
   std::vector<Stage> s;
   for (int i = 0; i < stages; ++i)
-    s.push_back({"s" + std::to_string(i), Lane::create("lane", cpu),
-                 [&log, i](Batch& b, const Lane&) {
-                   log({i, b.index, false, b.ring_slot});
-                   // Each stage adds 10^i, so the last one sees the sum of every earlier stage.
-                   at::Tensor prev = b.has("v") ? b.get("v") : at::zeros({1}, at::kLong);
-                   b.set("v", prev + static_cast<int64_t>(std::pow(10, i)));
-                   std::this_thread::sleep_for(std::chrono::microseconds(100 * (b.index % 3)));
-                   log({i, b.index, true, b.ring_slot});
-                 }});
+    s.push_back(
+        {"s" + std::to_string(i), Lane::create("lane", cpu), [&log, i](Batch& b, const Lane&) {
+           log({i, b.index, false, b.ring_slot});
+           // Each stage adds 10^i, so the last one sees the sum of every earlier stage.
+           at::Tensor prev = b.has("v") ? b.get("v") : at::zeros({1}, at::kLong);
+           b.set("v", prev + static_cast<int64_t>(std::pow(10, i)));
+           std::this_thread::sleep_for(std::chrono::microseconds(100 * (b.index % 3)));
+           log({i, b.index, true, b.ring_slot});
+         }});
   Pipeline p(std::move(s), mode, Lane::create("serial", cpu));
   p.run(items);
   return events;
@@ -88,8 +89,8 @@ TEST(PipelineTest, PipelinedStagesTakeItemsInOrderAfterTheirProducer) {
       const int64_t previous = slot_item[e.ring_slot];
       if (previous >= 0) {
         EXPECT_TRUE(finished[K - 1][previous])
-            << "slot " << e.ring_slot << " given to item " << e.item << " while item "
-            << previous << " held it";
+            << "slot " << e.ring_slot << " given to item " << e.item << " while item " << previous
+            << " held it";
       }
       slot_item[e.ring_slot] = e.item;
     }
@@ -185,9 +186,8 @@ TEST(PipelineTest, BatchesCarryDataThroughEveryStageInBothModes) {
     const c10::Device cpu(c10::kCPU);
     std::vector<int64_t> seen;
     std::vector<Stage> s;
-    s.push_back({"make", Lane::create("a", cpu), [](Batch& b, const Lane&) {
-                   b.set("x", at::full({2}, b.index, at::kLong));
-                 }});
+    s.push_back({"make", Lane::create("a", cpu),
+                 [](Batch& b, const Lane&) { b.set("x", at::full({2}, b.index, at::kLong)); }});
     s.push_back({"double", Lane::create("b", cpu), [](Batch& b, const Lane&) {
                    b.set("y", b.get("x") * 2);
                    b.erase("x");
@@ -398,7 +398,7 @@ TEST(PipelineTest, DeviceTimeSamplesRotateThroughEveryPhase) {
     for (int64_t phase = 0; phase < n; ++phase)
       EXPECT_EQ(per_phase[phase], 1) << "every " << n << ", phase " << phase;
   }
-  EXPECT_TRUE(Pipeline::samples_device_time(0, 4));  // the first timed item is always sampled
+  EXPECT_TRUE(Pipeline::samples_device_time(0, 4));   // the first timed item is always sampled
   EXPECT_FALSE(Pipeline::samples_device_time(4, 4));  // the second block samples its 2nd item
   EXPECT_TRUE(Pipeline::samples_device_time(5, 4));
 }

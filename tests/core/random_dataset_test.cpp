@@ -1,10 +1,11 @@
 // RandomDataset: fields of the declared shapes and dtypes, values inside their ranges, samples
 // a pure function of (seed, index), and every bad field refused with its name.
+#include "tandem/random_dataset.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include "tandem/error.h"
-#include "tandem/random_dataset.h"
 
 namespace tandem {
 namespace {

@@ -1,7 +1,10 @@
 // Resized crop (RandomResizedCrop / Resize + CenterCrop on packed variable-size batches): the
 // geometry against torchvision's rules, the resample against ATen's antialiased bilinear resize,
 // the draws' ranges and determinism, and the kernel against the C++ reference, to the bit.
+#include "tandem/resized_crop.h"
+
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,10 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-
 #include "tandem/error.h"
-#include "tandem/resized_crop.h"
 #include "test_util.h"
 
 namespace tandem {
@@ -36,8 +36,7 @@ Packed pack(const std::vector<at::Tensor>& images, bool planar = false) {
     at_byte += img.numel();
   }
   const int64_t B = static_cast<int64_t>(images.size());
-  return {at::cat(flat), at::tensor(offsets, at::kLong),
-          at::tensor(sizes, at::kLong).view({B, 3})};
+  return {at::cat(flat), at::tensor(offsets, at::kLong), at::tensor(sizes, at::kLong).view({B, 3})};
 }
 
 at::Tensor random_image(int64_t c, int64_t h, int64_t w, uint64_t seed) {
@@ -89,10 +88,11 @@ TEST(ResizedCropTest, AnImageOfTheOutputSizeWithoutACropIsItsPixelsNormalized) {
 TEST(ResizedCropTest, ACropResizedMatchesATensAntialiasedBilinearWithinOneLevel) {
   const at::Tensor img = random_image(3, 120, 90, 2);
   const Packed p = pack({img});
-  for (const auto& [oh, ow] : std::vector<std::pair<int64_t, int64_t>>{{32, 24}, {96, 64}, {150, 140}}) {
+  for (const auto& [oh, ow] :
+       std::vector<std::pair<int64_t, int64_t>>{{32, 24}, {96, 64}, {150, 140}}) {
     // top 10, left 5, 100 x 80 crop resized to oh x ow, no flip.
-    const at::Tensor boxes = box_tensor({10, 5, 100, 80, static_cast<int32_t>(oh),
-                                         static_cast<int32_t>(ow), 0, 0, 0});
+    const at::Tensor boxes =
+        box_tensor({10, 5, 100, 80, static_cast<int32_t>(oh), static_cast<int32_t>(ow), 0, 0, 0});
     const at::Tensor out = resized_crop(p.packed, p.offsets, p.sizes, boxes, plain(oh, ow));
     const at::Tensor ref = aten_resize(img.narrow(1, 10, 100).narrow(2, 5, 80), oh, ow);
     EXPECT_LE((out[0] - ref).abs().max().item<float>(), 1.0f) << oh << "x" << ow;
@@ -117,10 +117,10 @@ TEST(ResizedCropTest, TheFlipMirrorsTheOutputExactly) {
   const at::Tensor img = random_image(3, 40, 50, 4);
   const Packed p = pack({img});
   const ResizedCropSpec s = plain(20, 30);
-  const at::Tensor a = resized_crop(p.packed, p.offsets, p.sizes,
-                                    box_tensor({3, 4, 30, 40, 20, 30, 0, 0, 0}), s);
-  const at::Tensor b = resized_crop(p.packed, p.offsets, p.sizes,
-                                    box_tensor({3, 4, 30, 40, 20, 30, 0, 0, 1}), s);
+  const at::Tensor a =
+      resized_crop(p.packed, p.offsets, p.sizes, box_tensor({3, 4, 30, 40, 20, 30, 0, 0, 0}), s);
+  const at::Tensor b =
+      resized_crop(p.packed, p.offsets, p.sizes, box_tensor({3, 4, 30, 40, 20, 30, 0, 0, 1}), s);
   EXPECT_TRUE(at::equal(a.flip({3}), b));
 }
 
@@ -136,7 +136,8 @@ TEST(ResizedCropTest, PlanarSamplesGiveTheSameOutputAsInterleavedOnes) {
 
 TEST(ResizedCropTest, RandomBoxesFollowTorchvisionsRanges) {
   std::vector<at::Tensor> imgs;
-  for (int i = 0; i < 400; ++i) imgs.push_back(at::zeros({3, 40 + i % 200, 60 + (7 * i) % 300}, at::kByte));
+  for (int i = 0; i < 400; ++i)
+    imgs.push_back(at::zeros({3, 40 + i % 200, 60 + (7 * i) % 300}, at::kByte));
   const Packed p = pack(imgs);
   const ResizedCropSpec s = ResizedCropSpec::train(224);
   at::Generator g = at::detail::createCPUGenerator(5);
@@ -196,19 +197,23 @@ TEST(ResizedCropTest, RejectsBadInputNamingTheValue) {
   s.scale_min = 0;
   EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes); }).find("scale range"), std::string::npos);
   s = ResizedCropSpec::eval(224, 200);
-  EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes); }).find("resize size 200"), std::string::npos);
+  EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes); }).find("resize size 200"),
+            std::string::npos);
   s = ResizedCropSpec::train(8);
   s.mean = {0};
-  EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes); }).find("std has 3 values for 1 channels"), std::string::npos);
+  EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes); }).find("std has 3 values for 1 channels"),
+            std::string::npos);
   s = ResizedCropSpec::train(8);
   EXPECT_NE(message([&] { draw_crop_boxes(s, p.sizes.to(at::kInt)); }).find("(B, 3) int64"),
             std::string::npos);
   const at::Tensor boxes = draw_crop_boxes(s, p.sizes);
-  EXPECT_NE(message([&] { resized_crop(p.packed.narrow(0, 0, 100), p.offsets, p.sizes, boxes, s); })
-                .find("outside the 100 packed bytes"),
+  EXPECT_NE(message([&] {
+              resized_crop(p.packed.narrow(0, 0, 100), p.offsets, p.sizes, boxes, s);
+            }).find("outside the 100 packed bytes"),
             std::string::npos);
-  EXPECT_NE(message([&] { resized_crop(p.packed, p.offsets, p.sizes, boxes.narrow(1, 0, 8), s); })
-                .find("boxes must be"),
+  EXPECT_NE(message([&] {
+              resized_crop(p.packed, p.offsets, p.sizes, boxes.narrow(1, 0, 8), s);
+            }).find("boxes must be"),
             std::string::npos);
 }
 
@@ -258,15 +263,22 @@ TEST(ResizedCropGpuTest, SubPixelBoxesMatchTheCppReferenceToTheBit) {
     for (int i = 0; i < 24; ++i) {
       int32_t* r = b + i * kCropBoxFields;
       const int start_y = (i * 3) % 8, start_x = (i * 5 + 1) % 8;
-      const int extra_y = std::max(0, 8 - start_y - i % 3), extra_x = std::max(0, 8 - start_x - i % 2);
-      if (r[2] > 1) { r[2] -= 1; r[9] = start_y + 8 * extra_y; }
-      if (r[3] > 1) { r[3] -= 1; r[10] = start_x + 8 * extra_x; }
+      const int extra_y = std::max(0, 8 - start_y - i % 3),
+                extra_x = std::max(0, 8 - start_x - i % 2);
+      if (r[2] > 1) {
+        r[2] -= 1;
+        r[9] = start_y + 8 * extra_y;
+      }
+      if (r[3] > 1) {
+        r[3] -= 1;
+        r[10] = start_x + 8 * extra_x;
+      }
     }
     const at::Tensor gpu =
         resized_crop(p.packed.cuda(), p.offsets.cuda(), p.sizes.cuda(), boxes.cuda(), s).cpu();
     const at::Tensor cpu = resized_crop(p.packed, p.offsets, p.sizes, boxes, s);
-    EXPECT_TRUE(at::equal(gpu, cpu)) << "max diff " << (gpu - cpu).abs().max().item<float>()
-                                     << " out " << s.out_h;
+    EXPECT_TRUE(at::equal(gpu, cpu))
+        << "max diff " << (gpu - cpu).abs().max().item<float>() << " out " << s.out_h;
     EXPECT_FALSE(at::isnan(cpu).any().item<bool>());
   }
 }
@@ -276,7 +288,8 @@ TEST(ResizedCropGpuTest, DeviceDrawsAreReproducibleForASeedAndWithinTheImage) {
   const Packed p = assorted_batch(64, 20);
   const at::Tensor sizes = p.sizes.cuda();
   const ResizedCropSpec s = ResizedCropSpec::train(224);
-  at::Generator a = at::cuda::detail::createCUDAGenerator(0), b = at::cuda::detail::createCUDAGenerator(0);
+  at::Generator a = at::cuda::detail::createCUDAGenerator(0),
+                b = at::cuda::detail::createCUDAGenerator(0);
   a.set_current_seed(7);
   b.set_current_seed(7);
   const at::Tensor ba = draw_crop_boxes(s, sizes, a).cpu(), bb = draw_crop_boxes(s, sizes, b).cpu();

@@ -19,15 +19,15 @@
 
 #include "tandem/error.h"
 #include "tandem/torch_optimizer.h"
-#include "test_util.h"
 #include "test_support.h"
+#include "test_util.h"
 
 namespace tandem {
 namespace {
 
+using test_support::has;
 using test_support::kCpu;
 using test_support::kCuda;
-using test_support::has;
 
 constexpr int64_t kIn = 8, kHidden = 16, kClasses = 3;
 
@@ -133,8 +133,6 @@ std::string joined(const std::vector<std::string>& notes) {
   for (const auto& n : notes) out += n + " | ";
   return out;
 }
-
-
 
 TEST(RunnerTest, EveryModeTrainsExactlyLikeSerialOnCpu) {
   testing::use_deterministic_algorithms();
@@ -339,7 +337,6 @@ TEST(RunnerTest, WorkloadParamsAreCheckedByName) {
 
 // ---- GPU: the same workload, bitwise, with graphs really captured ----
 
-
 TEST(RunnerGpuTest, EveryModeTrainsExactlyLikeSerial) {
   TANDEM_SKIP_WITHOUT_CUDA();
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);  // deterministic cuBLAS (before first use)
@@ -390,8 +387,9 @@ TEST(RunnerGpuTest, AnEagerOnlyFeedSplitsTheGraphAndTrainsAlike) {
   expect_same(serial, got, "graphed");
   const std::string notes = joined(got.notes);
   // The note names the stage's units: "backbone ran eagerly (backbone: frozen linear): ...".
-  EXPECT_TRUE(has(notes, "backbone ran eagerly (backbone: frozen linear): its stage is "
-                         "Capture::kNever"))
+  EXPECT_TRUE(has(notes,
+                  "backbone ran eagerly (backbone: frozen linear): its stage is "
+                  "Capture::kNever"))
       << notes;
   EXPECT_TRUE(has(notes, "captured: train (")) << notes;
 }

@@ -1,12 +1,13 @@
 // DistributedSampler: the indices PyTorch's torch.utils.data.DistributedSampler yields for the
 // same arguments (expected values printed by torch 2.11's own sampler), and bad arguments named.
+#include "tandem/sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
 
 #include "tandem/error.h"
-#include "tandem/sampler.h"
 
 namespace tandem {
 namespace {

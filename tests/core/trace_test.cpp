@@ -1,10 +1,11 @@
 // The trace: valid Chrome-trace JSON, one track per lane, no overlapping intervals on a lane,
 // stage names as the pipeline's. On the CPU (host intervals) and on the GPU (event intervals).
 // Writing it reports every failure, even one that only the final flush sees.
+#include "tandem/trace.h"
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/Sleep.h>
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,9 +17,8 @@
 #include <set>
 #include <thread>
 
-#include "tandem/error.h"
 #include "pipeline.h"
-#include "tandem/trace.h"
+#include "tandem/error.h"
 #include "test_util.h"
 
 namespace tandem {

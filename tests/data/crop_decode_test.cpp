@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -46,19 +46,17 @@ std::vector<uint8_t> detailed_photo(int64_t h = 1200, int64_t w = 1600) {
 // The C++ reference resample (the GPU kernel's twin): `hwc` cut at the box — whole pixels, or
 // with sub-pixel parts in eighths (kSubY / kSubX) —, resized to 224 x 224 with antialiased
 // bilinear, in pixel units (no normalization).
-at::Tensor resize_box(const at::Tensor& hwc, double top, double left, double height,
-                      double width) {
+at::Tensor resize_box(const at::Tensor& hwc, double top, double left, double height, double width) {
   ResizedCropSpec spec = ResizedCropSpec::train(224);
   spec.mean = {0, 0, 0};
   spec.std = {1, 1, 1};
   auto eighths = [](double v) { return static_cast<int32_t>(std::lround(v * 8)); };
   const int32_t t8 = eighths(top), l8 = eighths(left), h8 = eighths(height), w8 = eighths(width);
   const at::Tensor sizes = torch::tensor({hwc.size(0), hwc.size(1), hwc.size(2)}).view({1, 3});
-  const at::Tensor boxes =
-      torch::tensor({t8 / 8, l8 / 8, h8 / 8, w8 / 8, 224, 224, 0, 0, 0, (t8 % 8) + 8 * (h8 % 8),
-                     (l8 % 8) + 8 * (w8 % 8)},
-                    torch::kInt)
-          .view({1, kCropBoxFields});
+  const at::Tensor boxes = torch::tensor({t8 / 8, l8 / 8, h8 / 8, w8 / 8, 224, 224, 0, 0, 0,
+                                          (t8 % 8) + 8 * (h8 % 8), (l8 % 8) + 8 * (w8 % 8)},
+                                         torch::kInt)
+                               .view({1, kCropBoxFields});
   return resized_crop(hwc.contiguous().view(-1), torch::zeros({1}, torch::kLong), sizes, boxes,
                       spec);
 }
@@ -80,11 +78,11 @@ TEST(CropDecodeTest, ARegionDecodeKeepsTheCropsResolution) {
   // RandomResizedCrop's range: 0.08 of the area (the smallest box) to the whole image.
   // Boxes on the scale's grid and off it (edges inside a decoded pixel: the resample takes the
   // box's eighths).
-  for (const Case& k : {Case{{200, 300, 390, 350}, 1}, Case{{16, 28, 500, 450}, 2},
-                        Case{{13, 27, 500, 450}, 2}, Case{{334, 512, 800, 700}, 2},
-                        Case{{333, 511, 801, 699}, 2}, Case{{0, 0, 1200, 1600}, 4},
-                        Case{{701, 1201, 461, 399}, 1}, Case{{200, 560, 960, 1024}, 4},
-                        Case{{201, 563, 959, 1023}, 4}}) {
+  for (const Case& k :
+       {Case{{200, 300, 390, 350}, 1}, Case{{16, 28, 500, 450}, 2}, Case{{13, 27, 500, 450}, 2},
+        Case{{334, 512, 800, 700}, 2}, Case{{333, 511, 801, 699}, 2}, Case{{0, 0, 1200, 1600}, 4},
+        Case{{701, 1201, 461, 399}, 1}, Case{{200, 560, 960, 1024}, 4},
+        Case{{201, 563, 959, 1023}, 4}}) {
     const PixelBox& b = k.box;
     SCOPED_TRACE(std::to_string(b.height) + " x " + std::to_string(b.width));
     const at::Tensor reference = resize_box(full, b.top, b.left, b.height, b.width);
@@ -93,19 +91,21 @@ TEST(CropDecodeTest, ARegionDecodeKeepsTheCropsResolution) {
     EXPECT_EQ(r.scale_denom, k.denom);
     EXPECT_GE(r.height, 224);
     EXPECT_GE(r.width, 224);
-    const double region_psnr = psnr(resize_box(r.image, r.top, r.left, r.height, r.width), reference);
+    const double region_psnr =
+        psnr(resize_box(r.image, r.top, r.left, r.height, r.width), reference);
 
     const double s = 0.25;  // the box in the whole-image decode
-    const double whole_psnr = psnr(
-        resize_box(whole_scaled, std::lround(b.top * s), std::lround(b.left * s),
-                   std::min<int64_t>(std::lround(b.height * s), 300 - std::lround(b.top * s)),
-                   std::min<int64_t>(std::lround(b.width * s), 400 - std::lround(b.left * s))),
-        reference);
-    std::printf("box %4lld x %4lld at (%4lld, %4lld): region decode 1/%d, %.1f dB; whole-image "
-                "decode 1/4, %.1f dB\n",
-                static_cast<long long>(b.height), static_cast<long long>(b.width),
-                static_cast<long long>(b.top), static_cast<long long>(b.left), r.scale_denom,
-                region_psnr, whole_psnr);
+    const double whole_psnr =
+        psnr(resize_box(whole_scaled, std::lround(b.top * s), std::lround(b.left * s),
+                        std::min<int64_t>(std::lround(b.height * s), 300 - std::lround(b.top * s)),
+                        std::min<int64_t>(std::lround(b.width * s), 400 - std::lround(b.left * s))),
+             reference);
+    std::printf(
+        "box %4lld x %4lld at (%4lld, %4lld): region decode 1/%d, %.1f dB; whole-image "
+        "decode 1/4, %.1f dB\n",
+        static_cast<long long>(b.height), static_cast<long long>(b.width),
+        static_cast<long long>(b.top), static_cast<long long>(b.left), r.scale_denom, region_psnr,
+        whole_psnr);
     EXPECT_GE(region_psnr, 30.0);
     // Where the whole-image decode had to enlarge the box (it is under 224 there), the region
     // decode is far closer to torchvision's crop.
@@ -144,9 +144,11 @@ TEST(CropDecodeTest, ABoxOutsideTheImageIsNamed) {
 TEST(CropDecodeTest, ADamagedJpegIsNamed) {
   const std::vector<uint8_t> jpeg = detailed_photo(480, 640);
   const PixelBox box{300, 100, 150, 300};  // decoded at 1/1: the rows 300..450
-  std::vector<uint8_t> cut(jpeg.begin(), jpeg.begin() + static_cast<std::ptrdiff_t>(jpeg.size() / 2));
+  std::vector<uint8_t> cut(jpeg.begin(),
+                           jpeg.begin() + static_cast<std::ptrdiff_t>(jpeg.size() / 2));
   std::vector<uint8_t> noise = jpeg;
-  for (size_t i = noise.size() / 3; i < noise.size() - 2; i += 7) noise[i] = static_cast<uint8_t>(i * 31);
+  for (size_t i = noise.size() / 3; i < noise.size() - 2; i += 7)
+    noise[i] = static_cast<uint8_t>(i * 31);
   for (const auto* bytes : {&cut, &noise}) {
     try {
       decode_image_region(*bytes, "broken.jpg", 3, box, 100, 100);
@@ -351,8 +353,7 @@ TEST(EngineShareTest, RebalancingBalancesBothSidesFromTheNextUnaskedPosition) {
   }
   // It stops within a 1/64 of the balance (a smaller move is not made).
   EXPECT_NEAR(imbalance(share.share()), 0, (1 / cpu + 1 / engines) / 48) << share.share();
-  EXPECT_NE(share.report(4).find("the JPEG engines decode"), std::string::npos)
-      << share.report(4);
+  EXPECT_NE(share.report(4).find("the JPEG engines decode"), std::string::npos) << share.report(4);
   measure_window();  // settled: the same rates again change nothing
   EXPECT_FALSE(share.rebalance(4, 256));
 }

@@ -332,9 +332,9 @@ TEST(ImageFolderTest, DecodedAndEncodedOutputsCarryEachImageAsItIs) {
   out[0] = at::Tensor();
   encoded.get_sample(1, out);
   ASSERT_EQ(out[0].numel(), static_cast<int64_t>(small.size()));
-  EXPECT_EQ(std::vector<uint8_t>(out[0].data_ptr<uint8_t>(),
-                                 out[0].data_ptr<uint8_t>() + out[0].numel()),
-            small);
+  EXPECT_EQ(
+      std::vector<uint8_t>(out[0].data_ptr<uint8_t>(), out[0].data_ptr<uint8_t>() + out[0].numel()),
+      small);
   out[0] = at::Tensor();
   try {
     encoded.get_sample(2, out);

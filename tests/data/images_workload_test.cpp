@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_util.h"
 #include "fixtures.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/data/nvjpeg_decoder.h"
@@ -20,7 +21,6 @@
 #include "tandem/resized_crop.h"
 #include "tandem/runner.h"
 #include "tandem/workloads/images.h"
-#include "../test_util.h"
 
 namespace tandem::data::testing {
 namespace {
@@ -41,8 +41,7 @@ at::Tensor shape_image(int64_t cls, int64_t h, int64_t w, uint64_t seed) {
   return img;
 }
 
-void write_shapes_folder(const TempDir& dir, int per_class, uint64_t seed,
-                         bool jpeg_only = false) {
+void write_shapes_folder(const TempDir& dir, int per_class, uint64_t seed, bool jpeg_only = false) {
   const char* names[] = {"a_red", "b_green", "c_blue"};  // sorted: label k is colour k
   for (int64_t cls = 0; cls < 3; ++cls)
     for (int i = 0; i < per_class; ++i) {
@@ -108,33 +107,33 @@ void expect_every_mode_computes_serials_losses(const std::vector<std::string>& d
   TempDir dir;
   write_shapes_folder(dir, 6, 5, /*jpeg_only=*/true);  // nvJPEG reads JPEGs
   for (const std::string model : {"r18_full", "r50_frozen_head"})
-  for (const std::string& decode : decodes) {
-    SCOPED_TRACE(model + " decode=" + decode);
-    std::vector<float> serial;
-    for (const Mode mode : workload_modes()) {
-      if (mode == Mode::kGraphedK) continue;  // refused: see the CPU test
-      WorkloadOptions o = options_for(dir, model, 4);
-      // cpu: whole images, the boxes drawn on the device; region: boxes from the loader's
-      // workers; split: half of each batch's samples decoded by the JPEG engines, the other
-      // half by the workers (decode=auto with a given share)
-      const bool regions = decode == "region" || decode == "split";
-      o.params["decode"] = decode == "split" ? "auto" : decode == "region" ? "cpu" : decode;
-      o.params["crop"] = regions ? "region" : "whole";
-      if (decode == "split") o.params["engine_share"] = "0.5";
-      o.device = c10::Device(c10::kCUDA, 0);
-      const ImagesWorkload w = make_images(o);
-      // 4 batches an epoch; 12 steps: warm-up, capture and replays across three epochs.
-      const std::vector<float> losses = Runner(w.workload, run_options(mode, 4)).train(12);
-      ASSERT_EQ(losses.size(), 12u);
-      std::string text;
-      for (float l : losses) text += std::to_string(l) + " ";
-      for (float l : losses) EXPECT_TRUE(std::isfinite(l)) << to_string(mode) << ": " << text;
-      if (mode == Mode::kSerial)
-        serial = losses;
-      else
-        EXPECT_EQ(losses, serial) << to_string(mode) << ": " << text;
+    for (const std::string& decode : decodes) {
+      SCOPED_TRACE(model + " decode=" + decode);
+      std::vector<float> serial;
+      for (const Mode mode : workload_modes()) {
+        if (mode == Mode::kGraphedK) continue;  // refused: see the CPU test
+        WorkloadOptions o = options_for(dir, model, 4);
+        // cpu: whole images, the boxes drawn on the device; region: boxes from the loader's
+        // workers; split: half of each batch's samples decoded by the JPEG engines, the other
+        // half by the workers (decode=auto with a given share)
+        const bool regions = decode == "region" || decode == "split";
+        o.params["decode"] = decode == "split" ? "auto" : decode == "region" ? "cpu" : decode;
+        o.params["crop"] = regions ? "region" : "whole";
+        if (decode == "split") o.params["engine_share"] = "0.5";
+        o.device = c10::Device(c10::kCUDA, 0);
+        const ImagesWorkload w = make_images(o);
+        // 4 batches an epoch; 12 steps: warm-up, capture and replays across three epochs.
+        const std::vector<float> losses = Runner(w.workload, run_options(mode, 4)).train(12);
+        ASSERT_EQ(losses.size(), 12u);
+        std::string text;
+        for (float l : losses) text += std::to_string(l) + " ";
+        for (float l : losses) EXPECT_TRUE(std::isfinite(l)) << to_string(mode) << ": " << text;
+        if (mode == Mode::kSerial)
+          serial = losses;
+        else
+          EXPECT_EQ(losses, serial) << to_string(mode) << ": " << text;
+      }
     }
-  }
 }
 
 // On the GPU: the crop kernel, the packed copy and the graphs, every mode against serial.
@@ -178,9 +177,8 @@ TEST(ImagesWorkloadGpuTest, AutoLeavesSmallImagesToTheWorkers) {
   o.workers = 2;
   const ImagesWorkload w = make_images(o);
   ASSERT_EQ(w.workload.feeds.size(), 1u);
-  EXPECT_EQ(std::count(w.workload.feeds[0].inputs.begin(), w.workload.feeds[0].inputs.end(),
-                       "jpeg"),
-            0)
+  EXPECT_EQ(
+      std::count(w.workload.feeds[0].inputs.begin(), w.workload.feeds[0].inputs.end(), "jpeg"), 0)
       << "the loader leaves no sample to the engines";
   Runner runner(w.workload, run_options(Mode::kPipelined, 4));
   const std::vector<float> losses = runner.train(8);
@@ -309,8 +307,11 @@ TEST(ImagesWorkloadTest, AFoldedBackboneTrainsTheHeadAsTheModuleDoes) {
     WorkloadOptions o;
     o.batch_size = 2;
     o.seed = 3;
-    o.params = {{"model", model}, {"source", "resident"}, {"size", "32"},
-                {"backbone", backbone}, {"classes", "7"}};
+    o.params = {{"model", model},
+                {"source", "resident"},
+                {"size", "32"},
+                {"backbone", backbone},
+                {"classes", "7"}};
     const ImagesWorkload w = make_images(o);
     EXPECT_EQ(w.classes.size(), 7u);
     return Runner(w.workload, run_options(Mode::kSerial, 2)).train(3);

@@ -63,10 +63,10 @@ TEST(NvjpegDecoderTest, PackedImagesViewsOneSample) {
 
 // ---- GPU.
 
-#define TANDEM_OPEN_NVJPEG_OR_SKIP(decoder)                                              \
-  TANDEM_SKIP_WITHOUT_CUDA();                                                            \
-  std::string why_not_;                                                                  \
-  std::unique_ptr<NvjpegDecoder> decoder = NvjpegDecoder::open(0, &why_not_);            \
+#define TANDEM_OPEN_NVJPEG_OR_SKIP(decoder)                                   \
+  TANDEM_SKIP_WITHOUT_CUDA();                                                 \
+  std::string why_not_;                                                       \
+  std::unique_ptr<NvjpegDecoder> decoder = NvjpegDecoder::open(0, &why_not_); \
   if (!decoder) GTEST_SKIP() << "nvJPEG unavailable: " << why_not_
 
 struct Fixture {
@@ -167,10 +167,11 @@ void expect_matches_cpu(NvjpegDecoder& decoder, const std::vector<Fixture>& fixt
   }
   EXPECT_EQ(out.packed.numel(), expected_offset);
   if (!verbose)
-    std::printf("[ nvjpeg   ] %zu images -> %lld channel(s) (%s): worst mean |diff| %.3f, "
-                "max %lld\n",
-                fixtures.size(), static_cast<long long>(channels), decoder.backend(), worst_mean,
-                static_cast<long long>(worst_max));
+    std::printf(
+        "[ nvjpeg   ] %zu images -> %lld channel(s) (%s): worst mean |diff| %.3f, "
+        "max %lld\n",
+        fixtures.size(), static_cast<long long>(channels), decoder.backend(), worst_mean,
+        static_cast<long long>(worst_max));
 }
 
 TEST(NvjpegDecoderGpuTest, DecodesABatchLikeTheCpuDecoder) {
@@ -291,10 +292,14 @@ class NvjpegBackendTest : public ::testing::TestWithParam<NvjpegBackend> {};
 
 const char* name_of(NvjpegBackend backend) {
   switch (backend) {
-    case NvjpegBackend::kAuto: return "auto";
-    case NvjpegBackend::kHardware: return "hardware";
-    case NvjpegBackend::kHybrid: return "hybrid";
-    case NvjpegBackend::kDefault: return "default";
+    case NvjpegBackend::kAuto:
+      return "auto";
+    case NvjpegBackend::kHardware:
+      return "hardware";
+    case NvjpegBackend::kHybrid:
+      return "hybrid";
+    case NvjpegBackend::kDefault:
+      return "default";
   }
   return "?";
 }
@@ -337,8 +342,8 @@ TEST_P(NvjpegBackendTest, DecodesLikeTheCpuDecoder) {
 INSTANTIATE_TEST_SUITE_P(Backends, NvjpegBackendTest,
                          ::testing::Values(NvjpegBackend::kHardware, NvjpegBackend::kHybrid,
                                            NvjpegBackend::kDefault),
-                         [](const ::testing::TestParamInfo<NvjpegBackend>& info) {
-                           return std::string(name_of(info.param));
+                         [](const ::testing::TestParamInfo<NvjpegBackend>& backend) {
+                           return std::string(name_of(backend.param));
                          });
 
 }  // namespace

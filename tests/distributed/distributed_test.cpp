@@ -2,18 +2,17 @@
 // itself as the ranks of a job (DataParallelWorker.*, which run only when TANDEM_DIST_TEST_DIR
 // is set), each rank writes its final weights, and the parent compares them — with each other
 // (bitwise) and with one process trained on the global batch (within 1e-6), with the first
-// layer's gradient all-reduced or formed from the gathered batch (GatheredGrad). Also: a rank killed
-// mid-run ends every other rank within 30 s with a line naming it, and bad environments.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+// layer's gradient all-reduced or formed from the gathered batch (GatheredGrad). Also: a rank
+// killed mid-run ends every other rank within 30 s with a line naming it, and bad environments.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <torch/nn.h>
 #include <torch/serialize.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -153,9 +152,10 @@ TEST(DataParallelWorker, TrainsOneEpoch) {
   const auto env = distributed::launch_env_from_environment();
   ASSERT_TRUE(env.has_value());
   const char* dev = std::getenv("TANDEM_DIST_TEST_DEVICE");
-  const c10::Device device = dev && std::string(dev) == "cuda"
-                                 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank))
-                                 : c10::Device(c10::kCPU);
+  const c10::Device device =
+      dev && std::string(dev) == "cuda"
+          ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank))
+          : c10::Device(c10::kCPU);
   auto group = distributed::ProcessGroup::connect(*env, device);
   const Mode mode = parse_mode(std::getenv("TANDEM_DIST_TEST_MODE"));
   const char* gathered = std::getenv("TANDEM_DIST_TEST_GATHERED");
@@ -279,32 +279,33 @@ TEST_P(DataParallelTest, RanksAgreeAndMatchOneProcessOnTheGlobalBatch) {
         << "parameter " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldsAndModes, DataParallelTest,
-                         ::testing::Values(std::make_tuple(2, std::string("serial"), std::string("all_reduced")),
-                                           std::make_tuple(3, std::string("serial"), std::string("all_reduced")),
-                                           std::make_tuple(2, std::string("pipelined"), std::string("all_reduced")),
-                                           std::make_tuple(2, std::string("serial"), std::string("gathered")),
-                                           std::make_tuple(3, std::string("pipelined"), std::string("gathered")),
-                                           // 4 and 8 ranks, on the CPU: the shard of
-                                           // every rank, the store's collectives and the
-                                           // gathered batch.
-                                           std::make_tuple(4, std::string("serial"), std::string("all_reduced")),
-                                           std::make_tuple(8, std::string("pipelined"), std::string("all_reduced")),
-                                           std::make_tuple(8, std::string("pipelined"), std::string("gathered"))));
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndModes, DataParallelTest,
+    ::testing::Values(std::make_tuple(2, std::string("serial"), std::string("all_reduced")),
+                      std::make_tuple(3, std::string("serial"), std::string("all_reduced")),
+                      std::make_tuple(2, std::string("pipelined"), std::string("all_reduced")),
+                      std::make_tuple(2, std::string("serial"), std::string("gathered")),
+                      std::make_tuple(3, std::string("pipelined"), std::string("gathered")),
+                      // 4 and 8 ranks, on the CPU: the shard of
+                      // every rank, the store's collectives and the
+                      // gathered batch.
+                      std::make_tuple(4, std::string("serial"), std::string("all_reduced")),
+                      std::make_tuple(8, std::string("pipelined"), std::string("all_reduced")),
+                      std::make_tuple(8, std::string("pipelined"), std::string("gathered"))));
 
 // Two GPUs over NCCL, the all-reduce eager (serial) and captured in the train step's graph
 // (pipelined+graphed): the ranks agree bitwise and match one GPU on the global batch.
-class DataParallelGpuTest
-    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+class DataParallelGpuTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+};
 
 TEST_P(DataParallelGpuTest, RanksAgreeAndMatchOneGpuOnTheGlobalBatch) {
   if (c10::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   const auto [mode, first_layer] = GetParam();
   const bool gathered = first_layer == "gathered";
   const std::string dir = temp_dir();
-  const std::vector<std::string> env = {"TANDEM_DIST_TEST_DEVICE=cuda",
-                                        std::string("TANDEM_DIST_TEST_GATHERED=") +
-                                            (gathered ? "1" : "0")};
+  const std::vector<std::string> env = {
+      "TANDEM_DIST_TEST_DEVICE=cuda",
+      std::string("TANDEM_DIST_TEST_GATHERED=") + (gathered ? "1" : "0")};
   auto ranks = start_ranks(2, "DataParallelWorker.TrainsOneEpoch", dir, mode,
                            test_port(40 + (gathered ? 1 : 0)), {env, env});
   for (auto& r : ranks)
@@ -319,12 +320,11 @@ TEST_P(DataParallelGpuTest, RanksAgreeAndMatchOneGpuOnTheGlobalBatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, DataParallelGpuTest,
-                         ::testing::Combine(::testing::Values(std::string("serial"),
-                                                              std::string("pipelined"),
-                                                              std::string("pipelined+graphed")),
-                                            ::testing::Values(std::string("all_reduced"),
-                                                              std::string("gathered"))));
+INSTANTIATE_TEST_SUITE_P(
+    Modes, DataParallelGpuTest,
+    ::testing::Combine(::testing::Values(std::string("serial"), std::string("pipelined"),
+                                         std::string("pipelined+graphed")),
+                       ::testing::Values(std::string("all_reduced"), std::string("gathered"))));
 
 TEST(DataParallelFailureTest, AKilledRankStopsTheOthersWithinThirtySeconds) {
   for (int victim : {1, 0}) {  // a plain rank, then the one hosting the store
@@ -341,10 +341,12 @@ TEST(DataParallelFailureTest, AKilledRankStopsTheOthersWithinThirtySeconds) {
     EXPECT_EQ(wait_for(ranks[victim].pid, std::chrono::seconds(10)), 128 + SIGKILL);
     const int survivor = 1 - victim;
     const int code = wait_for(ranks[survivor].pid, std::chrono::seconds(30));
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
     const std::string log = read_file(ranks[survivor].log);
     EXPECT_NE(code, -1) << "rank " << survivor << " still ran 30 s after rank " << victim
-                        << " was killed:\n" << log;
+                        << " was killed:\n"
+                        << log;
     EXPECT_NE(code, 0) << log;
     EXPECT_LT(took, 30.0);
     if (victim == 1)
@@ -364,8 +366,7 @@ TEST(DataParallelFailureTest, RanksOfDifferentWorldSizesFailAtOnce) {
     EXPECT_NE(code, 0);
     EXPECT_NE(code, -1) << "a rank hung";
   }
-  EXPECT_NE(read_file(ranks[0].log).find("rank 1 was started with WORLD_SIZE=3"),
-            std::string::npos)
+  EXPECT_NE(read_file(ranks[0].log).find("rank 1 was started with WORLD_SIZE=3"), std::string::npos)
       << read_file(ranks[0].log);
 }
 
@@ -390,16 +391,26 @@ class LaunchEnvTest : public ::testing::Test {
     }
     return "";
   }
-  static constexpr const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                          "MASTER_ADDR", "MASTER_PORT",
+  static constexpr const char* kVars[] = {"RANK",
+                                          "WORLD_SIZE",
+                                          "LOCAL_RANK",
+                                          "LOCAL_WORLD_SIZE",
+                                          "MASTER_ADDR",
+                                          "MASTER_PORT",
                                           "TORCHELASTIC_USE_AGENT_STORE"};
 };
 
-TEST_F(LaunchEnvTest, NoneSetIsOneProcess) { EXPECT_FALSE(distributed::launch_env_from_environment()); }
+TEST_F(LaunchEnvTest, NoneSetIsOneProcess) {
+  EXPECT_FALSE(distributed::launch_env_from_environment());
+}
 
 TEST_F(LaunchEnvTest, ReadsTorchrunsContract) {
-  set({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-       {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
+  set({{"RANK", "3"},
+       {"WORLD_SIZE", "4"},
+       {"LOCAL_RANK", "1"},
+       {"LOCAL_WORLD_SIZE", "2"},
+       {"MASTER_ADDR", "10.0.0.1"},
+       {"MASTER_PORT", "29500"},
        {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
   const auto e = distributed::launch_env_from_environment();
   ASSERT_TRUE(e);
@@ -445,8 +456,7 @@ TEST(ProcessGroupTest, APortInUseIsAnEnvironmentError) {
     distributed::ProcessGroup::connect(env, c10::Device(c10::kCPU), o);
     ADD_FAILURE() << "a second rank 0 on the same port connected";
   } catch (const distributed::EnvironmentError& e) {
-    EXPECT_NE(std::string(e.what()).find("is MASTER_PORT in use?"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("is MASTER_PORT in use?"), std::string::npos) << e.what();
   }
   first.join();
 }

@@ -27,8 +27,8 @@ double max_relative(const at::Tensor& a, const at::Tensor& b) {
 struct Case {
   int64_t n, c, h, w;
   bool residual, channels_last;
-  bool relu = true;      // false: batch_norm_train
-  double offset = 0.5;   // the input's mean
+  bool relu = true;     // false: batch_norm_train
+  double offset = 0.5;  // the input's mean
 };
 
 // One forward and backward of both versions on `device` in `dtype` (the reference in float64
@@ -88,14 +88,16 @@ double compare_with_module(const Case& k, c10::Device device, at::ScalarType dty
   check("running_var", ours->running_var, ref->running_var);
   EXPECT_EQ(ours->num_batches_tracked.item<int64_t>(), 1);
   // (A 1x1 map is both layouts at once; LibTorch calls it contiguous.)
-  if (k.h * k.w > 1) EXPECT_EQ(y.suggest_memory_format(), fmt);
+  if (k.h * k.w > 1) {
+    EXPECT_EQ(y.suggest_memory_format(), fmt);
+  }
   return worst;
 }
 
 TEST(BatchNormReluTest, MatchesBatchNormAddReluInDoubleOnTheCpu) {
-  for (const Case& k : {Case{3, 5, 4, 6, false, false}, Case{3, 5, 4, 6, true, false},
-                        Case{2, 8, 5, 3, true, true}, Case{4, 16, 2, 2, false, true},
-                        Case{3, 5, 4, 6, false, true, false}}) {
+  for (const Case& k :
+       {Case{3, 5, 4, 6, false, false}, Case{3, 5, 4, 6, true, false}, Case{2, 8, 5, 3, true, true},
+        Case{4, 16, 2, 2, false, true}, Case{3, 5, 4, 6, false, true, false}}) {
     SCOPED_TRACE(std::to_string(k.c) + (k.residual ? " residual" : "") +
                  (k.channels_last ? " channels_last" : ""));
     EXPECT_LT(compare_with_module(k, c10::Device(c10::kCPU), at::kDouble), 1e-10);
@@ -122,12 +124,12 @@ TEST(BatchNormReluTest, RejectsWhatItCannotRun) {
 TEST(BatchNormReluGpuTest, MatchesTheModuleInFloatAndBf16BothLayouts) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
-  for (const Case& k : {Case{8, 64, 7, 9, true, true}, Case{8, 64, 8, 8, false, false},
-                        Case{4, 6, 3, 5, true, true}, Case{4, 6, 3, 5, true, false},
-                        Case{64, 64, 28, 28, true, true}, Case{32, 256, 7, 7, false, true},
-                        Case{16, 128, 14, 14, false, true, false},
-                        Case{16, 64, 9, 9, true, true, true, 40.0},
-                        Case{8, 12, 5, 5, true, true}, Case{4, 2048, 1, 1, true, true}}) {
+  for (const Case& k :
+       {Case{8, 64, 7, 9, true, true}, Case{8, 64, 8, 8, false, false},
+        Case{4, 6, 3, 5, true, true}, Case{4, 6, 3, 5, true, false},
+        Case{64, 64, 28, 28, true, true}, Case{32, 256, 7, 7, false, true},
+        Case{16, 128, 14, 14, false, true, false}, Case{16, 64, 9, 9, true, true, true, 40.0},
+        Case{8, 12, 5, 5, true, true}, Case{4, 2048, 1, 1, true, true}}) {
     SCOPED_TRACE(std::to_string(k.c) + (k.residual ? " residual" : "") +
                  (k.channels_last ? " channels_last" : ""));
     EXPECT_LT(compare_with_module(k, cuda, at::kFloat), 1e-4);
@@ -141,8 +143,9 @@ TEST(BatchNormReluGpuTest, RepeatsBitForBit) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
   torch::manual_seed(13);
-  const at::Tensor x0 = torch::randn({32, 128, 28, 28}, torch::TensorOptions(cuda).dtype(at::kBFloat16))
-                            .contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor x0 =
+      torch::randn({32, 128, 28, 28}, torch::TensorOptions(cuda).dtype(at::kBFloat16))
+          .contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor dy = torch::randn_like(x0);
   std::vector<at::Tensor> first;
   for (int run = 0; run < 2; ++run) {
@@ -151,9 +154,10 @@ TEST(BatchNormReluGpuTest, RepeatsBitForBit) {
     const at::Tensor x = x0.clone().requires_grad_();
     const at::Tensor y = batch_norm_relu(x, *bn, x0);
     y.backward(dy);
-    const std::vector<at::Tensor> now{y, x.grad(), bn->weight.grad(), bn->bias.grad(),
-                                      bn->running_mean, bn->running_var};
-    if (run == 0) first = now;
+    const std::vector<at::Tensor> now{
+        y, x.grad(), bn->weight.grad(), bn->bias.grad(), bn->running_mean, bn->running_var};
+    if (run == 0)
+      first = now;
     else
       for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(at::equal(now[i], first[i])) << i;
   }

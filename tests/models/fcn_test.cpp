@@ -1,10 +1,11 @@
 // FcnResNet: output shape, torchvision's key names, and that a ResNet checkpoint loads into its
 // backbone by name.
+#include "tandem/models/fcn.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "tandem/error.h"
-#include "tandem/models/fcn.h"
 #include "tandem/models/safetensors.h"
 
 namespace tandem::models {

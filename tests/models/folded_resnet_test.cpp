@@ -5,6 +5,7 @@
 #include "tandem/models/folded_resnet.h"
 
 #include <gtest/gtest.h>
+
 #include "tandem/autocast.h"
 #include "tandem/error.h"
 #include "test_util.h"

@@ -30,8 +30,8 @@ void expect_same(const at::Tensor& x, const std::string& what) {
   SCOPED_TRACE(what);
   torch::manual_seed(3);
   const at::Tensor probe = at::max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
-  const at::Tensor dy = torch::randn(probe.sizes(), x.options())
-                            .contiguous(probe.suggest_memory_format());
+  const at::Tensor dy =
+      torch::randn(probe.sizes(), x.options()).contiguous(probe.suggest_memory_format());
   const Outcome ours = run(x, dy, true), theirs = run(x, dy, false);
   ASSERT_EQ(ours.y.sizes(), theirs.y.sizes());
   // The maximum is one of the inputs: exactly equal, NaN where torch has NaN.
@@ -41,8 +41,9 @@ void expect_same(const at::Tensor& x, const std::string& what) {
   // placements, values equal up to the order of that sum.
   EXPECT_TRUE(at::equal(ours.dx != 0, theirs.dx != 0));
   const double scale = std::max(theirs.dx.abs().max().item<double>(), 1e-12);
-  EXPECT_LT((ours.dx.to(at::kDouble) - theirs.dx.to(at::kDouble)).abs().max().item<double>() / scale,
-            x.scalar_type() == at::kFloat ? 1e-6 : 1e-2);
+  EXPECT_LT(
+      (ours.dx.to(at::kDouble) - theirs.dx.to(at::kDouble)).abs().max().item<double>() / scale,
+      x.scalar_type() == at::kFloat ? 1e-6 : 1e-2);
   EXPECT_EQ(ours.dx.suggest_memory_format(), x.suggest_memory_format());
 }
 
@@ -68,7 +69,8 @@ TEST(MaxPoolGpuTest, MatchesTorchInEveryDtypeTiesAndNan) {
     at::Tensor with_nan = torch::randn({2, 16, 8, 8}, opts);
     with_nan.view(-1).index_put_({torch::tensor({5, 77, 300, 301, 1000})}, NAN);
     expect_same(with_nan.contiguous(cl), name + " NaN");
-    expect_same(torch::randn({2, 6, 9, 9}, opts).contiguous(cl), name + " channels not whole vectors");
+    expect_same(torch::randn({2, 6, 9, 9}, opts).contiguous(cl),
+                name + " channels not whole vectors");
     expect_same(torch::randn({2, 16, 9, 9}, opts), name + " nchw");
   }
 }

@@ -6,8 +6,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <unistd.h>
 #include <torch/utils.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -61,8 +61,10 @@ TEST(SafetensorsTest, AFileLaidOutByTheSpecReadsBack) {
   const NamedTensors t = load_safetensors(path);
   ASSERT_EQ(t.size(), 2u);
   for (const auto& [name, tensor] : t) {
-    if (name == "w") EXPECT_TRUE(at::equal(tensor, at::tensor({1.5f, -2.0f})));
-    else EXPECT_TRUE(at::equal(tensor, at::tensor({7, 8, 9}, at::kLong).view({1, 3}))) << name;
+    if (name == "w")
+      EXPECT_TRUE(at::equal(tensor, at::tensor({1.5f, -2.0f})));
+    else
+      EXPECT_TRUE(at::equal(tensor, at::tensor({7, 8, 9}, at::kLong).view({1, 3}))) << name;
   }
 }
 
@@ -143,12 +145,13 @@ TEST(SafetensorsTest, BadFilesAreNamedWithTheProblem) {
   EXPECT_NE(message("abc").find("shorter than the 8-byte header length"), std::string::npos);
   EXPECT_NE(message(file_bytes("{}", "")).find("no error"), std::string::npos);
   std::string cut = file_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "1234");
-  EXPECT_NE(message(cut).find("outside the file's 4 data bytes"), std::string::npos) << message(cut);
-  std::string wrong = file_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
-                                 std::string(8, '\0'));
+  EXPECT_NE(message(cut).find("outside the file's 4 data bytes"), std::string::npos)
+      << message(cut);
+  std::string wrong =
+      file_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0'));
   EXPECT_NE(message(wrong).find("needs 12 bytes but its range holds 8"), std::string::npos);
-  std::string dtype = file_bytes(R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})",
-                                 std::string(8, '\0'));
+  std::string dtype =
+      file_bytes(R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", std::string(8, '\0'));
   EXPECT_NE(message(dtype).find("dtype C64"), std::string::npos);
   EXPECT_NE(message(file_bytes("{not json", "")).find("header is not JSON"), std::string::npos);
   std::string huge(8, '\xff');
@@ -165,8 +168,9 @@ TEST(SafetensorsTest, AFailedSaveLeavesThePreviousFileAsItWas) {
                InvalidArgument);
   EXPECT_THROW(save_safetensors(path, {{"c", at::ones({2}, at::kComplexFloat)}}), InvalidArgument);
   EXPECT_TRUE(at::equal(load_safetensors(path).at(0).second, at::ones({2})));
-  const std::string m =
-      error_of([] { save_safetensors("/nonexistent/dir/w.safetensors", {{"w", at::ones({1})}}); });
+  const std::string m = error_of([] {
+    save_safetensors("/nonexistent/dir/w.safetensors", {{"w", at::ones({1})}});
+  });
   EXPECT_NE(m.find("/nonexistent/dir/w.safetensors.tmp"), std::string::npos) << m;
 }
 

@@ -34,12 +34,18 @@ TEST(SmallCnnTest, BadOptionsAndInputsAreNamed) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([] { SmallCnn(SmallCnnOptions{1, 10, 30}); }).find("image size 30"),
+  EXPECT_NE(message([] {
+              SmallCnn(SmallCnnOptions{1, 10, 30});
+            }).find("image size 30"),
             std::string::npos);
-  EXPECT_NE(message([] { SmallCnn(SmallCnnOptions{1, 0}); }).find("num_classes 0"),
+  EXPECT_NE(message([] {
+              SmallCnn(SmallCnnOptions{1, 0});
+            }).find("num_classes 0"),
             std::string::npos);
   SmallCnn net;
-  EXPECT_NE(message([&] { net->forward(at::randn({2, 3, 28, 28})); }).find("expected (B, 1, 28, 28)"),
+  EXPECT_NE(message([&] {
+              net->forward(at::randn({2, 3, 28, 28}));
+            }).find("expected (B, 1, 28, 28)"),
             std::string::npos);
 }
 

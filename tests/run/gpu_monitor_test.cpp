@@ -1,13 +1,13 @@
 // GPU utilization through NVML: absent NVML or no GPU gives "n/a", never a crash.
-#include <gtest/gtest.h>
+#include "tandem/run/gpu_monitor.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
-#include "tandem/run/gpu_monitor.h"
 #include "test_util.h"
 
 namespace tandem::run {

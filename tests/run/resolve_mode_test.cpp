@@ -1,8 +1,8 @@
 // The choice behind --mode auto, on injected trial timings: fastest wins, noise favours the
 // simpler mode, failures are skipped, all-failed is an error.
-#include <gtest/gtest.h>
-
 #include "tandem/run/resolve_mode.h"
+
+#include <gtest/gtest.h>
 
 namespace tandem::run {
 namespace {
@@ -30,13 +30,11 @@ TEST(ResolveModeTest, AnExactTieGoesToTheSimplerMode) {
 }
 
 TEST(ResolveModeTest, JustOutsideTheMarginTheFasterModeWins) {
-  EXPECT_EQ(choose_mode({ok("serial", 100.0), ok("pipelined", 102.0)}, 0.015).mode,
-            "pipelined");
+  EXPECT_EQ(choose_mode({ok("serial", 100.0), ok("pipelined", 102.0)}, 0.015).mode, "pipelined");
 }
 
 TEST(ResolveModeTest, SkipsAFailedMode) {
-  const auto d =
-      choose_mode({failed("serial", "out of memory"), ok("pipelined", 80.0)});
+  const auto d = choose_mode({failed("serial", "out of memory"), ok("pipelined", 80.0)});
   EXPECT_EQ(d.mode, "pipelined");
 }
 
@@ -44,9 +42,9 @@ TEST(ResolveModeTest, ATrialShorterThanItsTimeTargetRunsAgainLonger) {
   // 20 steps at 1000 steps/s took 20 ms: a second trial of 0.6 s worth, capped.
   EXPECT_EQ(second_trial_steps(20, 1000.0, 10000), kAutoTrialMaxSteps);
   EXPECT_EQ(second_trial_steps(20, 100.0, 10000), 60);
-  EXPECT_EQ(second_trial_steps(20, 100.0, 45), 45);  // never more than the run itself
+  EXPECT_EQ(second_trial_steps(20, 100.0, 45), 45);   // never more than the run itself
   EXPECT_EQ(second_trial_steps(20, 10.0, 10000), 0);  // 2 s already: long enough
-  EXPECT_EQ(second_trial_steps(20, 100.0, 20), 0);   // the cap leaves nothing longer
+  EXPECT_EQ(second_trial_steps(20, 100.0, 20), 0);    // the cap leaves nothing longer
 }
 
 TEST(ResolveModeTest, AllModesFailingIsAnErrorThatSaysWhy) {
@@ -64,8 +62,8 @@ TEST(ResolveModeTest, AModeIsRankedByItsSlowestRun) {
   EXPECT_EQ(trial_rate({327.0}), 327.0);
   EXPECT_EQ(trial_rate({}), 0.0);
   // An unsteady mode that was once the fastest loses to a steady one.
-  const auto d = choose_mode({runs("pipelined", {330.0, 290.0}),
-                              runs("pipelined+graphed", {326.0, 327.0})});
+  const auto d =
+      choose_mode({runs("pipelined", {330.0, 290.0}), runs("pipelined+graphed", {326.0, 327.0})});
   EXPECT_EQ(d.mode, "pipelined+graphed");
 }
 

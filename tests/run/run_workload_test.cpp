@@ -1,6 +1,8 @@
 // The run layer on the CPU (reference workload mlp, a few steps): a request's fields reach the
 // core's options once, each hook is called where it says, a cancel stops the run, and
 // resolve_mode keeps a named mode and picks one of the trials' modes for auto.
+#include "tandem/run/run_workload.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "tandem/run/resolve_mode.h"
-#include "tandem/run/run_workload.h"
 #include "tandem/workloads/registry.h"
 
 namespace tandem::run {
@@ -126,8 +127,9 @@ TEST(RunModeTest, AutoIsTheRunLayersModeBesideTheCoresOnes) {
     parse_run_mode("fast");
     FAIL() << "an unknown mode was accepted";
   } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "mode 'fast' is not valid: expected serial, pipelined, graphed, "
-                           "pipelined+graphed, graphed_k or auto");
+    EXPECT_STREQ(e.what(),
+                 "mode 'fast' is not valid: expected serial, pipelined, graphed, "
+                 "pipelined+graphed, graphed_k or auto");
   }
 }
 
@@ -150,7 +152,7 @@ TEST(ResolveModeRunTest, ANamedModeIsKeptWithoutTrials) {
 TEST(ResolveModeRunTest, AutoTriesEveryModeAndPicksOneThatRan) {
   RunRequest r = small_mlp_request();
   r.mode = std::nullopt;  // auto
-  r.steps = 2;  // the trials' cap: no longer second trials
+  r.steps = 2;            // the trials' cap: no longer second trials
   r.ruled_out[Mode::kPipelined] = "pipelined is not for this run";
   const ModeResolution m = resolve_mode(r);
   ASSERT_EQ(m.trials.size(), workload_modes().size());

@@ -7,9 +7,9 @@
 
 #include <functional>
 #include <memory>
-#include <thread>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "evaluation_thread.h"
@@ -28,10 +28,10 @@ using detail::EvalPasses;
 TEST(EvalBatchesTest, PartsAreDivisorsThatKeepEveryWorkerBusy) {
   EXPECT_EQ(eval_part_size(256, 15), 16);  // 16 parts a batch: all 15 workers decode
   EXPECT_EQ(eval_part_size(256, 1), 256);
-  EXPECT_EQ(eval_part_size(10, 3), 2);   // ceil(10 / 3) = 4 does not divide 10
-  EXPECT_EQ(eval_part_size(7, 2), 1);    // a prime batch: parts of one
-  EXPECT_EQ(eval_part_size(4, 0), 4);    // no workers given: one part
-  EXPECT_EQ(eval_part_size(3, 8), 1);    // more workers than samples
+  EXPECT_EQ(eval_part_size(10, 3), 2);  // ceil(10 / 3) = 4 does not divide 10
+  EXPECT_EQ(eval_part_size(7, 2), 1);   // a prime batch: parts of one
+  EXPECT_EQ(eval_part_size(4, 0), 4);   // no workers given: one part
+  EXPECT_EQ(eval_part_size(3, 8), 1);   // more workers than samples
 }
 
 // A small held-out set is held whole by its ring (decoded ahead, while the training runs); a
@@ -47,8 +47,7 @@ TEST(EvalBatchesTest, TheRingHoldsASmallHeldOutSetWhole) {
 
 TEST(EvalBatchesTest, EverySampleOnceInOrderInBatchesOfTheBatchSize) {
   const auto data = std::make_shared<RandomDataset>(
-      std::vector<RandomField>{{"x", {3}, at::kFloat, 0, 1}, {"y", {}, at::kLong, 0, 100}}, 23,
-      7);
+      std::vector<RandomField>{{"x", {3}, at::kFloat, 0, 1}, {"y", {}, at::kLong, 0, 100}}, 23, 7);
   const Lane lane = Lane::create("eval", c10::Device(c10::kCPU));
   // The reference: the whole set as one batch of one worker.
   Loader whole(data, eval_loader_options(23, 1));
@@ -81,8 +80,7 @@ TEST(EvalBatchesTest, EverySampleOnceInOrderInBatchesOfTheBatchSize) {
 
 TEST(EvalBatchesTest, AnEvaluationStoppedMidwayLeavesTheNextWhole) {
   const auto data = std::make_shared<RandomDataset>(
-      std::vector<RandomField>{{"x", {3}, at::kFloat, 0, 1}, {"y", {}, at::kLong, 0, 100}}, 9,
-      7);
+      std::vector<RandomField>{{"x", {3}, at::kFloat, 0, 1}, {"y", {}, at::kLong, 0, 100}}, 9, 7);
   const Lane lane = Lane::create("eval", c10::Device(c10::kCPU));
   EvalPasses passes(data, 4, 2);
   auto prepare = [](Batch& b) { return std::vector<at::Tensor>{b.get("y").clone()}; };

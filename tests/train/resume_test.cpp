@@ -127,16 +127,15 @@ TEST(TrainerResumeTest, FromMidEpochIsBitwisePipelined) { check_resume(Mode::kPi
 // A run KillNineMidEpoch starts as a child process, which kills itself (SIGKILL: no handler,
 // no flush) in epoch 2, after its checkpoint at step 8.
 // An ImageFolder ResNet run with crop regions draws each sample's crop in the loader's workers,
-// keyed by the sample's place in the run: stopped inside an epoch and resumed, it draws the same crops and
-// repeats the straight run's losses to the bit.
+// keyed by the sample's place in the run: stopped inside an epoch and resumed, it draws the same
+// crops and repeats the straight run's losses to the bit.
 TEST(TrainerResumeTest, AnImageFolderRunResumedMidEpochDrawsTheSameCrops) {
   TempDir tmp;
   for (int i = 0; i < 48; ++i)
-    data::testing::put(tmp, std::string("folder/") + (i % 2 ? "b" : "a") + "/" +
-                                std::to_string(i) + ".jpg",
-                       data::encode_jpeg(
-                           data::testing::smooth_image(3, 40 + 7 * (i % 9), 44 + 5 * (i % 11), i),
-                           90));
+    data::testing::put(
+        tmp, std::string("folder/") + (i % 2 ? "b" : "a") + "/" + std::to_string(i) + ".jpg",
+        data::encode_jpeg(data::testing::smooth_image(3, 40 + 7 * (i % 9), 44 + 5 * (i % 11), i),
+                          90));
   auto job = [&] {
     ClassifierOptions c;
     c.data = tmp.path() + "/folder";

@@ -1,6 +1,8 @@
 // The train layer on the CPU: checkpoints (atomic, kept), optimizer state, the Trainer's
 // metrics, bf16, a non-finite loss, and the classifier and segmenter jobs (resume_test.cpp: the
 // exact resume, its records and its checks).
+#include "tandem/train/trainer.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -20,7 +22,6 @@
 #include "tandem/optim.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/classifier.h"
-#include "tandem/train/trainer.h"
 #include "train_fixtures.h"
 
 namespace tandem::train {
@@ -115,8 +116,8 @@ TEST_P(Bf16Test, TrainsInEveryMode) {
 INSTANTIATE_TEST_SUITE_P(Modes, Bf16Test,
                          ::testing::Values(Mode::kSerial, Mode::kPipelined, Mode::kGraphed,
                                            Mode::kPipelinedGraphed),
-                         [](const auto& info) {
-                           std::string n = to_string(info.param);
+                         [](const auto& mode) {
+                           std::string n = to_string(mode.param);
                            for (char& ch : n)
                              if (ch == '+') ch = '_';
                            return n;
@@ -288,9 +289,9 @@ std::string write_folder(const TempDir& tmp, int n) {
     const int cls = i % 2;
     at::Tensor img = at::full({3, 40, 48}, cls ? 190 : 40, at::kByte);
     img.add_(at::arange(40 * 48, at::kInt).remainder(37).view({1, 40, 48}).to(at::kByte));
-    data::testing::put(tmp, std::string("folder/") + (cls ? "bright/" : "dark/") +
-                                std::to_string(i) + ".png",
-                       data::encode_png(img));
+    data::testing::put(
+        tmp, std::string("folder/") + (cls ? "bright/" : "dark/") + std::to_string(i) + ".png",
+        data::encode_png(img));
   }
   return tmp.path() + "/folder";
 }
@@ -571,7 +572,7 @@ TEST_P(TrainerGpuTest, ResumeInPipelinedGraphedRepeatsTheLosses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Jobs, TrainerGpuTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "ImageFolder" : "Idx"; });
+                         [](const auto& job) { return job.param ? "ImageFolder" : "Idx"; });
 
 // decode auto with a given share on a GPU with JPEG engines: half of each batch decoded by the
 // engines, in training and in the evaluation. A run stopped mid-epoch resumes with the
@@ -599,7 +600,8 @@ TEST(TrainerSplitGpuTest, ASplitDecodeResumesExactlyAndEvaluatesAsOnTheCpu) {
   ASSERT_FALSE(a.epochs.empty());
   EXPECT_GT(a.epochs.back().eval_images_per_s, 0);
   bool said = false;
-  for (const auto& note : a.notes) said = said || note.find("JPEG engines decode") != std::string::npos;
+  for (const auto& note : a.notes)
+    said = said || note.find("JPEG engines decode") != std::string::npos;
   EXPECT_TRUE(said) << "the run's notes say the split";
 
   // The trained weights, evaluated with the split and on the CPU's decodes alone.

@@ -3,6 +3,8 @@
 // (CPU here, GPU with the label gpu): the graphs draw the augmentation parameters from the run's
 // generator exactly as eager steps do. A short last batch runs eagerly in the graphed modes.
 // Augmenting on the loader's workers (param augment=cpu, the Python loops' cpu_aug) trains too.
+#include "tandem/workloads/cls.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -11,11 +13,10 @@
 #include <set>
 
 #include "tandem/augmented_dataset.h"
-#include "tandem/runner.h"
-#include "tandem/workloads/cls.h"
 #include "tandem/models/reference_nets.h"
-#include "test_util.h"
+#include "tandem/runner.h"
 #include "test_support.h"
+#include "test_util.h"
 
 namespace tandem {
 namespace {
@@ -132,7 +133,6 @@ void expect_same_losses(const std::vector<float>& want, const std::vector<float>
     ASSERT_EQ(want[i], got[i]) << "first differing step " << i;
 }
 
-
 TEST(ClsTest, SerialAndPipelinedComputeTheSameLossesOnCpu) {
   testing::use_deterministic_algorithms();
   const auto a = train("serial", c10::Device(c10::kCPU), false, 2, 6);
@@ -150,8 +150,8 @@ TEST(ClsTest, GraphedModesRunEagerlyOnTheCpuAndComputeSerialsLosses) {
     SCOPED_TRACE(mode);
     const auto got = run(mode, cpu, false, 2, 5, 1);
     expect_same_losses(want.losses, got.losses);
-    EXPECT_EQ(got.notes, "CUDA graphs need a CUDA device: mode " + mode +
-                             " ran eagerly on the CPU | ");
+    EXPECT_EQ(got.notes,
+              "CUDA graphs need a CUDA device: mode " + mode + " ran eagerly on the CPU | ");
   }
 }
 
@@ -191,21 +191,24 @@ TEST(ClsGpuTest, GraphedModesComputeSerialsLosses) {
   const auto want = run("serial", cuda, false, 8, 24);
   const auto graphed = run("graphed", cuda, false, 8, 24);
   expect_same_losses(want.losses, graphed.losses);
-  EXPECT_TRUE(has(graphed.notes, "captured: step (augment: parameters drawn from the run's "
-                                 "generator, fused augment kernel; train: forward, cross-entropy, "
-                                 "backward, tandem::optim::Sgd step) as one graph after 3 eager "
-                                 "warm-up steps"))
+  EXPECT_TRUE(has(graphed.notes,
+                  "captured: step (augment: parameters drawn from the run's "
+                  "generator, fused augment kernel; train: forward, cross-entropy, "
+                  "backward, tandem::optim::Sgd step) as one graph after 3 eager "
+                  "warm-up steps"))
       << graphed.notes;
   EXPECT_TRUE(has(graphed.notes, "; 21 replays |")) << graphed.notes;
   EXPECT_FALSE(has(graphed.notes, "ran eagerly")) << graphed.notes;
 
   const auto both = run("pipelined+graphed", cuda, false, 8, 24);
   expect_same_losses(want.losses, both.losses);
-  EXPECT_TRUE(has(both.notes, "captured: augment (augment: parameters drawn from the run's "
-                              "generator, fused augment kernel) as one graph on lane augment"))
+  EXPECT_TRUE(has(both.notes,
+                  "captured: augment (augment: parameters drawn from the run's "
+                  "generator, fused augment kernel) as one graph on lane augment"))
       << both.notes;
-  EXPECT_TRUE(has(both.notes, "captured: train (train: forward, cross-entropy, backward, "
-                              "tandem::optim::Sgd step) as one graph on lane train"))
+  EXPECT_TRUE(has(both.notes,
+                  "captured: train (train: forward, cross-entropy, backward, "
+                  "tandem::optim::Sgd step) as one graph on lane train"))
       << both.notes;
   EXPECT_FALSE(has(both.notes, "ran eagerly")) << both.notes;
 }

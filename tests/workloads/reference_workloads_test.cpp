@@ -53,8 +53,7 @@ TEST(ReferenceWorkloadsTest, EveryWorkloadInEveryModeComputesItsSerialLossesOnCp
 
 TEST(ReferenceWorkloadsTest, TheRegistryKnowsSegClsAndMlpAndNamesTheRest) {
 #ifdef TANDEM_HAVE_IMAGES
-  EXPECT_EQ(reference_workload_names(),
-            (std::vector<std::string>{"seg", "cls", "mlp", "images"}));
+  EXPECT_EQ(reference_workload_names(), (std::vector<std::string>{"seg", "cls", "mlp", "images"}));
   const char* expected = "workload 'resnet' is not known: expected seg, cls, mlp or images";
 #else
   EXPECT_EQ(reference_workload_names(), (std::vector<std::string>{"seg", "cls", "mlp"}));

@@ -2,15 +2,16 @@
 // graphed training computing exactly what serial training computes (losses and final weights), on
 // the CPU and the GPU; a short last batch runs eagerly in the graphed modes, and the notes say what
 // happened.
+#include "tandem/workloads/seg.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include "tandem/error.h"
-#include "tandem/runner.h"
-#include "tandem/workloads/seg.h"
 #include "tandem/models/reference_nets.h"
-#include "test_util.h"
+#include "tandem/runner.h"
 #include "test_support.h"
+#include "test_util.h"
 
 namespace tandem {
 namespace {
@@ -73,7 +74,6 @@ std::string joined(const std::vector<std::string>& notes) {
   return out;
 }
 
-
 void expect_same_training(const Trained& serial, const Trained& pipelined) {
   ASSERT_EQ(serial.losses.size(), pipelined.losses.size());
   for (size_t i = 0; i < serial.losses.size(); ++i)
@@ -112,8 +112,8 @@ TEST(SegTest, GraphedModesRunEagerlyOnTheCpuAndTrainLikeSerial) {
     const auto graphed = train(mode, cpu, 2, 4, 1);
     expect_same_training(serial, graphed);
     ASSERT_EQ(graphed.notes.size(), 1u) << joined(graphed.notes);
-    EXPECT_EQ(graphed.notes[0], "CUDA graphs need a CUDA device: mode " + mode +
-                                    " ran eagerly on the CPU");
+    EXPECT_EQ(graphed.notes[0],
+              "CUDA graphs need a CUDA device: mode " + mode + " ran eagerly on the CPU");
   }
   EXPECT_TRUE(serial.notes.empty()) << joined(serial.notes);
 }
@@ -129,9 +129,10 @@ TEST(SegGpuTest, GraphedModesTrainExactlyLikeSerial) {
   const auto graphed = train("graphed", cuda, 4, 24);
   expect_same_training(serial, graphed);
   const std::string notes = joined(graphed.notes);
-  EXPECT_TRUE(has(notes, "captured: step (encode: uint8->float, frozen encoder; train: decoder "
-                         "forward, cross-entropy, backward, tandem::optim::Sgd step) as one graph "
-                         "after 3 eager warm-up steps"))
+  EXPECT_TRUE(has(notes,
+                  "captured: step (encode: uint8->float, frozen encoder; train: decoder "
+                  "forward, cross-entropy, backward, tandem::optim::Sgd step) as one graph "
+                  "after 3 eager warm-up steps"))
       << notes;
   EXPECT_TRUE(has(notes, "; 21 replays |")) << notes;  // steps 3..23
   EXPECT_TRUE(has(notes, "load (loader and H2D copy) stays eager")) << notes;
@@ -140,12 +141,14 @@ TEST(SegGpuTest, GraphedModesTrainExactlyLikeSerial) {
   const auto both = train("pipelined+graphed", cuda, 4, 24);
   expect_same_training(serial, both);
   const std::string both_notes = joined(both.notes);
-  EXPECT_TRUE(has(both_notes, "captured: encode (encode: uint8->float, frozen encoder) as one "
-                              "graph on lane encoder after 3 eager warm-up steps on a side lane; "
-                              "21 replays"))
+  EXPECT_TRUE(has(both_notes,
+                  "captured: encode (encode: uint8->float, frozen encoder) as one "
+                  "graph on lane encoder after 3 eager warm-up steps on a side lane; "
+                  "21 replays"))
       << both_notes;
-  EXPECT_TRUE(has(both_notes, "captured: train (train: decoder forward, cross-entropy, backward, "
-                              "tandem::optim::Sgd step) as one graph on lane decoder"))
+  EXPECT_TRUE(has(both_notes,
+                  "captured: train (train: decoder forward, cross-entropy, backward, "
+                  "tandem::optim::Sgd step) as one graph on lane decoder"))
       << both_notes;
   EXPECT_FALSE(has(both_notes, "ran eagerly")) << both_notes;
 }
@@ -170,8 +173,9 @@ TEST(SegGpuTest, ARunShorterThanTheWarmUpRunsEagerlyAndSaysSo) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const auto t = train("graphed", c10::Device(c10::kCUDA, 0), 2, 2);
   const std::string notes = joined(t.notes);
-  EXPECT_TRUE(has(notes, "seg step: all 2 step(s) ran eagerly: a graph is captured only after 3 "
-                         "warm-up steps"))
+  EXPECT_TRUE(has(notes,
+                  "seg step: all 2 step(s) ran eagerly: a graph is captured only after 3 "
+                  "warm-up steps"))
       << notes;
   EXPECT_FALSE(has(notes, "captured:")) << notes;
 }

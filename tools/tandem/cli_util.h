@@ -3,10 +3,10 @@
 // one mode table (tandem/mode.h), so a front end never offers a mode its parser refuses.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -36,7 +36,7 @@ inline void check_output_file(const std::string& option, const std::string& path
   auto refuse = [&](const std::string& why) {
     throw InvalidArgument(option + " path '" + path + "' cannot be written: " + why);
   };
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) refuse("it is a folder, expected a file name");
     if (::access(path.c_str(), W_OK) != 0) refuse(std::strerror(errno));
@@ -57,7 +57,7 @@ inline void check_output_folder(const std::string& option, const std::string& pa
   auto refuse = [&](const std::string& why) {
     throw InvalidArgument(option + " " + path + " cannot be used: " + why);
   };
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) refuse("it is a file, expected a folder (new, or a run to --resume)");
     if (::access(path.c_str(), W_OK | X_OK) != 0)

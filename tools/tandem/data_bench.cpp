@@ -80,7 +80,9 @@ DataBenchRow time_cpu_region_decode(const std::vector<std::vector<uint8_t>>& fil
   int32_t box[kCropBoxFields];
   return time_on_one_core(
       "decode (cpu, crop regions)", files.size(),
-      [&](size_t i) { data::decode_drawn_crop(files[i], paths[i], 3, size, SampleDraw{0, i}, box); },
+      [&](size_t i) {
+        data::decode_drawn_crop(files[i], paths[i], 3, size, SampleDraw{0, i}, box);
+      },
       "turbojpeg_region",
       "each file's RandomResizedCrop box only, at the smallest of 1/8, 1/4, 1/2, 1 keeping it >= " +
           std::to_string(size) + " a side, fast IDCT and upsampling");
@@ -224,8 +226,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   const bool end_to_end = !request.steps || *request.steps > 0;
   if (!end_to_end) request.steps = 1;
   request = run::resolve(request);  // validates device, batch size and counts before the long work
-  const int64_t size =
-      request.params.count("size") ? std::stoll(request.params.at("size")) : 224;
+  const int64_t size = request.params.count("size") ? std::stoll(request.params.at("size")) : 224;
 
   data::ImageFolderOptions fo;
   fo.image_size = size;

@@ -61,8 +61,8 @@ DataBenchResult run_data_bench(const DataBenchOptions& options);
 
 std::string describe_data_bench(const DataBenchResult& result);
 /// {device, date, command, rows: [...], loader: [...]}: the decode and end-to-end rows in
-/// benchmarks/results/data.json's row format (decode "cpu" | "gpu" | null, the decoder named apart);
-/// the loader-only rows, a job that format does not have, under "loader".
+/// benchmarks/results/data.json's row format (decode "cpu" | "gpu" | null, the decoder named
+/// apart); the loader-only rows, a job that format does not have, under "loader".
 nlohmann::json data_bench_json(const DataBenchResult& result, const std::string& command);
 
 }  // namespace tandem

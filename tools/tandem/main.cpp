@@ -1,18 +1,24 @@
 // The tandem CLI: parse flags, call the library, print. Exit codes: 0 success, 1 the run failed,
 // 2 bad command-line input (one line on stderr naming the value and what was expected).
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
 #include <iostream>
+#include <string>
+#include <vector>
 
+#include "cli_util.h"
+#include "data_parallel.h"
 #include "tandem/augment_bench.h"
+#include "tandem/distributed/launch_env.h"
 #include "tandem/error.h"
 #include "tandem/lane.h"
 #include "tandem/mode.h"
@@ -20,9 +26,6 @@
 #include "tandem/run/run_workload.h"
 #include "tandem/sweep.h"
 #include "tandem/workloads/registry.h"
-#include "cli_util.h"
-#include "data_parallel.h"
-#include "tandem/distributed/launch_env.h"
 #ifdef TANDEM_HAVE_IMAGES
 #include "data_bench.h"
 #endif
@@ -45,8 +48,8 @@ std::ofstream open_output(const std::string& path, const std::string& option) {
   tandem::cli::check_output_file(option, path);  // the reasons open() would not give
   out.open(path);
   if (!out)
-    throw tandem::InvalidArgument(option + " path '" + path + "' cannot be written: " +
-                                  std::strerror(errno));
+    throw tandem::InvalidArgument(option + " path '" + path +
+                                  "' cannot be written: " + std::strerror(errno));
   return out;
 }
 
@@ -86,8 +89,8 @@ std::string workload_help() {
   for (const auto& e : tandem::reference_workloads()) {
     out += "\n  " + e.name + ": " + e.description;
     for (const auto& p : e.params)
-      out += "\n    --param " + p.key + "=" + tandem::join_choices(p.choices) + ": " +
-             p.description;
+      out +=
+          "\n    --param " + p.key + "=" + tandem::join_choices(p.choices) + ": " + p.description;
   }
   return out;
 }
@@ -109,8 +112,8 @@ struct RunFlags {
         ->capture_default_str();
     app->add_option("--param", params,
                     "a workload-specific setting KEY=VALUE (repeatable; see --workload)");
-    steps_opt = app->add_option("--steps", steps,
-                                "timed steps [default: 100 on a GPU, 4 on the CPU]");
+    steps_opt =
+        app->add_option("--steps", steps, "timed steps [default: 100 on a GPU, 4 on the CPU]");
     warmup_opt = app->add_option("--warmup", warmup,
                                  "untimed warm-up steps [default: 10 on a GPU, 1 on the CPU]");
     workers_opt = app->add_option("--workers", workers,
@@ -128,8 +131,7 @@ struct RunFlags {
                   "leave samples that fail to load (corrupt, truncated, unreadable files) out of "
                   "their batch, count them and report them at the end and in the JSON, instead "
                   "of stopping the run");
-    app->add_option("--device", options.device, "auto, cpu, cuda or cuda:N")
-        ->capture_default_str();
+    app->add_option("--device", options.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
     cudnn_opt = app->add_flag("--cudnn-benchmark,!--no-cudnn-benchmark", cudnn_benchmark,
                               "let cuDNN autotune convolution algorithms [default: on with CUDA]");
     app->add_option("--train-priority", options.train_priority,
@@ -172,8 +174,7 @@ std::string out_of_memory_cause(const c10::Error& e) {
 }
 
 /// run_bench_command's run, once the options are resolved.
-int run_bench_resolved(const tandem::run::RunRequest& options,
-                       const tandem::run::RunHooks& hooks,
+int run_bench_resolved(const tandem::run::RunRequest& options, const tandem::run::RunHooks& hooks,
                        const std::shared_ptr<tandem::distributed::ProcessGroup>& group,
                        const std::string& json_path) {
   const bool lead = !group || group->rank() == 0;
@@ -182,9 +183,9 @@ int run_bench_resolved(const tandem::run::RunRequest& options,
   trace_probe.close();
   if (lead) std::cout << tandem::run::describe_request(options) << std::flush;
   if (group && lead)
-    std::cout << "data parallel  " << group->world_size() << " ranks over "
-              << group->backend() << ", batch size " << *options.batch_size
-              << " per rank\n" << std::flush;
+    std::cout << "data parallel  " << group->world_size() << " ranks over " << group->backend()
+              << ", batch size " << *options.batch_size << " per rank\n"
+              << std::flush;
   nlohmann::json out;
   tandem::run::RunReport result;
   if (!options.mode) {  // auto
@@ -214,9 +215,8 @@ int run_bench_resolved(const tandem::run::RunRequest& options,
         std::printf("  trial %-17s failed: %s\n", t.mode.c_str(), t.error.c_str());
     }
     if (lead)
-      std::printf("auto: picked %s (%s); trials took %.1f s\n",
-                  resolution.decision.mode.c_str(), resolution.decision.reason.c_str(),
-                  resolution.trial_seconds);
+      std::printf("auto: picked %s (%s); trials took %.1f s\n", resolution.decision.mode.c_str(),
+                  resolution.decision.reason.c_str(), resolution.trial_seconds);
     std::fflush(stdout);
     result = a.report;
     out = tandem::run::to_json(result);
@@ -268,7 +268,7 @@ int run_bench_command(tandem::run::RunRequest options, const std::string& json_p
 int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
                       const std::string& json_path, const std::string& svg_path) {
   // The rows' modes ("all" among them) are checked by run_sweep; any valid mode resolves the rest.
-  options.base.mode = std::nullopt;  // auto
+  options.base.mode = std::nullopt;                   // auto
   options.base = tandem::run::resolve(options.base);  // validates device, workload, counts
   options.base.batch_size.reset();
   std::ofstream csv = open_output(csv_path, "--csv");
@@ -277,8 +277,7 @@ int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
   std::cout << "sweep " << options.base.workload.name << " on " << options.base.device << ": "
             << *options.base.steps << " timed steps after " << *options.base.warmup
             << " warm-up per point"
-            << (options.rounds > 1 ? ", " + std::to_string(options.rounds) +
-                                         " rounds (medians)"
+            << (options.rounds > 1 ? ", " + std::to_string(options.rounds) + " rounds (medians)"
                                    : std::string())
             << "\n"
             << std::flush;
@@ -323,6 +322,218 @@ int run_data_bench_command(tandem::DataBenchOptions options, const std::string& 
 }
 #endif
 
+// Each subcommand: its options, added at start-up, and what it runs once parsed.
+
+struct BenchCommand {
+  tandem::run::RunRequest options;
+  std::string json, mode = "serial";
+  RunFlags flags;
+  int nproc = 0;
+  double bucket_cap_mb = 25.0;
+  bool gathered_grad = true;
+  CLI::App* app = nullptr;
+
+  void add(CLI::App& parent) {
+    app = parent.add_subcommand("bench",
+                                "Train a workload in one mode and report steps/s (the reference "
+                                "method: warm-up steps, then timed steps between device "
+                                "synchronizations).");
+    flags.add(app, options);
+    app->add_option("--mode", mode,
+                    "how to run the step:" + tandem::cli::mode_help(tandem::cli::modes_with_auto()))
+        ->check(tandem::cli::mode_validator(tandem::cli::modes_with_auto()))
+        ->capture_default_str();
+    flags.batch_size_opt = app->add_option(
+        "--batch-size", flags.batch_size,
+        "samples per step [default: the workload's: " + default_batch_sizes() + "]");
+    app->add_option("--trace", options.trace_path,
+                    "write a Chrome-trace timeline of the timed steps to this file "
+                    "(open in ui.perfetto.dev or chrome://tracing)");
+    app->add_option("--kernels", options.kernel_steps,
+                    "after the timed steps, run N more under LibTorch's profiler and list the "
+                    "GPU kernels they ran, with device time per step (table and --json)");
+    app->add_option("--json", json, "also write the result as JSON to this file");
+    app->add_option("--nproc", nproc,
+                    "data parallel on this machine: start N ranks (one per GPU, or N CPU "
+                    "processes with --device cpu) under torchrun's environment contract; "
+                    "--batch-size is per rank. torchrun --nproc-per-node N --no-python tandem "
+                    "bench ... does the same");
+    app->add_option("--bucket-cap-mb", bucket_cap_mb,
+                    "data parallel: gradients go over the wire in buckets of at most this many "
+                    "MB (the first bucket 1 MB), as PyTorch DDP's bucket_cap_mb")
+        ->check(CLI::Validator(
+            [](std::string& value) {
+              char* end = nullptr;
+              const double mb = std::strtod(value.c_str(), &end);
+              return end != value.c_str() && *end == '\0' && mb > 0
+                         ? std::string()
+                         : value + " is not valid: expected a size in MB > 0";
+            },
+            "MB > 0"))
+        ->capture_default_str();
+    app->add_flag("--gathered-grad,!--no-gathered-grad", gathered_grad,
+                  "data parallel: the model's GatheredGrad layers form their weight gradients "
+                  "from every rank's gathered batch instead of all-reducing them [default: on]");
+  }
+
+  int run(int argc, char** argv) {
+    if (auto code = tandem::launch_if_asked(nproc, argc, argv)) return *code;
+    flags.apply(options);
+    options.mode = tandem::run::parse_run_mode(mode);
+    tandem::distributed::DataParallelOptions data_parallel;
+    data_parallel.bucket_cap_mb = bucket_cap_mb;
+    data_parallel.gathered_grad = gathered_grad;
+    return run_bench_command(options, json, data_parallel);
+  }
+};
+
+struct SweepCommand {
+  tandem::SweepOptions options;
+  std::string csv, json, svg;
+  RunFlags flags;
+  CLI::App* app = nullptr;
+
+  void add(CLI::App& parent) {
+    app = parent.add_subcommand("sweep",
+                                "Run every mode at every batch size; print a table, write CSV, "
+                                "JSON and an SVG chart.");
+    flags.add(app, options.base);
+    char all_line[128];  // "all" in mode_help's layout
+    std::snprintf(all_line, sizeof all_line, "\n  %-18s %s", kAllModes,
+                  "every mode but auto, the baseline first");
+    app->add_option("--modes", options.modes,
+                    "comma-separated modes [default: all]:" + std::string(all_line) +
+                        tandem::cli::mode_help(tandem::cli::modes_with_auto()))
+        ->check(tandem::cli::mode_validator(tandem::cli::modes_with_auto(), {kAllModes}))
+        ->delimiter(',');
+    app->add_option("--batch-sizes", options.batch_sizes, "comma-separated batch sizes")
+        ->delimiter(',')
+        ->required();
+    app->add_option("--rounds", options.rounds,
+                    "runs of every point, each on a fresh instance, the modes taking turns; a "
+                    "point reports the median")
+        ->capture_default_str();
+    app->add_option("--csv", csv, "write the rows as CSV to this file");
+    app->add_option("--json", json, "write the rows as JSON to this file");
+    app->add_option("--svg", svg, "write a chart of steps/s by batch size to this file");
+  }
+
+  int run() {
+    flags.apply(options.base);
+    return run_sweep_command(options, csv, json, svg);
+  }
+};
+
+struct AugmentBenchCommand {
+  std::vector<int64_t> batch_sizes{32, 128};
+  std::string device = "auto", json;
+  int repeats = 50;
+  std::vector<std::string> samplings{"auto"};
+  CLI::App* app = nullptr;
+
+  void add(CLI::App& parent) {
+    app = parent.add_subcommand("augment-bench",
+                                "Time the fused augmentation kernel alone (and a device copy of "
+                                "as many bytes, its ceiling).");
+    app->add_option("--batch-sizes", batch_sizes, "comma-separated batch sizes")
+        ->delimiter(',')
+        ->capture_default_str();
+    app->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    app->add_option("--repeats", repeats, "timings per batch size (median reported)")
+        ->capture_default_str();
+    app->add_option("--sampling", samplings,
+                    "how the kernel reads the source, comma-separated for one row each: auto "
+                    "(texture gathers where possible), gather, staged (the source window in "
+                    "shared memory)")
+        ->delimiter(',')
+        ->capture_default_str();
+    app->add_option("--json", json, "write the rows as JSON to this file");
+  }
+
+  int run() { return run_augment_bench_command(batch_sizes, device, repeats, samplings, json); }
+};
+
+#ifdef TANDEM_HAVE_IMAGES
+struct DataBenchCommand {
+  tandem::DataBenchOptions options;
+  std::string json, mode = "pipelined";
+  CLI::App* app = nullptr;
+
+  void add(CLI::App& parent) {
+    tandem::DataBenchOptions& db = options;
+    app = parent.add_subcommand(
+        "data-bench",
+        "How fast tandem reads a folder of images: decode on one core (DCT-scaled and full "
+        "size), the loader with its workers, and workload images fed from the folder beside the "
+        "same step on device-resident data, with the stage report.");
+    app->add_option("--data", db.data, "an ImageFolder: one subfolder of JPEG/PNG per class")
+        ->required();
+    app->add_option("--decode", db.decode,
+                    "cpu (TurboJPEG in the loader's workers), gpu (nvJPEG on the augment "
+                    "lane) or auto (workload images' decode=auto): the end-to-end run's "
+                    "decode, and which decode rows are timed (auto: both)")
+        ->capture_default_str();
+    app->add_option("--images", db.decode_images, "files timed by the decode rows")
+        ->capture_default_str();
+    app->add_option("--workers", db.workers, "loader threads [default: cores - 1]");
+    // Bound to the optionals themselves, so a given 0 or -1 reaches check_data_bench_options.
+    app->add_option("--batch-size", db.run.batch_size,
+                    "batch size [default: 256 on a GPU, 4 on the CPU]");
+    app->add_option("--model", db.model, "r50_frozen_head, r18_full or r50_full")
+        ->capture_default_str();
+    app->add_option(
+           "--mode", mode,
+           "the end-to-end run's mode:" + tandem::cli::mode_help(tandem::cli::modes_with_auto()))
+        ->check(tandem::cli::mode_validator(tandem::cli::modes_with_auto()))
+        ->capture_default_str();
+    app->add_option("--steps", db.run.steps,
+                    "timed end-to-end steps; 0 skips the end-to-end rows [default: 100 on a "
+                    "GPU, 4 on the CPU]");
+    app->add_option("--warmup", db.run.warmup, "untimed end-to-end steps first");
+    app->add_option("--device", db.run.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    app->add_flag("--skip-bad", db.run.skip_bad,
+                  "leave files that fail to load out of their batch and report them");
+    app->add_option("--json", json, "write the rows as JSON to this file");
+  }
+
+  int run(const std::string& command) {
+    options.run.workload = tandem::find_reference_workload("images");
+    options.run.mode = tandem::run::parse_run_mode(mode);
+    return run_data_bench_command(options, json, command);
+  }
+};
+#endif
+
+/// "tandem ARG1 ARG2 ...": the command line, for the reports that record it.
+std::string command_line(int argc, char** argv) {
+  std::string command = "tandem";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  return command;
+}
+
+/// The exit code of a run that threw, after its one line on stderr (TANDEM_DEBUG=1: the whole
+/// message; with TORCH_SHOW_CPP_STACKTRACES=1 too, LibTorch's C++ backtrace of where it was
+/// thrown, stage threads included).
+int exit_code_of(const std::exception_ptr& failure) {
+  const bool debug = std::getenv("TANDEM_DEBUG") != nullptr;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const tandem::InvalidArgument& e) {
+    std::cerr << tandem::distributed::rank_prefix()
+              << "tandem: error: " << tandem::first_line(e.what()) << "\n";
+    return kExitUsage;
+  } catch (const c10::Error& e) {
+    std::cerr << tandem::distributed::rank_prefix() << "tandem: error: "
+              << (debug ? std::string(e.what()) : tandem::first_line(e.what_without_backtrace()))
+              << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << tandem::distributed::rank_prefix()
+              << "tandem: error: " << (debug ? std::string(e.what()) : tandem::first_line(e.what()))
+              << "\n";
+  }
+  return kExitFailure;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -334,138 +545,16 @@ int main(int argc, char** argv) {
       "or --steps that does not fit in memory included). TANDEM_DEBUG=1 prints whole error\n"
       "messages (with TORCH_SHOW_CPP_STACKTRACES=1, where they were thrown) and LibTorch's\n"
       "warnings.");
-
-  tandem::run::RunRequest bench_options;
-  std::string bench_json, bench_mode = "serial";
-  RunFlags bench_flags;
-  CLI::App* bench = app.add_subcommand(
-      "bench", "Train a workload in one mode and report steps/s (the reference method: "
-               "warm-up steps, then timed steps between device synchronizations).");
-  bench_flags.add(bench, bench_options);
-  bench->add_option("--mode", bench_mode,
-                    "how to run the step:" + tandem::cli::mode_help(tandem::cli::modes_with_auto()))
-      ->check(tandem::cli::mode_validator(tandem::cli::modes_with_auto()))
-      ->capture_default_str();
-  bench_flags.batch_size_opt = bench->add_option(
-      "--batch-size", bench_flags.batch_size, "samples per step [default: the workload's: " +
-                                                  default_batch_sizes() + "]");
-  bench->add_option("--trace", bench_options.trace_path,
-                    "write a Chrome-trace timeline of the timed steps to this file "
-                    "(open in ui.perfetto.dev or chrome://tracing)");
-  bench->add_option("--kernels", bench_options.kernel_steps,
-                    "after the timed steps, run N more under LibTorch's profiler and list the "
-                    "GPU kernels they ran, with device time per step (table and --json)");
-  bench->add_option("--json", bench_json, "also write the result as JSON to this file");
-  int bench_nproc = 0;
-  bench->add_option("--nproc", bench_nproc,
-                    "data parallel on this machine: start N ranks (one per GPU, or N CPU "
-                    "processes with --device cpu) under torchrun's environment contract; "
-                    "--batch-size is per rank. torchrun --nproc-per-node N --no-python tandem "
-                    "bench ... does the same");
-  double bench_bucket_cap_mb = 25.0;
-  bench->add_option("--bucket-cap-mb", bench_bucket_cap_mb,
-                    "data parallel: gradients go over the wire in buckets of at most this many MB "
-                    "(the first bucket 1 MB), as PyTorch DDP's bucket_cap_mb")
-      ->check(CLI::Validator(
-          [](std::string& value) {
-            char* end = nullptr;
-            const double mb = std::strtod(value.c_str(), &end);
-            return end != value.c_str() && *end == '\0' && mb > 0
-                       ? std::string()
-                       : value + " is not valid: expected a size in MB > 0";
-          },
-          "MB > 0"))
-      ->capture_default_str();
-  bool bench_gathered_grad = true;
-  bench->add_flag("--gathered-grad,!--no-gathered-grad", bench_gathered_grad,
-                  "data parallel: the model's GatheredGrad layers form their weight gradients "
-                  "from every rank's gathered batch instead of all-reducing them [default: on]");
-
-  tandem::SweepOptions sweep_options;
-  std::string sweep_csv, sweep_json, sweep_svg;
-  RunFlags sweep_flags;
-  CLI::App* sweep = app.add_subcommand(
-      "sweep", "Run every mode at every batch size; print a table, write CSV, JSON and an SVG "
-               "chart.");
-  sweep_flags.add(sweep, sweep_options.base);
-  char all_line[128];  // "all" in mode_help's layout
-  std::snprintf(all_line, sizeof all_line, "\n  %-18s %s", kAllModes,
-                "every mode but auto, the baseline first");
-  sweep->add_option("--modes", sweep_options.modes,
-                    "comma-separated modes [default: all]:" + std::string(all_line) +
-                        tandem::cli::mode_help(tandem::cli::modes_with_auto()))
-      ->check(tandem::cli::mode_validator(tandem::cli::modes_with_auto(), {kAllModes}))
-      ->delimiter(',');
-  sweep->add_option("--batch-sizes", sweep_options.batch_sizes, "comma-separated batch sizes")
-      ->delimiter(',')
-      ->required();
-  sweep->add_option("--rounds", sweep_options.rounds,
-                    "runs of every point, each on a fresh instance, the modes taking turns; a "
-                    "point reports the median")
-      ->capture_default_str();
-  sweep->add_option("--csv", sweep_csv, "write the rows as CSV to this file");
-  sweep->add_option("--json", sweep_json, "write the rows as JSON to this file");
-  sweep->add_option("--svg", sweep_svg, "write a chart of steps/s by batch size to this file");
-
-  std::vector<int64_t> aug_batch_sizes{32, 128};
-  std::string aug_device = "auto", aug_json;
-  int aug_repeats = 50;
-  std::vector<std::string> aug_samplings{"auto"};
-  CLI::App* aug = app.add_subcommand(
-      "augment-bench", "Time the fused augmentation kernel alone (and a device copy of as many "
-                       "bytes, its ceiling).");
-  aug->add_option("--batch-sizes", aug_batch_sizes, "comma-separated batch sizes")
-      ->delimiter(',')
-      ->capture_default_str();
-  aug->add_option("--device", aug_device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  aug->add_option("--repeats", aug_repeats, "timings per batch size (median reported)")
-      ->capture_default_str();
-  aug->add_option("--sampling", aug_samplings,
-                  "how the kernel reads the source, comma-separated for one row each: auto "
-                  "(texture gathers where possible), gather, staged (the source window in shared "
-                  "memory)")
-      ->delimiter(',')
-      ->capture_default_str();
-  aug->add_option("--json", aug_json, "write the rows as JSON to this file");
-
+  BenchCommand bench;
+  bench.add(app);
+  SweepCommand sweep;
+  sweep.add(app);
+  AugmentBenchCommand augment_bench;
+  augment_bench.add(app);
 #ifdef TANDEM_HAVE_IMAGES
-  tandem::DataBenchOptions db;
-  std::string db_json, db_mode = "pipelined";
-  CLI::App* data_bench = app.add_subcommand(
-      "data-bench",
-      "How fast tandem reads a folder of images: decode on one core (DCT-scaled and full size), "
-      "the loader with its workers, and workload images fed from the folder beside the same "
-      "step on device-resident data, with the stage report.");
-  data_bench->add_option("--data", db.data, "an ImageFolder: one subfolder of JPEG/PNG per class")
-      ->required();
-  data_bench->add_option("--decode", db.decode,
-                         "cpu (TurboJPEG in the loader's workers), gpu (nvJPEG on the augment "
-                         "lane) or auto (workload images' decode=auto): the end-to-end run's "
-                         "decode, and which decode rows are timed (auto: both)")
-      ->capture_default_str();
-  data_bench->add_option("--images", db.decode_images, "files timed by the decode rows")
-      ->capture_default_str();
-  data_bench->add_option("--workers", db.workers, "loader threads [default: cores - 1]");
-  // Bound to the optionals themselves, so a given 0 or -1 reaches check_data_bench_options.
-  data_bench->add_option("--batch-size", db.run.batch_size,
-                         "batch size [default: 256 on a GPU, 4 on the CPU]");
-  data_bench->add_option("--model", db.model, "r50_frozen_head, r18_full or r50_full")->capture_default_str();
-  data_bench->add_option("--mode", db_mode,
-                         "the end-to-end run's mode:" +
-                             tandem::cli::mode_help(tandem::cli::modes_with_auto()))
-      ->check(tandem::cli::mode_validator(tandem::cli::modes_with_auto()))
-      ->capture_default_str();
-  data_bench->add_option("--steps", db.run.steps,
-                         "timed end-to-end steps; 0 skips the end-to-end rows [default: 100 on a "
-                         "GPU, 4 on the CPU]");
-  data_bench->add_option("--warmup", db.run.warmup, "untimed end-to-end steps first");
-  data_bench->add_option("--device", db.run.device, "auto, cpu, cuda or cuda:N")
-      ->capture_default_str();
-  data_bench->add_flag("--skip-bad", db.run.skip_bad,
-                       "leave files that fail to load out of their batch and report them");
-  data_bench->add_option("--json", db_json, "write the rows as JSON to this file");
+  DataBenchCommand data_bench;
+  data_bench.add(app);
 #endif
-
 #ifdef TANDEM_HAVE_TRAIN
   tandem::TrainCommand train_command;
   CLI::App* train = train_command.add(app);
@@ -482,58 +571,21 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   try {
-    if (bench->parsed()) {
-      if (auto code = tandem::launch_if_asked(bench_nproc, argc, argv)) return *code;
-      bench_flags.apply(bench_options);
-      bench_options.mode = tandem::run::parse_run_mode(bench_mode);
-    }
-    if (sweep->parsed()) sweep_flags.apply(sweep_options.base);
-    if (bench->parsed()) {
-      tandem::distributed::DataParallelOptions data_parallel;
-      data_parallel.bucket_cap_mb = bench_bucket_cap_mb;
-      data_parallel.gathered_grad = bench_gathered_grad;
-      return run_bench_command(bench_options, bench_json, data_parallel);
-    }
-    if (sweep->parsed()) return run_sweep_command(sweep_options, sweep_csv, sweep_json, sweep_svg);
-    if (aug->parsed())
-      return run_augment_bench_command(aug_batch_sizes, aug_device, aug_repeats, aug_samplings,
-                                       aug_json);
+    if (bench.app->parsed()) return bench.run(argc, argv);
+    if (sweep.app->parsed()) return sweep.run();
+    if (augment_bench.app->parsed()) return augment_bench.run();
 #ifdef TANDEM_HAVE_IMAGES
-    if (data_bench->parsed()) {
-      db.run.workload = tandem::find_reference_workload("images");
-      db.run.mode = tandem::run::parse_run_mode(db_mode);
-      std::string command = "tandem";
-      for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-      return run_data_bench_command(db, db_json, command);
-    }
+    if (data_bench.app->parsed()) return data_bench.run(command_line(argc, argv));
 #endif
 #ifdef TANDEM_HAVE_TRAIN
     if (train->parsed()) {
       train_command.validate();  // before --nproc starts ranks: one line, not one per rank
       if (auto code = tandem::launch_if_asked(train_command.nproc, argc, argv)) return *code;
-      std::string command = "tandem";
-      for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-      return train_command.run(command);
+      return train_command.run(command_line(argc, argv));
     }
 #endif
-  } catch (const tandem::InvalidArgument& e) {
-    std::cerr << tandem::distributed::rank_prefix() << "tandem: error: " << tandem::first_line(e.what())
-              << "\n";
-    return kExitUsage;
-  } catch (const c10::Error& e) {
-    // TANDEM_DEBUG=1: the whole message, with LibTorch's C++ backtrace of where it was thrown
-    // (stage threads included) when TORCH_SHOW_CPP_STACKTRACES=1 is set too.
-    std::cerr << tandem::distributed::rank_prefix() << "tandem: error: "
-              << (std::getenv("TANDEM_DEBUG") ? std::string(e.what())
-                                              : tandem::first_line(e.what_without_backtrace()))
-              << "\n";
-    return kExitFailure;
-  } catch (const std::exception& e) {
-    std::cerr << tandem::distributed::rank_prefix() << "tandem: error: "
-              << (std::getenv("TANDEM_DEBUG") ? std::string(e.what())
-                                              : tandem::first_line(e.what()))
-              << "\n";
-    return kExitFailure;
+  } catch (...) {
+    return exit_code_of(std::current_exception());
   }
   return 0;
 }

@@ -2,17 +2,14 @@
 // JSON. See train_command.h.
 #include "train_command.h"
 
-#include "cli_util.h"
-#include "data_parallel.h"
-
 #include <ATen/Context.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -20,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "cli_util.h"
+#include "data_parallel.h"
 #include "tandem/error.h"
 #include "tandem/lane.h"
 #include "tandem/loader.h"  // kMaxLoaderWorkers
@@ -85,8 +84,9 @@ CLI::App* TrainCommand::add(CLI::App& app) {
       ->excludes(val);
   const std::vector<std::string> models = model_choices();
   c->add_option("--model", job.model,
-                join_choices(models) + " (auto: small_cnn for IDX, fcn_resnet18 for image + mask "
-                "pairs, resnet18 for an ImageFolder)")
+                join_choices(models) +
+                    " (auto: small_cnn for IDX, fcn_resnet18 for image + mask "
+                    "pairs, resnet18 for an ImageFolder)")
       ->check(cli::choice_validator("model", models))
       ->capture_default_str();
   c->add_option("--weights", job.weights,
@@ -116,8 +116,9 @@ CLI::App* TrainCommand::add(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--warmup-epochs", warmup_epochs, "linear warm-up into the schedule (epochs)")
       ->capture_default_str();
-  c->add_option("--step-epochs", step_epochs, "--schedule step: epochs between decays "
-                                              "[default: a third of --epochs]");
+  c->add_option("--step-epochs", step_epochs,
+                "--schedule step: epochs between decays "
+                "[default: a third of --epochs]");
   c->add_option("--gamma", gamma, "--schedule step: the decay factor")->capture_default_str();
   c->add_option("--precision", precision,
                 "fp32, or bf16 (autocast in every mode, fp32 master weights)")
@@ -127,8 +128,8 @@ CLI::App* TrainCommand::add(CLI::App& app) {
     return std::string(
         to_string(run::resolve_mode_by_device(std::nullopt, c10::Device(type)).mode));
   };
-  const std::string auto_help = by_device(c10::kCUDA) + " on a GPU, " + by_device(c10::kCPU) +
-                                " on the CPU";
+  const std::string auto_help =
+      by_device(c10::kCUDA) + " on a GPU, " + by_device(c10::kCPU) + " on the CPU";
   c->add_option("--mode", mode, "how steps run:" + cli::mode_help(train_modes(), auto_help))
       ->check(cli::mode_validator(train_modes()))
       ->capture_default_str();
@@ -177,10 +178,9 @@ CLI::App* TrainCommand::add(CLI::App& app) {
               "deterministic algorithms (cuDNN autotuning off): a resumed run repeats the "
               "losses; slower");
   c->add_flag("--tf32,!--no-tf32", tf32, "TF32 matmuls and convolutions in fp32 [default: on]");
-  c->add_flag(
-      "--channels-last,!--no-channels-last", channels_last,
-      "ResNets: weights and inputs channels-last (NHWC), tensor-core convolutions without "
-      "transposes [default: on with a GPU]");
+  c->add_flag("--channels-last,!--no-channels-last", channels_last,
+              "ResNets: weights and inputs channels-last (NHWC), tensor-core convolutions without "
+              "transposes [default: on with a GPU]");
   c->add_option("--json", json, "write a summary (per-epoch rows) as JSON to this file");
   c->add_flag("--quiet", quiet, "no progress line");
   c->add_option("--nproc", nproc,
@@ -211,11 +211,9 @@ void TrainCommand::validate() const {
       {"--lr", finite(job.lr) && job.lr > 0, "a finite number > 0"},
       {"--momentum", finite(job.momentum) && job.momentum >= 0 && job.momentum < 1,
        "a finite number in [0, 1)"},
-      {"--weight-decay", finite(job.weight_decay) && job.weight_decay >= 0,
-       "a finite number >= 0"},
+      {"--weight-decay", finite(job.weight_decay) && job.weight_decay >= 0, "a finite number >= 0"},
       {"--warmup-epochs",
-       finite(warmup_epochs) && warmup_epochs >= 0 &&
-           warmup_epochs < static_cast<double>(epochs),
+       finite(warmup_epochs) && warmup_epochs >= 0 && warmup_epochs < static_cast<double>(epochs),
        detail::concat("a finite number >= 0 and less than --epochs (", epochs, ")")},
       {"--step-epochs", step_epochs >= 1, "an integer >= 1"},
       {"--gamma", finite(gamma) && gamma > 0 && gamma <= 1, "a finite number in (0, 1]"},
@@ -266,8 +264,8 @@ void TrainCommand::validate() const {
     try {
       weights = models::load_safetensors(job.weights);
     } catch (const Error& e) {
-      throw InvalidArgument("--weights " + job.weights + " cannot be read: " +
-                            first_line(e.what()));
+      throw InvalidArgument("--weights " + job.weights +
+                            " cannot be read: " + first_line(e.what()));
     }
     for (const auto& [name, t] : weights)
       if (t.is_floating_point() && !t.isfinite().all().item<bool>())
@@ -318,8 +316,7 @@ int TrainCommand::run(const std::string& command_line) {
   // The Trainer checks this too, but the schedule below needs the epoch's length first.
   const int64_t spe = tj.workload.data.batches_per_epoch(batch_size, world);
   TANDEM_CHECK_ARG(spe >= 1, "the training set's ", tj.workload.data.dataset()->size(),
-                   " samples make no batch of ", batch_size,
-                   ": expected a smaller --batch-size");
+                   " samples make no batch of ", batch_size, ": expected a smaller --batch-size");
   const int64_t total = epochs * spe;
   const double lr = tj.config["lr"].get<double>();
   const int64_t warm = static_cast<int64_t>(std::llround(warmup_epochs * spe));
@@ -333,8 +330,7 @@ int TrainCommand::run(const std::string& command_line) {
   else if (schedule == "step") {
     const int64_t every = given("--step-epochs") ? step_epochs : std::max<int64_t>(1, epochs / 3);
     after = optim::step_decay(lr, std::max<int64_t>(1, every * spe), gamma);
-  }
-  else
+  } else
     after = optim::constant_lr(lr);
   tj.config["schedule"] = schedule;
   tj.config["warmup_epochs"] = warmup_epochs;
@@ -380,11 +376,11 @@ int TrainCommand::run(const std::string& command_line) {
   if (group)
     std::printf("data parallel %d ranks over %s, batch %lld per rank\n", world,
                 group->backend().c_str(), static_cast<long long>(batch_size));
-  std::printf("device     %s, mode %s, precision %s, batch %lld, %lld steps/epoch x %lld epochs, "
-              "%d workers\n",
-              dev.str().c_str(), to_string(m), precision.c_str(),
-              static_cast<long long>(batch_size), static_cast<long long>(spe),
-              static_cast<long long>(epochs), workers);
+  std::printf(
+      "device     %s, mode %s, precision %s, batch %lld, %lld steps/epoch x %lld epochs, "
+      "%d workers\n",
+      dev.str().c_str(), to_string(m), precision.c_str(), static_cast<long long>(batch_size),
+      static_cast<long long>(spe), static_cast<long long>(epochs), workers);
   std::printf("optimizer  %s lr %g (%s%s), weight decay %g\n", job.optimizer.c_str(), lr,
               schedule.c_str(), warm > 0 ? ", warm-up" : "",
               tj.config["weight_decay"].get<double>());

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <string>
 
 #include "tandem/train/classifier.h"
@@ -16,18 +15,18 @@ struct TrainCommand {
   std::string precision = "fp32";
   std::string device = "auto";
   std::string mode = "auto";
-  std::string freeze;          // "backbone" or empty
+  std::string freeze;  // "backbone" or empty
   std::string schedule = "cosine";
   std::string crop = "region";  // ImageFolder training: region or whole
   std::string decode = "auto";  // ImageFolder training: cpu or auto (with the JPEG engines)
   // The flags below that a comment says "not given: ..." are read only when given(): their
   // defaults depend on the model, the data or the device, and a given 0 is refused.
   double warmup_epochs = 0;
-  int64_t step_epochs = 0;     // --schedule step; not given: epochs / 3
+  int64_t step_epochs = 0;  // --schedule step; not given: epochs / 3
   double gamma = 0.1;
   int64_t epochs = 10;
-  int64_t batch_size = 0;      // not given: by model and device
-  int workers = 0;             // not given: by device
+  int64_t batch_size = 0;  // not given: by model and device
+  int workers = 0;         // not given: by device
   uint64_t seed = 0;
   std::string out;
   bool resume = false;

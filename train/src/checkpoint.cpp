@@ -4,7 +4,6 @@
 // setting that makes std::filesystem symbols clash.
 #include "tandem/train/checkpoint.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,6 +21,7 @@
 #include <sstream>
 #include <utility>
 
+#include "posix_fs.h"
 #include "tandem/error.h"
 
 namespace tandem::train {
@@ -30,37 +30,9 @@ namespace {
 
 std::string reason() { return std::strerror(errno); }
 
-bool is_dir(const std::string& path) {
-  struct stat st{};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// fsync of a file or folder by path: makes its content (a folder: its entries) durable.
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw Error("cannot open " + path + " to flush it: " + reason());
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  if (rc != 0) throw Error("cannot flush " + path + " to disk: " + reason());
-}
-
-void remove_tree(const std::string& path) {
-  if (DIR* d = ::opendir(path.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name == "." || name == "..") continue;
-      const std::string child = path + "/" + name;
-      if (is_dir(child))
-        remove_tree(child);
-      else
-        ::unlink(child.c_str());
-    }
-    ::closedir(d);
-  }
-  ::rmdir(path.c_str());
-}
+using fs::fsync_path;
+using fs::is_dir;
+using fs::remove_tree;
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -202,17 +174,14 @@ CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir
 
 std::vector<std::string> CheckpointStore::list() const {
   std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir_.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
+  if (is_dir(dir_))
+    for (const fs::DirEntry& e : fs::list_dir(dir_, "listing the checkpoints")) {
       // "step-" and nine digits exactly: step-N.tmp (a save in progress or cut short) is not one.
-      if (name.size() == 14 && name.rfind("step-", 0) == 0 &&
-          std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-          is_dir(dir_ + "/" + name))
-        names.push_back(name);
+      if (e.is_folder() && e.name.size() == 14 && e.name.rfind("step-", 0) == 0 &&
+          std::all_of(e.name.begin() + 5, e.name.end(),
+                      [](char c) { return c >= '0' && c <= '9'; }))
+        names.push_back(e.name);
     }
-    ::closedir(d);
-  }
   std::sort(names.begin(), names.end());
   for (auto& n : names) n = dir_ + "/" + n;
   return names;
@@ -287,7 +256,8 @@ Checkpoint CheckpointStore::load(const std::string& folder) {
       const auto [bytes, hash] = hash_file(path);
       if (bytes != want["bytes"].get<uint64_t>())
         throw Error(path + " has " + std::to_string(bytes) + " bytes: expected " +
-                    std::to_string(want["bytes"].get<uint64_t>()) + " (state.json): truncated "
+                    std::to_string(want["bytes"].get<uint64_t>()) +
+                    " (state.json): truncated "
                     "or replaced");
       if (hex(hash) != want["hash"].get<std::string>())
         throw Error(path + " has checksum " + hex(hash) + ": expected " +
@@ -340,37 +310,35 @@ struct Tally {
 void walk(const std::string& root, const std::string& rel, Tally& total,
           std::map<std::string, Tally>& parts, std::set<std::pair<dev_t, ino_t>>& on_path) {
   const std::string dir = rel.empty() ? root : root + "/" + rel;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) throw Error("cannot list " + dir + " to identify the data: " + reason());
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') names.emplace_back(e->d_name);
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
+  std::vector<fs::DirEntry> entries = fs::list_dir(dir, "identifying the data");
+  std::sort(entries.begin(), entries.end(),
+            [](const fs::DirEntry& a, const fs::DirEntry& b) { return a.name < b.name; });
+  for (const fs::DirEntry& entry : entries) {
+    const std::string& name = entry.name;
+    if (name[0] == '.') continue;
     const std::string child_rel = rel.empty() ? name : rel + "/" + name;
     const std::string path = root + "/" + child_rel;
-    struct stat st{};
-    if (::stat(path.c_str(), &st) != 0) continue;  // a dangling symlink: no dataset reads it
-    if (S_ISDIR(st.st_mode)) {
-      const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+    if (entry.kind == fs::EntryKind::kBroken) continue;  // a dangling symlink: none reads it
+    if (entry.is_folder()) {
+      const std::pair<dev_t, ino_t> id{entry.device, entry.inode};
       if (!on_path.insert(id).second) continue;
       walk(root, child_rel, total, parts, on_path);
       on_path.erase(id);
       continue;
     }
-    const DataFile kind = S_ISREG(st.st_mode) ? data_file_kind(name) : DataFile::kNone;
+    const DataFile kind =
+        entry.kind == fs::EntryKind::kRegularFile ? data_file_kind(name) : DataFile::kNone;
     if (kind == DataFile::kNone) continue;
     Hash64 file;
     file.update(child_rel);
-    file.update(static_cast<uint64_t>(st.st_size));
+    file.update(static_cast<uint64_t>(entry.size));
     // An IDX file is read whole by its dataset (and is tens of MB), so its content is cheap to
     // hash; an image folder's million files are identified by name and size alone.
     if (kind == DataFile::kIdx) file.update(hash_file(path).second);
     const uint64_t h = file.value();
     for (Tally* t : {&total, &parts[child_rel.substr(0, child_rel.find('/'))]}) {
       t->files += 1;
-      t->bytes += static_cast<uint64_t>(st.st_size);
+      t->bytes += static_cast<uint64_t>(entry.size);
       t->hash.update(h);
     }
   }
@@ -382,8 +350,7 @@ nlohmann::json fingerprint_data(const std::string& dir) {
   Tally total;
   std::map<std::string, Tally> parts;
   std::set<std::pair<dev_t, ino_t>> on_path;
-  struct stat st{};
-  if (::stat(dir.c_str(), &st) == 0) on_path.insert({st.st_dev, st.st_ino});
+  if (const fs::PathStatus s = fs::path_status(dir); s.exists) on_path.insert({s.device, s.inode});
   walk(dir, "", total, parts, on_path);
   nlohmann::json out = total.json();
   if (parts.size() <= 10000) {

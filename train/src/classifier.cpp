@@ -4,12 +4,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
-#include <sys/stat.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
 #include <iostream>
 
+#include "engine_crops_ahead.h"
+#include "job_util.h"
+#include "posix_fs.h"
 #include "tandem/autocast.h"
 #include "tandem/batch.h"
 #include "tandem/data/engine_split.h"
@@ -21,8 +23,6 @@
 #include "tandem/models/safetensors.h"
 #include "tandem/models/small_cnn.h"
 #include "tandem/resized_crop.h"
-#include "engine_crops_ahead.h"
-#include "job_util.h"
 
 namespace tandem::train {
 
@@ -31,8 +31,8 @@ using namespace detail;  // job_util.h
 namespace {
 
 bool is_file(const std::string& path) {
-  struct stat st{};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  const fs::PathStatus s = fs::path_status(path);
+  return s.exists && !s.is_directory;
 }
 
 // The IDX file `stem` in `dir`, gzip-compressed or raw; empty when neither exists.
@@ -54,17 +54,16 @@ bool is_idx_folder(const std::string& dir) {
 }
 
 bool is_pairs_folder(const std::string& dir) {
-  struct stat a{}, b{};
-  return ::stat((dir + "/images").c_str(), &a) == 0 && S_ISDIR(a.st_mode) &&
-         ::stat((dir + "/masks").c_str(), &b) == 0 && S_ISDIR(b.st_mode);
+  return fs::is_dir(dir + "/images") && fs::is_dir(dir + "/masks");
 }
 
 TrainJob make_classifier(const ClassifierOptions& o) {
-  TANDEM_CHECK_ARG(!o.data.empty(), "no training data: expected --data DIR (IDX files or an "
-                                    "ImageFolder)");
-  struct stat st{};
-  TANDEM_CHECK_ARG(::stat(o.data.c_str(), &st) == 0, "--data ", o.data, " does not exist");
-  TANDEM_CHECK_ARG(S_ISDIR(st.st_mode), "--data ", o.data,
+  TANDEM_CHECK_ARG(!o.data.empty(),
+                   "no training data: expected --data DIR (IDX files or an "
+                   "ImageFolder)");
+  const fs::PathStatus data = fs::path_status(o.data);
+  TANDEM_CHECK_ARG(data.exists, "--data ", o.data, " does not exist");
+  TANDEM_CHECK_ARG(data.is_directory, "--data ", o.data,
                    " is a file: expected a folder (IDX files or one subfolder per class)");
   TANDEM_CHECK_ARG(o.val_split >= 0 && o.val_split < 1, "validation split ", o.val_split,
                    " is not valid: expected a fraction in [0, 1)");
@@ -73,8 +72,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
   TANDEM_CHECK_ARG(o.subset >= 0 && o.val_subset >= 0, "subset sizes must be >= 0");
   if (is_pairs_folder(o.data)) return make_segmenter(o);
   const bool idx = is_idx_folder(o.data);
-  const std::string model_name =
-      o.model == "auto" ? (idx ? "small_cnn" : "resnet18") : o.model;
+  const std::string model_name = o.model == "auto" ? (idx ? "small_cnn" : "resnet18") : o.model;
   TANDEM_CHECK_ARG(model_name == "small_cnn" || model_name == "resnet18" ||
                        model_name == "resnet34" || model_name == "resnet50",
                    "model '", o.model,
@@ -88,8 +86,8 @@ TrainJob make_classifier(const ClassifierOptions& o) {
 
   TrainJob job;
   job.config = common_config(o, model_name, lr, wd);
-  job.config.update({{"freeze_backbone", o.freeze_backbone},
-                     {"channels_last", o.channels_last && !idx}});
+  job.config.update(
+      {{"freeze_backbone", o.freeze_backbone}, {"channels_last", o.channels_last && !idx}});
   if (!idx) job.config["image_size"] = o.image_size;
   if (!idx && o.crop_regions) job.config["crop"] = "region";  // absent: whole (older runs too)
   TANDEM_CHECK_ARG(o.decode == "cpu" || o.decode == "auto", "decode '", o.decode,
@@ -101,8 +99,9 @@ TrainJob make_classifier(const ClassifierOptions& o) {
   w.device = device;
 
   if (idx) {
-    TANDEM_CHECK_ARG(model_name == "small_cnn", "model ", model_name, " takes 3-channel images: ",
-                     o.data, " holds IDX (28x28 gray) files, expected --model small_cnn");
+    TANDEM_CHECK_ARG(model_name == "small_cnn", "model ", model_name,
+                     " takes 3-channel images: ", o.data,
+                     " holds IDX (28x28 gray) files, expected --model small_cnn");
     TANDEM_CHECK_ARG(!o.freeze_backbone, "--freeze backbone is for the ResNets");
     const std::string images = idx_file(o.data, "train-images-idx3-ubyte");
     const std::string labels = idx_file(o.data, "train-labels-idx1-ubyte");
@@ -173,9 +172,9 @@ TrainJob make_classifier(const ClassifierOptions& o) {
           const int64_t e = std::min(N, i + 1000);
           AutocastScope autocast(device, precision);
           const at::Tensor logits = n->forward(xv.slice(0, i, e)).to(at::kFloat);
-          const at::Tensor labels = yv.slice(0, i, e);
-          correct += logits.argmax(1).eq(labels).sum();
-          loss += at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).to(at::kDouble);
+          const at::Tensor truth = yv.slice(0, i, e);
+          correct += logits.argmax(1).eq(truth).sum();
+          loss += at::cross_entropy_loss(logits, truth, {}, at::Reduction::Sum).to(at::kDouble);
         }
         n->train();
         return Evaluation(accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), N), N);
@@ -184,8 +183,8 @@ TrainJob make_classifier(const ClassifierOptions& o) {
       std::cerr << "no t10k-*-idx*-ubyte files in " << val_dir << ": no evaluation\n";
     }
   } else {
-    TANDEM_CHECK_ARG(model_name != "small_cnn", "model small_cnn takes 28x28 IDX images: ",
-                     o.data, " is an image folder, expected a ResNet (resnet18/34/50)");
+    TANDEM_CHECK_ARG(model_name != "small_cnn", "model small_cnn takes 28x28 IDX images: ", o.data,
+                     " is an image folder, expected a ResNet (resnet18/34/50)");
     data::ImageFolderOptions fo;
     fo.image_size = o.image_size;
     // Training decodes each sample's random crop only (its box drawn in the worker, before the
@@ -291,15 +290,14 @@ TrainJob make_classifier(const ClassifierOptions& o) {
       // It folds at its first call (after --weights and a resumed checkpoint are loaded).
       folded = std::make_shared<models::FoldedResNet>(
           net, models::FoldedResNetOptions{compute_dtype(precision), true});
-      w.feeds.push_back({"backbone",
-                         "backbone",
-                         {"x"},
-                         {"features"},
-                         [folded](const Tensors& in) {
-                           return Tensors{folded->features(in[0]).to(at::kFloat)};
-                         },
-                         "frozen " + model_name + " (batch norm folded) to pooled features",
-                         {}});
+      w.feeds.push_back(
+          {"backbone",
+           "backbone",
+           {"x"},
+           {"features"},
+           [folded](const Tensors& in) { return Tensors{folded->features(in[0]).to(at::kFloat)}; },
+           "frozen " + model_name + " (batch norm folded) to pooled features",
+           {}});
       w.train.inputs = {"features", "label"};
       w.train.loss = [n](const Tensors& in) {
         return deterministic_cross_entropy(n->fc->forward(in[0]), in[1]);
@@ -380,12 +378,10 @@ TrainJob make_classifier(const ClassifierOptions& o) {
           // A frozen backbone evaluates as it trains: folded (the module's features within
           // float rounding, without its batch-norm and ReLU passes).
           const at::Tensor logits =
-              (folded ? n->fc->forward(folded->features(xy[0]).to(at::kFloat))
-                      : n->forward(xy[0]))
+              (folded ? n->fc->forward(folded->features(xy[0]).to(at::kFloat)) : n->forward(xy[0]))
                   .to(at::kFloat);
           correct += logits.argmax(1).eq(xy[1]).sum();
-          loss +=
-              at::cross_entropy_loss(logits, xy[1], {}, at::Reduction::Sum).to(at::kDouble);
+          loss += at::cross_entropy_loss(logits, xy[1], {}, at::Reduction::Sum).to(at::kDouble);
           seen += xy[1].size(0);
         };
         // Takes the waiting batch's engine crops (their decode done) and forwards the batch;
@@ -424,7 +420,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
               return std::vector<at::Tensor>{crop(batch, rows), label.index_select(0, rows)};
             },
             [&](std::vector<at::Tensor> xy) {  // a whole batch's workers' rows
-              if (encoded.empty()) {  // none on the engines: forward it in order
+              if (encoded.empty()) {           // none on the engines: forward it in order
                 forward_waiting({});
                 forward(xy);
                 return;

@@ -43,12 +43,12 @@ class EngineCropsAhead {
   /// a time: the last one started must have been finished (the decoder is one thread's).
   void start(std::vector<data::EncodedImage> encoded, std::vector<at::Tensor> bytes) {
     TORCH_CHECK(!job_.valid(), "EngineCropsAhead: a decode is still pending");
-    job_ = std::async(std::launch::async, [this, encoded = std::move(encoded),
-                                           bytes = std::move(bytes)]() {
-      LaneGuard guard(lane_, "engine crops");
-      at::NoGradGuard no_grad;
-      return data::engine_crops(spec_, split_, encoded, device_, batch_size_);
-    });
+    job_ = std::async(std::launch::async,
+                      [this, encoded = std::move(encoded), bytes = std::move(bytes)]() {
+                        LaneGuard guard(lane_, "engine crops");
+                        at::NoGradGuard no_grad;
+                        return data::engine_crops(spec_, split_, encoded, device_, batch_size_);
+                      });
   }
 
   /// Waits for a started decode, if any, and drops it and its error (an evaluation that

@@ -104,14 +104,20 @@ inline void load_weights(torch::nn::Module& model, const std::string& path) {
 /// What every job's resume must match (Trainer refuses a checkpoint of another config); the job
 /// adds its own keys. Paths are resolved (realpath), so the same folder under another spelling
 /// is the same config; the Trainer identifies "data" and "val" by their content besides.
-inline nlohmann::json common_config(const ClassifierOptions& o, const std::string& model,
-                                    double lr, double weight_decay) {
-  return {{"model", model},           {"data", resolve_path(o.data)},
-          {"val", resolve_path(o.val)}, {"val_split", o.val_split},
-          {"subset", o.subset},       {"val_subset", o.val_subset},
-          {"optimizer", o.optimizer}, {"lr", lr},
-          {"momentum", o.momentum},   {"weight_decay", weight_decay},
-          {"precision", to_string(o.precision)}, {"weights", resolve_path(o.weights)}};
+inline nlohmann::json common_config(const ClassifierOptions& o, const std::string& model, double lr,
+                                    double weight_decay) {
+  return {{"model", model},
+          {"data", resolve_path(o.data)},
+          {"val", resolve_path(o.val)},
+          {"val_split", o.val_split},
+          {"subset", o.subset},
+          {"val_subset", o.val_subset},
+          {"optimizer", o.optimizer},
+          {"lr", lr},
+          {"momentum", o.momentum},
+          {"weight_decay", weight_decay},
+          {"precision", to_string(o.precision)},
+          {"weights", resolve_path(o.weights)}};
 }
 
 /// Loader settings for an evaluation pass: every sample once, in order, the short last batch

@@ -46,8 +46,9 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
                    ": give the class count, --classes N (mask ids 0 .. N-1; --ignore-index ",
                    o.ignore_index, " is skipped)");
   const std::string model_name = o.model == "auto" ? "fcn_resnet18" : o.model;
-  TANDEM_CHECK_ARG(model_name.rfind("fcn_", 0) == 0, "model '", model_name, "' classifies: ",
-                   o.data, " holds image + mask pairs, expected fcn_resnet18, fcn_resnet34 or "
+  TANDEM_CHECK_ARG(model_name.rfind("fcn_", 0) == 0, "model '", model_name,
+                   "' classifies: ", o.data,
+                   " holds image + mask pairs, expected fcn_resnet18, fcn_resnet34 or "
                    "fcn_resnet50");
   TANDEM_CHECK_ARG(!o.freeze_backbone, "--freeze backbone is for the classifiers");
   const bool adamw = o.optimizer == "adamw";
@@ -96,22 +97,25 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
 
   const auto on_device = at::TensorOptions().dtype(at::kFloat).device(device);
   const at::Tensor mean = at::tensor({kMean[0], kMean[1], kMean[2]}, at::kDouble)
-                             .mul(255).to(on_device).view({1, 3, 1, 1});
+                              .mul(255)
+                              .to(on_device)
+                              .view({1, 3, 1, 1});
   const at::Tensor std = at::tensor({kStd[0], kStd[1], kStd[2]}, at::kDouble)
-                            .mul(255).to(on_device).view({1, 3, 1, 1});
+                             .mul(255)
+                             .to(on_device)
+                             .view({1, 3, 1, 1});
   Workload& w = job.workload;
   w.name = model_name;
   w.device = device;
   w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
-  w.feeds.push_back({"normalize",
-                     "augment",
-                     {"image"},
-                     {"x"},
-                     [mean, std, nhwc](const Tensors& in) {
-                       return Tensors{normalize(in[0], mean, std, nhwc)};
-                     },
-                     "uint8 -> normalized float",
-                     {}});
+  w.feeds.push_back(
+      {"normalize",
+       "augment",
+       {"image"},
+       {"x"},
+       [mean, std, nhwc](const Tensors& in) { return Tensors{normalize(in[0], mean, std, nhwc)}; },
+       "uint8 -> normalized float",
+       {}});
   auto n = net.ptr();
   w.train.inputs = {"x", "mask"};
   w.train.loss = [n, device, precision, ignore](const Tensors& in) {
@@ -151,8 +155,8 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
             const at::Tensor logits = n->forward(xm[0]).to(at::kFloat);
             const at::Tensor valid = mask.ne(ignore);
             const at::Tensor pred = logits.argmax(1);
-            confusion += at::bincount(
-                (mask.masked_select(valid) * K + pred.masked_select(valid)), {}, K * K);
+            confusion += at::bincount((mask.masked_select(valid) * K + pred.masked_select(valid)),
+                                      {}, K * K);
             loss += at::cross_entropy_loss(logits, mask, {}, at::Reduction::Sum, ignore)
                         .to(at::kDouble);
             pixels += valid.sum();
@@ -162,15 +166,14 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
       const at::Tensor tp = cm.diag(), unions = cm.sum(0) + cm.sum(1) - tp;
       const at::Tensor present = unions.gt(0);
       const double miou =
-          present.any().item<bool>() ? (tp / unions.clamp_min(1)).masked_select(present).mean()
-                                           .item<double>()
-                                     : 0;
+          present.any().item<bool>()
+              ? (tp / unions.clamp_min(1)).masked_select(present).mean().item<double>()
+              : 0;
       const int64_t count = pixels.item<int64_t>();
-      return Evaluation(
-          Metrics{{"miou", miou},
-                  {"pixel_accuracy", count > 0 ? tp.sum().item<double>() / count : 0},
-                  {"val_loss", count > 0 ? loss.item<double>() / count : 0}},
-          images);
+      return Evaluation(Metrics{{"miou", miou},
+                                {"pixel_accuracy", count > 0 ? tp.sum().item<double>() / count : 0},
+                                {"val_loss", count > 0 ? loss.item<double>() / count : 0}},
+                        images);
     };
   }
   return job;

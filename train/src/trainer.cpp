@@ -5,8 +5,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <dirent.h>
-#include <sys/stat.h>
 
 #include <chrono>
 #include <cmath>
@@ -17,12 +15,13 @@
 #include <sstream>
 #include <utility>
 
+#include "evaluation_thread.h"
+#include "posix_fs.h"
 #include "tandem/distributed/data_parallel.h"
 #include "tandem/distributed/process_group.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/runner.h"
 #include "tandem/train/checkpoint.h"
-#include "evaluation_thread.h"
 
 namespace tandem::train {
 
@@ -33,25 +32,8 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-bool non_empty_dir(const std::string& path) {
-  DIR* d = ::opendir(path.c_str());
-  if (!d) return false;
-  bool any = false;
-  while (dirent* e = ::readdir(d))
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) any = true;
-  ::closedir(d);
-  return any;
-}
-
-bool exists(const std::string& path) {
-  struct stat st{};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-bool is_dir(const std::string& path) {
-  struct stat st{};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
+using fs::exists;
+using fs::is_dir;
 
 // The newest checkpoint in `dir` that loads whole (CheckpointStore::load checks it), with its
 // folder; a newer damaged one is skipped with a note saying why. None when `dir` holds none;
@@ -115,10 +97,11 @@ EpochRecord from_json(const nlohmann::json& j) {
   r.eval_seconds = j.at("eval_seconds").get<double>();
   r.eval_images_per_s = j.value("eval_images_per_s", 0.0);
   r.resumed_at_step = j.value("resumed_at_step", int64_t{-1});
-  static const char* kFixed[] = {"epoch",         "step",          "train_loss",
-                                 "lr",            "images_per_s",  "epoch_images_per_s",
-                                 "train_seconds", "eval_seconds",  "resumed_at_step",
-                                 "eval_images_per_s"};
+  static const char* kFixed[] = {"epoch",           "step",
+                                 "train_loss",      "lr",
+                                 "images_per_s",    "epoch_images_per_s",
+                                 "train_seconds",   "eval_seconds",
+                                 "resumed_at_step", "eval_images_per_s"};
   for (const auto& [k, v] : j.items())
     if (std::find(std::begin(kFixed), std::end(kFixed), k) == std::end(kFixed) && v.is_number())
       r.metrics[k] = v.get<double>();
@@ -131,11 +114,10 @@ std::string config_difference(const nlohmann::json& saved, const nlohmann::json&
   for (const auto& [k, v] : now.items())
     if (!saved.contains(k) || saved.at(k) != v)
       out += (out.empty() ? "" : ", ") + k + ": checkpoint " +
-             (saved.contains(k) ? saved.at(k).dump() : std::string("(none)")) + ", now " +
-             v.dump();
+             (saved.contains(k) ? saved.at(k).dump() : std::string("(none)")) + ", now " + v.dump();
   for (const auto& [k, v] : saved.items())
-    if (!now.contains(k)) out += (out.empty() ? "" : ", ") + k + ": checkpoint " + v.dump() +
-                                 ", now (none)";
+    if (!now.contains(k))
+      out += (out.empty() ? "" : ", ") + k + ": checkpoint " + v.dump() + ", now (none)";
   return out;
 }
 
@@ -190,7 +172,7 @@ extern "C" void on_stop_signal(int sig) {
 
 void install_stop_handlers(std::atomic<int>* flag) {
   g_stop_flag = flag;
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESETHAND;  // a second signal of the kind kills
@@ -214,8 +196,8 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
     };
   }
   const DataSource& data = job_.workload.data;
-  TANDEM_CHECK_ARG(data.kind() == DataSource::Kind::kDataset && data.drop_last(),
-                   "train job '", job_.name,
+  TANDEM_CHECK_ARG(data.kind() == DataSource::Kind::kDataset && data.drop_last(), "train job '",
+                   job_.name,
                    "': expected a dataset source with drop_last (DataSource::from_dataset)");
   if (o.group) {
     world_ = o.group->world_size();
@@ -250,14 +232,13 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
       return;
     }
     // A run that failed before its first checkpoint (or a new folder): nothing to continue.
-    resume_notes_.push_back("--resume: no checkpoint in " + o.out_dir +
-                            "/checkpoints: starting the run from step 0" +
-                            (non_empty_dir(o.out_dir) ? " (its metrics files are rewritten)"
-                                                      : ""));
+    resume_notes_.push_back(
+        "--resume: no checkpoint in " + o.out_dir + "/checkpoints: starting the run from step 0" +
+        (fs::is_non_empty_dir(o.out_dir) ? " (its metrics files are rewritten)" : ""));
     if (lead) std::cerr << resume_notes_.back() << "\n";
   }
   if (lead) {
-    TANDEM_CHECK_ARG(o.resume || !non_empty_dir(o.out_dir), "run folder ", o.out_dir,
+    TANDEM_CHECK_ARG(o.resume || !fs::is_non_empty_dir(o.out_dir), "run folder ", o.out_dir,
                      " already exists and is not empty: add --resume to continue it (from its "
                      "newest checkpoint, or from step 0 when it has none), or choose another "
                      "--out (nothing is overwritten)");
@@ -339,11 +320,10 @@ void Trainer::load_checkpoint(const Checkpoint& c, const std::string& folder) {
   const int64_t in_epoch = c.step % spe;
   if (in_epoch == 0) return;
   if (!st.contains("epoch_so_far")) {
-    resume_notes_.push_back("--resume: checkpoint " + folder +
-                            " (format 1) holds no running sums of epoch " +
-                            std::to_string(c.step / spe + 1) +
-                            ": its train_loss and train_seconds cover steps " +
-                            std::to_string(c.step) + " on only");
+    resume_notes_.push_back(
+        "--resume: checkpoint " + folder + " (format 1) holds no running sums of epoch " +
+        std::to_string(c.step / spe + 1) + ": its train_loss and train_seconds cover steps " +
+        std::to_string(c.step) + " on only");
     return;
   }
   const nlohmann::json& e = st["epoch_so_far"];
@@ -409,8 +389,9 @@ TrainResult Trainer::run() {
           metric_names.push_back(k);
     csv = "epoch,step,train_loss";
     for (const auto& k : metric_names) csv += "," + k;
-    csv += ",lr,images_per_s,epoch_images_per_s,train_seconds,eval_seconds,eval_images_per_s,"
-           "resumed_at_step\n";
+    csv +=
+        ",lr,images_per_s,epoch_images_per_s,train_seconds,eval_seconds,eval_images_per_s,"
+        "resumed_at_step\n";
     for (const auto& r : epochs) {
       jsonl += to_json(r).dump() + "\n";
       std::ostringstream line;
@@ -435,8 +416,8 @@ TrainResult Trainer::run() {
 
   if (start >= total) {  // the run was complete
     result.last_checkpoint = resumed_folder_;
-    result.weights = exists(o.out_dir + "/model.safetensors") ? o.out_dir + "/model.safetensors"
-                                                              : std::string();
+    result.weights =
+        exists(o.out_dir + "/model.safetensors") ? o.out_dir + "/model.safetensors" : std::string();
     return result;
   }
 
@@ -539,9 +520,9 @@ TrainResult Trainer::run() {
     std::optional<EpochSums> sums;
     std::vector<double> loss_sums;
     if (g % spe != 0) {
-      sums = epoch_sums(g - g % spe, g,
-                        std::chrono::duration<double>(t - epoch_start).count() -
-                            epoch_eval_excluded);
+      sums =
+          epoch_sums(g - g % spe, g,
+                     std::chrono::duration<double>(t - epoch_start).count() - epoch_eval_excluded);
       loss_sums = {sums->loss_sum};
       if (group) {
         std::vector<uint8_t> bytes(sizeof(double));
@@ -575,12 +556,8 @@ TrainResult Trainer::run() {
     }
     nlohmann::json history = nlohmann::json::array();
     for (const auto& r : result.epochs) history.push_back(to_json(r));
-    c.state = {{"config", job_.config},
-               {"data_fingerprints", data_ids_},
-               {"epoch", g / spe},
-               {"step_in_epoch", g % spe},
-               {"steps_per_epoch", spe},
-               {"epochs", history}};
+    c.state = {{"config", job_.config},    {"data_fingerprints", data_ids_}, {"epoch", g / spe},
+               {"step_in_epoch", g % spe}, {"steps_per_epoch", spe},         {"epochs", history}};
     if (job_.save_state) c.state["job_state"] = job_.save_state();
     if (sums)
       c.state["epoch_so_far"] = {{"steps", sums->steps},
@@ -624,8 +601,8 @@ TrainResult Trainer::run() {
         Runner& r;
         ~Resume() { r.pause_loading(false); }
       } resume{runner};
-      Evaluation ev = evaluations.run<Evaluation>(
-          train_lane, [&] { return job_.evaluate(train_lane); });
+      Evaluation ev =
+          evaluations.run<Evaluation>(train_lane, [&] { return job_.evaluate(train_lane); });
       r.metrics = std::move(ev.metrics);
       scored = ev.samples;
     }

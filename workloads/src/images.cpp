@@ -3,14 +3,14 @@
 #include "tandem/workloads/images.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
-#include <ATen/CPUGeneratorImpl.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/utils.h>
 
 #include "tandem/data/decode.h"
 #include "tandem/data/engine_split.h"
@@ -130,8 +130,9 @@ int64_t int_param(const WorkloadOptions& o, const std::string& name, int64_t lo,
   const std::string& text = it->second;
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  TANDEM_CHECK_ARG(end && *end == '\0' && !text.empty() && v >= lo && v <= hi, "workload images: ",
-                   name, " '", text, "' is not valid: expected ", lo, "..", hi);
+  TANDEM_CHECK_ARG(end && *end == '\0' && !text.empty() && v >= lo && v <= hi,
+                   "workload images: ", name, " '", text, "' is not valid: expected ", lo, "..",
+                   hi);
   return v;
 }
 
@@ -155,7 +156,8 @@ ImagesOptions parse(const WorkloadOptions& o) {
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
     TANDEM_CHECK_ARG(end && *end == '\0' && !text.empty() && v > 0 && v < 100,
-                     "workload images: lr '", text, "' is not valid: expected a number in (0, 100)");
+                     "workload images: lr '", text,
+                     "' is not valid: expected a number in (0, 100)");
     io.lr = v;
   }
   if (o.params.count("engine_share")) {
@@ -193,15 +195,14 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
     classes = static_cast<int64_t>(folder->classes().size());
     const std::string decode = param_or_default(options.params, images_params(), "decode");
     if (decode == "auto" && io.crop_regions)
-      split = data::open_engine_split(*folder, device, S, io.engine_share,
-                                      options.workers > 0 ? options.workers
-                                                          : data::DecodeTrial::cores(),
-                                      "images: decode=auto");
+      split = data::open_engine_split(
+          *folder, device, S, io.engine_share,
+          options.workers > 0 ? options.workers : data::DecodeTrial::cores(),
+          "images: decode=auto");
     if (!split.decoder) decoder = gpu_decoder(*folder, device, S, decode);
     if (split.decoder)
       folder = std::make_shared<data::ImageFolderDataset>(
-          folder->with_output(data::ImageFolderOutput::kCropRegion)
-              .with_engine_share(split.share));
+          folder->with_output(data::ImageFolderOutput::kCropRegion).with_engine_share(split.share));
     else if (decoder)
       folder = std::make_shared<data::ImageFolderDataset>(
           folder->with_output(data::ImageFolderOutput::kEncoded));
@@ -231,25 +232,23 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
       // is planar), then the same crop kernel. One decoder per instance, used by that stage's
       // thread alone.
       spec.planar = true;
-      w.feeds.push_back(
-          {"augment",
-           "augment",
-           {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
-           {"x"},
-           [spec, generator, decoder, device, nhwc](const Tensors& in) {
-             // Every row holds its file's bytes: all of them are the engines'.
-             const data::DeviceDecoded d =
-                 data::decode_on_device(*decoder, data::split_rows(in[0], in[1], in[2]).encoded,
-                                        device);
-             const data::PackedImages& p = d.images;
-             const at::Tensor& sizes = d.hwc_sizes;
-             const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
-             at::Tensor x = resized_crop(p.packed, p.offsets, sizes, boxes, spec);
-             return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
-           },
-           "nvJPEG decode, then RandomResizedCrop + flip + normalize",
-           {generator},
-           Capture::kNever});
+      w.feeds.push_back({"augment",
+                         "augment",
+                         {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
+                         {"x"},
+                         [spec, generator, decoder, device, nhwc](const Tensors& in) {
+                           // Every row holds its file's bytes: all of them are the engines'.
+                           const data::DeviceDecoded d = data::decode_on_device(
+                               *decoder, data::split_rows(in[0], in[1], in[2]).encoded, device);
+                           const data::PackedImages& p = d.images;
+                           const at::Tensor& sizes = d.hwc_sizes;
+                           const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
+                           at::Tensor x = resized_crop(p.packed, p.offsets, sizes, boxes, spec);
+                           return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
+                         },
+                         "nvJPEG decode, then RandomResizedCrop + flip + normalize",
+                         {generator},
+                         Capture::kNever});
     } else {
       // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
       // resample kernel per batch, so a graph would save two launches.
@@ -294,16 +293,17 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
                        {"x"},
                        {"features"},
                        std::move(features),
-                       io.folded_backbone ? "frozen ResNet-50 (batch norm folded) to pooled features"
-                                          : "frozen ResNet-50 to pooled features",
+                       io.folded_backbone
+                           ? "frozen ResNet-50 (batch norm folded) to pooled features"
+                           : "frozen ResNet-50 to pooled features",
                        {}});  // no random draws: nothing to register with its graph
     auto h = head.ptr();
     w.train.inputs = {"features", "label"};
     w.train.loss = [h](const Tensors& in) {
       return deterministic_cross_entropy(h->forward(in[0]), in[1]);
     };
-    w.train.optimizer = std::make_shared<optim::Sgd>(
-        head->parameters(), optim::SgdOptions{io.lr, io.momentum});
+    w.train.optimizer =
+        std::make_shared<optim::Sgd>(head->parameters(), optim::SgdOptions{io.lr, io.momentum});
     w.train.what = "linear head, cross-entropy";
     out.logits = [bb, h](const at::Tensor& x) {
       at::NoGradGuard no_grad;

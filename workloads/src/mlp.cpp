@@ -54,8 +54,10 @@ WorkloadEntry mlp_entry() {
   return {"mlp",
           "4096-2048-1024 MLP with dropout on device-resident batches "
           "(docs/reference-workloads.md)",
-          640,   16,
-          {},    [](const WorkloadOptions& o) { return make_mlp(o).workload; }};
+          640,
+          16,
+          {},
+          [](const WorkloadOptions& o) { return make_mlp(o).workload; }};
 }
 
 }  // namespace tandem

@@ -17,7 +17,7 @@ namespace tandem {
 const std::vector<WorkloadEntry>& reference_workloads() {
   static const std::vector<WorkloadEntry> entries{seg_entry(), cls_entry(), mlp_entry()
 #ifdef TANDEM_HAVE_IMAGES
-                                                  ,
+                                                                                ,
                                                   images_entry()
 #endif
   };

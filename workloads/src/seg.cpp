@@ -77,8 +77,10 @@ WorkloadEntry seg_entry() {
   return {"seg",
           "frozen 9-conv encoder + trainable decoder, 256x256 segmentation "
           "(docs/reference-workloads.md)",
-          8,     2,
-          {},    [](const WorkloadOptions& o) { return make_seg(o).workload; }};
+          8,
+          2,
+          {},
+          [](const WorkloadOptions& o) { return make_seg(o).workload; }};
 }
 
 }  // namespace tandem

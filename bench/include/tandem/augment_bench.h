@@ -2,9 +2,8 @@
 // device-to-device copy of as many bytes measured in the same run (the bandwidth ceiling).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -13,15 +12,15 @@
 namespace tandem {
 
 struct AugmentBenchRow {
-  std::string mode;            ///< "gpu" (the kernel) or "cpu" (the C++ reference, all cores)
-  std::string sampling;        ///< the kernel's ("gather" or "staged"); "" on the CPU
-  std::string requested;       ///< what --sampling asked for (auto, gather, staged); "" on CPU
+  std::string mode;       ///< "gpu" (the kernel) or "cpu" (the C++ reference, all cores)
+  std::string sampling;   ///< the kernel's ("gather" or "staged"); "" on the CPU
+  std::string requested;  ///< what --sampling asked for (auto, gather, staged); "" on CPU
   int64_t batch_size = 0;
-  double ms_per_batch = 0;     ///< median over repeats
-  double steps_per_s = 0;      ///< batches per second
+  double ms_per_batch = 0;  ///< median over repeats
+  double steps_per_s = 0;   ///< batches per second
   double images_per_s = 0;
-  double gb_per_s = 0;         ///< (uint8 bytes read + float32 bytes written) / time
-  double copy_gb_per_s = 0;    ///< a copy of the output's size: (read + written) / time; 0 on CPU
+  double gb_per_s = 0;       ///< (uint8 bytes read + float32 bytes written) / time
+  double copy_gb_per_s = 0;  ///< a copy of the output's size: (read + written) / time; 0 on CPU
   /// The whole per-batch transform: drawing the parameters (one more launch) and augmenting.
   double ms_per_batch_with_draw = 0;
 };

@@ -112,8 +112,7 @@ int vector_width(BnDtype dtype) { return dtype == BnDtype::kFloat ? 4 : 8; }
 bool vectorized(const BnApplyRelu& a) {
   const int vec = vector_width(a.dtype);
   const bool one_run = a.channels_last ? a.channels % vec == 0 : a.spatial % vec == 0;
-  return one_run && a.numel % vec == 0 && aligned16(a.x) && aligned16(a.residual) &&
-         aligned16(a.y);
+  return one_run && a.numel % vec == 0 && aligned16(a.x) && aligned16(a.residual) && aligned16(a.y);
 }
 
 template <typename T>
@@ -147,9 +146,15 @@ void launch_bn_apply_relu(const BnApplyRelu& args, cudaStream_t stream) {
   TANDEM_CHECK_ARG(!args.mask || vectorized(args),
                    "the batch-norm apply writes a mask only on its 16-byte vector path");
   switch (args.dtype) {
-    case BnDtype::kFloat: launch_typed<float>(args, stream); break;
-    case BnDtype::kBFloat16: launch_typed<__nv_bfloat16>(args, stream); break;
-    case BnDtype::kHalf: launch_typed<__half>(args, stream); break;
+    case BnDtype::kFloat:
+      launch_typed<float>(args, stream);
+      break;
+    case BnDtype::kBFloat16:
+      launch_typed<__nv_bfloat16>(args, stream);
+      break;
+    case BnDtype::kHalf:
+      launch_typed<__half>(args, stream);
+      break;
   }
 }
 
@@ -184,7 +189,8 @@ int resident_blocks(const void* kernel, int threads) {
   const std::lock_guard<std::mutex> lock(mutex);
   auto [it, fresh] = known.try_emplace({kernel, threads}, 0);
   if (fresh) {
-    TANDEM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, threads, 0));
+    TANDEM_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, threads, 0));
     it->second = std::max(it->second, 1);
   }
   return it->second;
@@ -205,8 +211,8 @@ Grid grid_for(const BnRows& t, int per_sm, int capacity) {
   const int64_t row_blocks = (t.rows + g.ty - 1) / g.ty;
   const int64_t wanted =
       (static_cast<int64_t>(per_sm) * device_multiprocessors() + g.gx - 1) / g.gx;
-  g.splits = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>({row_blocks, wanted, static_cast<int64_t>(capacity)})));
+  g.splits = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>({row_blocks, wanted, static_cast<int64_t>(capacity)})));
   return g;
 }
 
@@ -332,7 +338,8 @@ __global__ void stats_finalize(BnStats a, int channels, int splits) {
   a.invstd[c] = invstd;
   a.scale[c] = scale;
   a.shift[c] = a.bias[c] - mean * scale;
-  if (a.running_mean) a.running_mean[c] = (1.f - a.momentum) * a.running_mean[c] + a.momentum * mean;
+  if (a.running_mean)
+    a.running_mean[c] = (1.f - a.momentum) * a.running_mean[c] + a.momentum * mean;
   if (a.running_var) {
     const float unbiased = n > 1.f ? var * n / (n - 1.f) : var;
     a.running_var[c] = (1.f - a.momentum) * a.running_var[c] + a.momentum * unbiased;
@@ -485,8 +492,8 @@ __global__ void __launch_bounds__(256) backward_elementwise(BnBackward a, Grid g
         if (kGradResidual) out_r.v[k] = keep ? pg[j].v[k] : from_float<T>(0.f);
         if (kGradX) {
           const float d = keep ? to_float(pg[j].v[k]) : 0.f;
-          out_x.v[k] = from_float<T>(
-              fmaf(ca[k], d, fmaf(cb[k], to_float(px[j].v[k]) - mean[k], cd[k])));
+          out_x.v[k] =
+              from_float<T>(fmaf(ca[k], d, fmaf(cb[k], to_float(px[j].v[k]) - mean[k], cd[k])));
         }
       }
       if (kGradX) reinterpret_cast<Pack<T, kVec>*>(dx)[v] = out_x;
@@ -538,10 +545,11 @@ void launch_stats_typed(const BnStats& a, cudaStream_t stream) {
 }
 
 void check_rows(const BnRows& t) {
-  TANDEM_CHECK_ARG(t.rows > 0 && t.channels > 0 && t.channels % vector_width(t.dtype) == 0 &&
-                       aligned16(t.x),
-                   "the channels-last batch-norm kernels need 16-byte aligned rows of whole "
-                   "vectors: got ", t.channels, " channels");
+  TANDEM_CHECK_ARG(
+      t.rows > 0 && t.channels > 0 && t.channels % vector_width(t.dtype) == 0 && aligned16(t.x),
+      "the channels-last batch-norm kernels need 16-byte aligned rows of whole "
+      "vectors: got ",
+      t.channels, " channels");
 }
 
 }  // namespace
@@ -557,9 +565,15 @@ int64_t bn_partials_floats(const BnRows& t, int splits) {
 void launch_bn_stats(const BnStats& a, cudaStream_t stream) {
   check_rows(a.in);
   switch (a.in.dtype) {
-    case BnDtype::kFloat: launch_stats_typed<float>(a, stream); break;
-    case BnDtype::kBFloat16: launch_stats_typed<__nv_bfloat16>(a, stream); break;
-    case BnDtype::kHalf: launch_stats_typed<__half>(a, stream); break;
+    case BnDtype::kFloat:
+      launch_stats_typed<float>(a, stream);
+      break;
+    case BnDtype::kBFloat16:
+      launch_stats_typed<__nv_bfloat16>(a, stream);
+      break;
+    case BnDtype::kHalf:
+      launch_stats_typed<__half>(a, stream);
+      break;
   }
 }
 
@@ -575,9 +589,15 @@ void launch_bn_backward(const BnBackward& a, cudaStream_t stream) {
       launch_backward_typed<T, false>(a, stream);
   };
   switch (a.in.dtype) {
-    case BnDtype::kFloat: typed(float{}); break;
-    case BnDtype::kBFloat16: typed(__nv_bfloat16{}); break;
-    case BnDtype::kHalf: typed(__half{}); break;
+    case BnDtype::kFloat:
+      typed(float{});
+      break;
+    case BnDtype::kBFloat16:
+      typed(__nv_bfloat16{});
+      break;
+    case BnDtype::kHalf:
+      typed(__half{});
+      break;
   }
 }
 

@@ -48,7 +48,7 @@ void launch_bn_apply_relu(const BnApplyRelu& args, cudaStream_t stream);
 
 /// A channels-last tensor as rows of channels, and the grid the reductions over it use.
 struct BnRows {
-  const void* x;  // rows * channels elements of dtype, 16-byte aligned
+  const void* x;           // rows * channels elements of dtype, 16-byte aligned
   int64_t rows, channels;  // channels: a multiple of bn_vector_width(dtype)
   BnDtype dtype;
 };
@@ -66,8 +66,8 @@ struct BnStats {
   const float* weight;
   const float* bias;
   float* running_mean;
-  float* running_var;      // updated with the unbiased variance, as BatchNorm2d
-  int64_t* num_batches;    // incremented by one, or null
+  float* running_var;    // updated with the unbiased variance, as BatchNorm2d
+  int64_t* num_batches;  // incremented by one, or null
   float momentum, eps;
   // Outputs, (C,) float32.
   float* mean;
@@ -82,20 +82,20 @@ struct BnStats {
 void launch_bn_stats(const BnStats& args, cudaStream_t stream);
 
 struct BnBackward {
-  BnRows in;             // x, the batch norm's input
-  const void* grad;      // dL/dy, laid out and typed as x
-  const uint8_t* mask;   // the apply's mask (y > 0), or null: no ReLU
-  const float* mean;     // the forward's
+  BnRows in;            // x, the batch norm's input
+  const void* grad;     // dL/dy, laid out and typed as x
+  const uint8_t* mask;  // the apply's mask (y > 0), or null: no ReLU
+  const float* mean;    // the forward's
   const float* invstd;
   const float* weight;
   int splits;
-  float* partials;       // bn_partials_floats
-  float* coefficients;   // 3 * C floats of workspace
+  float* partials;      // bn_partials_floats
+  float* coefficients;  // 3 * C floats of workspace
   // Outputs, each may be null (not wanted).
-  float* grad_weight;    // (C,) float32
-  float* grad_bias;      // (C,) float32
-  void* grad_x;          // laid out and typed as x
-  void* grad_residual;   // the masked dL/dy (the residual's gradient), laid out and typed as x
+  float* grad_weight;   // (C,) float32
+  float* grad_bias;     // (C,) float32
+  void* grad_x;         // laid out and typed as x
+  void* grad_residual;  // the masked dL/dy (the residual's gradient), laid out and typed as x
 };
 
 /// The batch norm's (and ReLU's) backward in three kernels on `stream`: per-channel sums of the

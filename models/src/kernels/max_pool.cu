@@ -30,8 +30,8 @@ struct alignas(kVec) Bytes {
 };
 
 template <typename T, int kVec>
-__global__ void __launch_bounds__(256) max_pool_forward(MaxPoolShape s, const T* x, T* y,
-                                                        uint8_t* window) {
+__global__ void __launch_bounds__(256)
+    max_pool_forward(MaxPoolShape s, const T* x, T* y, uint8_t* window) {
   const int64_t groups = s.channels / kVec;
   const int64_t total = s.n * s.out_h * s.out_w * groups;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(256) max_pool_forward(MaxPoolShape s, const T*
 }
 
 template <typename T, int kVec>
-__global__ void __launch_bounds__(256) max_pool_backward(MaxPoolShape s, const T* grad_y,
-                                                         const uint8_t* window, T* grad_x) {
+__global__ void __launch_bounds__(256)
+    max_pool_backward(MaxPoolShape s, const T* grad_y, const uint8_t* window, T* grad_x) {
   const int64_t groups = s.channels / kVec;
   const int64_t total = s.n * s.h * s.w * groups;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -124,9 +124,15 @@ unsigned blocks_for(int64_t work) {
 template <typename F>
 void by_dtype(BnDtype dtype, F&& f) {
   switch (dtype) {
-    case BnDtype::kFloat: f(float{}); break;
-    case BnDtype::kBFloat16: f(__nv_bfloat16{}); break;
-    case BnDtype::kHalf: f(__half{}); break;
+    case BnDtype::kFloat:
+      f(float{});
+      break;
+    case BnDtype::kBFloat16:
+      f(__nv_bfloat16{});
+      break;
+    case BnDtype::kHalf:
+      f(__half{});
+      break;
   }
 }
 
@@ -139,8 +145,8 @@ void launch_max_pool_forward(const MaxPoolShape& s, const void* x, void* y, uint
     constexpr int kVec = 16 / sizeof(T);
     const int64_t work = s.n * s.out_h * s.out_w * (s.channels / kVec);
     if (work == 0) return;
-    max_pool_forward<T, kVec><<<blocks_for(work), 256, 0, stream>>>(
-        s, static_cast<const T*>(x), static_cast<T*>(y), window);
+    max_pool_forward<T, kVec><<<blocks_for(work), 256, 0, stream>>>(s, static_cast<const T*>(x),
+                                                                    static_cast<T*>(y), window);
   });
   TANDEM_CUDA_CHECK(cudaGetLastError());
 }

@@ -101,8 +101,8 @@ at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
 /// last with `channels_last`. A row whose "jpeg" is empty was decoded by a worker (its region,
 /// the box placed in it); the others are decoded here on the engines at full size, their boxes
 /// in the full-resolution pixels; one resample kernel serves both. Records the engines' times
-/// in split.share and rebalances an adaptive share (EngineShare::rebalance); its report (for the run's
-/// notes) is EngineShare::report. Capture::kNever (nvJPEG's host work, sizes that vary).
+/// in split.share and rebalances an adaptive share (EngineShare::rebalance); its report (for the
+/// run's notes) is EngineShare::report. Capture::kNever (nvJPEG's host work, sizes that vary).
 FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10::Device device,
                             bool channels_last, int64_t batch_size);
 

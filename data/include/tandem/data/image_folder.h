@@ -18,7 +18,8 @@ class EngineShare;  // engine_split.h
 enum class ImageFolderOutput {
   /// Resize(S) + CenterCrop(S) on the CPU, in the worker: (C, S, S), every sample alike.
   kCenterCrop,
-  /// As decoded, at the sample's own size (a variable-size field), (H, W, C) interleaved: the JPEG at the smallest DCT
+  /// As decoded, at the sample's own size (a variable-size field), (H, W, C) interleaved: the JPEG
+  /// at the smallest DCT
   /// scale whose height and width are still >= S (a 640 x 480 photo for S = 224 decodes at
   /// 320 x 240, for a quarter of the work), a PNG at full size. The GPU crops and resizes the
   /// batch (resized_crop.h: RandomResizedCrop for training, Resize + CenterCrop for evaluation).
@@ -61,8 +62,7 @@ bool decodes_on_engines(double share, uint64_t position);
 /// only that box decoded (decode_image_region, at the scale that keeps it at `size`). `box`
 /// receives the kCropBoxFields values, placed in the returned (h, w, channels) pixels.
 at::Tensor decode_drawn_crop(const std::vector<uint8_t>& bytes, const std::string& path,
-                             int64_t channels, int64_t size, const SampleDraw& draw,
-                             int32_t* box);
+                             int64_t channels, int64_t size, const SampleDraw& draw, int32_t* box);
 
 /// Fields: {"image", {C, S, S}, kByte} (kDecoded and kCropRegion: (H, W, C), variable-size,
 /// typical 1.5 S a side; kEncoded: "jpeg" instead, the file's bytes), for kCropRegion with an

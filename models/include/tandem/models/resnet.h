@@ -41,7 +41,7 @@ class BasicBlockImpl : public torch::nn::Module {
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
   torch::nn::Sequential downsample{nullptr};  // null where the identity fits
-  bool fused_batch_norm = true;  ///< ResNetOptions::fused_batch_norm
+  bool fused_batch_norm = true;               ///< ResNetOptions::fused_batch_norm
 };
 TORCH_MODULE(BasicBlock);
 
@@ -58,7 +58,7 @@ class BottleneckImpl : public torch::nn::Module {
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
   torch::nn::Sequential downsample{nullptr};  // null where the identity fits
-  bool fused_batch_norm = true;  ///< ResNetOptions::fused_batch_norm
+  bool fused_batch_norm = true;               ///< ResNetOptions::fused_batch_norm
 };
 TORCH_MODULE(Bottleneck);
 

@@ -20,7 +20,7 @@ struct SmallCnnOptions {
   int64_t in_channels = 1;
   int64_t num_classes = 10;
   int64_t image_size = 28;  ///< H = W; a multiple of 4 (two 2x2 pools)
-  double dropout = 0.25;  ///< before the classifier, training mode only
+  double dropout = 0.25;    ///< before the classifier, training mode only
 };
 
 class SmallCnnImpl : public torch::nn::Module {

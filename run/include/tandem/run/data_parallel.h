@@ -5,22 +5,21 @@
 // report over the ranks.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include "tandem/run/resolve_mode.h"
-#include "tandem/run/run_workload.h"
 #include "tandem/distributed/data_parallel.h"
 #include "tandem/distributed/process_group.h"
+#include "tandem/run/resolve_mode.h"
+#include "tandem/run/run_workload.h"
 
 namespace tandem::run {
 
 /// Joins the job when the environment describes one of more than one rank, else nullptr.
 /// `device_flag` (auto, cpu, cuda, cuda:N) picks this rank's device: cuda:LOCAL_RANK unless the
-/// CPU is asked for or there is no GPU. Throws distributed::EnvironmentError (exit 2) for more local
-/// ranks than GPUs or an explicit cuda:N.
+/// CPU is asked for or there is no GPU. Throws distributed::EnvironmentError (exit 2) for more
+/// local ranks than GPUs or an explicit cuda:N.
 std::shared_ptr<distributed::ProcessGroup> join_data_parallel(const std::string& device_flag);
 
 /// Loader threads for a process training on `device` when the user gives no count: on a GPU

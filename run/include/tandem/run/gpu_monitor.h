@@ -3,14 +3,14 @@
 // there is no driver: utilization is then "n/a", never a crash.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
-
-#include <c10/core/Device.h>
 
 namespace tandem::run {
 
@@ -50,8 +50,8 @@ class GpuMonitor {
 
  private:
   struct Nvml;
-  void collect();         // the driver's samples newer than last_seen_us_, or one reading
-  void read_current();    // one nvmlDeviceGetUtilizationRates reading
+  void collect();       // the driver's samples newer than last_seen_us_, or one reading
+  void read_current();  // one nvmlDeviceGetUtilizationRates reading
 
   Nvml* nvml_ = nullptr;
   void* device_handle_ = nullptr;

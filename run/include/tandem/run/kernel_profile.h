@@ -5,10 +5,9 @@
 // instance the same step under torch.compile, listed by torch.profiler in Python).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,14 +15,14 @@
 namespace tandem::run {
 
 struct RunReport {
-  RunRequest request;           ///< resolved
-  std::string device_name;      ///< e.g. "NVIDIA H200" or "cpu"
+  RunRequest request;       ///< resolved
+  std::string device_name;  ///< e.g. "NVIDIA H200" or "cpu"
   std::string torch_version;
-  double seconds = 0;           ///< wall time of the timed steps
+  double seconds = 0;  ///< wall time of the timed steps
   double steps_per_s = 0;
   double samples_per_s = 0;
-  std::vector<float> losses;    ///< every step, warm-up included
-  StageTiming timing;           ///< per stage, over the timed steps
+  std::vector<float> losses;  ///< every step, warm-up included
+  StageTiming timing;         ///< per stage, over the timed steps
   /// NVML's mean GPU utilization over the timed steps, or nullopt (see gpu_utilization_note).
   std::optional<double> gpu_utilization;
   std::string gpu_utilization_note;
@@ -33,8 +32,8 @@ struct RunReport {
   std::string floor_stage;
   /// steps_per_s / (1000 / floor_ms).
   double efficiency = 0;
-  std::vector<std::string> notes;  ///< the runner's (Runner::notes)
-  std::vector<SkippedSample> skipped;  ///< samples left out (skip_bad), each with why
+  std::vector<std::string> notes;        ///< the runner's (Runner::notes)
+  std::vector<SkippedSample> skipped;    ///< samples left out (skip_bad), each with why
   std::optional<KernelProfile> kernels;  ///< with kernel_steps
 };
 

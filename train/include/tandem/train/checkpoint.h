@@ -4,9 +4,8 @@
 // loses the last good one.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,11 +16,11 @@ namespace tandem::train {
 
 /// One checkpoint as it is saved and loaded: three tensor files and the run's state.
 struct Checkpoint {
-  int64_t step = 0;                   ///< training steps done (the global step to resume at)
-  models::NamedTensors model;         ///< the model's state_dict
-  models::NamedTensors optimizer;     ///< Optimizer::state()
-  models::NamedTensors rng;           ///< generator states, "generator.<i>", "default"
-  nlohmann::json state;               ///< epoch, config, metrics so far (trainer.h)
+  int64_t step = 0;                ///< training steps done (the global step to resume at)
+  models::NamedTensors model;      ///< the model's state_dict
+  models::NamedTensors optimizer;  ///< Optimizer::state()
+  models::NamedTensors rng;        ///< generator states, "generator.<i>", "default"
+  nlohmann::json state;            ///< epoch, config, metrics so far (trainer.h)
 };
 
 /// The state.json format save() writes. 1 (no "format" key): before the data fingerprints, the

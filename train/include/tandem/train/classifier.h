@@ -29,16 +29,16 @@ struct ClassifierOptions {
   /// A held-out ImageFolder; empty: an IDX folder's t10k files, or val_split of the training
   /// folder, or no evaluation.
   std::string val;
-  double val_split = 0;  ///< ImageFolder: this fraction of the samples (every k-th) held out
+  double val_split = 0;    ///< ImageFolder: this fraction of the samples (every k-th) held out
   int64_t subset = 0;      ///< train on this many samples spread over the set; 0: all
   int64_t val_subset = 0;  ///< evaluate on this many; 0: all
   /// small_cnn, resnet18, resnet34, resnet50, fcn_resnet18/34/50; "auto": small_cnn for IDX,
   /// fcn_resnet18 for image + mask pairs, resnet18 for an ImageFolder.
   std::string model = "auto";
-  int64_t classes = 0;          ///< segmentation: the class count (required)
-  int64_t ignore_index = 255;   ///< segmentation: the mask id no loss or metric counts
+  int64_t classes = 0;         ///< segmentation: the class count (required)
+  int64_t ignore_index = 255;  ///< segmentation: the mask id no loss or metric counts
   std::string weights;  ///< safetensors to start from (torchvision's names); empty: random init
-  bool freeze_backbone = false;  ///< ResNets: train fc only, the backbone frozen on its own lane
+  bool freeze_backbone = false;     ///< ResNets: train fc only, the backbone frozen on its own lane
   std::string optimizer = "adamw";  ///< sgd | adamw
   double lr = -1;                   ///< < 0: 1e-3 for adamw, 0.1 for sgd
   double momentum = 0.9;            ///< sgd
@@ -65,7 +65,7 @@ struct ClassifierOptions {
   /// convolutions without layout transposes. The saved weights are the same either way.
   bool channels_last = false;
   int64_t batch_size = 64;
-  int workers = 4;           ///< evaluation loader's workers (ImageFolder)
+  int workers = 4;  ///< evaluation loader's workers (ImageFolder)
   c10::Device device = c10::Device(c10::kCPU);
   uint64_t seed = 0;
 };

@@ -10,7 +10,6 @@
 // Feed stages must not read weights the train stage updates (a frozen backbone is fine).
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
 #include <atomic>
@@ -18,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -110,18 +110,18 @@ struct TrainOptions {
   const std::atomic<int>* stop = nullptr;
   /// Called on the train stage's thread about every `progress_seconds`, and at each epoch end.
   struct Progress {
-    int64_t epoch = 0, epochs = 0;           ///< 0-based epoch in progress
+    int64_t epoch = 0, epochs = 0;  ///< 0-based epoch in progress
     int64_t step_in_epoch = 0, steps_per_epoch = 0;
-    int64_t step = 0, total_steps = 0;       ///< global steps done
-    double loss = 0;                         ///< the latest step's
-    double images_per_s = 0;                 ///< over this run so far, evaluation excluded
+    int64_t step = 0, total_steps = 0;  ///< global steps done
+    double loss = 0;                    ///< the latest step's
+    double images_per_s = 0;            ///< over this run so far, evaluation excluded
   };
   std::function<void(const Progress&)> on_progress;
   double progress_seconds = 0.5;
   /// Called after each epoch's evaluation, once its record is in metrics.jsonl.
   std::function<void(const struct EpochRecord&)> on_epoch;
-  /// Data parallel (tandem::distributed): every rank builds the same job and runs a Trainer with the
-  /// same options; batch_size is per rank and each rank trains on its shard. Rank 0 alone
+  /// Data parallel (tandem::distributed): every rank builds the same job and runs a Trainer with
+  /// the same options; batch_size is per rank and each rank trains on its shard. Rank 0 alone
   /// writes the run folder (checkpoints hold every rank's generator states), evaluates and
   /// reports; the ranks agree every kAgreeEvery steps on a stop (a signal on any rank) and on
   /// a non-finite loss, so all stop at one step. Losses are averaged over the ranks; img/s
@@ -137,18 +137,18 @@ constexpr int64_t kAgreeEvery = 8;
 /// images), so its train_loss is bitwise the uninterrupted run's on the CPU and its
 /// train_seconds the sum of both parts; resumed_at_step marks it.
 struct EpochRecord {
-  int64_t epoch = 0;          ///< 1-based, as people count them
-  int64_t step = 0;           ///< global steps done at its end
-  double train_loss = 0;      ///< mean over the epoch's steps
-  double lr = 0;              ///< the last step's learning rate
+  int64_t epoch = 0;      ///< 1-based, as people count them
+  int64_t step = 0;       ///< global steps done at its end
+  double train_loss = 0;  ///< mean over the epoch's steps
+  double lr = 0;          ///< the last step's learning rate
   /// Training img/s in the epoch's steady state: from its (pipeline depth + 2)-th step to its
   /// end (the first steps after a boundary find inputs the feeds made during the evaluation).
   double images_per_s = 0;
-  double epoch_images_per_s = 0;  ///< the whole epoch's images over train_seconds
+  double epoch_images_per_s = 0;               ///< the whole epoch's images over train_seconds
   double train_seconds = 0, eval_seconds = 0;  ///< checkpoints count in neither
   /// The evaluation's samples over eval_seconds; 0 when it did not say how many it scored.
   double eval_images_per_s = 0;
-  Metrics metrics;            ///< the evaluation's
+  Metrics metrics;  ///< the evaluation's
   /// The global step a run resumed at inside this epoch (the latest such), or -1. Its
   /// steady images_per_s is of the part after the resume.
   int64_t resumed_at_step = -1;
@@ -169,8 +169,8 @@ struct TrainResult {
   /// The resume's (a checkpoint skipped and why, a start from step 0, the data moved), then the
   /// runner's (what was captured, ...).
   std::vector<std::string> notes;
-  int64_t resumed_from = -1;        ///< the step resumed at, or -1 (none: also a --resume that
-                                    ///< found no checkpoint and started from step 0)
+  int64_t resumed_from = -1;  ///< the step resumed at, or -1 (none: also a --resume that
+                              ///< found no checkpoint and started from step 0)
 };
 
 /// Thrown when a step's loss is NaN or infinite: what() names the step, the epoch and the
@@ -218,13 +218,13 @@ class Trainer {
   int64_t start_step_ = 0;
   int world_ = 1, rank_ = 0;  // data parallel: this process among the group's (1, 0: alone)
   bool resumed_ = false;
-  std::string resumed_folder_;             // the checkpoint loaded, or empty
+  std::string resumed_folder_;  // the checkpoint loaded, or empty
   std::vector<std::string> resume_notes_;
-  nlohmann::json data_ids_;                // {"data": fingerprint, "val": ...}; rank 0's only
-  EpochSums carried_;                      // of the epoch resumed inside; zero at an epoch end
-  std::vector<EpochRecord> history_;       // from the checkpoint resumed
-  std::vector<at::Tensor> resume_rng_;     // generator states to restore, in Runner order
-  at::Tensor resume_default_rng_;          // the device's default generator
+  nlohmann::json data_ids_;             // {"data": fingerprint, "val": ...}; rank 0's only
+  EpochSums carried_;                   // of the epoch resumed inside; zero at an epoch end
+  std::vector<EpochRecord> history_;    // from the checkpoint resumed
+  std::vector<at::Tensor> resume_rng_;  // generator states to restore, in Runner order
+  at::Tensor resume_default_rng_;       // the device's default generator
 };
 
 /// Installs SIGINT and SIGTERM handlers that store the signal in `flag` (the first one; a

@@ -42,9 +42,9 @@ class ClsDataset : public Dataset {
 enum class AugmentOn { kGpu, kCpu };
 
 struct ClsOptions {
-  AugmentSpec augment;                ///< the reference pipeline by default
+  AugmentSpec augment;  ///< the reference pipeline by default
   AugmentOn augment_on = AugmentOn::kGpu;
-  bool learnable = false;             ///< the toy task of ClsDataset
+  bool learnable = false;  ///< the toy task of ClsDataset
   double lr = kClsLearningRate;
 };
 

@@ -1,16 +1,21 @@
-// The few file-system queries the folder datasets need, on POSIX calls. Not std::filesystem:
+// The file-system calls the libraries share (the folder datasets, the checkpoints and the data
+// fingerprint, the safetensors files, the classifier jobs), on POSIX calls. Not std::filesystem:
 // the PyPI libtorch.so exports its own copies of std::filesystem's free functions (status,
 // canonical, remove_all, ...), built against another libstdc++, and the dynamic linker binds
 // ours to them — remove_all crashes through a null pointer. Plain POSIX has no such clash.
 #pragma once
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -18,7 +23,7 @@
 
 #include "tandem/error.h"
 
-namespace tandem::data::detail {
+namespace tandem::fs {
 
 inline std::string errno_text(int code) {
   return std::error_code(code, std::generic_category()).message();
@@ -38,6 +43,9 @@ inline PathStatus path_status(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) return {false, false, errno};
   return {true, S_ISDIR(st.st_mode), 0, st.st_dev, st.st_ino};
 }
+
+inline bool exists(const std::string& path) { return path_status(path).exists; }
+inline bool is_dir(const std::string& path) { return path_status(path).is_directory; }
 
 /// os.path.join(a, b) for a relative b.
 inline std::string join_path(const std::string& a, const std::string& b) {
@@ -81,6 +89,7 @@ struct DirEntry {
   EntryKind kind = EntryKind::kBroken;  ///< kBroken: stat() failed (a dangling symlink)
   dev_t device = 0;  ///< (device, inode): the identity of what it leads to, for cycle checks
   ino_t inode = 0;
+  off_t size = 0;  ///< in bytes, of what it leads to
   bool is_folder() const { return kind == EntryKind::kFolder; }
 };
 
@@ -108,10 +117,84 @@ inline std::vector<DirEntry> list_dir(const std::string& dir, const char* who) {
                                        : EntryKind::kSpecialFile;
       out.device = st.st_dev;
       out.inode = st.st_ino;
+      out.size = st.st_size;
     }
     entries.push_back(std::move(out));
   }
   return entries;
 }
 
-}  // namespace tandem::data::detail
+/// Whether `path` is a folder with at least one entry besides . and .. (false when it cannot be
+/// listed).
+inline bool is_non_empty_dir(const std::string& path) {
+  std::unique_ptr<DIR, int (*)(DIR*)> handle(::opendir(path.c_str()), ::closedir);
+  if (!handle) return false;
+  while (const dirent* e = ::readdir(handle.get())) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") return true;
+  }
+  return false;
+}
+
+/// fsync of a file or folder by path: makes its content (a folder: its entries) durable.
+/// Throws tandem::Error naming `path`.
+inline void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot open " + path + " to flush it: " + errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  if (rc != 0) throw Error("cannot flush " + path + " to disk: " + errno_text(saved));
+}
+
+/// rm -r of the folder `path`, silently: what cannot be removed stays, and a `path` that is not
+/// a folder is left as it is. A symlink inside is removed, never followed.
+inline void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return;
+  std::vector<std::string> names;
+  if (std::unique_ptr<DIR, int (*)(DIR*)> handle(::opendir(path.c_str()), ::closedir); handle)
+    while (const dirent* e = ::readdir(handle.get())) names.emplace_back(e->d_name);
+  for (const std::string& name : names) {
+    if (name == "." || name == "..") continue;
+    const std::string child = join_path(path, name);
+    struct stat cs {};
+    if (::lstat(child.c_str(), &cs) == 0 && S_ISDIR(cs.st_mode))
+      remove_tree(child);
+    else
+      ::unlink(child.c_str());
+  }
+  ::rmdir(path.c_str());
+}
+
+/// The whole of a regular file, or nullopt with the reason in `*why` ("is a folder, not a
+/// file", "shorter than its size", the system's).
+inline std::optional<std::vector<uint8_t>> read_file(const std::string& path, std::string* why) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *why = errno_text(errno);
+    return std::nullopt;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    *why = S_ISDIR(st.st_mode) ? "is a folder, not a file" : errno_text(errno);
+    ::close(fd);
+    return std::nullopt;
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *why = n == 0 ? "shorter than its size" : errno_text(errno);
+      ::close(fd);
+      return std::nullopt;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return bytes;
+}
+
+}  // namespace tandem::fs
