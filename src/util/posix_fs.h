@@ -1,8 +1,9 @@
-// The file-system calls the libraries share (the folder datasets, the checkpoints and the data
-// fingerprint, the safetensors files, the classifier jobs), on POSIX calls. Not std::filesystem:
-// the PyPI libtorch.so exports its own copies of std::filesystem's free functions (status,
-// canonical, remove_all, ...), built against another libstdc++, and the dynamic linker binds
-// ours to them — remove_all crashes through a null pointer. Plain POSIX has no such clash.
+// The file-system calls the libraries and the CLI share (the folder datasets, the checkpoints and
+// the data fingerprint, the safetensors files, the CLI's output paths), on POSIX calls. Not
+// std::filesystem: the PyPI libtorch.so exports its own copies of std::filesystem's free
+// functions (status, canonical, remove_all, ...), built against another libstdc++, and the
+// dynamic linker binds ours to them — remove_all crashes through a null pointer. Plain POSIX has
+// no such clash.
 #pragma once
 
 #include <dirent.h>

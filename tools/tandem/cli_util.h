@@ -3,7 +3,6 @@
 // one mode table (tandem/mode.h), so a front end never offers a mode its parser refuses.
 #pragma once
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "posix_fs.h"
 #include "tandem/error.h"
 #include "tandem/mode.h"
 #include "tandem/run/request.h"  // RunMode: the modes and auto
@@ -36,15 +36,15 @@ inline void check_output_file(const std::string& option, const std::string& path
   auto refuse = [&](const std::string& why) {
     throw InvalidArgument(option + " path '" + path + "' cannot be written: " + why);
   };
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) refuse("it is a folder, expected a file name");
+  if (const fs::PathStatus s = fs::path_status(path); s.exists) {
+    if (s.is_directory) refuse("it is a folder, expected a file name");
     if (::access(path.c_str(), W_OK) != 0) refuse(std::strerror(errno));
     return;
   }
   const std::string dir = parent_dir(path);
-  if (::stat(dir.c_str(), &st) != 0) refuse("the folder " + dir + " does not exist");
-  if (!S_ISDIR(st.st_mode)) refuse(dir + " is a file, expected a folder");
+  const fs::PathStatus d = fs::path_status(dir);
+  if (!d.exists) refuse("the folder " + dir + " does not exist");
+  if (!d.is_directory) refuse(dir + " is a file, expected a folder");
   // W and X: a new entry needs both on its folder.
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     refuse("no permission to write into " + dir + " (" + std::strerror(errno) + ")");
@@ -57,18 +57,18 @@ inline void check_output_folder(const std::string& option, const std::string& pa
   auto refuse = [&](const std::string& why) {
     throw InvalidArgument(option + " " + path + " cannot be used: " + why);
   };
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) refuse("it is a file, expected a folder (new, or a run to --resume)");
+  if (const fs::PathStatus s = fs::path_status(path); s.exists) {
+    if (!s.is_directory) refuse("it is a file, expected a folder (new, or a run to --resume)");
     if (::access(path.c_str(), W_OK | X_OK) != 0)
       refuse(std::string("no permission to write into it (") + std::strerror(errno) + ")");
     return;
   }
   // Up to the first level that exists; every level below it is made by the run.
   std::string dir = parent_dir(path);
-  while (::stat(dir.c_str(), &st) != 0 && dir != "." && dir != "/") dir = parent_dir(dir);
-  if (::stat(dir.c_str(), &st) != 0) refuse("no folder above it exists");
-  if (!S_ISDIR(st.st_mode)) refuse(dir + " is a file, expected a folder");
+  while (!fs::exists(dir) && dir != "." && dir != "/") dir = parent_dir(dir);
+  const fs::PathStatus d = fs::path_status(dir);
+  if (!d.exists) refuse("no folder above it exists");
+  if (!d.is_directory) refuse(dir + " is a file, expected a folder");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     refuse("no permission to make it in " + dir + " (" + std::strerror(errno) + ")");
 }
