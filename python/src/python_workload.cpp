@@ -12,9 +12,6 @@
 namespace tandem::python {
 namespace {
 
-/// A function of tandem/trainer.py (call with the GIL).
-py::object helper(const char* name) { return py::module_::import("tandem.trainer").attr(name); }
-
 /// A torch.optim optimizer (or any object with zero_grad(set_to_none=) and step()) as the train
 /// stage's optimizer: both calls go to Python under the GIL. `capturable` is the Python side's
 /// judgement (trainer.py: every param group says capturable=True, or torch.optim.SGD, whose
@@ -41,17 +38,17 @@ class PythonOptimizer : public optim::Optimizer {
   // The learning rate and the checkpoints' state through tandem/trainer.py's helpers, which
   // know torch.optim's param groups and state_dict.
   void set_lr(double lr) override {
-    calls_->call(name_ + " learning rate", [&] { helper("_set_lr")(*optimizer_, lr); });
+    calls_->call(name_ + " learning rate", [&] { trainer_py("_set_lr")(*optimizer_, lr); });
   }
   std::vector<std::pair<std::string, at::Tensor>> state() const override {
     return calls_->call(name_ + ".state_dict", [&] {
-      return helper("_optimizer_state")(*optimizer_)
+      return trainer_py("_optimizer_state")(*optimizer_)
           .cast<std::vector<std::pair<std::string, at::Tensor>>>();
     });
   }
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) override {
     calls_->call(name_ + ".load_state_dict",
-                 [&] { helper("_load_optimizer_state")(*optimizer_, state); });
+                 [&] { trainer_py("_load_optimizer_state")(*optimizer_, state); });
   }
 
  private:
@@ -84,6 +81,8 @@ at::Tensor checked_loss(const py::object& value) {
 }
 
 }  // namespace
+
+py::object trainer_py(const char* name) { return py::module_::import("tandem.trainer").attr(name); }
 
 Workload make_workload(const RunConfig& c, const WorkloadOptions& o,
                        const std::shared_ptr<PythonCalls>& calls, const LrApplier& apply_lr) {

@@ -466,10 +466,13 @@ class Trainer:
         self._feeds = _named_feeds(feed)
 
         self._data, fields = self._read_data(data, batch_size)
-        if self.out is not None and not (isinstance(self._data, _C.Dataset) and drop_last):
-            raise ValueError("a run folder (out=) trains epochs over a dataset with "
-                             "drop_last=True: expected a tandem.data dataset or a map-style "
-                             "torch Dataset, not a list of batches")
+        if self.out is not None and not isinstance(self._data, _C.Dataset):
+            raise ValueError("a run folder (out=) trains epochs over a dataset: expected a "
+                             "tandem.data dataset or a map-style torch Dataset, not a list of "
+                             "batches")
+        if self.out is not None and not drop_last:
+            raise ValueError("a run folder (out=) trains whole batches: expected "
+                             "drop_last=True")
         self.input = input or fields[0]
         if self.input not in fields:
             raise ValueError(f"input {self.input!r} is not a field of the data: its fields are "
@@ -723,14 +726,13 @@ class Trainer:
         if steps is not None or epochs is None:
             raise ValueError("a run folder's fit is counted in epochs: give fit(epochs=N) "
                              "(the run's whole length; resume=True continues it)")
-        if epochs < 1:
-            raise ValueError(f"epochs {epochs} is not valid: expected >= 1")
+        n = self._steps_for(None, epochs)
         if trace is not None:
             raise ValueError("trace= times a run without a run folder: use fit(steps=...) on a "
                              "Trainer without out, or benchmark(trace=...)")
-        mode = self.choose_mode(min(int(epochs) * self.steps_per_epoch, 300))
+        mode = self.choose_mode(min(n, 300))
         self._check_mode(mode)
-        config = self._config(mode, int(epochs) * self.steps_per_epoch, 0, copies=False,
+        config = self._config(mode, n, 0, copies=False,
                               progress=progress, data_parallel=self._joined())
         evaluate = None
         if self.evaluate is not None:
@@ -749,7 +751,7 @@ class Trainer:
         rate = report.pop("images_per_s")
         return FitResult(losses=list(report.pop("losses")), mode=mode,
                          steps=report["steps"] - start, seconds=seconds,
-                         steps_per_s=rate / self.batch_size / max(self.world_size, 1),
+                         steps_per_s=rate / self.batch_size / self.world_size,
                          samples_per_s=rate, table=report.pop("table"), report=report,
                          trials=self._trials, epochs=report["epochs"],
                          weights=report["weights"] or None,

@@ -157,6 +157,9 @@ def test_run_folder_requests_that_cannot_work_are_refused_by_name(tmp_path):
     batches = [(torch.randn(8, 8, 8, 8), torch.randint(0, 4, (8,)))]
     with pytest.raises(ValueError, match="list of batches"):
         tandem.Trainer(head, nn.CrossEntropyLoss(), opt, batches, out=out)
+    with pytest.raises(ValueError, match="drop_last=True"):
+        tandem.Trainer(head, nn.CrossEntropyLoss(), opt, dataset(), batch_size=8,
+                       drop_last=False, out=out)
     with pytest.raises(ValueError, match="give out="):
         tandem.Trainer(head, nn.CrossEntropyLoss(), opt, batches, evaluate=lambda m: {})
     with pytest.raises(TypeError, match="torch.nn.Module"):

@@ -37,12 +37,13 @@ struct PathStatus {
   int error = 0;     ///< errno when !exists
   dev_t device = 0;  ///< (device, inode): the identity of what `path` leads to
   ino_t inode = 0;
+  bool is_regular_file = false;
 };
 
 inline PathStatus path_status(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return {false, false, errno};
-  return {true, S_ISDIR(st.st_mode), 0, st.st_dev, st.st_ino};
+  return {true, S_ISDIR(st.st_mode), 0, st.st_dev, st.st_ino, S_ISREG(st.st_mode)};
 }
 
 inline bool exists(const std::string& path) { return path_status(path).exists; }

@@ -30,10 +30,7 @@ using namespace detail;  // job_util.h
 
 namespace {
 
-bool is_file(const std::string& path) {
-  const fs::PathStatus s = fs::path_status(path);
-  return s.exists && !s.is_directory;
-}
+bool is_file(const std::string& path) { return fs::path_status(path).is_regular_file; }
 
 // The IDX file `stem` in `dir`, gzip-compressed or raw; empty when neither exists.
 std::string idx_file(const std::string& dir, const std::string& stem) {
