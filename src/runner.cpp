@@ -184,7 +184,194 @@ struct Runner::Impl {
   int64_t epoch = 0, taken_in_epoch = 0;
   int64_t draw_position = 0;           // the next loader's first sample in the run's draw stream
   std::vector<SkippedSample> skipped;  // by the previous epochs' loaders (skip_bad)
+
+  // prepare()'s steps, in its order.
+  void reset(int64_t steps, const RunOptions& o, c10::Device device);
+  void open_run_dataset(const DataSource& data, const RunOptions& o);
+  Stage load_stage(const DataSource& data, const RunOptions& o, c10::Device device);
+  void open_next_loader(const DataSource& source, const RunOptions& o);
+  void keep_generator_snapshots(bool record);
+  Stage group_stage(size_t gi, const Workload& w, const RunOptions& o);
 };
+
+void Runner::Impl::reset(int64_t steps, const RunOptions& o, c10::Device device) {
+  // The previous run's graphs go before the log their replays append to, and before its
+  // loader. Safe with replays in flight: CUDA frees an executable graph once its launches end.
+  pipeline.reset();
+  graphed.clear();
+  graphed_k.reset();
+  loader.reset();
+  skipped.clear();
+  log = std::make_unique<LossLog>(steps, device);
+  num_steps = steps;
+  epoch = taken_in_epoch = 0;
+  draw_position = o.first_step * o.batch_size;
+}
+
+void Runner::Impl::open_run_dataset(const DataSource& data, const RunOptions& o) {
+  if (data.kind() == DataSource::Kind::kSizedToRun) {
+    const int64_t b = o.batch_size, last = o.last_batch_size;
+    const int64_t samples = num_steps <= 0 ? 0
+                            : last == 0    ? num_steps * b
+                                           : (num_steps - 1) * b + last;
+    run_dataset = data.factory()(samples);
+  } else if (data.kind() == DataSource::Kind::kDataset) {
+    run_dataset = data.dataset();
+  }
+}
+
+// The next loader of the run (the first, or the next epoch's), replacing the one before.
+void Runner::Impl::open_next_loader(const DataSource& source, const RunOptions& o) {
+  LoaderOptions lo = loader_options(o);
+  if (source.kind() == DataSource::Kind::kDataset) {
+    // PyTorch's DistributedSampler order: shuffled per epoch from seed + epoch, this rank's
+    // shard. A run from a later global step (o.first_step) starts that many batches in.
+    const int64_t n = run_dataset->size();
+    const DistributedSampler sampler(n, o.world_size, o.rank, source.shuffle(), o.seed);
+    const int64_t batches = source.batches_per_epoch(o.batch_size, o.world_size);
+    const int64_t skip_batches = batches > 0 ? o.first_step % batches : 0;
+    const bool first_loader = !loader;
+    if (first_loader && batches > 0) epoch = o.first_step / batches;
+    if (source.drop_last() && batches > 0) {
+      // Every epoch of the run in one loader, each epoch's full batches back to back: the
+      // workers run on across epoch boundaries. (A loader per epoch starts cold: its first
+      // batch costs a whole batch of decodes while the device waits — a stall per epoch.)
+      const int64_t per_epoch = batches * o.batch_size;
+      const int64_t wanted = num_steps * o.batch_size;
+      for (int64_t e = epoch; static_cast<int64_t>(lo.indices.size()) < wanted; ++e) {
+        const std::vector<int64_t> order = sampler.indices(e);
+        const int64_t from = e == epoch ? skip_batches * o.batch_size : 0;
+        lo.indices.insert(lo.indices.end(), order.begin() + from, order.begin() + per_epoch);
+      }
+      lo.indices.resize(wanted);
+    } else {
+      lo.indices = sampler.indices(epoch);
+      if (first_loader)
+        lo.indices.erase(
+            lo.indices.begin(),
+            lo.indices.begin() + std::min<int64_t>(skip_batches * o.batch_size,
+                                                   static_cast<int64_t>(lo.indices.size())));
+    }
+  }
+  lo.drop_last = source.drop_last();
+  // Per-sample draws (a crop chosen before decoding): keyed by the sample's place in this
+  // rank's stream of the run, so a resumed run (first_step) draws what the whole run would.
+  lo.draw_seed = o.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(o.rank + 1));
+  lo.first_position = draw_position;
+  draw_position +=
+      lo.indices.empty() ? run_dataset->size() : static_cast<int64_t>(lo.indices.size());
+  // The previous epoch's workers have filled every batch by now (the last one was taken), so
+  // this joins at once; its pinned slots return to LibTorch's caching host allocator, which
+  // does not hand them out again before the copies that read them have completed.
+  if (loader) {
+    std::vector<SkippedSample> done = loader->skipped();
+    skipped.insert(skipped.end(), done.begin(), done.end());
+  }
+  {
+    std::lock_guard<std::mutex> lock(loader_mutex);
+    loader.reset();
+    loader = std::make_unique<Loader>(run_dataset, lo);
+    if (loading_paused) loader->pause();
+  }
+  taken_in_epoch = 0;
+  TANDEM_CHECK_ARG(loader->num_batches() > 0, "the dataset's ", run_dataset->size(),
+                   " samples make no batch of ", o.batch_size,
+                   " (drop_last): expected at least one full batch per epoch");
+}
+
+// Host data: a loader per epoch (the first made here, so its workers start filling now).
+Stage Runner::Impl::load_stage(const DataSource& data, const RunOptions& o, c10::Device device) {
+  if (num_steps > 0) open_next_loader(data, o);
+  const int64_t steps = num_steps;
+  return {"load", Lane::create("copy", device),
+          [this, source = &data, o, steps](Batch& b, const Lane& lane) {
+            load_next_batch(*loader, b, lane);
+            // An epoch's last batch taken: start the next epoch's workers now, so they fill its
+            // first batches while this one trains, instead of at the next step (a stall).
+            if (++taken_in_epoch == loader->num_batches() && b.index + 1 < steps) {
+              ++epoch;
+              open_next_loader(*source, o);
+            }
+          }};
+}
+
+void Runner::Impl::keep_generator_snapshots(bool record) {
+  snapshots.clear();
+  snapshots.resize(groups.size());
+  if (!record) return;
+  size_t position = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (const Unit* u : groups[gi].units)
+      for (const auto& gen : u->generators) {
+        if (!gen.defined()) continue;
+        if (!snapshots[gi]) snapshots[gi] = std::make_unique<GeneratorSnapshots>();
+        snapshots[gi]->generators.push_back(gen);
+        snapshots[gi]->positions.push_back(position);
+        ++position;
+      }
+}
+
+// Group gi's stage: its units run eagerly, as a graph replayed per step, or (graphed_k) as
+// graphs of several steps; with a resident source, the first group reads the step's batch.
+Stage Runner::Impl::group_stage(size_t gi, const Workload& w, const RunOptions& o) {
+  const Mode mode = o.mode;
+  const bool pipelined = runs_pipelined(mode);
+  const Group* g = &groups[gi];
+  GraphOptions go;
+  go.name = w.name + " " + g->name;
+  for (const Unit* u : g->units)
+    for (const auto& gen : u->generators)
+      if (gen.defined() && gen.device().is_cuda()) go.generators.push_back(gen);
+  auto work = [g](const Tensors& in) { return run_units(*g, in); };
+  std::function<Tensors(const Lane&, int64_t, const Tensors&)> run;
+  if (g->captured && mode == Mode::kGraphedK) {
+    TANDEM_CHECK_ARG(g->outputs.empty(), "mode graphed_k needs one graph per step");
+    graphed_k = std::make_unique<GraphedKStage>(go, work, o.steps_per_graph, o.graph_warmup_steps,
+                                                num_steps);
+    GraphedKStage* k = graphed_k.get();
+    run = [k](const Lane& lane, int64_t item, const Tensors& in) {
+      k->run(lane, item, in);
+      return Tensors{};
+    };
+  } else if (g->captured) {
+    // Outputs handed to another lane are cloned after each replay (the next replay rewrites
+    // the graph's own while the consumer may still read them); on one lane stream order
+    // suffices. Graphs that replay concurrently keep private pools (the default).
+    const GraphOutputs outputs =
+        pipelined && !g->outputs.empty() ? GraphOutputs::kCloned : GraphOutputs::kStatic;
+    graphed[gi] = std::make_unique<GraphedStage>(go, work, outputs, barrier, o.graph_warmup_steps);
+    GraphedStage* s = graphed[gi].get();
+    run = [s](const Lane& lane, int64_t item, const Tensors& in) { return s->run(lane, item, in); };
+  } else {
+    run = [work](const Lane&, int64_t, const Tensors& in) { return work(in); };
+  }
+  const DataSource* resident = !w.data.on_host() && gi == 0 ? &w.data : nullptr;
+  GeneratorSnapshots* snap = snapshots[gi].get();
+  const int64_t first_step = o.first_step;
+  auto fn = [g, run, resident, snap, first_step](Batch& b, const Lane& lane) {
+    if (resident) {  // step i reads resident batch i % n: no loader, no copy
+      const int64_t step = first_step + b.index;
+      const auto& src = resident->batches()[step % resident->batches().size()];
+      for (const auto& [name, t] : src.tensors()) b.set(name, t);
+    }
+    if (snap) {  // the states this item's draws start from; a few dozen items are kept
+      std::vector<at::Tensor> states;
+      for (const auto& gen : snap->generators) states.push_back(gen.get_state());
+      std::lock_guard<std::mutex> lock(snap->mutex);
+      snap->by_item[b.index] = std::move(states);
+      while (!snap->by_item.empty() && snap->by_item.begin()->first < b.index - 64)
+        snap->by_item.erase(snap->by_item.begin());
+    }
+    Tensors in;
+    in.reserve(g->inputs.size());
+    for (const auto& name : g->inputs) in.push_back(b.get(name));
+    Tensors out = run(lane, b.index, in);
+    for (size_t i = 0; i < g->outputs.size(); ++i) b.set(g->outputs[i], std::move(out[i]));
+    for (const auto& name : g->drops) b.erase(name);
+  };
+  const LanePriority priority = g->train ? o.train_priority : LanePriority::kNormal;
+  return {g->name, Lane::create(g->lane, w.device, priority), fn};
+}
 
 Runner::Runner(const Workload& workload, RunOptions options)
     : workload_(workload), options_(options), impl_(std::make_unique<Impl>()) {
@@ -342,190 +529,19 @@ void Runner::prepare(int64_t num_steps) {
   Impl& im = *impl_;
   const Mode mode = options_.mode;
   const c10::Device dev = workload_.device;
-  // The previous run's graphs go before the log their replays append to, and before its
-  // loader. Safe with replays in flight: CUDA frees an executable graph once its launches end.
-  im.pipeline.reset();
-  im.graphed.clear();
-  im.graphed_k.reset();
-  im.loader.reset();
-  im.skipped.clear();
-  im.log = std::make_unique<LossLog>(num_steps, dev);
-  im.num_steps = num_steps;
-  im.epoch = im.taken_in_epoch = 0;
-  im.draw_position = options_.first_step * options_.batch_size;
-
-  // Host data: a loader per epoch (the first made here, so its workers start filling now).
+  im.reset(num_steps, options_, dev);
   const DataSource& data = workload_.data;
-  const bool host = data.on_host();
-  if (data.kind() == DataSource::Kind::kSizedToRun) {
-    const int64_t b = options_.batch_size, last = options_.last_batch_size;
-    const int64_t samples = num_steps <= 0 ? 0
-                            : last == 0    ? num_steps * b
-                                           : (num_steps - 1) * b + last;
-    im.run_dataset = data.factory()(samples);
-  } else if (data.kind() == DataSource::Kind::kDataset) {
-    im.run_dataset = data.dataset();
-  }
-
+  im.open_run_dataset(data, options_);
   im.groups = compose_groups(im.units, mode);
-
   im.barrier = std::make_shared<WarmupBarrier>();
-  const bool pipelined = runs_pipelined(mode);
   std::vector<Stage> stages;
-  if (host) {
-    Impl* impl = &im;
-    const RunOptions o = options_;
-    const DataSource* source = &data;
-    auto next_loader = [impl, o, source, num_steps]() {
-      LoaderOptions lo = loader_options(o);
-      if (source->kind() == DataSource::Kind::kDataset) {
-        // PyTorch's DistributedSampler order: shuffled per epoch from seed + epoch, this rank's
-        // shard. A run from a later global step (o.first_step) starts that many batches in.
-        const int64_t n = impl->run_dataset->size();
-        const DistributedSampler sampler(n, o.world_size, o.rank, source->shuffle(), o.seed);
-        const int64_t batches = source->batches_per_epoch(o.batch_size, o.world_size);
-        const int64_t skip_batches = batches > 0 ? o.first_step % batches : 0;
-        const bool first_loader = !impl->loader;
-        if (first_loader && batches > 0) impl->epoch = o.first_step / batches;
-        if (source->drop_last() && batches > 0) {
-          // Every epoch of the run in one loader, each epoch's full batches back to back: the
-          // workers run on across epoch boundaries. (A loader per epoch starts cold: its first
-          // batch costs a whole batch of decodes while the device waits — a stall per epoch.)
-          const int64_t per_epoch = batches * o.batch_size;
-          const int64_t wanted = num_steps * o.batch_size;
-          for (int64_t e = impl->epoch; static_cast<int64_t>(lo.indices.size()) < wanted; ++e) {
-            const std::vector<int64_t> epoch = sampler.indices(e);
-            const int64_t from = e == impl->epoch ? skip_batches * o.batch_size : 0;
-            lo.indices.insert(lo.indices.end(), epoch.begin() + from, epoch.begin() + per_epoch);
-          }
-          lo.indices.resize(wanted);
-        } else {
-          lo.indices = sampler.indices(impl->epoch);
-          if (first_loader)
-            lo.indices.erase(
-                lo.indices.begin(),
-                lo.indices.begin() + std::min<int64_t>(skip_batches * o.batch_size,
-                                                       static_cast<int64_t>(lo.indices.size())));
-        }
-      }
-      lo.drop_last = source->drop_last();
-      // Per-sample draws (a crop chosen before decoding): keyed by the sample's place in this
-      // rank's stream of the run, so a resumed run (first_step) draws what the whole run would.
-      lo.draw_seed = o.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(o.rank + 1));
-      lo.first_position = impl->draw_position;
-      impl->draw_position +=
-          lo.indices.empty() ? impl->run_dataset->size() : static_cast<int64_t>(lo.indices.size());
-      // The previous epoch's workers have filled every batch by now (the last one was taken),
-      // so this joins at once; its pinned slots return to LibTorch's caching host allocator,
-      // which does not hand them out again before the copies that read them have completed.
-      if (impl->loader) {
-        std::vector<SkippedSample> done = impl->loader->skipped();
-        impl->skipped.insert(impl->skipped.end(), done.begin(), done.end());
-      }
-      {
-        std::lock_guard<std::mutex> lock(impl->loader_mutex);
-        impl->loader.reset();
-        impl->loader = std::make_unique<Loader>(impl->run_dataset, lo);
-        if (impl->loading_paused) impl->loader->pause();
-      }
-      impl->taken_in_epoch = 0;
-      TANDEM_CHECK_ARG(impl->loader->num_batches() > 0, "the dataset's ", impl->run_dataset->size(),
-                       " samples make no batch of ", o.batch_size,
-                       " (drop_last): expected at least one full batch per epoch");
-    };
-    if (num_steps > 0) next_loader();
-    stages.push_back({"load", Lane::create("copy", dev),
-                      [impl, next_loader, num_steps](Batch& b, const Lane& lane) {
-                        load_next_batch(*impl->loader, b, lane);
-                        // An epoch's last batch taken: start the next epoch's workers now, so they
-                        // fill its first batches while this one trains, instead of at the next step
-                        // (a stall).
-                        if (++impl->taken_in_epoch == impl->loader->num_batches() &&
-                            b.index + 1 < num_steps) {
-                          ++impl->epoch;
-                          next_loader();
-                        }
-                      }});
-  }
+  if (data.on_host()) stages.push_back(im.load_stage(data, options_, dev));
   im.graphed.resize(im.groups.size());
-  im.snapshots.clear();
-  im.snapshots.resize(im.groups.size());
-  {
-    size_t position = 0;
-    for (size_t gi = 0; gi < im.groups.size(); ++gi)
-      for (const Unit* u : im.groups[gi].units)
-        for (const auto& gen : u->generators) {
-          if (!gen.defined()) continue;
-          if (options_.record_generator_states) {
-            if (!im.snapshots[gi]) im.snapshots[gi] = std::make_unique<Impl::GeneratorSnapshots>();
-            im.snapshots[gi]->generators.push_back(gen);
-            im.snapshots[gi]->positions.push_back(position);
-          }
-          ++position;
-        }
-  }
-  for (size_t gi = 0; gi < im.groups.size(); ++gi) {
-    const Group* g = &im.groups[gi];
-    GraphOptions go;
-    go.name = workload_.name + " " + g->name;
-    for (const Unit* u : g->units)
-      for (const auto& gen : u->generators)
-        if (gen.defined() && gen.device().is_cuda()) go.generators.push_back(gen);
-    auto work = [g](const Tensors& in) { return run_units(*g, in); };
-    std::function<Tensors(const Lane&, int64_t, const Tensors&)> run;
-    if (g->captured && mode == Mode::kGraphedK) {
-      TANDEM_CHECK_ARG(g->outputs.empty(), "mode graphed_k needs one graph per step");
-      im.graphed_k = std::make_unique<GraphedKStage>(go, work, options_.steps_per_graph,
-                                                     options_.graph_warmup_steps, num_steps);
-      GraphedKStage* k = im.graphed_k.get();
-      run = [k](const Lane& lane, int64_t item, const Tensors& in) {
-        k->run(lane, item, in);
-        return Tensors{};
-      };
-    } else if (g->captured) {
-      // Outputs handed to another lane are cloned after each replay (the next replay rewrites
-      // the graph's own while the consumer may still read them); on one lane stream order
-      // suffices. Graphs that replay concurrently keep private pools (the default).
-      const GraphOutputs outputs =
-          pipelined && !g->outputs.empty() ? GraphOutputs::kCloned : GraphOutputs::kStatic;
-      im.graphed[gi] = std::make_unique<GraphedStage>(go, work, outputs, im.barrier,
-                                                      options_.graph_warmup_steps);
-      GraphedStage* s = im.graphed[gi].get();
-      run = [s](const Lane& lane, int64_t item, const Tensors& in) {
-        return s->run(lane, item, in);
-      };
-    } else {
-      run = [work](const Lane&, int64_t, const Tensors& in) { return work(in); };
-    }
-    const DataSource* resident = !host && gi == 0 ? &data : nullptr;
-    Impl::GeneratorSnapshots* snap = im.snapshots[gi].get();
-    const int64_t first_step = options_.first_step;
-    auto fn = [g, run, resident, snap, first_step](Batch& b, const Lane& lane) {
-      if (resident) {  // step i reads resident batch i % n: no loader, no copy
-        const int64_t step = first_step + b.index;
-        const auto& src = resident->batches()[step % resident->batches().size()];
-        for (const auto& [name, t] : src.tensors()) b.set(name, t);
-      }
-      if (snap) {  // the states this item's draws start from; a few dozen items are kept
-        std::vector<at::Tensor> states;
-        for (const auto& gen : snap->generators) states.push_back(gen.get_state());
-        std::lock_guard<std::mutex> lock(snap->mutex);
-        snap->by_item[b.index] = std::move(states);
-        while (!snap->by_item.empty() && snap->by_item.begin()->first < b.index - 64)
-          snap->by_item.erase(snap->by_item.begin());
-      }
-      Tensors in;
-      in.reserve(g->inputs.size());
-      for (const auto& name : g->inputs) in.push_back(b.get(name));
-      Tensors out = run(lane, b.index, in);
-      for (size_t i = 0; i < g->outputs.size(); ++i) b.set(g->outputs[i], std::move(out[i]));
-      for (const auto& name : g->drops) b.erase(name);
-    };
-    const LanePriority priority = g->train ? options_.train_priority : LanePriority::kNormal;
-    stages.push_back({g->name, Lane::create(g->lane, dev, priority), fn});
-  }
+  im.keep_generator_snapshots(options_.record_generator_states);
+  for (size_t gi = 0; gi < im.groups.size(); ++gi)
+    stages.push_back(im.group_stage(gi, workload_, options_));
   im.pipeline = std::make_unique<Pipeline>(
-      std::move(stages), pipelined ? PipelineMode::kPipelined : PipelineMode::kSerial,
+      std::move(stages), runs_pipelined(mode) ? PipelineMode::kPipelined : PipelineMode::kSerial,
       Lane::create("serial", dev));
   std::shared_ptr<WarmupBarrier> barrier = im.barrier;
   im.pipeline->set_on_error([barrier] { barrier->cancel(); });

@@ -170,183 +170,175 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
-// kTaps, kChannels: 0 when known only at run time (a.taps, a.channels). kGather: sample by
-// texture gathers (a.textures; three channels, a compiled blur size) instead of staging the window.
-// Blocks per SM: eight with texture gathers (32 registers, no spills, 19 KB of shared memory),
-// a pixel's three gathers in flight together (v12 had them one and then two at 32 registers,
-// together only at 40, six blocks: NOTES.md, v14); six for the staged window with a compiled
-// blur size (40 registers; its shared memory allows six too); five for a blur size known only
-// at run time, whose extra index arithmetic would spill.
-template <int kTaps, int kChannels, bool kGather>
-__global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
-    augment_kernel(AugmentLaunch a) {
-  static_assert(!kGather || (kChannels == 3 && kTaps > 0), "gathers: 3 channels, a compiled blur");
-  extern __shared__ __align__(16) float smem[];
-  __shared__ float u_of_column[kMaxHalo], v_of_row[kMaxHalo];
-  __shared__ __align__(8) am::RowTerms row_terms[kMaxHalo];
-  // The column table, then the row table: one array, so that one address register (and an
-  // immediate offset) reaches both in the sampling loop.
-  __shared__ __align__(8) TableEntry tables[2 * kMaxTable];
-  TableEntry* const column_table = tables;
-  TableEntry* const row_table = tables + kMaxTable;
-  __shared__ Window window;
-  const int taps = kTaps > 0 ? kTaps : a.taps;
-  const int C = kChannels > 0 ? kChannels : a.channels;
-  const int radius = taps / 2;
-  const int halo_w = kTileW + 2 * radius, halo_h = kTileH + 2 * radius;
-  const int halo = halo_h * halo_w;
-  // [C][halo_h][sampled_w] sampled values, rows padded to 16 bytes for the row pass's 16-byte
-  // loads, which writes its output over them; then the staged window (staged sampling only);
-  // then the weights.
-  const int sampled_w = padded_row(halo_w), plane = halo_h * sampled_w;
-  float* sampled = smem;
-  float* staged = sampled + C * plane;
-  float* weights = staged + (kGather ? 0 : kStageFloats);
+// A tile's place and sizes, the same in every thread of its block.
+struct Tile {
+  int b, x0, y0;    // sample, first output column and row
+  int tid, tx, ty;  // thread, its column and thread row
+  int taps, C, radius;
+  int halo_w, halo_h, halo;
+  int sampled_w, plane;  // floats per sampled row (padded), per sampled channel plane
+  int in_plane;          // source pixels per channel
+  const uint8_t* image;  // the sample's source
+  am::SampleParams p;
+};
 
-  wait_for_previous_grid();
-  allow_next_grid();
-  const int b = blockIdx.z;
-  const int x0 = blockIdx.x * kTileW, y0 = blockIdx.y * kTileH;
-  const int tid = threadIdx.x, tx = tid % kTileW, ty = tid / kTileW;
-  const am::Geometry g = a.geometry;
-  const am::SampleParams p{a.top[b], a.left[b], a.cos_a[b], a.sin_a[b], a.flip[b]};
-  const int in_plane = g.in_h * g.in_w;
-  const uint8_t* image = a.images + static_cast<int64_t>(b) * C * in_plane;
-  const int pixel_words = C;  // a staged pixel: its channels' floats
-  const int pixel_bytes = 4 * pixel_words;
-
-  // 0. Per tile: weights, centre offsets (u mirrored for a flipped sample), the window.
-  if (tid < taps) weights[tid] = a.weights[static_cast<int64_t>(b) * taps + tid];
-  if (tid >= 64 && tid - 64 < halo_w) {
-    const float u = am::centre_offset(halo_index(x0 + tid - 64 - radius, g.out_w, radius), g.out_w);
-    u_of_column[tid - 64] = p.flip ? -u : u;
+// 0. Per tile: the blur weights and the centre offsets of the halo'd rows and columns (u
+// mirrored for a flipped sample), with the rotation's terms of each row.
+__device__ __forceinline__ void load_tile_terms(const AugmentLaunch& a, const am::Geometry& g,
+                                                const Tile& t, float* weights, float* u_of_column,
+                                                float* v_of_row, am::RowTerms* row_terms) {
+  const int tid = t.tid, radius = t.radius;
+  if (tid < t.taps) weights[tid] = a.weights[static_cast<int64_t>(t.b) * t.taps + tid];
+  if (tid >= 64 && tid - 64 < t.halo_w) {
+    const float u =
+        am::centre_offset(halo_index(t.x0 + tid - 64 - radius, g.out_w, radius), g.out_w);
+    u_of_column[tid - 64] = t.p.flip ? -u : u;
   }
-  if (tid >= 160 && tid - 160 < halo_h) {
-    const int row = halo_index(y0 + tid - 160 - radius, g.out_h, radius);
+  if (tid >= 160 && tid - 160 < t.halo_h) {
+    const int row = halo_index(t.y0 + tid - 160 - radius, g.out_h, radius);
     const float v = am::centre_offset(row, g.out_h);
     v_of_row[tid - 160] = v;
-    row_terms[tid - 160] = am::row_terms(g, p.cos_a, p.sin_a, v);
+    row_terms[tid - 160] = am::row_terms(g, t.p.cos_a, t.p.sin_a, v);
   }
-  // A staged window: warp 0 finds it, and after a barrier every thread tabulates and stages.
-  // Texture gathers need neither: each pixel locates its source itself (below).
-  if (!kGather && tid < 32) {  // a whole warp, converged
-    // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so
-    // the rows and columns the tile reads lie between those of its clamped first and last.
-    auto extreme = [&](int first, int last, int n, bool mirror, float& lo, float& hi) {
-      float a_ = am::centre_offset(max(0, first), n), b_ = am::centre_offset(min(n - 1, last), n);
-      if (mirror) {
-        a_ = -a_;
-        b_ = -b_;
-      }
-      lo = fminf(a_, b_);
-      hi = fmaxf(a_, b_);
-    };
-    float u_lo, u_hi, v_lo, v_hi;
-    extreme(x0 - radius, x0 + kTileW - 1 + radius, g.out_w, p.flip != 0, u_lo, u_hi);
-    extreme(y0 - radius, y0 + kTileH - 1 + radius, g.out_h, false, v_lo, v_hi);
-    const int lane = tid % 32;
-    const Window w = warp_tile_window(g, p, u_lo, u_hi, v_lo, v_hi, pixel_words, lane);
-    if (tid == 0) window = w;
-  }
-  __syncthreads();
-  const Window win = kGather ? Window{} : window;
+}
 
-  if (!kGather && win.tabulated()) {
-    // Tables of the resized columns and rows the tile can land on.
-#pragma unroll 1
-    for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
-      if (i < win.n_cols) {
-        const am::AxisTap t = am::axis_tap(win.ci0 + i, g.scale_x, g.shift_x, g.crop_w, p.left);
-        column_table[i] = table_entry(t, win.col0, pixel_bytes);
-      } else {
-        const int j = i - win.n_cols;
-        const am::AxisTap t = am::axis_tap(win.ri0 + j, g.scale_y, g.shift_y, g.crop_h, p.top);
-        row_table[j] = table_entry(t, win.row0, win.cols * pixel_bytes);
-      }
+// 0. The staged window the tile reads: by warp 0, whole and converged; thread 0 stores it.
+__device__ __forceinline__ void find_window(const am::Geometry& g, const Tile& t, Window& window) {
+  // The halo's extreme centre offsets: reflect padding maps the halo inside the image, so the
+  // rows and columns the tile reads lie between those of its clamped first and last.
+  auto extreme = [&](int first, int last, int n, bool mirror, float& lo, float& hi) {
+    float a_ = am::centre_offset(max(0, first), n), b_ = am::centre_offset(min(n - 1, last), n);
+    if (mirror) {
+      a_ = -a_;
+      b_ = -b_;
     }
-    // 1. Stage the window: a warp per row, coalesced byte loads, all channels of a pixel. The
-    // channel planes' window origins are computed once; the loop only adds 32-bit offsets.
-    const uint8_t* origin = image + win.row0 * g.in_w + win.col0;
-    if constexpr (kChannels == 3) {
-      const uint8_t *p0 = origin, *p1 = origin + in_plane, *p2 = origin + 2 * in_plane;
-      // A warp's loads of 2 rows are issued before either is used (3 or 4 made the kernel
-      // spill at 40 registers).
-      constexpr int kRowsInFlight = 2;
+    lo = fminf(a_, b_);
+    hi = fmaxf(a_, b_);
+  };
+  float u_lo, u_hi, v_lo, v_hi;
+  extreme(t.x0 - t.radius, t.x0 + kTileW - 1 + t.radius, g.out_w, t.p.flip != 0, u_lo, u_hi);
+  extreme(t.y0 - t.radius, t.y0 + kTileH - 1 + t.radius, g.out_h, false, v_lo, v_hi);
+  const int lane = t.tid % 32;
+  const Window w = warp_tile_window(g, t.p, u_lo, u_hi, v_lo, v_hi, t.C, lane);
+  if (t.tid == 0) window = w;
+}
+
+// 1. Tables of the resized columns and rows the tile can land on, and the window staged: a warp
+// per row, coalesced byte loads, all channels of a pixel (a pixel's channels as consecutive
+// floats, a table entry's offsets in bytes of them).
+template <int kChannels>
+__device__ __forceinline__ void tabulate_and_stage(const am::Geometry& g, const Tile& t,
+                                                   const Window& win, TableEntry* column_table,
+                                                   TableEntry* row_table, float* staged) {
+  const int tid = t.tid, tx = t.tx, ty = t.ty, C = t.C, in_plane = t.in_plane;
+  const int pixel_bytes = 4 * C;
 #pragma unroll 1
-      for (int col = tx; col < win.cols; col += kTileW)
+  for (int i = tid; i < win.n_cols + win.n_rows; i += kThreads) {
+    if (i < win.n_cols) {
+      const am::AxisTap q = am::axis_tap(win.ci0 + i, g.scale_x, g.shift_x, g.crop_w, t.p.left);
+      column_table[i] = table_entry(q, win.col0, pixel_bytes);
+    } else {
+      const int j = i - win.n_cols;
+      const am::AxisTap q = am::axis_tap(win.ri0 + j, g.scale_y, g.shift_y, g.crop_h, t.p.top);
+      row_table[j] = table_entry(q, win.row0, win.cols * pixel_bytes);
+    }
+  }
+  // The channel planes' window origins are computed once; the loop only adds 32-bit offsets.
+  const uint8_t* origin = t.image + win.row0 * g.in_w + win.col0;
+  if constexpr (kChannels == 3) {
+    const uint8_t *p0 = origin, *p1 = origin + in_plane, *p2 = origin + 2 * in_plane;
+    // A warp's loads of 2 rows are issued before either is used (3 or 4 made the kernel
+    // spill at 40 registers).
+    constexpr int kRowsInFlight = 2;
 #pragma unroll 1
-        for (int r0 = ty; r0 < win.rows; r0 += kRowsInFlight * kWarpsPerTile) {
-          uint8_t v[kRowsInFlight][3];
+    for (int col = tx; col < win.cols; col += kTileW)
+#pragma unroll 1
+      for (int r0 = ty; r0 < win.rows; r0 += kRowsInFlight * kWarpsPerTile) {
+        uint8_t v[kRowsInFlight][3];
 #pragma unroll
-          for (int k = 0; k < kRowsInFlight; ++k) {
-            const int r = min(r0 + k * kWarpsPerTile, win.rows - 1), o = r * g.in_w + col;
-            v[k][0] = p0[o];
-            v[k][1] = p1[o];
-            v[k][2] = p2[o];
-          }
+        for (int k = 0; k < kRowsInFlight; ++k) {
+          const int r = min(r0 + k * kWarpsPerTile, win.rows - 1), o = r * g.in_w + col;
+          v[k][0] = p0[o];
+          v[k][1] = p1[o];
+          v[k][2] = p2[o];
+        }
 #pragma unroll
-          for (int k = 0; k < kRowsInFlight; ++k) {
-            const int r = r0 + k * kWarpsPerTile;
-            if (r < win.rows) {
-              float* pixel = staged + 3 * (r * win.cols + col);
-              pixel[0] = am::unit_byte(v[k][0]);
-              pixel[1] = am::unit_byte(v[k][1]);
-              pixel[2] = am::unit_byte(v[k][2]);
-            }
+        for (int k = 0; k < kRowsInFlight; ++k) {
+          const int r = r0 + k * kWarpsPerTile;
+          if (r < win.rows) {
+            float* pixel = staged + 3 * (r * win.cols + col);
+            pixel[0] = am::unit_byte(v[k][0]);
+            pixel[1] = am::unit_byte(v[k][1]);
+            pixel[2] = am::unit_byte(v[k][2]);
           }
         }
-    } else {
-#pragma unroll 1
-      for (int r = ty; r < win.rows; r += kWarpsPerTile)
-#pragma unroll 1
-        for (int col = tx; col < win.cols; col += kTileW)
-          for (int c = 0; c < C; ++c)
-            staged[(r * win.cols + col) * C + c] =
-                am::unit_byte(origin[c * in_plane + r * g.in_w + col]);
-    }
-  }
-  if (!kGather) __syncthreads();
-
-  // 2. Sample the tile and its halo.
-  if constexpr (kGather) {
-    // Texture gathers: the rotation, then the resize's taps computed here (gather_tap, which the
-    // tables' axis_tap is built on) — tables made by a few warps were a dependent chain
-    // every warp waited for at a barrier (10% of the kernel's warp samples), while the sampling
-    // waits on its gathers anyway. A gather at (i0 + 1, j0 + 1) fetches texels i0, i0 + 1 of
-    // rows j0, j0 + 1 (texel centres at + 0.5); its texels: x bottom-left, y bottom-right,
-    // z top-right, w top-left.
-    const cudaTextureObject_t* planes = a.textures.handles[b / a.textures.samples_per_texture];
-    const cudaTextureObject_t plane0 = planes[0], plane1 = planes[1], plane2 = planes[2];
-    const int first_row = (b % a.textures.samples_per_texture) * C * g.in_h;
-    const float column_origin = static_cast<float>(p.left + 1);
-    const float row_origin = static_cast<float>(first_row + p.top + 1);
-    // The sizes the loop compares against are Geometry's floats, kernel-parameter operands (not
-    // converted here), and the taps' clamp is a min (not a branch): so the compiler keeps a
-    // pixel's three gathers in flight together within 32 registers (NOTES.md, v14).
-#pragma unroll 1
-    for (int idx = tid; idx < halo; idx += kThreads) {
-      const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
-      const am::Rotated q = am::rotate_to_grid(p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
-      const float ci = am::floor_f(q.fc), ri = am::floor_f(q.fr);  // rotate_back's pixel
-      if (!(ci >= 0.0f && ci < g.out_w_f && ri >= 0.0f && ri < g.out_h_f)) {
-        sampled[at] = sampled[plane + at] = sampled[2 * plane + at] = 0.0f;
-        continue;
       }
-      const am::GatherTap column_tap = am::gather_tap(ci, g.scale_x, g.shift_x, g.last_col);
-      const am::GatherTap row_tap = am::gather_tap(ri, g.scale_y, g.shift_y, g.last_row);
-      const float gx = column_tap.i0 + column_origin, gy = row_tap.i0 + row_origin;
-      const am::AxisTap x{0, 0, column_tap.l, column_tap.one_minus_l};
-      const am::AxisTap y{0, 0, row_tap.l, row_tap.one_minus_l};
-      const float4 q0 = tex2Dgather<float4>(plane0, gx, gy, 0);
-      const float4 q1 = tex2Dgather<float4>(plane1, gx, gy, 0);
-      const float4 q2 = tex2Dgather<float4>(plane2, gx, gy, 0);
-      sampled[at] = am::bilerp(q0.w, q0.z, q0.x, q0.y, x, y);
-      sampled[plane + at] = am::bilerp(q1.w, q1.z, q1.x, q1.y, x, y);
-      sampled[2 * plane + at] = am::bilerp(q2.w, q2.z, q2.x, q2.y, x, y);
-    }
+  } else {
+#pragma unroll 1
+    for (int r = ty; r < win.rows; r += kWarpsPerTile)
+#pragma unroll 1
+      for (int col = tx; col < win.cols; col += kTileW)
+        for (int c = 0; c < C; ++c)
+          staged[(r * win.cols + col) * C + c] =
+              am::unit_byte(origin[c * in_plane + r * g.in_w + col]);
   }
+}
+
+// 2. Sample the tile and its halo by texture gathers: the rotation, then the resize's taps
+// computed here (gather_tap, which the tables' axis_tap is built on) — tables made by a few
+// warps were a dependent chain every warp waited for at a barrier (10% of the kernel's warp
+// samples), while the sampling waits on its gathers anyway. A gather at (i0 + 1, j0 + 1)
+// fetches texels i0, i0 + 1 of rows j0, j0 + 1 (texel centres at + 0.5); its texels: x
+// bottom-left, y bottom-right, z top-right, w top-left.
+__device__ __forceinline__ void sample_by_gathers(const AugmentLaunch& a, const am::Geometry& g,
+                                                  const Tile& t, const float* u_of_column,
+                                                  const am::RowTerms* row_terms, float* sampled) {
+  const int b = t.b, halo_w = t.halo_w, sampled_w = t.sampled_w, plane = t.plane;
+  const am::SampleParams& p = t.p;
+  const cudaTextureObject_t* planes = a.textures.handles[b / a.textures.samples_per_texture];
+  const cudaTextureObject_t plane0 = planes[0], plane1 = planes[1], plane2 = planes[2];
+  const int first_row = (b % a.textures.samples_per_texture) * t.C * g.in_h;
+  const float column_origin = static_cast<float>(p.left + 1);
+  const float row_origin = static_cast<float>(first_row + p.top + 1);
+  // The sizes the loop compares against are Geometry's floats, kernel-parameter operands (not
+  // converted here), and the taps' clamp is a min (not a branch): so the compiler keeps a
+  // pixel's three gathers in flight together within 32 registers (NOTES.md, v14).
+#pragma unroll 1
+  for (int idx = t.tid; idx < t.halo; idx += kThreads) {
+    const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
+    const am::Rotated q = am::rotate_to_grid(p.cos_a, p.sin_a, u_of_column[lx], row_terms[ly]);
+    const float ci = am::floor_f(q.fc), ri = am::floor_f(q.fr);  // rotate_back's pixel
+    if (!(ci >= 0.0f && ci < g.out_w_f && ri >= 0.0f && ri < g.out_h_f)) {
+      sampled[at] = sampled[plane + at] = sampled[2 * plane + at] = 0.0f;
+      continue;
+    }
+    const am::GatherTap column_tap = am::gather_tap(ci, g.scale_x, g.shift_x, g.last_col);
+    const am::GatherTap row_tap = am::gather_tap(ri, g.scale_y, g.shift_y, g.last_row);
+    const float gx = column_tap.i0 + column_origin, gy = row_tap.i0 + row_origin;
+    const am::AxisTap x{0, 0, column_tap.l, column_tap.one_minus_l};
+    const am::AxisTap y{0, 0, row_tap.l, row_tap.one_minus_l};
+    const float4 q0 = tex2Dgather<float4>(plane0, gx, gy, 0);
+    const float4 q1 = tex2Dgather<float4>(plane1, gx, gy, 0);
+    const float4 q2 = tex2Dgather<float4>(plane2, gx, gy, 0);
+    sampled[at] = am::bilerp(q0.w, q0.z, q0.x, q0.y, x, y);
+    sampled[plane + at] = am::bilerp(q1.w, q1.z, q1.x, q1.y, x, y);
+    sampled[2 * plane + at] = am::bilerp(q2.w, q2.z, q2.x, q2.y, x, y);
+  }
+}
+
+// 2. Sample the tile and its halo from the staged window: rotate back to a resized pixel, look
+// its taps up and read four staged pixels; a pixel the tables do not cover is sampled the plain
+// way from global memory.
+__device__ __forceinline__ void sample_staged(const am::Geometry& g, const Tile& t,
+                                              const Window& win, const float* u_of_column,
+                                              const float* v_of_row, const am::RowTerms* row_terms,
+                                              const TableEntry* column_table,
+                                              const TableEntry* row_table, const float* staged,
+                                              float* sampled) {
+  const int C = t.C, halo_w = t.halo_w, sampled_w = t.sampled_w, plane = t.plane;
+  const am::SampleParams& p = t.p;
   const am::SampleParams unflipped{p.top, p.left, p.cos_a, p.sin_a, 0};  // u is mirrored already
-  for (int idx = tid; !kGather && idx < halo; idx += kThreads) {
+  for (int idx = t.tid; idx < t.halo; idx += kThreads) {
     const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
     const float u = u_of_column[lx];
     const am::Resized r = am::rotate_back(g, p.cos_a, p.sin_a, u, row_terms[ly]);
@@ -367,25 +359,23 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     } else if (!r.inside) {
       for (int c = 0; c < C; ++c) sampled[c * plane + at] = 0.0f;
     } else {
-      const am::Tap t = am::locate_centred(g, unflipped, u, v_of_row[ly]);
+      const am::Tap q = am::locate_centred(g, unflipped, u, v_of_row[ly]);
       for (int c = 0; c < C; ++c)
-        sampled[c * plane + at] = am::read(image + c * in_plane, g.in_w, t, am::unit_byte);
+        sampled[c * plane + at] = am::read(t.image + c * t.in_plane, g.in_w, q, am::unit_byte);
     }
   }
-  __syncthreads();
+}
 
-  float w[kTaps > 0 ? kTaps : 1];  // the weights in registers when the size is known
-  if constexpr (kTaps > 0) {
-#pragma unroll
-    for (int k = 0; k < kTaps; ++k) w[k] = weights[k];
-  }
-
-  // 3. Blur along rows, in place: a line's outputs (its first kTileW values) overwrite its
-  // inputs once every lane that reads the line has read it — the lanes of one warp, so a
-  // __syncwarp orders them, and the loops run the same number of times in every lane of a warp.
-  // Known size: a thread makes four neighbouring outputs of one row from (taps + 6) / 4 16-byte
-  // loads (a quarter warp per row); else one output per thread.
-  const int lines = C * halo_h;  // line = c * halo_h + ly
+// 3. Blur along rows, in place: a line's outputs (its first kTileW values) overwrite its
+// inputs once every lane that reads the line has read it — the lanes of one warp, so a
+// __syncwarp orders them, and the loops run the same number of times in every lane of a warp.
+// Known size: a thread makes four neighbouring outputs of one row from (taps + 6) / 4 16-byte
+// loads (a quarter warp per row); else one output per thread.
+template <int kTaps>
+__device__ __forceinline__ void blur_rows(const Tile& t, const float (&w)[kTaps > 0 ? kTaps : 1],
+                                          const float* weights, float* sampled) {
+  const int tid = t.tid, sampled_w = t.sampled_w;
+  const int lines = t.C * t.halo_h;  // line = c * halo_h + ly
   if constexpr (kTaps > 0) {
     constexpr int kQuadsPerRow = kTileW / 4, kRowsPerPass = kThreads / kQuadsPerRow;
     constexpr int kLoads = (kTaps + 3 + 3) / 4;  // float4s covering the taps + 3 inputs
@@ -416,23 +406,30 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
       if (line < lines) row[quad] = out;
     }
   } else {
-    for (int line = ty; line < lines; line += kWarpsPerTile) {  // a warp per line
+    for (int line = t.ty; line < lines; line += kWarpsPerTile) {  // a warp per line
       float* row = sampled + line * sampled_w;
-      const float out = am::blur_taps(weights, taps, [&](int k) { return row[tx + k]; });
+      const float out = am::blur_taps(weights, t.taps, [&](int k) { return row[t.tx + k]; });
       __syncwarp();
-      row[tx] = out;
+      row[t.tx] = out;
     }
   }
-  __syncthreads();
+}
 
-  // 4. Blur along columns, normalize, write: a warp writes 32 consecutive floats of one row.
+// 4. Blur along columns, normalize, write: a warp writes 32 consecutive floats of one row.
+template <int kTaps>
+__device__ __forceinline__ void blur_columns_and_write(const AugmentLaunch& a,
+                                                       const am::Geometry& g, const Tile& t,
+                                                       const float (&w)[kTaps > 0 ? kTaps : 1],
+                                                       const float* weights, const float* sampled) {
+  const int tid = t.tid, tx = t.tx, b = t.b, C = t.C, halo_h = t.halo_h;
+  const int sampled_w = t.sampled_w;
   if constexpr (kTaps > 0) {
     // Known size: warp 2c + k makes channel c's rows 16k .. 16k + 15, a column per lane, sliding
     // a window of kTaps values down it: 22 loads for 16 outputs (runs of 4 rows loaded 10 for 4).
     // Six of the eight warps work here; the other blocks on the SM use the rest.
     constexpr int kStripsPerTile = kTileH / kStripRows;
     const int warp = tid / kTileW, c = warp / kStripsPerTile, strip = warp % kStripsPerTile;
-    const int x = x0 + tx, y_first = y0 + strip * kStripRows;
+    const int x = t.x0 + tx, y_first = t.y0 + strip * kStripRows;
     if (c >= C || x >= g.out_w || y_first >= g.out_h) return;
     const int rows_here = min(kStripRows, g.out_h - y_first);  // < kStripRows: last tile
     const int64_t out_plane = static_cast<int64_t>(g.out_h) * g.out_w;
@@ -464,20 +461,97 @@ __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
   } else {
     // A size known at run time: each thread makes 4 consecutive rows of one column, every
     // channel.
-    const int x = x0 + tx, y_first = y0 + ty * kRowsPerThread;
+    const int x = t.x0 + tx, y_first = t.y0 + t.ty * kRowsPerThread;
     if (x >= g.out_w) return;
     const int rows_here = min(kRowsPerThread, g.out_h - y_first);  // < kRowsPerThread: last tile
     const int64_t out_plane = static_cast<int64_t>(g.out_h) * g.out_w;
     float* dst = a.out + static_cast<int64_t>(b) * C * out_plane +
                  static_cast<int64_t>(y_first) * g.out_w + x;
     for (int c = 0; c < C; ++c, dst += out_plane) {
-      const float* col = sampled + (c * halo_h + ty * kRowsPerThread) * sampled_w + tx;
+      const float* col = sampled + (c * halo_h + t.ty * kRowsPerThread) * sampled_w + tx;
       const am::Normalization n = a.normalization[c];
       for (int r = 0; r < kRowsPerThread && r < rows_here; ++r)
         dst[r * g.out_w] = am::normalize(
-            am::blur_taps(weights, taps, [&](int k) { return col[(r + k) * sampled_w]; }), n);
+            am::blur_taps(weights, t.taps, [&](int k) { return col[(r + k) * sampled_w]; }), n);
     }
   }
+}
+
+// kTaps, kChannels: 0 when known only at run time (a.taps, a.channels). kGather: sample by
+// texture gathers (a.textures; three channels, a compiled blur size) instead of staging the window.
+// Blocks per SM: eight with texture gathers (32 registers, no spills, 19 KB of shared memory),
+// a pixel's three gathers in flight together (v12 had them one and then two at 32 registers,
+// together only at 40, six blocks: NOTES.md, v14); six for the staged window with a compiled
+// blur size (40 registers; its shared memory allows six too); five for a blur size known only
+// at run time, whose extra index arithmetic would spill.
+template <int kTaps, int kChannels, bool kGather>
+__global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
+    augment_kernel(AugmentLaunch a) {
+  static_assert(!kGather || (kChannels == 3 && kTaps > 0), "gathers: 3 channels, a compiled blur");
+  extern __shared__ __align__(16) float smem[];
+  __shared__ float u_of_column[kMaxHalo], v_of_row[kMaxHalo];
+  __shared__ __align__(8) am::RowTerms row_terms[kMaxHalo];
+  // The column table, then the row table: one array, so that one address register (and an
+  // immediate offset) reaches both in the sampling loop.
+  __shared__ __align__(8) TableEntry tables[2 * kMaxTable];
+  TableEntry* const column_table = tables;
+  TableEntry* const row_table = tables + kMaxTable;
+  __shared__ Window window;
+  Tile t;
+  t.taps = kTaps > 0 ? kTaps : a.taps;
+  t.C = kChannels > 0 ? kChannels : a.channels;
+  t.radius = t.taps / 2;
+  t.halo_w = kTileW + 2 * t.radius;
+  t.halo_h = kTileH + 2 * t.radius;
+  t.halo = t.halo_h * t.halo_w;
+  // [C][halo_h][sampled_w] sampled values, rows padded to 16 bytes for the row pass's 16-byte
+  // loads, which writes its output over them; then the staged window (staged sampling only);
+  // then the weights.
+  t.sampled_w = padded_row(t.halo_w);
+  t.plane = t.halo_h * t.sampled_w;
+  float* sampled = smem;
+  float* staged = sampled + t.C * t.plane;
+  float* weights = staged + (kGather ? 0 : kStageFloats);
+
+  wait_for_previous_grid();
+  allow_next_grid();
+  t.b = blockIdx.z;
+  t.x0 = blockIdx.x * kTileW;
+  t.y0 = blockIdx.y * kTileH;
+  t.tid = threadIdx.x;
+  t.tx = t.tid % kTileW;
+  t.ty = t.tid / kTileW;
+  const am::Geometry g = a.geometry;
+  const int b = t.b;
+  t.p = am::SampleParams{a.top[b], a.left[b], a.cos_a[b], a.sin_a[b], a.flip[b]};
+  t.in_plane = g.in_h * g.in_w;
+  t.image = a.images + static_cast<int64_t>(b) * t.C * t.in_plane;
+
+  load_tile_terms(a, g, t, weights, u_of_column, v_of_row, row_terms);
+  // A staged window: warp 0 finds it, and after a barrier every thread tabulates and stages.
+  // Texture gathers need neither: each pixel locates its source itself.
+  if (!kGather && t.tid < 32) find_window(g, t, window);  // a whole warp, converged
+  __syncthreads();
+  const Window win = kGather ? Window{} : window;
+  if (!kGather && win.tabulated())
+    tabulate_and_stage<kChannels>(g, t, win, column_table, row_table, staged);
+  if (!kGather) __syncthreads();
+
+  if constexpr (kGather)
+    sample_by_gathers(a, g, t, u_of_column, row_terms, sampled);
+  else
+    sample_staged(g, t, win, u_of_column, v_of_row, row_terms, column_table, row_table, staged,
+                  sampled);
+  __syncthreads();
+
+  float w[kTaps > 0 ? kTaps : 1];  // the weights in registers when the size is known
+  if constexpr (kTaps > 0) {
+#pragma unroll
+    for (int k = 0; k < kTaps; ++k) w[k] = weights[k];
+  }
+  blur_rows<kTaps>(t, w, weights, sampled);
+  __syncthreads();
+  blur_columns_and_write<kTaps>(a, g, t, w, weights, sampled);
 }
 
 template <int kTaps, int kChannels, bool kGather = false>

@@ -274,14 +274,36 @@ void TrainCommand::validate() const {
   }
 }
 
-int TrainCommand::run(const std::string& command_line) {
-  // Data parallel (torchrun, or the ranks --nproc started): this rank's device; rank 0 alone
-  // prints and writes.
-  const std::shared_ptr<distributed::ProcessGroup> group = run::join_data_parallel(device);
-  const bool lead = !group || group->rank() == 0;
-  const int world = group ? group->world_size() : 1;
-  if (!lead) quiet = true;
-  const c10::Device dev = group ? group->device() : parse_device(device);
+namespace {
+
+// cuDNN's autotuning and TF32 as the flags say; --deterministic: deterministic kernels only.
+void set_numerics(c10::Device dev, bool deterministic, bool tf32) {
+  if (dev.is_cuda()) {
+    at::globalContext().setBenchmarkCuDNN(!deterministic);
+    at::globalContext().setAllowTF32CuBLAS(tf32);
+    at::globalContext().setAllowTF32CuDNN(tf32);
+  }
+  if (deterministic) {
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
+}
+
+// The message of a run a signal stopped; its exit code.
+int report_stop(const train::TrainResult& r, int64_t spe, bool lead) {
+  if (!lead) return 128 + r.stopped_by_signal;
+  const char* name = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
+  std::fprintf(stderr,
+               "tandem: stopped by %s after step %lld (epoch %lld); checkpoint %s. Resume with "
+               "the same command and --resume.\n",
+               name, static_cast<long long>(r.steps), static_cast<long long>(r.steps / spe + 1),
+               r.last_checkpoint.c_str());
+  return 128 + r.stopped_by_signal;
+}
+
+}  // namespace
+
+void TrainCommand::settle_job(c10::Device dev) {
   job.device = dev;
   job.precision = parse_precision(precision);
   job.freeze_backbone = freeze == "backbone";
@@ -300,26 +322,12 @@ int TrainCommand::run(const std::string& command_line) {
   // A share that follows the rates makes the pixels depend on timing: a deterministic run
   // splits only at a share it is given.
   job.decode = deterministic && !given("--engine-share") ? "cpu" : decode;
-  const run::RunMode parsed = run::parse_run_mode(mode);  // one of train_modes(): --mode's check
-  const Mode m = run::resolve_mode_by_device(parsed, dev).mode;
-  if (dev.is_cuda()) {
-    at::globalContext().setBenchmarkCuDNN(!deterministic);
-    at::globalContext().setAllowTF32CuBLAS(tf32);
-    at::globalContext().setAllowTF32CuDNN(tf32);
-  }
-  if (deterministic) {
-    at::globalContext().setDeterministicCuDNN(true);
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-  }
+}
 
-  train::TrainJob tj = train::make_classifier(job);
-  // The Trainer checks this too, but the schedule below needs the epoch's length first.
-  const int64_t spe = tj.workload.data.batches_per_epoch(batch_size, world);
-  TANDEM_CHECK_ARG(spe >= 1, "the training set's ", tj.workload.data.dataset()->size(),
-                   " samples make no batch of ", batch_size, ": expected a smaller --batch-size");
+optim::LrSchedule TrainCommand::lr_schedule(train::TrainJob& tj, int64_t spe, int64_t& warm) const {
   const int64_t total = epochs * spe;
   const double lr = tj.config["lr"].get<double>();
-  const int64_t warm = static_cast<int64_t>(std::llround(warmup_epochs * spe));
+  warm = static_cast<int64_t>(std::llround(warmup_epochs * spe));
   // validate() saw --warmup-epochs < --epochs; in steps, rounding can still reach the end.
   TANDEM_CHECK_ARG(warm < total, "--warmup-epochs ", warmup_epochs, " is ", warm,
                    " steps: expected fewer than the run's ", total, " (", epochs, " epochs of ",
@@ -338,16 +346,72 @@ int TrainCommand::run(const std::string& command_line) {
     tj.config["step_epochs"] = step_epochs;
     tj.config["gamma"] = gamma;
   }
+  return warm > 0 ? optim::linear_warmup(warm, after) : after;
+}
 
+void TrainCommand::write_json(const std::string& command_line, const train::TrainJob& tj,
+                              const train::TrainResult& r, const train::EpochsReport& report,
+                              Mode m, c10::Device dev, int world, bool seg) const {
+  const train::SteadyMean& train_rate = report.images_per_s;
+  const double eval_ips = report.eval_images_per_s.value;
+  nlohmann::json j;
+  j["command"] = command_line;
+  j["device"] = run::device_name(dev);
+  j["job"] = tj.name;
+  j["config"] = tj.config;
+  j["mode"] = to_string(m);
+  j["precision"] = precision;
+  j["batch_size"] = batch_size;
+  j["world_size"] = world;
+  j["images_per_s"] = train_rate.value;
+  if (eval_ips > 0) j["eval_images_per_s"] = eval_ips;
+  j["images_per_s_note"] = train_rate.first_left_out ? "mean over this run's epochs after the first"
+                                                     : "mean over this run's epochs";
+  // The headline metric: accuracy for a classifier, mIoU for a segmenter.
+  const char* headline = seg ? "miou" : "accuracy";
+  j["accuracy"] = r.epochs.empty() || !r.epochs.back().metrics.count(headline)
+                      ? nlohmann::json(nullptr)
+                      : nlohmann::json(r.epochs.back().metrics.at(headline));
+  j["accuracy_metric"] = headline;
+  j["epochs"] = static_cast<int64_t>(r.epochs.size());
+  j["stopped_by_signal"] = r.stopped_by_signal;
+  j["notes"] = r.notes;  // as printed: the modes' captures, a decode split's share
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& e : r.epochs) rows.push_back(train::to_json(e));  // metrics.jsonl's rows
+  j["rows"] = rows;
+  train::write_file_atomic(json, j.dump(2) + "\n");
+  std::printf("wrote %s\n", json.c_str());
+}
+
+int TrainCommand::run(const std::string& command_line) {
+  // Data parallel (torchrun, or the ranks --nproc started): this rank's device; rank 0 alone
+  // prints and writes.
+  const std::shared_ptr<distributed::ProcessGroup> group = run::join_data_parallel(device);
+  const bool lead = !group || group->rank() == 0;
+  const int world = group ? group->world_size() : 1;
+  if (!lead) quiet = true;
+  const c10::Device dev = group ? group->device() : parse_device(device);
+  settle_job(dev);
+  const bool seg = train::is_pairs_folder(job.data);
+  const run::RunMode parsed = run::parse_run_mode(mode);  // one of train_modes(): --mode's check
+  const Mode m = run::resolve_mode_by_device(parsed, dev).mode;
+  set_numerics(dev, deterministic, tf32);
+
+  train::TrainJob tj = train::make_classifier(job);
+  // The Trainer checks this too, but the schedule below needs the epoch's length first.
+  const int64_t spe = tj.workload.data.batches_per_epoch(batch_size, world);
+  TANDEM_CHECK_ARG(spe >= 1, "the training set's ", tj.workload.data.dataset()->size(),
+                   " samples make no batch of ", batch_size, ": expected a smaller --batch-size");
+  int64_t warm = 0;
   std::atomic<int> stop{0};
   train::TrainOptions to;
+  to.schedule = lr_schedule(tj, spe, warm);
   to.epochs = epochs;
   to.batch_size = batch_size;
   to.mode = m;
   to.workers = workers;
   to.seed = seed;
   to.skip_bad = skip_bad;
-  to.schedule = warm > 0 ? optim::linear_warmup(warm, after) : after;
   to.out_dir = out;
   to.resume = resume;
   to.checkpoint_every = checkpoint_every;
@@ -381,8 +445,8 @@ int TrainCommand::run(const std::string& command_line) {
       "%d workers\n",
       dev.str().c_str(), to_string(m), precision.c_str(), static_cast<long long>(batch_size),
       static_cast<long long>(spe), static_cast<long long>(epochs), workers);
-  std::printf("optimizer  %s lr %g (%s%s), weight decay %g\n", job.optimizer.c_str(), lr,
-              schedule.c_str(), warm > 0 ? ", warm-up" : "",
+  std::printf("optimizer  %s lr %g (%s%s), weight decay %g\n", job.optimizer.c_str(),
+              tj.config["lr"].get<double>(), schedule.c_str(), warm > 0 ? ", warm-up" : "",
               tj.config["weight_decay"].get<double>());
   std::printf("run folder %s%s\n", out.c_str(), resume ? " (resuming)" : "");
   std::fflush(stdout);
@@ -401,48 +465,8 @@ int TrainCommand::run(const std::string& command_line) {
   // The table of every epoch so far (a resumed run's earlier ones included).
   const train::EpochsReport report = train::describe_epochs(r, spe);
   std::printf("\n%s", report.text.c_str());
-  const train::SteadyMean& train_rate = report.images_per_s;
-  const double steady_ips = train_rate.value, eval_ips = report.eval_images_per_s.value;
-  if (!json.empty() && lead) {
-    nlohmann::json j;
-    j["command"] = command_line;
-    j["device"] = run::device_name(dev);
-    j["job"] = tj.name;
-    j["config"] = tj.config;
-    j["mode"] = to_string(m);
-    j["precision"] = precision;
-    j["batch_size"] = batch_size;
-    j["world_size"] = world;
-    j["images_per_s"] = steady_ips;
-    if (eval_ips > 0) j["eval_images_per_s"] = eval_ips;
-    j["images_per_s_note"] = train_rate.first_left_out
-                                 ? "mean over this run's epochs after the first"
-                                 : "mean over this run's epochs";
-    // The headline metric: accuracy for a classifier, mIoU for a segmenter.
-    const char* headline = seg ? "miou" : "accuracy";
-    j["accuracy"] = r.epochs.empty() || !r.epochs.back().metrics.count(headline)
-                        ? nlohmann::json(nullptr)
-                        : nlohmann::json(r.epochs.back().metrics.at(headline));
-    j["accuracy_metric"] = headline;
-    j["epochs"] = static_cast<int64_t>(r.epochs.size());
-    j["stopped_by_signal"] = r.stopped_by_signal;
-    j["notes"] = r.notes;  // as printed: the modes' captures, a decode split's share
-    nlohmann::json rows = nlohmann::json::array();
-    for (const auto& e : r.epochs) rows.push_back(train::to_json(e));  // metrics.jsonl's rows
-    j["rows"] = rows;
-    train::write_file_atomic(json, j.dump(2) + "\n");
-    std::printf("wrote %s\n", json.c_str());
-  }
-  if (r.stopped_by_signal != 0) {
-    if (!lead) return 128 + r.stopped_by_signal;
-    const char* name = r.stopped_by_signal == SIGINT ? "SIGINT" : "SIGTERM";
-    std::fprintf(stderr,
-                 "tandem: stopped by %s after step %lld (epoch %lld); checkpoint %s. Resume with "
-                 "the same command and --resume.\n",
-                 name, static_cast<long long>(r.steps), static_cast<long long>(r.steps / spe + 1),
-                 r.last_checkpoint.c_str());
-    return 128 + r.stopped_by_signal;
-  }
+  if (!json.empty() && lead) write_json(command_line, tj, r, report, m, dev, world, seg);
+  if (r.stopped_by_signal != 0) return report_stop(r, spe, lead);
   std::printf("weights    %s\n", r.weights.c_str());
   return 0;
 }

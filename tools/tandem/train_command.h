@@ -6,7 +6,11 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "tandem/mode.h"
+#include "tandem/optim.h"
 #include "tandem/train/classifier.h"
+#include "tandem/train/report.h"
+#include "tandem/train/trainer.h"
 
 namespace tandem {
 
@@ -53,6 +57,18 @@ struct TrainCommand {
  private:
   /// Whether `flag` was on the command line (a default was not used).
   bool given(const char* flag) const;
+  /// The job's settings for device `dev`: the flags given, the others' defaults for the data
+  /// (its kind) and the device.
+  void settle_job(c10::Device dev);
+  /// The learning rate per step of a run of `steps_per_epoch` steps an epoch (--schedule, with
+  /// --warmup-epochs' linear warm-up before it), written into the job's config; `warm_steps`:
+  /// the warm-up's steps.
+  optim::LrSchedule lr_schedule(train::TrainJob& tj, int64_t steps_per_epoch,
+                                int64_t& warm_steps) const;
+  /// --json's report of a finished or stopped run.
+  void write_json(const std::string& command_line, const train::TrainJob& tj,
+                  const train::TrainResult& r, const train::EpochsReport& report, Mode m,
+                  c10::Device dev, int world, bool seg) const;
 
   CLI::App* app_ = nullptr;  // the subcommand: its options say which flags were given
 };

@@ -9,7 +9,7 @@
 
 #include <iostream>
 
-#include "engine_crops_ahead.h"
+#include "folder_evaluation.h"
 #include "job_util.h"
 #include "posix_fs.h"
 #include "tandem/autocast.h"
@@ -37,11 +37,6 @@ std::string idx_file(const std::string& dir, const std::string& stem) {
   for (const char* ext : {".gz", ""})
     if (is_file(dir + "/" + stem + ext)) return dir + "/" + stem + ext;
   return "";
-}
-
-Metrics accuracy_metrics(int64_t correct, double loss_sum, int64_t n) {
-  return {{"accuracy", n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0},
-          {"val_loss", n > 0 ? loss_sum / static_cast<double>(n) : 0}};
 }
 
 }  // namespace
@@ -147,22 +142,138 @@ void build_idx_job(const ClassifierOptions& o, const std::string& model_name, Tr
   }
 }
 
+// A resumed run keeps the engine split's shares: the positions decoded before the checkpoint
+// split as they did, the next ones from the last share on.
+void keep_engine_shares(TrainJob& job, const std::shared_ptr<data::EngineShare>& share) {
+  job.save_state = [share] {
+    nlohmann::json changes = nlohmann::json::array();
+    for (const auto& c : share->schedule()) changes.push_back({c.from_position, c.share});
+    return nlohmann::json{{"engine_shares", changes}};
+  };
+  job.load_state = [share](const nlohmann::json& state) {
+    if (!state.contains("engine_shares")) return;
+    std::vector<data::EngineShare::Change> changes;
+    for (const auto& c : state["engine_shares"])
+      changes.push_back({c[0].get<uint64_t>(), c[1].get<double>()});
+    share->restore(changes);
+  };
+}
+
+// An image folder's training and held-out sets, and how the evaluation splits its decodes.
+struct FolderSets {
+  std::shared_ptr<const Dataset> train, val;  // val: null without --val or a held-out split
+  int64_t resize_size = 0;                    // Resize's shorter side for evaluation
+  data::EngineSplit eval_split;               // the evaluation's own (none without val)
+  std::shared_ptr<double> eval_engine_share;  // the share an evaluation turns on, or null
+};
+
+// Training decodes each sample's random crop only (its box drawn in the worker, before the
+// decode: kCropRegion), or without crop_regions the whole image at the scale the crop size
+// needs (kDecoded). Evaluation decodes whole images at the scale Resize's shorter side needs
+// (S * 256 / 224 for S = 224), so the resize shrinks as torchvision's does.
+FolderSets folder_sets(const ClassifierOptions& o,
+                       const std::shared_ptr<data::ImageFolderDataset>& folder,
+                       const data::ImageFolderOptions& fo, const data::EngineSplit& split) {
+  FolderSets sets;
+  std::shared_ptr<const Dataset> crops = folder;
+  if (o.crop_regions)
+    crops = std::make_shared<data::ImageFolderDataset>(
+        folder->with_output(data::ImageFolderOutput::kCropRegion)
+            .with_engine_share(split.decoder ? split.share : nullptr));
+  sets.resize_size = o.image_size * 256 / 224;
+  // The evaluation splits its whole-image decodes alike, with a decoder of its own (for its
+  // thread) and a share of its own (whole images cost the CPU more than regions).
+  const bool evaluates = !o.val.empty() || o.val_split > 0;
+  if (evaluates) sets.eval_split = data::companion_split(split, o.device, o.workers);
+  const data::EngineSplit& eval_split = sets.eval_split;
+  auto eval_folder = std::make_shared<data::ImageFolderDataset>(
+      folder->with_image_size(sets.resize_size).with_engine_share(eval_split.share));
+  sets.train = crops;
+  if (!o.val.empty()) {
+    data::ImageFolderOptions vo = fo;
+    vo.image_size = sets.resize_size;
+    auto v = std::make_shared<data::ImageFolderDataset>(
+        data::ImageFolderDataset(o.val, vo).with_engine_share(eval_split.share));
+    TANDEM_CHECK_ARG(v->classes() == folder->classes(), "--val ", o.val,
+                     " has other class folders than --data ", o.data);
+    sets.val = v;
+  } else if (o.val_split > 0) {
+    sets.train = split_every_kth(crops, o.val_split).first;
+    sets.val = split_every_kth(eval_folder, o.val_split).second;
+  }
+  sets.train = take(sets.train, o.subset);
+  if (sets.val) sets.val = take(sets.val, o.val_subset);
+  // The evaluation's workers decode ahead while the training runs (EvalPasses: the ring's
+  // parts); the engines decode only when the evaluation asks. So, for an adaptive share,
+  // the ring fills on the workers alone, and each evaluation turns the engines on for the
+  // positions the ring did not hold (from the training's share, then the evaluation's own
+  // rates), off again after. A held-out set the ring holds whole never uses them. (A given
+  // share splits every position alike, ahead or not: a run that must repeat cannot depend
+  // on how far the ring got.)
+  if (eval_split.share && eval_split.share->adaptive() && sets.val) {
+    const int64_t n = sets.val->size();
+    const bool held_whole =
+        n <= eval_ring_slots(n, o.batch_size, o.workers) * eval_part_size(o.batch_size, o.workers);
+    sets.eval_engine_share = std::make_shared<double>(held_whole ? 0.0 : eval_split.share->share());
+    eval_split.share->restore({{0, 0.0}});
+  }
+  return sets;
+}
+
+// The train stage of a ResNet: the whole network, or with --freeze backbone the linear head
+// on the frozen backbone's pooled features (a feed stage of its own). Returns the folded
+// backbone, or null.
+std::shared_ptr<models::FoldedResNet> set_resnet_train_stage(const ClassifierOptions& o,
+                                                             const std::string& model_name,
+                                                             models::ResNet net, Workload& w) {
+  const c10::Device device = o.device;
+  const Precision precision = o.precision;
+  auto n = net.ptr();
+  if (!o.freeze_backbone) {
+    net->train();
+    w.train.inputs = {"x", "label"};
+    w.train.loss = [n, device, precision](const Tensors& in) {
+      AutocastScope autocast(device, precision);
+      return deterministic_cross_entropy(n->forward(in[0]).to(at::kFloat), in[1]);
+    };
+    w.train.what = model_name + ", cross-entropy";
+    return nullptr;
+  }
+  net->eval();  // BatchNorm keeps its running statistics
+  for (auto& p : net->parameters()) p.set_requires_grad(false);
+  for (auto& p : net->fc->parameters()) p.set_requires_grad(true);
+  // Batch norm folded into the convolutions, conv + bias (+ add) + ReLU as one cuDNN call on a
+  // GPU: no gradient flows into a frozen backbone, so nothing needs the unfused ops. It folds
+  // at its first call (after --weights and a resumed checkpoint are loaded).
+  auto folded = std::make_shared<models::FoldedResNet>(
+      net, models::FoldedResNetOptions{compute_dtype(precision), true});
+  w.feeds.push_back(
+      {"backbone",
+       "backbone",
+       {"x"},
+       {"features"},
+       [folded](const Tensors& in) { return Tensors{folded->features(in[0]).to(at::kFloat)}; },
+       "frozen " + model_name + " (batch norm folded) to pooled features",
+       {}});
+  w.train.inputs = {"features", "label"};
+  w.train.loss = [n](const Tensors& in) {
+    return deterministic_cross_entropy(n->fc->forward(in[0]), in[1]);
+  };
+  w.train.what = "linear head, cross-entropy";
+  return folded;
+}
+
 // The ImageFolder job: a ResNet (its backbone frozen and folded, or trained) on the folder's
 // photos, decoded by the loader's workers (and the JPEG engines with decode auto), evaluated
 // on --val or a held-out split.
 void build_image_folder_job(const ClassifierOptions& o, const std::string& model_name,
                             TrainJob& job) {
   const c10::Device device = o.device;
-  const Precision precision = o.precision;
   Workload& w = job.workload;
   TANDEM_CHECK_ARG(model_name != "small_cnn", "model small_cnn takes 28x28 IDX images: ", o.data,
                    " is an image folder, expected a ResNet (resnet18/34/50)");
   data::ImageFolderOptions fo;
   fo.image_size = o.image_size;
-  // Training decodes each sample's random crop only (its box drawn in the worker, before the
-  // decode: kCropRegion), or without crop_regions the whole image at the scale the crop size
-  // needs (kDecoded). Evaluation decodes whole images at the scale Resize's shorter side
-  // needs (S * 256 / 224 for S = 224), so the resize shrinks as torchvision's does.
   fo.output = data::ImageFolderOutput::kDecoded;
   auto folder = std::make_shared<data::ImageFolderDataset>(o.data, fo);
   // decode auto: the JPEG engines beside the workers (no decoder: the workers alone).
@@ -173,66 +284,10 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
   if (split.decoder) {
     job.config["decode"] = "auto";  // absent: the CPU workers alone (older runs too)
     if (!split.share->adaptive()) job.config["engine_share"] = split.share->share();
-    // A resumed run keeps the split's shares: the positions decoded before the checkpoint
-    // split as they did, the next ones from the last share on.
-    const std::shared_ptr<data::EngineShare> share = split.share;
-    job.save_state = [share] {
-      nlohmann::json changes = nlohmann::json::array();
-      for (const auto& c : share->schedule()) changes.push_back({c.from_position, c.share});
-      return nlohmann::json{{"engine_shares", changes}};
-    };
-    job.load_state = [share](const nlohmann::json& state) {
-      if (!state.contains("engine_shares")) return;
-      std::vector<data::EngineShare::Change> changes;
-      for (const auto& c : state["engine_shares"])
-        changes.push_back({c[0].get<uint64_t>(), c[1].get<double>()});
-      share->restore(changes);
-    };
+    keep_engine_shares(job, split.share);
   }
-  std::shared_ptr<const Dataset> crops = folder;
-  if (o.crop_regions)
-    crops = std::make_shared<data::ImageFolderDataset>(
-        folder->with_output(data::ImageFolderOutput::kCropRegion)
-            .with_engine_share(split.decoder ? split.share : nullptr));
-  const int64_t resize_size = o.image_size * 256 / 224;
-  // The evaluation splits its whole-image decodes alike, with a decoder of its own (for its
-  // thread) and a share of its own (whole images cost the CPU more than regions).
-  const bool evaluates = !o.val.empty() || o.val_split > 0;
-  const data::EngineSplit eval_split =
-      evaluates ? data::companion_split(split, device, o.workers) : data::EngineSplit{};
-  auto eval_folder = std::make_shared<data::ImageFolderDataset>(
-      folder->with_image_size(resize_size).with_engine_share(eval_split.share));
+  const FolderSets sets = folder_sets(o, folder, fo, split);
   const int64_t classes = static_cast<int64_t>(folder->classes().size());
-  std::shared_ptr<const Dataset> train_data = crops, val_data;
-  if (!o.val.empty()) {
-    data::ImageFolderOptions vo = fo;
-    vo.image_size = resize_size;
-    auto v = std::make_shared<data::ImageFolderDataset>(
-        data::ImageFolderDataset(o.val, vo).with_engine_share(eval_split.share));
-    TANDEM_CHECK_ARG(v->classes() == folder->classes(), "--val ", o.val,
-                     " has other class folders than --data ", o.data);
-    val_data = v;
-  } else if (o.val_split > 0) {
-    train_data = split_every_kth(crops, o.val_split).first;
-    val_data = split_every_kth(eval_folder, o.val_split).second;
-  }
-  train_data = take(train_data, o.subset);
-  if (val_data) val_data = take(val_data, o.val_subset);
-  // The evaluation's workers decode ahead while the training runs (EvalPasses: the ring's
-  // parts); the engines decode only when the evaluation asks. So, for an adaptive share,
-  // the ring fills on the workers alone, and each evaluation turns the engines on for the
-  // positions the ring did not hold (from the training's share, then the evaluation's own
-  // rates), off again after. A held-out set the ring holds whole never uses them. (A given
-  // share splits every position alike, ahead or not: a run that must repeat cannot depend
-  // on how far the ring got.)
-  std::shared_ptr<double> eval_engine_share;  // the share an evaluation turns on
-  if (eval_split.share && eval_split.share->adaptive() && val_data) {
-    const bool held_whole =
-        val_data->size() <= eval_ring_slots(val_data->size(), o.batch_size, o.workers) *
-                                eval_part_size(o.batch_size, o.workers);
-    eval_engine_share = std::make_shared<double>(held_whole ? 0.0 : eval_split.share->share());
-    eval_split.share->restore({{0, 0.0}});
-  }
 
   models::ResNet net = models::resnet(model_name, models::ResNetOptions{classes});
   if (!o.weights.empty()) load_weights(*net, o.weights);
@@ -242,7 +297,7 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
   job.name = model_name + (o.freeze_backbone ? " (frozen backbone)" : "") + " on " + o.data;
   job.model = net.ptr();
   w.name = model_name;
-  w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
+  w.data = DataSource::from_dataset(sets.train, /*shuffle=*/true, /*drop_last=*/true);
   const int64_t S = o.image_size;
   if (split.decoder)
     w.feeds.push_back(
@@ -251,164 +306,23 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
     w.feeds.push_back(o.crop_regions ? given_crop_feed(ResizedCropSpec::train(S), nhwc)
                                      : resized_crop_feed(ResizedCropSpec::train(S),
                                                          seeded_generator(device, o.seed), nhwc));
-  auto n = net.ptr();
-  std::shared_ptr<models::FoldedResNet> folded;  // the frozen backbone, for training and eval
-  if (o.freeze_backbone) {
-    net->eval();  // BatchNorm keeps its running statistics
-    for (auto& p : net->parameters()) p.set_requires_grad(false);
-    for (auto& p : net->fc->parameters()) p.set_requires_grad(true);
-    // Batch norm folded into the convolutions, conv + bias (+ add) + ReLU as one cuDNN call
-    // on a GPU: no gradient flows into a frozen backbone, so nothing needs the unfused ops.
-    // It folds at its first call (after --weights and a resumed checkpoint are loaded).
-    folded = std::make_shared<models::FoldedResNet>(
-        net, models::FoldedResNetOptions{compute_dtype(precision), true});
-    w.feeds.push_back(
-        {"backbone",
-         "backbone",
-         {"x"},
-         {"features"},
-         [folded](const Tensors& in) { return Tensors{folded->features(in[0]).to(at::kFloat)}; },
-         "frozen " + model_name + " (batch norm folded) to pooled features",
-         {}});
-    w.train.inputs = {"features", "label"};
-    w.train.loss = [n](const Tensors& in) {
-      return deterministic_cross_entropy(n->fc->forward(in[0]), in[1]);
-    };
-    w.train.what = "linear head, cross-entropy";
-  } else {
-    net->train();
-    w.train.inputs = {"x", "label"};
-    w.train.loss = [n, device, precision](const Tensors& in) {
-      AutocastScope autocast(device, precision);
-      return deterministic_cross_entropy(n->forward(in[0]).to(at::kFloat), in[1]);
-    };
-    w.train.what = model_name + ", cross-entropy";
-  }
-  if (val_data) {
-    const ResizedCropSpec eval_spec = ResizedCropSpec::eval(S, resize_size);
-    const at::Generator eval_gen = seeded_generator(device, o.seed);  // draws no randomness
-    const bool frozen = o.freeze_backbone;
-    auto passes = std::make_shared<EvalPasses>(val_data, o.batch_size, o.workers);
-    // The engines' rows of each batch decode on a thread of their own while the next
-    // batch's parts load (EngineCropsAhead); made once, for every evaluation of the run.
-    std::shared_ptr<EngineCropsAhead> ahead;
-    if (eval_split.decoder)
-      ahead = std::make_shared<EngineCropsAhead>(eval_spec, eval_split, device, o.batch_size);
-    job.evaluate = [n, folded, passes, eval_spec, eval_gen, device, precision, frozen, nhwc,
-                    eval_split, ahead, eval_engine_share](const Lane& lane) {
-      at::NoGradGuard no_grad;
-      n->eval();
-      // The engines on for the positions the ring has not decoded, off for the next pass's
-      // (the share the evaluation ended with kept for the next one), even if it throws.
-      struct EnginesOn {
-        data::EngineShare* share;
-        double* value;
-        EnginesOn(data::EngineShare* s, double* v) : share(v && *v > 0 ? s : nullptr), value(v) {
-          if (share) share->set(*value);
-        }
-        ~EnginesOn() {
-          if (!share) return;
-          *value = share->share();
-          share->set(0);
-        }
-      } engines_on(eval_split.share.get(), eval_engine_share.get());
-      at::Tensor correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
-      at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
-      int64_t seen = 0;
-      // An evaluation stopped by an error leaves no decode behind for the next one.
-      struct DropPending {
-        EngineCropsAhead* a;
-        ~DropPending() {
-          if (a) a->drop();
-        }
-      } drop_pending{ahead.get()};
-      // Split: the rows the loader left to the engines, kept for one decode per batch (the
-      // engines lose much of their rate on a part's few images). The host tensors hold the
-      // bytes `encoded` points into.
-      std::vector<at::Tensor> held_bytes, held_labels;
-      std::vector<data::EncodedImage> encoded;
-      // The batch whose engine rows are decoding: its workers' rows (x, label) and the
-      // engine rows' labels, joined and forwarded once the next batch's parts are in.
-      std::vector<at::Tensor> waiting;
-      at::Tensor waiting_labels;
-      auto layout = [nhwc](const at::Tensor& x) {
-        return nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
-      };
-      // Resize + CenterCrop on the device of a part's `rows` (all where undefined).
-      auto crop = [&](const Batch& batch, const at::Tensor& rows) {
-        at::Tensor offsets = batch.get(offsets_field("image")),
-                   sizes = batch.get(sizes_field("image"));
-        if (rows.defined()) {
-          offsets = offsets.index_select(0, rows);
-          sizes = sizes.index_select(0, rows);
-        }
-        return layout(resized_crop(batch.get("image"), offsets, sizes,
-                                   draw_crop_boxes(eval_spec, sizes, eval_gen), eval_spec));
-      };
-      auto forward = [&](const std::vector<at::Tensor>& xy) {
-        AutocastScope autocast(device, precision);
-        // A frozen backbone evaluates as it trains: folded (the module's features within
-        // float rounding, without its batch-norm and ReLU passes).
-        const at::Tensor logits =
-            (folded ? n->fc->forward(folded->features(xy[0]).to(at::kFloat)) : n->forward(xy[0]))
-                .to(at::kFloat);
-        correct += logits.argmax(1).eq(xy[1]).sum();
-        loss += at::cross_entropy_loss(logits, xy[1], {}, at::Reduction::Sum).to(at::kDouble);
-        seen += xy[1].size(0);
-      };
-      // Takes the waiting batch's engine crops (their decode done) and forwards the batch;
-      // `next` (may be empty) starts on the engines first, so they never idle on a forward.
-      auto forward_waiting = [&](std::vector<data::EncodedImage> next) {
-        at::Tensor engine_x;
-        if (!waiting.empty()) engine_x = ahead->finish(lane);
-        if (!next.empty()) ahead->start(std::move(next), std::move(held_bytes));
-        held_bytes.clear();
-        if (waiting.empty()) return;
-        // (cat of a part the engines took whole, with no rows, may not keep channels-last)
-        forward({layout(at::cat({waiting[0], layout(engine_x)})),
-                 at::cat({waiting[1], waiting_labels})});
-        waiting.clear();
-      };
-      passes->run(
-          lane,
-          [&](Batch& batch) {  // each loader part
-            const data::SplitRows r =
-                eval_split.decoder
-                    ? data::split_rows(batch.get("jpeg"), batch.get(offsets_field("jpeg")),
-                                       batch.get(sizes_field("jpeg")))
-                    : data::SplitRows{};
-            if (r.engines.empty())  // every row decoded by the workers
-              return std::vector<at::Tensor>{crop(batch, at::Tensor()), batch.get("label")};
-            const at::Tensor label = batch.get("label");
-            held_bytes.push_back(batch.get("jpeg"));
-            encoded.insert(encoded.end(), r.encoded.begin(), r.encoded.end());
-            held_labels.push_back(label.index_select(0, data::host_to_device(r.engines, device)));
-            const at::Tensor rows = data::host_to_device(r.cpu, device);
-            if (r.cpu.empty())  // every row on the engines: nothing to crop now
-              return std::vector<at::Tensor>{
-                  layout(at::empty({0, 3, eval_spec.out_h, eval_spec.out_w},
-                                   at::TensorOptions().dtype(at::kFloat).device(device))),
-                  label.index_select(0, rows)};
-            return std::vector<at::Tensor>{crop(batch, rows), label.index_select(0, rows)};
-          },
-          [&](std::vector<at::Tensor> xy) {  // a whole batch's workers' rows
-            if (encoded.empty()) {           // none on the engines: forward it in order
-              forward_waiting({});
-              forward(xy);
-              return;
-            }
-            const at::Tensor labels = at::cat(held_labels);
-            held_labels.clear();
-            forward_waiting(std::move(encoded));
-            encoded.clear();
-            waiting = std::move(xy);
-            waiting_labels = labels;
-          });
-      forward_waiting({});
-      if (!frozen) n->train();
-      return Evaluation(accuracy_metrics(correct.item<int64_t>(), loss.item<double>(), seen), seen);
-    };
-  }
+  const std::shared_ptr<models::FoldedResNet> folded =
+      set_resnet_train_stage(o, model_name, net, w);
+  if (!sets.val) return;
+  FolderEvaluationSetup e;
+  e.model = net.ptr();
+  e.folded = folded;
+  e.data = sets.val;
+  e.spec = ResizedCropSpec::eval(S, sets.resize_size);
+  e.split = sets.eval_split;
+  e.engine_share = sets.eval_engine_share;
+  e.device = device;
+  e.precision = o.precision;
+  e.channels_last = nhwc;
+  e.batch_size = o.batch_size;
+  e.workers = o.workers;
+  e.seed = o.seed;
+  job.evaluate = folder_evaluation(std::move(e));
 }
 
 }  // namespace

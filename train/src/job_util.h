@@ -120,6 +120,13 @@ inline nlohmann::json common_config(const ClassifierOptions& o, const std::strin
           {"weights", resolve_path(o.weights)}};
 }
 
+/// A classifier's evaluation metrics: the fraction of `n` samples predicted right and their
+/// mean cross-entropy.
+inline Metrics accuracy_metrics(int64_t correct, double loss_sum, int64_t n) {
+  return {{"accuracy", n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0},
+          {"val_loss", n > 0 ? loss_sum / static_cast<double>(n) : 0}};
+}
+
 /// Loader settings for an evaluation pass: every sample once, in order, the short last batch
 /// included.
 inline LoaderOptions eval_loader_options(int64_t batch_size, int workers) {

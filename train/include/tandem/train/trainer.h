@@ -211,7 +211,7 @@ class Trainer {
     int64_t images = 0;   // every rank's
   };
   void load_checkpoint(const Checkpoint& c, const std::string& folder);
-  struct State;
+  struct Pass;  // one run(): the Runner and the bookkeeping between its steps
   TrainJob job_;
   TrainOptions options_;
   int64_t steps_per_epoch_ = 0;
