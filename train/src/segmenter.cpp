@@ -39,6 +39,89 @@ at::Tensor pixel_cross_entropy(const at::Tensor& logits, const at::Tensor& mask,
   return per_pixel.sum() / valid;
 }
 
+// The training and held-out pairs: --val's folder, or every k-th pair held out (--val-split),
+// each cut to --subset / --val-subset.
+std::pair<std::shared_ptr<const Dataset>, std::shared_ptr<const Dataset>> pair_sets(
+    const ClassifierOptions& o, const data::ImageMaskPairsOptions& po) {
+  auto pairs = std::make_shared<data::ImageMaskPairs>(o.data, po);
+  std::shared_ptr<const Dataset> train_data = pairs, val_data;
+  if (!o.val.empty()) {
+    TANDEM_CHECK_ARG(is_pairs_folder(o.val), "--val ", o.val,
+                     " is not a segmentation folder: expected images/ and masks/ in it");
+    val_data = std::make_shared<data::ImageMaskPairs>(o.val, po);
+  } else if (o.val_split > 0) {
+    std::tie(train_data, val_data) = split_every_kth(pairs, o.val_split);
+  }
+  train_data = take(train_data, o.subset);
+  if (val_data) val_data = take(val_data, o.val_subset);
+  return {train_data, val_data};
+}
+
+// mIoU (over the classes present in the labels or the predictions), pixel accuracy and the mean
+// pixel loss from a pass's K x K confusion counts (label-major), its loss sum and pixel count.
+Metrics segmentation_metrics(const at::Tensor& confusion, int64_t K, const at::Tensor& loss_sum,
+                             const at::Tensor& pixels) {
+  const at::Tensor cm = confusion.view({K, K}).to(at::kCPU).to(at::kDouble);
+  const at::Tensor tp = cm.diag(), unions = cm.sum(0) + cm.sum(1) - tp;
+  const at::Tensor present = unions.gt(0);
+  const double miou = present.any().item<bool>()
+                          ? (tp / unions.clamp_min(1)).masked_select(present).mean().item<double>()
+                          : 0;
+  const int64_t count = pixels.item<int64_t>();
+  return Metrics{{"miou", miou},
+                 {"pixel_accuracy", count > 0 ? tp.sum().item<double>() / count : 0},
+                 {"val_loss", count > 0 ? loss_sum.item<double>() / count : 0}};
+}
+
+// What the evaluation of a segmenter needs besides its pairs.
+struct SegmentationEval {
+  std::shared_ptr<models::FcnResNetImpl> net;
+  int64_t classes = 0, ignore = 0;
+  c10::Device device = c10::kCPU;
+  Precision precision = Precision::kFp32;
+  at::Tensor mean, std;  // normalize()'s
+  bool channels_last = false;
+};
+
+// The job's evaluate function: one pass over `val_data` per call, the network in eval mode.
+std::function<Evaluation(const Lane&)> segmentation_evaluation(
+    const SegmentationEval& e, std::shared_ptr<const Dataset> val_data, int64_t batch_size,
+    int workers) {
+  auto passes = std::make_shared<EvalPasses>(std::move(val_data), batch_size, workers);
+  return [e, passes](const Lane& lane) {
+    const int64_t K = e.classes;
+    at::NoGradGuard no_grad;
+    e.net->eval();
+    // confusion[label * K + prediction], over the pixels that are not ignored
+    const auto longs = at::TensorOptions().dtype(at::kLong).device(e.device);
+    at::Tensor confusion = at::zeros({K * K}, longs);
+    at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(e.device));
+    at::Tensor pixels = at::zeros({}, longs);
+    int64_t images = 0;
+    passes->run(
+        lane,
+        [&](Batch& batch) {
+          return std::vector<at::Tensor>{
+              normalize(batch.get("image"), e.mean, e.std, e.channels_last), batch.get("mask")};
+        },
+        [&](const std::vector<at::Tensor>& xm) {
+          const at::Tensor& mask = xm[1];
+          images += mask.size(0);
+          AutocastScope autocast(e.device, e.precision);
+          const at::Tensor logits = e.net->forward(xm[0]).to(at::kFloat);
+          const at::Tensor valid = mask.ne(e.ignore);
+          const at::Tensor pred = logits.argmax(1);
+          confusion +=
+              at::bincount((mask.masked_select(valid) * K + pred.masked_select(valid)), {}, K * K);
+          loss += at::cross_entropy_loss(logits, mask, {}, at::Reduction::Sum, e.ignore)
+                      .to(at::kDouble);
+          pixels += valid.sum();
+        });
+    e.net->train();
+    return Evaluation(segmentation_metrics(confusion, K, loss, pixels), images);
+  };
+}
+
 }  // namespace
 
 TrainJob make_segmenter(const ClassifierOptions& o) {
@@ -63,17 +146,7 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
   po.image_size = o.image_size;
   po.classes = o.classes;
   po.ignore_index = ignore;
-  auto pairs = std::make_shared<data::ImageMaskPairs>(o.data, po);
-  std::shared_ptr<const Dataset> train_data = pairs, val_data;
-  if (!o.val.empty()) {
-    TANDEM_CHECK_ARG(is_pairs_folder(o.val), "--val ", o.val,
-                     " is not a segmentation folder: expected images/ and masks/ in it");
-    val_data = std::make_shared<data::ImageMaskPairs>(o.val, po);
-  } else if (o.val_split > 0) {
-    std::tie(train_data, val_data) = split_every_kth(pairs, o.val_split);
-  }
-  train_data = take(train_data, o.subset);
-  if (val_data) val_data = take(val_data, o.val_subset);
+  const auto [train_data, val_data] = pair_sets(o, po);
 
   TrainJob job;
   job.config = common_config(o, model_name, lr, wd);
@@ -131,50 +204,16 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
         std::make_shared<optim::Sgd>(params, optim::SgdOptions{lr, o.momentum, 0, false, wd});
 
   if (val_data) {
-    const int64_t K = o.classes;
-    auto passes = std::make_shared<EvalPasses>(val_data, o.batch_size, o.workers);
-    job.evaluate = [n, passes, K, device, precision, ignore, mean, std, nhwc](const Lane& lane) {
-      at::NoGradGuard no_grad;
-      n->eval();
-      // confusion[label * K + prediction], over the pixels that are not ignored
-      const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
-      at::Tensor confusion = at::zeros({K * K}, longs);
-      at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
-      at::Tensor pixels = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
-      int64_t images = 0;
-      passes->run(
-          lane,
-          [&](Batch& batch) {
-            return std::vector<at::Tensor>{normalize(batch.get("image"), mean, std, nhwc),
-                                           batch.get("mask")};
-          },
-          [&](const std::vector<at::Tensor>& xm) {
-            const at::Tensor& mask = xm[1];
-            images += mask.size(0);
-            AutocastScope autocast(device, precision);
-            const at::Tensor logits = n->forward(xm[0]).to(at::kFloat);
-            const at::Tensor valid = mask.ne(ignore);
-            const at::Tensor pred = logits.argmax(1);
-            confusion += at::bincount((mask.masked_select(valid) * K + pred.masked_select(valid)),
-                                      {}, K * K);
-            loss += at::cross_entropy_loss(logits, mask, {}, at::Reduction::Sum, ignore)
-                        .to(at::kDouble);
-            pixels += valid.sum();
-          });
-      n->train();
-      const at::Tensor cm = confusion.view({K, K}).to(at::kCPU).to(at::kDouble);
-      const at::Tensor tp = cm.diag(), unions = cm.sum(0) + cm.sum(1) - tp;
-      const at::Tensor present = unions.gt(0);
-      const double miou =
-          present.any().item<bool>()
-              ? (tp / unions.clamp_min(1)).masked_select(present).mean().item<double>()
-              : 0;
-      const int64_t count = pixels.item<int64_t>();
-      return Evaluation(Metrics{{"miou", miou},
-                                {"pixel_accuracy", count > 0 ? tp.sum().item<double>() / count : 0},
-                                {"val_loss", count > 0 ? loss.item<double>() / count : 0}},
-                        images);
-    };
+    SegmentationEval e;
+    e.net = n;
+    e.classes = o.classes;
+    e.ignore = ignore;
+    e.device = device;
+    e.precision = precision;
+    e.mean = mean;
+    e.std = std;
+    e.channels_last = nhwc;
+    job.evaluate = segmentation_evaluation(e, val_data, o.batch_size, o.workers);
   }
   return job;
 }
