@@ -1,17 +1,21 @@
-// tandem._C's training loop behind tandem.Trainer(out=...).fit (tandem/trainer.py): the
-// Trainer's Python modules as a train::TrainJob, run by train::Trainer — the loop `tandem train`
-// runs — so a Python run gets its epochs, evaluation, metrics.jsonl/.csv, atomic checkpoints,
-// exact resume and a stop that keeps a checkpoint, as the CLI's does.
+// tandem._C's training loop behind tandem.Trainer.fit (tandem/trainer.py): the Trainer's Python
+// modules as a train::TrainJob, run by train::Trainer — the loop `tandem train` runs. With a run
+// folder (Trainer(out=...)) a fit gets its epochs, evaluation, metrics.jsonl/.csv, atomic
+// checkpoints, exact resume and a stop that keeps a checkpoint, as the CLI's does; without one,
+// its steps back to back, reported as the run layer reports a run (rate, stages, floor, GPU
+// utilization, trace). benchmark() and mode auto's trials time copies on the run layer
+// (trainer_bindings.cpp).
 //
 // The Python parts: the model's weights are its state_dict (ModelWeights), the optimizer's
 // state its state_dict (python_workload.cpp's PythonOptimizer), the evaluation and the
 // learning-rate schedule are Python calls made on the train lane between steps. Ctrl-C asks
-// the loop to stop: the step in flight finishes, a checkpoint is written, and fit raises
-// KeyboardInterrupt naming it.
+// the loop to stop: the step in flight finishes, a folder's run writes a checkpoint, and fit
+// raises KeyboardInterrupt (naming the checkpoint).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +29,10 @@
 #include "job.h"
 #include "python_workload.h"
 #include "tandem/run/data_parallel.h"
+#include "tandem/run/gpu_monitor.h"
+#include "tandem/run/progress.h"
+#include "tandem/run/report.h"
+#include "tandem/trace.h"
 #include "tandem/train/report.h"
 #include "tandem/train/trainer.h"
 
@@ -85,9 +93,35 @@ py::dict result_to_python(const train::TrainResult& r, const train::EpochsReport
 
 }  // namespace
 
+/// A fit without a run folder, reported as the run layer reports a run (run_workload): its
+/// rate over the whole fit, each stage's time and the floor, GPU utilization, the notes.
+run::RunReport run_report(const RunConfig& c, const train::TrainResult& r,
+                          const run::GpuMonitor& monitor) {
+  run::RunReport report;
+  report.request = c.request;  // every field given by trainer.py (no resolve: no entry's factory)
+  report.request.workload.name = c.name;
+  report.request.workload.description = "a tandem.Trainer's modules";
+  const c10::Device device = parse_device(report.request.device);
+  report.request.device = device.str();
+  report.device_name = run::device_name(device);
+  report.torch_version = TORCH_VERSION;
+  report.seconds = r.seconds;
+  report.steps_per_s = r.seconds > 0 ? static_cast<double>(r.losses.size()) / r.seconds : 0;
+  report.samples_per_s = report.steps_per_s * static_cast<double>(*report.request.batch_size);
+  report.losses = r.losses;
+  report.timing = r.timing;
+  report.notes = r.notes;
+  report.skipped = r.skipped;
+  report.gpu_utilization = monitor.mean_utilization();
+  report.gpu_utilization_note = monitor.describe(report.request.gpu_monitor);
+  run::set_floor(report, device);
+  return report;
+}
+
 py::dict train_run(const py::dict& config) {
   RunConfig c = read_config(config);
   const py::dict t = config["train"];
+  const bool folder = !t["out"].is_none();
   auto calls = std::make_shared<PythonCalls>();
   std::shared_ptr<distributed::ProcessGroup> group;
   if (c.data_parallel) {
@@ -98,31 +132,38 @@ py::dict train_run(const py::dict& config) {
     run::RunHooks unused;  // the Trainer makes the workload data parallel itself
     run::apply_data_parallel(c.request, unused, group);
   }
-  TANDEM_CHECK_ARG(c.request.mode.has_value(), "fit with a run folder needs a resolved mode");
+  TANDEM_CHECK_ARG(c.request.mode.has_value(), "fit needs a resolved mode");
   const bool lead = c.request.rank == 0;
 
   train::TrainJob job;
   job.name = c.name;
   job.workload =
       make_workload(c, run::workload_options(c.request), calls, std::make_shared<PyRef>());
-  job.weights = python_weights(hold(t["model"]), calls);
+  if (folder) job.weights = python_weights(hold(t["model"]), calls);
   if (!t["evaluate"].is_none()) job.evaluate = python_evaluation(hold(t["evaluate"]), calls);
   job.config = nlohmann::json::parse(t["config"].cast<std::string>());
 
   std::atomic<int> stop{0};
   train::TrainOptions to;
   to.epochs = t["epochs"].cast<int64_t>();
-  to.batch_size = c.request.batch_size.value();  // trainer.py gives these three
+  to.steps = t["steps"].cast<int64_t>();
+  if (!folder) to.first_step = c.request.first_step;  // a folder's run: its checkpoint's
+  to.batch_size = c.request.batch_size.value();       // trainer.py gives these three
   to.workers = c.request.workers.value();
   to.mode = *c.request.mode;
   to.seed = c.request.seed;
   to.skip_bad = c.request.skip_bad;
-  to.out_dir = t["out"].cast<std::string>();
+  if (folder) to.out_dir = t["out"].cast<std::string>();
   to.resume = t["resume"].cast<bool>();
   to.checkpoint_every = t["checkpoint_every"].cast<int64_t>();
   to.keep_checkpoints = t["keep_checkpoints"].cast<int>();
   to.stop = &stop;
   to.group = group;
+  std::unique_ptr<Trace> trace;
+  if (!folder) {  // timed as the run layer times a run
+    to.device_timing_every = c.request.device_timing_every;
+    if (!c.request.trace_path.empty()) to.trace = (trace = std::make_unique<Trace>()).get();
+  }
   if (!t["lr_schedule"].is_none()) {
     const PyRef schedule = hold(t["lr_schedule"]);
     to.schedule = [schedule, calls](int64_t step) {
@@ -133,13 +174,16 @@ py::dict train_run(const py::dict& config) {
   const bool show = c.request.progress && lead;
   const bool tty = show && ::isatty(STDERR_FILENO);
   const auto started = std::chrono::steady_clock::now();
-  to.on_progress = [&](const train::TrainOptions::Progress& p) {
-    if (!tty) return;
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    std::fprintf(stderr, "\r\033[K%s", train::progress_line(p, to.batch_size, elapsed).c_str());
-    std::fflush(stderr);
-  };
+  // A folder's run: its epoch bar and a line per epoch; one without: the run layer's line.
+  run::Progress steps_line(c.name + " " + run::mode_name(c.request.mode), to.steps, !folder && tty);
+  if (tty)
+    to.on_progress = [&](const train::TrainOptions::Progress& p) {
+      if (!folder) return steps_line.update(p.step - to.first_step);
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      std::fprintf(stderr, "\r\033[K%s", train::progress_line(p, to.batch_size, elapsed).c_str());
+      std::fflush(stderr);
+    };
   to.on_epoch = [&](const train::EpochRecord& r) {
     if (!show) return;
     std::fprintf(stderr, "%s%s\n", tty ? "\r\033[K" : "", train::epoch_line(r, to.epochs).c_str());
@@ -148,6 +192,7 @@ py::dict train_run(const py::dict& config) {
 
   const KeepCudnnBenchmark keep;
   at::globalContext().setBenchmarkCuDNN(c.request.cudnn_benchmark.value());
+  run::GpuMonitor monitor(job.workload.device);
   std::optional<train::TrainResult> result;
   int64_t steps_per_epoch = 0;
   try {
@@ -156,8 +201,11 @@ py::dict train_run(const py::dict& config) {
           try {
             train::Trainer trainer(job, to);
             steps_per_epoch = trainer.steps_per_epoch();
+            if (!folder && c.request.gpu_monitor) monitor.start();
             result = trainer.run();
+            monitor.stop();
           } catch (...) {
+            monitor.stop();
             if (group) abandon_job();  // as run() does: the other ranks see this one stop
             throw;
           }
@@ -165,23 +213,42 @@ py::dict train_run(const py::dict& config) {
         },
         [&] { stop = SIGINT; }, *calls);
   } catch (py::error_already_set& e) {
-    // A Ctrl-C: the loop stopped at a step and kept a checkpoint; say where, then raise it.
-    if (result && result->stopped_by_signal != 0 && e.matches(PyExc_KeyboardInterrupt) &&
+    // A Ctrl-C: the loop stopped at a step (a folder's run kept a checkpoint): say where.
+    if (folder && result && result->stopped_by_signal != 0 && e.matches(PyExc_KeyboardInterrupt) &&
         py::hasattr(e.value(), "add_note"))
       e.value().attr("add_note")("tandem: stopped after step " + std::to_string(result->steps) +
                                  "; checkpoint " + result->last_checkpoint +
                                  ". fit(..., resume=True) continues the run");
     throw;
   }
-  if (tty) std::fprintf(stderr, "\r\033[K");
-  const train::EpochsReport report = train::describe_epochs(*result, steps_per_epoch);
-  return result_to_python(*result, report, steps_per_epoch);
+  steps_line.finish();
+  if (tty && folder) std::fprintf(stderr, "\r\033[K");
+  if (folder) {
+    const train::EpochsReport report = train::describe_epochs(*result, steps_per_epoch);
+    return result_to_python(*result, report, steps_per_epoch);
+  }
+  run::RunReport r = run_report(c, *result, monitor);
+  if (trace) trace->write(c.request.trace_path);  // throws if the file cannot be written
+  nlohmann::json block;
+  if (group) {
+    py::gil_scoped_release no_gil;  // waits for the other ranks' runs to end
+    block = run::reduce_over_ranks(r, *group);
+  }
+  py::dict out = to_python(run::to_json(r));
+  out["losses"] = r.losses;
+  out["table"] = run::describe_report(r);
+  if (group) {
+    out["data_parallel"] = to_python(block);
+    out["table"] = run::describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
+  }
+  return out;
 }
 
 }  // namespace tandem::python
 
 void bind_train(py::module_& m) {
   m.def("train", &tandem::python::train_run, py::arg("config"),
-        "Runs a tandem.Trainer's epochs through the training loop (train::Trainer) into a run "
-        "folder; returns the epochs, the losses and where the checkpoints are (trainer.py)");
+        "Runs a tandem.Trainer's fit through the training loop (train::Trainer): into a run "
+        "folder, returning the epochs, the losses and where the checkpoints are; without one, "
+        "returning the run's report (trainer.py)");
 }

@@ -1,7 +1,8 @@
-// tandem._C's training entry points behind tandem.Trainer (tandem/trainer.py): a Workload made
-// of the user's Python modules — feed stages (no grad), the model and loss function, a Python or
-// tandem optimizer — run by tandem's runner in any mode through the run layer (run_workload: the
-// CLI's timing, stage report, floor, trace and progress line; resolve_mode: mode auto's trials).
+// tandem._C's timed runs behind tandem.Trainer's benchmark() and mode auto (tandem/trainer.py): a
+// Workload made of the user's Python modules — feed stages (no grad), the model and loss
+// function, a Python or tandem optimizer — run by tandem's runner in any mode through the run
+// layer (run_workload: the CLI's timing, stage report, floor, trace and progress line;
+// resolve_mode: mode auto's trials). fit() trains through train_bindings.cpp's loop.
 //
 // Threads and the GIL: a run goes on a C++ thread of its own; the calling thread releases the
 // GIL and only wakes every 100 ms to let Python handle signals (Ctrl-C cancels the run at its
@@ -145,7 +146,8 @@ py::dict trials(const py::dict& config) {
 
 void bind_trainer(py::module_& m) {
   m.def("run", &tandem::python::run, py::arg("config"),
-        "Runs a tandem.Trainer's steps through the runner; returns the report (trainer.py)");
+        "Times a tandem.Trainer's steps through the run layer (benchmark()); returns the report "
+        "(trainer.py)");
   m.def("data_seed", &tandem::python::data_seed, py::arg("seed"), py::arg("rank"),
         "The seed rank `rank` draws its data and augmentation from (WorkloadOptions::data_seed)");
   m.def("trials", &tandem::python::trials, py::arg("config"),

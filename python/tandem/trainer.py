@@ -688,13 +688,19 @@ class Trainer:
         on a terminal's stderr. ``trace``: write a Chrome-trace timeline (chrome://tracing,
         Perfetto) of the run to this file. Ctrl-C stops the run at its next step and raises
         KeyboardInterrupt; an exception in your code stops every stage and is raised here with
-        its traceback.
+        its traceback; a NaN or infinite loss raises a RuntimeError naming its step. Every fit
+        runs the training loop of `tandem train`.
 
         With a run folder (``out``): ``epochs`` is the run's length, ``resume=True`` continues
         the folder's run from its newest checkpoint (or starts it when it has none), Ctrl-C
         writes a checkpoint before KeyboardInterrupt is raised, and the result holds every
         epoch's record (``result.epochs``) and the weights' file; ``progress`` also prints
         each epoch's line."""
+        if not hasattr(_C, "train"):
+            raise RuntimeError("this tandem was built without its training loop (its data "
+                               "layer's libpng or zlib was missing where it was built): fit "
+                               "cannot run; install libpng and zlib's development files and "
+                               "build it again")
         if self.out is not None:
             return self._fit_run_folder(steps, epochs, resume, progress, trace)
         if resume:
@@ -703,10 +709,23 @@ class Trainer:
         n = self._steps_for(steps, epochs)
         mode = self.choose_mode(min(n, 300))
         self._check_mode(mode)
-        report = _C.run(self._config(mode, n, 0, copies=False, progress=progress, trace=trace,
-                                     data_parallel=self._joined()))
+        config = self._config(mode, n, 0, copies=False, progress=progress, trace=trace,
+                              data_parallel=self._joined())
+        # The training loop's run without a folder: n steps back to back from steps_done.
+        config["train"] = self._loop_config(steps=n, epochs=0, out=None, resume=False,
+                                            evaluate=None)
+        config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
+        report = _C.train(config)
         self.steps_done += n
         return self._result(report, mode)
+
+    def _loop_config(self, steps, epochs, out, resume, evaluate) -> dict:
+        """What the training loop (_C.train) takes beyond the run's config."""
+        return dict(model=self.model, evaluate=evaluate,
+                    config=self._run_config() if out is not None else "{}",
+                    steps=int(steps), epochs=int(epochs), out=out, resume=bool(resume),
+                    checkpoint_every=self.checkpoint_every,
+                    keep_checkpoints=self.keep_checkpoints, lr_schedule=self.lr_schedule)
 
     def _run_config(self) -> str:
         """What must match for a resume (the C++ loop adds batch size, epochs, seed and the
@@ -720,9 +739,6 @@ class Trainer:
             compile=self._compile, lr_schedule=self.lr_schedule is not None))
 
     def _fit_run_folder(self, steps, epochs, resume, progress, trace) -> FitResult:
-        if not hasattr(_C, "train"):
-            raise RuntimeError("this tandem was built without its training loop (the tandem "
-                               "library's data layer was missing): out= cannot run")
         if steps is not None or epochs is None:
             raise ValueError("a run folder's fit is counted in epochs: give fit(epochs=N) "
                              "(the run's whole length; resume=True continues it)")
@@ -737,11 +753,8 @@ class Trainer:
         evaluate = None
         if self.evaluate is not None:
             evaluate = _evaluation(self.evaluate, self.model)
-        config["train"] = dict(
-            model=self.model, evaluate=evaluate, config=self._run_config(),
-            epochs=int(epochs), out=self.out, resume=bool(resume),
-            checkpoint_every=self.checkpoint_every, keep_checkpoints=self.keep_checkpoints,
-            lr_schedule=self.lr_schedule)
+        config["train"] = self._loop_config(steps=0, epochs=epochs, out=self.out,
+                                            resume=resume, evaluate=evaluate)
         config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
         report = _C.train(config)
         self.steps_done = report["steps"]

@@ -148,6 +148,25 @@ def test_fits_continue_where_the_last_one_stopped(device):
     close(first + second, expected, device)
 
 
+def test_a_non_finite_loss_stops_a_fit_naming_its_step():
+    # fit runs the training loop `tandem train` runs, with or without a run folder: the first
+    # NaN loss stops it, named, rather than training on from spoiled weights.
+    encoder, head, opt = job("cpu")
+    calls = []
+
+    def loss_fn(out, y):
+        calls.append(1)
+        loss = nn.functional.cross_entropy(out, y)
+        return loss * float("nan") if len(calls) == 4 else loss
+
+    t = tandem.Trainer(head, loss_fn, opt, dataset(), feed=[encoder], augment=AUGMENT,
+                       mode="serial", batch_size=8, workers=2)
+    with pytest.raises(RuntimeError, match=r"the loss of step 3 \(epoch 1\) is NaN: training "
+                                           r"stopped \(try a lower learning rate\)"):
+        t.fit(steps=6, progress=False)
+    assert t.steps_done == 0  # the fit did not complete
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_a_float_lr_schedule_under_graphs_is_refused():
     t, _, _ = trainer("cuda", "graphed", optimizer="sgd", lr_schedule=halving)

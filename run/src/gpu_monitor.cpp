@@ -180,6 +180,12 @@ std::optional<double> GpuMonitor::mean_utilization() const {
   return sum_ / static_cast<double>(samples_);
 }
 
+std::string GpuMonitor::describe(bool enabled) const {
+  if (!enabled) return "off: --no-gpu-monitor";
+  if (!available_) return reason_;
+  return "NVML, " + std::to_string(samples()) + (from_buffer_ ? " driver samples" : " readings");
+}
+
 std::string format_utilization(const std::optional<double>& percent) {
   if (!percent) return "n/a";
   char text[16];

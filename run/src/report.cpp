@@ -11,6 +11,18 @@
 
 namespace tandem::run {
 
+void set_floor(RunReport& report, c10::Device device) {
+  // The floor is the slowest stage's GPU time: the rate a pipeline approaches. On the CPU the
+  // stages share the same cores, so no one stage bounds the step and there is no floor.
+  if (!device.is_cuda()) return;
+  for (const auto& st : report.timing.stages)
+    if (st.device_ms_per_item > report.floor_ms) {
+      report.floor_ms = st.device_ms_per_item;
+      report.floor_stage = st.name;
+    }
+  if (report.floor_ms > 0) report.efficiency = report.steps_per_s * report.floor_ms / 1000.0;
+}
+
 std::string device_name(c10::Device device) {
   if (!device.is_cuda()) return "cpu";
   return at::cuda::getDeviceProperties(device.index())->name;

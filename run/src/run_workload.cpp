@@ -100,22 +100,8 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
   result.notes = runner.notes();
   result.skipped = runner.skipped();
   result.gpu_utilization = monitor.mean_utilization();
-  result.gpu_utilization_note =
-      !request.gpu_monitor ? "off: --no-gpu-monitor"
-      : monitor.available()
-          ? detail::concat("NVML, ", monitor.samples(),
-                           monitor.from_driver_buffer() ? " driver samples" : " readings")
-          : monitor.unavailable_reason();
-  // The floor is the slowest stage's GPU time: the rate a pipeline approaches. On the CPU the
-  // stages share the same cores, so no one stage bounds the step and there is no floor.
-  for (const auto& st : result.timing.stages) {
-    if (!device.is_cuda()) break;
-    if (st.device_ms_per_item > result.floor_ms) {
-      result.floor_ms = st.device_ms_per_item;
-      result.floor_stage = st.name;
-    }
-  }
-  if (result.floor_ms > 0) result.efficiency = result.steps_per_s * result.floor_ms / 1000.0;
+  result.gpu_utilization_note = monitor.describe(request.gpu_monitor);
+  set_floor(result, device);
   if (trace) trace->write(request.trace_path);  // throws if the file cannot be written
   return result;
 }

@@ -4,13 +4,17 @@
 #include "tandem/train/trainer.h"
 
 #include <ATen/ATen.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -65,6 +69,84 @@ TEST(TrainerTest, WritesMetricsAndLearns) {
   // keep 3 checkpoints: one per epoch
   EXPECT_EQ(CheckpointStore(f.tmp.path() + "/run/checkpoints", 3).list().size(), 3u);
   EXPECT_NO_THROW(models::load_safetensors(r.weights));
+}
+
+// The names in folder `dir`, sorted ("." and ".." left out).
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..")
+        names.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Without a run folder the loop trains a count of steps, which may end inside an epoch, writes
+// nothing, and continues an earlier run from its first step: two runs of 4 and 6 steps over one
+// job compute one run's 10 losses, bitwise (serial, on the CPU).
+TEST(TrainerTest, WithoutARunFolderStepsContinueAsOneRunAndNothingIsWritten) {
+  Fixture f;
+  auto steps_from = [&](TrainJob& job, int64_t first, int64_t steps) {
+    TrainOptions o = options("", Mode::kSerial, 2);
+    o.steps = steps;
+    o.first_step = first;
+    const TrainResult r = Trainer(job, o).run();
+    EXPECT_EQ(r.steps, first + steps);
+    EXPECT_TRUE(r.epochs.empty());  // no folder, no evaluation: no epochs ended
+    EXPECT_TRUE(r.last_checkpoint.empty() && r.weights.empty());
+    EXPECT_GT(r.seconds, 0);
+    return r.losses;
+  };
+  TrainJob whole = make_classifier(small_job(f.data)), parts = make_classifier(small_job(f.data));
+  whole.evaluate = parts.evaluate = nullptr;
+  // The jobs draw from the default generator too: each run of 10 starts from the same state.
+  at::manual_seed(11);
+  const std::vector<float> one = steps_from(whole, 0, 10);
+  at::manual_seed(11);
+  std::vector<float> two = steps_from(parts, 0, 4);
+  const std::vector<float> rest = steps_from(parts, 4, 6);
+  two.insert(two.end(), rest.begin(), rest.end());
+  ASSERT_EQ(one.size(), 10u);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(entries(f.tmp.path()), std::vector<std::string>{"idx"});
+  EXPECT_NE(::access("/checkpoints", F_OK), 0);  // where a folder's store under "" would go
+
+  // An evaluating job ends its epochs without a folder: their records, nothing written.
+  TrainOptions o = options("", Mode::kSerial, 2);
+  o.steps = 10;  // one whole epoch of 6 steps, then 4 of the next
+  const TrainResult r = Trainer(make_classifier(small_job(f.data)), o).run();
+  ASSERT_EQ(r.epochs.size(), 1u);
+  EXPECT_EQ(r.epochs[0].step, 6);
+  EXPECT_TRUE(r.epochs[0].metrics.count("accuracy"));
+  EXPECT_EQ(entries(f.tmp.path()), std::vector<std::string>{"idx"});
+}
+
+TEST(TrainerTest, WhatNeedsARunFolderIsRefusedWithoutOne) {
+  Fixture f;
+  auto refusal = [&](const std::string& out, const std::function<void(TrainOptions&)>& set) {
+    TrainOptions o = options(out, Mode::kSerial, 2);
+    set(o);
+    try {
+      Trainer(make_classifier(small_job(f.data)), o);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(refusal("", [](TrainOptions& o) { o.resume = true; }).find("expected a run folder"),
+            std::string::npos);
+  EXPECT_NE(refusal("", [](TrainOptions& o) { o.checkpoint_every = 2; })
+                .find("checkpoints every 2 steps go into a run folder"),
+            std::string::npos);
+  EXPECT_NE(refusal(f.tmp.path() + "/run", [](TrainOptions& o) { o.steps = 5; })
+                .find("trains whole epochs"),
+            std::string::npos);
+  EXPECT_NE(refusal(f.tmp.path() + "/run", [](TrainOptions& o) { o.first_step = 3; })
+                .find("starts where its checkpoint is"),
+            std::string::npos);
 }
 
 // Every evaluation of a run runs on one thread, the last epoch's (after the pipeline's threads

@@ -188,7 +188,8 @@ struct Trainer::Pass {
   const c10::Device device;
   const std::shared_ptr<optim::Optimizer> optimizer;
   TrainResult result;
-  CheckpointStore store;
+  const bool folder;                     // a run folder's run: records written, checkpoints
+  std::optional<CheckpointStore> store;  // a run folder's
   Runner runner;
   std::string cause;  // of a non-finite loss (likely_cause), set before the first step
   int last_stage = 0;
@@ -218,6 +219,13 @@ struct Trainer::Pass {
 
 namespace {
 
+/// The global step after a run's last: a folder's run ends with its last epoch; one without a
+/// folder after its steps (or epochs) from where it starts.
+int64_t end_step(const TrainOptions& o, int64_t steps_per_epoch, int64_t start) {
+  if (!o.out_dir.empty()) return o.epochs * steps_per_epoch;
+  return start + (o.steps > 0 ? o.steps : o.epochs * steps_per_epoch);
+}
+
 RunOptions run_options(const TrainOptions& o, int64_t start, int rank, int world) {
   RunOptions ro;
   ro.mode = o.mode;
@@ -230,6 +238,7 @@ RunOptions run_options(const TrainOptions& o, int64_t start, int rank, int world
   ro.stop = o.stop;  // a step stuck waiting on a loader worker ends when a stop is requested
   ro.rank = rank;
   ro.world_size = world;
+  ro.trace = o.trace;
   return ro;
 }
 
@@ -239,19 +248,20 @@ Trainer::Pass::Pass(Trainer& trainer)
     : t(trainer),
       o(trainer.options_),
       spe(trainer.steps_per_epoch_),
-      total(o.epochs * spe),
+      total(end_step(o, spe, trainer.start_step_)),
       start(trainer.start_step_),
       lead(trainer.rank_ == 0),
       group(o.group.get()),
       device(trainer.job_.workload.device),
       optimizer(trainer.job_.workload.train.optimizer),
-      store(o.out_dir + "/checkpoints", o.keep_checkpoints),
+      folder(!o.out_dir.empty()),
       runner(trainer.job_.workload, run_options(o, start, trainer.rank_, trainer.world_)),
       last_saved(start) {
   result.epochs = t.history_;
   result.steps = start;
   result.resumed_from = t.resumed_ ? start : -1;
   result.notes = t.resume_notes_;
+  if (folder) store.emplace(o.out_dir + "/checkpoints", o.keep_checkpoints);
 }
 
 void Trainer::Pass::restore_generators() {
@@ -266,6 +276,7 @@ void Trainer::Pass::restore_generators() {
 }
 
 std::string Trainer::Pass::likely_cause() const {
+  if (!t.job_.weights) return "try a lower learning rate";
   const std::string bad_start = first_non_finite(t.job_.weights.state_dict());
   if (bad_start.empty()) return "try a lower --lr";
   const nlohmann::json w = t.job_.config.value("weights", nlohmann::json());
@@ -281,8 +292,8 @@ void Trainer::Pass::read_losses() {
   for (; checked < losses.size() && nonfinite.empty(); ++checked)
     if (!std::isfinite(losses[checked])) {
       const int64_t g = start + static_cast<int64_t>(checked);
-      nonfinite = "the loss of step " + std::to_string(g) + " (epoch " +
-                  std::to_string(g / spe + 1) + ")" +
+      nonfinite = "the loss of step " + std::to_string(g) +
+                  (spe > 0 ? " (epoch " + std::to_string(g / spe + 1) + ")" : std::string()) +
                   (t.world_ > 1 ? " on rank " + std::to_string(t.rank_) : std::string()) + " is " +
                   (std::isnan(losses[checked]) ? "NaN" : "infinite");
     }
@@ -290,9 +301,13 @@ void Trainer::Pass::read_losses() {
   if (group) stop = group->all_reduce_host({stop ? 1.0 : 0.0}, kMax)[0] > 0;
   if (!stop) return;
   if (nonfinite.empty()) nonfinite = "a loss on another rank is not finite";
-  nonfinite += ": training stopped; the last good checkpoint, " +
-               (result.last_checkpoint.empty() ? std::string("none") : result.last_checkpoint) +
-               ", is kept (" + cause + ")";
+  nonfinite += ": training stopped" +
+               (folder ? "; the last good checkpoint, " +
+                             (result.last_checkpoint.empty() ? std::string("none")
+                                                             : result.last_checkpoint) +
+                             ", is kept"
+                       : std::string()) +
+               " (" + cause + ")";
   throw NonFiniteLoss(nonfinite);
 }
 
@@ -348,7 +363,7 @@ void Trainer::Pass::checkpoint(int64_t g) {
                                {"loss_sums", loss_sums},
                                {"seconds", sums->seconds},
                                {"images", sums->images}};
-  result.last_checkpoint = store.save(c);
+  result.last_checkpoint = store->save(c);
   last_saved = g;
   epoch_eval_excluded += seconds_since(t0);
   if (steady_marked) steady_excluded += seconds_since(t0);
@@ -397,10 +412,10 @@ void Trainer::Pass::end_epoch(int64_t g) {
     r.eval_images_per_s = static_cast<double>(scored) / r.eval_seconds;
   eval_seconds_total += r.eval_seconds;
   result.epochs.push_back(r);
-  if (lead) write_metrics(o.out_dir, result.epochs);
+  if (lead && folder) write_metrics(o.out_dir, result.epochs);
   if (o.on_epoch) o.on_epoch(r);
   epoch_eval_excluded = 0;
-  checkpoint(g);
+  if (folder) checkpoint(g);
   epoch_eval_excluded = 0;
   epoch_start = Clock::now();
   if (o.on_progress) {
@@ -440,9 +455,9 @@ void Trainer::Pass::report_progress(int64_t item, int64_t g) {
   read_losses();
   if (!o.on_progress) return;
   TrainOptions::Progress p;
-  p.epoch = g / spe;
+  p.epoch = spe > 0 ? g / spe : 0;
   p.epochs = o.epochs;
-  p.step_in_epoch = g % spe;
+  p.step_in_epoch = spe > 0 ? g % spe : g - start;
   p.steps_per_epoch = spe;
   p.step = g;
   p.total_steps = total;
@@ -455,14 +470,16 @@ void Trainer::Pass::report_progress(int64_t item, int64_t g) {
 void Trainer::Pass::after_step(int64_t item) {
   const int64_t g = start + item;
   LaneGuard guard(*train_lane, "between steps");
-  if (item > 0 && g % spe == 0)
-    end_epoch(g);
-  else if (item > 0 && o.checkpoint_every > 0 && g % o.checkpoint_every == 0)
-    checkpoint(g);
-  if (!steady_marked && item >= steady_skip && g % spe >= steady_skip) mark_steady(g);
+  if (t.keeps_epochs_) {
+    if (item > 0 && g % spe == 0)
+      end_epoch(g);
+    else if (item > 0 && o.checkpoint_every > 0 && g % o.checkpoint_every == 0)
+      checkpoint(g);
+    if (!steady_marked && item >= steady_skip && g % spe >= steady_skip) mark_steady(g);
+  }
   const auto [stop_now, report] = stop_and_report(g);
   if (stop_now != 0) {
-    if (last_saved != g) checkpoint(g);
+    if (folder && last_saved != g) checkpoint(g);
     stopped = stop_now;
     throw StopRequested();
   }
@@ -475,20 +492,26 @@ void Trainer::Pass::after_step(int64_t item) {
 
 TrainResult Trainer::Pass::stopped_result() {
   result.stopped_by_signal = stopped;
-  result.steps = last_saved;
+  // A folder's run continues from its last checkpoint; one without, from its last step.
+  if (!folder) losses = runner.losses();
   result.losses = losses;
+  result.steps = folder ? last_saved : start + static_cast<int64_t>(losses.size());
+  result.seconds = seconds_since(run_start);
   for (const auto& n : runner.notes()) result.notes.push_back(n);
   return result;
 }
 
 TrainResult Trainer::Pass::finished_result() {
   // After the Runner's pass, the current stream has waited for every lane.
-  end_epoch(total);
+  read_losses();
+  result.seconds = seconds_since(run_start);
+  if (o.device_timing_every > 0) result.timing = runner.timing();
+  if (t.keeps_epochs_ && total % spe == 0) end_epoch(total);
   result.steps = total;
   result.losses = runner.losses();
   result.skipped = runner.skipped();
   for (const auto& n : runner.notes()) result.notes.push_back(n);
-  if (!lead) return result;
+  if (!lead || !folder) return result;
   result.weights = o.out_dir + "/model.safetensors";
   models::save_safetensors(result.weights, t.job_.weights.state_dict(),
                            {{"format", "pt"}, {"job", t.job_.name}});
@@ -499,7 +522,7 @@ TrainResult Trainer::run() {
   Pass pass(*this);
   const TrainOptions& o = options_;
   if (o.resume) pass.restore_generators();
-  if (pass.start >= pass.total) {  // the run was complete
+  if (pass.folder && pass.start >= pass.total) {  // the run was complete
     pass.result.last_checkpoint = resumed_folder_;
     pass.result.weights = fs::exists(o.out_dir + "/model.safetensors")
                               ? o.out_dir + "/model.safetensors"
@@ -508,6 +531,7 @@ TrainResult Trainer::run() {
   }
   pass.cause = pass.likely_cause();
   pass.runner.prepare(pass.total - pass.start);
+  if (o.device_timing_every > 0) pass.runner.set_timing(0, o.device_timing_every);
   pass.last_stage = pass.runner.num_stages() - 1;
   pass.train_lane = &pass.runner.train_lane();
   pass.result.last_checkpoint = resumed_folder_;

@@ -127,12 +127,30 @@ void install_stop_handlers(std::atomic<int>* flag) {
 Trainer::Trainer(TrainJob job, TrainOptions options)
     : job_(std::move(job)), options_(std::move(options)) {
   const TrainOptions& o = options_;
-  TANDEM_CHECK_ARG(o.epochs >= 1, "epochs ", o.epochs, " is not valid: expected >= 1");
+  const bool folder = !o.out_dir.empty();
+  TANDEM_CHECK_ARG(o.steps >= 0, "steps ", o.steps, " is not valid: expected >= 1 (0: epochs)");
+  TANDEM_CHECK_ARG(o.steps > 0 || o.epochs >= 1, "epochs ", o.epochs,
+                   " is not valid: expected >= 1");
   TANDEM_CHECK_ARG(o.batch_size >= 1, "batch size ", o.batch_size, " is not valid: expected >= 1");
-  TANDEM_CHECK_ARG(!o.out_dir.empty(), "no run folder given: expected --out RUN_DIR");
   TANDEM_CHECK_ARG(o.checkpoint_every >= 0, "checkpoint interval ", o.checkpoint_every,
                    " is not valid: expected >= 0 steps (0: at each epoch end)");
-  if (!job_.weights) {
+  TANDEM_CHECK_ARG(o.first_step >= 0, "first step ", o.first_step, " is not valid: expected >= 0");
+  if (folder) {
+    TANDEM_CHECK_ARG(o.steps == 0, "a run folder's run trains whole epochs: expected epochs, not ",
+                     o.steps, " steps");
+    TANDEM_CHECK_ARG(o.first_step == 0,
+                     "a run folder's run starts where its checkpoint is: "
+                     "expected resume, not a first step of ",
+                     o.first_step);
+  } else {
+    TANDEM_CHECK_ARG(!o.resume,
+                     "resume continues a run folder's run: expected a run folder "
+                     "(--out RUN_DIR)");
+    TANDEM_CHECK_ARG(o.checkpoint_every == 0, "checkpoints every ", o.checkpoint_every,
+                     " steps go into a run folder: expected a run folder (--out RUN_DIR)");
+  }
+  keeps_epochs_ = folder || static_cast<bool>(job_.evaluate);
+  if (!job_.weights && (folder || job_.model)) {
     TANDEM_CHECK_ARG(job_.model, "train job '", job_.name, "' has no model to save");
     job_.weights.state_dict = [model = job_.model] { return models::state_dict(*model); };
     job_.weights.load_state_dict = [model = job_.model](const models::NamedTensors& t) {
@@ -140,8 +158,8 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
     };
   }
   const DataSource& data = job_.workload.data;
-  TANDEM_CHECK_ARG(data.kind() == DataSource::Kind::kDataset && data.drop_last(), "train job '",
-                   job_.name,
+  TANDEM_CHECK_ARG(!folder || (data.kind() == DataSource::Kind::kDataset && data.drop_last()),
+                   "train job '", job_.name,
                    "': expected a dataset source with drop_last (DataSource::from_dataset)");
   if (o.group) {
     world_ = o.group->world_size();
@@ -149,9 +167,19 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
   }
   const bool lead = rank_ == 0;
   steps_per_epoch_ = data.batches_per_epoch(o.batch_size, world_);
-  TANDEM_CHECK_ARG(steps_per_epoch_ >= 1, "the training set's ", data.dataset()->size(),
-                   " samples make no full batch of ", o.batch_size,
-                   ": expected a smaller --batch-size");
+  TANDEM_CHECK_ARG(
+      steps_per_epoch_ >= 1 || !(keeps_epochs_ || o.steps == 0), "train job '", job_.name, "': ",
+      data.kind() == DataSource::Kind::kDataset
+          ? detail::concat("the training set's ", data.dataset()->size(),
+                           " samples make no full batch of ", o.batch_size,
+                           ": expected a smaller --batch-size")
+          : std::string("its data has no epochs (not a dataset source): expected a length in "
+                        "steps and no evaluation"));
+  start_step_ = o.first_step;
+  if (!folder) {  // nothing to check, write or resume
+    if (o.group) distributed::make_data_parallel(job_.workload, o.group);
+    return;
+  }
   job_.config["batch_size"] = o.batch_size;
   job_.config["epochs"] = o.epochs;
   job_.config["seed"] = o.seed;

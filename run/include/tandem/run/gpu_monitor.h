@@ -47,6 +47,9 @@ class GpuMonitor {
   int64_t samples() const { return running_ ? 0 : samples_; }
   /// Whether the samples came from the driver's buffer (else from one reading per wake-up).
   bool from_driver_buffer() const { return from_buffer_; }
+  /// Where a report's utilization came from ("NVML, 12 driver samples"), or why there is none
+  /// (`enabled` false: the run turned the monitor off).
+  std::string describe(bool enabled) const;
 
  private:
   struct Nvml;

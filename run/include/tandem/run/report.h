@@ -40,6 +40,10 @@ struct RunReport {
 /// "cpu", or the GPU's name ("NVIDIA H200").
 std::string device_name(c10::Device device);
 
+/// Sets the report's floor (its slowest stage's device time per step), which stage sets it and
+/// the efficiency against it, from report.timing; on the CPU none (the stages share the cores).
+void set_floor(RunReport& report, c10::Device device);
+
 /// A fixed-width table of the report.
 std::string describe_report(const RunReport& report);
 nlohmann::json to_json(const RunReport& report);

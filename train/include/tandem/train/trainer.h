@@ -8,6 +8,8 @@
 //   feed lanes: ..[feeds n+1][feeds n+2]..  (they run ahead, reading no trained weight)
 //
 // Feed stages must not read weights the train stage updates (a frozen backbone is fine).
+// Without a run folder the same loop trains a count of steps back to back, writing nothing
+// (every tandem.Trainer fit runs it, with a folder or without).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -27,8 +29,12 @@
 #include "tandem/mode.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/optim.h"
+#include "tandem/stage_timing.h"
 #include "tandem/workload.h"
 
+namespace tandem {
+class Trace;
+}
 namespace tandem::distributed {
 class ProcessGroup;
 }
@@ -89,6 +95,9 @@ struct TrainJob {
 
 struct TrainOptions {
   int64_t epochs = 10;
+  /// The run's length in steps instead of epochs (0: `epochs` epochs). Only without a run
+  /// folder, whose runs train whole epochs (its records, checkpoints and resume count them).
+  int64_t steps = 0;
   int64_t batch_size = 64;
   Mode mode = Mode::kPipelinedGraphed;  ///< auto is a front end's to resolve
   int workers = 4;
@@ -97,7 +106,14 @@ struct TrainOptions {
   /// The learning rate of each global step (optim.h's schedules); empty: the optimizer's own.
   optim::LrSchedule schedule;
   /// RUN_DIR: metrics.jsonl, metrics.csv, checkpoints/, model.safetensors (the final weights).
+  /// Empty: a run without a folder — nothing written, no checkpoints or resume, and epochs
+  /// recorded (TrainResult::epochs) only when the job evaluates; without an evaluation the
+  /// steps run back to back with nothing between them but the schedule and a stop's check.
   std::string out_dir;
+  /// Without a run folder: the global step this run starts at, continuing an earlier run of the
+  /// same job (as successive tandem.Trainer fits do): the data order, the augmentation's draws
+  /// and the schedule's step go on from there. A folder's run starts at its checkpoint's step.
+  int64_t first_step = 0;
   /// Continue the run in out_dir from its newest valid checkpoint (a damaged newer one is
   /// skipped, saying why), or start it from step 0 when it has none (a run that failed before
   /// its first checkpoint), saying so. Without it an existing, non-empty out_dir is refused
@@ -127,6 +143,12 @@ struct TrainOptions {
   /// a non-finite loss, so all stop at one step. Losses are averaged over the ranks; img/s
   /// counts every rank's images. Empty: one process.
   std::shared_ptr<distributed::ProcessGroup> group;
+  /// If set: the run's timeline (the loader's fills and waits, the stages' intervals); the
+  /// caller writes it.
+  Trace* trace = nullptr;
+  /// The stages' device time (CUDA events) on one step in every `device_timing_every`, their
+  /// host time on every step, into TrainResult::timing; 0: not timed.
+  int64_t device_timing_every = 0;
 };
 
 /// Data parallel: steps between the ranks' agreements on a stop (a store round trip each).
@@ -171,6 +193,10 @@ struct TrainResult {
   std::vector<std::string> notes;
   int64_t resumed_from = -1;  ///< the step resumed at, or -1 (none: also a --resume that
                               ///< found no checkpoint and started from step 0)
+  /// Wall time from this run's first step to its last step's loss read (synchronized): the
+  /// evaluations and checkpoints between its steps included.
+  double seconds = 0;
+  StageTiming timing;  ///< per stage, over this run's steps (TrainOptions::device_timing_every)
 };
 
 /// Thrown when a step's loss is NaN or infinite: what() names the step, the epoch and the
@@ -192,8 +218,8 @@ class Trainer {
   Trainer(TrainJob job, TrainOptions options);
   ~Trainer();
 
-  /// Trains the remaining epochs. Throws RunError / NonFiniteLoss / tandem::Error (a checkpoint
-  /// that cannot be written) after keeping the last good checkpoint.
+  /// Trains the remaining epochs (or steps). Throws RunError / NonFiniteLoss / tandem::Error (a
+  /// checkpoint that cannot be written) after keeping the last good checkpoint.
   TrainResult run();
 
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
@@ -218,6 +244,7 @@ class Trainer {
   int64_t start_step_ = 0;
   int world_ = 1, rank_ = 0;  // data parallel: this process among the group's (1, 0: alone)
   bool resumed_ = false;
+  bool keeps_epochs_ = true;  // ends epochs between steps: a run folder's run, or an evaluating one
   std::string resumed_folder_;  // the checkpoint loaded, or empty
   std::vector<std::string> resume_notes_;
   nlohmann::json data_ids_;             // {"data": fingerprint, "val": ...}; rank 0's only
