@@ -373,92 +373,83 @@ Stage Runner::Impl::group_stage(size_t gi, const Workload& w, const RunOptions& 
   return {g->name, Lane::create(g->lane, w.device, priority), fn};
 }
 
-Runner::Runner(const Workload& workload, RunOptions options)
-    : workload_(workload), options_(options), impl_(std::make_unique<Impl>()) {
-  workload_.validate();
-  const Mode mode = options_.mode;
-  TANDEM_CHECK_ARG(options_.graph_warmup_steps >= 0, "graph warm-up step count ",
-                   options_.graph_warmup_steps, " is not valid: expected >= 0");
-  TANDEM_CHECK_ARG(options_.steps_per_graph >= 1, "steps per graph ", options_.steps_per_graph,
-                   " is not valid: expected >= 1");
-  const bool host = workload_.data.on_host();
-  TANDEM_CHECK_ARG(
-      options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
-      "rank ", options_.rank, " of world size ", options_.world_size,
-      " is not valid: expected a world size >= 1 and 0 <= rank < world size");
-  TANDEM_CHECK_ARG(options_.first_step >= 0, "first step ", options_.first_step,
+namespace {
+
+/// Checks the options against the workload (InvalidArgument naming the first bad one), and
+/// the stages' capture against the mode: the train stage's optimizer must be capturable where
+/// the mode captures it, and graphed_k captures every stage.
+void check_run(const Workload& w, const RunOptions& o) {
+  TANDEM_CHECK_ARG(o.graph_warmup_steps >= 0, "graph warm-up step count ", o.graph_warmup_steps,
                    " is not valid: expected >= 0");
-  TANDEM_CHECK_ARG(
-      options_.first_step == 0 || workload_.data.kind() != DataSource::Kind::kSizedToRun,
-      "first step ", options_.first_step, " is not valid for workload ", workload_.name,
-      ": its data is made for each run, expected 0");
-  if (host) {
-    TANDEM_CHECK_ARG(options_.batch_size > 0, "batch size ", options_.batch_size,
+  TANDEM_CHECK_ARG(o.steps_per_graph >= 1, "steps per graph ", o.steps_per_graph,
+                   " is not valid: expected >= 1");
+  TANDEM_CHECK_ARG(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "rank ", o.rank,
+                   " of world size ", o.world_size,
+                   " is not valid: expected a world size >= 1 and 0 <= rank < world size");
+  TANDEM_CHECK_ARG(o.first_step >= 0, "first step ", o.first_step, " is not valid: expected >= 0");
+  TANDEM_CHECK_ARG(o.first_step == 0 || w.data.kind() != DataSource::Kind::kSizedToRun,
+                   "first step ", o.first_step, " is not valid for workload ", w.name,
+                   ": its data is made for each run, expected 0");
+  if (w.data.on_host()) {
+    TANDEM_CHECK_ARG(o.batch_size > 0, "batch size ", o.batch_size,
                      " is not valid: expected a positive number of samples");
-    TANDEM_CHECK_ARG(
-        options_.last_batch_size >= 0 && options_.last_batch_size < options_.batch_size,
-        "last batch size ", options_.last_batch_size,
-        " is not valid: expected 0 (every batch full) or a size below the batch "
-        "size ",
-        options_.batch_size);
-    check_loader_options(loader_options(options_), workload_.data.host_sample_bytes());
-    impl_->batch_size = options_.batch_size;
+    TANDEM_CHECK_ARG(o.last_batch_size >= 0 && o.last_batch_size < o.batch_size, "last batch size ",
+                     o.last_batch_size,
+                     " is not valid: expected 0 (every batch full) or a size below the batch "
+                     "size ",
+                     o.batch_size);
+    check_loader_options(loader_options(o), w.data.host_sample_bytes());
   } else {
-    TANDEM_CHECK_ARG(options_.last_batch_size == 0, "last batch size ", options_.last_batch_size,
-                     " is not valid for workload ", workload_.name,
+    TANDEM_CHECK_ARG(o.last_batch_size == 0, "last batch size ", o.last_batch_size,
+                     " is not valid for workload ", w.name,
                      ": its batches are resident device tensors, expected 0");
-    const auto& t = workload_.data.batches().front().tensors().front().second;
-    impl_->batch_size = t.dim() > 0 ? t.size(0) : 1;
   }
-
-  // The train stage's optimizer must be capturable where the mode captures it.
-  const auto& train = workload_.train;
-  if (captures_graphs(mode) && train.capture == Capture::kAllowed)
-    TANDEM_CHECK_ARG(train.optimizer->capturable(), "mode ", to_string(mode),
+  const TrainStage& train = w.train;
+  if (captures_graphs(o.mode) && train.capture == Capture::kAllowed)
+    TANDEM_CHECK_ARG(train.optimizer->capturable(), "mode ", to_string(o.mode),
                      " captures train stage '", train.name,
-                     "' into a CUDA graph, but its "
-                     "optimizer (",
-                     train.optimizer->name(),
-                     ") keeps host-side state a graph "
-                     "would freeze: use tandem::optim::Sgd, Adam or AdamW, mark the stage "
-                     "Capture::kNever, or run serial or pipelined");
-  if (mode == Mode::kGraphedK) {
-    for (const auto& f : workload_.feeds)
+                     "' into a CUDA graph, but its optimizer (", train.optimizer->name(),
+                     ") keeps host-side state a graph would freeze: use tandem::optim::Sgd, "
+                     "Adam or AdamW, mark the stage Capture::kNever, or run serial or pipelined");
+  if (o.mode == Mode::kGraphedK) {
+    for (const auto& f : w.feeds)
       TANDEM_CHECK_ARG(f.capture == Capture::kAllowed,
-                       "mode graphed_k captures every stage of "
-                       "a step, but feed stage '",
-                       f.name,
-                       "' is Capture::kNever: expected "
-                       "graphed, which runs it eagerly between graphs");
+                       "mode graphed_k captures every stage of a step, but feed stage '", f.name,
+                       "' is Capture::kNever: expected graphed, which runs it eagerly between "
+                       "graphs");
     TANDEM_CHECK_ARG(train.capture == Capture::kAllowed,
-                     "mode graphed_k captures every stage "
-                     "of a step, but train stage '",
-                     train.name, "' is Capture::kNever");
+                     "mode graphed_k captures every stage of a step, but train stage '", train.name,
+                     "' is Capture::kNever");
   }
+}
 
-  // Units: feeds under no-grad, then the train step. The work functions read impl_->log at
-  // call time: each prepare() makes a new log.
-  for (const auto& f : workload_.feeds) {
-    Unit u;
-    u.name = f.name;
-    u.lane = f.lane.empty() ? f.name : f.lane;
-    u.what = f.what;
-    u.inputs = f.inputs;
-    u.outputs = f.outputs;
-    u.generators = f.generators;
-    u.capture = f.capture;
-    const StageFn fn = f.fn;
-    const size_t n_out = f.outputs.size();
-    const std::string name = f.name;
-    u.work = [fn, n_out, name](const Tensors& in) {
-      at::NoGradGuard no_grad;
-      Tensors out = fn(in);
-      TANDEM_CHECK_ARG(out.size() == n_out, "feed stage '", name, "' returned ", out.size(),
-                       " tensors: expected ", n_out, ", one per output name");
-      return out;
-    };
-    impl_->units.push_back(std::move(u));
-  }
+/// A feed stage as a unit: its function under no-grad, its output count checked.
+Unit feed_unit(const FeedStage& f) {
+  Unit u;
+  u.name = f.name;
+  u.lane = f.lane.empty() ? f.name : f.lane;
+  u.what = f.what;
+  u.inputs = f.inputs;
+  u.outputs = f.outputs;
+  u.generators = f.generators;
+  u.capture = f.capture;
+  const StageFn fn = f.fn;
+  const size_t n_out = f.outputs.size();
+  const std::string name = f.name;
+  u.work = [fn, n_out, name](const Tensors& in) {
+    at::NoGradGuard no_grad;
+    Tensors out = fn(in);
+    TANDEM_CHECK_ARG(out.size() == n_out, "feed stage '", name, "' returned ", out.size(),
+                     " tensors: expected ", n_out, ", one per output name");
+    return out;
+  };
+  return u;
+}
+
+/// The train stage as a unit: the forward and loss (in the gradient sync's scope), backward,
+/// the optimizer's step, the loss recorded into `*log` — read at call time: each prepare()
+/// makes a new log.
+Unit train_unit(const TrainStage& train, const std::unique_ptr<LossLog>* log) {
   Unit t;
   t.name = train.name;
   t.lane = train.lane;
@@ -467,12 +458,11 @@ Runner::Runner(const Workload& workload, RunOptions options)
   t.inputs = train.inputs;
   t.generators = train.generators;
   t.capture = train.capture;
-  Impl* impl = impl_.get();
   const auto loss_fn = train.loss;
   const auto optimizer = train.optimizer;
   const std::string train_name = train.name;
   const std::shared_ptr<GradientSync> sync = train.gradient_sync;
-  t.work = [impl, loss_fn, optimizer, train_name, sync](const Tensors& in) {
+  t.work = [log, loss_fn, optimizer, train_name, sync](const Tensors& in) {
     optimizer->zero_grad();  // set to none: backward writes fresh gradients (see GraphedStep)
     at::Tensor loss;
     {
@@ -488,11 +478,27 @@ Runner::Runner(const Workload& workload, RunOptions options)
     loss.backward();
     if (sync) sync->after_backward();
     optimizer->step();
-    impl->log->record(loss.scalar_type() == at::kFloat ? loss.detach()
-                                                       : loss.detach().to(at::kFloat));
+    (*log)->record(loss.scalar_type() == at::kFloat ? loss.detach() : loss.detach().to(at::kFloat));
     return Tensors{};
   };
-  impl_->units.push_back(std::move(t));
+  return t;
+}
+
+}  // namespace
+
+Runner::Runner(const Workload& workload, RunOptions options)
+    : workload_(workload), options_(options), impl_(std::make_unique<Impl>()) {
+  workload_.validate();
+  check_run(workload_, options_);
+  if (workload_.data.on_host()) {
+    impl_->batch_size = options_.batch_size;
+  } else {
+    const auto& t = workload_.data.batches().front().tensors().front().second;
+    impl_->batch_size = t.dim() > 0 ? t.size(0) : 1;
+  }
+  // Units: feeds under no-grad, then the train step.
+  for (const auto& f : workload_.feeds) impl_->units.push_back(feed_unit(f));
+  impl_->units.push_back(train_unit(workload_.train, &impl_->log));
 }
 
 Runner::~Runner() = default;

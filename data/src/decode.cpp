@@ -377,6 +377,7 @@ ImageFormat sniff_or_fail(const std::vector<uint8_t>& bytes, const std::string& 
   return format;
 }
 
+#ifndef TANDEM_DATA_NO_TURBOJPEG  // encode_jpeg's check: without TurboJPEG there is none
 void check_encodable(const at::Tensor& t, const char* what) {
   TANDEM_CHECK_ARG(t.defined() && t.device().is_cpu() && t.scalar_type() == at::kByte &&
                        t.dim() == 3 && (t.size(0) == 1 || t.size(0) == 3) && t.size(1) >= 1 &&
@@ -385,6 +386,7 @@ void check_encodable(const at::Tensor& t, const char* what) {
                    "[1, 65535], got ",
                    t.defined() ? t.toString() + " of shape " + c10::str(t.sizes()) : "undefined");
 }
+#endif  // TANDEM_DATA_NO_TURBOJPEG
 
 }  // namespace
 

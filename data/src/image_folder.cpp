@@ -277,14 +277,16 @@ at::Tensor decode_drawn_crop(const std::vector<uint8_t>& bytes, const std::strin
 
 namespace {
 // samples[index], once the index is in range and `out` holds a tensor per field (`names`, comma-
-// separated).
+// separated). `names` is a C string: a std::string argument, a temporary at every call, made
+// GCC 13 see a reference that might dangle (-Wdangling-reference) in what is returned.
 const ImageFolderDataset::Sample& checked_sample(
     const std::vector<ImageFolderDataset::Sample>& samples, int64_t index,
-    const std::vector<at::Tensor>& out, const std::string& names) {
+    const std::vector<at::Tensor>& out, const char* names) {
   const auto n = static_cast<int64_t>(samples.size());
   TANDEM_CHECK_ARG(index >= 0 && index < n, "ImageFolder: sample index ", index,
                    " out of range [0, ", n, ")");
-  const size_t fields = static_cast<size_t>(std::count(names.begin(), names.end(), ',')) + 1;
+  const size_t fields =
+      static_cast<size_t>(std::count(names, names + std::strlen(names), ',')) + 1;
   TANDEM_CHECK_ARG(out.size() == fields, "ImageFolder: get() needs ", fields, " output tensors (",
                    names, "), got ", out.size());
   return samples[static_cast<size_t>(index)];

@@ -118,6 +118,65 @@ run::RunReport run_report(const RunConfig& c, const train::TrainResult& r,
   return report;
 }
 
+/// The Trainer's modules as the loop's job (the weights' state_dict only for a run folder).
+train::TrainJob python_job(const RunConfig& c, const py::dict& t, bool folder,
+                           const std::shared_ptr<PythonCalls>& calls) {
+  train::TrainJob job;
+  job.name = c.name;
+  job.workload =
+      make_workload(c, run::workload_options(c.request), calls, std::make_shared<PyRef>());
+  if (folder) job.weights = python_weights(hold(t["model"]), calls);
+  if (!t["evaluate"].is_none()) job.evaluate = python_evaluation(hold(t["evaluate"]), calls);
+  job.config = nlohmann::json::parse(t["config"].cast<std::string>());
+  return job;
+}
+
+/// The loop's options from trainer.py's config (`t`: its "train" part); the stop flag, the
+/// group, the trace and the progress callbacks are the caller's.
+train::TrainOptions loop_options(const RunConfig& c, const py::dict& t, bool folder,
+                                 const std::shared_ptr<PythonCalls>& calls) {
+  train::TrainOptions to;
+  to.epochs = t["epochs"].cast<int64_t>();
+  to.steps = t["steps"].cast<int64_t>();
+  if (!folder) to.first_step = c.request.first_step;  // a folder's run: its checkpoint's
+  to.batch_size = c.request.batch_size.value();       // trainer.py gives these three
+  to.workers = c.request.workers.value();
+  to.mode = *c.request.mode;
+  to.seed = c.request.seed;
+  to.skip_bad = c.request.skip_bad;
+  if (folder) to.out_dir = t["out"].cast<std::string>();
+  to.resume = t["resume"].cast<bool>();
+  to.checkpoint_every = t["checkpoint_every"].cast<int64_t>();
+  to.keep_checkpoints = t["keep_checkpoints"].cast<int>();
+  if (!folder) to.device_timing_every = c.request.device_timing_every;  // as the run layer's
+  if (!t["lr_schedule"].is_none()) {
+    const PyRef schedule = hold(t["lr_schedule"]);
+    to.schedule = [schedule, calls](int64_t step) {
+      return calls->call("lr_schedule",
+                         [&] { return py::float_((*schedule)(step)).cast<double>(); });
+    };
+  }
+  return to;
+}
+
+/// A folder-less fit's report as Python gets it (the data-parallel block reduced over the
+/// ranks when there are several).
+py::dict report_to_python(run::RunReport& r, distributed::ProcessGroup* group) {
+  nlohmann::json block;
+  if (group) {
+    py::gil_scoped_release no_gil;  // waits for the other ranks' runs to end
+    block = run::reduce_over_ranks(r, *group);
+  }
+  py::dict out = to_python(run::to_json(r));
+  out["losses"] = r.losses;
+  out["table"] = run::describe_report(r);
+  if (group) {
+    out["data_parallel"] = to_python(block);
+    out["table"] = run::describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
+  }
+  return out;
+}
+
 py::dict train_run(const py::dict& config) {
   RunConfig c = read_config(config);
   const py::dict t = config["train"];
@@ -135,42 +194,14 @@ py::dict train_run(const py::dict& config) {
   TANDEM_CHECK_ARG(c.request.mode.has_value(), "fit needs a resolved mode");
   const bool lead = c.request.rank == 0;
 
-  train::TrainJob job;
-  job.name = c.name;
-  job.workload =
-      make_workload(c, run::workload_options(c.request), calls, std::make_shared<PyRef>());
-  if (folder) job.weights = python_weights(hold(t["model"]), calls);
-  if (!t["evaluate"].is_none()) job.evaluate = python_evaluation(hold(t["evaluate"]), calls);
-  job.config = nlohmann::json::parse(t["config"].cast<std::string>());
-
+  const train::TrainJob job = python_job(c, t, folder, calls);
   std::atomic<int> stop{0};
-  train::TrainOptions to;
-  to.epochs = t["epochs"].cast<int64_t>();
-  to.steps = t["steps"].cast<int64_t>();
-  if (!folder) to.first_step = c.request.first_step;  // a folder's run: its checkpoint's
-  to.batch_size = c.request.batch_size.value();       // trainer.py gives these three
-  to.workers = c.request.workers.value();
-  to.mode = *c.request.mode;
-  to.seed = c.request.seed;
-  to.skip_bad = c.request.skip_bad;
-  if (folder) to.out_dir = t["out"].cast<std::string>();
-  to.resume = t["resume"].cast<bool>();
-  to.checkpoint_every = t["checkpoint_every"].cast<int64_t>();
-  to.keep_checkpoints = t["keep_checkpoints"].cast<int>();
+  train::TrainOptions to = loop_options(c, t, folder, calls);
   to.stop = &stop;
   to.group = group;
   std::unique_ptr<Trace> trace;
-  if (!folder) {  // timed as the run layer times a run
-    to.device_timing_every = c.request.device_timing_every;
-    if (!c.request.trace_path.empty()) to.trace = (trace = std::make_unique<Trace>()).get();
-  }
-  if (!t["lr_schedule"].is_none()) {
-    const PyRef schedule = hold(t["lr_schedule"]);
-    to.schedule = [schedule, calls](int64_t step) {
-      return calls->call("lr_schedule",
-                         [&] { return py::float_((*schedule)(step)).cast<double>(); });
-    };
-  }
+  if (!folder && !c.request.trace_path.empty())
+    to.trace = (trace = std::make_unique<Trace>()).get();
   const bool show = c.request.progress && lead;
   const bool tty = show && ::isatty(STDERR_FILENO);
   const auto started = std::chrono::steady_clock::now();
@@ -229,19 +260,7 @@ py::dict train_run(const py::dict& config) {
   }
   run::RunReport r = run_report(c, *result, monitor);
   if (trace) trace->write(c.request.trace_path);  // throws if the file cannot be written
-  nlohmann::json block;
-  if (group) {
-    py::gil_scoped_release no_gil;  // waits for the other ranks' runs to end
-    block = run::reduce_over_ranks(r, *group);
-  }
-  py::dict out = to_python(run::to_json(r));
-  out["losses"] = r.losses;
-  out["table"] = run::describe_report(r);
-  if (group) {
-    out["data_parallel"] = to_python(block);
-    out["table"] = run::describe_data_parallel(block) + "\n\n" + out["table"].cast<std::string>();
-  }
-  return out;
+  return report_to_python(r, group.get());
 }
 
 }  // namespace tandem::python

@@ -58,7 +58,9 @@ class InFolder {
     was_ = ::getcwd(buf, sizeof buf) ? buf : "/";
     EXPECT_EQ(::chdir(dir.c_str()), 0) << dir;
   }
-  ~InFolder() { (void)::chdir(was_.c_str()); }
+  ~InFolder() {
+    if (::chdir(was_.c_str()) != 0) ADD_FAILURE() << "could not go back to " << was_;
+  }
 
  private:
   std::string was_;

@@ -91,7 +91,8 @@ TEST(ReferenceWorkloadsGpuTest, MlpReplaysMatchEagerStepsOverManyItems) {
   TANDEM_SKIP_WITHOUT_CUDA();
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);
   testing::use_deterministic_algorithms();
-  const WorkloadEntry& mlp = find_reference_workload("mlp");
+  const WorkloadEntry mlp = find_reference_workload("mlp");  // a copy: no reference into a
+                                                             // temporary name (GCC 13 warns)
   const c10::Device cuda(c10::kCUDA, 0);
   const auto serial = losses(mlp, Mode::kSerial, cuda, 64, 150);
   for (const Mode mode : {Mode::kGraphed, Mode::kGraphedK, Mode::kPipelinedGraphed}) {

@@ -303,7 +303,7 @@ int report_stop(const train::TrainResult& r, int64_t spe, bool lead) {
 
 }  // namespace
 
-void TrainCommand::settle_job(c10::Device dev) {
+bool TrainCommand::settle_job(c10::Device dev) {
   job.device = dev;
   job.precision = parse_precision(precision);
   job.freeze_backbone = freeze == "backbone";
@@ -322,6 +322,7 @@ void TrainCommand::settle_job(c10::Device dev) {
   // A share that follows the rates makes the pixels depend on timing: a deterministic run
   // splits only at a share it is given.
   job.decode = deterministic && !given("--engine-share") ? "cpu" : decode;
+  return seg;
 }
 
 optim::LrSchedule TrainCommand::lr_schedule(train::TrainJob& tj, int64_t spe, int64_t& warm) const {
@@ -391,8 +392,7 @@ int TrainCommand::run(const std::string& command_line) {
   const int world = group ? group->world_size() : 1;
   if (!lead) quiet = true;
   const c10::Device dev = group ? group->device() : parse_device(device);
-  settle_job(dev);
-  const bool seg = train::is_pairs_folder(job.data);
+  const bool seg = settle_job(dev);
   const run::RunMode parsed = run::parse_run_mode(mode);  // one of train_modes(): --mode's check
   const Mode m = run::resolve_mode_by_device(parsed, dev).mode;
   set_numerics(dev, deterministic, tf32);
@@ -435,7 +435,9 @@ int TrainCommand::run(const std::string& command_line) {
   };
 
   // Every rank runs the lines below; only rank 0's stdout is kept (the others' goes nowhere).
-  if (!lead) std::freopen("/dev/null", "w", stdout);
+  if (!lead && std::freopen("/dev/null", "w", stdout) == nullptr) {
+    // freopen closed stdout before it failed: the rank's lines go nowhere all the same.
+  }
   std::printf("train      %s\n", tj.name.c_str());
   if (group)
     std::printf("data parallel %d ranks over %s, batch %lld per rank\n", world,

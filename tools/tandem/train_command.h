@@ -58,8 +58,8 @@ struct TrainCommand {
   /// Whether `flag` was on the command line (a default was not used).
   bool given(const char* flag) const;
   /// The job's settings for device `dev`: the flags given, the others' defaults for the data
-  /// (its kind) and the device.
-  void settle_job(c10::Device dev);
+  /// (its kind) and the device. Returns whether the data is image + mask pairs (a segmenter).
+  bool settle_job(c10::Device dev);
   /// The learning rate per step of a run of `steps_per_epoch` steps an epoch (--schedule, with
   /// --warmup-epochs' linear warm-up before it), written into the job's config; `warm_steps`:
   /// the warm-up's steps.

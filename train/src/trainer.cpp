@@ -112,21 +112,9 @@ extern "C" void on_stop_signal(int sig) {
   }
 }
 
-}  // namespace
-
-void install_stop_handlers(std::atomic<int>* flag) {
-  g_stop_flag = flag;
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;  // a second signal of the kind kills
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
-
-Trainer::Trainer(TrainJob job, TrainOptions options)
-    : job_(std::move(job)), options_(std::move(options)) {
-  const TrainOptions& o = options_;
+/// Names the first option not valid (InvalidArgument), or one a run folder's run cannot take
+/// (steps, a first step) or one without a folder cannot (resume, checkpoints).
+void check_options(const TrainOptions& o) {
   const bool folder = !o.out_dir.empty();
   TANDEM_CHECK_ARG(o.steps >= 0, "steps ", o.steps, " is not valid: expected >= 1 (0: epochs)");
   TANDEM_CHECK_ARG(o.steps > 0 || o.epochs >= 1, "epochs ", o.epochs,
@@ -149,6 +137,25 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
     TANDEM_CHECK_ARG(o.checkpoint_every == 0, "checkpoints every ", o.checkpoint_every,
                      " steps go into a run folder: expected a run folder (--out RUN_DIR)");
   }
+}
+
+}  // namespace
+
+void install_stop_handlers(std::atomic<int>* flag) {
+  g_stop_flag = flag;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;  // a second signal of the kind kills
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+Trainer::Trainer(TrainJob job, TrainOptions options)
+    : job_(std::move(job)), options_(std::move(options)) {
+  const TrainOptions& o = options_;
+  const bool folder = !o.out_dir.empty();
+  check_options(o);
   keeps_epochs_ = folder || static_cast<bool>(job_.evaluate);
   if (!job_.weights && (folder || job_.model)) {
     TANDEM_CHECK_ARG(job_.model, "train job '", job_.name, "' has no model to save");

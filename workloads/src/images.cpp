@@ -173,166 +173,199 @@ ImagesOptions parse(const WorkloadOptions& o) {
 }
 }  // namespace
 
-ImagesWorkload make_images(const WorkloadOptions& options) {
-  const ImagesOptions io = parse(options);
-  const c10::Device device = options.device;
-  const int64_t S = io.image_size;
-  const bool nhwc = io.channels_last;
+namespace {
 
-  // The data first: its class count sizes the head. Resident data needs no folder.
+/// The training folder and how its JPEGs are decoded: by the loader's workers (no decoder),
+/// by nvJPEG on the augment lane (decoder), or split between both (decode=auto's split).
+struct ImageSource {
   std::shared_ptr<data::ImageFolderDataset> folder;
   std::shared_ptr<data::NvjpegDecoder> decoder;  // null: the loader's workers decode
   data::EngineSplit split;  // decode=auto's: the engines' decoder and share (none: no split)
-  int64_t classes = io.classes;
-  if (io.from_files) {
-    TANDEM_CHECK_ARG(!options.data.empty(),
-                     "workload images reads an ImageFolder: give --data DIR (one subfolder of "
-                     "JPEG/PNG files per class; scripts/make_image_folder.py makes one)");
-    data::ImageFolderOptions fo;
-    fo.image_size = S;
-    fo.output = data::ImageFolderOutput::kDecoded;
-    folder = std::make_shared<data::ImageFolderDataset>(options.data, fo);
-    classes = static_cast<int64_t>(folder->classes().size());
-    const std::string decode = param_or_default(options.params, images_params(), "decode");
-    if (decode == "auto" && io.crop_regions)
-      split = data::open_engine_split(
-          *folder, device, S, io.engine_share,
-          options.workers > 0 ? options.workers : data::DecodeTrial::cores(),
-          "images: decode=auto");
-    if (!split.decoder) decoder = gpu_decoder(*folder, device, S, decode);
-    if (split.decoder)
-      folder = std::make_shared<data::ImageFolderDataset>(
-          folder->with_output(data::ImageFolderOutput::kCropRegion).with_engine_share(split.share));
-    else if (decoder)
-      folder = std::make_shared<data::ImageFolderDataset>(
-          folder->with_output(data::ImageFolderOutput::kEncoded));
-    else if (io.crop_regions)
-      folder = std::make_shared<data::ImageFolderDataset>(
-          folder->with_output(data::ImageFolderOutput::kCropRegion));
+};
+
+ImageSource open_image_source(const WorkloadOptions& options, const ImagesOptions& io) {
+  TANDEM_CHECK_ARG(!options.data.empty(),
+                   "workload images reads an ImageFolder: give --data DIR (one subfolder of "
+                   "JPEG/PNG files per class; scripts/make_image_folder.py makes one)");
+  const c10::Device device = options.device;
+  const int64_t S = io.image_size;
+  ImageSource src;
+  data::ImageFolderOptions fo;
+  fo.image_size = S;
+  fo.output = data::ImageFolderOutput::kDecoded;
+  src.folder = std::make_shared<data::ImageFolderDataset>(options.data, fo);
+  const std::string decode = param_or_default(options.params, images_params(), "decode");
+  if (decode == "auto" && io.crop_regions)
+    src.split = data::open_engine_split(
+        *src.folder, device, S, io.engine_share,
+        options.workers > 0 ? options.workers : data::DecodeTrial::cores(), "images: decode=auto");
+  if (!src.split.decoder) src.decoder = gpu_decoder(*src.folder, device, S, decode);
+  if (src.split.decoder)
+    src.folder = std::make_shared<data::ImageFolderDataset>(
+        src.folder->with_output(data::ImageFolderOutput::kCropRegion)
+            .with_engine_share(src.split.share));
+  else if (src.decoder)
+    src.folder = std::make_shared<data::ImageFolderDataset>(
+        src.folder->with_output(data::ImageFolderOutput::kEncoded));
+  else if (io.crop_regions)
+    src.folder = std::make_shared<data::ImageFolderDataset>(
+        src.folder->with_output(data::ImageFolderOutput::kCropRegion));
+  return src;
+}
+
+/// The feed that turns the folder's samples into the model's input: the split's, nvJPEG's
+/// decode then the crop kernel, or the crop kernel over the workers' decoded images.
+FeedStage file_feed(const ImageSource& src, const ImagesOptions& io, c10::Device device,
+                    const at::Generator& generator, int64_t batch_size) {
+  const bool nhwc = io.channels_last;
+  ResizedCropSpec spec = ResizedCropSpec::train(io.image_size);
+  if (src.split.decoder) return data::engine_split_feed(spec, src.split, device, nhwc, batch_size);
+  if (!src.decoder)
+    // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
+    // resample kernel per batch, so a graph would save two launches.
+    return io.crop_regions ? given_crop_feed(spec, nhwc) : resized_crop_feed(spec, generator, nhwc);
+  // The workers only read files; nvJPEG decodes the batch on the augment lane (its output is
+  // planar), then the same crop kernel. One decoder per instance, used by that stage's thread
+  // alone.
+  spec.planar = true;
+  return {"augment",
+          "augment",
+          {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
+          {"x"},
+          [spec, generator, decoder = src.decoder, device, nhwc](const Tensors& in) {
+            // Every row holds its file's bytes: all of them are the engines'.
+            const data::DeviceDecoded d = data::decode_on_device(
+                *decoder, data::split_rows(in[0], in[1], in[2]).encoded, device);
+            const data::PackedImages& p = d.images;
+            const at::Tensor& sizes = d.hwc_sizes;
+            const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
+            at::Tensor x = resized_crop(p.packed, p.offsets, sizes, boxes, spec);
+            return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
+          },
+          "nvJPEG decode, then RandomResizedCrop + flip + normalize",
+          {generator},
+          Capture::kNever};
+}
+
+/// One resident batch of random images and labels (no folder: the model's step alone).
+Batch resident_batch(const WorkloadOptions& options, const ImagesOptions& io, int64_t classes) {
+  const int64_t B = options.batch_size, S = io.image_size;
+  at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>(options.data_seed());
+  Batch b;
+  at::Tensor x = at::randn({B, 3, S, S}, cpu).to(options.device);
+  b.set("x", io.channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x);
+  b.set("label", at::randint(0, classes, {B}, cpu, at::kLong).to(options.device));
+  return b;
+}
+
+/// A frozen ResNet-50 as a feed stage (batch norm folded, or the module in eval mode) and a
+/// linear head trained on its pooled features.
+void set_frozen_backbone_and_head(ImagesWorkload& out, const ImagesOptions& io, c10::Device device,
+                                  int64_t classes) {
+  Workload& w = out.workload;
+  models::ResNet backbone = models::resnet50();
+  backbone->to(device);
+  if (io.channels_last) models::to_channels_last(*backbone);
+  backbone->eval();  // frozen: BatchNorm uses its running statistics
+  for (auto& p : backbone->parameters()) p.set_requires_grad(false);
+  auto head = torch::nn::Linear(backbone->feature_dim(), classes);
+  head->to(device);
+  auto bb = backbone.ptr();
+  StageFn features;
+  if (io.folded_backbone) {
+    // Folds at its first call: in the eager warm-up, before any capture.
+    auto folded = std::make_shared<models::FoldedResNet>(
+        backbone, models::FoldedResNetOptions{compute_dtype(io.precision), true});
+    features = [folded](const Tensors& in) {
+      return Tensors{folded->features(in[0]).to(at::kFloat)};
+    };
+  } else {
+    features = [bb, device, precision = io.precision](const Tensors& in) {
+      AutocastScope autocast(device, precision);
+      return Tensors{bb->features(in[0]).to(at::kFloat)};
+    };
   }
+  w.feeds.push_back({"backbone",
+                     "backbone",
+                     {"x"},
+                     {"features"},
+                     std::move(features),
+                     io.folded_backbone ? "frozen ResNet-50 (batch norm folded) to pooled features"
+                                        : "frozen ResNet-50 to pooled features",
+                     {}});  // no random draws: nothing to register with its graph
+  auto h = head.ptr();
+  w.train.inputs = {"features", "label"};
+  w.train.loss = [h](const Tensors& in) {
+    return deterministic_cross_entropy(h->forward(in[0]), in[1]);
+  };
+  w.train.optimizer =
+      std::make_shared<optim::Sgd>(head->parameters(), optim::SgdOptions{io.lr, io.momentum});
+  w.train.what = "linear head, cross-entropy";
+  out.logits = [bb, h](const at::Tensor& x) {
+    at::NoGradGuard no_grad;
+    return h->forward(bb->features(x));
+  };
+}
+
+/// A whole ResNet-18 or -50 trained (autocast to the run's precision).
+void set_trained_resnet(ImagesWorkload& out, const ImagesOptions& io, c10::Device device,
+                        int64_t classes) {
+  Workload& w = out.workload;
+  const bool r50 = io.model == ImagesModel::kR50Full;
+  const models::ResNetOptions ro{classes, io.fused_batch_norm};
+  models::ResNet net = r50 ? models::resnet50(ro) : models::resnet18(ro);
+  net->to(device);
+  if (io.channels_last) models::to_channels_last(*net);
+  net->train();
+  auto n = net.ptr();
+  w.train.inputs = {"x", "label"};
+  w.train.loss = [n, device, precision = io.precision](const Tensors& in) {
+    AutocastScope autocast(device, precision);
+    return deterministic_cross_entropy(n->forward(in[0]).to(at::kFloat), in[1]);
+  };
+  w.train.optimizer =
+      std::make_shared<optim::Sgd>(net->parameters(), optim::SgdOptions{io.lr, io.momentum});
+  w.train.what = r50 ? "ResNet-50 forward, cross-entropy" : "ResNet-18 forward, cross-entropy";
+  out.logits = [n](const at::Tensor& x) {
+    at::NoGradGuard no_grad;
+    n->eval();
+    at::Tensor y = n->forward(x);
+    n->train();
+    return y;
+  };
+}
+
+}  // namespace
+
+ImagesWorkload make_images(const WorkloadOptions& options) {
+  const ImagesOptions io = parse(options);
+  const c10::Device device = options.device;
+
+  // The data first: its class count sizes the head. Resident data needs no folder.
+  ImageSource src;
+  if (io.from_files) src = open_image_source(options, io);
   ImagesWorkload out;
-  if (folder)
-    out.classes = folder->classes();
+  if (src.folder)
+    out.classes = src.folder->classes();
   else
-    for (int64_t c = 0; c < classes; ++c) out.classes.push_back(std::to_string(c));
+    for (int64_t c = 0; c < io.classes; ++c) out.classes.push_back(std::to_string(c));
+  const auto classes = static_cast<int64_t>(out.classes.size());
 
   torch::manual_seed(options.seed);
   Workload& w = out.workload;
   w.name = "images";
   w.device = device;
-
   const at::Generator generator = seeded_generator(device, options.data_seed());  // per rank
   if (io.from_files) {
-    w.data = DataSource::from_dataset(folder, /*shuffle=*/true, /*drop_last=*/true);
-    ResizedCropSpec spec = ResizedCropSpec::train(S);
-    if (split.decoder) {
-      w.feeds.push_back(data::engine_split_feed(spec, split, device, nhwc, options.batch_size));
-    } else if (decoder) {
-      // The workers only read files; nvJPEG decodes the batch on the augment lane (its output
-      // is planar), then the same crop kernel. One decoder per instance, used by that stage's
-      // thread alone.
-      spec.planar = true;
-      w.feeds.push_back({"augment",
-                         "augment",
-                         {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
-                         {"x"},
-                         [spec, generator, decoder, device, nhwc](const Tensors& in) {
-                           // Every row holds its file's bytes: all of them are the engines'.
-                           const data::DeviceDecoded d = data::decode_on_device(
-                               *decoder, data::split_rows(in[0], in[1], in[2]).encoded, device);
-                           const data::PackedImages& p = d.images;
-                           const at::Tensor& sizes = d.hwc_sizes;
-                           const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
-                           at::Tensor x = resized_crop(p.packed, p.offsets, sizes, boxes, spec);
-                           return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
-                         },
-                         "nvJPEG decode, then RandomResizedCrop + flip + normalize",
-                         {generator},
-                         Capture::kNever});
-    } else {
-      // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
-      // resample kernel per batch, so a graph would save two launches.
-      w.feeds.push_back(io.crop_regions ? given_crop_feed(spec, nhwc)
-                                        : resized_crop_feed(spec, generator, nhwc));
-    }
+    w.data = DataSource::from_dataset(src.folder, /*shuffle=*/true, /*drop_last=*/true);
+    w.feeds.push_back(file_feed(src, io, device, generator, options.batch_size));
   } else {
-    const int64_t B = options.batch_size;
-    at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>(options.data_seed());
-    Batch b;
-    at::Tensor x = at::randn({B, 3, S, S}, cpu).to(device);
-    b.set("x", nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x);
-    b.set("label", at::randint(0, classes, {B}, cpu, at::kLong).to(device));
-    w.data = DataSource::resident({b});
+    w.data = DataSource::resident({resident_batch(options, io, classes)});
   }
-
-  if (io.model == ImagesModel::kR50FrozenHead) {
-    models::ResNet backbone = models::resnet50();
-    backbone->to(device);
-    if (nhwc) models::to_channels_last(*backbone);
-    backbone->eval();  // frozen: BatchNorm uses its running statistics
-    for (auto& p : backbone->parameters()) p.set_requires_grad(false);
-    auto head = torch::nn::Linear(backbone->feature_dim(), classes);
-    head->to(device);
-    auto bb = backbone.ptr();
-    StageFn features;
-    if (io.folded_backbone) {
-      // Folds at its first call: in the eager warm-up, before any capture.
-      auto folded = std::make_shared<models::FoldedResNet>(
-          backbone, models::FoldedResNetOptions{compute_dtype(io.precision), true});
-      features = [folded](const Tensors& in) {
-        return Tensors{folded->features(in[0]).to(at::kFloat)};
-      };
-    } else {
-      features = [bb, device, precision = io.precision](const Tensors& in) {
-        AutocastScope autocast(device, precision);
-        return Tensors{bb->features(in[0]).to(at::kFloat)};
-      };
-    }
-    w.feeds.push_back({"backbone",
-                       "backbone",
-                       {"x"},
-                       {"features"},
-                       std::move(features),
-                       io.folded_backbone
-                           ? "frozen ResNet-50 (batch norm folded) to pooled features"
-                           : "frozen ResNet-50 to pooled features",
-                       {}});  // no random draws: nothing to register with its graph
-    auto h = head.ptr();
-    w.train.inputs = {"features", "label"};
-    w.train.loss = [h](const Tensors& in) {
-      return deterministic_cross_entropy(h->forward(in[0]), in[1]);
-    };
-    w.train.optimizer =
-        std::make_shared<optim::Sgd>(head->parameters(), optim::SgdOptions{io.lr, io.momentum});
-    w.train.what = "linear head, cross-entropy";
-    out.logits = [bb, h](const at::Tensor& x) {
-      at::NoGradGuard no_grad;
-      return h->forward(bb->features(x));
-    };
-  } else {
-    const bool r50 = io.model == ImagesModel::kR50Full;
-    const models::ResNetOptions ro{classes, io.fused_batch_norm};
-    models::ResNet net = r50 ? models::resnet50(ro) : models::resnet18(ro);
-    net->to(device);
-    if (nhwc) models::to_channels_last(*net);
-    net->train();
-    auto n = net.ptr();
-    w.train.inputs = {"x", "label"};
-    w.train.loss = [n, device, precision = io.precision](const Tensors& in) {
-      AutocastScope autocast(device, precision);
-      return deterministic_cross_entropy(n->forward(in[0]).to(at::kFloat), in[1]);
-    };
-    w.train.optimizer =
-        std::make_shared<optim::Sgd>(net->parameters(), optim::SgdOptions{io.lr, io.momentum});
-    w.train.what = r50 ? "ResNet-50 forward, cross-entropy" : "ResNet-18 forward, cross-entropy";
-    out.logits = [n](const at::Tensor& x) {
-      at::NoGradGuard no_grad;
-      n->eval();
-      at::Tensor y = n->forward(x);
-      n->train();
-      return y;
-    };
-  }
+  if (io.model == ImagesModel::kR50FrozenHead)
+    set_frozen_backbone_and_head(out, io, device, classes);
+  else
+    set_trained_resnet(out, io, device, classes);
   return out;
 }
 
