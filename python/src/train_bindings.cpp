@@ -15,7 +15,6 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
-#include <torch/version.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -103,18 +102,11 @@ run::RunReport run_report(const RunConfig& c, const train::TrainResult& r,
   report.request.workload.description = "a tandem.Trainer's modules";
   const c10::Device device = parse_device(report.request.device);
   report.request.device = device.str();
-  report.device_name = run::device_name(device);
-  report.torch_version = TORCH_VERSION;
-  report.seconds = r.seconds;
-  report.steps_per_s = r.seconds > 0 ? static_cast<double>(r.losses.size()) / r.seconds : 0;
-  report.samples_per_s = report.steps_per_s * static_cast<double>(*report.request.batch_size);
   report.losses = r.losses;
   report.timing = r.timing;
   report.notes = r.notes;
   report.skipped = r.skipped;
-  report.gpu_utilization = monitor.mean_utilization();
-  report.gpu_utilization_note = monitor.describe(report.request.gpu_monitor);
-  run::set_floor(report, device);
+  run::set_measurements(report, device, static_cast<int64_t>(r.losses.size()), r.seconds, monitor);
   return report;
 }
 
@@ -223,7 +215,8 @@ py::dict train_run(const py::dict& config) {
 
   const KeepCudnnBenchmark keep;
   at::globalContext().setBenchmarkCuDNN(c.request.cudnn_benchmark.value());
-  run::GpuMonitor monitor(job.workload.device);
+  std::optional<run::GpuMonitor> monitor;  // a folder-less fit reports GPU utilization
+  if (!folder) monitor.emplace(job.workload.device);
   std::optional<train::TrainResult> result;
   int64_t steps_per_epoch = 0;
   try {
@@ -232,11 +225,11 @@ py::dict train_run(const py::dict& config) {
           try {
             train::Trainer trainer(job, to);
             steps_per_epoch = trainer.steps_per_epoch();
-            if (!folder && c.request.gpu_monitor) monitor.start();
+            if (monitor && c.request.gpu_monitor) monitor->start();
             result = trainer.run();
-            monitor.stop();
+            if (monitor) monitor->stop();
           } catch (...) {
-            monitor.stop();
+            if (monitor) monitor->stop();
             if (group) abandon_job();  // as run() does: the other ranks see this one stop
             throw;
           }
@@ -258,7 +251,7 @@ py::dict train_run(const py::dict& config) {
     const train::EpochsReport report = train::describe_epochs(*result, steps_per_epoch);
     return result_to_python(*result, report, steps_per_epoch);
   }
-  run::RunReport r = run_report(c, *result, monitor);
+  run::RunReport r = run_report(c, *result, *monitor);
   if (trace) trace->write(c.request.trace_path);  // throws if the file cannot be written
   return report_to_python(r, group.get());
 }

@@ -2,6 +2,7 @@
 #include "tandem/run/report.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <cstdio>
@@ -11,7 +12,16 @@
 
 namespace tandem::run {
 
-void set_floor(RunReport& report, c10::Device device) {
+void set_measurements(RunReport& report, c10::Device device, int64_t steps, double seconds,
+                      const GpuMonitor& monitor) {
+  report.device_name = device_name(device);
+  report.torch_version = TORCH_VERSION;
+  report.seconds = seconds;
+  report.steps_per_s = seconds > 0 ? static_cast<double>(steps) / seconds : 0;
+  report.samples_per_s =
+      report.steps_per_s * static_cast<double>(report.request.batch_size.value());
+  report.gpu_utilization = monitor.mean_utilization();
+  report.gpu_utilization_note = monitor.describe(report.request.gpu_monitor);
   // The floor is the slowest stage's GPU time: the rate a pipeline approaches. On the CPU the
   // stages share the same cores, so no one stage bounds the step and there is no floor.
   if (!device.is_cuda()) return;

@@ -4,7 +4,6 @@
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <torch/version.h>
 
 #include <chrono>
 #include <memory>
@@ -27,12 +26,10 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
   const RunRequest request = resolve(unresolved);
   TANDEM_CHECK_ARG(request.mode.has_value(),
                    "mode auto is resolved first (resolve_mode), then run by run_workload()");
-  const int64_t batch_size = *request.batch_size, steps = *request.steps, warmup = *request.warmup;
+  const int64_t steps = *request.steps, warmup = *request.warmup;
   const c10::Device device = parse_device(request.device);
   RunReport result;
   result.request = request;
-  result.device_name = device_name(device);
-  result.torch_version = TORCH_VERSION;
 
   at::globalContext().setBenchmarkCuDNN(*request.cudnn_benchmark);
   RunOptions ro = runner_options(request);
@@ -92,16 +89,12 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
   monitor.stop();
   progress.finish();
   if (profiled == 0) end = Clock::now();
-  result.seconds = std::chrono::duration<double>(end - start).count();
-  result.steps_per_s = static_cast<double>(steps) / result.seconds;
-  result.samples_per_s = result.steps_per_s * static_cast<double>(batch_size);
   result.losses = runner.losses();
   result.timing = runner.timing();
   result.notes = runner.notes();
   result.skipped = runner.skipped();
-  result.gpu_utilization = monitor.mean_utilization();
-  result.gpu_utilization_note = monitor.describe(request.gpu_monitor);
-  set_floor(result, device);
+  set_measurements(result, device, steps, std::chrono::duration<double>(end - start).count(),
+                   monitor);
   if (trace) trace->write(request.trace_path);  // throws if the file cannot be written
   return result;
 }

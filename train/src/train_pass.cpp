@@ -508,7 +508,7 @@ TrainResult Trainer::Pass::finished_result() {
   if (o.device_timing_every > 0) result.timing = runner.timing();
   if (t.keeps_epochs_ && total % spe == 0) end_epoch(total);
   result.steps = total;
-  result.losses = runner.losses();
+  result.losses = losses;  // every step's: read above (and again by the last epoch's end)
   result.skipped = runner.skipped();
   for (const auto& n : runner.notes()) result.notes.push_back(n);
   if (!lead || !folder) return result;

@@ -40,9 +40,15 @@ struct RunReport {
 /// "cpu", or the GPU's name ("NVIDIA H200").
 std::string device_name(c10::Device device);
 
-/// Sets the report's floor (its slowest stage's device time per step), which stage sets it and
-/// the efficiency against it, from report.timing; on the CPU none (the stages share the cores).
-void set_floor(RunReport& report, c10::Device device);
+class GpuMonitor;  // gpu_monitor.h
+
+/// Fills in what a run on `device` measured, once the report's request and timing are in: the
+/// device's name and torch's version, `steps` over `seconds` as its rates, the utilization
+/// `monitor` read (stopped), and the floor — the slowest stage's device time per step, which
+/// stage, the efficiency against it; on the CPU none (the stages share the cores). run_workload
+/// and a Python fit report through it.
+void set_measurements(RunReport& report, c10::Device device, int64_t steps, double seconds,
+                      const GpuMonitor& monitor);
 
 /// A fixed-width table of the report.
 std::string describe_report(const RunReport& report);
