@@ -39,12 +39,12 @@ std::string format_bytes(double bytes) {
   return text;
 }
 
-// Physical memory in bytes, or 0 where the system does not say.
+}  // namespace
+
 double physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
 }
-}  // namespace
 
 void Dataset::get(int64_t index, const std::vector<at::Tensor>& out) const {
   TANDEM_CHECK_ARG(false, "this dataset implements neither get() nor get_sample(): a dataset ",

@@ -139,6 +139,7 @@ done <<EOF
 --image-size|8|expected an integer >= 32
 --subset|0|expected an integer >= 1
 --val-subset|-1|expected an integer >= 1
+--eval-cache-mb|-1|expected an integer >= 0 (MiB; 0: no cache)
 --val-split|0|(0, 1)
 --val-split|1|(0, 1)
 --val-split|nan|(0, 1)

@@ -93,10 +93,11 @@ std::string join(const std::vector<std::string>& names, const char* separator) {
 // InvalidArgument where a split (`split`: there is one) is asked of an output whose samples
 // cannot be split between the workers and the JPEG engines.
 void check_split_output(bool split, ImageFolderOutput output) {
-  TANDEM_CHECK_ARG(
-      !split || output == ImageFolderOutput::kCropRegion || output == ImageFolderOutput::kDecoded,
-      "ImageFolder: an engine share needs crop regions or decoded images "
-      "(kCropRegion, kDecoded)");
+  TANDEM_CHECK_ARG(!split || output == ImageFolderOutput::kCropRegion ||
+                       output == ImageFolderOutput::kCenterRegion ||
+                       output == ImageFolderOutput::kDecoded,
+                   "ImageFolder: an engine share needs crop regions or decoded images "
+                   "(kCropRegion, kCenterRegion, kDecoded)");
 }
 
 // The split of a fixed `share` for `output` (null for 0); InvalidArgument outside [0, 1] or for
@@ -115,6 +116,10 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
                    options_.image_size);
   TANDEM_CHECK_ARG(options_.channels == 1 || options_.channels == 3,
                    "ImageFolder: channels must be 1 or 3, got ", options_.channels);
+  TANDEM_CHECK_ARG(options_.resize_size == 0 || options_.resize_size >= options_.image_size,
+                   "ImageFolder: resize size ", options_.resize_size,
+                   " is smaller than the center crop's ", options_.image_size,
+                   ": expected 0 (ImageNet's ratio) or at least the image size");
   engine_share_ = fixed_engine_share(options_.engine_share, options_.output);
   const fs::PathStatus status = fs::path_status(root_);
   TANDEM_CHECK_ARG(status.exists, "ImageFolder: root '", root_, "' does not exist (",
@@ -200,12 +205,14 @@ std::vector<FieldSpec> ImageFolderDataset::fields() const {
   if (options_.output == ImageFolderOutput::kDecoded)  // typical: between S and 2S a side
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"label", {}, at::kLong}};
-  if (options_.output == ImageFolderOutput::kCropRegion && engine_share_)
+  const bool region = options_.output == ImageFolderOutput::kCropRegion ||
+                      options_.output == ImageFolderOutput::kCenterRegion;
+  if (region && engine_share_)
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"jpeg", {s * s}, at::kByte, true, true},
             {"crop_box", {kCropBoxFields}, at::kInt},
             {"label", {}, at::kLong}};
-  if (options_.output == ImageFolderOutput::kCropRegion)
+  if (region)
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"crop_box", {kCropBoxFields}, at::kInt},
             {"label", {}, at::kLong}};
@@ -232,8 +239,19 @@ ImageFolderDataset ImageFolderDataset::with_output(ImageFolderOutput output) con
 
 ImageFolderDataset ImageFolderDataset::with_image_size(int64_t size) const {
   TANDEM_CHECK_ARG(size >= 1, "ImageFolder: image size ", size, " is not valid: expected >= 1");
+  TANDEM_CHECK_ARG(options_.resize_size == 0 || options_.resize_size >= size, "ImageFolder: image size ",
+                   size, " is larger than the resize size ", options_.resize_size);
   ImageFolderDataset copy = *this;
   copy.options_.image_size = size;
+  return copy;
+}
+
+ImageFolderDataset ImageFolderDataset::with_resize_size(int64_t size) const {
+  TANDEM_CHECK_ARG(size == 0 || size >= options_.image_size, "ImageFolder: resize size ", size,
+                   " is smaller than the center crop's ", options_.image_size,
+                   ": expected 0 (ImageNet's ratio) or at least the image size");
+  ImageFolderDataset copy = *this;
+  copy.options_.resize_size = size;
   return copy;
 }
 
@@ -276,6 +294,55 @@ at::Tensor decode_drawn_crop(const std::vector<uint8_t>& bytes, const std::strin
 }
 
 namespace {
+// Where the field of a box row is (resized_crop.h's order).
+enum BoxField { kTop, kLeft, kHeight, kWidth, kResizedH, kResizedW, kOffsetY, kOffsetX };
+
+// One axis of the margined center crop in the full-resolution pixels: Resize's scale kept,
+// `margin` resized pixels either side of the crop where the resized image has them.
+struct CenterSpan {
+  double start, length;  // full-resolution pixels, fractional
+  int32_t resized, offset;
+};
+CenterSpan center_span(int64_t source, int32_t resized, int32_t offset, int64_t out) {
+  constexpr int64_t kMargin = 2;  // > the resample's reach (one resized pixel), eighths rounding
+  const int64_t m = std::max<int64_t>(0, std::min<int64_t>({kMargin, offset, resized - out - offset}));
+  const double scale = static_cast<double>(source) / resized;
+  return {static_cast<double>(offset - m) * scale, static_cast<double>(out + 2 * m) * scale,
+          static_cast<int32_t>(out + 2 * m), static_cast<int32_t>(m)};
+}
+}  // namespace
+
+at::Tensor decode_center_crop(const std::vector<uint8_t>& bytes, const std::string& path,
+                              int64_t channels, int64_t size, int64_t resize_size, int32_t* box) {
+  const ImageInfo info = read_image_info(bytes, path);  // names a bad file
+  // The whole image resized, the crop at its center (torchvision's geometry; draws nothing).
+  draw_crop_box(ResizedCropSpec::eval(size, resize_size), info.height, info.width, SampleDraw{},
+                box);
+  // The crop with its margin, as a box of its own resized to itself: the same scale, and the
+  // crop's taps never reach the box's edges, where the resample would clamp them.
+  const CenterSpan y = center_span(info.height, box[kResizedH], box[kOffsetY], size);
+  const CenterSpan x = center_span(info.width, box[kResizedW], box[kOffsetX], size);
+  const auto top = static_cast<int64_t>(std::floor(y.start)),
+             left = static_cast<int64_t>(std::floor(x.start));
+  const int64_t bottom = std::min<int64_t>(info.height, std::ceil(y.start + y.length)),
+                right = std::min<int64_t>(info.width, std::ceil(x.start + x.length));
+  // One more pixel than the resize asks, so the whole-pixel box's scale never enlarges the
+  // fractional one.
+  const DecodedRegion region =
+      decode_image_region(bytes, path, channels, PixelBox{top, left, bottom - top, right - left},
+                          y.resized + 1, x.resized + 1);
+  const double denom = region.scale_denom;
+  box[kResizedH] = y.resized;
+  box[kResizedW] = x.resized;
+  box[kOffsetY] = y.offset;
+  box[kOffsetX] = x.offset;
+  place_crop_box(box, region.top + (y.start - static_cast<double>(top)) / denom,
+                 region.left + (x.start - static_cast<double>(left)) / denom, y.length / denom,
+                 x.length / denom, region.image.size(0), region.image.size(1));
+  return region.image;
+}
+
+namespace {
 // samples[index], once the index is in range and `out` holds a tensor per field (`names`, comma-
 // separated). `names` is a C string: a std::string argument, a temporary at every call, made
 // GCC 13 see a reference that might dangle (-Wdangling-reference) in what is returned.
@@ -300,7 +367,8 @@ bool decodes_on_engines(double share, uint64_t position) {
 
 void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
                                           std::vector<at::Tensor>& out) const {
-  const bool region = options_.output == ImageFolderOutput::kCropRegion;
+  const bool center = options_.output == ImageFolderOutput::kCenterRegion;
+  const bool region = center || options_.output == ImageFolderOutput::kCropRegion;
   EngineShare* const split = engine_share_.get();
   if (!region && !split) return get_sample(index, out);
   const Sample& sample =
@@ -325,19 +393,22 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
       detail::fail(sample.path,
                    "corrupt or truncated JPEG (no end-of-image marker after the image data)");
     if (engines) {
-      if (region)
-        draw_crop_box(ResizedCropSpec::train(options_.image_size), info.height, info.width, draw,
-                      box);  // in the full-resolution pixels the engines decode
+      if (region)  // in the full-resolution pixels the engines decode
+        draw_crop_box(center ? ResizedCropSpec::eval(options_.image_size, resize_size())
+                             : ResizedCropSpec::train(options_.image_size),
+                      info.height, info.width, draw, box);
       jpeg = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
       std::memcpy(jpeg.data_ptr<uint8_t>(), bytes.data(), bytes.size());
       out[0] = at::empty({0, 0, options_.channels}, at::kByte);
     }
   }
   if (!engines)
-    out[0] = region ? decode_drawn_crop(bytes, sample.path, options_.channels, options_.image_size,
-                                        draw, box)
-                    : decode_image_interleaved(bytes, sample.path, options_.channels,
-                                               options_.image_size, options_.image_size);
+    out[0] = center ? decode_center_crop(bytes, sample.path, options_.channels,
+                                         options_.image_size, resize_size(), box)
+             : region ? decode_drawn_crop(bytes, sample.path, options_.channels,
+                                          options_.image_size, draw, box)
+                      : decode_image_interleaved(bytes, sample.path, options_.channels,
+                                                 options_.image_size, options_.image_size);
   if (split)
     split->record_cpu(
         engines ? 0 : 1,
@@ -349,7 +420,8 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
 }
 
 void ImageFolderDataset::get_sample(int64_t index, std::vector<at::Tensor>& out) const {
-  if (options_.output == ImageFolderOutput::kCropRegion)  // a fixed key: the same crop each time
+  if (options_.output == ImageFolderOutput::kCropRegion ||
+      options_.output == ImageFolderOutput::kCenterRegion)  // a fixed key: the same crop each time
     return get_drawn_sample(index, SampleDraw{0, static_cast<uint64_t>(index)}, out);
   const Sample& sample = checked_sample(samples_, index, out, "image, label");
   const std::vector<uint8_t> bytes = read_file(sample.path);

@@ -206,6 +206,78 @@ TEST(CropDecodeTest, ACropRegionSampleIsTheDrawnCropOfTheFullImage) {
   EXPECT_FALSE(torch::equal(sample({10, 0})[1], sample({9, 0})[1])) << "another seed, another box";
 }
 
+// ImageFolderOutput::kCenterRegion: an evaluation sample is Resize(256) + CenterCrop(224)'s
+// crop with a margin, decoded as a region at Resize's scale; resized by its box it is the
+// center crop of the whole image resized (torchvision's evaluation transform of the
+// full-resolution decode) as closely as the whole-image scaled decode is, from a fraction of its
+// pixels. A PNG (decoded at full size) gives the full-resolution transform itself.
+TEST(CropDecodeTest, ACenterRegionSampleIsTheCenterCropOfTheWholeResizedImage) {
+  const testing::TempDir dir;
+  struct Photo {
+    std::string name;
+    std::vector<uint8_t> bytes;
+  };
+  const std::vector<Photo> photos{
+      {"a_landscape.jpg", detailed_photo(1200, 1600)},
+      {"b_portrait.jpg", detailed_photo(1503, 1001)},
+      {"c_square.jpg", detailed_photo(700, 700)},
+      {"d_small.png", encode_png(testing::smooth_image(3, 301, 457, 2))}};
+  for (const Photo& p : photos) testing::put(dir, "root/photos/" + p.name, p.bytes);
+  ImageFolderOptions fo;
+  fo.output = ImageFolderOutput::kCenterRegion;
+  const ImageFolderDataset center(dir.file("root"), fo);
+  ASSERT_EQ(center.fields().size(), 3u);
+  EXPECT_EQ(center.fields()[1].name, "crop_box");
+  EXPECT_EQ(center.resize_size(), 256);
+  const ImageFolderDataset whole =
+      center.with_output(ImageFolderOutput::kDecoded).with_image_size(256);
+
+  ResizedCropSpec spec = ResizedCropSpec::eval(224, 256);
+  spec.mean = {0, 0, 0};
+  spec.std = {1, 1, 1};
+  auto crop = [&](const at::Tensor& hwc, const at::Tensor& box) {
+    const at::Tensor sizes = torch::tensor({hwc.size(0), hwc.size(1), hwc.size(2)}).view({1, 3});
+    return resized_crop(hwc.contiguous().view(-1), torch::zeros({1}, torch::kLong), sizes,
+                        box.defined() ? box.view({1, kCropBoxFields}) : draw_crop_boxes(spec, sizes),
+                        spec);
+  };
+  for (int64_t i = 0; i < center.size(); ++i) {
+    const Photo& p = photos[static_cast<size_t>(i)];
+    SCOPED_TRACE(p.name);
+    std::vector<at::Tensor> c{at::Tensor(), torch::empty({kCropBoxFields}, torch::kInt),
+                              torch::empty({}, torch::kLong)};
+    center.get_sample(i, c);
+    std::vector<at::Tensor> w{at::Tensor(), torch::empty({}, torch::kLong)};
+    whole.get_sample(i, w);
+    const at::Tensor full = decode_image_interleaved(p.bytes, p.name, 3);
+    const at::Tensor reference = crop(full, at::Tensor());  // Resize + CenterCrop, full size
+    const double region_db = psnr(crop(c[0], c[1]), reference);
+    const double whole_db = psnr(crop(w[0], at::Tensor()), reference);
+    std::printf("%s: center region %lld x %lld (whole scaled decode %lld x %lld): %.1f dB, whole "
+                "image %.1f dB against the full-resolution transform\n",
+                p.name.c_str(), static_cast<long long>(c[0].size(0)),
+                static_cast<long long>(c[0].size(1)), static_cast<long long>(w[0].size(0)),
+                static_cast<long long>(w[0].size(1)), region_db, whole_db);
+    if (p.name.find(".png") != std::string::npos) {
+      EXPECT_GE(region_db, 50.0);  // the same pixels; only the box's eighths differ
+      EXPECT_EQ(c[0].size(0), 269) << "the short side's crop and margins: 228 of 256 rows";
+    } else {
+      EXPECT_GE(region_db, 30.0);
+      EXPECT_GE(region_db, whole_db - 0.5) << "as faithful as the whole image at Resize's scale";
+      EXPECT_LE(c[0].numel(), w[0].numel() * 9 / 10) << "the pixels outside the crop not decoded";
+    }
+    EXPECT_EQ(c[1][8].item<int>(), 0) << "no flip";
+    std::vector<at::Tensor> again{at::Tensor(), torch::empty({kCropBoxFields}, torch::kInt),
+                                  torch::empty({}, torch::kLong)};
+    center.get_drawn_sample(i, SampleDraw{17, 99}, again);
+    EXPECT_TRUE(torch::equal(again[0], c[0])) << "the center crop draws nothing";
+    EXPECT_TRUE(torch::equal(again[1], c[1]));
+  }
+  EXPECT_THROW(center.with_resize_size(200), InvalidArgument);
+  fo.resize_size = 100;
+  EXPECT_THROW(ImageFolderDataset(dir.file("root"), fo), InvalidArgument);
+}
+
 TEST(CropDecodeTest, TheEnginesShareIsAnEvenSplitOfPositions) {
   for (const double share : {0.0, 0.25, 0.4, 1.0}) {
     int64_t engines = 0, run = 0, longest_cpu_run = 0;

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 
 #include "evaluation_thread.h"
 #include "job_util.h"
+#include "kept_samples.h"
 #include "tandem/lane.h"
 #include "tandem/random_dataset.h"
 
@@ -97,6 +99,74 @@ TEST(EvalBatchesTest, AnEvaluationStoppedMidwayLeavesTheNextWhole) {
   Batch all;
   load_next_batch(whole, all, lane);
   EXPECT_TRUE(at::cat(ys).equal(all.get("y")));
+}
+
+// A held-out set whose samples differ in size (a variable-size field, as decoded images are),
+// counting each sample's reads.
+class CountedImages : public Dataset {
+ public:
+  explicit CountedImages(int64_t n) : reads(static_cast<size_t>(n)) {}
+  int64_t size() const override { return static_cast<int64_t>(reads.size()); }
+  std::vector<FieldSpec> fields() const override {
+    return {{"image", {2, 3}, at::kByte, true}, {"label", {}, at::kLong}};
+  }
+  void get_sample(int64_t index, std::vector<at::Tensor>& out) const override {
+    ++reads[static_cast<size_t>(index)];
+    out[0] = at::full({1 + index % 3, 3}, index, at::kByte);
+    out[1].fill_(index * 10);
+  }
+  mutable std::vector<std::atomic<int>> reads;
+};
+
+// Kept samples: the first evaluation reads every sample, later ones only those past the budget,
+// and every evaluation sees the same batches (the fixed-size fields kept apart from the slots
+// the loader reuses).
+TEST(KeptSamplesTest, LaterEvaluationsReadOnlyWhatDidNotFit) {
+  const Lane lane = Lane::create("eval", c10::Device(c10::kCPU));
+  auto evaluate = [&](EvalPasses& passes) {
+    std::vector<at::Tensor> images, labels;
+    passes.run(
+        lane,
+        [&](Batch& b) {
+          return std::vector<at::Tensor>{b.get("image").clone(), b.get("label").clone()};
+        },
+        [&](const std::vector<at::Tensor>& xy) {
+          images.push_back(xy[0]);
+          labels.push_back(xy[1]);
+        });
+    return std::make_pair(at::cat(images), at::cat(labels));
+  };
+  // 1 GiB keeps all; 0 none; 44 bytes some of the first samples read (3 to 9 image bytes and 8
+  // label bytes each: 2 to 4 of them), whichever worker read them.
+  for (const int64_t budget : {int64_t{1} << 30, int64_t{0}, int64_t{4 * (3 + 8)}}) {
+    SCOPED_TRACE("budget " + std::to_string(budget));
+    const auto base = std::make_shared<CountedImages>(11);
+    const auto kept = std::make_shared<detail::KeptSamples>(base, budget);
+    {
+      EvalPasses passes(kept, 4, 3);
+      const auto first = evaluate(passes);
+      EXPECT_TRUE(first.second.equal(at::arange(11, at::kLong) * 10));
+      for (int again = 0; again < 2; ++again) {
+        const auto later = evaluate(passes);
+        EXPECT_TRUE(later.first.equal(first.first));
+        EXPECT_TRUE(later.second.equal(first.second));
+      }
+    }  // the loader's workers joined (they may have read ahead into a fourth evaluation)
+    int read_once = 0;
+    for (const auto& r : base->reads) {
+      EXPECT_TRUE(r.load() == 1 || r.load() >= 3) << "kept after its first read, or never";
+      read_once += r.load() == 1;
+    }
+    EXPECT_LE(kept->kept_bytes(), budget);
+    if (budget > 1000) {
+      EXPECT_EQ(read_once, 11);
+    } else if (budget == 0) {
+      EXPECT_EQ(read_once, 0);
+    } else {
+      EXPECT_GE(read_once, 2);
+      EXPECT_LE(read_once, 4);
+    }
+  }
 }
 
 TEST(EvaluationThreadTest, RunsEachTaskOnItsOneThreadAndRethrows) {

@@ -582,6 +582,30 @@ void use_small_resnet(ClassifierOptions& c) {
   c.channels_last = true;
 }
 
+// The evaluation decodes only each photo's center crop (with --crop region, the default) and
+// scores as it does from whole images at Resize's scale: the same weights, the same photos, the
+// same labels, within the two decodes' rounding.
+TEST(ClassifierTest, CenterCropRegionsEvaluateAsWholeImages) {
+  TempDir tmp;
+  ClassifierOptions c;
+  c.data = write_two_class_jpegs(tmp, 24, 300, 400);
+  use_small_resnet(c);
+  c.val_split = 0.5;
+  c.batch_size = 4;
+  c.workers = 2;
+  c.seed = 5;
+  c.device = c10::Device(c10::kCPU);
+  const Lane lane = Lane::create("eval", c.device);
+  const Evaluation regions = make_classifier(c).evaluate(lane);  // the same seed: the same weights
+  c.crop_regions = false;
+  const Evaluation whole = make_classifier(c).evaluate(lane);
+  EXPECT_EQ(regions.samples, 12);
+  EXPECT_EQ(whole.samples, 12);
+  EXPECT_NEAR(regions.metrics.at("accuracy"), whole.metrics.at("accuracy"), 1.0 / 12 + 1e-9);
+  EXPECT_NEAR(regions.metrics.at("val_loss"), whole.metrics.at("val_loss"),
+              0.002 * whole.metrics.at("val_loss"));
+}
+
 // Job `c` in pipelined+graphed, 8 steps uninterrupted (in dir/a, into *a), then stopped after
 // step 5 and resumed (dir/b, the resumed part into *resumed): the resumed steps' losses are the
 // uninterrupted run's within 1e-6.
@@ -676,6 +700,7 @@ TEST(TrainerSplitGpuTest, ASplitDecodeResumesExactlyAndEvaluatesAsOnTheCpu) {
   c.seed = 5;
   c.decode = "auto";
   c.engine_share = 0.5;
+  c.eval_cache_bytes = 0;  // kept samples would leave the evaluation to the workers alone
   TrainResult a, resumed;
   run_and_resume(c, tmp.path(), &a, &resumed);
   if (HasFatalFailure()) return;

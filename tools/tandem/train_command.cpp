@@ -19,6 +19,7 @@
 
 #include "cli_util.h"
 #include "data_parallel.h"
+#include "tandem/distributed/launch_env.h"
 #include "tandem/error.h"
 #include "tandem/lane.h"
 #include "tandem/loader.h"  // kMaxLoaderWorkers
@@ -164,6 +165,11 @@ CLI::App* TrainCommand::add(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   c->add_option("--subset", job.subset, "train on this many samples (spread over the set)");
   c->add_option("--val-subset", job.val_subset, "evaluate on this many samples");
+  c->add_option("--eval-cache-mb", eval_cache_mb,
+                "ImageFolder evaluation: keep the held-out photos as the first evaluation decoded "
+                "them (center crops) in host memory, up to this many MiB, so later evaluations "
+                "decode only what did not fit; 0: decode at every evaluation [default: a quarter "
+                "of this machine's memory, shared by its ranks]");
   c->add_option("--seed", seed, "seed for weights, data order and augmentation")
       ->capture_default_str();
   c->add_option("--out", out, "the run folder: metrics, checkpoints, model.safetensors")
@@ -223,6 +229,8 @@ void TrainCommand::validate() const {
        detail::concat("an integer >= ", kMinImageSize, " (the ResNets' output stride)")},
       {"--subset", job.subset >= 1, "an integer >= 1"},
       {"--val-subset", job.val_subset >= 1, "an integer >= 1"},
+      {"--eval-cache-mb", eval_cache_mb >= 0 && eval_cache_mb <= (int64_t{1} << 40),
+       "an integer >= 0 (MiB; 0: no cache)"},
       {"--val-split", finite(job.val_split) && job.val_split > 0 && job.val_split < 1,
        "a fraction in (0, 1)"},
       {"--classes", job.classes >= 2, "an integer >= 2 (mask ids 0 .. N-1)"},
@@ -319,6 +327,13 @@ bool TrainCommand::settle_job(c10::Device dev) {
   job.channels_last = given("--channels-last") ? channels_last : dev.is_cuda() && !cnn;
   job.seed = seed;
   job.crop_regions = crop == "region";
+  if (given("--eval-cache-mb")) {
+    job.eval_cache_bytes = eval_cache_mb << 20;
+  } else {  // a quarter of the machine's memory, shared by this machine's ranks
+    const auto env = distributed::launch_env_from_environment();
+    job.eval_cache_bytes = static_cast<int64_t>(physical_memory_bytes() / 4 /
+                                                (env ? std::max(1, env->local_world_size) : 1));
+  }
   // A share that follows the rates makes the pixels depend on timing: a deterministic run
   // splits only at a share it is given.
   job.decode = deterministic && !given("--engine-share") ? "cpu" : decode;

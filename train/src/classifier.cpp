@@ -11,6 +11,7 @@
 
 #include "folder_evaluation.h"
 #include "job_util.h"
+#include "kept_samples.h"
 #include "posix_fs.h"
 #include "tandem/autocast.h"
 #include "tandem/batch.h"
@@ -169,8 +170,9 @@ struct FolderSets {
 
 // Training decodes each sample's random crop only (its box drawn in the worker, before the
 // decode: kCropRegion), or without crop_regions the whole image at the scale the crop size
-// needs (kDecoded). Evaluation decodes whole images at the scale Resize's shorter side needs
-// (S * 256 / 224 for S = 224), so the resize shrinks as torchvision's does.
+// needs (kDecoded). Evaluation decodes the center crop only (with Resize's scale: kCenterRegion),
+// or without crop_regions the whole image at the scale Resize's shorter side needs (S * 256 /
+// 224 for S = 224); either way the resize shrinks as torchvision's does.
 FolderSets folder_sets(const ClassifierOptions& o,
                        const std::shared_ptr<data::ImageFolderDataset>& folder,
                        const data::ImageFolderOptions& fo, const data::EngineSplit& split) {
@@ -181,28 +183,43 @@ FolderSets folder_sets(const ClassifierOptions& o,
         folder->with_output(data::ImageFolderOutput::kCropRegion)
             .with_engine_share(split.decoder ? split.share : nullptr));
   sets.resize_size = o.image_size * 256 / 224;
-  // The evaluation splits its whole-image decodes alike, with a decoder of its own (for its
-  // thread) and a share of its own (whole images cost the CPU more than regions).
-  const bool evaluates = !o.val.empty() || o.val_split > 0;
-  if (evaluates) sets.eval_split = data::companion_split(split, o.device, o.workers);
-  const data::EngineSplit& eval_split = sets.eval_split;
-  auto eval_folder = std::make_shared<data::ImageFolderDataset>(
-      folder->with_image_size(sets.resize_size).with_engine_share(eval_split.share));
   sets.train = crops;
-  if (!o.val.empty()) {
-    data::ImageFolderOptions vo = fo;
-    vo.image_size = sets.resize_size;
-    auto v = std::make_shared<data::ImageFolderDataset>(
-        data::ImageFolderDataset(o.val, vo).with_engine_share(eval_split.share));
-    TANDEM_CHECK_ARG(v->classes() == folder->classes(), "--val ", o.val,
-                     " has other class folders than --data ", o.data);
-    sets.val = v;
-  } else if (o.val_split > 0) {
-    sets.train = split_every_kth(crops, o.val_split).first;
-    sets.val = split_every_kth(eval_folder, o.val_split).second;
-  }
+  if (o.val_split > 0) sets.train = split_every_kth(crops, o.val_split).first;
   sets.train = take(sets.train, o.subset);
-  if (sets.val) sets.val = take(sets.val, o.val_subset);
+  if (o.val.empty() && o.val_split <= 0) return sets;
+  // The evaluation's images: the center crop's region, or the whole image at Resize's scale.
+  auto eval_images = [&](const data::ImageFolderDataset& f) {
+    return o.crop_regions ? f.with_output(data::ImageFolderOutput::kCenterRegion)
+                                .with_resize_size(sets.resize_size)
+                          : f.with_image_size(sets.resize_size);
+  };
+  data::ImageFolderDataset held_out =
+      o.val.empty() ? eval_images(*folder) : eval_images(data::ImageFolderDataset(o.val, fo));
+  TANDEM_CHECK_ARG(held_out.classes() == folder->classes(), "--val ", o.val,
+                   " has other class folders than --data ", o.data);
+  auto held = [&](const data::ImageFolderDataset& d) {
+    const auto all = std::make_shared<data::ImageFolderDataset>(d);
+    return take(o.val.empty() ? split_every_kth(all, o.val_split).second : all, o.val_subset);
+  };
+  sets.val = held(held_out);
+  // Kept after the first evaluation (their transform draws nothing), up to the budget. Where
+  // the whole set fits (by its typical sample), the evaluation decodes on the workers alone:
+  // the engines' samples would be kept as their bytes and decoded again at every evaluation.
+  const int64_t keep = o.eval_cache_bytes >= 0
+                           ? o.eval_cache_bytes
+                           : static_cast<int64_t>(physical_memory_bytes() / 4);
+  const bool kept_whole =
+      keep > 0 && static_cast<double>(sets.val->size()) *
+                          static_cast<double>(sample_bytes(sets.val->fields())) <=
+                      static_cast<double>(keep);
+  if (!kept_whole) {
+    // The evaluation splits its decodes as training does, with a decoder of its own (for its
+    // thread) and a share of its own (a center crop costs the CPU more than a random one).
+    sets.eval_split = data::companion_split(split, o.device, o.workers);
+    if (sets.eval_split.share) sets.val = held(held_out.with_engine_share(sets.eval_split.share));
+  }
+  if (keep > 0) sets.val = std::make_shared<KeptSamples>(sets.val, keep);
+  const data::EngineSplit& eval_split = sets.eval_split;
   // The evaluation's workers decode ahead while the training runs (EvalPasses: the ring's
   // parts); the engines decode only when the evaluation asks. So, for an adaptive share,
   // the ring fills on the workers alone, and each evaluation turns the engines on for the

@@ -79,15 +79,19 @@ class Scoring {
     return s_.channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
   }
 
-  // Resize + CenterCrop on the device of a part's `rows` (all where undefined).
+  // Resize + CenterCrop on the device of a part's `rows` (all where undefined): by the boxes
+  // the workers decoded the center crops for, or drawn for the whole images.
   at::Tensor crop(const Batch& batch, const at::Tensor& rows) const {
-    at::Tensor offsets = batch.get(offsets_field("image")), sizes = batch.get(sizes_field("image"));
+    const bool given = batch.has("crop_box");
+    at::Tensor offsets = batch.get(offsets_field("image")), sizes = batch.get(sizes_field("image")),
+               boxes = given ? batch.get("crop_box") : at::Tensor();
     if (rows.defined()) {
       offsets = offsets.index_select(0, rows);
       sizes = sizes.index_select(0, rows);
+      if (given) boxes = boxes.index_select(0, rows);
     }
-    return layout(resized_crop(batch.get("image"), offsets, sizes,
-                               draw_crop_boxes(s_.spec, sizes, gen_), s_.spec));
+    if (!given) boxes = draw_crop_boxes(s_.spec, sizes, gen_);
+    return layout(resized_crop(batch.get("image"), offsets, sizes, boxes, s_.spec));
   }
 
   void forward(const std::vector<at::Tensor>& xy) {

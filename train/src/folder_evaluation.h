@@ -24,7 +24,7 @@ struct FolderEvaluationSetup {
   /// The frozen backbone with its batch norm folded (evaluated as it trains), or null when the
   /// whole network trains.
   std::shared_ptr<models::FoldedResNet> folded;
-  std::shared_ptr<const Dataset> data;  // whole images at Resize's shorter side
+  std::shared_ptr<const Dataset> data;  // center-crop regions, or whole images at Resize's scale
   ResizedCropSpec spec;                 // ResizedCropSpec::eval
   /// The evaluation's own split of the decodes (no decoder: the loader's workers alone).
   data::EngineSplit split;

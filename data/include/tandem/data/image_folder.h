@@ -37,19 +37,30 @@ enum class ImageFolderOutput {
   /// enlarged where torchvision's crop of the full image would be shrunk, and a small box of a
   /// large photo costs a fraction of a whole-image decode.
   kCropRegion,
+  /// Evaluation's crop chosen before decoding: torchvision's Resize(resize_size) +
+  /// CenterCrop(S) box, placed in the image's full-resolution pixels from its header, with two
+  /// resized pixels of margin on each side (so the resample's taps reach as far as they would
+  /// in the whole resized image), then only that region decoded at the smallest DCT scale at
+  /// which it keeps its resized size (decode_center_crop). The fields of kCropRegion; the box
+  /// keeps Resize's scale, so the crop is torchvision's within the decode's rounding, and the
+  /// pixels outside the center crop (a quarter to a half of a photo) are never decoded.
+  kCenterRegion,
 };
 
 struct ImageFolderOptions {
   int64_t image_size = 224;  ///< S: the size the model sees (see ImageFolderOutput)
   int64_t channels = 3;      ///< 3 (RGB) or 1 (gray)
   ImageFolderOutput output = ImageFolderOutput::kCenterCrop;
-  /// kCropRegion only: the share of samples, in [0, 1], left to the GPU's JPEG engines — those
+  /// kCropRegion, kCenterRegion and kDecoded: the share of samples, in [0, 1], left to the GPU's
+  /// JPEG engines — those
   /// whose draw positions decodes_on_engines() picks carry the file's bytes ("jpeg") and their
   /// box in the full-resolution pixels instead of a decoded region, so the CPU workers and the
   /// engines decode side by side. A sample the engines cannot read (a PNG, a CMYK JPEG) is
   /// decoded on the CPU wherever its position falls. 0: every sample on the CPU. (A share that
   /// moves during the run: with_engine_share(EngineShare).)
   double engine_share = 0;
+  /// kCenterRegion only: Resize's shorter side (S * 256 / 224 where 0, ImageNet's ratio).
+  int64_t resize_size = 0;
 };
 
 /// Whether the sample at draw position `position` goes to the JPEG engines for `share`:
@@ -64,10 +75,19 @@ bool decodes_on_engines(double share, uint64_t position);
 at::Tensor decode_drawn_crop(const std::vector<uint8_t>& bytes, const std::string& path,
                              int64_t channels, int64_t size, const SampleDraw& draw, int32_t* box);
 
-/// Fields: {"image", {C, S, S}, kByte} (kDecoded and kCropRegion: (H, W, C), variable-size,
+/// A kCenterRegion sample's image: the center crop of ResizedCropSpec::eval(size, resize_size)
+/// for the image in `bytes` (its header's size), with a margin of two resized pixels a side
+/// where the resized image has them, decoded as a region (decode_image_region, at the scale
+/// that keeps the margined crop at its resized size). `box` receives the kCropBoxFields values
+/// placed in the returned (h, w, channels) pixels: the margined crop, resized to the crop's
+/// size plus the margins, the output starting after the margin.
+at::Tensor decode_center_crop(const std::vector<uint8_t>& bytes, const std::string& path,
+                              int64_t channels, int64_t size, int64_t resize_size, int32_t* box);
+
+/// Fields: {"image", {C, S, S}, kByte} (kDecoded and the regions: (H, W, C), variable-size,
 /// typical 1.5 S a side; kEncoded: "jpeg" instead, the file's bytes), for kCropRegion with an
 /// engine_share also "jpeg" (the bytes of the engines' samples, empty for the others, whose
-/// "image" is then (0, 0, C)), for kCropRegion {"crop_box", {kCropBoxFields}, kInt}, then
+/// "image" is then (0, 0, C)), for the regions {"crop_box", {kCropBoxFields}, kInt}, then
 /// {"label", {}, kLong}.
 ///
 /// The index, built once by the constructor: classes are the subfolders of `root` (symlinks
@@ -104,7 +124,8 @@ class ImageFolderDataset : public Dataset {
   /// Throws tandem::Error naming the file when it cannot be read or decoded (the loader adds
   /// the sample index), InvalidArgument for an index out of range.
   void get_sample(int64_t index, std::vector<at::Tensor>& out) const override;
-  /// kCropRegion: the box drawn from `draw`; other outputs draw nothing (get_sample()).
+  /// kCropRegion: the box drawn from `draw`; kCenterRegion: the center crop (drawn from nothing,
+  /// split by the draw's position); other outputs draw nothing (get_sample()).
   void get_drawn_sample(int64_t index, const SampleDraw& draw,
                         std::vector<at::Tensor>& out) const override;
   /// The same for kCenterCrop (fixed-size samples into `out`'s views); kDecoded samples have no
@@ -128,14 +149,21 @@ class ImageFolderDataset : public Dataset {
   /// The same index with another image_size (an evaluation's, which decodes for Resize's
   /// shorter side rather than the crop). InvalidArgument unless size >= 1.
   ImageFolderDataset with_image_size(int64_t size) const;
+  /// The same index with another ImageFolderOptions::resize_size (kCenterRegion's Resize).
+  /// InvalidArgument unless 0 or >= the image size.
+  ImageFolderDataset with_resize_size(int64_t size) const;
   /// The same index with another ImageFolderOptions::engine_share (InvalidArgument outside
-  /// [0, 1], or above 0 for an output other than kCropRegion).
+  /// [0, 1], or above 0 for an output other than kCropRegion, kCenterRegion or kDecoded).
   ImageFolderDataset with_engine_share(double share) const;
   /// The same index split by `share` (shared with whoever moves it: an adaptive EngineShare
-  /// and its feed stage); null: no split. InvalidArgument for an output other than kCropRegion.
+  /// and its feed stage); null: no split. InvalidArgument for an output that does not split.
   ImageFolderDataset with_engine_share(std::shared_ptr<EngineShare> share) const;
   /// The split's share (null without one).
   const std::shared_ptr<EngineShare>& engine_share() const { return engine_share_; }
+  /// kCenterRegion's Resize shorter side: options().resize_size, or S * 256 / 224 where 0.
+  int64_t resize_size() const {
+    return options_.resize_size > 0 ? options_.resize_size : options_.image_size * 256 / 224;
+  }
 
  private:
   std::string root_;
@@ -143,7 +171,7 @@ class ImageFolderDataset : public Dataset {
   std::vector<std::string> classes_;
   std::vector<Sample> samples_;
   std::vector<std::string> warnings_;
-  std::shared_ptr<EngineShare> engine_share_;  // kCropRegion's split; null: none
+  std::shared_ptr<EngineShare> engine_share_;  // the workers' and engines' split; null: none
 };
 
 }  // namespace tandem::data

@@ -50,12 +50,18 @@ struct ClassifierOptions {
   /// torchvision's crop of the full-resolution image, never an enlarged small one; more images
   /// per core than the whole-image decode through libjpeg's API, about half as many without
   /// it). false: the whole image at the scale image_size needs, the crop drawn on the device
-  /// (kDecoded) from that reduced image.
+  /// (kDecoded) from that reduced image. The evaluation follows: the center crop's region
+  /// (kCenterRegion), or the whole image at Resize's scale.
   bool crop_regions = true;
+  /// ImageFolder evaluation: the held-out samples, as the loader's workers decoded them at the
+  /// first evaluation, kept in host memory up to this many bytes, so later evaluations of the
+  /// run decode only what did not fit (their transform draws nothing: the same pixels every
+  /// time). < 0: a quarter of this machine's memory; 0: decode at every evaluation.
+  int64_t eval_cache_bytes = -1;
   /// ImageFolder training with crop_regions on a GPU: "auto" splits each batch between the
   /// loader's workers and the GPU's JPEG engines (data/engine_split.h: a short trial sets the
   /// start, the run's own rates move it; CPU only where there are no engines), and the
-  /// evaluation splits its whole-image decodes alike (a decoder and a share of its own); "cpu"
+  /// evaluation splits its decodes alike (a decoder and a share of its own); "cpu"
   /// decodes on the workers alone.
   std::string decode = "cpu";
   /// decode "auto": the engines' fixed share of each batch, 0 to 1 (a run that repeats its
