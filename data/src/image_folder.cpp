@@ -90,12 +90,24 @@ std::string join(const std::vector<std::string>& names, const char* separator) {
   return text;
 }
 
+// InvalidArgument unless kCenterRegion's Resize side `resize` is 0 (ImageNet's ratio) or at
+// least the center crop's `image_size`.
+void check_resize_size(int64_t resize, int64_t image_size) {
+  TANDEM_CHECK_ARG(resize == 0 || resize >= image_size, "ImageFolder: resize size ", resize,
+                   " is smaller than the center crop's ", image_size,
+                   ": expected 0 (ImageNet's ratio) or at least the image size");
+}
+
+// Whether `output`'s samples are regions decoded for a box chosen in the worker (with a
+// "crop_box" field).
+bool is_region(ImageFolderOutput output) {
+  return output == ImageFolderOutput::kCropRegion || output == ImageFolderOutput::kCenterRegion;
+}
+
 // InvalidArgument where a split (`split`: there is one) is asked of an output whose samples
 // cannot be split between the workers and the JPEG engines.
 void check_split_output(bool split, ImageFolderOutput output) {
-  TANDEM_CHECK_ARG(!split || output == ImageFolderOutput::kCropRegion ||
-                       output == ImageFolderOutput::kCenterRegion ||
-                       output == ImageFolderOutput::kDecoded,
+  TANDEM_CHECK_ARG(!split || is_region(output) || output == ImageFolderOutput::kDecoded,
                    "ImageFolder: an engine share needs crop regions or decoded images "
                    "(kCropRegion, kCenterRegion, kDecoded)");
 }
@@ -116,10 +128,7 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
                    options_.image_size);
   TANDEM_CHECK_ARG(options_.channels == 1 || options_.channels == 3,
                    "ImageFolder: channels must be 1 or 3, got ", options_.channels);
-  TANDEM_CHECK_ARG(options_.resize_size == 0 || options_.resize_size >= options_.image_size,
-                   "ImageFolder: resize size ", options_.resize_size,
-                   " is smaller than the center crop's ", options_.image_size,
-                   ": expected 0 (ImageNet's ratio) or at least the image size");
+  check_resize_size(options_.resize_size, options_.image_size);
   engine_share_ = fixed_engine_share(options_.engine_share, options_.output);
   const fs::PathStatus status = fs::path_status(root_);
   TANDEM_CHECK_ARG(status.exists, "ImageFolder: root '", root_, "' does not exist (",
@@ -205,8 +214,7 @@ std::vector<FieldSpec> ImageFolderDataset::fields() const {
   if (options_.output == ImageFolderOutput::kDecoded)  // typical: between S and 2S a side
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"label", {}, at::kLong}};
-  const bool region = options_.output == ImageFolderOutput::kCropRegion ||
-                      options_.output == ImageFolderOutput::kCenterRegion;
+  const bool region = is_region(options_.output);
   if (region && engine_share_)
     return {{"image", {3 * s / 2, 3 * s / 2, options_.channels}, at::kByte, true},
             {"jpeg", {s * s}, at::kByte, true, true},
@@ -239,17 +247,14 @@ ImageFolderDataset ImageFolderDataset::with_output(ImageFolderOutput output) con
 
 ImageFolderDataset ImageFolderDataset::with_image_size(int64_t size) const {
   TANDEM_CHECK_ARG(size >= 1, "ImageFolder: image size ", size, " is not valid: expected >= 1");
-  TANDEM_CHECK_ARG(options_.resize_size == 0 || options_.resize_size >= size, "ImageFolder: image size ",
-                   size, " is larger than the resize size ", options_.resize_size);
+  check_resize_size(options_.resize_size, size);
   ImageFolderDataset copy = *this;
   copy.options_.image_size = size;
   return copy;
 }
 
 ImageFolderDataset ImageFolderDataset::with_resize_size(int64_t size) const {
-  TANDEM_CHECK_ARG(size == 0 || size >= options_.image_size, "ImageFolder: resize size ", size,
-                   " is smaller than the center crop's ", options_.image_size,
-                   ": expected 0 (ImageNet's ratio) or at least the image size");
+  check_resize_size(size, options_.image_size);
   ImageFolderDataset copy = *this;
   copy.options_.resize_size = size;
   return copy;
@@ -305,7 +310,8 @@ struct CenterSpan {
 };
 CenterSpan center_span(int64_t source, int32_t resized, int32_t offset, int64_t out) {
   constexpr int64_t kMargin = 2;  // > the resample's reach (one resized pixel), eighths rounding
-  const int64_t m = std::max<int64_t>(0, std::min<int64_t>({kMargin, offset, resized - out - offset}));
+  const int64_t m =
+      std::max<int64_t>(0, std::min<int64_t>({kMargin, offset, resized - out - offset}));
   const double scale = static_cast<double>(source) / resized;
   return {static_cast<double>(offset - m) * scale, static_cast<double>(out + 2 * m) * scale,
           static_cast<int32_t>(out + 2 * m), static_cast<int32_t>(m)};
@@ -368,7 +374,7 @@ bool decodes_on_engines(double share, uint64_t position) {
 void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
                                           std::vector<at::Tensor>& out) const {
   const bool center = options_.output == ImageFolderOutput::kCenterRegion;
-  const bool region = center || options_.output == ImageFolderOutput::kCropRegion;
+  const bool region = is_region(options_.output);
   EngineShare* const split = engine_share_.get();
   if (!region && !split) return get_sample(index, out);
   const Sample& sample =
@@ -403,8 +409,8 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
     }
   }
   if (!engines)
-    out[0] = center ? decode_center_crop(bytes, sample.path, options_.channels,
-                                         options_.image_size, resize_size(), box)
+    out[0] = center ? decode_center_crop(bytes, sample.path, options_.channels, options_.image_size,
+                                         resize_size(), box)
              : region ? decode_drawn_crop(bytes, sample.path, options_.channels,
                                           options_.image_size, draw, box)
                       : decode_image_interleaved(bytes, sample.path, options_.channels,
@@ -420,8 +426,7 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
 }
 
 void ImageFolderDataset::get_sample(int64_t index, std::vector<at::Tensor>& out) const {
-  if (options_.output == ImageFolderOutput::kCropRegion ||
-      options_.output == ImageFolderOutput::kCenterRegion)  // a fixed key: the same crop each time
+  if (is_region(options_.output))  // a fixed key: the same crop each time
     return get_drawn_sample(index, SampleDraw{0, static_cast<uint64_t>(index)}, out);
   const Sample& sample = checked_sample(samples_, index, out, "image, label");
   const std::vector<uint8_t> bytes = read_file(sample.path);

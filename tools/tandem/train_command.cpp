@@ -19,7 +19,6 @@
 
 #include "cli_util.h"
 #include "data_parallel.h"
-#include "tandem/distributed/launch_env.h"
 #include "tandem/error.h"
 #include "tandem/lane.h"
 #include "tandem/loader.h"  // kMaxLoaderWorkers
@@ -327,13 +326,7 @@ bool TrainCommand::settle_job(c10::Device dev) {
   job.channels_last = given("--channels-last") ? channels_last : dev.is_cuda() && !cnn;
   job.seed = seed;
   job.crop_regions = crop == "region";
-  if (given("--eval-cache-mb")) {
-    job.eval_cache_bytes = eval_cache_mb << 20;
-  } else {  // a quarter of the machine's memory, shared by this machine's ranks
-    const auto env = distributed::launch_env_from_environment();
-    job.eval_cache_bytes = static_cast<int64_t>(physical_memory_bytes() / 4 /
-                                                (env ? std::max(1, env->local_world_size) : 1));
-  }
+  if (given("--eval-cache-mb")) job.eval_cache_bytes = eval_cache_mb << 20;
   // A share that follows the rates makes the pixels depend on timing: a deterministic run
   // splits only at a share it is given.
   job.decode = deterministic && !given("--engine-share") ? "cpu" : decode;

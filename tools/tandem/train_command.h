@@ -31,7 +31,7 @@ struct TrainCommand {
   int64_t epochs = 10;
   int64_t batch_size = 0;  // not given: by model and device
   int workers = 0;         // not given: by device
-  int64_t eval_cache_mb = 0;  // not given: a quarter of the machine's memory
+  int64_t eval_cache_mb = 0;  // not given: ClassifierOptions' default
   uint64_t seed = 0;
   std::string out;
   bool resume = false;

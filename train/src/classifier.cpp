@@ -18,6 +18,7 @@
 #include "tandem/data/engine_split.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/image_folder.h"
+#include "tandem/distributed/launch_env.h"
 #include "tandem/error.h"
 #include "tandem/models/folded_resnet.h"
 #include "tandem/models/resnet.h"
@@ -168,6 +169,13 @@ struct FolderSets {
   std::shared_ptr<double> eval_engine_share;  // the share an evaluation turns on, or null
 };
 
+// A quarter of this machine's memory, shared by the ranks a launch runs on it.
+int64_t default_eval_cache_bytes() {
+  const auto env = distributed::launch_env_from_environment();
+  const int local_ranks = env ? std::max(1, env->local_world_size) : 1;
+  return static_cast<int64_t>(physical_memory_bytes() / 4 / local_ranks);
+}
+
 // Training decodes each sample's random crop only (its box drawn in the worker, before the
 // decode: kCropRegion), or without crop_regions the whole image at the scale the crop size
 // needs (kDecoded). Evaluation decodes the center crop only (with Resize's scale: kCenterRegion),
@@ -205,9 +213,7 @@ FolderSets folder_sets(const ClassifierOptions& o,
   // Kept after the first evaluation (their transform draws nothing), up to the budget. Where
   // the whole set fits (by its typical sample), the evaluation decodes on the workers alone:
   // the engines' samples would be kept as their bytes and decoded again at every evaluation.
-  const int64_t keep = o.eval_cache_bytes >= 0
-                           ? o.eval_cache_bytes
-                           : static_cast<int64_t>(physical_memory_bytes() / 4);
+  const int64_t keep = o.eval_cache_bytes >= 0 ? o.eval_cache_bytes : default_eval_cache_bytes();
   const bool kept_whole =
       keep > 0 && static_cast<double>(sets.val->size()) *
                           static_cast<double>(sample_bytes(sets.val->fields())) <=

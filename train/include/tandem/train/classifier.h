@@ -56,7 +56,8 @@ struct ClassifierOptions {
   /// ImageFolder evaluation: the held-out samples, as the loader's workers decoded them at the
   /// first evaluation, kept in host memory up to this many bytes, so later evaluations of the
   /// run decode only what did not fit (their transform draws nothing: the same pixels every
-  /// time). < 0: a quarter of this machine's memory; 0: decode at every evaluation.
+  /// time). < 0: a quarter of this machine's memory, shared by its local ranks (a launch's
+  /// LOCAL_WORLD_SIZE); 0: decode at every evaluation.
   int64_t eval_cache_bytes = -1;
   /// ImageFolder training with crop_regions on a GPU: "auto" splits each batch between the
   /// loader's workers and the GPU's JPEG engines (data/engine_split.h: a short trial sets the
