@@ -494,9 +494,19 @@ void load_next_batch(Loader& loader, Batch& batch, const Lane& lane) {
   TORCH_CHECK(host.has_value(), "the loader ran out of batches at step ", batch.index);
   const auto& fields = loader.fields();
   for (size_t f = 0; f < fields.size(); ++f) {
-    at::Tensor t = lane.is_cuda() && !fields[f].stays_on_host
-                       ? host->fields[f].to(lane.device(), /*non_blocking=*/true)
-                       : host->fields[f].clone();
+    const at::Tensor& slot = host->fields[f];
+    at::Tensor t;
+    if (!lane.is_cuda()) {
+      t = slot.clone();
+    } else if (!fields[f].stays_on_host) {
+      t = slot.to(lane.device(), /*non_blocking=*/true);
+    } else {
+      // Into LibTorch's pinned host allocator: its blocks are reused, where a clone's tens of
+      // megabytes of JPEG bytes were fresh pages each batch (faulted in and zeroed on this
+      // thread), and the JPEG engines can read the batch in place (decode_on_device).
+      t = at::empty(slot.sizes(), slot.options().pinned_memory(true));
+      t.copy_(slot);
+    }
     batch.set(fields[f].name, std::move(t));
   }
   loader.release(*host, &lane);

@@ -2,6 +2,7 @@
 #include "tandem/data/engine_split.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
@@ -132,9 +133,22 @@ EngineSplit open_engine_split(const ImageFolderDataset& folder, c10::Device devi
 }
 
 DeviceDecoded decode_on_device(NvjpegDecoder& decoder, const std::vector<EncodedImage>& encoded,
-                               c10::Device device) {
+                               c10::Device device, const at::Tensor& bytes) {
   DeviceDecoded out;
-  out.images = decoder.decode(encoded, 3, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
+  const bool in_place = bytes.defined() && bytes.is_pinned();
+  out.images =
+      decoder.decode(encoded, 3, stream.stream(),
+                     in_place ? HostBytes::kPinnedUntilStreamDone : HostBytes::kUntilReturn);
+  if (in_place) {
+    // The allocator records an event on the stream when the block is freed, and hands the block
+    // out again only once it completed. Pinned memory from elsewhere (not the allocator's):
+    // nothing would keep it, so the decode's work is waited for here.
+    const c10::Storage& storage = bytes.storage();
+    if (!at::getHostAllocator(at::kCUDA)->record_event(
+            storage.mutable_data(), storage.data_ptr().get_context(), stream.unwrap()))
+      stream.synchronize();
+  }
   std::vector<int64_t> hwc;  // the crop's sizes are (H, W, C) in either layout
   for (const auto& s : out.images.sizes_host) hwc.insert(hwc.end(), {s[1], s[2], s[0]});
   out.hwc_sizes = host_to_device(hwc, device).view({static_cast<int64_t>(encoded.size()), 3});
@@ -178,9 +192,9 @@ EngineSplit companion_split(const EngineSplit& split, c10::Device device, int wo
 
 at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
                         const std::vector<EncodedImage>& encoded, c10::Device device,
-                        int64_t batch_size, const at::Tensor& boxes) {
+                        int64_t batch_size, const at::Tensor& boxes, const at::Tensor& bytes) {
   const auto started = Clock::now();
-  const DeviceDecoded d = decode_on_device(*split.decoder, encoded, device);
+  const DeviceDecoded d = decode_on_device(*split.decoder, encoded, device, bytes);
   const double decode_seconds = seconds_since(started);
   ResizedCropSpec planar = spec;
   planar.planar = true;
@@ -228,7 +242,8 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
     if (!engine_rows.empty()) {
       const at::Tensor rows = host_to_device(engine_rows, device);
       place(engine_rows, rows,
-            engine_crops(spec, split, r.encoded, device, batch_size, in[6].index_select(0, rows)));
+            engine_crops(spec, split, r.encoded, device, batch_size, in[6].index_select(0, rows),
+                         in[3]));
     }
     at::Tensor out = channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
     return Tensors{out};

@@ -69,7 +69,8 @@ NvjpegDecoder::NvjpegDecoder(int device, std::unique_ptr<State> state)
     : device_(device), state_(std::move(state)) {}
 NvjpegDecoder::~NvjpegDecoder() = default;
 
-PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>&, int64_t, cudaStream_t) {
+PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>&, int64_t, cudaStream_t,
+                                   HostBytes) {
   throw Error(kNoHeader);  // unreachable: open() never returns a decoder in this build
 }
 
@@ -474,11 +475,23 @@ struct NvjpegDecoder::State {
            is_supported == 0;
   }
 
-  // The images `which` on the hardware engines, their bitstreams staged in pinned memory;
-  // false when nvJPEG refused the batch (nothing thrown: the caller decodes them another way).
+  // The images `which` on the hardware engines, their bitstreams read in place where the caller
+  // keeps them pinned until the stream's work is done (`in_place`), else staged in pinned
+  // memory; false when nvJPEG refused the batch (nothing thrown: the caller decodes them
+  // another way).
   bool decode_hardware(const std::vector<EncodedImage>& images, const std::vector<size_t>& which,
                        const std::vector<nvjpegImage_t>& destinations, nvjpegOutputFormat_t format,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, bool in_place) {
+    Gathered& g = hw_batch;
+    g.clear();
+    if (in_place) {
+      for (size_t b : which) {
+        g.data.push_back(images[b].data);
+        g.lengths.push_back(images[b].size);
+        g.destinations.push_back(destinations[b]);
+      }
+      return run_engines(g, format, stream);
+    }
     Staging& st = staging[static_cast<size_t>(next_staging)];
     next_staging ^= 1;
     if (st.pending) {  // the decode that last read this buffer must be done with it
@@ -500,8 +513,6 @@ struct NvjpegDecoder::State {
         cudaGetLastError();  // not sticky: decode from the caller's bytes instead
       }
     }
-    Gathered& g = hw_batch;
-    g.clear();
     size_t at = 0;
     for (size_t b : which) {
       const uint8_t* src = images[b].data;
@@ -514,6 +525,20 @@ struct NvjpegDecoder::State {
       g.lengths.push_back(images[b].size);
       g.destinations.push_back(destinations[b]);
     }
+    const bool decoded = run_engines(g, format, stream);
+    if (st.data) {
+      if (cudaEventRecord(st.done, stream) == cudaSuccess) {
+        st.pending = true;
+      } else {  // no event to wait on before the buffer is rewritten: wait for the copy now
+        cudaGetLastError();
+        cudaStreamSynchronize(stream);
+      }
+    }
+    return decoded;
+  }
+
+  // One batch on the engines; remembers the output formats they refused or decoded.
+  bool run_engines(Gathered& g, nvjpegOutputFormat_t format, cudaStream_t stream) {
     bool initialize_failed = false;
     // The engines do not wait for the work queued before them on `stream`; the output they
     // write is a block no earlier work can still read (decode(), step 2), so nothing here
@@ -524,14 +549,6 @@ struct NvjpegDecoder::State {
     if (initialize_failed && (hw_decoded_formats & format_bit(format)) == 0)
       hw_refused_formats |= format_bit(format);
     if (status == NVJPEG_STATUS_SUCCESS) hw_decoded_formats |= format_bit(format);
-    if (st.data) {
-      if (cudaEventRecord(st.done, stream) == cudaSuccess) {
-        st.pending = true;
-      } else {  // no event to wait on before the buffer is rewritten: wait for the copy now
-        cudaGetLastError();
-        cudaStreamSynchronize(stream);
-      }
-    }
     return status == NVJPEG_STATUS_SUCCESS;
   }
 
@@ -643,7 +660,7 @@ const char* NvjpegDecoder::backend() const { return backend_name(state_->last_us
 bool NvjpegDecoder::has_hardware() const { return state_->hw_handle != nullptr; }
 
 PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int64_t channels,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, HostBytes bytes) {
   TANDEM_CHECK_ARG(channels == 1 || channels == 3, "NvjpegDecoder::decode: channels ", channels,
                    " not supported; expected 1 (gray) or 3 (RGB)");
   State& s = *state_;
@@ -774,7 +791,8 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
   for (size_t b = 0; b < batch; ++b) (s.on_hardware[b] ? on_hardware : rest).push_back(b);
   unsigned used = 0;
   if (!on_hardware.empty()) {
-    if (s.decode_hardware(images, on_hardware, destinations, format, stream)) {
+    if (s.decode_hardware(images, on_hardware, destinations, format, stream,
+                          bytes == HostBytes::kPinnedUntilStreamDone)) {
       used |= kUsedHardware;
     } else {
       rest.insert(rest.end(), on_hardware.begin(), on_hardware.end());

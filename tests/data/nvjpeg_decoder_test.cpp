@@ -2,7 +2,8 @@
 // NvjpegBackendTest; skipped without CUDA or nvJPEG) batched decode of mixed sizes, gray and
 // progressive JPEGs to 1 and 3 channels against decode_image on the CPU, the packed layout,
 // every bad input naming its file, and each backend (hardware engines, GPU_HYBRID, default)
-// on batches large enough for it, reporting which one decoded.
+// on batches large enough for it, reporting which one decoded; the engines reading a pinned
+// batch in place.
 #include "tandem/data/nvjpeg_decoder.h"
 
 #include <ATen/ATen.h>
@@ -14,11 +15,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "../test_util.h"
 #include "fixtures.h"
+#include "tandem/data/engine_split.h"
 #include "tandem/error.h"
 
 namespace tandem::data {
@@ -283,6 +286,43 @@ TEST(NvjpegDecoderGpuTest, ReportsTheBackendThatDecoded) {
   EXPECT_NE(mixed.find("default"), std::string::npos) << mixed;  // the progressive one
   if (decoder->has_hardware()) {
     EXPECT_NE(mixed.find("hardware"), std::string::npos) << mixed;
+  }
+}
+
+// A loader batch's JPEG bytes in pinned memory (decode_on_device with the tensor): the engines
+// read them in place, with the pixels of a decode from the decoder's own copy; and the block
+// is not handed out again before the decode's work is done — a pinned tensor of the same size
+// allocated and overwritten right after the call must not reach the pixels.
+TEST(NvjpegDecoderGpuTest, EnginesReadAPinnedBatchInPlace) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  std::string why_not;
+  const std::unique_ptr<NvjpegDecoder> decoder =
+      NvjpegDecoder::open(0, &why_not, NvjpegBackend::kHardware);
+  if (!decoder) GTEST_SKIP() << "no JPEG engines: " << why_not;
+  const auto fixtures = baseline_jpegs(96, 9);
+  int64_t total = 0;
+  for (const auto& f : fixtures) total += static_cast<int64_t>(f.bytes.size());
+  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  c10::cuda::CUDAStreamGuard guard(side);
+  const c10::Device device(c10::kCUDA, 0);
+  const DeviceDecoded copied = decode_on_device(*decoder, encoded(fixtures), device);
+  const at::Tensor expected = copied.images.packed.cpu();
+  for (int round = 0; round < 3; ++round) {
+    at::Tensor bytes = at::empty({total}, pinned);
+    std::vector<EncodedImage> in_place;
+    int64_t at = 0;
+    for (const auto& f : fixtures) {
+      std::memcpy(bytes.data_ptr<uint8_t>() + at, f.bytes.data(), f.bytes.size());
+      in_place.push_back({bytes.data_ptr<uint8_t>() + at, f.bytes.size(), f.name});
+      at += static_cast<int64_t>(f.bytes.size());
+    }
+    const DeviceDecoded d = decode_on_device(*decoder, in_place, device, bytes);
+    EXPECT_STREQ(decoder->backend(), "hardware");
+    bytes = at::Tensor();  // freed while the decode may still be reading it
+    at::Tensor other = at::empty({total}, pinned);
+    other.fill_(0x5a);  // would corrupt the images had the block been handed out again
+    EXPECT_TRUE(d.images.packed.cpu().equal(expected)) << "round " << round;
   }
 }
 

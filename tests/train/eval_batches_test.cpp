@@ -158,6 +158,7 @@ TEST(KeptSamplesTest, LaterEvaluationsReadOnlyWhatDidNotFit) {
       read_once += r.load() == 1;
     }
     EXPECT_LE(kept->kept_bytes(), budget);
+    EXPECT_EQ(kept->kept_samples(), read_once);
     if (budget > 1000) {
       EXPECT_EQ(read_once, 11);
     } else if (budget == 0) {

@@ -596,7 +596,17 @@ TEST(ClassifierTest, CenterCropRegionsEvaluateAsWholeImages) {
   c.seed = 5;
   c.device = c10::Device(c10::kCPU);
   const Lane lane = Lane::create("eval", c.device);
-  const Evaluation regions = make_classifier(c).evaluate(lane);  // the same seed: the same weights
+  TrainJob job = make_classifier(c);
+  ASSERT_TRUE(job.report);
+  EXPECT_EQ(job.report(), "") << "nothing kept before the first evaluation";
+  const Evaluation regions = job.evaluate(lane);  // the same seed: the same weights
+  // The run's note says what the evaluation kept (by default all: a few kB here).
+  const std::string kept = job.report();
+  EXPECT_NE(kept.find("12 of 12 held-out samples kept in host memory"), std::string::npos) << kept;
+  EXPECT_EQ(kept.find("decode the rest"), std::string::npos) << kept;
+  c.eval_cache_bytes = 0;  // nothing kept: no note
+  EXPECT_FALSE(make_classifier(c).report);
+  c.eval_cache_bytes = -1;
   c.crop_regions = false;
   const Evaluation whole = make_classifier(c).evaluate(lane);
   EXPECT_EQ(regions.samples, 12);

@@ -7,7 +7,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
+#include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "folder_evaluation.h"
 #include "job_util.h"
@@ -167,7 +169,24 @@ struct FolderSets {
   int64_t resize_size = 0;                    // Resize's shorter side for evaluation
   data::EngineSplit eval_split;               // the evaluation's own (none without val)
   std::shared_ptr<double> eval_engine_share;  // the share an evaluation turns on, or null
+  std::shared_ptr<const KeptSamples> kept;    // val's kept samples, or null (no budget)
 };
+
+// The run's note on the evaluation's kept samples: how many of the held-out set, their bytes.
+std::string kept_samples_note(const KeptSamples& kept) {
+  if (kept.kept_samples() == 0) return "";  // no evaluation ran, or nothing fit
+  auto mb = [](int64_t bytes) {
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20) << " MB";
+    return s.str();
+  };
+  return "evaluation: " + std::to_string(kept.kept_samples()) + " of " +
+         std::to_string(kept.size()) +
+         " held-out samples kept in host memory after their first decode (" +
+         mb(kept.kept_bytes()) + " of a " + mb(kept.budget_bytes()) +
+         " budget); later evaluations copy them" +
+         (kept.kept_samples() < kept.size() ? " and decode the rest" : "");
+}
 
 // A quarter of this machine's memory, shared by the ranks a launch runs on it.
 int64_t default_eval_cache_bytes() {
@@ -224,7 +243,10 @@ FolderSets folder_sets(const ClassifierOptions& o,
     sets.eval_split = data::companion_split(split, o.device, o.workers);
     if (sets.eval_split.share) sets.val = held(held_out.with_engine_share(sets.eval_split.share));
   }
-  if (keep > 0) sets.val = std::make_shared<KeptSamples>(sets.val, keep);
+  if (keep > 0) {
+    sets.kept = std::make_shared<KeptSamples>(sets.val, keep);
+    sets.val = sets.kept;
+  }
   const data::EngineSplit& eval_split = sets.eval_split;
   // The evaluation's workers decode ahead while the training runs (EvalPasses: the ring's
   // parts); the engines decode only when the evaluation asks. So, for an adaptive share,
@@ -346,6 +368,7 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
   e.workers = o.workers;
   e.seed = o.seed;
   job.evaluate = folder_evaluation(std::move(e));
+  if (sets.kept) job.report = [kept = sets.kept] { return kept_samples_note(*kept); };
 }
 
 }  // namespace

@@ -49,8 +49,11 @@ class KeptSamples : public Dataset {
   }
   std::string sample_source(int64_t index) const override { return base_->sample_source(index); }
 
-  /// Bytes kept so far.
+  /// Bytes kept so far, of the budget.
   int64_t kept_bytes() const { return used_.load(); }
+  int64_t budget_bytes() const { return budget_; }
+  /// Samples kept so far.
+  int64_t kept_samples() const { return count_.load(); }
 
  private:
   using Sample = std::vector<at::Tensor>;
@@ -87,10 +90,12 @@ class KeptSamples : public Dataset {
     for (size_t f = 0; f < fields_.size(); ++f)  // a slot view is overwritten by the next batch
       s->push_back(fields_[f].variable_size ? out[f] : out[f].clone());
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (kept_[static_cast<size_t>(index)])  // kept by another worker meanwhile
+    if (kept_[static_cast<size_t>(index)]) {  // kept by another worker meanwhile
       used_.fetch_sub(bytes);
-    else
+    } else {
       kept_[static_cast<size_t>(index)] = std::move(s);
+      count_.fetch_add(1);
+    }
   }
 
   std::shared_ptr<const Dataset> base_;
@@ -99,6 +104,7 @@ class KeptSamples : public Dataset {
   mutable std::mutex mutex_;
   mutable std::vector<std::shared_ptr<const Sample>> kept_;
   mutable std::atomic<int64_t> used_{0};
+  mutable std::atomic<int64_t> count_{0};
 };
 
 }  // namespace tandem::train::detail

@@ -179,6 +179,8 @@ struct Trainer::Pass {
   TrainResult stopped_result();
   /// The result of a finished pass: the last epoch ended, the weights saved by rank 0.
   TrainResult finished_result();
+  /// The stages' notes, then the job's (TrainJob::report), into the result.
+  void add_notes();
 
   Trainer& t;
   const TrainOptions& o;
@@ -490,6 +492,13 @@ void Trainer::Pass::after_step(int64_t item) {
   if (report) report_progress(item, g);
 }
 
+void Trainer::Pass::add_notes() {
+  for (const auto& n : runner.notes()) result.notes.push_back(n);
+  if (!t.job_.report) return;
+  std::string note = t.job_.report();
+  if (!note.empty()) result.notes.push_back(std::move(note));
+}
+
 TrainResult Trainer::Pass::stopped_result() {
   result.stopped_by_signal = stopped;
   // A folder's run continues from its last checkpoint; one without, from its last step.
@@ -497,7 +506,7 @@ TrainResult Trainer::Pass::stopped_result() {
   result.losses = losses;
   result.steps = folder ? last_saved : start + static_cast<int64_t>(losses.size());
   result.seconds = seconds_since(run_start);
-  for (const auto& n : runner.notes()) result.notes.push_back(n);
+  add_notes();
   return result;
 }
 
@@ -510,7 +519,7 @@ TrainResult Trainer::Pass::finished_result() {
   result.steps = total;
   result.losses = losses;  // every step's: read above (and again by the last epoch's end)
   result.skipped = runner.skipped();
-  for (const auto& n : runner.notes()) result.notes.push_back(n);
+  add_notes();
   if (!lead || !folder) return result;
   result.weights = o.out_dir + "/model.safetensors";
   models::save_safetensors(result.weights, t.job_.weights.state_dict(),

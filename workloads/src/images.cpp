@@ -235,7 +235,7 @@ FeedStage file_feed(const ImageSource& src, const ImagesOptions& io, c10::Device
           [spec, generator, decoder = src.decoder, device, nhwc](const Tensors& in) {
             // Every row holds its file's bytes: all of them are the engines'.
             const data::DeviceDecoded d = data::decode_on_device(
-                *decoder, data::split_rows(in[0], in[1], in[2]).encoded, device);
+                *decoder, data::split_rows(in[0], in[1], in[2]).encoded, device, in[0]);
             const data::PackedImages& p = d.images;
             const at::Tensor& sizes = d.hwc_sizes;
             const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);

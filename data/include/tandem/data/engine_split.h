@@ -91,10 +91,12 @@ EngineSplit companion_split(const EngineSplit& split, c10::Device device, int wo
 /// the full-resolution pixels: the loader's draws) of them — where `boxes` is undefined, `spec`'s
 /// boxes drawn on the device for the decoded sizes (evaluation's Resize + CenterCrop draws
 /// nothing random): (N, C, out_h, out_w) normalized. Records the engines' time in split.share
-/// and rebalances an adaptive one for batches of `batch_size`.
+/// and rebalances an adaptive one for batches of `batch_size`. `bytes`: the host tensor the
+/// encoded images point into, if any (decode_on_device).
 at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
                         const std::vector<EncodedImage>& encoded, c10::Device device,
-                        int64_t batch_size, const at::Tensor& boxes = {});
+                        int64_t batch_size, const at::Tensor& boxes = {},
+                        const at::Tensor& bytes = {});
 
 /// The feed stage "augment" of a split run: inputs image (+ offsets, sizes), jpeg (+ offsets,
 /// sizes) and crop_box from the loader, output "x" (B, C, out_h, out_w) normalized, channels
@@ -108,12 +110,16 @@ FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10:
 
 /// Decodes `encoded` on `decoder` (on `device`'s current stream), returning the packed planar
 /// images and their sizes as (B, 3) (H, W, C) int64 on the device, as resized_crop reads them.
+/// Where `bytes`, the host tensor the images point into, is pinned (a loader batch's field on a
+/// GPU run), the engines read it in place (HostBytes::kPinnedUntilStreamDone): LibTorch's
+/// pinned host allocator is told the stream uses its block, so the block is not handed out
+/// again before the decode's work is done. Otherwise the decoder copies the bytes first.
 struct DeviceDecoded {
   PackedImages images;
   at::Tensor hwc_sizes;
 };
 DeviceDecoded decode_on_device(NvjpegDecoder& decoder, const std::vector<EncodedImage>& encoded,
-                               c10::Device device);
+                               c10::Device device, const at::Tensor& bytes = {});
 
 /// `values` as an int64 tensor on `device`, copied without waiting for the stream's earlier work
 /// (from pinned memory on a GPU): row indices and sizes a feed stage builds on the host.

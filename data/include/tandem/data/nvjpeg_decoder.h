@@ -60,6 +60,18 @@ enum class NvjpegBackend {
   kDefault,
 };
 
+/// How long a decode()'s caller keeps the images' bytes readable, which decides whether the
+/// hardware engines read them where they are or from a copy of the decoder's own.
+enum class HostBytes {
+  /// Freed once decode() returns: the engines' images are first copied into pinned staging
+  /// buffers of the decoder's (a memcpy of the whole batch on the caller's thread).
+  kUntilReturn,
+  /// Page-locked, and kept readable until the work decode() queued on its stream completes (a
+  /// block of LibTorch's pinned host allocator with an event recorded on that stream after
+  /// the call, as decode_on_device does): read in place, no copy.
+  kPinnedUntilStreamDone,
+};
+
 /// A GPU JPEG decoder on one device: nvJPEG library handles, decode states and staging buffers,
 /// reused across calls (their device and pinned buffers grow to the largest batch seen, then
 /// stay; a batched decode is re-initialised only when its batch size or output format changes).
@@ -94,7 +106,8 @@ class NvjpegDecoder {
   /// packed buffer. Runs on `stream` (nullptr: the device's default stream); returns once the
   /// GPU work is queued, not done. The output is allocated from LibTorch's caching allocator on
   /// `stream` (the stream owns the block), so the caller may free it on that stream without
-  /// syncing. The host bytes are consumed during the call and may be freed once it returns.
+  /// syncing. The host bytes are consumed during the call and may be freed once it returns,
+  /// unless `bytes` says the caller keeps them (HostBytes).
   ///
   /// Gray JPEGs become 3 equal channels when channels == 3; color JPEGs become their Y (BT.601
   /// luma) plane when channels == 1, as decode_image does. Pixels match decode_image's within
@@ -108,7 +121,7 @@ class NvjpegDecoder {
   /// end-of-image marker intact may decode to wrong pixels on the hardware engines (which
   /// report no per-image errors) rather than throw. Not capture-safe (host work, allocation).
   PackedImages decode(const std::vector<EncodedImage>& images, int64_t channels,
-                      cudaStream_t stream);
+                      cudaStream_t stream, HostBytes bytes = HostBytes::kUntilReturn);
 
   /// Which nvJPEG path produced the pixels of the last decode() of a non-empty batch:
   /// "hardware" (the JPEG engines), "hybrid" (GPU_HYBRID: Huffman decode on the GPU) or

@@ -91,6 +91,9 @@ struct TrainJob {
   /// with every checkpoint and given back when a run resumes from one; empty: none.
   std::function<nlohmann::json()> save_state;
   std::function<void(const nlohmann::json&)> load_state;
+  /// What the job measured or decided during the run (the evaluation's kept samples), added to
+  /// TrainResult::notes at its end; empty function, or empty text: nothing.
+  std::function<std::string()> report;
 };
 
 struct TrainOptions {
