@@ -26,7 +26,8 @@ std::string describe(const std::exception& e) {
   return e.what();
 }
 
-// "708.0 KiB": one decimal, binary units.
+}  // namespace
+
 std::string format_bytes(double bytes) {
   static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB"};
   int unit = 0;
@@ -38,8 +39,6 @@ std::string format_bytes(double bytes) {
   std::snprintf(text, sizeof text, "%.1f %s", bytes, kUnits[unit]);
   return text;
 }
-
-}  // namespace
 
 double physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);

@@ -107,6 +107,9 @@ int64_t sample_bytes(const std::vector<FieldSpec>& fields);
 /// This machine's physical memory in bytes, or 0 where the system does not say.
 double physical_memory_bytes();
 
+/// `bytes` for a message: "708.0 KiB", one decimal, binary units.
+std::string format_bytes(double bytes);
+
 /// Throws InvalidArgument unless a ring of `depth` slots of `batch_size` samples of
 /// `sample_bytes` bytes each fits in half of this machine's physical memory; what() gives the
 /// arithmetic. Cheap: call it before building a dataset or a loader (the Loader calls it too).

@@ -7,9 +7,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
-#include <iomanip>
 #include <iostream>
-#include <sstream>
 
 #include "folder_evaluation.h"
 #include "job_util.h"
@@ -175,15 +173,11 @@ struct FolderSets {
 // The run's note on the evaluation's kept samples: how many of the held-out set, their bytes.
 std::string kept_samples_note(const KeptSamples& kept) {
   if (kept.kept_samples() == 0) return "";  // no evaluation ran, or nothing fit
-  auto mb = [](int64_t bytes) {
-    std::ostringstream s;
-    s << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20) << " MB";
-    return s.str();
-  };
   return "evaluation: " + std::to_string(kept.kept_samples()) + " of " +
          std::to_string(kept.size()) +
          " held-out samples kept in host memory after their first decode (" +
-         mb(kept.kept_bytes()) + " of a " + mb(kept.budget_bytes()) +
+         format_bytes(static_cast<double>(kept.kept_bytes())) + " of a " +
+         format_bytes(static_cast<double>(kept.budget_bytes())) +
          " budget); later evaluations copy them" +
          (kept.kept_samples() < kept.size() ? " and decode the rest" : "");
 }
