@@ -482,24 +482,45 @@ struct NvjpegDecoder::State {
   bool decode_hardware(const std::vector<EncodedImage>& images, const std::vector<size_t>& which,
                        const std::vector<nvjpegImage_t>& destinations, nvjpegOutputFormat_t format,
                        cudaStream_t stream, bool in_place) {
+    size_t total = 0;
+    for (size_t b : which) total += images[b].size;
+    Staging* st = in_place ? nullptr : next_staging_buffer(total);
     Gathered& g = hw_batch;
     g.clear();
-    if (in_place) {
-      for (size_t b : which) {
-        g.data.push_back(images[b].data);
-        g.lengths.push_back(images[b].size);
-        g.destinations.push_back(destinations[b]);
+    size_t at = 0;
+    for (size_t b : which) {
+      const uint8_t* src = images[b].data;
+      if (st) {
+        std::memcpy(st->data + at, src, images[b].size);
+        src = st->data + at;
+        at += images[b].size;
       }
-      return run_engines(g, format, stream);
+      g.data.push_back(src);
+      g.lengths.push_back(images[b].size);
+      g.destinations.push_back(destinations[b]);
     }
+    const bool decoded = run_engines(g, format, stream);
+    if (st) {
+      if (cudaEventRecord(st->done, stream) == cudaSuccess) {
+        st->pending = true;
+      } else {  // no event to wait on before the buffer is rewritten: wait for the copy now
+        cudaGetLastError();
+        cudaStreamSynchronize(stream);
+      }
+    }
+    return decoded;
+  }
+
+  // The staging buffer to copy the next `total` bytes into, once the decode that last read it
+  // is done, grown when too small; nullptr where pinned memory could not be had (the engines
+  // then read the caller's bytes, which stay valid for the call).
+  Staging* next_staging_buffer(size_t total) {
     Staging& st = staging[static_cast<size_t>(next_staging)];
     next_staging ^= 1;
     if (st.pending) {  // the decode that last read this buffer must be done with it
       cudaEventSynchronize(st.done);
       st.pending = false;
     }
-    size_t total = 0;
-    for (size_t b : which) total += images[b].size;
     if (st.capacity < total) {
       if (st.data) cudaFreeHost(st.data);
       st.data = nullptr;
@@ -510,31 +531,10 @@ struct NvjpegDecoder::State {
         st.data = static_cast<uint8_t*>(p);
         st.capacity = want;
       } else {
-        cudaGetLastError();  // not sticky: decode from the caller's bytes instead
+        cudaGetLastError();  // not sticky
       }
     }
-    size_t at = 0;
-    for (size_t b : which) {
-      const uint8_t* src = images[b].data;
-      if (st.data) {
-        std::memcpy(st.data + at, src, images[b].size);
-        src = st.data + at;
-        at += images[b].size;
-      }
-      g.data.push_back(src);
-      g.lengths.push_back(images[b].size);
-      g.destinations.push_back(destinations[b]);
-    }
-    const bool decoded = run_engines(g, format, stream);
-    if (st.data) {
-      if (cudaEventRecord(st.done, stream) == cudaSuccess) {
-        st.pending = true;
-      } else {  // no event to wait on before the buffer is rewritten: wait for the copy now
-        cudaGetLastError();
-        cudaStreamSynchronize(stream);
-      }
-    }
-    return decoded;
+    return st.data ? &st : nullptr;
   }
 
   // One batch on the engines; remembers the output formats they refused or decoded.
