@@ -24,13 +24,31 @@ EngineShare::EngineShare(double share, bool adaptive) : adaptive_(adaptive) {
   schedule_.push_back({0, in_1024ths(share)});
 }
 
-bool EngineShare::on_engines(uint64_t position) {
-  std::lock_guard<std::mutex> lock(mu_);
-  next_unasked_ = std::max(next_unasked_, position + 1);
-  // The last change at or before `position` (the schedule is short: search from its end).
-  auto it = schedule_.rbegin();
-  while (it->from_position > position) ++it;
-  return decodes_on_engines(it->share, position);
+bool engines_take_costliest(double share, uint64_t position, const CpuCostKey& cpu_cost) {
+  const uint64_t first = position / kEngineBlock * kEngineBlock;
+  int64_t taken = 0, costlier = 0;
+  const double cost = cpu_cost(position);
+  for (uint64_t p = first; p < first + kEngineBlock; ++p) {
+    taken += decodes_on_engines(share, p) ? 1 : 0;
+    if (p == position) continue;
+    const double c = cpu_cost(p);
+    costlier += c > cost || (c == cost && p < position) ? 1 : 0;
+  }
+  return costlier < taken;
+}
+
+bool EngineShare::on_engines(uint64_t position, const CpuCostKey& cpu_cost) {
+  double share = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    next_unasked_ = std::max(next_unasked_, position + 1);
+    // The last change at or before `position` (the schedule is short: search from its end).
+    auto it = schedule_.rbegin();
+    while (it->from_position > position) ++it;
+    share = it->share;
+  }
+  return cpu_cost ? engines_take_costliest(share, position, cpu_cost)
+                  : decodes_on_engines(share, position);
 }
 
 double EngineShare::share() const {

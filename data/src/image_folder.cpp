@@ -358,13 +358,19 @@ const ImageFolderDataset::Sample& checked_sample(
   const auto n = static_cast<int64_t>(samples.size());
   TANDEM_CHECK_ARG(index >= 0 && index < n, "ImageFolder: sample index ", index,
                    " out of range [0, ", n, ")");
-  const size_t fields =
-      static_cast<size_t>(std::count(names, names + std::strlen(names), ',')) + 1;
+  const size_t fields = static_cast<size_t>(std::count(names, names + std::strlen(names), ',')) + 1;
   TANDEM_CHECK_ARG(out.size() == fields, "ImageFolder: get() needs ", fields, " output tensors (",
                    names, "), got ", out.size());
   return samples[static_cast<size_t>(index)];
 }
 }  // namespace
+
+double crop_region_cpu_cost(const ResizedCropSpec& spec, const SampleDraw& draw) {
+  constexpr int64_t kSide = 1024;
+  int32_t box[kCropBoxFields];
+  draw_crop_box(spec, kSide, kSide, draw, box);
+  return static_cast<double>(box[0] + box[2]) / static_cast<double>(kSide);
+}
 
 bool decodes_on_engines(double share, uint64_t position) {
   const auto q = static_cast<uint64_t>(std::llround(std::clamp(share, 0.0, 1.0) * 1024));
@@ -388,7 +394,15 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
   const auto started = std::chrono::steady_clock::now();
   const std::vector<uint8_t> bytes = read_file(sample.path);
   at::Tensor jpeg = at::empty({0}, at::kByte);
-  bool engines = split && split->on_engines(draw.position);
+  bool engines = false;
+  if (split && region && !center) {
+    const ResizedCropSpec spec = ResizedCropSpec::train(options_.image_size);
+    engines = split->on_engines(draw.position, [&](uint64_t position) {
+      return crop_region_cpu_cost(spec, SampleDraw{draw.seed, position});
+    });
+  } else if (split) {
+    engines = split->on_engines(draw.position);
+  }
   if (engines) {
     // The engines read baseline gray and YCbCr JPEGs; anything else decodes here.
     const ImageInfo info = read_image_info(bytes, sample.path);  // names a bad file

@@ -4,11 +4,26 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
 
 namespace tandem::data {
+
+/// What a sample at a draw position costs the CPU workers to decode, in any unit that orders
+/// the positions: a pure function of the position (engines_take_costliest ranks by it).
+using CpuCostKey = std::function<double(uint64_t position)>;
+
+/// The positions a block of kEngineBlock consecutive draw positions gives the engines: as many
+/// as decodes_on_engines(share, ·) picks in the block (so round(share * 1024) of every 1024, and
+/// a batch's count as steady), taken by the positions whose `cpu_cost` is highest (ties: the
+/// earlier position). The engines decode a whole image whatever its crop, while the workers'
+/// cost varies by several times from sample to sample, so leaving the workers the cheap ones
+/// raises the samples they supply a second at the same share. A pure function of the share, the
+/// position and the cost key.
+bool engines_take_costliest(double share, uint64_t position, const CpuCostKey& cpu_cost);
+constexpr uint64_t kEngineBlock = 64;
 
 /// The JPEG engines' share of a run's samples, by the loader's draw position, and the rates
 /// both sides measured. Thread-safe: the loader's workers ask on_engines() and record_cpu(), the
@@ -24,8 +39,10 @@ class EngineShare {
   /// (decodes_on_engines). `adaptive`: rebalance() may move it.
   explicit EngineShare(double share, bool adaptive = false);
 
-  /// Whether the sample at `position` goes to the engines (and notes the position as asked).
-  bool on_engines(uint64_t position);
+  /// Whether the sample at `position` goes to the engines (and notes the position as asked):
+  /// decodes_on_engines with the share in force there, or engines_take_costliest where the
+  /// caller gives its samples' cost key.
+  bool on_engines(uint64_t position, const CpuCostKey& cpu_cost = {});
   /// The share in force for the positions not yet asked about.
   double share() const;
   bool adaptive() const { return adaptive_; }

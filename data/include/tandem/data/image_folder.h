@@ -10,9 +10,13 @@
 
 #include "tandem/loader.h"
 
+namespace tandem {
+struct ResizedCropSpec;  // tandem/resized_crop.h
+}
+
 namespace tandem::data {
 
-class EngineShare;  // engine_split.h
+class EngineShare;  // engine_share.h
 
 /// What an ImageFolder sample's image is.
 enum class ImageFolderOutput {
@@ -52,12 +56,13 @@ struct ImageFolderOptions {
   int64_t channels = 3;      ///< 3 (RGB) or 1 (gray)
   ImageFolderOutput output = ImageFolderOutput::kCenterCrop;
   /// kCropRegion, kCenterRegion and kDecoded: the share of samples, in [0, 1], left to the GPU's
-  /// JPEG engines — those
-  /// whose draw positions decodes_on_engines() picks carry the file's bytes ("jpeg") and their
-  /// box in the full-resolution pixels instead of a decoded region, so the CPU workers and the
-  /// engines decode side by side. A sample the engines cannot read (a PNG, a CMYK JPEG) is
-  /// decoded on the CPU wherever its position falls. 0: every sample on the CPU. (A share that
-  /// moves during the run: with_engine_share(EngineShare).)
+  /// JPEG engines — those whose draw positions decodes_on_engines() picks (kCropRegion: the same
+  /// count per block of positions, the costliest for the CPU, engines_take_costliest with
+  /// crop_region_cpu_cost) carry the file's bytes ("jpeg") and their box in the full-resolution
+  /// pixels instead of a decoded region, so the CPU workers and the engines decode side by side. A
+  /// sample the engines cannot read (a PNG, a CMYK JPEG) is decoded on the CPU wherever its
+  /// position falls. 0: every sample on the CPU. (A share that moves during the run:
+  /// with_engine_share(EngineShare).)
   double engine_share = 0;
   /// kCenterRegion only: Resize's shorter side (S * 256 / 224 where 0, ImageNet's ratio).
   int64_t resize_size = 0;
@@ -67,6 +72,14 @@ struct ImageFolderOptions {
 /// round(share * 1024) of every 1024 consecutive positions, spread evenly (a pure function of
 /// the position, so every mode and a resumed run split alike).
 bool decodes_on_engines(double share, uint64_t position);
+
+/// What a kCropRegion sample drawn from `draw` costs a CPU worker, as a key that orders the
+/// positions (EngineShare ranks a block of them by it): how far down the image its box reaches,
+/// 0..1. A region decode reads every row above the box's bottom and none below, and
+/// Huffman-decoding those rows is most of its time. The box is `spec`'s drawn for a square
+/// reference image, since ranking a block needs its other positions' keys before their files are
+/// read; the sample's own box, drawn for its own size, follows it closely.
+double crop_region_cpu_cost(const ResizedCropSpec& spec, const SampleDraw& draw);
 
 /// A kCropRegion sample's image: the RandomResizedCrop box and flip of
 /// ResizedCropSpec::train(size) drawn from `draw` for the image in `bytes` (its header's size),
