@@ -733,8 +733,12 @@ def pair_kernels(a):
 
 
 # The A/B of two builds (gpu_check.py ab): a cell is JOB:BATCH:MODE, JOB a workload of
-# `tandem bench` (MODE its mode) or augment (`tandem augment-bench`, MODE its sampling).
-CELL = re.compile(r"^([a-z_]+):([0-9]+):([a-z_+]+)$")
+# `tandem bench` (MODE its mode), augment (`tandem augment-bench`, MODE its sampling), train
+# (`tandem train`) or one of PHOTO_JOBS.
+CELL = re.compile(r"^([a-z0-9_]+):([0-9]+):([a-z_+]+)$")
+# A/B jobs of workload images from a folder of large photos, decode auto (the CPU workers and
+# the JPEG engines), by the model each trains.
+PHOTO_JOBS = {"photos_r18": "r18_full", "photos_r50": "r50_full"}
 
 
 def parse_cell(text):
@@ -776,13 +780,19 @@ def ab_measurement(run, timeout_s):
             rows = r.get("rows") or [{}]
             r = {"steps_per_s": (r.get("images_per_s") or 0) / bs,
                  "first_loss": rows[0].get("train_loss"), "last_loss": rows[-1].get("train_loss")}
+        elif job in PHOTO_JOBS:  # tandem bench --workload images --param model=...
+            model = (r.get("params") or {}).get("model")
+            got = (job if r.get("scenario") == "images" and model == PHOTO_JOBS[job]
+                   else f"{r.get('scenario')} ({model})", r.get("mode"), r.get("batch_size"))
         else:
             got = (r.get("scenario", r.get("workload")), r.get("mode"), r.get("batch_size"))
         if got != (job, mode, bs):
             return None, f"asked for {(job, mode, bs)}, the JSON says {got}", None
         if not r.get("steps_per_s") or r["steps_per_s"] <= 0:
             return None, f"steps_per_s is {r.get('steps_per_s')!r}", None
-        losses = (r.get("first_loss"), r.get("last_loss")) if job != "augment" else None
+        # A split that follows both sides' rates decodes by timing: its losses are not compared.
+        losses = (None if job == "augment" or job in PHOTO_JOBS
+                  else (r.get("first_loss"), r.get("last_loss")))
         return float(r["steps_per_s"]), None, losses
     except (OSError, ValueError, KeyError, TypeError) as e:
         return None, f"exit 0 but no result in {os.path.basename(run['json'])}: {e}", None

@@ -382,8 +382,14 @@ def ab_options(p):
           "first", count)
     words(g, "--ab-cells", [compare.parse_cell(c) for c in DEFAULT_CELLS],
           "JOB:BATCH:MODE cells: JOB a workload of tandem bench (MODE its mode), augment "
-          "(tandem augment-bench, MODE its sampling) or train (tandem train, ResNet-18 bf16 "
-          "from the generated JPEG folder for --train-epochs, MODE its mode)", cell)
+          "(tandem augment-bench, MODE its sampling), train (tandem train, ResNet-18 bf16 "
+          "from the generated JPEG folder for --train-epochs, MODE its mode) or photos_r18 / "
+          "photos_r50 (tandem bench --workload images, ResNet-18 / -50 bf16 channels-last from "
+          "--ab-photos' files, decode auto: the workers and the JPEG engines)", cell)
+    value(g, "--ab-photos", "/tmp/tandem-photos-1000-2000", "the photos cells' folder; made "
+          "there first where it does not exist (--ab-photos-count photos of 1000-2000 px)",
+          metavar="DIR")
+    value(g, "--ab-photos-count", 1500, "photos made for --ab-photos", positive)
     value(g, "--ab-steps", 100, "timed steps per run", positive)
     value(g, "--ab-warmup", 10, "warm-up steps per run", count)
     value(g, "--ab-workers", 8, "loader workers per run", positive)
@@ -561,6 +567,16 @@ class Check:
             self.say(f"make_image_folder.py {folder} --count {self.a.data_count}")
             self.run([PYTHON, "scripts/make_image_folder.py", folder, "--count",
                       self.a.data_count, "--classes", 10], show=True, tail=3, fail=False)
+        return folder
+
+    def photo_folder(self, folder, count, low, high):
+        """A generated folder of `count` photos of `low`-`high` px a side, made first where it
+        does not exist."""
+        if not os.path.isdir(folder):
+            self.say(f"make_image_folder.py {folder}: {count} photos of {low}-{high} px")
+            self.run([PYTHON, "scripts/make_image_folder.py", folder, "--count", count,
+                      "--classes", 10, "--min-side", low, "--max-side", high], show=True, tail=1,
+                     fail=False)
         return folder
 
     def fashion_mnist_dir(self):
@@ -1017,13 +1033,8 @@ def phase_photos(c, a):
     benchmarks/photos_table.py."""
     workers = min(cpu_count() - 1, 15)
     for side_range in a.photos_sides:
-        folder = f"/tmp/tandem-photos-{side_range}"
         low, high = side_range.split("-")
-        if not os.path.isdir(folder):
-            c.say(f"make_image_folder.py {folder}: {a.photos_count} photos of {side_range} px")
-            c.run([PYTHON, "scripts/make_image_folder.py", folder, "--count", a.photos_count,
-                   "--classes", 10, "--min-side", low, "--max-side", high], show=True, tail=1,
-                  fail=False)
+        folder = c.photo_folder(f"/tmp/tandem-photos-{side_range}", a.photos_count, low, high)
         c.say(f"photos {side_range}: tandem data-bench decode rows")
         c.run([c.tandem, "data-bench", "--data", folder, "--steps", 0, "--images", 500,
                "--json", c.raw_path(f"photos-databench-{side_range}.json")], show="^decode")
@@ -1468,6 +1479,12 @@ def ab_command(job, mode, bs, a, json_path):
                 "--lr", 0.1, "--channels-last", "--precision", "bf16", "--batch-size", bs,
                 "--mode", mode, "--epochs", a.train_epochs, "--workers", a.ab_workers,
                 "--quiet", "--out", json_path[:-len(".json")] + "-run", "--json", json_path]
+    if job in compare.PHOTO_JOBS:
+        return ["bench", "--workload", "images", "--data", a.ab_photos, "--param", "source=files",
+                "--param", "decode=auto", "--param", f"model={compare.PHOTO_JOBS[job]}",
+                "--param", "precision=bf16", "--param", "layout=channels_last", "--mode", mode,
+                "--batch-size", bs, "--steps", a.ab_steps, "--warmup", a.ab_warmup, "--workers",
+                a.ab_workers, "--no-gpu-monitor", "--json", json_path]
     return ["bench", "--scenario", job, "--mode", mode, "--batch-size", bs, "--steps", a.ab_steps,
             "--warmup", a.ab_warmup, "--workers", a.ab_workers, "--no-gpu-monitor",
             "--json", json_path]
@@ -1527,10 +1544,14 @@ def ab_runs(c, a, old_tree, old_build, new_build):
                    f"--ab-cells '{cell_text}'; each run: timeout {a.ab_timeout} tandem bench "
                    f"--scenario S --mode M --batch-size B --steps {a.ab_steps} --warmup "
                    f"{a.ab_warmup} --workers {a.ab_workers} --no-gpu-monitor --json FILE, or "
-                   f"tandem augment-bench --batch-sizes B --sampling M --repeats {a.ab_repeats}; "
-                   f"old = {a.ab_old_commit} built from {a.old_tree}, new = this tree, both cmake "
-                   f"-G Ninja Release TANDEM_BUILD_TESTS=OFF, target tandem_cli; odd rounds old "
-                   f"first, even rounds new first)",
+                   f"tandem augment-bench --batch-sizes B --sampling M --repeats {a.ab_repeats}"
+                   + (f", or (photos cells) tandem bench --workload images --data {a.ab_photos} "
+                      f"--param source=files --param decode=auto --param model=MODEL --param "
+                      f"precision=bf16 --param layout=channels_last"
+                      if any(j in compare.PHOTO_JOBS for j, _, _ in cells) else "")
+                   + f"; old = {a.ab_old_commit} built from {a.old_tree}, new = this tree, "
+                   f"both cmake -G Ninja Release TANDEM_BUILD_TESTS=OFF, target tandem_cli; odd "
+                   f"rounds old first, even rounds new first)",
         "old_commit": a.ab_old_commit, "rounds": a.ab_rounds, "min_ratio": a.ab_min_ratio,
         "timeout_s": a.ab_timeout, "stopped": None,
         # Which sources each binary was built from, and the trees' now (they differ: a stale
@@ -1546,6 +1567,8 @@ def ab_runs(c, a, old_tree, old_build, new_build):
           f"the start")
     if any(job == "train" for job, _, _ in cells):
         c.image_folder()
+    if any(job in compare.PHOTO_JOBS for job, _, _ in cells):
+        c.photo_folder(a.ab_photos, a.ab_photos_count, 1000, 2000)
     result_path = c.out_path("redesign.json")
     runs, longest = [], 0
 
@@ -1578,7 +1601,8 @@ def ab_runs(c, a, old_tree, old_build, new_build):
                 with open(run["out"], errors="replace") as f:
                     output = f.read().splitlines()
                 if run["rc"] == 0:
-                    first = {"augment": "^gpu ", "train": "^speed "}.get(job, f"^{job} +[a-z]")
+                    first = {"augment": "^gpu ", "train": "^speed "}.get(
+                        job, "^images +[a-z]" if job in compare.PHOTO_JOBS else f"^{job} +[a-z]")
                     row = [line for line in output if re.search(first, line)]
                     c.emit(f"round {rnd} {side} {took}s: {row[-1] if row else ''}")
                 else:

@@ -551,6 +551,34 @@ def test_ab_train_cells_rate_tandem_trains_steady_images_per_s_in_steps(tmp_path
     assert "the JSON says ('train', 'pipelined', 256)" in row["errors"][0]["error"]
 
 
+def test_ab_photos_cells_run_workload_images_from_the_photos_and_compare_no_losses(tmp_path):
+    cell = ("photos_r50", 256, "pipelined+graphed")
+    assert compare.parse_cell("photos_r50:256:pipelined+graphed") == cell
+    a = gpu_check.parse(["ab", "--out", str(tmp_path), "--ab-photos", "/data/photos",
+                         "--ab-cells", "photos_r50:256:pipelined+graphed"])
+    command = [str(x) for x in gpu_check.ab_command(*cell[:1], cell[2], cell[1], a, "r.json")]
+    assert command[:5] == ["bench", "--workload", "images", "--data", "/data/photos"]
+    for param in ("source=files", "decode=auto", "model=r50_full", "precision=bf16",
+                  "layout=channels_last"):
+        assert param in command, param
+    assert command[command.index("--batch-size") + 1] == "256"
+    assert command[command.index("--mode") + 1] == "pipelined+graphed"
+    runs = []
+    for rnd, side, rate, first in ((1, "old", 16.0, 2.3), (1, "new", 17.0, 2.4)):
+        run = ab_run(tmp_path, rnd, side, *cell)
+        write_json(run["json"], {"scenario": "images", "params": {"model": "r50_full"},
+                                 "mode": "pipelined+graphed", "batch_size": 256,
+                                 "steps_per_s": rate, "first_loss": first, "last_loss": 2.0})
+        runs.append(run)
+    r18 = ab_run(tmp_path, 2, "new", *cell)
+    write_json(r18["json"], {"scenario": "images", "params": {"model": "r18_full"},
+                             "mode": "pipelined+graphed", "batch_size": 256, "steps_per_s": 30.0})
+    [row] = compare.ab_result(META, runs + [r18], [cell])["rows"]
+    assert (row["old"], row["new"], row["ratio"]) == (16.0, 17.0, 1.0625)
+    assert row["same_losses"] is None, "a split that follows the rates decodes by timing"
+    assert "the JSON says ('images (r18_full)'" in row["errors"][0]["error"]
+
+
 def test_ab_exit_status(tmp_path):
     cell = ("cls", 32, "pipelined+graphed")
     runs = [ab_run(tmp_path, 1, "old", *cell, rate=100.0),
