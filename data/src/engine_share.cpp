@@ -37,6 +37,37 @@ bool engines_take_costliest(double share, uint64_t position, const CpuCostKey& c
   return costlier < taken;
 }
 
+double first_balanced_share(double engine_rate, double cpu_rate,
+                            const std::vector<double>& seconds_per_file,
+                            const CpuCostKey& cpu_cost) {
+  if (engine_rate <= 0 || cpu_rate <= 0) return 0;
+  double share = engine_rate / (engine_rate + cpu_rate);
+  double all_seconds = 0;
+  int64_t timed = 0;
+  for (const double t : seconds_per_file) {
+    if (t <= 0) continue;
+    all_seconds += t;
+    ++timed;
+  }
+  if (!cpu_cost || timed == 0) return share;
+  const double mean_all = all_seconds / static_cast<double>(timed);
+  for (int round = 0; round < 8; ++round) {
+    double kept_seconds = 0;
+    int64_t kept = 0;
+    for (size_t i = 0; i < seconds_per_file.size(); ++i) {
+      if (seconds_per_file[i] <= 0 || engines_take_costliest(share, i, cpu_cost)) continue;
+      kept_seconds += seconds_per_file[i];
+      ++kept;
+    }
+    if (kept == 0) break;  // the engines take every timed crop: nothing to scale by
+    const double cpu_at_share = cpu_rate * mean_all / (kept_seconds / static_cast<double>(kept));
+    const double next = engine_rate / (engine_rate + cpu_at_share);
+    if (std::abs(next - share) < 1.0 / 1024) return next;
+    share = next;
+  }
+  return share;
+}
+
 bool EngineShare::on_engines(uint64_t position, const CpuCostKey& cpu_cost) {
   double share = 0;
   {

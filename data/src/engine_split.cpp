@@ -46,10 +46,14 @@ DecodeTrial::DecodeTrial(const ImageFolderDataset& folder, int64_t n, bool jpeg_
   }
 }
 
-double DecodeTrial::cpu_rate(int cores, const std::function<void(size_t)>& decode_one) const {
+double DecodeTrial::cpu_rate(int cores, const std::function<void(size_t)>& decode_one,
+                             std::vector<double>* seconds_per_file) const {
   if (files.empty()) return 0;
   cores = std::max(1, cores);
   const size_t n = files.size(), each = std::min<size_t>(n, kTrialDecodesPerCore);
+  // Per core: each file's decode seconds and count (merged after the join).
+  std::vector<std::vector<std::pair<double, int>>> timed(
+      static_cast<size_t>(cores), std::vector<std::pair<double, int>>(n, {0.0, 0}));
   const auto t = Clock::now();
   std::vector<std::thread> threads;
   std::vector<std::exception_ptr> failed(static_cast<size_t>(cores));
@@ -57,7 +61,13 @@ double DecodeTrial::cpu_rate(int cores, const std::function<void(size_t)>& decod
     threads.emplace_back([&, c] {
       try {
         const size_t first = static_cast<size_t>(c) * n / static_cast<size_t>(cores);
-        for (size_t k = 0; k < each; ++k) decode_one((first + k) % n);
+        for (size_t k = 0; k < each; ++k) {
+          const size_t i = (first + k) % n;
+          const auto started = Clock::now();
+          decode_one(i);
+          timed[static_cast<size_t>(c)][i].first += seconds_since(started);
+          ++timed[static_cast<size_t>(c)][i].second;
+        }
       } catch (...) {
         failed[static_cast<size_t>(c)] = std::current_exception();
       }
@@ -65,7 +75,20 @@ double DecodeTrial::cpu_rate(int cores, const std::function<void(size_t)>& decod
   for (auto& thread : threads) thread.join();
   for (const auto& e : failed)
     if (e) std::rethrow_exception(e);
-  return static_cast<double>(each) * cores / seconds_since(t);
+  const double rate = static_cast<double>(each) * cores / seconds_since(t);
+  if (seconds_per_file) {
+    seconds_per_file->assign(n, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      double seconds = 0;
+      int count = 0;
+      for (const auto& core : timed) {
+        seconds += core[i].first;
+        count += core[i].second;
+      }
+      if (count > 0) (*seconds_per_file)[i] = seconds / count;
+    }
+  }
+  return rate;
 }
 
 double DecodeTrial::engine_rate(NvjpegDecoder& decoder, c10::Device device) const {
@@ -104,10 +127,14 @@ EngineSplit open_engine_split(const ImageFolderDataset& folder, c10::Device devi
   const DecodeTrial trial(folder, 64, /*jpeg_only=*/true);
   if (trial.files.empty()) return split;
   const int cores = DecodeTrial::cores();
-  const double cpu = trial.cpu_rate(cores, [&](size_t i) {
-    int32_t box[kCropBoxFields];
-    decode_drawn_crop(trial.files[i], trial.encoded[i].name, 3, size, SampleDraw{1, i}, box);
-  });
+  std::vector<double> seconds_per_file;
+  const double cpu = trial.cpu_rate(
+      cores,
+      [&](size_t i) {
+        int32_t box[kCropBoxFields];
+        decode_drawn_crop(trial.files[i], trial.encoded[i].name, 3, size, SampleDraw{1, i}, box);
+      },
+      &seconds_per_file);
   if (cpu / cores > kCoreRateWithoutEngines) {
     std::cerr << who << ": no split: one core decodes " << static_cast<int64_t>(cpu / cores)
               << " crop regions a second here, and the workers feed the step on their own\n";
@@ -121,7 +148,15 @@ EngineSplit open_engine_split(const ImageFolderDataset& folder, c10::Device devi
               << "): decoding on the CPU\n";
     return split;
   }
-  auto share = std::make_shared<EngineShare>(engines / (engines + cpu), /*adaptive=*/true);
+  // The workers keep the cheaper crops of the split (engines_take_costliest), so at the share
+  // they decode faster than the trial's every crop: the first share counts that in.
+  const ResizedCropSpec spec = ResizedCropSpec::train(size);
+  auto share = std::make_shared<EngineShare>(
+      first_balanced_share(engines, cpu, seconds_per_file,
+                           [&](uint64_t p) {
+                             return crop_region_cpu_cost(spec, SampleDraw{1, p});
+                           }),
+      /*adaptive=*/true);
   std::cerr << who << ": the JPEG engines start with " << share->share()
             << " of each batch, the CPU workers the rest, then follow both sides' rates (trial: "
             << "CPU crop regions " << static_cast<int64_t>(cpu) << " img/s on " << cores

@@ -431,6 +431,37 @@ TEST(CropDecodeTest, ATruncatedJpegLeftToTheEnginesIsNamedByTheWorker) {
   }
 }
 
+// The trial's first share counts in that the workers keep the cheaper crops: where the crops'
+// times follow the cost key, the balance gives the engines less than the rates alone would;
+// where every crop costs the same, the same share as the rates alone.
+TEST(EngineShareTest, TheFirstShareCountsTheCropsTheWorkersKeep) {
+  const auto cost = [](uint64_t p) {
+    return crop_region_cpu_cost(ResizedCropSpec::train(224), SampleDraw{1, p});
+  };
+  std::vector<double> by_cost, alike(64, 0.004);
+  for (uint64_t i = 0; i < 64; ++i) by_cost.push_back(0.004 * cost(i));
+  EXPECT_DOUBLE_EQ(first_balanced_share(1000, 1000, by_cost, {}), 0.5);
+  EXPECT_NEAR(first_balanced_share(1000, 1000, alike, cost), 0.5, 1.0 / 1024);
+  const double share = first_balanced_share(1000, 1000, by_cost, cost);
+  EXPECT_LT(share, 0.49);
+  EXPECT_GT(share, 0.3);
+  // At that share the workers' crops take the engines' time for their part, within a step.
+  double kept = 0, all = 0;
+  int64_t n = 0;
+  for (uint64_t i = 0; i < 64; ++i) {
+    all += by_cost[i];
+    if (engines_take_costliest(share, i, cost)) continue;
+    kept += by_cost[i];
+    ++n;
+  }
+  const double cpu_at_share = 1000 * (all / 64) / (kept / static_cast<double>(n));
+  EXPECT_NEAR(share / 1000, (1 - share) / cpu_at_share, 0.02 / 1000);
+  // Untimed files are left out; none timed, or a side without a rate: the rates alone.
+  std::vector<double> untimed(64, 0.0);
+  EXPECT_DOUBLE_EQ(first_balanced_share(3000, 1000, untimed, cost), 0.75);
+  EXPECT_EQ(first_balanced_share(0, 1000, by_cost, cost), 0);
+}
+
 // A fixed share is decodes_on_engines itself, and never moves.
 TEST(EngineShareTest, AFixedShareSplitsAsThePositionsPatternAndStays) {
   EngineShare fixed(0.4);

@@ -13,10 +13,12 @@
 #include <turbojpeg.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../test_util.h"
@@ -44,6 +46,36 @@ TEST(NvjpegDecoderTest, ReportsWhyNotWithoutDevice) {
   EXPECT_TRUE(no_device || no_header) << why_open;
   EXPECT_EQ(why_open.find('\n'), std::string::npos) << why_open;
   EXPECT_EQ(NvjpegDecoder::open(0), nullptr);  // why_not is optional
+}
+
+// The split's trial times each file's decodes too (the first share ranks them): every file the
+// cores reach has its mean time, and the slow one is the slowest.
+TEST(DecodeTrialTest, TheCpuTrialTimesEachFile) {
+  const testing::TempDir dir;
+  for (int i = 0; i < 5; ++i)
+    testing::put(dir, "root/c/" + std::to_string(i) + ".jpg",
+                 encode_jpeg(testing::smooth_image(3, 64, 80, i), 90));
+  const ImageFolderDataset folder(dir.file("root"));
+  const DecodeTrial trial(folder, 5, /*jpeg_only=*/true);
+  ASSERT_EQ(trial.files.size(), 5u);
+  std::vector<double> seconds;
+  const double rate = trial.cpu_rate(
+      2,
+      [&](size_t i) {
+        decode_image(trial.files[i], trial.encoded[i].name, 3);
+        if (i == 3) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      },
+      &seconds);
+  EXPECT_GT(rate, 0);
+  ASSERT_EQ(seconds.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_GT(seconds[i], 0) << i;
+    if (i != 3) {
+      EXPECT_LT(seconds[i], seconds[3]) << i;
+    }
+  }
+  EXPECT_GE(seconds[3], 0.02);
+  EXPECT_GT(trial.cpu_rate(2, [](size_t) {}), 0) << "per-file times are optional";
 }
 
 TEST(NvjpegDecoderTest, NegativeDeviceIsInvalidArgument) {

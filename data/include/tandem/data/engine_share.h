@@ -25,6 +25,17 @@ using CpuCostKey = std::function<double(uint64_t position)>;
 bool engines_take_costliest(double share, uint64_t position, const CpuCostKey& cpu_cost);
 constexpr uint64_t kEngineBlock = 64;
 
+/// The engines' first share from a trial: the one at which both sides take the same time for
+/// their parts of a batch, (1 - s) / cpu(s) = s / engines, where the workers keep the crops
+/// engines_take_costliest leaves them, so their rate grows with the share. cpu(s) is the trial's
+/// `cpu_rate` (every crop) times the mean of `seconds_per_file` over the mean of the files the
+/// workers would keep at s (file i drawn at position i; a time <= 0: not timed, left out); a few
+/// rounds of that fixed point from engines / (engines + cpu_rate). Without a cost key, or with
+/// no timed file, engines / (engines + cpu_rate).
+double first_balanced_share(double engine_rate, double cpu_rate,
+                            const std::vector<double>& seconds_per_file,
+                            const CpuCostKey& cpu_cost);
+
 /// The JPEG engines' share of a run's samples, by the loader's draw position, and the rates
 /// both sides measured. Thread-safe: the loader's workers ask on_engines() and record_cpu(), the
 /// feed stage records the engines' batches and rebalances.

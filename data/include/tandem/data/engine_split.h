@@ -42,8 +42,10 @@ struct DecodeTrial {
   /// the cores' contention is in it, as it is in a loader's. (One core's rate times `cores`
   /// over-stated the workers' rate in a run by ~1.3x on the H200 machine's 16 cores: 4,773
   /// against 3,423-3,569 crop regions a second of 1000-2000 px photos.) Rethrows a decode's
-  /// exception.
-  double cpu_rate(int cores, const std::function<void(size_t)>& decode_one) const;
+  /// exception. `seconds_per_file`, where given, receives each file's mean decode time (0 for
+  /// one no core reached).
+  double cpu_rate(int cores, const std::function<void(size_t)>& decode_one,
+                  std::vector<double>* seconds_per_file = nullptr) const;
   static constexpr size_t kTrialDecodesPerCore = 16;
   /// nvJPEG's rate on the files as one batch, after a warm-up batch; throws what decode()
   /// throws.
