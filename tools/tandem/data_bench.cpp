@@ -75,41 +75,33 @@ DataBenchRow time_cpu_decode(const std::vector<std::vector<uint8_t>>& files,
 
 // One core decoding each file's RandomResizedCrop box only, as the loader's workers do for
 // ImageFolderOutput::kCropRegion (data::decode_drawn_crop): what a faithful crop costs against
-// the whole-image scaled decode.
+// the whole-image scaled decode. With an `engine_share`, only the files a split at that share
+// leaves the workers (engines_take_costliest: the engines take the costliest crops of each block
+// of positions): the workers' rate beside the engines.
 DataBenchRow time_cpu_region_decode(const std::vector<std::vector<uint8_t>>& files,
-                                    const std::vector<std::string>& paths, int64_t size) {
-  int32_t box[kCropBoxFields];
-  return time_on_one_core(
-      "decode (cpu, crop regions)", files.size(),
-      [&](size_t i) {
-        data::decode_drawn_crop(files[i], paths[i], 3, size, SampleDraw{0, i}, box);
-      },
-      "turbojpeg_region",
-      "each file's RandomResizedCrop box only, at the smallest of 1/8, 1/4, 1/2, 1 keeping it >= " +
-          std::to_string(size) + " a side, fast IDCT and upsampling");
-}
-
-// The same, for the files a split at `share` leaves the workers (engines_take_costliest: the
-// engines take the costliest crops of each block of positions): the workers' rate beside the
-// engines, against the row above's for every crop.
-DataBenchRow time_cpu_split_region_decode(const std::vector<std::vector<uint8_t>>& files,
-                                          const std::vector<std::string>& paths, int64_t size,
-                                          double share) {
+                                    const std::vector<std::string>& paths, int64_t size,
+                                    double engine_share = 0) {
   const ResizedCropSpec spec = ResizedCropSpec::train(size);
   const auto cost = [&](uint64_t p) { return data::crop_region_cpu_cost(spec, SampleDraw{0, p}); };
   std::vector<size_t> kept;
   for (size_t i = 0; i < files.size(); ++i)
-    if (!data::engines_take_costliest(share, i, cost)) kept.push_back(i);
+    if (!data::engines_take_costliest(engine_share, i, cost)) kept.push_back(i);
+  const bool split = engine_share > 0;
   int32_t box[kCropBoxFields];
   return time_on_one_core(
-      "decode (cpu, crop regions beside the engines)", kept.size(),
+      split ? "decode (cpu, crop regions beside the engines)" : "decode (cpu, crop regions)",
+      kept.size(),
       [&](size_t k) {
         data::decode_drawn_crop(files[kept[k]], paths[kept[k]], 3, size, SampleDraw{0, kept[k]},
                                 box);
       },
-      "turbojpeg_split",
-      detail::concat("the crop regions a split at share ", share,
-                     " leaves the workers (the engines take the boxes reaching furthest down)"));
+      split ? "turbojpeg_split" : "turbojpeg_region",
+      split ? detail::concat("the crop regions a split at share ", engine_share,
+                             " leaves the workers (the engines take the boxes reaching furthest "
+                             "down)")
+            : "each file's RandomResizedCrop box only, at the smallest of 1/8, 1/4, 1/2, 1 "
+              "keeping it >= " +
+                  std::to_string(size) + " a side, fast IDCT and upsampling");
 }
 
 // nvJPEG on the GPU, batches of `batch` files already in host memory (a first, untimed batch
@@ -289,7 +281,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   if (o.decode != "gpu") {
     result.rows.push_back(time_cpu_decode(files, paths, size, true));
     result.rows.push_back(time_cpu_region_decode(files, paths, size));
-    result.rows.push_back(time_cpu_split_region_decode(files, paths, size, 0.5));
+    result.rows.push_back(time_cpu_region_decode(files, paths, size, 0.5));
     result.rows.push_back(time_cpu_decode(files, paths, size, false));
     result.rows.push_back(time_loader(folder, workers, *request.batch_size,
                                       std::max<int64_t>(1, o.loader_images / *request.batch_size),
