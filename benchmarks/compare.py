@@ -736,9 +736,10 @@ def pair_kernels(a):
 # `tandem bench` (MODE its mode), augment (`tandem augment-bench`, MODE its sampling), train
 # (`tandem train`) or one of PHOTO_JOBS.
 CELL = re.compile(r"^([a-z0-9_]+):([0-9]+):([a-z_+]+)$")
-# A/B jobs of workload images from a folder of large photos, decode auto (the CPU workers and
-# the JPEG engines), by the model each trains.
-PHOTO_JOBS = {"photos_r18": "r18_full", "photos_r50": "r50_full"}
+# A/B jobs of workload images from a folder of large photos: (the model each trains, where its
+# JPEGs are decoded): auto (the CPU workers and the JPEG engines) or cpu (the workers alone).
+PHOTO_JOBS = {"photos_r18": ("r18_full", "auto"), "photos_r50": ("r50_full", "auto"),
+              "photos_r18_cpu": ("r18_full", "cpu"), "photos_r50_cpu": ("r50_full", "cpu")}
 
 
 def parse_cell(text):
@@ -780,10 +781,12 @@ def ab_measurement(run, timeout_s):
             rows = r.get("rows") or [{}]
             r = {"steps_per_s": (r.get("images_per_s") or 0) / bs,
                  "first_loss": rows[0].get("train_loss"), "last_loss": rows[-1].get("train_loss")}
-        elif job in PHOTO_JOBS:  # tandem bench --workload images --param model=...
-            model = (r.get("params") or {}).get("model")
-            got = (job if r.get("scenario") == "images" and model == PHOTO_JOBS[job]
-                   else f"{r.get('scenario')} ({model})", r.get("mode"), r.get("batch_size"))
+        elif job in PHOTO_JOBS:  # tandem bench --workload images --param model=... decode=...
+            params = r.get("params") or {}
+            model, decode = params.get("model"), params.get("decode")
+            got = (job if r.get("scenario") == "images" and (model, decode) == PHOTO_JOBS[job]
+                   else f"{r.get('scenario')} ({model}, decode {decode})", r.get("mode"),
+                   r.get("batch_size"))
         else:
             got = (r.get("scenario", r.get("workload")), r.get("mode"), r.get("batch_size"))
         if got != (job, mode, bs):

@@ -385,7 +385,8 @@ def ab_options(p):
           "(tandem augment-bench, MODE its sampling), train (tandem train, ResNet-18 bf16 "
           "from the generated JPEG folder for --train-epochs, MODE its mode) or photos_r18 / "
           "photos_r50 (tandem bench --workload images, ResNet-18 / -50 bf16 channels-last from "
-          "--ab-photos' files, decode auto: the workers and the JPEG engines)", cell)
+          "--ab-photos' files, decode auto: the workers and the JPEG engines; photos_r18_cpu / "
+          "photos_r50_cpu: the workers alone)", cell)
     value(g, "--ab-photos", "/tmp/tandem-photos-1000-2000", "the photos cells' folder; made "
           "there first where it does not exist (--ab-photos-count photos of 1000-2000 px)",
           metavar="DIR")
@@ -592,6 +593,24 @@ class Check:
                 fm = f"{deps}/usr/share/datasets/fashion-mnist"
                 self.say(f"Fashion-MNIST from {debs[0]}")
         return fm
+
+    def unpack_jpeg_debs(self):
+        """The JPEG libraries' carried .debs (--debs) unpacked beside the build, as
+        scripts/gpu-check.sh build does, where the machine has no TurboJPEG and nothing unpacked
+        them yet: the A/B builds may run without that script's build. Returns the prefix (usr)."""
+        deps = f"{self.build_abs}-deps"
+        if not os.path.isfile("/usr/include/turbojpeg.h"):
+            for pattern, header in (("libturbojpeg0*.deb", "turbojpeg.h"),
+                                    ("libjpeg62-turbo*.deb", "jpeglib.h")):
+                if os.path.isfile(f"{deps}/usr/include/{header}"):
+                    continue
+                for deb in sorted(glob.glob(os.path.join(self.a.debs, pattern))):
+                    os.makedirs(deps, exist_ok=True)
+                    self.run(["dpkg", "-x", deb, deps], fail=False)
+            arch_conf = f"{deps}/usr/include/x86_64-linux-gnu/jconfig.h"
+            if os.path.isfile(arch_conf) and not os.path.isfile(f"{deps}/usr/include/jconfig.h"):
+                shutil.copy(arch_conf, f"{deps}/usr/include/")  # beside jpeglib.h
+        return f"{deps}/usr"
 
     def export_deps_lib(self):
         """TurboJPEG unpacked from a .deb next to the build (scripts/gpu-check.sh build) is
@@ -1427,14 +1446,17 @@ def build_tree(c, a, name, tree, build, build_log):
             knows_examples = knows_examples or "TANDEM_BUILD_EXAMPLES" in f.read()
     if knows_examples:
         opts.append("-DTANDEM_BUILD_EXAMPLES=OFF")
-    # The JPEG libraries scripts/gpu-check.sh unpacked beside its build, where the machine has
-    # none: the data layer (train cells, tandem train) is built with them.
-    deps = f"{c.build_abs}-deps/usr"
+    # The JPEG libraries unpacked beside the build, where the machine has none: the data layer
+    # (train and photos cells, tandem train) is built with them.
+    deps = c.unpack_jpeg_debs()
     for name_, header, lib in (("TURBOJPEG", "turbojpeg.h", "libturbojpeg.so"),
                                ("JPEG", "jpeglib.h", "libjpeg.so")):
         if os.path.isfile(f"{deps}/include/{header}"):
+            # FindJPEG's imported target prefers JPEG_LIBRARY_RELEASE: named too, so a cache
+            # from a configure without the .debs cannot keep the machine's other libjpeg.
             opts += [f"-D{name_}_INCLUDE_DIR={deps}/include",
-                     f"-D{name_}_LIBRARY={deps}/lib/x86_64-linux-gnu/{lib}"]
+                     f"-D{name_}_LIBRARY={deps}/lib/x86_64-linux-gnu/{lib}",
+                     f"-D{name_}_LIBRARY_RELEASE={deps}/lib/x86_64-linux-gnu/{lib}"]
     prefix = torch_prefix(a)
     if not prefix:
         c.emit(f"{name}: python3 has no torch (--torch-prefix names LibTorch's CMake prefix)")
@@ -1481,7 +1503,8 @@ def ab_command(job, mode, bs, a, json_path):
                 "--quiet", "--out", json_path[:-len(".json")] + "-run", "--json", json_path]
     if job in compare.PHOTO_JOBS:
         return ["bench", "--workload", "images", "--data", a.ab_photos, "--param", "source=files",
-                "--param", "decode=auto", "--param", f"model={compare.PHOTO_JOBS[job]}",
+                "--param", f"decode={compare.PHOTO_JOBS[job][1]}",
+                "--param", f"model={compare.PHOTO_JOBS[job][0]}",
                 "--param", "precision=bf16", "--param", "layout=channels_last", "--mode", mode,
                 "--batch-size", bs, "--steps", a.ab_steps, "--warmup", a.ab_warmup, "--workers",
                 a.ab_workers, "--no-gpu-monitor", "--json", json_path]
@@ -1546,7 +1569,8 @@ def ab_runs(c, a, old_tree, old_build, new_build):
                    f"{a.ab_warmup} --workers {a.ab_workers} --no-gpu-monitor --json FILE, or "
                    f"tandem augment-bench --batch-sizes B --sampling M --repeats {a.ab_repeats}"
                    + (f", or (photos cells) tandem bench --workload images --data {a.ab_photos} "
-                      f"--param source=files --param decode=auto --param model=MODEL --param "
+                      f"--param source=files --param decode=auto|cpu (photos_*_cpu) --param "
+                      f"model=MODEL --param "
                       f"precision=bf16 --param layout=channels_last"
                       if any(j in compare.PHOTO_JOBS for j, _, _ in cells) else "")
                    + f"; old = {a.ab_old_commit} built from {a.old_tree}, new = this tree, "

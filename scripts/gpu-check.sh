@@ -63,7 +63,8 @@ if has_phase build; then
     for deb in "$DEBS"/libjpeg62-turbo*.deb; do dpkg -x "$deb" "$DEPS"; done
     cp "$DEPS"/usr/include/x86_64-linux-gnu/jconfig.h "$DEPS/usr/include/"  # beside jpeglib.h
     DEPS_ARGS+=(-DJPEG_INCLUDE_DIR="$DEPS/usr/include"
-                -DJPEG_LIBRARY="$DEPS/usr/lib/x86_64-linux-gnu/libjpeg.so")
+                -DJPEG_LIBRARY="$DEPS/usr/lib/x86_64-linux-gnu/libjpeg.so"
+                -DJPEG_LIBRARY_RELEASE="$DEPS/usr/lib/x86_64-linux-gnu/libjpeg.so")
     say "libjpeg from $DEBS (unpacked into $DEPS)"
   fi
   if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release \

@@ -566,17 +566,39 @@ def test_ab_photos_cells_run_workload_images_from_the_photos_and_compare_no_loss
     runs = []
     for rnd, side, rate, first in ((1, "old", 16.0, 2.3), (1, "new", 17.0, 2.4)):
         run = ab_run(tmp_path, rnd, side, *cell)
-        write_json(run["json"], {"scenario": "images", "params": {"model": "r50_full"},
+        write_json(run["json"], {"scenario": "images",
+                                 "params": {"model": "r50_full", "decode": "auto"},
                                  "mode": "pipelined+graphed", "batch_size": 256,
                                  "steps_per_s": rate, "first_loss": first, "last_loss": 2.0})
         runs.append(run)
     r18 = ab_run(tmp_path, 2, "new", *cell)
-    write_json(r18["json"], {"scenario": "images", "params": {"model": "r18_full"},
+    write_json(r18["json"], {"scenario": "images",
+                             "params": {"model": "r18_full", "decode": "auto"},
                              "mode": "pipelined+graphed", "batch_size": 256, "steps_per_s": 30.0})
     [row] = compare.ab_result(META, runs + [r18], [cell])["rows"]
     assert (row["old"], row["new"], row["ratio"]) == (16.0, 17.0, 1.0625)
     assert row["same_losses"] is None, "a split that follows the rates decodes by timing"
-    assert "the JSON says ('images (r18_full)'" in row["errors"][0]["error"]
+    assert "the JSON says ('images (r18_full, decode auto)'" in row["errors"][0]["error"]
+
+
+def test_ab_photos_cpu_cells_decode_on_the_workers_alone(tmp_path):
+    cell = ("photos_r18_cpu", 256, "pipelined+graphed")
+    a = gpu_check.parse(["ab", "--out", str(tmp_path), "--ab-photos", "/data/photos",
+                         "--ab-cells", "photos_r18_cpu:256:pipelined+graphed"])
+    command = [str(x) for x in gpu_check.ab_command(*cell[:1], cell[2], cell[1], a, "r.json")]
+    assert "decode=cpu" in command and "model=r18_full" in command
+    assert "decode=auto" not in command
+    runs = []
+    for rnd, side, decode in ((1, "old", "cpu"), (1, "new", "cpu"), (2, "new", "auto")):
+        run = ab_run(tmp_path, rnd, side, *cell)
+        write_json(run["json"], {"scenario": "images",
+                                 "params": {"model": "r18_full", "decode": decode},
+                                 "mode": "pipelined+graphed", "batch_size": 256,
+                                 "steps_per_s": 10.0 if decode == "cpu" else 30.0})
+        runs.append(run)
+    [row] = compare.ab_result(META, runs, [cell])["rows"]
+    assert (row["old"], row["new"]) == (10.0, 10.0), "the auto run is not the cell's"
+    assert "decode auto" in row["errors"][0]["error"]
 
 
 def test_ab_exit_status(tmp_path):
