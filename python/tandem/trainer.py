@@ -628,8 +628,9 @@ class Trainer:
     def choose_mode(self, steps: int = 300) -> str:
         """Mode auto's choice, made once and kept: on the CPU, serial (no streams or graphs to
         gain from); on CUDA, short timed trials of every mode on deep copies of your modules
-        and optimizer (yours are untouched) — the fastest, unless a simpler mode is within
-        1.5% of it. ``trials`` holds every mode's rate and the reason."""
+        and optimizer (yours are untouched) — the fastest, unless a simpler mode is within the
+        trials' noise of it (the spread of each mode's two runs, 0.5% to 1.5%). ``trials`` holds
+        every mode's rate and the reason."""
         if self.mode != "auto":
             return self.mode
         if self._trials is None:

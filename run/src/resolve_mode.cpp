@@ -15,7 +15,19 @@
 
 namespace tandem::run {
 
-ModeDecision choose_mode(const std::vector<Trial>& trials, double margin) {
+std::optional<double> run_spread(const std::vector<double>& runs) {
+  if (runs.size() < 2) return std::nullopt;
+  const auto [lo, hi] = std::minmax_element(runs.begin(), runs.end());
+  return *hi > 0 ? (*hi - *lo) / *hi : 0.0;
+}
+
+double noise_margin(const Trial& simpler, const Trial& faster, double margin, double min_margin) {
+  const auto a = run_spread(simpler.runs), b = run_spread(faster.runs);
+  if (!a || !b) return margin;
+  return std::clamp(std::max(*a, *b), std::min(min_margin, margin), margin);
+}
+
+ModeDecision choose_mode(const std::vector<Trial>& trials, double margin, double min_margin) {
   const Trial* best = nullptr;
   for (const auto& t : trials)
     if (t.steps_per_s && (!best || *t.steps_per_s > *best->steps_per_s)) best = &t;
@@ -26,14 +38,15 @@ ModeDecision choose_mode(const std::vector<Trial>& trials, double margin) {
   }
   char text[256];
   for (const auto& t : trials) {
-    if (!t.steps_per_s || *t.steps_per_s < *best->steps_per_s * (1.0 - margin)) continue;
+    const double noise = noise_margin(t, *best, margin, min_margin);
+    if (!t.steps_per_s || *t.steps_per_s < *best->steps_per_s * (1.0 - noise)) continue;
     if (&t == best) {
       std::snprintf(text, sizeof text, "%s was fastest in the trials (%.1f steps/s)",
                     t.mode.c_str(), *t.steps_per_s);
     } else {
       std::snprintf(text, sizeof text,
                     "%s (%.1f steps/s) is within %.1f%% of the fastest, %s (%.1f), and simpler",
-                    t.mode.c_str(), *t.steps_per_s, margin * 100, best->mode.c_str(),
+                    t.mode.c_str(), *t.steps_per_s, noise * 100, best->mode.c_str(),
                     *best->steps_per_s);
     }
     return {t.mode, text};

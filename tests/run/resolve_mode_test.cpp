@@ -1,5 +1,6 @@
-// The choice behind --mode auto, on injected trial timings: fastest wins, noise favours the
-// simpler mode, failures are skipped, all-failed is an error.
+// The choice behind --mode auto, on injected trial timings: fastest wins, noise (the trials' own
+// runs' spread, within bounds) favours the simpler mode, failures are skipped, all-failed is an
+// error.
 #include "tandem/run/resolve_mode.h"
 
 #include <gtest/gtest.h>
@@ -65,6 +66,30 @@ TEST(ResolveModeTest, AModeIsRankedByItsSlowestRun) {
   const auto d =
       choose_mode({runs("pipelined", {330.0, 290.0}), runs("pipelined+graphed", {326.0, 327.0})});
   EXPECT_EQ(d.mode, "pipelined+graphed");
+}
+
+TEST(ResolveModeTest, SteadyTrialsLetAModeWinBySmallerThanTheFixedMargin) {
+  // Serial and graphed each ran twice within 0.1%: graphed's 0.9% is more than their noise.
+  const auto d = choose_mode({runs("serial", {2325.0, 2327.0}), runs("graphed", {2347.0, 2346.0})});
+  EXPECT_EQ(d.mode, "graphed") << d.reason;
+}
+
+TEST(ResolveModeTest, NoisyTrialsKeepTheSimplerModeWithinTheirNoise) {
+  // Serial's runs spread 1.2%: graphed's 0.9% lead is within it.
+  const auto d = choose_mode({runs("serial", {2325.0, 2353.0}), runs("graphed", {2347.0, 2346.0})});
+  EXPECT_EQ(d.mode, "serial");
+  EXPECT_NE(d.reason.find("within 1.2%"), std::string::npos) << d.reason;
+}
+
+TEST(ResolveModeTest, TheNoiseMarginIsClampedAndNeedsTwoRuns) {
+  EXPECT_EQ(run_spread({100.0}), std::nullopt);
+  EXPECT_DOUBLE_EQ(*run_spread({90.0, 100.0}), 0.1);
+  const Trial steady = runs("serial", {100.0, 100.0});
+  const Trial unsteady = runs("pipelined", {90.0, 100.0});
+  EXPECT_DOUBLE_EQ(noise_margin(steady, steady, 0.015, 0.005), 0.005);               // the floor
+  EXPECT_DOUBLE_EQ(noise_margin(steady, unsteady, 0.015, 0.005), 0.015);             // the ceiling
+  EXPECT_DOUBLE_EQ(noise_margin(ok("serial", 100.0), steady, 0.015, 0.005), 0.015);  // unknown
+  EXPECT_DOUBLE_EQ(noise_margin(steady, runs("g", {99.0, 100.0}), 0.015, 0.005), 0.01);
 }
 
 TEST(ResolveModeTest, ALongRunsAutoIsSettledByTheDeviceWithoutTrials) {

@@ -24,9 +24,23 @@ struct ModeDecision {
 };
 
 /// Trials are in workload_modes()' order (simplest first). The pick is the first mode whose rate is
-/// within `margin` (relative) of the fastest: a mode must beat a simpler one by more than the
-/// noise to be chosen. Failed trials are skipped; throws std::runtime_error if all failed.
-ModeDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015);
+/// within the noise margin (relative) of the fastest: a mode must beat a simpler one by more than
+/// the noise to be chosen. The margin is what the two trials' runs measured of their own noise
+/// (noise_margin), at least `min_margin` and at most `margin`; a trial of one run measured none,
+/// and is given `margin`. Why not a fixed 1.5%: on the H200, ViT-B/16's graphed trials ran 0.9%
+/// above serial's, run after run with spreads near 0.1%, and the fixed margin kept the slower
+/// serial mode. Failed trials are skipped; throws std::runtime_error if all failed.
+ModeDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015,
+                         double min_margin = 0.005);
+
+/// The relative spread of a trial's runs, (fastest - slowest) / fastest; nullopt for fewer than
+/// two runs (no measure of the noise).
+std::optional<double> run_spread(const std::vector<double>& runs);
+
+/// The margin by which `faster` must beat the simpler `simpler` to be chosen: the larger run
+/// spread of the two, clamped to [min_margin, margin]; `margin` when either has fewer than two
+/// runs.
+double noise_margin(const Trial& simpler, const Trial& faster, double margin, double min_margin);
 
 /// Trial length. Each mode first runs kAutoTrialWarmup + kAutoTrialSteps steps (fewer if the
 /// run asks for fewer); a mode whose timed steps took less than kAutoTrialSeconds then runs
