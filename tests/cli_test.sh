@@ -122,7 +122,7 @@ expect_fail 2 "--svg path '/nonexistent-dir/s.svg' cannot be written" -- sweep -
 expect_fail 2 "sampling 'texture' is not valid: expected auto, gather or staged" -- augment-bench --device cpu --batch-sizes 1 --sampling auto,texture
 
 if "$tandem" bench --help >"$tmp/help" 2>&1 &&
-   for flag in --workload --scenario --param --mode --batch-size --steps --warmup --workers --seed --device --json --trace --kernels --cudnn-benchmark --train-priority graphed_k pipelined+graphed augment=gpu; do
+   for flag in --workload --scenario --param --mode --batch-size --steps --warmup --workers --seed --device --json --trace --kernels --kernel-trace --cudnn-benchmark --train-priority graphed_k pipelined+graphed augment=gpu; do
      grep -qF -- "$flag" "$tmp/help" || exit 1
    done; then
   passed=$((passed + 1))
@@ -149,6 +149,16 @@ else
   failed=$((failed + 1)); echo "FAIL: bench --kernels on the CPU"; cat "$tmp/out" "$tmp/err"
 fi
 expect_fail 2 "kernel profile step count -1 is not valid: expected 0 (none) or more steps" -- bench --device cpu --kernels -1
+# --kernel-trace: the profiler's own Chrome trace of the profiled steps.
+if "$tandem" bench --device cpu --batch-size 1 --steps 1 --warmup 0 --workers 1 --kernels 1 \
+     --kernel-trace "$tmp/kt.json" >"$tmp/out" 2>"$tmp/err" &&
+   python3 -c "import json,sys; sys.exit(not isinstance(json.load(open(sys.argv[1]))['traceEvents'], list))" "$tmp/kt.json" &&
+   grep -qF "wrote $tmp/kt.json" "$tmp/out"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)); echo "FAIL: bench --kernel-trace on the CPU"; cat "$tmp/out" "$tmp/err"
+fi
+expect_fail 2 "a kernel trace ('$tmp/none.json') records the profiled steps: give their count too (--kernels N)" -- bench --device cpu --kernel-trace "$tmp/none.json"
 
 if "$tandem" sweep --device cpu --batch-sizes 1 --steps 1 --warmup 0 --workers 1 \
      --csv "$tmp/s.csv" --svg "$tmp/s.svg" --json "$tmp/s.json" >"$tmp/out" 2>"$tmp/err" &&

@@ -46,14 +46,40 @@ KernelRecorder::~KernelRecorder() {
   }
 }
 
-KernelProfile KernelRecorder::stop(int64_t steps) {
+std::vector<ApiCallTime> sum_api_calls(const std::vector<ApiCallSample>& samples) {
+  std::map<std::pair<uint64_t, std::string>, ApiCallTime> by_call;
+  for (const auto& s : samples) {
+    ApiCallTime& c = by_call[{s.thread, s.name}];
+    c.name = s.name;
+    c.thread = s.thread;
+    c.count += 1;
+    c.total_ms += s.ms;
+    c.longest_ms = std::max(c.longest_ms, s.ms);
+  }
+  std::vector<ApiCallTime> out;
+  for (auto& [key, c] : by_call) out.push_back(std::move(c));
+  std::stable_sort(out.begin(), out.end(), [](const ApiCallTime& a, const ApiCallTime& b) {
+    return a.total_ms > b.total_ms;
+  });
+  return out;
+}
+
+KernelProfile KernelRecorder::stop(int64_t steps, const std::string& trace_path) {
   if (!running_) throw Error("the kernel profiler was already stopped");
   running_ = false;
   const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
       torch::autograd::profiler::disableProfiler();
+  if (!trace_path.empty()) result->save(trace_path);
   std::map<std::string, KernelTime> by_name;
+  std::vector<ApiCallSample> api;
   for (const auto& e : result->events()) {
-    if (e.deviceType() != c10::DeviceType::CUDA) continue;  // memcpy/memset are CUDA too: kept
+    if (e.deviceType() != c10::DeviceType::CUDA) {
+      // Host-side records under CUDA activity are CUPTI's runtime (cuda*) and driver (cu*) calls.
+      const std::string name = e.name();
+      if (name.rfind("cu", 0) == 0)
+        api.push_back({name, e.startThreadId(), static_cast<double>(e.durationNs()) / 1e6});
+      continue;
+    }
     KernelTime& k = by_name[e.name()];
     k.name = e.name();
     k.count += 1;
@@ -64,10 +90,11 @@ KernelProfile KernelRecorder::stop(int64_t steps) {
   for (auto& [name, k] : by_name) profile.kernels.push_back(std::move(k));
   std::sort(profile.kernels.begin(), profile.kernels.end(),
             [](const KernelTime& a, const KernelTime& b) { return a.total_ms > b.total_ms; });
+  profile.api_calls = sum_api_calls(api);
   return profile;
 }
 
-std::string describe_kernels(const KernelProfile& p, size_t top) {
+std::string describe_kernels(const KernelProfile& p, size_t top, size_t top_api) {
   std::ostringstream os;
   const double steps = static_cast<double>(std::max<int64_t>(p.steps, 1));
   const double total = p.total_ms();
@@ -91,6 +118,20 @@ std::string describe_kernels(const KernelProfile& p, size_t top) {
   }
   if (p.kernels.size() > top)
     os << "  ... " << p.kernels.size() - top << " more (--json lists all)\n";
+  if (p.api_calls.empty()) return os.str();
+  os << "CUDA API calls over the same steps, by host thread (where threads wait on the device):\n";
+  std::snprintf(line, sizeof line, "  %9s %9s %11s %20s  %s\n", "ms/step", "per step", "longest ms",
+                "thread", "call");
+  os << line;
+  for (size_t i = 0; i < p.api_calls.size() && i < top_api; ++i) {
+    const ApiCallTime& c = p.api_calls[i];
+    std::snprintf(line, sizeof line, "  %9.3f %9.1f %11.3f %20llu  %s\n", c.total_ms / steps,
+                  static_cast<double>(c.count) / steps, c.longest_ms,
+                  static_cast<unsigned long long>(c.thread), c.name.c_str());
+    os << line;
+  }
+  if (p.api_calls.size() > top_api)
+    os << "  ... " << p.api_calls.size() - top_api << " more (--json lists all)\n";
   return os.str();
 }
 
@@ -98,7 +139,14 @@ nlohmann::json to_json(const KernelProfile& p) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& k : p.kernels)
     rows.push_back({{"name", k.name}, {"count", k.count}, {"total_ms", k.total_ms}});
-  return {{"steps", p.steps}, {"total_ms", p.total_ms()}, {"kernels", rows}};
+  nlohmann::json calls = nlohmann::json::array();
+  for (const auto& c : p.api_calls)
+    calls.push_back({{"name", c.name},
+                     {"thread", c.thread},
+                     {"count", c.count},
+                     {"total_ms", c.total_ms},
+                     {"longest_ms", c.longest_ms}});
+  return {{"steps", p.steps}, {"total_ms", p.total_ms()}, {"kernels", rows}, {"api_calls", calls}};
 }
 
 }  // namespace tandem::run

@@ -55,6 +55,10 @@ RunRequest resolve(RunRequest o) {
                    " is not valid: expected 1 to ", kMaxLoaderWorkers, " loader worker threads");
   TANDEM_CHECK_ARG(o.kernel_steps >= 0, "kernel profile step count ", o.kernel_steps,
                    " is not valid: expected 0 (none) or more steps");
+  TANDEM_CHECK_ARG(o.kernel_trace_path.empty() || o.kernel_steps > 0, "a kernel trace ('",
+                   o.kernel_trace_path,
+                   "') records the profiled steps: give their count too "
+                   "(--kernels N)");
   TANDEM_CHECK_ARG(o.device_timing_every >= 1, "device timing interval ", o.device_timing_every,
                    " is not valid: expected a positive number of steps");
   return o;

@@ -90,7 +90,8 @@ std::vector<Trial> run_trials(const RunRequest& unresolved, const RunHooks& hook
     trial.steps = std::min(*options.steps, kAutoTrialSteps);
     trial.warmup = std::min(*options.warmup, kAutoTrialWarmup);
     trial.trace_path.clear();
-    trial.kernel_steps = 0;  // the picked mode's run lists its kernels
+    trial.kernel_steps = 0;  // the picked mode's run lists its kernels (and writes their trace)
+    trial.kernel_trace_path.clear();
     trial.progress = false;
     Trial t{to_string(mode), std::nullopt, "", {}};
     if (const auto no = options.ruled_out.find(mode); no != options.ruled_out.end()) {

@@ -75,7 +75,7 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
     }
     if (stage == clock_stage && profiled > 0 && item == warmup + steps + profiled) {
       synchronize(device);
-      result.kernels = recorder->stop(profiled);
+      result.kernels = recorder->stop(profiled, request.kernel_trace_path);
     }
     if (stage == last_stage) {
       progress.update(item);

@@ -181,6 +181,8 @@ int run_bench_resolved(const tandem::run::RunRequest& options, const tandem::run
   std::ofstream json = open_output(lead ? json_path : std::string(), "--json");
   std::ofstream trace_probe = open_output(options.trace_path, "--trace");
   trace_probe.close();
+  std::ofstream kernel_trace_probe = open_output(options.kernel_trace_path, "--kernel-trace");
+  kernel_trace_probe.close();
   if (lead) std::cout << tandem::run::describe_request(options) << std::flush;
   if (group && lead)
     std::cout << "data parallel  " << group->world_size() << " ranks over " << group->backend()
@@ -237,6 +239,8 @@ int run_bench_resolved(const tandem::run::RunRequest& options, const tandem::run
   std::cout << "\n" << tandem::run::describe_report(result) << std::flush;
   write_output(json, out.dump(2) + "\n", json_path);
   if (!options.trace_path.empty()) std::cout << "wrote " << options.trace_path << "\n";
+  if (!options.kernel_trace_path.empty())
+    std::cout << "wrote " << options.kernel_trace_path << "\n";
   return 0;
 }
 
@@ -248,7 +252,10 @@ int run_bench_command(tandem::run::RunRequest options, const std::string& json_p
       tandem::run::join_data_parallel(options.device);
   tandem::run::RunHooks hooks;
   tandem::run::apply_data_parallel(options, hooks, group, data_parallel);
-  if (group && group->rank() != 0) options.trace_path.clear();
+  if (group && group->rank() != 0) {
+    options.trace_path.clear();
+    options.kernel_trace_path.clear();
+  }
   options = tandem::run::resolve(options);
   try {
     return run_bench_resolved(options, hooks, group, json_path);
@@ -351,7 +358,12 @@ struct BenchCommand {
                     "(open in ui.perfetto.dev or chrome://tracing)");
     app->add_option("--kernels", options.kernel_steps,
                     "after the timed steps, run N more under LibTorch's profiler and list the "
-                    "GPU kernels they ran, with device time per step (table and --json)");
+                    "GPU kernels they ran, with device time per step, and the CUDA API calls "
+                    "that held each host thread longest (table and --json)");
+    app->add_option("--kernel-trace", options.kernel_trace_path,
+                    "with --kernels N: also write those steps' profiler trace to this file "
+                    "(every kernel, copy and CUDA API call on its stream or thread; open in "
+                    "ui.perfetto.dev)");
     app->add_option("--json", json, "also write the result as JSON to this file");
     app->add_option("--nproc", nproc,
                     "data parallel on this machine: start N ranks (one per GPU, or N CPU "

@@ -61,6 +61,9 @@ struct RunRequest {
   /// If > 0: after the timed steps, this many more run under LibTorch's profiler and the report
   /// lists the GPU kernels they ran (RunReport::kernels). They are not timed.
   int64_t kernel_steps = 0;
+  /// If not empty (needs kernel_steps > 0): write the profiler's Chrome trace of those steps to
+  /// this file — every kernel, copy and CUDA API call on its stream or host thread.
+  std::string kernel_trace_path;
   /// Draw a progress line on stderr when it is a terminal.
   bool progress = true;
   /// Read GPU utilization through NVML during the timed steps (a thread collecting the driver's
