@@ -711,6 +711,40 @@ def test_ab_end_to_end(tmp_path):
     assert r.returncode == 0 and "some cells below the ratio" in r.stdout
 
 
+FAKE_CMAKE = """#!/bin/sh
+echo "$@" >>"{log}"
+if [ "$1" = "--build" ]; then mkdir -p "$2"; printf '#!/bin/sh\\n' >"$2/tandem"; chmod +x "$2/tandem"; fi
+"""
+
+
+def test_ab_builds_name_the_unpacked_jpeg_libraries_release_variable_too(tmp_path):
+    # Where the machine has no TurboJPEG, the A/B builds take the .debs unpacked beside the
+    # build; FindJPEG's imported target prefers JPEG_LIBRARY_RELEASE, so it is named as well.
+    build = tmp_path / "build-gpu"
+    deps = tmp_path / "build-gpu-deps" / "usr" / "include"
+    deps.mkdir(parents=True)
+    for header in ("turbojpeg.h", "jpeglib.h"):
+        (deps / header).write_text("")
+    log, cmake = tmp_path / "cmake.log", tmp_path / "cmake"
+    cmake.write_text(FAKE_CMAKE.format(log=log))
+    cmake.chmod(0o755)
+    old_tree = tmp_path / "old"
+    old_tree.mkdir()
+    (old_tree / "CMakeLists.txt").write_text("project(old)\n")
+    r = drive("ab", "--out", tmp_path / "out", "--build", build, "--old-tree", old_tree,
+              "--ab-phase", "build", "--cmake", cmake, "--torch-prefix", tmp_path,
+              "--ab-old-build", tmp_path / "b-old", "--ab-new-build", tmp_path / "b-new")
+    assert r.returncode == 0, r.stdout + r.stderr
+    configures = [line for line in log.read_text().splitlines() if line.startswith("-S")]
+    assert len(configures) == 2, configures
+    lib = tmp_path / "build-gpu-deps/usr/lib/x86_64-linux-gnu"
+    for line in configures:
+        for option in (f"-DTURBOJPEG_LIBRARY_RELEASE={lib}/libturbojpeg.so",
+                       f"-DJPEG_LIBRARY_RELEASE={lib}/libjpeg.so",
+                       f"-DJPEG_INCLUDE_DIR={tmp_path}/build-gpu-deps/usr/include"):
+            assert option in line.split(), (option, line)
+
+
 def test_ab_refuses_a_tree_that_is_not_one(tmp_path):
     r = drive("ab", "--out", tmp_path / "out", "--old-tree", tmp_path / "nosuch")
     assert r.returncode == 2 and "is not a source tree" in r.stdout
