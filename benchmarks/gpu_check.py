@@ -24,6 +24,7 @@ import collections
 import contextlib
 import fnmatch
 import glob
+import gzip
 import hashlib
 import inspect
 import io
@@ -332,6 +333,18 @@ def decode_options(p):
     value(g, "--decode-images", 1000, "files decoded by each side, spread over the classes",
           positive)
     value(g, "--decode-core", 2, "the core both are pinned to (taskset -c)", count)
+
+
+def enginetrace_options(p):
+    g = p.add_argument_group("enginetrace")
+    value(g, "--enginetrace-photos", "/tmp/tandem-photos-1000-2000", "the photos' folder; made "
+          "there first where it does not exist (--enginetrace-count photos of 1000-2000 px)",
+          metavar="DIR")
+    value(g, "--enginetrace-count", 1500, "photos made for --enginetrace-photos", positive)
+    words(g, "--enginetrace-models", ["r18_full", "r50_full"], "the models trained beside the "
+          "decode", allowed=("r18_full", "r50_full"), metavar="MODEL")
+    value(g, "--enginetrace-steps", 5, "profiled steps (after 40 timed ones)", positive)
+    value(g, "--enginetrace-workers", 15, "loader workers", positive)
 
 
 def pybench_options(p):
@@ -1196,6 +1209,34 @@ def phase_gathercost(c, a):
           save=c.out_path("gathered-cost.log"), show=True)
 
 
+@phase("enginetrace", enginetrace_options)
+def phase_enginetrace(c, a):
+    """what the JPEG engines' batched call waits on: ResNets trained from large photos with decode
+    auto, a few steps under LibTorch's profiler — the host threads' longest CUDA API calls in the
+    log and enginetrace-MODEL.json, each run's Chrome trace in enginetrace-MODEL.trace.json.gz
+
+    Open a trace in ui.perfetto.dev: the augment thread's calls and nvJPEG's kernels on their
+    streams beside the training lane's."""
+    folder = c.photo_folder(a.enginetrace_photos, a.enginetrace_count, 1000, 2000)
+    for model in a.enginetrace_models:
+        trace = c.raw_path(f"enginetrace-{model}.trace.json")
+        c.say(f"enginetrace: {model} from {folder}, decode auto, {a.enginetrace_steps} profiled "
+              f"steps")
+        c.run([c.tandem, "bench", "--workload", "images", "--data", folder, "--param",
+               "source=files", "--param", "decode=auto", "--param", f"model={model}", "--param",
+               "precision=bf16", "--param", "layout=channels_last", "--batch-size", 256,
+               "--mode", "pipelined+graphed", "--steps", 40, "--warmup", 10, "--workers",
+               a.enginetrace_workers, "--no-gpu-monitor", "--kernels", a.enginetrace_steps,
+               "--kernel-trace", trace, "--json", c.out_path(f"enginetrace-{model}.json")],
+              show=r"^images +[a-z]|CUDA API calls|^ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+  cu|JPEG "
+                   r"engines|decode auto|rror", log_all=True)
+        if os.path.isfile(trace):
+            with open(trace, "rb") as src, gzip.open(c.out_path(
+                    f"enginetrace-{model}.trace.json.gz"), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.remove(trace)
+
+
 @phase("package", package_env=True)
 def phase_package(c, a):
     """the Python package in one pip command into BUILD-py/py (for compile, pybench, trainer-ab)
@@ -1670,7 +1711,7 @@ def phase_ab_in_run(c, a):
 
 
 ORDER = ["seg", "cls", "augment", "mlp", "sweep", "pair", "graphs", "profile", "profile-mlp", "ab",
-         "data", "train", "photos", "ddp", "gathercost", "package", "python", "decode", "pybench",
+         "data", "train", "photos", "enginetrace", "ddp", "gathercost", "package", "python", "decode", "pybench",
          "compile", "trainer-ab", "runsh"]  # the order `run` runs them in
 PHASES = [REGISTERED[name] for name in ORDER]
 BY_NAME = {p.name: p for p in PHASES}

@@ -5,6 +5,7 @@ and two phases end to end against a stand-in `tandem` (a script writing the JSON
     python3 -m pytest benchmarks/tests        or        python3 benchmarks/tests/test_gpu_check.py
 """
 import contextlib
+import gzip
 import inspect
 import io
 import json
@@ -641,6 +642,12 @@ if args[0] == "bench":
             "first_loss": 2.0, "last_loss": 1.0, "gpu_utilization": 0.9,
             "stages": [{{"name": "train", "device_ms_per_step": 1000.0 / rate}}]}}
     print(f"{{job}}  {{mode}}  bs {{bs}}  {{rate:.1f}} steps/s")
+    if opt("--kernel-trace"):
+        doc["params"] = dict(x.split("=", 1) for x in args if "=" in x)
+        print("CUDA API calls over the same steps, by host thread")
+        print("     40.000       1.0      52.000                 7  cudaStreamSynchronize")
+        with open(opt("--kernel-trace"), "w") as f:
+            json.dump({{"traceEvents": []}}, f)
 elif args[0] == "augment-bench":
     doc = [{{"batch_size": int(opt("--batch-sizes")), "requested_sampling": opt("--sampling"),
              "steps_per_s": rate}}]
@@ -743,6 +750,21 @@ def test_ab_builds_name_the_unpacked_jpeg_libraries_release_variable_too(tmp_pat
                        f"-DJPEG_LIBRARY_RELEASE={lib}/libjpeg.so",
                        f"-DJPEG_INCLUDE_DIR={tmp_path}/build-gpu-deps/usr/include"):
             assert option in line.split(), (option, line)
+
+
+def test_enginetrace_profiles_each_model_from_the_photos_and_keeps_the_traces(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()  # present: not generated
+    out = tmp_path / "out"
+    r = drive("enginetrace", "--out", out, "--build", fake_build(tmp_path, 20),
+              "--enginetrace-photos", photos, "--enginetrace-steps", 3)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for model in ("r18_full", "r50_full"):
+        report = read_json(out / f"enginetrace-{model}.json")
+        assert report["params"]["model"] == model and report["params"]["decode"] == "auto"
+        with gzip.open(out / f"enginetrace-{model}.trace.json.gz") as f:
+            assert json.load(f) == {"traceEvents": []}
+    assert "cudaStreamSynchronize" in r.stdout, "the longest API calls are shown"
 
 
 def test_ab_refuses_a_tree_that_is_not_one(tmp_path):
