@@ -1611,8 +1611,7 @@ def ab_runs(c, a, old_tree, old_build, new_build):
                    f"tandem augment-bench --batch-sizes B --sampling M --repeats {a.ab_repeats}"
                    + (f", or (photos cells) tandem bench --workload images --data {a.ab_photos} "
                       f"--param source=files --param decode=auto|cpu (photos_*_cpu) --param "
-                      f"model=MODEL --param "
-                      f"precision=bf16 --param layout=channels_last"
+                      f"model=MODEL --param precision=bf16 --param layout=channels_last"
                       if any(j in compare.PHOTO_JOBS for j, _, _ in cells) else "")
                    + f"; old = {a.ab_old_commit} built from {a.old_tree}, new = this tree, "
                    f"both cmake -G Ninja Release TANDEM_BUILD_TESTS=OFF, target tandem_cli; odd "
@@ -1711,8 +1710,8 @@ def phase_ab_in_run(c, a):
 
 
 ORDER = ["seg", "cls", "augment", "mlp", "sweep", "pair", "graphs", "profile", "profile-mlp", "ab",
-         "data", "train", "photos", "enginetrace", "ddp", "gathercost", "package", "python", "decode", "pybench",
-         "compile", "trainer-ab", "runsh"]  # the order `run` runs them in
+         "data", "train", "photos", "enginetrace", "ddp", "gathercost", "package", "python",
+         "decode", "pybench", "compile", "trainer-ab", "runsh"]  # the order `run` runs them in
 PHASES = [REGISTERED[name] for name in ORDER]
 BY_NAME = {p.name: p for p in PHASES}
 ALIASES = {"bench": "seg", "redesign": "ab"}  # the shell script's other names
