@@ -17,6 +17,7 @@
 
 #include "tandem/error.h"
 #include "tandem/sampler.h"
+#include "tandem/thread_name.h"
 
 namespace tandem {
 
@@ -165,7 +166,11 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
   }
   for (int s = 0; s < options_.depth; ++s) slots_[s].number = s - options_.depth;  // "released"
   worker_state_ = std::make_unique<WorkerState[]>(options_.workers);
-  for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
+  for (int w = 0; w < options_.workers; ++w)
+    workers_.emplace_back([this, w] {
+      name_this_thread("loader " + std::to_string(w));
+      worker_loop(w);
+    });
 }
 
 Loader::~Loader() { stop(); }

@@ -13,6 +13,8 @@
 #include <mutex>
 #include <thread>
 
+#include "tandem/thread_name.h"
+
 namespace tandem {
 
 const char* to_string(PipelineMode mode) {
@@ -359,7 +361,11 @@ void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
 
   std::vector<std::thread> threads;
   try {
-    for (int i = 1; i < K; ++i) threads.emplace_back(stage_loop, i);
+    for (int i = 1; i < K; ++i)
+      threads.emplace_back([&stage_loop, this, i] {
+        name_this_thread(stages_[i].name);  // the first stage runs on the caller's thread
+        stage_loop(i);
+      });
   } catch (...) {  // no thread for a stage (std::system_error): stop those already started
     for (auto& q : inbox) q.close();
     open_gate();

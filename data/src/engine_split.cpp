@@ -14,6 +14,7 @@
 
 #include "tandem/data/decode.h"
 #include "tandem/error.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::data {
 
@@ -59,6 +60,7 @@ double DecodeTrial::cpu_rate(int cores, const std::function<void(size_t)>& decod
   std::vector<std::exception_ptr> failed(static_cast<size_t>(cores));
   for (int c = 0; c < cores; ++c)
     threads.emplace_back([&, c] {
+      name_this_thread("decode trial " + std::to_string(c));
       try {
         const size_t first = static_cast<size_t>(c) * n / static_cast<size_t>(cores);
         for (size_t k = 0; k < each; ++k) {

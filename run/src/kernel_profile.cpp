@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "tandem/error.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::run {
 
@@ -52,6 +53,7 @@ std::vector<ApiCallTime> sum_api_calls(const std::vector<ApiCallSample>& samples
     ApiCallTime& c = by_call[{s.thread, s.name}];
     c.name = s.name;
     c.thread = s.thread;
+    c.thread_name = s.thread_name;
     c.count += 1;
     c.total_ms += s.ms;
     c.longest_ms = std::max(c.longest_ms, s.ms);
@@ -77,7 +79,8 @@ KernelProfile KernelRecorder::stop(int64_t steps, const std::string& trace_path)
       // Host-side records under CUDA activity are CUPTI's runtime (cuda*) and driver (cu*) calls.
       const std::string name = e.name();
       if (name.rfind("cu", 0) == 0)
-        api.push_back({name, e.startThreadId(), static_cast<double>(e.durationNs()) / 1e6});
+        api.push_back({name, e.startThreadId(), static_cast<double>(e.durationNs()) / 1e6,
+                       named_thread(e.startThreadId())});
       continue;
     }
     KernelTime& k = by_name[e.name()];
@@ -99,25 +102,28 @@ std::string describe_kernels(const KernelProfile& p, size_t top, size_t top_api)
   const double steps = static_cast<double>(std::max<int64_t>(p.steps, 1));
   const double total = p.total_ms();
   char line[256];
-  if (p.kernels.empty())
-    return "GPU kernels: none ran in the " + std::to_string(p.steps) +
-           " profiled steps (a CPU run, or no CUDA activity recorded)\n";
-  std::snprintf(line, sizeof line,
-                "GPU kernels over %lld profiled steps: %.3f ms per step in %zu kinds\n",
-                static_cast<long long>(p.steps), total / steps, p.kernels.size());
-  os << line;
-  std::snprintf(line, sizeof line, "  %9s %6s %9s  %s\n", "ms/step", "share", "per step", "kernel");
-  os << line;
-  for (size_t i = 0; i < p.kernels.size() && i < top; ++i) {
-    const KernelTime& k = p.kernels[i];
-    std::string name = k.name.size() > 100 ? k.name.substr(0, 97) + "..." : k.name;
-    std::snprintf(line, sizeof line, "  %9.3f %5.1f%% %9.1f  %s\n", k.total_ms / steps,
-                  total > 0 ? 100.0 * k.total_ms / total : 0.0,
-                  static_cast<double>(k.count) / steps, name.c_str());
+  if (p.kernels.empty()) {
+    os << "GPU kernels: none ran in the " << p.steps
+       << " profiled steps (a CPU run, or no CUDA activity recorded)\n";
+  } else {
+    std::snprintf(line, sizeof line,
+                  "GPU kernels over %lld profiled steps: %.3f ms per step in %zu kinds\n",
+                  static_cast<long long>(p.steps), total / steps, p.kernels.size());
     os << line;
+    std::snprintf(line, sizeof line, "  %9s %6s %9s  %s\n", "ms/step", "share", "per step",
+                  "kernel");
+    os << line;
+    for (size_t i = 0; i < p.kernels.size() && i < top; ++i) {
+      const KernelTime& k = p.kernels[i];
+      std::string name = k.name.size() > 100 ? k.name.substr(0, 97) + "..." : k.name;
+      std::snprintf(line, sizeof line, "  %9.3f %5.1f%% %9.1f  %s\n", k.total_ms / steps,
+                    total > 0 ? 100.0 * k.total_ms / total : 0.0,
+                    static_cast<double>(k.count) / steps, name.c_str());
+      os << line;
+    }
+    if (p.kernels.size() > top)
+      os << "  ... " << p.kernels.size() - top << " more (--json lists all)\n";
   }
-  if (p.kernels.size() > top)
-    os << "  ... " << p.kernels.size() - top << " more (--json lists all)\n";
   if (p.api_calls.empty()) return os.str();
   os << "CUDA API calls over the same steps, by host thread (where threads wait on the device):\n";
   std::snprintf(line, sizeof line, "  %9s %9s %11s %20s  %s\n", "ms/step", "per step", "longest ms",
@@ -125,9 +131,11 @@ std::string describe_kernels(const KernelProfile& p, size_t top, size_t top_api)
   os << line;
   for (size_t i = 0; i < p.api_calls.size() && i < top_api; ++i) {
     const ApiCallTime& c = p.api_calls[i];
-    std::snprintf(line, sizeof line, "  %9.3f %9.1f %11.3f %20llu  %s\n", c.total_ms / steps,
-                  static_cast<double>(c.count) / steps, c.longest_ms,
-                  static_cast<unsigned long long>(c.thread), c.name.c_str());
+    const std::string thread =
+        c.thread_name.empty() ? std::to_string(c.thread) : c.thread_name.substr(0, 20);
+    std::snprintf(line, sizeof line, "  %9.3f %9.1f %11.3f %20s  %s\n", c.total_ms / steps,
+                  static_cast<double>(c.count) / steps, c.longest_ms, thread.c_str(),
+                  c.name.c_str());
     os << line;
   }
   if (p.api_calls.size() > top_api)
@@ -143,6 +151,7 @@ nlohmann::json to_json(const KernelProfile& p) {
   for (const auto& c : p.api_calls)
     calls.push_back({{"name", c.name},
                      {"thread", c.thread},
+                     {"thread_name", c.thread_name},
                      {"count", c.count},
                      {"total_ms", c.total_ms},
                      {"longest_ms", c.longest_ms}});

@@ -3,16 +3,23 @@
 #include "tandem/run/kernel_profile.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "tandem/thread_name.h"
 
 namespace tandem::run {
 namespace {
 
 TEST(KernelProfileTest, ApiCallsAreSummedPerThreadAndNameLongestFirst) {
-  const auto calls = sum_api_calls({{"cudaLaunchKernel", 1, 0.01},
-                                    {"cudaStreamSynchronize", 2, 40.0},
-                                    {"cudaLaunchKernel", 1, 0.02},
-                                    {"cudaStreamSynchronize", 2, 12.0},
-                                    {"cudaStreamSynchronize", 1, 0.5}});
+  const auto calls = sum_api_calls({{"cudaLaunchKernel", 1, 0.01, ""},
+                                    {"cudaStreamSynchronize", 2, 40.0, ""},
+                                    {"cudaLaunchKernel", 1, 0.02, ""},
+                                    {"cudaStreamSynchronize", 2, 12.0, ""},
+                                    {"cudaStreamSynchronize", 1, 0.5, ""}});
   ASSERT_EQ(calls.size(), 3u);
   EXPECT_EQ(calls[0].name, "cudaStreamSynchronize");
   EXPECT_EQ(calls[0].thread, 2u);
@@ -30,7 +37,8 @@ TEST(KernelProfileTest, TheTableNamesTheThreadsLongestWaits) {
   KernelProfile p;
   p.steps = 2;
   p.kernels = {{"sm90_xmma_gemm", 20, 30.0}};
-  p.api_calls = sum_api_calls({{"cudaStreamSynchronize", 7, 40.0}, {"cuMemFree_v2", 7, 2.0}});
+  p.api_calls =
+      sum_api_calls({{"cudaStreamSynchronize", 7, 40.0, ""}, {"cuMemFree_v2", 7, 2.0, ""}});
   const std::string text = describe_kernels(p);
   EXPECT_NE(text.find("CUDA API calls"), std::string::npos) << text;
   EXPECT_NE(text.find("cudaStreamSynchronize"), std::string::npos) << text;
@@ -41,6 +49,26 @@ TEST(KernelProfileTest, TheTableNamesTheThreadsLongestWaits) {
   ASSERT_EQ(j["api_calls"].size(), 2u);
   EXPECT_EQ(j["api_calls"][0]["thread"], 7);
   EXPECT_EQ(j["api_calls"][0]["longest_ms"], 40.0);
+}
+
+TEST(KernelProfileTest, ANamedThreadIsShownByItsName) {
+  std::string named_as_kernel_id, named_as_pthread;
+  std::thread([&] {
+    name_this_thread("augment");
+    named_as_kernel_id = named_thread(static_cast<uint64_t>(syscall(SYS_gettid)));
+    named_as_pthread = named_thread(static_cast<uint64_t>(pthread_self()));
+  }).join();
+  EXPECT_EQ(named_as_kernel_id, "augment");
+  EXPECT_EQ(named_as_pthread, "augment");
+  EXPECT_EQ(named_thread(0), "");
+  KernelProfile p;
+  p.steps = 1;
+  p.api_calls = sum_api_calls(
+      {{"cudaStreamSynchronize", 42, 50.0, "augment"}, {"cudaLaunchKernel", 43, 0.1, ""}});
+  const std::string text = describe_kernels(p);
+  EXPECT_NE(text.find("augment  cudaStreamSynchronize"), std::string::npos) << text;
+  EXPECT_NE(text.find("43  cudaLaunchKernel"), std::string::npos) << text;  // unnamed: its id
+  EXPECT_EQ(to_json(p)["api_calls"][0]["thread_name"], "augment");
 }
 
 TEST(KernelProfileTest, NoApiCallsLeaveTheTableAsItWas) {

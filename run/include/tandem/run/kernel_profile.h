@@ -25,7 +25,8 @@ struct KernelTime {
 /// copy or free, a library's call that returns when its GPU work is done.
 struct ApiCallTime {
   std::string name;
-  uint64_t thread = 0;  ///< the host thread's id as the profiler records it
+  uint64_t thread = 0;      ///< the host thread's id as the profiler records it
+  std::string thread_name;  ///< its name where tandem named it (a stage, a loader worker)
   int64_t count = 0;
   double total_ms = 0;    ///< host time inside the calls, summed
   double longest_ms = 0;  ///< the longest single call
@@ -43,6 +44,7 @@ struct ApiCallSample {
   std::string name;
   uint64_t thread = 0;
   double ms = 0;
+  std::string thread_name;
 };
 
 /// The samples summed by (thread, name), longest total first.
