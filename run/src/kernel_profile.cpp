@@ -53,13 +53,15 @@ std::vector<ApiCallTime> sum_api_calls(const std::vector<ApiCallSample>& samples
     ApiCallTime& c = by_call[{s.thread, s.name}];
     c.name = s.name;
     c.thread = s.thread;
-    c.thread_name = s.thread_name;
     c.count += 1;
     c.total_ms += s.ms;
     c.longest_ms = std::max(c.longest_ms, s.ms);
   }
   std::vector<ApiCallTime> out;
-  for (auto& [key, c] : by_call) out.push_back(std::move(c));
+  for (auto& [key, c] : by_call) {
+    c.thread_name = named_thread(c.thread);  // once per row, not per call
+    out.push_back(std::move(c));
+  }
   std::stable_sort(out.begin(), out.end(), [](const ApiCallTime& a, const ApiCallTime& b) {
     return a.total_ms > b.total_ms;
   });
@@ -79,8 +81,7 @@ KernelProfile KernelRecorder::stop(int64_t steps, const std::string& trace_path)
       // Host-side records under CUDA activity are CUPTI's runtime (cuda*) and driver (cu*) calls.
       const std::string name = e.name();
       if (name.rfind("cu", 0) == 0)
-        api.push_back({name, e.startThreadId(), static_cast<double>(e.durationNs()) / 1e6,
-                       named_thread(e.startThreadId())});
+        api.push_back({name, e.startThreadId(), static_cast<double>(e.durationNs()) / 1e6});
       continue;
     }
     KernelTime& k = by_name[e.name()];

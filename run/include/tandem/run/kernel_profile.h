@@ -44,10 +44,10 @@ struct ApiCallSample {
   std::string name;
   uint64_t thread = 0;
   double ms = 0;
-  std::string thread_name;
 };
 
-/// The samples summed by (thread, name), longest total first.
+/// The samples summed by (thread, name), longest total first; each row's thread named where
+/// tandem named it (named_thread).
 std::vector<ApiCallTime> sum_api_calls(const std::vector<ApiCallSample>& samples);
 
 /// Starts LibTorch's profiler for CUDA activity on construction; stop() ends it and sums the
