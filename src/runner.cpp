@@ -369,7 +369,7 @@ Stage Runner::Impl::group_stage(size_t gi, const Workload& w, const RunOptions& 
     for (size_t i = 0; i < g->outputs.size(); ++i) b.set(g->outputs[i], std::move(out[i]));
     for (const auto& name : g->drops) b.erase(name);
   };
-  const LanePriority priority = g->train ? o.train_priority : LanePriority::kNormal;
+  const LanePriority priority = g->train ? o.train_priority : o.input_priority;
   return {g->name, Lane::create(g->lane, w.device, priority), fn};
 }
 

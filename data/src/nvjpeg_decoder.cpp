@@ -17,6 +17,8 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,6 +28,7 @@
 #include "jpeg_markers.h"
 #include "tandem/data/decode.h"
 #include "tandem/error.h"
+#include "tandem/hardware_queues.h"
 
 #if TANDEM_HAVE_NVJPEG_H
 #include <nvjpeg.h>
@@ -329,6 +332,24 @@ struct Staging {
   bool pending = false;  // `done` was recorded after a decode that read `data`
 };
 
+// nvJPEG's hardware path runs each image on one of 14 streams of its own, and waits on the host
+// for the image 14 before it; with few hardware queues some of those streams share one with the
+// training lane, and one image held behind a queued step holds the whole batch
+// (hardware_queues.h). Said once per process.
+void warn_if_few_hardware_queues() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int queues = hardware_queues();
+    if (queues >= kHardwareQueuesForEngines) return;
+    std::cerr << "tandem: CUDA_DEVICE_MAX_CONNECTIONS is " << queues
+              << ": the JPEG engines' streams share CUDA's hardware queues with the training "
+                 "and wait behind its queued steps (ResNet-50 from large photos trained "
+                 "1.18-1.25x slower with 8 than with "
+              << kHardwareQueues << "); set it to " << kHardwareQueues
+              << " before the program's first CUDA call (the tandem CLI does where it is unset)\n";
+  });
+}
+
 }  // namespace
 
 // The nvJPEG handles and decode states of one decoder: the default backend's (image headers,
@@ -631,6 +652,7 @@ std::unique_ptr<NvjpegDecoder> NvjpegDecoder::open(int device, std::string* why_
       if (why_not) *why_not = "no nvJPEG hardware decoder" + where + " (" + why_hw + ")";
       return nullptr;
     }
+    if (state->hw_handle != nullptr) warn_if_few_hardware_queues();
   }
   if (prefer == NvjpegBackend::kHybrid) {
     std::string why_hybrid;

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "tandem/hardware_queues.h"
 #include "tandem/run/gpu_monitor.h"
 
 namespace tandem::run {
@@ -118,6 +119,8 @@ nlohmann::json to_json(const RunReport& r) {
           {"seed", o.seed},
           {"cudnn_benchmark", o.cudnn_benchmark.value_or(false)},
           {"train_priority", o.train_priority},
+          {"input_priority", o.input_priority},
+          {"hardware_queues", hardware_queues()},
           {"device", o.device},
           {"device_name", r.device_name},
           {"torch", r.torch_version},

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "tandem/error.h"
+#include "tandem/hardware_queues.h"
 #include "tandem/loader.h"
 #include "tandem/run/report.h"
 
@@ -45,6 +46,8 @@ RunRequest resolve(RunRequest o) {
   o.cudnn_benchmark = o.cudnn_benchmark.value_or(device.is_cuda());
   TANDEM_CHECK_ARG(o.train_priority == "high" || o.train_priority == "normal", "train priority '",
                    o.train_priority, "' is not valid: expected high or normal");
+  TANDEM_CHECK_ARG(o.input_priority == "high" || o.input_priority == "normal", "input priority '",
+                   o.input_priority, "' is not valid: expected high or normal");
   TANDEM_CHECK_ARG(*o.batch_size > 0, "batch size ", *o.batch_size,
                    " is not valid: expected a positive number of samples");
   TANDEM_CHECK_ARG(*o.steps > 0, "step count ", *o.steps,
@@ -90,6 +93,7 @@ RunOptions runner_options(const RunRequest& r) {
   ro.skip_bad = r.skip_bad;
   ro.first_step = r.first_step;
   ro.train_priority = r.train_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
+  ro.input_priority = r.input_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
   return ro;
 }
 
@@ -106,7 +110,9 @@ std::string describe_request(const RunRequest& o) {
      << "workers    " << o.workers.value_or(0) << "\n"
      << "seed       " << o.seed << "\n"
      << "cudnn      benchmark " << (o.cudnn_benchmark.value_or(false) ? "on" : "off") << "\n"
-     << "train lane priority " << o.train_priority << "\n";
+     << "train lane priority " << o.train_priority << "\n"
+     << "input lanes priority " << o.input_priority << "\n"
+     << "hardware queues " << hardware_queues() << " (CUDA_DEVICE_MAX_CONNECTIONS)\n";
   return os.str();
 }
 

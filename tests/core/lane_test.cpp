@@ -1,6 +1,7 @@
 // Lanes and the device choice: parse_device accepts what the CLI documents and names a bad
 // value; a CPU lane is the calling thread (its waits are no-ops); a CUDA lane is a stream of its
-// own whose waits order work without a host sync.
+// own whose waits order work without a host sync. Asking for CUDA's most hardware queues keeps a
+// value the user set, and the variable is read as CUDA reads it.
 #include "tandem/lane.h"
 
 #include <ATen/ATen.h>
@@ -8,9 +9,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "tandem/error.h"
+#include "tandem/hardware_queues.h"
 #include "test_support.h"
 #include "test_util.h"
 
@@ -73,6 +76,36 @@ TEST(LaneTest, ACpuLaneIsTheCallingThread) {
     LaneGuard guard(a, "work");  // only an NVTX range: ops still run on the CPU
     EXPECT_TRUE(at::ones({2}).add(1).equal(at::full({2}, 2.0)));
   }
+}
+
+TEST(HardwareQueuesTest, AskingSetsCudasMostOnlyWhereTheEnvironmentNamedNone) {
+  const char* before = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const std::string kept = before ? before : "";
+  unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  EXPECT_TRUE(ask_for_hardware_queues());
+  EXPECT_STREQ(std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"), "32");
+  EXPECT_EQ(hardware_queues(), kHardwareQueues);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "4", 1);
+  EXPECT_FALSE(ask_for_hardware_queues()) << "a value the user set is kept";
+  EXPECT_STREQ(std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"), "4");
+  if (before)
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", kept.c_str(), 1);
+  else
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+}
+
+TEST(HardwareQueuesTest, ReadsTheVariableAsCudaDoes) {
+  const char* before = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const std::string kept = before ? before : "";
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "16", 1);
+  EXPECT_EQ(hardware_queues(), 16);
+  for (const char* bad : {"", "many", "0", "-4", "12x"}) {
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", bad, 1);
+    EXPECT_EQ(hardware_queues(), 8) << "'" << bad << "'";
+  }
+  unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  EXPECT_EQ(hardware_queues(), 8);
+  if (before) setenv("CUDA_DEVICE_MAX_CONNECTIONS", kept.c_str(), 1);
 }
 
 TEST(LaneGpuTest, LanesCreatedTogetherHaveStreamsOfTheirOwn) {

@@ -1,6 +1,8 @@
 // `tandem data-bench` on bad input, run as a user runs it (the binary, its exit status and its
 // output): --skip-bad skips a truncated JPEG in every row and says how many; an image + mask
-// folder is refused in one line that says what to use; out-of-range options are named.
+// folder is refused in one line that says what to use; out-of-range options are named. `tandem
+// bench` asks CUDA for its most hardware queues where the JPEG engines may decode the folder,
+// and only there (hardware_queues.h), and keeps a value the user set.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -65,6 +67,40 @@ TEST(DataBenchCliTest, SkipBadSkipsATruncatedJpegInTheDecodeAndLoaderRows) {
       << ran.output;
   EXPECT_NE(ran.output.find("1 bad file(s) skipped"), std::string::npos) << ran.output;  // loader
   EXPECT_NE(ran.output.find("turbojpeg_scaled"), std::string::npos) << ran.output;
+}
+
+// `tandem bench` of workload images on `root` in the environment `env` (a prefix for env(1)):
+// the hardware queues its request reports.
+std::string queues_of_bench(const std::string& env, const std::string& root,
+                            const std::string& more) {
+  const std::string command = "env " + env + " " + std::string(TANDEM_CLI_PATH) +
+                              " bench --workload images --device cpu --data " + root +
+                              " --batch-size 2 --steps 1 --warmup 0 --workers 1 " + more + " 2>&1";
+  std::string output;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return "popen failed";
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  if (::pclose(pipe) != 0) return "failed: " + output;
+  const std::string key = "hardware queues ";
+  const size_t at = output.find(key);
+  if (at == std::string::npos) return "no '" + key + "' line: " + output;
+  return output.substr(at + key.size(), output.find(' ', at + key.size()) - at - key.size());
+}
+
+TEST(DataBenchCliTest, BenchAsksForMoreHardwareQueuesWhereTheEnginesMayDecode) {
+  TempDir dir;
+  for (int i = 0; i < 4; ++i)
+    put(dir, std::string("root/") + (i < 2 ? "a/" : "b/") + std::to_string(i) + ".jpg",
+        encode_jpeg(smooth_image(3, 40, 48, i), 90));
+  const std::string root = join(dir.path(), "root");
+  const std::string unset = "-u CUDA_DEVICE_MAX_CONNECTIONS";
+  EXPECT_EQ(queues_of_bench(unset, root, "--decode auto"), "32");
+  EXPECT_EQ(queues_of_bench(unset, root, "--param decode=gpu"), "32");
+  EXPECT_EQ(queues_of_bench(unset, root, ""), "8") << "the workers alone, the default";
+  EXPECT_EQ(queues_of_bench(unset, root, "--decode cpu"), "8");
+  EXPECT_EQ(queues_of_bench("CUDA_DEVICE_MAX_CONNECTIONS=4", root, "--decode auto"), "4")
+      << "the user's";
 }
 
 TEST(DataBenchCliTest, AnImageMaskFolderIsRefusedInOneLineSayingWhatToUse) {

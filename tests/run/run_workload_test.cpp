@@ -36,6 +36,7 @@ TEST(RunRequestTest, TheCoreOptionsCarryTheRequestsFields) {
   r.skip_bad = true;
   r.first_step = 40;
   r.train_priority = "normal";
+  r.input_priority = "high";
   r.mode = Mode::kPipelined;
   r = resolve(r);
   const WorkloadOptions wo = workload_options(r);
@@ -54,6 +55,7 @@ TEST(RunRequestTest, TheCoreOptionsCarryTheRequestsFields) {
   EXPECT_TRUE(ro.skip_bad);
   EXPECT_EQ(ro.first_step, 40);
   EXPECT_EQ(ro.train_priority, LanePriority::kNormal);
+  EXPECT_EQ(ro.input_priority, LanePriority::kHigh);
 }
 
 TEST(RunRequestTest, ResolveNamesABadValue) {

@@ -20,6 +20,7 @@
 #include "tandem/augment_bench.h"
 #include "tandem/distributed/launch_env.h"
 #include "tandem/error.h"
+#include "tandem/hardware_queues.h"
 #include "tandem/lane.h"
 #include "tandem/mode.h"
 #include "tandem/run/resolve_mode.h"
@@ -103,6 +104,17 @@ struct RunFlags {
   std::string workload = "seg";
   std::vector<std::string> params;
   std::string decode;  // --decode: workload images' decode parameter
+
+  /// Whether a run with these flags may decode JPEGs on the engines: files from --data with
+  /// decode gpu or auto (workload images decodes on the workers alone by default).
+  bool may_decode_on_engines(const tandem::run::RunRequest& options) const {
+    if (options.data.empty()) return false;
+    for (const std::string value : {"gpu", "auto"})
+      if (decode == value ||
+          std::find(params.begin(), params.end(), "decode=" + value) != params.end())
+        return true;
+    return false;
+  }
   CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *batch_size_opt = nullptr;
 
   void add(CLI::App* app, tandem::run::RunRequest& options) {
@@ -136,6 +148,11 @@ struct RunFlags {
                               "let cuDNN autotune convolution algorithms [default: on with CUDA]");
     app->add_option("--train-priority", options.train_priority,
                     "stream priority of the training lane: high or normal")
+        ->capture_default_str();
+    app->add_option("--input-priority", options.input_priority,
+                    "stream priority of the lanes that feed it (load, decode, augment): high or "
+                    "normal; high with --train-priority normal puts their kernels ahead of the "
+                    "training's")
         ->capture_default_str();
     app->add_flag("--gpu-monitor,!--no-gpu-monitor", options.gpu_monitor,
                   "sample GPU utilization through NVML during the timed steps [default: on]");
@@ -340,6 +357,8 @@ struct BenchCommand {
   bool gathered_grad = true;
   CLI::App* app = nullptr;
 
+  bool may_decode_on_engines() const { return flags.may_decode_on_engines(options); }
+
   void add(CLI::App& parent) {
     app = parent.add_subcommand("bench",
                                 "Train a workload in one mode and report steps/s (the reference "
@@ -404,6 +423,8 @@ struct SweepCommand {
   std::string csv, json, svg;
   RunFlags flags;
   CLI::App* app = nullptr;
+
+  bool may_decode_on_engines() const { return flags.may_decode_on_engines(options.base); }
 
   void add(CLI::App& parent) {
     app = parent.add_subcommand("sweep",
@@ -582,6 +603,18 @@ int main(int argc, char** argv) {
     std::cerr << "tandem: error: " << tandem::first_line(e.what()) << " (see tandem --help)\n";
     return kExitUsage;
   }
+  // The commands that decode an image folder on the JPEG engines ask CUDA for the hardware
+  // queues the engines' streams need, before this process's first CUDA call (hardware_queues.h).
+  if ((bench.app->parsed() && bench.may_decode_on_engines()) ||
+      (sweep.app->parsed() && sweep.may_decode_on_engines())
+#ifdef TANDEM_HAVE_IMAGES
+      || (data_bench.app->parsed() && data_bench.options.decode != "cpu")
+#endif
+#ifdef TANDEM_HAVE_TRAIN
+      || (train->parsed() && train_command.may_decode_on_engines())
+#endif
+  )
+    tandem::ask_for_hardware_queues();
   try {
     if (bench.app->parsed()) return bench.run(argc, argv);
     if (sweep.app->parsed()) return sweep.run();

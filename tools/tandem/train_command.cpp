@@ -310,6 +310,11 @@ int report_stop(const train::TrainResult& r, int64_t spe, bool lead) {
 
 }  // namespace
 
+bool TrainCommand::may_decode_on_engines() const {
+  return decode == "auto" && !job.data.empty() && !train::is_idx_folder(job.data) &&
+         !train::is_pairs_folder(job.data);
+}
+
 bool TrainCommand::settle_job(c10::Device dev) {
   job.device = dev;
   job.precision = parse_precision(precision);

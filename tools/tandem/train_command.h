@@ -29,8 +29,8 @@ struct TrainCommand {
   int64_t step_epochs = 0;  // --schedule step; not given: epochs / 3
   double gamma = 0.1;
   int64_t epochs = 10;
-  int64_t batch_size = 0;  // not given: by model and device
-  int workers = 0;         // not given: by device
+  int64_t batch_size = 0;     // not given: by model and device
+  int workers = 0;            // not given: by device
   int64_t eval_cache_mb = 0;  // not given: ClassifierOptions' default
   uint64_t seed = 0;
   std::string out;
@@ -52,6 +52,9 @@ struct TrainCommand {
   /// paths, the --weights file. Throws InvalidArgument naming the flag, its value and what was
   /// expected. (Names — --model, --mode, --optimizer, ... — CLI11 checks while parsing.)
   void validate() const;
+  /// Whether the run may decode JPEGs on the engines: an ImageFolder (not Fashion-MNIST's idx
+  /// files, not image/mask pairs) with --decode auto.
+  bool may_decode_on_engines() const;
   /// Runs it; returns the process exit code (130 / 143 after SIGINT / SIGTERM).
   int run(const std::string& command_line);
 

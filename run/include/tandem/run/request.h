@@ -56,6 +56,10 @@ struct RunRequest {
   std::optional<bool> cudnn_benchmark;
   /// Priority of the training lane: "high" (default) or "normal".
   std::string train_priority = "high";
+  /// Priority of the lanes that feed it (load, decode, augment): "normal" (default) or "high".
+  /// With train_priority "normal", their kernels (the JPEG decoder's among them) are scheduled
+  /// ahead of the training's instead of behind a whole queued step.
+  std::string input_priority = "normal";
   /// If not empty: write a Chrome-trace timeline of the timed steps to this file.
   std::string trace_path;
   /// If > 0: after the timed steps, this many more run under LibTorch's profiler and the report
