@@ -1214,6 +1214,8 @@ def phase_enginetrace(c, a):
     """what the JPEG engines' batched call waits on: ResNets trained from large photos with decode
     auto, a few steps under LibTorch's profiler — the host threads' longest CUDA API calls in the
     log and enginetrace-MODEL.json, each run's Chrome trace in enginetrace-MODEL.trace.json.gz
+    and trace_waits.py's reading of it in the log (each stream's launch-to-start waits, the
+    longest host waits and the work that released them)
 
     Open a trace in ui.perfetto.dev: the augment thread's calls and nvJPEG's kernels on their
     streams beside the training lane's."""
@@ -1231,10 +1233,13 @@ def phase_enginetrace(c, a):
               show=r"^images +[a-z]|CUDA API calls|^ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+  cu|JPEG "
                    r"engines|decode auto|rror", log_all=True)
         if os.path.isfile(trace):
-            with open(trace, "rb") as src, gzip.open(c.out_path(
-                    f"enginetrace-{model}.trace.json.gz"), "wb") as dst:
+            kept = c.out_path(f"enginetrace-{model}.trace.json.gz")
+            with open(trace, "rb") as src, gzip.open(kept, "wb") as dst:
                 shutil.copyfileobj(src, dst)
             os.remove(trace)
+            # Which stream's work waited, and which host wait it held: the threads by the
+            # trace's own ids.
+            c.run([PYTHON, "benchmarks/trace_waits.py", kept], show=True)
 
 
 @phase("package", package_env=True)

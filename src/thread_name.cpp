@@ -32,6 +32,7 @@ void name_this_thread(const std::string& name) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry()[kernel_id] = name;
   registry()[pthread_id] = name;
+  registry()[pthread_id & 0xffffffffu] = name;  // as a 32-bit trace id truncates it
 }
 
 std::string named_thread(uint64_t id) {

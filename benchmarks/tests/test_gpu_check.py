@@ -765,6 +765,48 @@ def test_enginetrace_profiles_each_model_from_the_photos_and_keeps_the_traces(tm
         with gzip.open(out / f"enginetrace-{model}.trace.json.gz") as f:
             assert json.load(f) == {"traceEvents": []}
     assert "cudaStreamSynchronize" in r.stdout, "the longest API calls are shown"
+    assert "longest host waits" in r.stdout, "trace_waits.py read each trace"
+
+
+def _x(cat, name, tid, ts, dur, corr, pid=1):
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"correlation": corr}}
+
+
+def test_trace_waits_finds_the_stream_whose_work_waited_and_the_wait_it_held(tmp_path):
+    import trace_waits
+    events = [
+        # thread 7 queues a kernel on each of streams 31 and 32; 32's starts 40 ms late, and
+        # thread 7's event wait ends as it does
+        _x("cuda_runtime", "cudaLaunchKernel", 7, 0, 5, 1),
+        _x("cuda_runtime", "cudaLaunchKernel", 7, 10, 5, 2),
+        _x("cuda_runtime", "cudaEventSynchronize", 7, 20, 40_000, 3),
+        _x("kernel", "rgba2rgb", 31, 100, 10, 1, pid=0),
+        _x("kernel", "rgba2rgb", 32, 40_000, 15, 2, pid=0),
+        # thread 9 launches the training's graph on stream 48
+        _x("cuda_runtime", "cudaGraphLaunch", 9, 0, 2_000, 4),
+        _x("kernel", "conv", 48, 2_100, 37_000, 4, pid=0),
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 31, "args": {"name": "stream 31"}},
+    ]
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = trace_waits.analyse(trace_waits.load(path))
+    by_thread = {t["thread"]: t for t in s["threads"]}
+    assert by_thread[7]["streams"] == [31, 32] and by_thread[9]["streams"] == [48]
+    assert by_thread[7]["calls"][0]["name"] == "cudaEventSynchronize"
+    lag = {r["stream"]: r["lag_max_ms"] for r in s["streams"]}
+    assert abs(lag[32] - 39.99) < 1e-6 and abs(lag[31] - 0.1) < 1e-6
+    (wait,) = s["waits"]
+    assert wait["thread"] == 7 and wait["ms"] == 40.0
+    assert [r["stream"] for r in wait["released_by"]] == [32]
+    assert trace_waits.streams_text([31, 32, 33, 48]) == "31-33, 48"
+    assert "stream   32" in trace_waits.render(s)
+    out = tmp_path / "s.json"
+    assert trace_waits.main([str(path), "--json", str(out)]) == 0 and read_json(out)["waits"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    assert trace_waits.main([str(bad)]) == 2
 
 
 def test_ab_refuses_a_tree_that_is_not_one(tmp_path):

@@ -13,7 +13,7 @@ namespace tandem {
 void name_this_thread(const std::string& name);
 
 /// The name a thread gave itself through name_this_thread, looked up by its kernel thread id or
-/// its pthread_t value; empty for a thread tandem did not name.
+/// its pthread_t value (whole, or its low 32 bits); empty for a thread tandem did not name.
 std::string named_thread(uint64_t id);
 
 }  // namespace tandem

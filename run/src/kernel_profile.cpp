@@ -80,8 +80,13 @@ KernelProfile KernelRecorder::stop(int64_t steps, const std::string& trace_path)
     if (e.deviceType() != c10::DeviceType::CUDA) {
       // Host-side records under CUDA activity are CUPTI's runtime (cuda*) and driver (cu*) calls.
       const std::string name = e.name();
-      if (name.rfind("cu", 0) == 0)
-        api.push_back({name, e.startThreadId(), static_cast<double>(e.durationNs()) / 1e6});
+      // The calling thread: the record's resource id, the `tid` the Chrome trace gives it (on
+      // an H200 every record's startThreadId was the same, the profiler's own thread's).
+      if (name.rfind("cu", 0) == 0) {
+        const int64_t resource = e.deviceResourceId();
+        const uint64_t thread = resource > 0 ? static_cast<uint64_t>(resource) : e.startThreadId();
+        api.push_back({name, thread, static_cast<double>(e.durationNs()) / 1e6});
+      }
       continue;
     }
     KernelTime& k = by_name[e.name()];

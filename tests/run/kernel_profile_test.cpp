@@ -51,16 +51,18 @@ TEST(KernelProfileTest, TheTableNamesTheThreadsLongestWaits) {
 }
 
 TEST(KernelProfileTest, ANamedThreadIsShownByItsName) {
-  std::string named_as_kernel_id, named_as_pthread;
+  std::string named_as_kernel_id, named_as_pthread, named_as_low_bits;
   uint64_t augment_id = 0;
   std::thread([&] {
     name_this_thread("augment");
     augment_id = static_cast<uint64_t>(syscall(SYS_gettid));
     named_as_kernel_id = named_thread(augment_id);
     named_as_pthread = named_thread(static_cast<uint64_t>(pthread_self()));
+    named_as_low_bits = named_thread(static_cast<uint64_t>(pthread_self()) & 0xffffffffu);
   }).join();
   EXPECT_EQ(named_as_kernel_id, "augment");
   EXPECT_EQ(named_as_pthread, "augment");
+  EXPECT_EQ(named_as_low_bits, "augment");
   EXPECT_EQ(named_thread(0), "");
   KernelProfile p;
   p.steps = 1;

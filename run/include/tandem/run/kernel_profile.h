@@ -25,7 +25,7 @@ struct KernelTime {
 /// copy or free, a library's call that returns when its GPU work is done.
 struct ApiCallTime {
   std::string name;
-  uint64_t thread = 0;      ///< the host thread's id as the profiler records it
+  uint64_t thread = 0;      ///< the host thread's id as the Chrome trace gives it (`tid`)
   std::string thread_name;  ///< its name where tandem named it (a stage, a loader worker)
   int64_t count = 0;
   double total_ms = 0;    ///< host time inside the calls, summed
