@@ -10,8 +10,9 @@
 // More queues are not free for every run: the seg workload's eager pipelined mode at batch size
 // 8 (a step of ~3 ms, launch-bound) ran ~4% slower with 32 (medians 2,646 and 2,755 img/s over
 // six runs each); graphed modes and larger batches did not move. So the queues are asked for
-// where the engines will decode, by the caller, before the program's first CUDA call — the CLI
-// does for its commands that read image folders — and never over a value the user set.
+// where the engines may decode, by the caller, before the program's first CUDA call — the CLI
+// does for its runs that may decode an image folder on the engines — and never over a value the
+// user set.
 #pragma once
 
 namespace tandem {

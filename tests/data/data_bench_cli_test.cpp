@@ -99,6 +99,10 @@ TEST(DataBenchCliTest, BenchAsksForMoreHardwareQueuesWhereTheEnginesMayDecode) {
   EXPECT_EQ(queues_of_bench(unset, root, "--param decode=gpu"), "32");
   EXPECT_EQ(queues_of_bench(unset, root, ""), "8") << "the workers alone, the default";
   EXPECT_EQ(queues_of_bench(unset, root, "--decode cpu"), "8");
+  EXPECT_EQ(queues_of_bench(unset, root, "--decode cpu --param decode=auto"), "8")
+      << "--decode over --param, as the run gets them";
+  EXPECT_EQ(queues_of_bench(unset, root, "--param decode=auto --param decode=cpu"), "8")
+      << "the later --param";
   EXPECT_EQ(queues_of_bench("CUDA_DEVICE_MAX_CONNECTIONS=4", root, "--decode auto"), "4")
       << "the user's";
 }

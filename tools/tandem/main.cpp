@@ -12,6 +12,7 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -105,15 +106,27 @@ struct RunFlags {
   std::vector<std::string> params;
   std::string decode;  // --decode: workload images' decode parameter
 
+  /// The workload's parameters as the run gets them: --param's KEY=VALUE pairs (a later one
+  /// over an earlier), then --decode over them. Throws InvalidArgument for a pair without '='.
+  std::map<std::string, std::string> merged_params() const {
+    std::map<std::string, std::string> out;
+    for (const auto& kv : params) {
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0)
+        throw tandem::InvalidArgument("parameter '" + kv + "' is not valid: expected KEY=VALUE");
+      out[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    if (!decode.empty()) out["decode"] = decode;  // checked by the workload's params
+    return out;
+  }
+
   /// Whether a run with these flags may decode JPEGs on the engines: files from --data with
   /// decode gpu or auto (workload images decodes on the workers alone by default).
   bool may_decode_on_engines(const tandem::run::RunRequest& options) const {
     if (options.data.empty()) return false;
-    for (const std::string value : {"gpu", "auto"})
-      if (decode == value ||
-          std::find(params.begin(), params.end(), "decode=" + value) != params.end())
-        return true;
-    return false;
+    const auto merged = merged_params();
+    const auto it = merged.find("decode");
+    return it != merged.end() && (it->second == "gpu" || it->second == "auto");
   }
   CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *batch_size_opt = nullptr;
 
@@ -164,13 +177,7 @@ struct RunFlags {
   // Flags not given stay unset, so the library picks the device's defaults.
   void apply(tandem::run::RunRequest& options) const {
     options.workload = tandem::find_reference_workload(workload);
-    for (const auto& kv : params) {
-      const auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw tandem::InvalidArgument("parameter '" + kv + "' is not valid: expected KEY=VALUE");
-      options.params[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    if (!decode.empty()) options.params["decode"] = decode;  // checked by the workload's params
+    for (auto& [key, value] : merged_params()) options.params[key] = std::move(value);
     if (batch_size_opt && batch_size_opt->count()) options.batch_size = batch_size;
     if (steps_opt->count()) options.steps = steps;
     if (warmup_opt->count()) options.warmup = warmup;
@@ -603,19 +610,20 @@ int main(int argc, char** argv) {
     std::cerr << "tandem: error: " << tandem::first_line(e.what()) << " (see tandem --help)\n";
     return kExitUsage;
   }
-  // The commands that decode an image folder on the JPEG engines ask CUDA for the hardware
-  // queues the engines' streams need, before this process's first CUDA call (hardware_queues.h).
-  if ((bench.app->parsed() && bench.may_decode_on_engines()) ||
-      (sweep.app->parsed() && sweep.may_decode_on_engines())
+  try {
+    // The commands that may decode an image folder on the JPEG engines ask CUDA for the
+    // hardware queues the engines' streams need, before this process's first CUDA call
+    // (hardware_queues.h). Inside the try: reading --param can name a bad pair.
+    if ((bench.app->parsed() && bench.may_decode_on_engines()) ||
+        (sweep.app->parsed() && sweep.may_decode_on_engines())
 #ifdef TANDEM_HAVE_IMAGES
-      || (data_bench.app->parsed() && data_bench.options.decode != "cpu")
+        || (data_bench.app->parsed() && data_bench.options.decode != "cpu")
 #endif
 #ifdef TANDEM_HAVE_TRAIN
-      || (train->parsed() && train_command.may_decode_on_engines())
+        || (train->parsed() && train_command.may_decode_on_engines())
 #endif
-  )
-    tandem::ask_for_hardware_queues();
-  try {
+    )
+      tandem::ask_for_hardware_queues();
     if (bench.app->parsed()) return bench.run(argc, argv);
     if (sweep.app->parsed()) return sweep.run();
     if (augment_bench.app->parsed()) return augment_bench.run();
