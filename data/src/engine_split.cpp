@@ -200,20 +200,21 @@ at::Tensor host_to_device(const std::vector<int64_t>& values, c10::Device device
   return host.to(device, /*non_blocking=*/true);
 }
 
+SplitRows split_sides(const at::Tensor& sizes) {
+  const int64_t* len = sizes.data_ptr<int64_t>();
+  SplitRows r;
+  for (int64_t b = 0; b < sizes.size(0); ++b) (len[b] == 0 ? r.cpu : r.engines).push_back(b);
+  return r;
+}
+
 SplitRows split_rows(const at::Tensor& jpeg, const at::Tensor& offsets, const at::Tensor& sizes) {
   const uint8_t* bytes = jpeg.data_ptr<uint8_t>();
   const int64_t* off = offsets.data_ptr<int64_t>();
   const int64_t* len = sizes.data_ptr<int64_t>();
-  SplitRows r;
-  for (int64_t b = 0; b < offsets.size(0); ++b) {
-    if (len[b] == 0) {
-      r.cpu.push_back(b);
-      continue;
-    }
-    r.engines.push_back(b);
+  SplitRows r = split_sides(sizes);
+  for (const int64_t b : r.engines)
     r.encoded.push_back({bytes + off[b], static_cast<size_t>(len[b]),
                          "image " + std::to_string(b) + " of the batch"});
-  }
   return r;
 }
 
@@ -243,53 +244,68 @@ at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
   return x;
 }
 
-FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10::Device device,
-                            bool channels_last, int64_t batch_size) {
-  TANDEM_CHECK_ARG(split.decoder && split.share, "engine_split_feed: the split has no decoder");
+std::vector<FeedStage> engine_split_feeds(const ResizedCropSpec& spec, EngineSplit split,
+                                          c10::Device device, bool channels_last,
+                                          int64_t batch_size) {
+  TANDEM_CHECK_ARG(split.decoder && split.share, "engine_split_feeds: the split has no decoder");
+  FeedStage e;
+  e.name = "engines";
+  e.lane = "engines";
+  e.inputs = {"jpeg", offsets_field("jpeg"), sizes_field("jpeg"), "crop_box"};
+  e.outputs = {kEngineCropsField};
+  e.fn = [spec, split, device, batch_size](const Tensors& in) {
+    const SplitRows r = split_rows(in[0], in[1], in[2]);  // the jpeg fields stay on the host
+    if (r.engines.empty())                                // the workers decoded the whole batch
+      return Tensors{at::empty({0, static_cast<int64_t>(spec.mean.size()), spec.out_h, spec.out_w},
+                               at::TensorOptions().dtype(at::kFloat).device(device))};
+    const at::Tensor rows = host_to_device(r.engines, device);
+    return Tensors{engine_crops(spec, split, r.encoded, device, batch_size,
+                                in[3].index_select(0, rows), in[0])};
+  };
+  e.what =
+      "the rows the loader left to the JPEG engines: decoded (nvJPEG, hardware), then "
+      "RandomResizedCrop (boxes from the loader) + flip + normalize";
+  e.report = [split] { return split.share->report(split.workers); };
+  e.capture = Capture::kNever;  // nvJPEG's host work, and sizes that vary
+  return {e, split_crops_feed(spec, channels_last)};
+}
+
+FeedStage split_crops_feed(const ResizedCropSpec& spec, bool channels_last) {
   FeedStage f;
   f.name = "augment";
   f.lane = "augment";
-  f.inputs = {"image",   offsets_field("image"), sizes_field("image"),
-              "jpeg",    offsets_field("jpeg"),  sizes_field("jpeg"),
-              "crop_box"};
+  f.inputs = {"image",    offsets_field("image"), sizes_field("image"), sizes_field("jpeg"),
+              "crop_box", kEngineCropsField};
   f.outputs = {"x"};
-  f.fn = [spec, split, device, channels_last, batch_size](const Tensors& in) {
-    const int64_t B = in[6].size(0);
-    const SplitRows r = split_rows(in[3], in[4], in[5]);  // the jpeg fields stay on the host
-    const std::vector<int64_t>& cpu_rows = r.cpu;
-    const std::vector<int64_t>& engine_rows = r.engines;
-    at::Tensor x;
-    // Each side's crops into its rows of the batch (the whole batch where one side has all).
-    auto place = [&](const std::vector<int64_t>& rows, const at::Tensor& device_rows,
-                     const at::Tensor& part) {
-      if (static_cast<int64_t>(rows.size()) == B) {
-        x = part;
-        return;
-      }
-      if (!x.defined())
-        x = at::empty({B, part.size(1), part.size(2), part.size(3)}, part.options());
-      x.index_copy_(0, device_rows, part);
-    };
-    if (!cpu_rows.empty()) {
-      const at::Tensor rows = host_to_device(cpu_rows, device);
-      place(cpu_rows, rows,
-            resized_crop(in[0], in[1].index_select(0, rows), in[2].index_select(0, rows),
-                         in[6].index_select(0, rows), spec));
+  f.fn = [spec, channels_last](const Tensors& in) {
+    const at::Tensor& boxes = in[4];
+    const at::Tensor& engine_x = in[5];
+    const int64_t B = boxes.size(0);
+    const SplitRows r = split_sides(in[3]);  // an empty "jpeg": the row a worker decoded
+    TORCH_CHECK(engine_x.size(0) == static_cast<int64_t>(r.engines.size()), "the engines' ",
+                engine_x.size(0), " crops do not match the batch's ", r.engines.size(),
+                " rows left to them");
+    if (r.cpu.empty()) {
+      return Tensors{channels_last ? engine_x.contiguous(at::MemoryFormat::ChannelsLast)
+                                   : engine_x};
     }
-    if (!engine_rows.empty()) {
-      const at::Tensor rows = host_to_device(engine_rows, device);
-      place(engine_rows, rows,
-            engine_crops(spec, split, r.encoded, device, batch_size, in[6].index_select(0, rows),
-                         in[3]));
+    const c10::Device device = boxes.device();
+    const at::Tensor cpu_rows = host_to_device(r.cpu, device);
+    at::Tensor cpu_x =
+        resized_crop(in[0], in[1].index_select(0, cpu_rows), in[2].index_select(0, cpu_rows),
+                     boxes.index_select(0, cpu_rows), spec);
+    at::Tensor x = cpu_x;
+    if (!r.engines.empty()) {  // each side's crops into its rows of the batch
+      x = at::empty({B, cpu_x.size(1), cpu_x.size(2), cpu_x.size(3)}, cpu_x.options());
+      x.index_copy_(0, cpu_rows, cpu_x);
+      x.index_copy_(0, host_to_device(r.engines, device), engine_x);
     }
-    at::Tensor out = channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
-    return Tensors{out};
+    return Tensors{channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
   };
   f.what =
-      "RandomResizedCrop (boxes from the loader) + flip + normalize, the rows the loader "
-      "left to the JPEG engines decoded first";
-  f.report = [split] { return split.share->report(split.workers); };
-  f.capture = Capture::kNever;  // nvJPEG's host work, and sizes that vary
+      "RandomResizedCrop (boxes from the loader) + flip + normalize of the rows the workers "
+      "decoded, beside the engines' crops";
+  f.capture = Capture::kNever;  // sizes that vary
   return f;
 }
 

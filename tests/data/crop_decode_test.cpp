@@ -17,6 +17,7 @@
 #include "fixtures.h"
 #include "tandem/data/decode.h"
 #include "tandem/data/engine_share.h"
+#include "tandem/data/engine_split.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/error.h"
 #include "tandem/resized_crop.h"
@@ -620,6 +621,66 @@ TEST(EngineShareTest, DecodedImagesSplitAsCropRegionsDo) {
   }
   EXPECT_FALSE(folder.with_output(ImageFolderOutput::kCropRegion).engine_share())
       << "a split is of one output's samples";
+}
+
+// The augment stage of a split run puts both sides into one batch: the rows a worker decoded
+// (an empty "jpeg") resampled by their boxes, the engines' crops in the others' rows, in order.
+TEST(EngineSplitTest, TheAugmentStagePutsEachSidesCropsInItsRows) {
+  const ResizedCropSpec spec = ResizedCropSpec::train(16);
+  // Four rows: 0 and 2 decoded by workers (regions of their own sizes), 1 and 3 the engines'.
+  std::vector<at::Tensor> regions{testing::smooth_image(3, 40, 30, 1),
+                                  testing::smooth_image(3, 25, 50, 2)};
+  std::vector<at::Tensor> hwc;
+  for (const auto& r : regions) hwc.push_back(r.permute({1, 2, 0}).contiguous().view(-1));
+  const at::Tensor image = torch::cat({hwc[0], hwc[1]});
+  const int64_t n0 = hwc[0].numel();
+  const at::Tensor offsets = torch::tensor(std::vector<int64_t>{0, n0, n0, n0 + hwc[1].numel()});
+  const at::Tensor sizes =
+      torch::tensor(std::vector<int64_t>{40, 30, 3, 0, 0, 3, 25, 50, 3, 0, 0, 3}).view({4, 3});
+  const at::Tensor jpeg_sizes = torch::tensor(std::vector<int64_t>{0, 900, 0, 700});
+  std::vector<int32_t> box_values;
+  for (const auto& [h, w] : {std::pair<int64_t, int64_t>{40, 30}, {1, 1}, {25, 50}, {1, 1}}) {
+    int32_t box[kCropBoxFields];
+    draw_crop_box(spec, h, w, SampleDraw{3, static_cast<uint64_t>(h)}, box);
+    box_values.insert(box_values.end(), box, box + kCropBoxFields);
+  }
+  const at::Tensor boxes = torch::tensor(box_values, torch::kInt).view({4, kCropBoxFields});
+  const at::Tensor engine_crops = torch::randn({2, 3, 16, 16});
+
+  const FeedStage stage = split_crops_feed(spec, /*channels_last=*/true);
+  EXPECT_EQ(stage.outputs, std::vector<std::string>{"x"});
+  const at::Tensor x = stage.fn({image, offsets, sizes, jpeg_sizes, boxes, engine_crops}).at(0);
+  ASSERT_EQ(x.sizes(), (std::vector<int64_t>{4, 3, 16, 16}));
+  EXPECT_TRUE(x.is_contiguous(at::MemoryFormat::ChannelsLast));
+  const at::Tensor cpu_rows = torch::tensor(std::vector<int64_t>{0, 2});
+  const at::Tensor workers =
+      resized_crop(image, offsets.index_select(0, cpu_rows), sizes.index_select(0, cpu_rows),
+                   boxes.index_select(0, cpu_rows), spec);
+  EXPECT_TRUE(torch::equal(x[0], workers[0]));
+  EXPECT_TRUE(torch::equal(x[2], workers[1]));
+  EXPECT_TRUE(torch::equal(x[1], engine_crops[0]));
+  EXPECT_TRUE(torch::equal(x[3], engine_crops[1]));
+
+  // One side with the whole batch: its crops are the batch.
+  const at::Tensor all_engines = torch::tensor(std::vector<int64_t>{5, 900, 6, 700});
+  const at::Tensor all_crops = torch::randn({4, 3, 16, 16});
+  EXPECT_TRUE(torch::equal(stage.fn({image, offsets, sizes, all_engines, boxes, all_crops}).at(0),
+                           all_crops));
+  const at::Tensor two_rows = torch::tensor(std::vector<int64_t>{0, 0});
+  const at::Tensor x2 =
+      stage
+          .fn({image, offsets.index_select(0, cpu_rows), sizes.index_select(0, cpu_rows), two_rows,
+               boxes.index_select(0, cpu_rows), torch::empty({0, 3, 16, 16})})
+          .at(0);
+  EXPECT_TRUE(torch::equal(x2, workers));
+  // Crops that do not match the rows left to the engines: an error that says so.
+  try {
+    stage.fn({image, offsets, sizes, jpeg_sizes, boxes, torch::randn({3, 3, 16, 16})});
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("do not match the batch's 2 rows"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

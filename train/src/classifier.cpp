@@ -339,8 +339,8 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
   w.data = DataSource::from_dataset(sets.train, /*shuffle=*/true, /*drop_last=*/true);
   const int64_t S = o.image_size;
   if (split.decoder)
-    w.feeds.push_back(
-        data::engine_split_feed(ResizedCropSpec::train(S), split, device, nhwc, o.batch_size));
+    w.feeds =
+        data::engine_split_feeds(ResizedCropSpec::train(S), split, device, nhwc, o.batch_size);
   else
     w.feeds.push_back(o.crop_regions ? given_crop_feed(ResizedCropSpec::train(S), nhwc)
                                      : resized_crop_feed(ResizedCropSpec::train(S),

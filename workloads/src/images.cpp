@@ -213,38 +213,40 @@ ImageSource open_image_source(const WorkloadOptions& options, const ImagesOption
   return src;
 }
 
-/// The feed that turns the folder's samples into the model's input: the split's, nvJPEG's
+/// The feeds that turn the folder's samples into the model's input: the split's two, nvJPEG's
 /// decode then the crop kernel, or the crop kernel over the workers' decoded images.
-FeedStage file_feed(const ImageSource& src, const ImagesOptions& io, c10::Device device,
-                    const at::Generator& generator, int64_t batch_size) {
+std::vector<FeedStage> file_feeds(const ImageSource& src, const ImagesOptions& io,
+                                  c10::Device device, const at::Generator& generator,
+                                  int64_t batch_size) {
   const bool nhwc = io.channels_last;
   ResizedCropSpec spec = ResizedCropSpec::train(io.image_size);
-  if (src.split.decoder) return data::engine_split_feed(spec, src.split, device, nhwc, batch_size);
+  if (src.split.decoder) return data::engine_split_feeds(spec, src.split, device, nhwc, batch_size);
   if (!src.decoder)
     // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
     // resample kernel per batch, so a graph would save two launches.
-    return io.crop_regions ? given_crop_feed(spec, nhwc) : resized_crop_feed(spec, generator, nhwc);
+    return {io.crop_regions ? given_crop_feed(spec, nhwc)
+                            : resized_crop_feed(spec, generator, nhwc)};
   // The workers only read files; nvJPEG decodes the batch on the augment lane (its output is
   // planar), then the same crop kernel. One decoder per instance, used by that stage's thread
   // alone.
   spec.planar = true;
-  return {"augment",
-          "augment",
-          {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
-          {"x"},
-          [spec, generator, decoder = src.decoder, device, nhwc](const Tensors& in) {
-            // Every row holds its file's bytes: all of them are the engines'.
-            const data::DeviceDecoded d = data::decode_on_device(
-                *decoder, data::split_rows(in[0], in[1], in[2]).encoded, device, in[0]);
-            const data::PackedImages& p = d.images;
-            const at::Tensor& sizes = d.hwc_sizes;
-            const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
-            at::Tensor x = resized_crop(p.packed, p.offsets, sizes, boxes, spec);
-            return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
-          },
-          "nvJPEG decode, then RandomResizedCrop + flip + normalize",
-          {generator},
-          Capture::kNever};
+  return {{"augment",
+           "augment",
+           {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
+           {"x"},
+           [spec, generator, decoder = src.decoder, device, nhwc](const Tensors& in) {
+             // Every row holds its file's bytes: all of them are the engines'.
+             const data::DeviceDecoded d = data::decode_on_device(
+                 *decoder, data::split_rows(in[0], in[1], in[2]).encoded, device, in[0]);
+             const data::PackedImages& p = d.images;
+             const at::Tensor& sizes = d.hwc_sizes;
+             const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
+             at::Tensor x = resized_crop(p.packed, p.offsets, sizes, boxes, spec);
+             return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
+           },
+           "nvJPEG decode, then RandomResizedCrop + flip + normalize",
+           {generator},
+           Capture::kNever}};
 }
 
 /// One resident batch of random images and labels (no folder: the model's step alone).
@@ -358,7 +360,7 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   const at::Generator generator = seeded_generator(device, options.data_seed());  // per rank
   if (io.from_files) {
     w.data = DataSource::from_dataset(src.folder, /*shuffle=*/true, /*drop_last=*/true);
-    w.feeds.push_back(file_feed(src, io, device, generator, options.batch_size));
+    w.feeds = file_feeds(src, io, device, generator, options.batch_size);
   } else {
     w.data = DataSource::resident({resident_batch(options, io, classes)});
   }

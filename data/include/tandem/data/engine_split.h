@@ -1,12 +1,14 @@
 // The CPU workers and the GPU's JPEG engines decoding one run's samples together: which samples
 // go to the engines (EngineShare, by draw position), the short trial that rates both sides
-// before a run (DecodeTrial, open_engine_split), and the feed stage that decodes the engines'
-// rows and resamples both sides into one batch (engine_split_feed).
+// before a run (DecodeTrial, open_engine_split), and the two feed stages that decode the
+// engines' rows and put both sides into one batch (engine_split_feeds).
 //
-//   loader workers: positions the share leaves to the CPU ──► crop region decoded (TurboJPEG)
-//                   the others ──► file bytes + box in full-resolution pixels ─┐
-//   augment lane:   the engines decode their rows (nvJPEG, hardware) ◄────────┘
-//                   ──► one resample kernel for both sides ──► the batch
+//   loader workers: positions the share leaves to the CPU ──► crop region decoded (TurboJPEG) ─┐
+//                   the others ──► file bytes + box in full-resolution pixels ─┐               │
+//   engines lane:   the engines decode their rows (nvJPEG, hardware) ◄────────┘               │
+//                   ──► their crops ──┐                                                        │
+//   augment lane:   the workers' regions resampled ◄──────────────────────────────────────────┘
+//                   + the engines' crops ──► the batch
 //
 // An adaptive share follows the rates both sides measure as the run goes: the workers time each
 // region they decode, the feed stage each batch's engine decode, and per window of batches the
@@ -81,6 +83,8 @@ struct SplitRows {
   std::vector<EncodedImage> encoded;
 };
 SplitRows split_rows(const at::Tensor& jpeg, const at::Tensor& offsets, const at::Tensor& sizes);
+/// The rows of each side only (no `encoded`), from the "jpeg" field's sizes on the host.
+SplitRows split_sides(const at::Tensor& sizes);
 
 /// A split for another loader of the same run (an evaluation's, of kDecoded samples): a decoder
 /// of its own (for the one thread that crops that loader's batches) and a share starting at
@@ -100,15 +104,31 @@ at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
                         int64_t batch_size, const at::Tensor& boxes = {},
                         const at::Tensor& bytes = {});
 
-/// The feed stage "augment" of a split run: inputs image (+ offsets, sizes), jpeg (+ offsets,
-/// sizes) and crop_box from the loader, output "x" (B, C, out_h, out_w) normalized, channels
-/// last with `channels_last`. A row whose "jpeg" is empty was decoded by a worker (its region,
-/// the box placed in it); the others are decoded here on the engines at full size, their boxes
-/// in the full-resolution pixels; one resample kernel serves both. Records the engines' times
-/// in split.share and rebalances an adaptive share (EngineShare::rebalance); its report (for the
-/// run's notes) is EngineShare::report. Capture::kNever (nvJPEG's host work, sizes that vary).
-FeedStage engine_split_feed(const ResizedCropSpec& spec, EngineSplit split, c10::Device device,
-                            bool channels_last, int64_t batch_size);
+/// The batch field the engines' stage writes: the crops of the rows it decoded, in row order,
+/// (E, C, out_h, out_w) float (E = 0 where the workers decoded the whole batch).
+inline constexpr const char* kEngineCropsField = "engine_crops";
+
+/// The feed stages of a split run, in order:
+/// - "engines" (a lane and, pipelined, a thread of its own): inputs jpeg (+ offsets, sizes) and
+///   crop_box from the loader; the rows whose "jpeg" is not empty are decoded on the engines at
+///   full size and resampled by their boxes (full-resolution pixels) into kEngineCropsField.
+///   Records the engines' times in split.share and rebalances an adaptive share
+///   (EngineShare::rebalance); its report (for the run's notes) is EngineShare::report.
+/// - "augment": split_crops_feed.
+/// Two stages, so that in the pipelined modes the engines decode one batch while the augment
+/// stage resamples the one before and the loader hands over the next: nvJPEG holds its caller
+/// in a host ring of event waits for most of a batch's decode, which on the augment stage's
+/// thread came on top of the stage's other work. Both Capture::kNever (nvJPEG's host work,
+/// sizes that vary).
+std::vector<FeedStage> engine_split_feeds(const ResizedCropSpec& spec, EngineSplit split,
+                                          c10::Device device, bool channels_last,
+                                          int64_t batch_size);
+
+/// The augment stage of a split run: inputs image (+ offsets, sizes), the "jpeg" field's sizes
+/// (on the host), crop_box and kEngineCropsField; output "x" (B, C, out_h, out_w) normalized,
+/// channels last with `channels_last`. The rows a worker decoded (an empty "jpeg": its region,
+/// the box placed in it) are resampled here, the engines' crops put in their rows.
+FeedStage split_crops_feed(const ResizedCropSpec& spec, bool channels_last);
 
 /// Decodes `encoded` on `decoder` (on `device`'s current stream), returning the packed planar
 /// images and their sizes as (B, 3) (H, W, C) int64 on the device, as resized_crop reads them.
