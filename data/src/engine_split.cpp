@@ -3,20 +3,17 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
-#include <ATen/core/grad_mode.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <exception>
-#include <future>
 #include <iostream>
 #include <thread>
 
 #include "tandem/data/decode.h"
 #include "tandem/error.h"
-#include "tandem/lane.h"
 #include "tandem/thread_name.h"
 
 namespace tandem::data {
@@ -231,96 +228,18 @@ EngineSplit companion_split(const EngineSplit& split, c10::Device device, int wo
   return out;
 }
 
-namespace {
-// The engines' decode of `encoded` on `decoder` (on the current stream), resampled by `boxes`
-// (undefined: `spec`'s, drawn on the device for the decoded sizes).
-at::Tensor decode_and_crop(const ResizedCropSpec& spec, NvjpegDecoder& decoder,
-                           const std::vector<EncodedImage>& encoded, c10::Device device,
-                           const at::Tensor& boxes, const at::Tensor& bytes) {
-  const DeviceDecoded d = decode_on_device(decoder, encoded, device, bytes);
-  ResizedCropSpec planar = spec;
-  planar.planar = true;
-  return resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
-                      boxes.defined() ? boxes : draw_crop_boxes(planar, d.hwc_sizes), planar);
-}
-
-// Below this many rows a batch's engine rows are not split between two decoders: the second
-// thread's start and join would cost about what it saves.
-constexpr size_t kLeastRowsForTwoDecoders = 16;
-
-// The engines stage's work: the rows left to the engines decoded and cropped, half of them (on
-// a large enough batch) by a second decoder on a thread and lane of its own. Why two: one
-// decoder's call holds its thread for most of a batch — nvJPEG's host work per image and its
-// ring of event waits for the images ahead — and beside ResNet-50 the engines idled in those
-// waits; two calls at once keep them fed from two host threads.
-class EnginesStage {
- public:
-  EnginesStage(ResizedCropSpec spec, EngineSplit split, c10::Device device, int64_t batch_size)
-      : spec_(std::move(spec)), split_(std::move(split)), device_(device), batch_size_(batch_size) {
-    if (split_.decoders < 2 || !device.is_cuda()) return;
-    second_ = NvjpegDecoder::open(device.index(), nullptr, NvjpegBackend::kHardware);
-    if (second_) second_lane_.emplace(Lane::create("engines 2", device));
-  }
-
-  Tensors operator()(const Tensors& in) {
-    const SplitRows r = split_rows(in[0], in[1], in[2]);  // the jpeg fields stay on the host
-    if (r.engines.empty())                                // the workers decoded the whole batch
-      return Tensors{
-          at::empty({0, static_cast<int64_t>(spec_.mean.size()), spec_.out_h, spec_.out_w},
-                    at::TensorOptions().dtype(at::kFloat).device(device_))};
-    const auto started = Clock::now();
-    const at::Tensor boxes = in[3].index_select(0, host_to_device(r.engines, device_));
-    at::Tensor x;
-    if (!second_ || r.engines.size() < kLeastRowsForTwoDecoders) {
-      x = decode_and_crop(spec_, *split_.decoder, r.encoded, device_, boxes, in[0]);
-    } else {
-      const auto half = static_cast<int64_t>(r.engines.size() / 2);
-      const Lane here = Lane::current("engines", device_);
-      const Lane& there = *second_lane_;
-      there.wait_for(here);  // the boxes (and the bytes' block) as queued on this lane
-      const at::Tensor later_boxes = boxes.narrow(0, half, boxes.size(0) - half);
-      later_boxes.record_stream(there.stream());
-      const std::vector<EncodedImage> later(r.encoded.begin() + half, r.encoded.end());
-      std::future<at::Tensor> later_crops = std::async(std::launch::async, [&, this]() {
-        LaneGuard guard(there, "engine crops");
-        at::NoGradGuard no_grad;
-        return decode_and_crop(spec_, *second_, later, device_, later_boxes, in[0]);
-      });
-      at::Tensor first_crops;
-      try {
-        const std::vector<EncodedImage> first(r.encoded.begin(), r.encoded.begin() + half);
-        first_crops = decode_and_crop(spec_, *split_.decoder, first, device_,
-                                      boxes.narrow(0, 0, half), in[0]);
-      } catch (...) {
-        later_crops.wait();  // it reads this call's inputs
-        throw;
-      }
-      const at::Tensor second_crops = later_crops.get();
-      here.wait_for(there);
-      second_crops.record_stream(here.stream());
-      x = at::cat({first_crops, second_crops});
-    }
-    split_.share->record_engines(static_cast<int64_t>(r.engines.size()), seconds_since(started));
-    split_.share->rebalance(split_.workers, batch_size_);
-    return Tensors{x};
-  }
-
- private:
-  ResizedCropSpec spec_;
-  EngineSplit split_;
-  c10::Device device_;
-  int64_t batch_size_;
-  std::shared_ptr<NvjpegDecoder> second_;  // null: one decoder
-  std::optional<Lane> second_lane_;
-};
-}  // namespace
-
 at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
                         const std::vector<EncodedImage>& encoded, c10::Device device,
                         int64_t batch_size, const at::Tensor& boxes, const at::Tensor& bytes) {
   const auto started = Clock::now();
-  at::Tensor x = decode_and_crop(spec, *split.decoder, encoded, device, boxes, bytes);
-  split.share->record_engines(static_cast<int64_t>(encoded.size()), seconds_since(started));
+  const DeviceDecoded d = decode_on_device(*split.decoder, encoded, device, bytes);
+  const double decode_seconds = seconds_since(started);
+  ResizedCropSpec planar = spec;
+  planar.planar = true;
+  at::Tensor x =
+      resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
+                   boxes.defined() ? boxes : draw_crop_boxes(planar, d.hwc_sizes), planar);
+  split.share->record_engines(static_cast<int64_t>(encoded.size()), decode_seconds);
   split.share->rebalance(split.workers, batch_size);
   return x;
 }
@@ -334,8 +253,15 @@ std::vector<FeedStage> engine_split_feeds(const ResizedCropSpec& spec, EngineSpl
   e.lane = "engines";
   e.inputs = {"jpeg", offsets_field("jpeg"), sizes_field("jpeg"), "crop_box"};
   e.outputs = {kEngineCropsField};
-  auto stage = std::make_shared<EnginesStage>(spec, split, device, batch_size);
-  e.fn = [stage](const Tensors& in) { return (*stage)(in); };
+  e.fn = [spec, split, device, batch_size](const Tensors& in) {
+    const SplitRows r = split_rows(in[0], in[1], in[2]);  // the jpeg fields stay on the host
+    if (r.engines.empty())                                // the workers decoded the whole batch
+      return Tensors{at::empty({0, static_cast<int64_t>(spec.mean.size()), spec.out_h, spec.out_w},
+                               at::TensorOptions().dtype(at::kFloat).device(device))};
+    const at::Tensor rows = host_to_device(r.engines, device);
+    return Tensors{engine_crops(spec, split, r.encoded, device, batch_size,
+                                in[3].index_select(0, rows), in[0])};
+  };
   e.what =
       "the rows the loader left to the JPEG engines: decoded (nvJPEG, hardware), then "
       "RandomResizedCrop (boxes from the loader) + flip + normalize";

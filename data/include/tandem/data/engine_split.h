@@ -62,9 +62,6 @@ struct EngineSplit {
   std::shared_ptr<NvjpegDecoder> decoder;
   std::shared_ptr<EngineShare> share;
   int workers = 1;  ///< the loader's workers, for the CPU side's combined rate
-  /// Decoders the training's engines stage runs at once on a batch's engine rows (1 or 2; a
-  /// second one that does not open leaves one).
-  int decoders = 2;
 };
 
 /// A split for `folder` (kCropRegion at crop size `size`) on `device`, or one without a decoder
@@ -115,11 +112,8 @@ inline constexpr const char* kEngineCropsField = "engine_crops";
 /// - "engines" (a lane and, pipelined, a thread of its own): inputs jpeg (+ offsets, sizes) and
 ///   crop_box from the loader; the rows whose "jpeg" is not empty are decoded on the engines at
 ///   full size and resampled by their boxes (full-resolution pixels) into kEngineCropsField.
-///   With split.decoders 2, half of a batch's engine rows go to a second decoder on a thread
-///   and lane of its own, decoded at the same time (one decoder's call holds its thread in
-///   nvJPEG's host work and event waits while the engines idle). Records the engines' time per
-///   batch in split.share and rebalances an adaptive share (EngineShare::rebalance); its report
-///   (for the run's notes) is EngineShare::report.
+///   Records the engines' times in split.share and rebalances an adaptive share
+///   (EngineShare::rebalance); its report (for the run's notes) is EngineShare::report.
 /// - "augment": split_crops_feed.
 /// Two stages, so that in the pipelined modes the engines decode one batch while the augment
 /// stage resamples the one before and the loader hands over the next: nvJPEG holds its caller
