@@ -104,7 +104,7 @@ void check_ring_fits(int64_t depth, int64_t batch_size, int64_t sample_bytes) {
                    " per sample = ", format_bytes(ring), " exceeds half of this machine's memory (",
                    format_bytes(memory / 2), " of ", format_bytes(memory),
                    "): lower the batch size, the worker count or the loader depth (a runner's "
-                   "ring holds workers + 2 batches)");
+                   "ring holds 2 x workers + 2 batches)");
 }
 
 void check_loader_options(const LoaderOptions& options, int64_t sample_bytes) {
