@@ -11,7 +11,7 @@
 //                   + the engines' crops ──► the batch
 //
 // An adaptive share follows the rates both sides measure as the run goes: the workers time each
-// region they decode, the feed stage each batch's engine decode, and per window of batches the
+// region they decode, the engines stage each batch's engine decode, and per window of batches the
 // share moves toward where both sides would take the same time per batch
 // (EngineShare::rebalance). Photos the CPU decodes fast stay on the workers (open_engine_split).
 #pragma once
