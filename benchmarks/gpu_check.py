@@ -109,6 +109,20 @@ def number(text):
         raise ValueError("expected a number, e.g. 0.97") from None
 
 
+def share(text):
+    """The JPEG engines' share of a batch: auto (the run's controller) or a number 0 to 1, kept as
+    written."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("expected auto or a share 0 to 1, e.g. 0.6") from None
+    if not 0 <= value <= 1:
+        raise ValueError("expected auto or a share 0 to 1, e.g. 0.6")
+    return text
+
+
 def megabytes(text):
     """A positive number of megabytes, kept as written (it is passed on as text)."""
     if number(text) <= 0:
@@ -345,6 +359,21 @@ def enginetrace_options(p):
           "decode", allowed=("r18_full", "r50_full"), metavar="MODEL")
     value(g, "--enginetrace-steps", 5, "profiled steps (after 40 timed ones)", positive)
     value(g, "--enginetrace-workers", 15, "loader workers", positive)
+
+
+def shares_options(p):
+    g = p.add_argument_group("shares")
+    value(g, "--shares-photos", "/tmp/tandem-photos-1000-2000", "the photos' folder; made there "
+          "first where it does not exist (--shares-count photos of 1000-2000 px)", metavar="DIR")
+    value(g, "--shares-count", 1500, "photos made for --shares-photos", positive)
+    words(g, "--shares-models", ["r50_full"], "the models trained from the photos",
+          allowed=("r18_full", "r50_full"), metavar="MODEL")
+    words(g, "--shares", ["auto", "0.5", "0.6", "0.7"], "the engines' shares of each batch: auto "
+          "(the run's controller) or fixed ones (--param engine_share)", share, metavar="SHARE")
+    value(g, "--shares-rounds", 2, "rounds, each running every share once (odd rounds in the "
+          "order given, even ones reversed)", positive)
+    value(g, "--shares-steps", 80, "timed steps per run (after 10 warm-up steps)", positive)
+    value(g, "--shares-workers", 15, "loader workers", positive)
 
 
 def pybench_options(p):
@@ -1242,6 +1271,80 @@ def phase_enginetrace(c, a):
             c.run([PYTHON, "benchmarks/trace_waits.py", kept], show=True)
 
 
+def share_run_row(report):
+    """What a shares run's --json says of the split: the rate, the share the engines ended at,
+    and the engines' and load stages' host time a step (None where absent)."""
+    note = next((n for n in report.get("notes", []) if "JPEG engines decode" in n), "")
+    m = re.search(r"the JPEG engines decode ([0-9.]+) of each batch", note)
+    host = {s["name"]: s.get("host_ms_per_step") for s in report.get("stages", [])}
+    return {"images_per_s": report.get("samples_per_s"),
+            "engine_share_end": float(m.group(1)) if m else None,
+            "engines_host_ms": host.get("engines"), "load_host_ms": host.get("load")}
+
+
+@phase("shares", shares_options)
+def phase_shares(c, a):
+    """the JPEG engines' share of each batch against the training's rate: ResNets from large
+    photos with decode auto, the run's controller (auto) beside fixed shares, rounds alternating
+    the order; shares.json (per run the rate, the share it ended at, the engines' and load stages'
+    host ms a step; per model and share the median rate and its ratio to auto's) and a table in
+    the log. Where a fixed share beats auto, the controller settles short of it."""
+    folder = c.photo_folder(a.shares_photos, a.shares_count, 1000, 2000)
+    command = (f"tandem bench --workload images --data {folder} --param source=files --param "
+               "decode=auto [--param engine_share=SHARE] --param model=MODEL --param "
+               "precision=bf16 --param layout=channels_last --batch-size 256 --mode "
+               f"pipelined+graphed --steps {a.shares_steps} --warmup 10 --workers "
+               f"{a.shares_workers}")
+    doc = {"device": None, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "command": command, "rows": [], "summary": []}
+    for rnd in range(1, a.shares_rounds + 1):
+        order = a.shares if rnd % 2 == 1 else list(reversed(a.shares))
+        for model in a.shares_models:
+            for s in order:
+                name = f"shares-{model}-{s}-r{rnd}.json"
+                report_path = c.raw_path(name)
+                fixed = [] if s == "auto" else ["--param", f"engine_share={s}"]
+                c.say(f"shares: round {rnd}, {model}, share {s}")
+                rc = c.run([c.tandem, "bench", "--workload", "images", "--data", folder,
+                            "--param", "source=files", "--param", "decode=auto", *fixed,
+                            "--param", f"model={model}", "--param", "precision=bf16", "--param",
+                            "layout=channels_last", "--batch-size", 256, "--mode",
+                            "pipelined+graphed", "--steps", a.shares_steps, "--warmup", 10,
+                            "--workers", a.shares_workers, "--no-gpu-monitor", "--json",
+                            report_path],
+                           show=r"^images +[a-z]|JPEG engines decode|rror", log_all=True)
+                row = {"model": model, "share": s, "round": rnd}
+                if rc == 0 and os.path.isfile(report_path):
+                    with open(report_path) as f:
+                        report = json.load(f)
+                    doc["device"] = doc["device"] or report.get("device_name")
+                    row.update(share_run_row(report))
+                else:
+                    row["error"] = f"exit {rc}"
+                doc["rows"].append(row)
+                with open(c.out_path("shares.json"), "w") as f:  # after every run: kept if cut
+                    json.dump(doc, f, indent=1)
+    for model in a.shares_models:
+        def median(s):
+            rates = sorted(r["images_per_s"] for r in doc["rows"]
+                           if r["model"] == model and r["share"] == s and r.get("images_per_s"))
+            if not rates:
+                return None
+            mid = len(rates) // 2
+            return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+        auto = median("auto") if "auto" in a.shares else None
+        for s in a.shares:
+            m = median(s)
+            ratio = m / auto if m and auto else None
+            doc["summary"].append({"model": model, "share": s, "median_images_per_s": m,
+                                   "ratio_to_auto": ratio})
+            c.say(f"shares: {model} share {s:>5}: median "
+                  + (f"{m:,.0f} img/s" if m else "no rate")
+                  + (f", {ratio:.3f} of auto" if ratio else ""))
+    with open(c.out_path("shares.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 @phase("package", package_env=True)
 def phase_package(c, a):
     """the Python package in one pip command into BUILD-py/py (for compile, pybench, trainer-ab)
@@ -1714,9 +1817,10 @@ def phase_ab_in_run(c, a):
 # The phase table and the command line
 
 
+# The order `run` runs them in.
 ORDER = ["seg", "cls", "augment", "mlp", "sweep", "pair", "graphs", "profile", "profile-mlp", "ab",
-         "data", "train", "photos", "enginetrace", "ddp", "gathercost", "package", "python",
-         "decode", "pybench", "compile", "trainer-ab", "runsh"]  # the order `run` runs them in
+         "data", "train", "photos", "enginetrace", "shares", "ddp", "gathercost", "package",
+         "python", "decode", "pybench", "compile", "trainer-ab", "runsh"]
 PHASES = [REGISTERED[name] for name in ORDER]
 BY_NAME = {p.name: p for p in PHASES}
 ALIASES = {"bench": "seg", "redesign": "ab"}  # the shell script's other names

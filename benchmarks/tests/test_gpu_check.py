@@ -642,6 +642,15 @@ if args[0] == "bench":
             "first_loss": 2.0, "last_loss": 1.0, "gpu_utilization": 0.9,
             "stages": [{{"name": "train", "device_ms_per_step": 1000.0 / rate}}]}}
     print(f"{{job}}  {{mode}}  bs {{bs}}  {{rate:.1f}} steps/s")
+    params = dict(x.split("=", 1) for x in args if "=" in x)
+    if job == "images" and params.get("decode") == "auto":  # a split run: its share in its notes
+        share = float(params.get("engine_share", "0.5"))
+        doc["samples_per_s"] = rate * bs * (0.5 + share)
+        doc["notes"] = [f"engines: the JPEG engines decode {{share}} of each batch, the CPU "
+                        "workers the rest"]
+        doc["stages"] = [{{"name": "load", "host_ms_per_step": 10.0}},
+                         {{"name": "engines", "host_ms_per_step": 100 * share}}]
+        doc["device_name"] = "Fake GPU"
     if opt("--kernel-trace"):
         doc["params"] = dict(x.split("=", 1) for x in args if "=" in x)
         print("CUDA API calls over the same steps, by host thread")
@@ -766,6 +775,30 @@ def test_enginetrace_profiles_each_model_from_the_photos_and_keeps_the_traces(tm
             assert json.load(f) == {"traceEvents": []}
     assert "cudaStreamSynchronize" in r.stdout, "the longest API calls are shown"
     assert "longest host waits" in r.stdout, "trace_waits.py read each trace"
+
+
+def test_shares_runs_each_share_in_alternating_rounds_and_compares_it_with_auto(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()  # present: not generated
+    out = tmp_path / "out"
+    r = drive("shares", "--out", out, "--build", fake_build(tmp_path, 20), "--shares-photos",
+              photos, "--shares", "auto,0.6", "--shares-rounds", 2, "--shares-steps", 3)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = read_json(out / "shares.json")
+    assert d["device"] == "Fake GPU" and "--param model=MODEL" in d["command"]
+    # Round 1 in the order given, round 2 reversed.
+    assert [(x["share"], x["round"]) for x in d["rows"]] == \
+        [("auto", 1), ("0.6", 1), ("0.6", 2), ("auto", 2)]
+    six = next(x for x in d["rows"] if x["share"] == "0.6")
+    assert six["engine_share_end"] == 0.6 and six["engines_host_ms"] == 60.0
+    assert six["load_host_ms"] == 10.0
+    summary = {x["share"]: x for x in d["summary"]}
+    assert summary["auto"]["median_images_per_s"] == 20 * 1.1 * 256  # pipelined+graphed: 1.1x
+    assert abs(summary["0.6"]["ratio_to_auto"] - 1.1) < 1e-9
+    assert "share   0.6: median 6,195 img/s, 1.100 of auto" in r.stdout
+    # A share outside 0 to 1 is refused, naming it.
+    bad = drive("shares", "--out", out, "--shares", "1.5")
+    assert bad.returncode == 2 and "--shares '1.5': expected auto or a share 0 to 1" in bad.stderr
 
 
 def _x(cat, name, tid, ts, dur, corr, pid=1):
