@@ -39,13 +39,14 @@ TEST(EvalBatchesTest, PartsAreDivisorsThatKeepEveryWorkerBusy) {
 // A small held-out set is held whole by its ring (decoded ahead, while the training runs); a
 // large one gets the workers' slots, or the parts of kEvalAheadSamples where those are more.
 TEST(EvalBatchesTest, TheRingHoldsASmallHeldOutSetWhole) {
+  using detail::eval_ring_floor;
   using detail::kEvalAheadSamples;
-  EXPECT_EQ(eval_ring_slots(300, 32, 15), 150);  // parts of 2: 150, more than 2 x 15 + 2
-  EXPECT_EQ(eval_ring_slots(300, 256, 15), ring_slots_for(15));  // 19 parts of 16: held whole
-  EXPECT_EQ(eval_ring_slots(100, 256, 15), ring_slots_for(15));  // never below the workers'
-  EXPECT_EQ(eval_ring_slots(100000, 32, 15), kEvalAheadSamples / 2);
-  EXPECT_EQ(eval_ring_slots(100000, 256, 1), ring_slots_for(1));  // parts of 256: 2 of them
-  EXPECT_EQ(eval_ring_slots(0, 256, 15), ring_slots_for(15));
+  EXPECT_EQ(eval_ring_floor(15), 15 + 2);        // not the training's deeper ring
+  EXPECT_EQ(eval_ring_slots(300, 256, 15), 19);  // parts of 16: 19, more than 15 + 2
+  EXPECT_EQ(eval_ring_slots(100, 256, 15), eval_ring_floor(15));  // never below the workers'
+  EXPECT_EQ(eval_ring_slots(100000, 256, 15), kEvalAheadSamples / 16);
+  EXPECT_EQ(eval_ring_slots(100000, 256, 1), eval_ring_floor(1));  // parts of 256: 2 of them
+  EXPECT_EQ(eval_ring_slots(0, 256, 15), eval_ring_floor(15));
 }
 
 TEST(EvalBatchesTest, EverySampleOnceInOrderInBatchesOfTheBatchSize) {

@@ -127,13 +127,19 @@ inline Metrics accuracy_metrics(int64_t correct, double loss_sum, int64_t n) {
           {"val_loss", n > 0 ? loss_sum / static_cast<double>(n) : 0}};
 }
 
+/// The fewest ring slots an evaluation's loader gets: one per worker and two spare — not the
+/// training's deeper ring_slots_for. Its parts are a few samples each, so a slow one holds the
+/// others little, and a deeper ring lets a pass's reads run into the next pass's while the
+/// first are still in flight (a sample of a KeptSamples set read twice before it is kept).
+inline int eval_ring_floor(int workers) { return workers + 2; }
+
 /// Loader settings for an evaluation pass: every sample once, in order, the short last batch
 /// included.
 inline LoaderOptions eval_loader_options(int64_t batch_size, int workers) {
   LoaderOptions lo;
   lo.batch_size = batch_size;
   lo.workers = workers;
-  lo.depth = ring_slots_for(workers);
+  lo.depth = eval_ring_floor(workers);
   lo.drop_last = false;
   return lo;
 }
@@ -158,13 +164,13 @@ inline int64_t eval_part_size(int64_t batch_size, int workers) {
 constexpr int64_t kEvalAheadSamples = 512;
 
 /// The ring slots (parts) of an evaluation's loader over `samples` held-out samples: the
-/// workers' own (ring_slots_for), or every part of a pass where those hold no more than
+/// workers' own (eval_ring_floor), or every part of a pass where those hold no more than
 /// kEvalAheadSamples.
 inline int eval_ring_slots(int64_t samples, int64_t batch_size, int workers) {
   const int64_t part = eval_part_size(batch_size, workers);
   const int64_t parts = (samples + part - 1) / part;
   const int64_t ahead = std::min(parts, std::max<int64_t>(1, kEvalAheadSamples / part));
-  return static_cast<int>(std::max<int64_t>(ring_slots_for(workers), ahead));
+  return static_cast<int>(std::max<int64_t>(eval_ring_floor(workers), ahead));
 }
 
 /// How many evaluations one EvalPasses loader serves before the next is made (its workers are
