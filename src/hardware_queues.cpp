@@ -8,6 +8,7 @@ namespace tandem {
 namespace {
 
 constexpr const char* kVariable = "CUDA_DEVICE_MAX_CONNECTIONS";
+constexpr int kCudaDefault = 8;  // where the variable names no positive number
 
 }  // namespace
 
@@ -18,10 +19,10 @@ bool ask_for_hardware_queues() {
 
 int hardware_queues() {
   const char* value = std::getenv(kVariable);
-  if (value == nullptr) return 8;
+  if (value == nullptr) return kCudaDefault;
   char* end = nullptr;
   const long n = std::strtol(value, &end, 10);
-  return end != value && *end == '\0' && n > 0 ? static_cast<int>(n) : 8;
+  return end != value && *end == '\0' && n > 0 ? static_cast<int>(n) : kCudaDefault;
 }
 
 }  // namespace tandem

@@ -22,6 +22,16 @@ std::vector<RunMode> run_modes() {
   return modes;
 }
 
+namespace {
+// A lane priority as a request names it ("high" or "normal"); `which` names the option in the
+// error ("train", "input").
+LanePriority parse_lane_priority(const std::string& value, const char* which) {
+  TANDEM_CHECK_ARG(value == "high" || value == "normal", which, " priority '", value,
+                   "' is not valid: expected high or normal");
+  return value == "high" ? LanePriority::kHigh : LanePriority::kNormal;
+}
+}  // namespace
+
 RunMode parse_run_mode(const std::string& name) {
   if (name == "auto") return std::nullopt;
   for (const Mode m : workload_modes())
@@ -44,10 +54,8 @@ RunRequest resolve(RunRequest o) {
   o.warmup = o.warmup.value_or(d.warmup);
   o.workers = o.workers.value_or(d.workers);
   o.cudnn_benchmark = o.cudnn_benchmark.value_or(device.is_cuda());
-  TANDEM_CHECK_ARG(o.train_priority == "high" || o.train_priority == "normal", "train priority '",
-                   o.train_priority, "' is not valid: expected high or normal");
-  TANDEM_CHECK_ARG(o.input_priority == "high" || o.input_priority == "normal", "input priority '",
-                   o.input_priority, "' is not valid: expected high or normal");
+  parse_lane_priority(o.train_priority, "train");
+  parse_lane_priority(o.input_priority, "input");
   TANDEM_CHECK_ARG(*o.batch_size > 0, "batch size ", *o.batch_size,
                    " is not valid: expected a positive number of samples");
   TANDEM_CHECK_ARG(*o.steps > 0, "step count ", *o.steps,
@@ -92,8 +100,8 @@ RunOptions runner_options(const RunRequest& r) {
   ro.world_size = r.world_size;
   ro.skip_bad = r.skip_bad;
   ro.first_step = r.first_step;
-  ro.train_priority = r.train_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
-  ro.input_priority = r.input_priority == "high" ? LanePriority::kHigh : LanePriority::kNormal;
+  ro.train_priority = parse_lane_priority(r.train_priority, "train");
+  ro.input_priority = parse_lane_priority(r.input_priority, "input");
   return ro;
 }
 
