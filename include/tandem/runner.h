@@ -46,7 +46,8 @@ struct RunOptions {
   int rank = 0, world_size = 1;
   /// Priority of the train lane in the pipelined modes (see LanePriority).
   LanePriority train_priority = LanePriority::kHigh;
-  /// Priority of every other lane (load, decode, augment): the stages that feed the train lane.
+  /// Priority of the feed stages' lanes (decode, augment: every stage but the train stage's and
+  /// the load's copy lane, which stays normal).
   LanePriority input_priority = LanePriority::kNormal;
   int graph_warmup_steps = kGraphWarmupSteps;  ///< eager steps before a stage captures
   int steps_per_graph = 4;                     ///< graphed_k's K

@@ -163,9 +163,9 @@ struct RunFlags {
                     "stream priority of the training lane: high or normal")
         ->capture_default_str();
     app->add_option("--input-priority", options.input_priority,
-                    "stream priority of the lanes that feed it (load, decode, augment): high or "
-                    "normal; high with --train-priority normal puts their kernels ahead of the "
-                    "training's")
+                    "stream priority of the feed stages' lanes (decode, augment; the load's copy "
+                    "lane stays normal): high or normal; high with --train-priority normal puts "
+                    "their kernels ahead of the training's")
         ->capture_default_str();
     app->add_flag("--gpu-monitor,!--no-gpu-monitor", options.gpu_monitor,
                   "sample GPU utilization through NVML during the timed steps [default: on]");

@@ -56,7 +56,8 @@ struct RunRequest {
   std::optional<bool> cudnn_benchmark;
   /// Priority of the training lane: "high" (default) or "normal".
   std::string train_priority = "high";
-  /// Priority of the lanes that feed it (load, decode, augment): "normal" (default) or "high".
+  /// Priority of the feed stages' lanes (decode, augment; not the load's copy lane): "normal"
+  /// (default) or "high".
   /// With train_priority "normal", their kernels (the JPEG decoder's among them) are scheduled
   /// ahead of the training's instead of behind a whole queued step.
   std::string input_priority = "normal";
