@@ -451,6 +451,16 @@ def utc_now(timespec="auto"):
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec=timespec)
 
 
+def engine_share(report):
+    """The JPEG engines' share of each batch a split run's notes state (the share it ended at),
+    or None where the run made no split."""
+    for note in report.get("notes") or []:
+        m = re.search(r"the JPEG engines decode ([0-9.]+) of each batch", note)
+        if m:
+            return float(m.group(1))
+    return None
+
+
 def load_or_skip(path, result):
     """A run's JSON, or None after saying why (a failed run leaves none, or half of one: the
     result is written without it)."""

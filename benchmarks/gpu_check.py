@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import stat
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1238,6 +1239,18 @@ def phase_gathercost(c, a):
           save=c.out_path("gathered-cost.log"), show=True)
 
 
+def photos_bench(folder, model, json_path, *, steps, warmup, workers, decode="auto",
+                 mode="pipelined+graphed", batch_size=256, extra=()):
+    """`tandem bench`'s arguments (the program not included) for a ResNet trained in bf16,
+    channels last, from a folder of photos: the enginetrace, shares and ab phases' runs. `extra`:
+    more arguments (an engine share, a profiler)."""
+    return ["bench", "--workload", "images", "--data", folder, "--param", "source=files",
+            "--param", f"decode={decode}", "--param", f"model={model}", "--param",
+            "precision=bf16", "--param", "layout=channels_last", *extra, "--batch-size",
+            batch_size, "--mode", mode, "--steps", steps, "--warmup", warmup, "--workers", workers,
+            "--no-gpu-monitor", "--json", json_path]
+
+
 @phase("enginetrace", enginetrace_options)
 def phase_enginetrace(c, a):
     """what the JPEG engines' batched call waits on: ResNets trained from large photos with decode
@@ -1253,12 +1266,10 @@ def phase_enginetrace(c, a):
         trace = c.raw_path(f"enginetrace-{model}.trace.json")
         c.say(f"enginetrace: {model} from {folder}, decode auto, {a.enginetrace_steps} profiled "
               f"steps")
-        c.run([c.tandem, "bench", "--workload", "images", "--data", folder, "--param",
-               "source=files", "--param", "decode=auto", "--param", f"model={model}", "--param",
-               "precision=bf16", "--param", "layout=channels_last", "--batch-size", 256,
-               "--mode", "pipelined+graphed", "--steps", 40, "--warmup", 10, "--workers",
-               a.enginetrace_workers, "--no-gpu-monitor", "--kernels", a.enginetrace_steps,
-               "--kernel-trace", trace, "--json", c.out_path(f"enginetrace-{model}.json")],
+        c.run([c.tandem, *photos_bench(folder, model, c.out_path(f"enginetrace-{model}.json"),
+                                       steps=40, warmup=10, workers=a.enginetrace_workers,
+                                       extra=["--kernels", a.enginetrace_steps, "--kernel-trace",
+                                              trace])],
               show=r"^images +[a-z]|CUDA API calls|^ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+  cu|JPEG "
                    r"engines|decode auto|rror", log_all=True)
         if os.path.isfile(trace):
@@ -1274,11 +1285,9 @@ def phase_enginetrace(c, a):
 def share_run_row(report):
     """What a shares run's --json says of the split: the rate, the share the engines ended at,
     and the engines' and load stages' host time a step (None where absent)."""
-    note = next((n for n in report.get("notes", []) if "JPEG engines decode" in n), "")
-    m = re.search(r"the JPEG engines decode ([0-9.]+) of each batch", note)
     host = {s["name"]: s.get("host_ms_per_step") for s in report.get("stages", [])}
     return {"images_per_s": report.get("samples_per_s"),
-            "engine_share_end": float(m.group(1)) if m else None,
+            "engine_share_end": compare.engine_share(report),
             "engines_host_ms": host.get("engines"), "load_host_ms": host.get("load")}
 
 
@@ -1305,13 +1314,9 @@ def phase_shares(c, a):
                 report_path = c.raw_path(name)
                 fixed = [] if s == "auto" else ["--param", f"engine_share={s}"]
                 c.say(f"shares: round {rnd}, {model}, share {s}")
-                rc = c.run([c.tandem, "bench", "--workload", "images", "--data", folder,
-                            "--param", "source=files", "--param", "decode=auto", *fixed,
-                            "--param", f"model={model}", "--param", "precision=bf16", "--param",
-                            "layout=channels_last", "--batch-size", 256, "--mode",
-                            "pipelined+graphed", "--steps", a.shares_steps, "--warmup", 10,
-                            "--workers", a.shares_workers, "--no-gpu-monitor", "--json",
-                            report_path],
+                rc = c.run([c.tandem, *photos_bench(folder, model, report_path,
+                                                    steps=a.shares_steps, warmup=10,
+                                                    workers=a.shares_workers, extra=fixed)],
                            show=r"^images +[a-z]|JPEG engines decode|rror", log_all=True)
                 row = {"model": model, "share": s, "round": rnd}
                 if rc == 0 and os.path.isfile(report_path):
@@ -1326,12 +1331,9 @@ def phase_shares(c, a):
                     json.dump(doc, f, indent=1)
     for model in a.shares_models:
         def median(s):
-            rates = sorted(r["images_per_s"] for r in doc["rows"]
-                           if r["model"] == model and r["share"] == s and r.get("images_per_s"))
-            if not rates:
-                return None
-            mid = len(rates) // 2
-            return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+            rates = [r["images_per_s"] for r in doc["rows"]
+                     if r["model"] == model and r["share"] == s and r.get("images_per_s")]
+            return statistics.median(rates) if rates else None
         auto = median("auto") if "auto" in a.shares else None
         for s in a.shares:
             m = median(s)
@@ -1651,12 +1653,9 @@ def ab_command(job, mode, bs, a, json_path):
                 "--mode", mode, "--epochs", a.train_epochs, "--workers", a.ab_workers,
                 "--quiet", "--out", json_path[:-len(".json")] + "-run", "--json", json_path]
     if job in compare.PHOTO_JOBS:
-        return ["bench", "--workload", "images", "--data", a.ab_photos, "--param", "source=files",
-                "--param", f"decode={compare.PHOTO_JOBS[job][1]}",
-                "--param", f"model={compare.PHOTO_JOBS[job][0]}",
-                "--param", "precision=bf16", "--param", "layout=channels_last", "--mode", mode,
-                "--batch-size", bs, "--steps", a.ab_steps, "--warmup", a.ab_warmup, "--workers",
-                a.ab_workers, "--no-gpu-monitor", "--json", json_path]
+        model, decode = compare.PHOTO_JOBS[job]
+        return photos_bench(a.ab_photos, model, json_path, steps=a.ab_steps, warmup=a.ab_warmup,
+                            workers=a.ab_workers, decode=decode, mode=mode, batch_size=bs)
     return ["bench", "--scenario", job, "--mode", mode, "--batch-size", bs, "--steps", a.ab_steps,
             "--warmup", a.ab_warmup, "--workers", a.ab_workers, "--no-gpu-monitor",
             "--json", json_path]

@@ -32,10 +32,9 @@ import datetime
 import glob
 import json
 import os
-import re
 import sys
 
-from compare import load_or_skip  # benchmarks/compare.py: the other results' merges
+from compare import engine_share, load_or_skip  # benchmarks/compare.py: the results' readers
 
 
 def load(path):
@@ -51,12 +50,9 @@ def rate(doc):
 
 def cpu_share(doc):
     """The CPU workers' share of a split run: 1 - the engines' share its notes state."""
-    d = doc["runs"][0] if "runs" in doc else doc
-    for note in d.get("notes") or []:
-        m = re.search(r"the JPEG engines decode ([0-9.]+) of each batch", note)
-        if m:
-            return round(1 - float(m.group(1)), 4)
-    return 1.0  # no split happened (no engines): the workers decoded everything
+    share = engine_share(doc["runs"][0] if "runs" in doc else doc)
+    # No split happened (no engines): the workers decoded everything.
+    return 1.0 if share is None else round(1 - share, 4)
 
 
 def main(raw, out, command):

@@ -121,8 +121,9 @@ def render(s):
     for w in s["waits"]:
         lines.append(f"  {w['at_ms']:9.2f} ms  thread {w['thread']}  {w['name']} {w['ms']:.2f} ms")
         for r in w["released_by"]:
-            lag = f"{r['lag_ms']:.2f} ms after its launch" if r["lag_ms"] is not None else ""
-            lines.append(f"      stream {r['stream']}: {r['name'][:60]} (started {lag})")
+            lag = (f" (started {r['lag_ms']:.2f} ms after its launch)"
+                   if r["lag_ms"] is not None else "")
+            lines.append(f"      stream {r['stream']}: {r['name'][:60]}{lag}")
     return "\n".join(lines)
 
 
