@@ -25,11 +25,11 @@ struct Ran {
   std::string output;  ///< stdout and stderr together
 };
 
-// The CLI with `arguments` (already shell-quoted where needed), CPU only and quick: no
-// end-to-end rows, one worker, small batches.
-Ran data_bench(const std::string& arguments) {
-  const std::string command =
-      std::string(TANDEM_CLI_PATH) + " data-bench --device cpu --steps 0 " + arguments + " 2>&1";
+// The CLI with `arguments` (already shell-quoted where needed), under env(1) with `env` where
+// given ("-u VAR", "VAR=value").
+Ran tandem_cli(const std::string& arguments, const std::string& env = "") {
+  const std::string command = (env.empty() ? "" : "env " + env + " ") +
+                              std::string(TANDEM_CLI_PATH) + " " + arguments + " 2>&1";
   Ran ran;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return ran;
@@ -38,6 +38,11 @@ Ran data_bench(const std::string& arguments) {
   const int status = ::pclose(pipe);
   ran.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return ran;
+}
+
+// data-bench with `arguments`, CPU only and quick: no end-to-end rows.
+Ran data_bench(const std::string& arguments) {
+  return tandem_cli("data-bench --device cpu --steps 0 " + arguments);
 }
 
 // Two classes of small JPEGs, the last of class b cut in half.
@@ -73,19 +78,15 @@ TEST(DataBenchCliTest, SkipBadSkipsATruncatedJpegInTheDecodeAndLoaderRows) {
 // the hardware queues its request reports.
 std::string queues_of_bench(const std::string& env, const std::string& root,
                             const std::string& more) {
-  const std::string command = "env " + env + " " + std::string(TANDEM_CLI_PATH) +
-                              " bench --workload images --device cpu --data " + root +
-                              " --batch-size 2 --steps 1 --warmup 0 --workers 1 " + more + " 2>&1";
-  std::string output;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return "popen failed";
-  char buffer[4096];
-  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  if (::pclose(pipe) != 0) return "failed: " + output;
+  const Ran ran = tandem_cli("bench --workload images --device cpu --data " + root +
+                                 " --batch-size 2 --steps 1 --warmup 0 --workers 1 " + more,
+                             env);
+  if (ran.status != 0) return "failed: " + ran.output;
   const std::string key = "hardware queues ";
-  const size_t at = output.find(key);
-  if (at == std::string::npos) return "no '" + key + "' line: " + output;
-  return output.substr(at + key.size(), output.find(' ', at + key.size()) - at - key.size());
+  const size_t at = ran.output.find(key);
+  if (at == std::string::npos) return "no '" + key + "' line: " + ran.output;
+  return ran.output.substr(at + key.size(),
+                           ran.output.find(' ', at + key.size()) - at - key.size());
 }
 
 TEST(DataBenchCliTest, BenchAsksForMoreHardwareQueuesWhereTheEnginesMayDecode) {
