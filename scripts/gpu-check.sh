@@ -5,7 +5,8 @@
 # Usage: scripts/gpu-check.sh OUT [phase...]
 #   phases: build test gputest sanitize (default: build test sanitize; gputest runs only the
 #   gpu-labelled tests)
-#   env: TANDEM_BUILD_DIR (build-gpu), TANDEM_DEBS (.ref/debs: the .debs
+#   env: TANDEM_BUILD_DIR (build-gpu), TANDEM_BUILD_TARGETS (all; e.g. tandem: the CLI alone),
+#        TANDEM_DEBS (.ref/debs: the .debs
 #        scripts/fetch-gpu-debs.sh downloaded), TANDEM_GPUTEST_REGEX (gputest: only the tests whose
 #        names match, ctest -R), TANDEM_SANITIZE_ARGS (`tandem bench` arguments of the runs,
 #        separated by ';'), TANDEM_SANITIZERS (default "racecheck synccheck memcheck"),
@@ -69,7 +70,7 @@ if has_phase build; then
   fi
   if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release \
            ${DEPS_ARGS[@]+"${DEPS_ARGS[@]}"} &&
-         cmake --build "$BUILD" -j "$(nproc)"; } >"$RAW/build.log" 2>&1; then
+         cmake --build "$BUILD" -j "$(nproc)" --target ${TANDEM_BUILD_TARGETS:-all}; } >"$RAW/build.log" 2>&1; then
     tail -60 "$RAW/build.log" | tee -a "$LOG"
     say "BUILD FAILED"
     exit 1

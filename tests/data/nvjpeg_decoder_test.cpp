@@ -104,6 +104,14 @@ TEST(NvjpegDecoderTest, PackedImagesViewsOneSample) {
   std::unique_ptr<NvjpegDecoder> decoder = NvjpegDecoder::open(0, &why_not_); \
   if (!decoder) GTEST_SKIP() << "nvJPEG unavailable: " << why_not_
 
+// A decoder on the hardware JPEG engines.
+#define TANDEM_OPEN_ENGINES_OR_SKIP(decoder)                       \
+  TANDEM_SKIP_WITHOUT_CUDA();                                      \
+  std::string why_not_;                                            \
+  std::unique_ptr<NvjpegDecoder> decoder =                         \
+      NvjpegDecoder::open(0, &why_not_, NvjpegBackend::kHardware); \
+  if (!decoder) GTEST_SKIP() << "no JPEG engines: " << why_not_
+
 struct Fixture {
   std::string name;
   std::vector<uint8_t> bytes;
@@ -326,11 +334,7 @@ TEST(NvjpegDecoderGpuTest, ReportsTheBackendThatDecoded) {
 // is not handed out again before the decode's work is done — a pinned tensor of the same size
 // allocated and overwritten right after the call must not reach the pixels.
 TEST(NvjpegDecoderGpuTest, EnginesReadAPinnedBatchInPlace) {
-  TANDEM_SKIP_WITHOUT_CUDA();
-  std::string why_not;
-  const std::unique_ptr<NvjpegDecoder> decoder =
-      NvjpegDecoder::open(0, &why_not, NvjpegBackend::kHardware);
-  if (!decoder) GTEST_SKIP() << "no JPEG engines: " << why_not;
+  TANDEM_OPEN_ENGINES_OR_SKIP(decoder);
   const auto fixtures = baseline_jpegs(96, 9);
   int64_t total = 0;
   for (const auto& f : fixtures) total += static_cast<int64_t>(f.bytes.size());
@@ -356,6 +360,32 @@ TEST(NvjpegDecoderGpuTest, EnginesReadAPinnedBatchInPlace) {
     other.fill_(0x5a);  // would corrupt the images had the block been handed out again
     EXPECT_TRUE(d.images.packed.cpu().equal(expected)) << "round " << round;
   }
+}
+
+// The engines' room grows with the batches they decode — a few small photos, then more rows and
+// a larger photo — and never shrinks; every batch, the ones decoded right after the state grew
+// (and was initialised again) included, decodes as the CPU decoder does.
+TEST(NvjpegDecoderGpuTest, EnginesRoomGrowsWithTheirBatches) {
+  TANDEM_OPEN_ENGINES_OR_SKIP(decoder);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  EXPECT_EQ(decoder->engine_room().rows, 0);
+  // 8 photos of at most 113 x 139 px: 8 rows and a quarter more, to a multiple of 16; the side
+  // to a multiple of 256.
+  expect_matches_cpu(*decoder, baseline_jpegs(8, 1), 3, side, false);
+  EXPECT_STREQ(decoder->backend(), "hardware");
+  EXPECT_EQ(decoder->engine_room().rows, 16) << "nvJPEG 11.4 and later reserve room";
+  EXPECT_EQ(decoder->engine_room().side, 256);
+  // 40 rows and a portrait photo 700 px high: 40 + 10 rows, to 64; 700 px, to 768.
+  auto larger = baseline_jpegs(39, 2);
+  larger.push_back({"/b/portrait.jpg", encode_jpeg(testing::smooth_image(3, 700, 300, 7), 90)});
+  expect_matches_cpu(*decoder, larger, 3, side, false);
+  EXPECT_STREQ(decoder->backend(), "hardware");
+  EXPECT_EQ(decoder->engine_room().rows, 64);
+  EXPECT_EQ(decoder->engine_room().side, 768);
+  // Fewer, smaller photos again: the room stays.
+  expect_matches_cpu(*decoder, baseline_jpegs(5, 3), 3, side, false);
+  EXPECT_EQ(decoder->engine_room().rows, 64);
+  EXPECT_EQ(decoder->engine_room().side, 768);
 }
 
 // Each backend asked for by name: the same pixels, layout and errors, and backend() names it

@@ -133,6 +133,17 @@ class NvjpegDecoder {
   /// Whether this decoder uses the hardware JPEG engines where it can.
   bool has_hardware() const;
 
+  /// The batch the hardware engines hold device memory for: up to `rows` images of up to
+  /// `side` x `side` pixels. It grows with the batches they decode (never shrinks), so that
+  /// nvJPEG does not free and allocate device memory between batches of photos of different
+  /// sizes; {0, 0} before their first batch, without the engines, or where nvJPEG cannot
+  /// reserve (nvjpegDecodeBatchedPreAllocate).
+  struct EngineRoom {
+    int rows = 0;
+    int side = 0;
+  };
+  EngineRoom engine_room() const;
+
   int device() const { return device_; }
 
  private:
