@@ -123,7 +123,13 @@ void expect_every_mode_computes_serials_losses(const std::vector<std::string>& d
         o.device = c10::Device(c10::kCUDA, 0);
         const ImagesWorkload w = make_images(o);
         // 4 batches an epoch; 12 steps: warm-up, capture and replays across three epochs.
-        const std::vector<float> losses = Runner(w.workload, run_options(mode, 4)).train(12);
+        // An exception fails the test naming the model, decode and mode (the trace above).
+        std::vector<float> losses;
+        try {
+          losses = Runner(w.workload, run_options(mode, 4)).train(12);
+        } catch (const std::exception& e) {
+          FAIL() << to_string(mode) << " threw: " << e.what();
+        }
         ASSERT_EQ(losses.size(), 12u);
         std::string text;
         for (float l : losses) text += std::to_string(l) + " ";
