@@ -14,6 +14,7 @@
 #include <iterator>
 #include <limits>
 #include <thread>
+#include <utility>
 
 #include "tandem/error.h"
 #include "tandem/sampler.h"
@@ -402,6 +403,7 @@ void Loader::worker_loop(int worker) {
 }
 
 std::optional<HostBatch> Loader::next() {
+  std::vector<at::Tensor> retired;  // freed here, on the consumer's thread, after the lock
   std::unique_lock<std::mutex> lock(mutex_);
   if (stopping_ || next_to_deliver_ >= num_batches_) return std::nullopt;
   const int64_t number = next_to_deliver_;
@@ -422,6 +424,7 @@ std::optional<HostBatch> Loader::next() {
     }
   }
   if (stopping_) return std::nullopt;
+  retired.swap(slot.retired);
   if (slot.state == SlotState::kFailed) throw LoaderError(slot.error);  // stays failed
   slot.state = SlotState::kInUse;
   ++next_to_deliver_;
@@ -453,10 +456,13 @@ void Loader::pack(Slot& slot, const std::vector<std::vector<at::Tensor>>& variab
     for (const at::Tensor& t : variable[s]) total += t.numel();
     at::Tensor& arena = slot.fields[b];
     if (total > arena.numel()) {
-      // Grown with headroom, so a slot settles after a few batches. The old arena is free:
-      // this slot's previous copy out of it has completed (the fill waited for it).
-      arena = at::empty({total + total / 4},
-                        at::TensorOptions().dtype(arena.scalar_type()).pinned_memory(pinned_));
+      // Grown with headroom, so a slot settles after a few batches. The old arena is unused:
+      // this slot's previous copy out of it has completed (the fill waited for it); the
+      // consumer frees it (Slot::retired).
+      at::Tensor grown =
+          at::empty({total + total / 4},
+                    at::TensorOptions().dtype(arena.scalar_type()).pinned_memory(pinned_));
+      slot.retired.push_back(std::exchange(arena, std::move(grown)));
     }
     const int64_t rank = static_cast<int64_t>(sample_fields_[s].shape.size());
     int64_t* offsets = slot.fields[b + 1].data_ptr<int64_t>();

@@ -232,6 +232,11 @@ class Loader {
     std::optional<at::cuda::CUDAEvent> copied;  // recorded by release(); waited before refill
     bool copied_pending = false;
     std::string error;
+    // Arenas pack() outgrew, freed by the consumer (next()), never by a worker: freeing a pinned
+    // block records an event on each stream that copied from it, and a worker's record on a
+    // stream another thread is capturing (serial graphed modes capture on the lane that copies)
+    // would land in that graph, an event no later query accepts (CUDA: invalid argument).
+    std::vector<at::Tensor> retired;
   };
 
   // What a worker is on: the sample index while it is inside get_sample() (-1 otherwise) and

@@ -3,9 +3,13 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tandem/error.h"
 #include "tandem/loader.h"
@@ -78,12 +82,17 @@ std::vector<int64_t> drain_ragged(Loader& loader, int64_t big,
   return seen;
 }
 
+LoaderOptions loader_options(int64_t batch_size, int workers, int depth) {
+  LoaderOptions o;
+  o.batch_size = batch_size;
+  o.workers = workers;
+  o.depth = depth;
+  return o;
+}
+
 TEST(PackedLoaderTest, VariableSizeSamplesArePackedWithTheirOffsetsAndSizes) {
   auto ds = std::make_shared<RaggedDataset>(53);
-  LoaderOptions o;
-  o.batch_size = 6;
-  o.workers = 3;
-  o.depth = 4;
+  LoaderOptions o = loader_options(6, 3, 4);
   o.drop_last = false;
   Loader loader(ds, o);
   std::vector<std::string> names;
@@ -97,12 +106,33 @@ TEST(PackedLoaderTest, VariableSizeSamplesArePackedWithTheirOffsetsAndSizes) {
 TEST(PackedLoaderTest, ASlotGrowsWhenABatchOutgrowsTheTypicalSize) {
   // Typical 1x2x2 = 4 bytes a sample, but samples reach 5 x 8: every slot must grow.
   auto ds = std::make_shared<RaggedDataset>(40, std::set<int64_t>{}, 3);
-  LoaderOptions o;
-  o.batch_size = 8;
-  o.workers = 2;
-  o.depth = 2;
-  Loader loader(ds, o);
+  Loader loader(ds, loader_options(8, 2, 2));
   EXPECT_EQ(drain_ragged(loader, 3).size(), 40u);
+}
+
+// A slot's arena that the next batch outgrows is freed by the consumer's next(), not by the
+// worker that grew the slot: freeing pinned memory records an event on each stream that copied
+// from it, and a worker's record on a stream another thread is capturing a CUDA graph on would
+// land inside that graph.
+TEST(PackedLoaderTest, AnOutgrownArenaIsFreedByTheConsumerNotByAWorker) {
+  // Batch 0 (samples 0, 1) packs 12 bytes, batch 1 (samples 2, 3) 40: the one slot grows.
+  auto ds = std::make_shared<RaggedDataset>(4, std::set<int64_t>{}, 3);
+  Loader loader(ds, loader_options(2, 1, 1));
+  std::optional<HostBatch> first = loader.next();
+  ASSERT_TRUE(first.has_value());
+  const c10::weak_intrusive_ptr<c10::StorageImpl> arena =
+      first->fields[0].storage().getWeakStorageImpl();
+  loader.release(*first);
+  first.reset();
+  // The worker refills the slot with batch 1 meanwhile (this waits for it rather than for a
+  // signal the loader does not give; a slower worker only leaves less to check).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(arena.expired()) << "the worker freed the arena it outgrew";
+  std::optional<HostBatch> second = loader.next();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_TRUE(arena.expired()) << "next() frees the arena its batch outgrew";
+  EXPECT_EQ(second->indices, (std::vector<int64_t>{2, 3}));
+  loader.release(*second);
 }
 
 TEST(PackedLoaderTest, PackedFieldsExpandsOnlyVariableSizeFields) {
