@@ -70,7 +70,8 @@ if has_phase build; then
   fi
   if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release \
            ${DEPS_ARGS[@]+"${DEPS_ARGS[@]}"} &&
-         cmake --build "$BUILD" -j "$(nproc)" --target ${TANDEM_BUILD_TARGETS:-all}; } >"$RAW/build.log" 2>&1; then
+         cmake --build "$BUILD" -j "$(nproc)" --target ${TANDEM_BUILD_TARGETS:-all}; } \
+       >"$RAW/build.log" 2>&1; then
     tail -60 "$RAW/build.log" | tee -a "$LOG"
     say "BUILD FAILED"
     exit 1

@@ -98,19 +98,18 @@ TEST(NvjpegDecoderTest, PackedImagesViewsOneSample) {
 
 // ---- GPU.
 
-#define TANDEM_OPEN_NVJPEG_OR_SKIP(decoder)                                   \
-  TANDEM_SKIP_WITHOUT_CUDA();                                                 \
-  std::string why_not_;                                                       \
-  std::unique_ptr<NvjpegDecoder> decoder = NvjpegDecoder::open(0, &why_not_); \
-  if (!decoder) GTEST_SKIP() << "nvJPEG unavailable: " << why_not_
+// A decoder on cuda:0 preferring `backend`, or the test skipped with `unavailable` and why.
+#define TANDEM_OPEN_DECODER_OR_SKIP(decoder, backend, unavailable)                     \
+  TANDEM_SKIP_WITHOUT_CUDA();                                                          \
+  std::string why_not_;                                                                \
+  std::unique_ptr<NvjpegDecoder> decoder = NvjpegDecoder::open(0, &why_not_, backend); \
+  if (!decoder) GTEST_SKIP() << unavailable << ": " << why_not_
 
+#define TANDEM_OPEN_NVJPEG_OR_SKIP(decoder) \
+  TANDEM_OPEN_DECODER_OR_SKIP(decoder, NvjpegBackend::kAuto, "nvJPEG unavailable")
 // A decoder on the hardware JPEG engines.
-#define TANDEM_OPEN_ENGINES_OR_SKIP(decoder)                       \
-  TANDEM_SKIP_WITHOUT_CUDA();                                      \
-  std::string why_not_;                                            \
-  std::unique_ptr<NvjpegDecoder> decoder =                         \
-      NvjpegDecoder::open(0, &why_not_, NvjpegBackend::kHardware); \
-  if (!decoder) GTEST_SKIP() << "no JPEG engines: " << why_not_
+#define TANDEM_OPEN_ENGINES_OR_SKIP(decoder) \
+  TANDEM_OPEN_DECODER_OR_SKIP(decoder, NvjpegBackend::kHardware, "no JPEG engines")
 
 struct Fixture {
   std::string name;
