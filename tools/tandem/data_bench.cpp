@@ -191,7 +191,9 @@ DataBenchRow time_loader(std::shared_ptr<const data::ImageFolderDataset> folder,
   r.workers = workers;
   r.images_per_s = static_cast<double>(images) / seconds_since(start);
   r.images_per_s_per_core = r.images_per_s / workers;
-  r.note = "read + scaled decode + pack into pinned slots, no GPU";
+  r.note =
+      "read + each file's RandomResizedCrop box decoded (as tandem train --crop region) + pack "
+      "into pinned slots, no GPU";
   for (const SkippedSample& s : loader.skipped()) bad.insert(s.index);  // met again each cycle
   if (!bad.empty()) r.note += detail::concat("; ", bad.size(), " bad file(s) skipped");
   return r;
@@ -246,7 +248,9 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
 
   data::ImageFolderOptions fo;
   fo.image_size = size;
-  fo.output = data::ImageFolderOutput::kDecoded;
+  // The loader row decodes as training does by default (tandem train --crop region, the images
+  // workload's crop=region): each sample's box only.
+  fo.output = data::ImageFolderOutput::kCropRegion;
   auto folder = std::make_shared<data::ImageFolderDataset>(o.data, fo);
   DataBenchResult result;
   result.device_name = run::device_name(parse_device(request.device));
