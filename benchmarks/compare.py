@@ -461,6 +461,19 @@ def engine_share(report):
     return None
 
 
+def split_rates(report):
+    """The two sides' rates a split run's notes state, as a dict {cpu_images_per_s,
+    engine_images_per_s} (what each side decoded over its own busy time, so their sum is the
+    run's decode capacity), or None where the run made no split or measured no rates."""
+    for note in report.get("notes") or []:
+        m = re.search(r"CPU crop regions ([0-9.]+) img/s on [0-9]+ workers, engines ([0-9.]+) "
+                      r"img/s", note)
+        if m and "the JPEG engines decode" in note:
+            return {"cpu_images_per_s": float(m.group(1)),
+                    "engine_images_per_s": float(m.group(2))}
+    return None
+
+
 def load_or_skip(path, result):
     """A run's JSON, or None after saying why (a failed run leaves none, or half of one: the
     result is written without it)."""

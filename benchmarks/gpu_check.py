@@ -314,6 +314,9 @@ def photos_options(p):
     toggle(g, "--photos-python", True, "train_bench.py's torchvision loop beside them")
     toggle(g, "--photos-split", True, "also the region runs with decode auto: each batch split "
            "between the CPU workers and the JPEG engines")
+    toggle(g, "--photos-train", True, "tandem train per crop and decode, with its evaluations "
+           "(off: the bench's rates from the files and from resident data only, the longer runs "
+           "left for another call)")
 
 
 def ddp_options(p):
@@ -1108,7 +1111,7 @@ def phase_photos(c, a):
                 # Region runs also with decode auto (--photos-split): each batch split between the
                 # workers and the JPEG engines.
                 decodes = ["cpu", "auto"] if crop == "region" and a.photos_split else ["cpu"]
-                for where in decodes:
+                for where in decodes if a.photos_train else []:
                     name = f"{side_range}-{model}-{crop}" + ("-auto" if where == "auto" else "")
                     c.say(f"photos {side_range}: tandem train {net} bf16 --crop {crop} "
                           f"--decode {where}")
@@ -1144,7 +1147,9 @@ def phase_photos(c, a):
                    "--out", c.raw_path(f"photos-python-{side_range}.json")], show=True, tail=4)
     c.run([PYTHON, "benchmarks/photos_table.py", c.raw, c.out_path("photos.json"),
            f"{PROG} photos --out OUT --photos-sides '{' '.join(a.photos_sides)}' "
-           f"--photos-models '{' '.join(a.photos_models)}' --photos-epochs {a.photos_epochs}"],
+           f"--photos-models '{' '.join(a.photos_models)}' --photos-crops "
+           f"'{' '.join(a.photos_crops)}' --photos-epochs {a.photos_epochs}"
+           + ("" if a.photos_train else " --no-photos-train")],
           show=True)
 
 

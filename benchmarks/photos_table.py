@@ -22,7 +22,11 @@ Inputs, all in RAW (the phase's scratch folder), SIDES being "320-640" or "1000-
 
 photos.json: {device, date, command, rows: [{impl: "tandem"|"python", job, sides, precision,
 batch_size, decode: "cpu", crop, images_per_s, eval_images_per_s, resident_images_per_s,
-cpu_share, of_resident, train_images_per_s}]} and, per folder, the decode rows under "decode".
+cpu_share, of_resident, train_images_per_s, of_bound}]} and, per folder, the decode rows under
+"decode". A split row (decode "auto") also holds the two sides' rates in the run
+(cpu_images_per_s, engine_images_per_s: each side's images over its own busy time) and their sum,
+decode_capacity_images_per_s; of_bound is the rate over min(resident, that capacity). A bench
+run without a train run beside it (--no-photos-train) is a row of its own, without evaluation.
 images_per_s is the bench rate where there is one (else `tandem train`'s); train_images_per_s
 is `tandem train`'s steady epoch rate, which a folder whose epoch fits in the loader's ring
 overstates (the ring fills during each epoch end's evaluation and checkpoint).
@@ -34,7 +38,7 @@ import json
 import os
 import sys
 
-from compare import engine_share, load_or_skip  # benchmarks/compare.py: the results' readers
+from compare import engine_share, load_or_skip, split_rates  # benchmarks/compare.py's readers
 
 
 def load(path):
@@ -53,6 +57,25 @@ def cpu_share(doc):
     share = engine_share(doc["runs"][0] if "runs" in doc else doc)
     # No split happened (no engines): the workers decoded everything.
     return 1.0 if share is None else round(1 - share, 4)
+
+
+def capacity(doc):
+    """A split run's two sides' rates in the run and their sum, the decode capacity (fields for
+    its row), and the run's rate over min(resident, capacity); {} where it made no split."""
+    rates = split_rates(doc["runs"][0] if "runs" in doc else doc) if doc else None
+    if not rates:
+        return {}
+    return rates | {"decode_capacity_images_per_s":
+                    rates["cpu_images_per_s"] + rates["engine_images_per_s"]}
+
+
+def of_bound(row):
+    """The row's rate over what bounds it: min(resident rate, decode capacity) where both are
+    known, else the resident rate."""
+    bound = [v for v in (row.get("resident_images_per_s"),
+                         row.get("decode_capacity_images_per_s")) if v]
+    img = row.get("images_per_s")
+    return round(img / min(bound), 3) if img and bound else None
 
 
 def main(raw, out, command):
@@ -83,21 +106,30 @@ def main(raw, out, command):
                      "train_cpu_share": cpu_share(d) if split else None,
                      "accuracy": d.get("accuracy"),
                      "train_images_per_s": d.get("images_per_s"),
-                     "of_resident": img / res if res and img else None})
-    trained = {(r["sides"], r["job"]) for r in rows if r["decode"] == "auto"}
-    for p in sorted(glob.glob(f"{raw}/photos-files-*-region-auto.json")):
+                     "of_resident": img / res if res and img else None}
+                    | (capacity(files or d) if split else {}))
+    trained = {(r["sides"], r["job"], r["crop"], r["decode"]) for r in rows}
+    # The bench's runs without a train run beside them (the phase's --no-photos-train): a row of
+    # their own, with no evaluation.
+    for p in sorted(glob.glob(f"{raw}/photos-files-*.json")):
         d = load(p)
         if not d:
             continue
         parts = os.path.basename(p)[len("photos-files-"):-5].split("-")
-        sides, job = f"{parts[0]}-{parts[1]}", parts[2]
-        if (sides, job) in trained:  # its row is the train run's, with this rate
-            continue
+        sides, job, crop = f"{parts[0]}-{parts[1]}", parts[2], parts[3]
+        split = len(parts) > 4 and parts[4] == "auto"
+        if (sides, job, crop, "auto" if split else "cpu") in trained:
+            continue  # its row is the train run's, with this rate
+        device = device or d.get("device")
         res, img = resident.get(job), rate(d)
         rows.append({"impl": "tandem", "job": job, "sides": sides, "precision": "bf16",
-                     "batch_size": 256, "decode": "auto", "crop": "region", "images_per_s": img,
-                     "eval_images_per_s": None, "resident_images_per_s": res,
-                     "cpu_share": cpu_share(d), "of_resident": img / res if res and img else None})
+                     "batch_size": 256, "decode": "auto" if split else "cpu", "crop": crop,
+                     "images_per_s": img, "eval_images_per_s": None,
+                     "resident_images_per_s": res, "cpu_share": cpu_share(d) if split else 1.0,
+                     "of_resident": img / res if res and img else None}
+                    | (capacity(d) if split else {}))
+    for r in rows:
+        r["of_bound"] = of_bound(r)
     for p in sorted(glob.glob(f"{raw}/photos-python-*.json")):
         d = load(p)
         if not d:
@@ -120,15 +152,18 @@ def main(raw, out, command):
            "command": command, "rows": rows, "decode": decode}
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
-    fmt = "{:6s} {:9s} {:9s} {:7s} {:6s} {:>9s} {:>9s} {:>9s} {:>6s} {:>9s}"
+    fmt = "{:6s} {:9s} {:9s} {:11s} {:6s} {:>9s} {:>9s} {:>9s} {:>6s} {:>9s} {:>6s} {:>9s}"
     print(fmt.format("impl", "job", "sides", "crop", "decode", "img/s", "eval", "resident",
-                     "of res", "train cli"))
+                     "of res", "capacity", "of cap", "train cli"))
     for r in rows:
         num = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
+        ratio = lambda v: f"{v:.2f}" if v else "-"  # noqa: E731
+        cap = r.get("decode_capacity_images_per_s")
         print(fmt.format(r["impl"], r["job"], r["sides"], r["crop"], r["decode"],
                          num(r["images_per_s"]),
                          num(r["eval_images_per_s"]), num(r["resident_images_per_s"]),
-                         f"{r['of_resident']:.2f}" if r.get("of_resident") else "-",
+                         ratio(r.get("of_resident")), num(cap),
+                         ratio(r["images_per_s"] / cap if cap and r["images_per_s"] else None),
                          num(r.get("train_images_per_s"))))
     for sides, decode_rows in decode.items():
         for r in decode_rows:

@@ -63,7 +63,8 @@ SHELL_DEFAULTS = {
     "train_python": True, "seg_dir": "/tmp/tandem-segpairs", "seg_count": 2000, "seg_epochs": 8,
     "photos_sides": ["320-640", "1000-2000"], "photos_count": 3000,
     "photos_models": ["r18_full", "r50_full"], "photos_crops": ["region", "whole"],
-    "photos_epochs": 3, "photos_python": True, "photos_split": True, "ddp_worlds": [1, 2],
+    "photos_epochs": 3, "photos_python": True, "photos_split": True, "photos_train": True,
+    "ddp_worlds": [1, 2],
     "ddp_seg_bs": [8, 32], "ddp_cls_bs": [32, 128], "ddp_modes": ["pipelined", "pipelined+graphed"],
     "ddp_python": True, "ddp_scenarios": ["seg", "cls"], "ddp_allreduced": True,
     "ddp_bucket_mb": None, "ddp_nccl_variants": [], "ddp_floor_mb": ["179", "25", "1"],
@@ -340,6 +341,48 @@ def test_data_merges_python_then_tandem_and_skips_broken_files(tmp_path):
     assert d["loader"] == [{"workers": 8}] and d["device"] == "GPU"
     assert d["command"] == "data_bench.py ; tandem data-bench"
     assert "skipping" in text and "wrote" in text
+
+
+def test_photos_without_train_runs_only_the_benches(tmp_path):
+    c, _ = record(tmp_path, "photos", "--photos-sides", "1000-2000", "--photos-crops", "region",
+                  "--no-photos-train", "--no-photos-python", "--photos-models", "r18_full")
+    assert tandem_runs(c, "train") == []
+    benches = [cmd for cmd in tandem_runs(c) if "source=files" in cmd]
+    assert [("decode=auto" in cmd) for cmd in benches] == [False, True]
+    table = [cmd for cmd in c.commands if any("photos_table.py" in str(w) for w in cmd)]
+    assert table and "--no-photos-train" in table[0][-1]
+
+
+def test_photos_table_rows_with_and_without_train_runs_and_the_split_capacity(tmp_path):
+    import photos_table
+    raw = tmp_path / "raw"
+    split_note = ("the JPEG engines decode 0.4 of each batch, the CPU workers the rest (in the "
+                  "run: CPU crop regions 3000 img/s on 15 workers, engines 5000 img/s)")
+    write_json(raw / "photos-resident-r18_full.json", {"samples_per_s": 19000})
+    # ResNet-18: a bench from the files, split and not, no train run.
+    write_json(raw / "photos-files-1000-2000-r18_full-region.json",
+               {"device": "GPU", "runs": [{"samples_per_s": 3500, "notes": []}]})
+    write_json(raw / "photos-files-1000-2000-r18_full-region-auto.json",
+               {"runs": [{"samples_per_s": 7600, "notes": [split_note]}]})
+    # ResNet-50: a train run with its bench beside it.
+    write_json(raw / "photos-resident-r50_full.json", {"samples_per_s": 6800})
+    write_json(raw / "photos-train-1000-2000-r50_full-region-auto.json",
+               {"device": "GPU", "precision": "bf16", "batch_size": 256, "images_per_s": 6500,
+                "eval_images_per_s": 9000, "notes": [split_note]})
+    write_json(raw / "photos-files-1000-2000-r50_full-region-auto.json",
+               {"runs": [{"samples_per_s": 6100, "notes": [split_note]}]})
+    _, text = quietly(photos_table.main, str(raw), str(tmp_path / "photos.json"), "cmd")
+    rows = {(r["job"], r["decode"]): r for r in read_json(tmp_path / "photos.json")["rows"]}
+    assert set(rows) == {("r18_full", "cpu"), ("r18_full", "auto"), ("r50_full", "auto")}
+    r18 = rows[("r18_full", "auto")]
+    assert r18["images_per_s"] == 7600 and r18["eval_images_per_s"] is None
+    assert r18["cpu_share"] == 0.6 and r18["decode_capacity_images_per_s"] == 8000
+    assert (r18["cpu_images_per_s"], r18["engine_images_per_s"]) == (3000, 5000)
+    assert r18["of_bound"] == 0.95  # 7600 / min(19000, 8000)
+    assert rows[("r18_full", "cpu")]["of_bound"] == round(3500 / 19000, 3)  # no capacity
+    r50 = rows[("r50_full", "auto")]
+    assert r50["images_per_s"] == 6100 and r50["eval_images_per_s"] == 9000
+    assert r50["of_bound"] == round(6100 / 6800, 3) and "wrote" in text
 
 
 def test_train_splits_classifiers_and_segmentation(tmp_path):
