@@ -55,6 +55,22 @@ inline std::string join_path(const std::string& a, const std::string& b) {
   return a + "/" + b;
 }
 
+/// The folder `path` names its entry in: "." for a bare name, "/" for "/x".
+inline std::string parent_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+/// mkdir -p: `path` and every missing folder above it (mode 0755). Throws tandem::Error naming
+/// the folder that could not be made.
+inline void make_dirs(const std::string& path) {
+  if (path.empty() || is_dir(path)) return;
+  make_dirs(parent_of(path));
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+    throw Error("cannot make the folder " + path + ": " + errno_text(errno));
+}
+
 /// The name without its last extension, as Python's Path.stem: "a.b.png" -> "a.b",
 /// ".hidden" -> ".hidden".
 inline std::string stem_of(const std::string& name) {

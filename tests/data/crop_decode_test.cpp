@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,8 @@
 #include "tandem/data/engine_share.h"
 #include "tandem/data/engine_split.h"
 #include "tandem/data/image_folder.h"
+#include "tandem/data/resize.h"
+#include "tandem/data/shrink.h"
 #include "tandem/error.h"
 #include "tandem/resized_crop.h"
 
@@ -680,6 +683,129 @@ TEST(EngineSplitTest, TheAugmentStagePutsEachSidesCropsInItsRows) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("do not match the batch's 2 rows"), std::string::npos)
         << e.what();
+  }
+}
+
+// shrink_image: a photo written again at the least size that keeps every RandomResizedCrop box
+// at 224 px. The crops of the shrunk photo against torchvision's crops of the original (the
+// full-resolution decode, the box cut, resized to 224), and against the crops of the same photo
+// shrunk to a fixed shorter side of 256 px (FFCV's way), which enlarges the small boxes. The PSNRs
+// are printed (and stated in NOTES).
+TEST(ShrinkTest, TheKeptSizeHoldsTheSmallestCropAtTheModelsSize) {
+  const KeptSize k = kept_size(224);
+  EXPECT_EQ(k.min_area, 836267);  // 224^2 / (0.08 * 3/4), rounded up
+  EXPECT_EQ(k.min_short_side, 256);
+  // The smallest box of that area (scale 0.08, ratio 3/4 or 4/3) has 224 px on its short side.
+  EXPECT_GE(std::sqrt(static_cast<double>(k.min_area) * 0.08 * 0.75), 224.0);
+  EXPECT_EQ(kept_size(112, 0.25).min_area, 66902);
+  EXPECT_THROW(kept_size(0), InvalidArgument);
+  EXPECT_THROW(kept_size(224, 0), InvalidArgument);
+  EXPECT_THROW(kept_size(224, 1.5), InvalidArgument);
+}
+
+TEST(ShrinkTest, TheShrunkShapeIsTheLeastThatKeepsBothBounds) {
+  const KeptSize k = kept_size(224);
+  for (const auto& [h, w] : {std::array<int64_t, 2>{3000, 4000},
+                             {4000, 3000},
+                             {1200, 1600},
+                             {1000, 2000},
+                             {2000, 2000}}) {
+    const auto [sh, sw] = shrunk_shape(h, w, k);
+    SCOPED_TRACE(std::to_string(h) + " x " + std::to_string(w));
+    EXPECT_GE(sh * sw, k.min_area);
+    EXPECT_LT((sh - 1) * (sw - 1), k.min_area);  // one pixel less a side would miss it
+    EXPECT_NEAR(static_cast<double>(sh) / sw, static_cast<double>(h) / w, 2.0 / sw);
+  }
+  // A panorama: the evaluation's shorter side binds.
+  EXPECT_EQ(shrunk_shape(400, 8000, k), (std::array<int64_t, 2>{256, 5120}));
+  // Small enough: unchanged.
+  EXPECT_EQ(shrunk_shape(480, 640, k), (std::array<int64_t, 2>{480, 640}));
+  EXPECT_EQ(shrunk_shape(792, 1056, k), (std::array<int64_t, 2>{792, 1056}));
+}
+
+TEST(ShrinkTest, TheShrunkPhotosCropsAreTorchvisionsCropsOfTheOriginal) {
+  const int64_t H = 2400, W = 3200;
+  const std::vector<uint8_t> jpeg = detailed_photo(H, W);
+  const ShrunkImage s = shrink_image(jpeg, "photo.jpg", kept_size(224));
+  ASSERT_TRUE(s.shrunk);
+  EXPECT_EQ((std::array<int64_t, 2>{s.out_height, s.out_width}),
+            shrunk_shape(H, W, kept_size(224)));
+  EXPECT_EQ((std::array<int64_t, 2>{s.height, s.width}), (std::array<int64_t, 2>{H, W}));
+  EXPECT_LT(s.bytes.size() * 4, jpeg.size());  // 9 times fewer pixels
+  const at::Tensor full = decode_image_interleaved(jpeg, "photo.jpg", 3);
+  const at::Tensor shrunk = decode_image_interleaved(s.bytes, "shrunk.jpg", 3);
+  ASSERT_EQ(shrunk.size(0), s.out_height);
+  ASSERT_EQ(shrunk.size(1), s.out_width);
+  // FFCV's way: the shorter side to 256.
+  const std::vector<uint8_t> fixed = encode_jpeg(
+      resize_bilinear(decode_image(jpeg, "photo.jpg", 3, 256, 256), 256, W * 256 / H), 95);
+  const at::Tensor small = decode_image_interleaved(fixed, "fixed.jpg", 3);
+  // Boxes of RandomResizedCrop's range, in the original's pixels: the smallest (scale 0.08,
+  // ratio 3/4 and 4/3), middling ones, the whole image.
+  const double area = static_cast<double>(H * W);
+  struct Box {
+    double scale, ratio, top, left;
+  };
+  for (const Box& b : {Box{0.08, 0.75, 100, 200}, Box{0.08, 4.0 / 3, 1500, 2000},
+                       Box{0.25, 1.0, 700, 900}, Box{0.5, 0.8, 300, 400}, Box{1.0, 0.75, 0, 0}}) {
+    const double bw = std::min<double>(W, std::sqrt(area * b.scale * b.ratio));
+    const double bh = std::min<double>(H, std::sqrt(area * b.scale / b.ratio));
+    const double top = std::min(b.top, H - bh), left = std::min(b.left, W - bw);
+    const at::Tensor reference = resize_box(full, top, left, bh, bw);
+    const double f = static_cast<double>(s.out_height) / H;  // both sides alike, within a pixel
+    const double g = static_cast<double>(small.size(0)) / H;
+    const double shrunk_db = psnr(resize_box(shrunk, top * f, left * f, bh * f, bw * f), reference);
+    const double fixed_db =
+        psnr(resize_box(small, top * g, left * g, std::min(bh * g, small.size(0) - top * g),
+                        std::min(bw * g, small.size(1) - left * g)),
+             reference);
+    std::printf(
+        "box %4.0f x %4.0f (scale %.2f): from the shrunk photo (%lld x %lld) %.1f dB, from the "
+        "256 px one %.1f dB\n",
+        bh, bw, b.scale, static_cast<long long>(s.out_height), static_cast<long long>(s.out_width),
+        shrunk_db, fixed_db);
+    EXPECT_GE(bh * f, 224 - 1);  // never enlarged (a pixel of rounding)
+    EXPECT_GE(bw * f, 224 - 1);
+    EXPECT_GE(shrunk_db, 30.0);
+    if (bh * g < 224 || bw * g < 224) {
+      EXPECT_GE(shrunk_db, fixed_db + 3.0);  // where the fixed side enlarges the box
+    }
+  }
+}
+
+TEST(ShrinkTest, WhatItDoesNotShrinkKeepsItsBytes) {
+  const KeptSize k = kept_size(224);
+  const std::vector<uint8_t> small = encode_jpeg(testing::smooth_image(3, 480, 640), 90);
+  ShrunkImage s = shrink_image(small, "small.jpg", k);
+  EXPECT_FALSE(s.shrunk);
+  EXPECT_EQ(s.kept_because, "small enough");
+  EXPECT_EQ(s.bytes, small);
+  const std::vector<uint8_t> png = encode_png(testing::smooth_image(3, 1200, 1600));
+  s = shrink_image(png, "big.png", k);
+  EXPECT_FALSE(s.shrunk);
+  EXPECT_EQ(s.kept_because, "a PNG");
+  EXPECT_EQ(s.bytes, png);
+  const int cw = 1600, ch = 1200;
+  const std::vector<uint8_t> cmyk =
+      testing::cmyk_jpeg(std::vector<uint8_t>(cw * ch * 4, 90), cw, ch);
+  s = shrink_image(cmyk, "cmyk.jpg", k);
+  EXPECT_EQ(s.kept_because, "a CMYK JPEG");
+  EXPECT_EQ(s.bytes, cmyk);
+  // Gray stays gray.
+  const ShrunkImage gray =
+      shrink_image(encode_jpeg(decode_image(detailed_photo(), "photo.jpg", 1), 95), "gray.jpg", k);
+  ASSERT_TRUE(gray.shrunk);
+  EXPECT_EQ(read_image_info(gray.bytes, "g.jpg").channels, 1);
+}
+
+TEST(ShrinkTest, ATruncatedJpegIsNamed) {
+  const std::vector<uint8_t> good = encode_jpeg(testing::smooth_image(3, 1200, 1600), 90);
+  const std::vector<uint8_t> cut(good.begin(), good.begin() + good.size() / 2);
+  try {
+    shrink_image(cut, "/photos/cut.jpg", kept_size(224));
+    ADD_FAILURE() << "no error for a truncated JPEG";
+  } catch (const Error& e) {
+    testing::expect_one_line_naming(e.what(), "/photos/cut.jpg", "");
   }
 }
 

@@ -2,12 +2,16 @@
 // output): --skip-bad skips a truncated JPEG in every row and says how many; an image + mask
 // folder is refused in one line that says what to use; out-of-range options are named. `tandem
 // bench` asks CUDA for its most hardware queues where the JPEG engines may decode the folder,
-// and only there (hardware_queues.h), and keeps a value the user set.
+// and only there (hardware_queues.h), and keeps a value the user set. `tandem shrink` writes the
+// folder's classes and files again, the large photos smaller, goes on where a run stopped,
+// refuses to write into the folder it reads, and names a bad file (or leaves it out).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "fixtures.h"
 #include "tandem/data/decode.h"
@@ -137,6 +141,75 @@ TEST(DataBenchCliTest, OutOfRangeOptionsAreNamedInOneLine) {
         << flag << ": " << ran.output;
     EXPECT_EQ(ran.output.find('\n'), ran.output.size() - 1) << flag << ": " << ran.output;
   }
+}
+
+// A folder of two classes: two photos too large for 64 px crops, a small one and a PNG.
+std::string folder_to_shrink(const TempDir& dir) {
+  put(dir, "root/a/big1.jpg", encode_jpeg(smooth_image(3, 600, 800, 1), 95));
+  put(dir, "root/a/small.jpg", encode_jpeg(smooth_image(3, 100, 120, 2), 95));
+  put(dir, "root/b/deep/big2.jpg", encode_jpeg(smooth_image(3, 800, 600, 3), 95));
+  put(dir, "root/b/pic.png", encode_png(smooth_image(3, 500, 500, 4)));
+  return join(dir.path(), "root");
+}
+
+TEST(ShrinkCliTest, WritesTheFolderAgainWithTheLargePhotosSmallerAndGoesOnWhereItStopped) {
+  TempDir dir;
+  const std::string root = folder_to_shrink(dir), out = join(dir.path(), "small");
+  const std::string args = "shrink --quiet --image-size 64 --data " + root + " --out " + out;
+  const Ran ran = tandem_cli(args + " --json " + join(dir.path(), "s.json"));
+  ASSERT_EQ(ran.status, 0) << ran.output;
+  // 64 px crops of scale 0.08 keep 68,267 px of area (shorter side 74): 600 x 800 -> 227 x 302.
+  const ImageInfo big1 = read_image_info(read_file(join(out, "a/big1.jpg")), "big1");
+  EXPECT_EQ(big1.height, 227);
+  EXPECT_EQ(big1.width, 302);
+  EXPECT_EQ(read_image_info(read_file(join(out, "b/deep/big2.jpg")), "big2").height, 302);
+  EXPECT_EQ(read_file(join(out, "a/small.jpg")), read_file(join(root, "a/small.jpg")));
+  EXPECT_EQ(read_file(join(out, "b/pic.png")), read_file(join(root, "b/pic.png")));
+  EXPECT_NE(ran.output.find("shrunk                      2"), std::string::npos) << ran.output;
+  EXPECT_NE(ran.output.find("copied as they were         2  (a PNG 1, small enough 1)"),
+            std::string::npos)
+      << ran.output;
+  const std::vector<uint8_t> json_bytes = read_file(join(dir.path(), "s.json"));
+  const std::string json(json_bytes.begin(), json_bytes.end());
+  EXPECT_NE(json.find("\"min_area\": 68267"), std::string::npos) << json;
+
+  // A run stopped half way: what is there is kept, the rest written.
+  ASSERT_EQ(std::remove(join(out, "b/deep/big2.jpg").c_str()), 0);
+  const Ran again = tandem_cli(args);
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("shrunk                      1"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("already there               3"), std::string::npos) << again.output;
+  EXPECT_EQ(read_image_info(read_file(join(out, "b/deep/big2.jpg")), "big2").height, 302);
+}
+
+TEST(ShrinkCliTest, RefusesToWriteIntoTheFolderItReadsAndNamesABadFile) {
+  TempDir dir;
+  const std::string root = folder_to_shrink(dir);
+  const Ran inside = tandem_cli("shrink --quiet --data " + root + " --out " + root + "/small");
+  EXPECT_EQ(inside.status, 2) << inside.output;
+  EXPECT_NE(inside.output.find("is inside --data"), std::string::npos) << inside.output;
+  const Ran above = tandem_cli("shrink --quiet --data " + root + " --out " + dir.path());
+  EXPECT_EQ(above.status, 2) << above.output;
+  EXPECT_NE(above.output.find("is above --data"), std::string::npos) << above.output;
+  const Ran quality = tandem_cli("shrink --quiet --data " + root + " --out " +
+                                 join(dir.path(), "q") + " --quality 0");
+  EXPECT_EQ(quality.status, 2) << quality.output;
+  EXPECT_NE(quality.output.find("--quality 0 is not valid: expected 1 to 100"), std::string::npos)
+      << quality.output;
+
+  const auto good = encode_jpeg(smooth_image(3, 600, 800, 7), 90);
+  const std::string cut =
+      put(dir, "root/b/cut.jpg", {good.begin(), good.begin() + good.size() / 2});
+  const std::string out = join(dir.path(), "small");
+  const Ran failed = tandem_cli("shrink --quiet --workers 1 --data " + root + " --out " + out);
+  EXPECT_EQ(failed.status, 1) << failed.output;
+  EXPECT_NE(failed.output.find(cut), std::string::npos) << failed.output;
+  const Ran skipped = tandem_cli("shrink --quiet --skip-bad --data " + root + " --out " + out);
+  ASSERT_EQ(skipped.status, 0) << skipped.output;
+  EXPECT_NE(skipped.output.find("bad, left out               1  (" + cut), std::string::npos)
+      << skipped.output;
+  EXPECT_EQ(read_file(join(out, "a/big1.jpg")), read_file(join(root, "a/big1.jpg")));  // 224 px
+  EXPECT_EQ(::access(join(out, "b/cut.jpg").c_str(), F_OK), -1);
 }
 
 }  // namespace

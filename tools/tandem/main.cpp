@@ -30,6 +30,7 @@
 #include "tandem/workloads/registry.h"
 #ifdef TANDEM_HAVE_IMAGES
 #include "data_bench.h"
+#include "shrink_command.h"
 #endif
 #ifdef TANDEM_HAVE_TRAIN
 #include "train_command.h"
@@ -594,6 +595,8 @@ int main(int argc, char** argv) {
 #ifdef TANDEM_HAVE_IMAGES
   DataBenchCommand data_bench;
   data_bench.add(app);
+  tandem::ShrinkCommand shrink;
+  shrink.add(app);
 #endif
 #ifdef TANDEM_HAVE_TRAIN
   tandem::TrainCommand train_command;
@@ -629,6 +632,7 @@ int main(int argc, char** argv) {
     if (augment_bench.app->parsed()) return augment_bench.run();
 #ifdef TANDEM_HAVE_IMAGES
     if (data_bench.app->parsed()) return data_bench.run(command_line(argc, argv));
+    if (shrink.app->parsed()) return shrink.run(command_line(argc, argv));
 #endif
 #ifdef TANDEM_HAVE_TRAIN
     if (train->parsed()) {

@@ -40,11 +40,7 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-std::string parent_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
+using fs::parent_of;
 
 // A 64-bit hash for identity (not security): 8-byte words through a multiply-rotate mix, then
 // murmur3's finalizer. A short tail is padded to a word, so the value depends on how the bytes
@@ -133,12 +129,7 @@ constexpr const char* kTensorFiles[] = {"model.safetensors", "optimizer.safetens
 
 }  // namespace
 
-void make_dirs(const std::string& path) {
-  if (path.empty() || is_dir(path)) return;
-  make_dirs(parent_of(path));
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
-    throw Error("cannot make the folder " + path + ": " + reason());
-}
+void make_dirs(const std::string& path) { fs::make_dirs(path); }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";

@@ -1,0 +1,89 @@
+// Photos made smaller once, before training: see shrink.h.
+#include "tandem/data/shrink.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "codec_util.h"
+#include "jpeg_markers.h"
+#include "tandem/data/resize.h"
+#include "tandem/error.h"
+
+namespace tandem::data {
+
+namespace {
+// RandomResizedCrop's narrowest aspect ratio (its default ratio=(3/4, 4/3)).
+constexpr double kLeastRatio = 3.0 / 4.0;
+}  // namespace
+
+KeptSize kept_size(int64_t image_size, double min_scale) {
+  TANDEM_CHECK_ARG(image_size >= 1, "shrink: image size ", image_size,
+                   " is not valid: expected >= 1");
+  TANDEM_CHECK_ARG(min_scale > 0 && min_scale <= 1, "shrink: crop scale ", min_scale,
+                   " is not valid: expected a share of the area in (0, 1]");
+  KeptSize k;
+  const double side = static_cast<double>(image_size);
+  k.min_area = static_cast<int64_t>(std::ceil(side * side / (min_scale * kLeastRatio)));
+  k.min_short_side = (image_size * 256 + 223) / 224;  // 224 -> 256, rounded up
+  return k;
+}
+
+std::array<int64_t, 2> shrunk_shape(int64_t height, int64_t width, const KeptSize& kept) {
+  TANDEM_CHECK_ARG(height >= 1 && width >= 1, "shrink: image size ", height, " x ", width,
+                   " is not valid");
+  const double area = static_cast<double>(height) * static_cast<double>(width);
+  const double by_area = std::sqrt(static_cast<double>(kept.min_area) / area);
+  const double by_side =
+      static_cast<double>(kept.min_short_side) / static_cast<double>(std::min(height, width));
+  const double factor = std::max(by_area, by_side);
+  if (factor >= 1) return {height, width};
+  // Rounded up, so neither bound is missed by a rounding; never past the image's own size.
+  const auto scaled = [&](int64_t v) {
+    return std::min(v, static_cast<int64_t>(std::ceil(static_cast<double>(v) * factor - 1e-9)));
+  };
+  return {scaled(height), scaled(width)};
+}
+
+ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& path,
+                         const KeptSize& kept, int quality, ChromaSubsampling subsampling) {
+  const ImageInfo info = read_image_info(bytes, path);  // names a bad file
+  ShrunkImage out;
+  out.height = out.out_height = info.height;
+  out.width = out.out_width = info.width;
+  if (info.format != ImageFormat::kJpeg) {
+    out.kept_because = "a PNG";
+  } else if (info.channels == 4) {
+    out.kept_because = "a CMYK JPEG";
+  } else {
+    const auto [h, w] = shrunk_shape(info.height, info.width, kept);
+    if (h == info.height && w == info.width) {
+      out.kept_because = "small enough";
+    } else {
+      // The smallest DCT scale that still covers (h, w), then one antialiased resize to it.
+      const int64_t channels = info.channels == 1 ? 1 : 3;
+      const at::Tensor decoded = decode_image(bytes, path, channels, h, w);
+      const at::Tensor resized = resize_bilinear(decoded, h, w);
+      std::vector<uint8_t> encoded = encode_jpeg(resized, quality, subsampling);
+      // A file written at a lower quality than `quality` can come out larger: kept, since its
+      // entropy-coded bytes are most of a decode's time.
+      if (encoded.size() < bytes.size()) {
+        out.bytes = std::move(encoded);
+        out.shrunk = true;
+        out.out_height = h;
+        out.out_width = w;
+        return out;
+      }
+      out.kept_because = "smaller as it is";
+    }
+  }
+  // Copied without a decode: a JPEG cut short is still named here, not when training meets it.
+  if (info.format == ImageFormat::kJpeg && !detail::jpeg_is_complete(bytes.data(), bytes.size()))
+    detail::fail(path, "corrupt or truncated JPEG (no end-of-image marker after the image data)");
+  out.bytes = bytes;
+  return out;
+}
+
+}  // namespace tandem::data
