@@ -314,6 +314,8 @@ def photos_options(p):
     toggle(g, "--photos-python", True, "train_bench.py's torchvision loop beside them")
     toggle(g, "--photos-split", True, "also the region runs with decode auto: each batch split "
            "between the CPU workers and the JPEG engines")
+    toggle(g, "--photos-shrink", False, "also each folder written again by tandem shrink "
+           "(FOLDER-shrunk), and the bench's runs from it beside the original's")
     toggle(g, "--photos-train", True, "tandem train per crop and decode, with its evaluations "
            "(off: the bench's rates from the files and from resident data only, the longer runs "
            "left for another call)")
@@ -1103,6 +1105,12 @@ def phase_photos(c, a):
         c.say(f"photos {side_range}: tandem data-bench decode rows")
         c.run([c.tandem, "data-bench", "--data", folder, "--steps", 0, "--images", 500,
                "--json", c.raw_path(f"photos-databench-{side_range}.json")], show="^decode")
+        shrunk = None
+        if a.photos_shrink:
+            shrunk = f"{folder}-shrunk"
+            c.say(f"photos {side_range}: tandem shrink into {shrunk}")
+            c.run([c.tandem, "shrink", "--quiet", "--data", folder, "--out", shrunk,
+                   "--json", c.raw_path(f"photos-shrink-{side_range}.json")], show=True)
         for model in a.photos_models:
             net = "resnet50" if model == "r50_full" else "resnet18"
             step = ["--param", f"model={model}", "--param", "precision=bf16", "--param",
@@ -1124,17 +1132,12 @@ def phase_photos(c, a):
                           show="^speed|^evaluation|rror" if where == "cpu" else
                           "^speed|^evaluation|decode auto|JPEG engines|rror")
                 for where in decodes:
-                    # The training rate from JPEGs without epoch ends: the loader runs on across
-                    # epochs, so no ring filled behind an evaluation or a checkpoint flatters it
-                    # (small folders have epochs shorter than the ring).
                     name = f"{side_range}-{model}-{crop}" + ("-auto" if where == "auto" else "")
-                    c.run([c.tandem, "bench", "--workload", "images", "--data", folder,
-                           "--param", "source=files", "--param", f"crop={crop}",
-                           *(["--param", "decode=auto"] if where == "auto" else []), *step,
-                           "--steps", 60, "--warmup", 10, "--workers", workers,
-                           "--json", c.raw_path(f"photos-files-{name}.json")],
-                          show="^images|rror" if where == "cpu" else
-                          "^images|decode=auto|JPEG engines|rror")
+                    photos_files_bench(c, folder, name, crop, where, step, workers)
+                    if shrunk:  # the same run from the folder `tandem shrink` wrote
+                        photos_files_bench(c, shrunk, f"{side_range}-{model}-{crop}-shrunk" +
+                                           ("-auto" if where == "auto" else ""), crop, where,
+                                           step, workers)
             if not os.path.exists(c.raw_path(f"photos-resident-{model}.json")):
                 c.run([c.tandem, "bench", "--workload", "images", "--param", "source=resident",
                        *step, "--steps", 40, "--warmup", 10,
@@ -1149,8 +1152,21 @@ def phase_photos(c, a):
            f"{PROG} photos --out OUT --photos-sides '{' '.join(a.photos_sides)}' "
            f"--photos-models '{' '.join(a.photos_models)}' --photos-crops "
            f"'{' '.join(a.photos_crops)}' --photos-epochs {a.photos_epochs}"
-           + ("" if a.photos_train else " --no-photos-train")],
+           + ("" if a.photos_train else " --no-photos-train")
+           + (" --photos-shrink" if a.photos_shrink else "")],
           show=True)
+
+
+def photos_files_bench(c, folder, name, crop, where, step, workers):
+    """The photos phase's training rate from `folder`'s JPEGs (photos-files-NAME.json), without
+    epoch ends: the loader runs on across epochs, so no ring filled behind an evaluation or a
+    checkpoint flatters it (small folders have epochs shorter than the ring)."""
+    c.run([c.tandem, "bench", "--workload", "images", "--data", folder,
+           "--param", "source=files", "--param", f"crop={crop}",
+           *(["--param", "decode=auto"] if where == "auto" else []), *step,
+           "--steps", 60, "--warmup", 10, "--workers", workers,
+           "--json", c.raw_path(f"photos-files-{name}.json")],
+          show="^images|rror" if where == "cpu" else "^images|decode=auto|JPEG engines|rror")
 
 
 def ddp_tandem_run(c, a, scen, mode, bs, world, flag):

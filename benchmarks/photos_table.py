@@ -26,7 +26,10 @@ cpu_share, of_resident, train_images_per_s, of_bound}]} and, per folder, the dec
 "decode". A split row (decode "auto") also holds the two sides' rates in the run
 (cpu_images_per_s, engine_images_per_s: each side's images over its own busy time) and their sum,
 decode_capacity_images_per_s; of_bound is the rate over min(resident, that capacity). A bench
-run without a train run beside it (--no-photos-train) is a row of its own, without evaluation.
+run without a train run beside it (--no-photos-train) is a row of its own, without evaluation;
+with --photos-shrink, the runs from the folder `tandem shrink` wrote
+(photos-files-SIDES-MODEL-CROP-shrunk[-auto].json) are rows with folder "shrunk" (the others
+"original"), and each folder's shrink summary (photos-shrink-SIDES.json) is under "shrink".
 images_per_s is the bench rate where there is one (else `tandem train`'s); train_images_per_s
 is `tandem train`'s steady epoch rate, which a folder whose epoch fits in the loader's ring
 overstates (the ring fills during each epoch end's evaluation and checkpoint).
@@ -99,7 +102,7 @@ def main(raw, out, command):
         img = rate(files) or d.get("images_per_s")
         rows.append({"impl": "tandem", "job": job, "sides": sides, "precision": d.get("precision"),
                      "batch_size": d.get("batch_size"), "decode": "auto" if split else "cpu",
-                     "crop": crop, "images_per_s": img,
+                     "crop": crop, "folder": "original", "images_per_s": img,
                      "eval_images_per_s": d.get("eval_images_per_s"),
                      "resident_images_per_s": res,
                      "cpu_share": cpu_share(files or d) if split else 1.0,
@@ -116,14 +119,15 @@ def main(raw, out, command):
         if not d:
             continue
         parts = os.path.basename(p)[len("photos-files-"):-5].split("-")
-        sides, job, crop = f"{parts[0]}-{parts[1]}", parts[2], parts[3]
-        split = len(parts) > 4 and parts[4] == "auto"
-        if (sides, job, crop, "auto" if split else "cpu") in trained:
+        sides, job, crop, flags = f"{parts[0]}-{parts[1]}", parts[2], parts[3], parts[4:]
+        split, shrunk = "auto" in flags, "shrunk" in flags
+        if not shrunk and (sides, job, crop, "auto" if split else "cpu") in trained:
             continue  # its row is the train run's, with this rate
         device = device or d.get("device")
         res, img = resident.get(job), rate(d)
         rows.append({"impl": "tandem", "job": job, "sides": sides, "precision": "bf16",
                      "batch_size": 256, "decode": "auto" if split else "cpu", "crop": crop,
+                     "folder": "shrunk" if shrunk else "original",
                      "images_per_s": img, "eval_images_per_s": None,
                      "resident_images_per_s": res, "cpu_share": cpu_share(d) if split else 1.0,
                      "of_resident": img / res if res and img else None}
@@ -148,18 +152,28 @@ def main(raw, out, command):
         if d:
             decode[os.path.basename(p)[len("photos-databench-"):-5]] = [
                 r for r in d.get("rows", []) if r.get("job") == "decode"]
+    shrink = {}
+    for p in sorted(glob.glob(f"{raw}/photos-shrink-*.json")):
+        d = load(p)
+        if d:
+            shrink[os.path.basename(p)[len("photos-shrink-"):-5]] = {
+                k: d.get(k) for k in ("files", "shrunk", "kept", "bytes_in", "bytes_out",
+                                      "seconds", "min_area")}
     doc = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "command": command, "rows": rows, "decode": decode}
+    if shrink:
+        doc["shrink"] = shrink
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
-    fmt = "{:6s} {:9s} {:9s} {:11s} {:6s} {:>9s} {:>9s} {:>9s} {:>6s} {:>9s} {:>6s} {:>9s}"
+    fmt = "{:6s} {:9s} {:9s} {:13s} {:6s} {:>9s} {:>9s} {:>9s} {:>6s} {:>9s} {:>6s} {:>9s}"
     print(fmt.format("impl", "job", "sides", "crop", "decode", "img/s", "eval", "resident",
                      "of res", "capacity", "of cap", "train cli"))
     for r in rows:
         num = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
         ratio = lambda v: f"{v:.2f}" if v else "-"  # noqa: E731
         cap = r.get("decode_capacity_images_per_s")
-        print(fmt.format(r["impl"], r["job"], r["sides"], r["crop"], r["decode"],
+        crop = r["crop"] + ("+shrunk" if r.get("folder") == "shrunk" else "")
+        print(fmt.format(r["impl"], r["job"], r["sides"], crop, r["decode"],
                          num(r["images_per_s"]),
                          num(r["eval_images_per_s"]), num(r["resident_images_per_s"]),
                          ratio(r.get("of_resident")), num(cap),

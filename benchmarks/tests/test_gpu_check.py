@@ -63,7 +63,7 @@ SHELL_DEFAULTS = {
     "train_python": True, "seg_dir": "/tmp/tandem-segpairs", "seg_count": 2000, "seg_epochs": 8,
     "photos_sides": ["320-640", "1000-2000"], "photos_count": 3000,
     "photos_models": ["r18_full", "r50_full"], "photos_crops": ["region", "whole"],
-    "photos_epochs": 3, "photos_python": True, "photos_split": True, "photos_train": True,
+    "photos_epochs": 3, "photos_python": True, "photos_split": True, "photos_train": True, "photos_shrink": False,
     "ddp_worlds": [1, 2],
     "ddp_seg_bs": [8, 32], "ddp_cls_bs": [32, 128], "ddp_modes": ["pipelined", "pipelined+graphed"],
     "ddp_python": True, "ddp_scenarios": ["seg", "cls"], "ddp_allreduced": True,
@@ -351,6 +351,17 @@ def test_photos_without_train_runs_only_the_benches(tmp_path):
     assert [("decode=auto" in cmd) for cmd in benches] == [False, True]
     table = [cmd for cmd in c.commands if any("photos_table.py" in str(w) for w in cmd)]
     assert table and "--no-photos-train" in table[0][-1]
+    assert tandem_runs(c, "shrink") == []
+
+
+def test_photos_shrink_benches_the_shrunk_folder_beside_the_original(tmp_path):
+    c, _ = record(tmp_path, "photos", "--photos-sides", "1000-2000", "--photos-crops", "region",
+                  "--no-photos-train", "--no-photos-python", "--photos-models", "r50_full",
+                  "--photos-shrink")
+    [shrink] = tandem_runs(c, "shrink")
+    assert shrink[shrink.index("--out") + 1] == "/tmp/tandem-photos-1000-2000-shrunk"
+    datas = [cmd[cmd.index("--data") + 1] for cmd in tandem_runs(c) if "source=files" in cmd]
+    assert datas == ["/tmp/tandem-photos-1000-2000", "/tmp/tandem-photos-1000-2000-shrunk"] * 2
 
 
 def test_photos_table_rows_with_and_without_train_runs_and_the_split_capacity(tmp_path):
@@ -371,8 +382,18 @@ def test_photos_table_rows_with_and_without_train_runs_and_the_split_capacity(tm
                 "eval_images_per_s": 9000, "notes": [split_note]})
     write_json(raw / "photos-files-1000-2000-r50_full-region-auto.json",
                {"runs": [{"samples_per_s": 6100, "notes": [split_note]}]})
+    # And ResNet-18 from the shrunk folder, split.
+    write_json(raw / "photos-files-1000-2000-r18_full-region-shrunk-auto.json",
+               {"runs": [{"samples_per_s": 12000, "notes": [split_note]}]})
+    write_json(raw / "photos-shrink-1000-2000.json", {"files": 1500, "shrunk": 1400,
+                                                      "bytes_in": 400, "bytes_out": 150})
     _, text = quietly(photos_table.main, str(raw), str(tmp_path / "photos.json"), "cmd")
-    rows = {(r["job"], r["decode"]): r for r in read_json(tmp_path / "photos.json")["rows"]}
+    doc = read_json(tmp_path / "photos.json")
+    shrunk = [r for r in doc["rows"] if r.get("folder") == "shrunk"]
+    assert [(r["job"], r["decode"], r["images_per_s"]) for r in shrunk] == [
+        ("r18_full", "auto", 12000)]
+    assert doc["shrink"]["1000-2000"]["bytes_out"] == 150
+    rows = {(r["job"], r["decode"]): r for r in doc["rows"] if r.get("folder") == "original"}
     assert set(rows) == {("r18_full", "cpu"), ("r18_full", "auto"), ("r50_full", "auto")}
     r18 = rows[("r18_full", "auto")]
     assert r18["images_per_s"] == 7600 and r18["eval_images_per_s"] is None
