@@ -58,7 +58,8 @@ struct Tally {
   int64_t bytes_in = 0, bytes_out = 0;  // of the files shrunk
   double pixels_in = 0, pixels_out = 0;
   std::vector<std::string> bad;  // "path: why"
-  std::string stopped_by;        // the first bad file's error, without --skip-bad
+  std::string stopped_by;        // the first bad file's error (without --skip-bad), or a write's
+  bool stopped_writing = false;
 };
 
 std::string megabytes(int64_t bytes) {
@@ -153,12 +154,14 @@ int ShrinkCommand::run(const std::string& command_line) {
         std::lock_guard<std::mutex> lock(tally.mu);
         ++tally.already_there;
       } else {
+        bool writing = false;  // a write that fails is the disk's, never a bad file's
         try {
           const std::vector<uint8_t> bytes = data::read_file(path);
           const data::ShrunkImage s = data::shrink_image(bytes, path, kept, quality, chroma);
           // Written whole under another name, then renamed: a run stopped mid-file leaves no
           // half photo under the real name (the next run writes it again).
           const std::string partial = target + ".partial";
+          writing = true;
           data::write_file(partial, s.bytes);
           if (::rename(partial.c_str(), target.c_str()) != 0)
             throw Error("cannot rename " + partial + " to " + target + ": " +
@@ -175,10 +178,11 @@ int ShrinkCommand::run(const std::string& command_line) {
           }
         } catch (const std::exception& e) {
           std::lock_guard<std::mutex> lock(tally.mu);
-          if (skip_bad) {
+          if (skip_bad && !writing) {
             tally.bad.push_back(first_line(e.what()));
           } else if (tally.stopped_by.empty()) {
             tally.stopped_by = first_line(e.what());
+            tally.stopped_writing = writing;
             stop = true;
           }
         }
@@ -201,9 +205,8 @@ int ShrinkCommand::run(const std::string& command_line) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!tally.stopped_by.empty())
-    throw Error(tally.stopped_by +
-                " (the files written so far are kept: run again to go on, "
-                "or with --skip-bad to leave such files out)");
+    throw Error(tally.stopped_by + " (the files written so far are kept: run again to go on" +
+                (tally.stopped_writing ? ")" : ", or with --skip-bad to leave such files out)"));
 
   int64_t kept_total = 0;
   std::string why;
