@@ -2,9 +2,12 @@
 #include "tandem/data/shrink.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <utility>
 
 #include "codec_util.h"
@@ -84,6 +87,49 @@ ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& p
     detail::fail(path, "corrupt or truncated JPEG (no end-of-image marker after the image data)");
   out.bytes = bytes;
   return out;
+}
+
+PhotoSizes survey_photo_sizes(const Dataset& dataset, const KeptSize& kept, int64_t count) {
+  constexpr size_t kHeaderBytes = 256 * 1024;  // EXIF (with its thumbnail) fits in 64 KiB
+  std::vector<double> areas;
+  const int64_t n = dataset.size(), take = std::min(n, count);
+  for (int64_t k = 0; k < take; ++k) {
+    const std::string path = dataset.sample_source(k * n / take);
+    if (path.empty()) continue;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::vector<uint8_t> head(kHeaderBytes);
+    const ssize_t n = ::read(fd, head.data(), head.size());
+    ::close(fd);
+    if (n <= 0) continue;
+    head.resize(static_cast<size_t>(n));
+    try {
+      const ImageInfo info = read_image_info(head, path);
+      areas.push_back(static_cast<double>(info.height) * static_cast<double>(info.width));
+    } catch (const std::exception&) {  // not this survey's to report: the run names bad files
+    }
+  }
+  PhotoSizes p;
+  p.sampled = static_cast<int64_t>(areas.size());
+  if (areas.empty()) return p;
+  std::nth_element(areas.begin(), areas.begin() + static_cast<long>(areas.size() / 2), areas.end());
+  p.median_pixels = areas[areas.size() / 2];
+  p.over_kept = p.median_pixels / static_cast<double>(kept.min_area);
+  return p;
+}
+
+std::string shrink_hint(const PhotoSizes& sizes, const KeptSize& kept, int64_t image_size,
+                        const std::string& data, double factor) {
+  if (sizes.sampled == 0 || sizes.over_kept < factor) return "";
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "photos of about %.1f megapixels (the median of %lld), %.1f x what %lld px crops "
+                "need: `tandem shrink --data %s --out %s-shrunk` writes them at %.2f megapixels "
+                "(the same crops), each decoded in a fraction of the time",
+                sizes.median_pixels / 1e6, static_cast<long long>(sizes.sampled), sizes.over_kept,
+                static_cast<long long>(image_size), data.c_str(), data.c_str(),
+                static_cast<double>(kept.min_area) / 1e6);
+  return line;
 }
 
 }  // namespace tandem::data

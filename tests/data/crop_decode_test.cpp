@@ -798,6 +798,33 @@ TEST(ShrinkTest, WhatItDoesNotShrinkKeepsItsBytes) {
   EXPECT_EQ(read_image_info(gray.bytes, "g.jpg").channels, 1);
 }
 
+TEST(ShrinkTest, TheSurveySaysWhenPhotosAreLargerThanTheCropsNeed) {
+  const testing::TempDir dir;
+  for (int i = 0; i < 3; ++i)  // 1.92 megapixels: 2.3 x what 224 px crops need
+    testing::put(dir, "root/a/big" + std::to_string(i) + ".jpg",
+                 encode_jpeg(testing::smooth_image(3, 1200, 1600, i), 80));
+  for (int i = 0; i < 2; ++i)
+    testing::put(dir, "root/b/small" + std::to_string(i) + ".jpg",
+                 encode_jpeg(testing::smooth_image(3, 100, 120, i), 80));
+  const std::string root = testing::join(dir.path(), "root");
+  const KeptSize k = kept_size(224);
+  const PhotoSizes sizes = survey_photo_sizes(ImageFolderDataset(root), k);
+  EXPECT_EQ(sizes.sampled, 5);
+  EXPECT_EQ(sizes.median_pixels, 1200.0 * 1600);
+  EXPECT_NEAR(sizes.over_kept, 1200.0 * 1600 / 836267, 1e-9);
+  const std::string hint = shrink_hint(sizes, k, 224, root);
+  EXPECT_NE(hint.find("photos of about 1.9 megapixels (the median of 5), 2.3 x what 224 px crops "
+                      "need: `tandem shrink --data " +
+                      root + " --out " + root + "-shrunk` writes them at 0.84 megapixels"),
+            std::string::npos)
+      << hint;
+  EXPECT_EQ(shrink_hint(sizes, k, 224, root, 3.0), "");  // under the factor asked
+  EXPECT_EQ(survey_photo_sizes(ImageFolderDataset(root), k, 2).sampled, 2);
+  const PhotoSizes small =
+      survey_photo_sizes(ImageFolderDataset(testing::join(dir.path(), "root")), kept_size(900));
+  EXPECT_EQ(shrink_hint(small, kept_size(900), 900, root), "");  // 900 px crops need more
+}
+
 TEST(ShrinkTest, ATruncatedJpegIsNamed) {
   const std::vector<uint8_t> good = encode_jpeg(testing::smooth_image(3, 1200, 1600), 90);
   const std::vector<uint8_t> cut(good.begin(), good.begin() + good.size() / 2);

@@ -20,6 +20,7 @@
 #include "tandem/data/image_folder.h"
 #include "tandem/data/image_mask_pairs.h"
 #include "tandem/data/nvjpeg_decoder.h"
+#include "tandem/data/shrink.h"
 #include "tandem/error.h"
 #include "tandem/loader.h"
 #include "tandem/resized_crop.h"  // kCropBoxFields, ResizedCropSpec
@@ -256,6 +257,13 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   result.device_name = run::device_name(parse_device(request.device));
   std::cerr << "data-bench: " << folder->size() << " images in " << folder->classes().size()
             << " classes under " << o.data << "; " << cores << " cores\n";
+  const data::KeptSize kept = data::kept_size(size);
+  const std::string hint =
+      data::shrink_hint(data::survey_photo_sizes(*folder, kept), kept, size, o.data);
+  if (!hint.empty()) {
+    std::cerr << "data-bench: " << hint << "\n";
+    result.notes.push_back(hint);
+  }
 
   // Files read into memory first: the decode rows time decoding, not the disk. With --skip-bad
   // each is decoded once, untimed, so a bad one is left out before the timed loops (which then

@@ -19,6 +19,7 @@
 
 #include "cli_util.h"
 #include "data_parallel.h"
+#include "tandem/data/shrink.h"
 #include "tandem/error.h"
 #include "tandem/lane.h"
 #include "tandem/loader.h"  // kMaxLoaderWorkers
@@ -464,6 +465,14 @@ int TrainCommand::run(const std::string& command_line) {
               tj.config["lr"].get<double>(), schedule.c_str(), warm > 0 ? ", warm-up" : "",
               tj.config["weight_decay"].get<double>());
   std::printf("run folder %s%s\n", out.c_str(), resume ? " (resuming)" : "");
+  if (tj.workload.data.dataset() && !train::is_idx_folder(job.data) &&
+      !train::is_pairs_folder(job.data)) {  // an ImageFolder: photos tandem shrink may shrink
+    const data::KeptSize kept = data::kept_size(job.image_size);
+    const std::string hint =
+        data::shrink_hint(data::survey_photo_sizes(*tj.workload.data.dataset(), kept), kept,
+                          job.image_size, job.data);
+    if (!hint.empty()) std::printf("note       %s\n", hint.c_str());
+  }
   std::fflush(stdout);
 
   train::Trainer trainer(tj, to);

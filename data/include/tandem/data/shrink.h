@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tandem/data/decode.h"
+#include "tandem/loader.h"  // Dataset
 
 namespace tandem::data {
 
@@ -58,5 +59,22 @@ struct ShrunkImage {
 ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& path,
                          const KeptSize& kept, int quality = 95,
                          ChromaSubsampling subsampling = ChromaSubsampling::k420);
+
+/// How large a dataset's photos are against `kept`, from the headers of up to `count` of its
+/// files (Dataset::sample_source, samples spread over it; the first 256 KiB of each; a file
+/// whose header lies further, or that fails, is left out): what `tandem train` and `data-bench`
+/// read to say when `tandem shrink` would pay.
+struct PhotoSizes {
+  int64_t sampled = 0;       ///< headers read
+  double median_pixels = 0;  ///< their median area
+  double over_kept = 0;      ///< median_pixels / kept.min_area
+};
+PhotoSizes survey_photo_sizes(const Dataset& dataset, const KeptSize& kept, int64_t count = 32);
+
+/// "photos of about 12.2 megapixels (the median of 32), 14.6 x what 224 px crops need: `tandem
+/// shrink --data D --out D-shrunk` writes them at 0.84 megapixels (the same crops), each decoded in a
+/// fraction of the time" where the median is at least `factor` times kept.min_area; "" otherwise.
+std::string shrink_hint(const PhotoSizes& sizes, const KeptSize& kept, int64_t image_size,
+                        const std::string& data, double factor = 2.0);
 
 }  // namespace tandem::data
