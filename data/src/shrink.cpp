@@ -99,10 +99,10 @@ PhotoSizes survey_photo_sizes(const Dataset& dataset, const KeptSize& kept, int6
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
     std::vector<uint8_t> head(kHeaderBytes);
-    const ssize_t n = ::read(fd, head.data(), head.size());
+    const ssize_t got = ::read(fd, head.data(), head.size());
     ::close(fd);
-    if (n <= 0) continue;
-    head.resize(static_cast<size_t>(n));
+    if (got <= 0) continue;
+    head.resize(static_cast<size_t>(got));
     try {
       const ImageInfo info = read_image_info(head, path);
       areas.push_back(static_cast<double>(info.height) * static_cast<double>(info.width));

@@ -55,11 +55,14 @@ inline std::string join_path(const std::string& a, const std::string& b) {
   return a + "/" + b;
 }
 
-/// The folder `path` names its entry in: "." for a bare name, "/" for "/x".
+/// The folder `path` names its entry in: "." for a bare name, "/" for "/x"; trailing slashes
+/// name the same entry ("a/b/" is in "a").
 inline std::string parent_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
   if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
+  return slash == 0 ? "/" : p.substr(0, slash);
 }
 
 /// mkdir -p: `path` and every missing folder above it (mode 0755). Throws tandem::Error naming

@@ -20,15 +20,6 @@
 
 namespace tandem::cli {
 
-/// The folder `path` names its entry in: "." for a bare name, "/" for "/x".
-inline std::string parent_dir(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  const size_t slash = p.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : p.substr(0, slash);
-}
-
 /// Throws InvalidArgument naming `option` unless a file can be written at `path` at the end of a
 /// run: not a folder, an existing file this process may overwrite, or a new name in an existing
 /// folder it may write into. Creates nothing (the run writes the file, atomically or not).
@@ -41,7 +32,7 @@ inline void check_output_file(const std::string& option, const std::string& path
     if (::access(path.c_str(), W_OK) != 0) refuse(std::strerror(errno));
     return;
   }
-  const std::string dir = parent_dir(path);
+  const std::string dir = fs::parent_of(path);
   const fs::PathStatus d = fs::path_status(dir);
   if (!d.exists) refuse("the folder " + dir + " does not exist");
   if (!d.is_directory) refuse(dir + " is a file, expected a folder");
@@ -64,8 +55,8 @@ inline void check_output_folder(const std::string& option, const std::string& pa
     return;
   }
   // Up to the first level that exists; every level below it is made by the run.
-  std::string dir = parent_dir(path);
-  while (!fs::exists(dir) && dir != "." && dir != "/") dir = parent_dir(dir);
+  std::string dir = fs::parent_of(path);
+  while (!fs::exists(dir) && dir != "." && dir != "/") dir = fs::parent_of(dir);
   const fs::PathStatus d = fs::path_status(dir);
   if (!d.exists) refuse("no folder above it exists");
   if (!d.is_directory) refuse(dir + " is a file, expected a folder");

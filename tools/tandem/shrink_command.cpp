@@ -22,6 +22,7 @@
 #include "tandem/data/image_folder.h"
 #include "tandem/data/shrink.h"
 #include "tandem/error.h"
+#include "tandem/loader.h"  // kMaxLoaderWorkers
 #include "tandem/run/progress.h"
 
 namespace tandem {
@@ -32,10 +33,11 @@ namespace {
 // as given: where a folder that may not exist yet would be.
 std::string resolved(const std::string& path) {
   if (fs::exists(path)) return fs::real_path(path, "shrink");
-  const std::string parent = fs::parent_of(path);
-  const std::string name = path.substr(path.find_last_of('/') + 1);
-  if (parent == path || name.empty() || name == ".") return resolved(parent);
-  return fs::join_path(resolved(parent), name);
+  std::string p = path;  // "a/b/" is "a/b"; its parent, parent_of's, exists or is shorter
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const std::string name = p.substr(p.rfind('/') + 1);  // the whole of a bare name
+  const std::string parent = resolved(fs::parent_of(p));
+  return name == "." ? parent : fs::join_path(parent, name);
 }
 
 bool inside(const std::string& path, const std::string& folder) {
@@ -106,8 +108,9 @@ void ShrinkCommand::add(CLI::App& parent) {
 int ShrinkCommand::run(const std::string& command_line) {
   TANDEM_CHECK_ARG(quality >= 1 && quality <= 100, "--quality ", quality,
                    " is not valid: expected 1 to 100");
-  TANDEM_CHECK_ARG(app->count("--workers") == 0 || (workers >= 1 && workers <= 1024), "--workers ",
-                   workers, " is not valid: expected 1 to 1024 threads");
+  TANDEM_CHECK_ARG(app->count("--workers") == 0 || (workers >= 1 && workers <= kMaxLoaderWorkers),
+                   "--workers ", workers, " is not valid: expected 1 to ", kMaxLoaderWorkers,
+                   " threads");
   TANDEM_CHECK_ARG(image_size >= 1, "--image-size ", image_size, " is not valid: expected >= 1");
   TANDEM_CHECK_ARG(min_scale > 0 && min_scale <= 1, "--min-scale ", min_scale,
                    " is not valid: expected a share of the area in (0, 1]");

@@ -258,7 +258,7 @@ void TrainCommand::validate() const {
       while (p.size() > 1 && p.back() == '/') p.pop_back();
       return p;
     };
-    if (strip(cli::parent_dir(json)) == strip(out))
+    if (strip(fs::parent_of(json)) == strip(out))
       cli::check_output_folder("--json", out);
     else
       cli::check_output_file("--json", json);
@@ -465,7 +465,7 @@ int TrainCommand::run(const std::string& command_line) {
               tj.config["lr"].get<double>(), schedule.c_str(), warm > 0 ? ", warm-up" : "",
               tj.config["weight_decay"].get<double>());
   std::printf("run folder %s%s\n", out.c_str(), resume ? " (resuming)" : "");
-  if (tj.workload.data.dataset() && !train::is_idx_folder(job.data) &&
+  if (lead && tj.workload.data.dataset() && !train::is_idx_folder(job.data) &&
       !train::is_pairs_folder(job.data)) {  // an ImageFolder: photos tandem shrink may shrink
     const data::KeptSize kept = data::kept_size(job.image_size);
     const std::string hint =
