@@ -51,7 +51,8 @@ std::array<int64_t, 2> shrunk_shape(int64_t height, int64_t width, const KeptSiz
 }
 
 ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& path,
-                         const KeptSize& kept, int quality, ChromaSubsampling subsampling) {
+                         const KeptSize& kept, int quality, ChromaSubsampling subsampling,
+                         bool keep_metadata) {
   const ImageInfo info = read_image_info(bytes, path);  // names a bad file
   ShrunkImage out;
   out.height = out.out_height = info.height;
@@ -70,6 +71,7 @@ ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& p
       const at::Tensor decoded = decode_image(bytes, path, channels, h, w);
       const at::Tensor resized = resize_bilinear(decoded, h, w);
       std::vector<uint8_t> encoded = encode_jpeg(resized, quality, subsampling);
+      if (keep_metadata) encoded = detail::with_metadata_of(bytes, encoded);
       // A file written at a lower quality than `quality` can come out larger: kept, since its
       // entropy-coded bytes are most of a decode's time.
       if (encoded.size() < bytes.size()) {

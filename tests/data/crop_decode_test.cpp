@@ -798,6 +798,74 @@ TEST(ShrinkTest, WhatItDoesNotShrinkKeepsItsBytes) {
   EXPECT_EQ(read_image_info(gray.bytes, "g.jpg").channels, 1);
 }
 
+// A marker segment: FF, the marker, a big-endian length that counts itself, the payload.
+std::vector<uint8_t> segment(uint8_t marker, const std::string& payload) {
+  const size_t length = payload.size() + 2;
+  std::vector<uint8_t> s(2 + length);
+  s[0] = 0xFF;
+  s[1] = marker;
+  s[2] = static_cast<uint8_t>(length >> 8);
+  s[3] = static_cast<uint8_t>(length & 0xFF);
+  std::copy(payload.begin(), payload.end(), s.begin() + 4);
+  return s;
+}
+
+bool contains(const std::vector<uint8_t>& bytes, const std::string& text) {
+  return std::search(bytes.begin(), bytes.end(), text.begin(), text.end()) != bytes.end();
+}
+
+TEST(ShrinkTest, TheShrunkPhotoKeepsTheOriginalsMetadata) {
+  // A camera's layout: SOI, EXIF (APP1) with no JFIF header, an ICC profile (APP2), a comment, an
+  // Adobe APP14; then the tables and the scan of an encoded photo (after its own JFIF APP0).
+  const std::vector<uint8_t> coded = detailed_photo(1200, 1600);
+  ASSERT_EQ(coded[2], 0xFF);
+  ASSERT_EQ(coded[3], 0xE0);  // the encoder's JFIF APP0
+  const size_t after_jfif = 4 + ((size_t{coded[4]} << 8) | coded[5]);
+  const std::string exif = std::string("Exif\0\0MM\0*", 10) + std::string(300, 'e');
+  const std::string icc = std::string("ICC_PROFILE\0\1\1", 14) + std::string(500, 'c');
+  std::vector<uint8_t> metadata;
+  for (const auto& seg : {segment(0xE1, exif), segment(0xE2, icc), segment(0xFE, "shot by a test")})
+    metadata.insert(metadata.end(), seg.begin(), seg.end());
+  std::vector<uint8_t> photo = {0xFF, 0xD8};
+  photo.insert(photo.end(), metadata.begin(), metadata.end());
+  const std::vector<uint8_t> adobe = segment(0xEE, std::string("Adobe\0\144\0\0\0\0\1", 12));
+  photo.insert(photo.end(), adobe.begin(), adobe.end());
+  photo.insert(photo.end(), coded.begin() + static_cast<long>(after_jfif), coded.end());
+  ASSERT_EQ(decode_image(photo, "camera.jpg", 3).sizes().vec(),
+            (std::vector<int64_t>{3, 1200, 1600}));
+
+  const ShrunkImage kept = shrink_image(photo, "camera.jpg", kept_size(224));
+  ASSERT_TRUE(kept.shrunk);
+  // SOI, then the original's segments byte for byte and in order, in place of the encoder's JFIF.
+  ASSERT_GT(kept.bytes.size(), 2 + metadata.size());
+  EXPECT_TRUE(std::equal(metadata.begin(), metadata.end(), kept.bytes.begin() + 2));
+  EXPECT_FALSE(contains(kept.bytes, "JFIF"));
+  EXPECT_FALSE(contains(kept.bytes, "Adobe"));  // it described the original's coding
+  const at::Tensor image = decode_image(kept.bytes, "kept.jpg", 3);
+  EXPECT_EQ(image.sizes().vec(), (std::vector<int64_t>{3, kept.out_height, kept.out_width}));
+
+  // Stripped: the encoder's own header, none of the photo's.
+  const ShrunkImage stripped = shrink_image(photo, "camera.jpg", kept_size(224), 95,
+                                            ChromaSubsampling::k420, /*keep_metadata=*/false);
+  EXPECT_TRUE(contains(stripped.bytes, "JFIF"));
+  EXPECT_FALSE(contains(stripped.bytes, "Exif"));
+  EXPECT_FALSE(contains(stripped.bytes, "ICC_PROFILE"));
+  EXPECT_EQ(stripped.bytes.size() + metadata.size(), kept.bytes.size() + after_jfif - 2);
+  EXPECT_TRUE(torch::equal(decode_image(stripped.bytes, "stripped.jpg", 3), image));
+
+  // A JFIF photo keeps its own JFIF header (first, as it was) and its comment.
+  std::vector<uint8_t> jfif(coded.begin(), coded.begin() + static_cast<long>(after_jfif));
+  const std::vector<uint8_t> comment = segment(0xFE, "a comment");
+  jfif.insert(jfif.end(), comment.begin(), comment.end());
+  jfif.insert(jfif.end(), coded.begin() + static_cast<long>(after_jfif), coded.end());
+  const ShrunkImage with_jfif = shrink_image(jfif, "jfif.jpg", kept_size(224));
+  ASSERT_TRUE(with_jfif.shrunk);
+  EXPECT_TRUE(
+      std::equal(jfif.begin(),
+                 jfif.begin() + static_cast<long>(after_jfif) + static_cast<long>(comment.size()),
+                 with_jfif.bytes.begin()));
+}
+
 TEST(ShrinkTest, TheSurveySaysWhenPhotosAreLargerThanTheCropsNeed) {
   const testing::TempDir dir;
   for (int i = 0; i < 3; ++i)  // 1.92 megapixels: 2.3 x what 224 px crops need

@@ -4,11 +4,13 @@
 // bench` asks CUDA for its most hardware queues where the JPEG engines may decode the folder,
 // and only there (hardware_queues.h), and keeps a value the user set. `tandem shrink` writes the
 // folder's classes and files again, the large photos smaller, goes on where a run stopped,
-// refuses to write into the folder it reads, and names a bad file (or leaves it out).
+// keeps the photos' metadata (or strips it), refuses to write into the folder it reads, and
+// names a bad file (or leaves it out).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -145,9 +147,26 @@ TEST(DataBenchCliTest, OutOfRangeOptionsAreNamedInOneLine) {
   }
 }
 
-// A folder of two classes: two photos too large for 64 px crops, a small one and a PNG.
+// A JPEG with a comment segment after its JFIF header: metadata that shrink carries over.
+std::vector<uint8_t> with_comment(const std::vector<uint8_t>& jpeg, const std::string& text) {
+  const size_t after_jfif = 4 + ((size_t{jpeg[4]} << 8) | jpeg[5]), length = text.size() + 2;
+  std::vector<uint8_t> out(jpeg.begin(), jpeg.begin() + static_cast<long>(after_jfif));
+  for (const uint8_t b : {size_t{0xFF}, size_t{0xFE}, length >> 8, length & 0xFF})
+    out.push_back(static_cast<uint8_t>(b));
+  out.insert(out.end(), text.begin(), text.end());
+  out.insert(out.end(), jpeg.begin() + static_cast<long>(after_jfif), jpeg.end());
+  return out;
+}
+
+bool contains(const std::vector<uint8_t>& bytes, const std::string& text) {
+  return std::search(bytes.begin(), bytes.end(), text.begin(), text.end()) != bytes.end();
+}
+
+// A folder of two classes: two photos too large for 64 px crops (one with a comment), a small one
+// and a PNG.
 std::string folder_to_shrink(const TempDir& dir) {
-  put(dir, "root/a/big1.jpg", encode_jpeg(smooth_image(3, 600, 800, 1), 95));
+  put(dir, "root/a/big1.jpg",
+      with_comment(encode_jpeg(smooth_image(3, 600, 800, 1), 95), "from the camera"));
   put(dir, "root/a/small.jpg", encode_jpeg(smooth_image(3, 100, 120, 2), 95));
   put(dir, "root/b/deep/big2.jpg", encode_jpeg(smooth_image(3, 800, 600, 3), 95));
   put(dir, "root/b/pic.png", encode_png(smooth_image(3, 500, 500, 4)));
@@ -174,6 +193,14 @@ TEST(ShrinkCliTest, WritesTheFolderAgainWithTheLargePhotosSmallerAndGoesOnWhereI
   const std::vector<uint8_t> json_bytes = read_file(join(dir.path(), "s.json"));
   const std::string json(json_bytes.begin(), json_bytes.end());
   EXPECT_NE(json.find("\"min_area\": 68267"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"metadata\": \"kept\""), std::string::npos) << json;
+  EXPECT_TRUE(contains(read_file(join(out, "a/big1.jpg")), "from the camera"));
+  const std::string bare = join(dir.path(), "bare");
+  const Ran stripped = tandem_cli("shrink --quiet --image-size 64 --strip-metadata --data " + root +
+                                  " --out " + bare);
+  ASSERT_EQ(stripped.status, 0) << stripped.output;
+  EXPECT_FALSE(contains(read_file(join(bare, "a/big1.jpg")), "from the camera"));
+  EXPECT_EQ(read_image_info(read_file(join(bare, "a/big1.jpg")), "big1").height, 227);
 
   // A run stopped half way: what is there is kept, the rest written.
   ASSERT_EQ(std::remove(join(out, "b/deep/big2.jpg").c_str()), 0);

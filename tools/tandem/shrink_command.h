@@ -16,6 +16,7 @@ struct ShrinkCommand {
   int quality = 95;
   std::string subsampling = "420";
   int workers = 0;  // not given: one per core
+  bool strip_metadata = false;
   bool skip_bad = false;
   bool quiet = false;
   CLI::App* app = nullptr;

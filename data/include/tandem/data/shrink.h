@@ -52,13 +52,19 @@ struct ShrunkImage {
 /// One file in memory: a JPEG larger than `kept` needs is decoded at the smallest DCT scale that
 /// still covers shrunk_shape (decode_image with minimums), resized to it (resize_bilinear:
 /// antialiased, as torchvision's Resize) and encoded as a baseline JPEG of `quality` and
-/// `subsampling` (gray stays gray), unless that has as many bytes as the file. Anything else
-/// keeps its bytes: a JPEG small enough, a PNG, a CMYK JPEG (which the JPEG engines do not read
-/// either). Throws what read_image_info and decode_image throw for a bad file, naming `path`,
-/// and names a JPEG cut short (no end-of-image marker after its data) where it would be copied.
+/// `subsampling` (gray stays gray), unless that has as many bytes as the file. With
+/// `keep_metadata`, the new JPEG carries the file's metadata segments as they are (EXIF with its
+/// orientation and thumbnail, XMP, the ICC profile, IPTC, comments; not Adobe's APP14, which
+/// describes the old coding): decoders that honour the orientation or the profile show the
+/// shrunk photo as they showed the original (EXIF's recorded pixel size stays the original's).
+/// Anything else keeps its bytes: a JPEG small enough, a PNG, a CMYK JPEG (which the JPEG engines
+/// do not read either). Throws what read_image_info and decode_image throw for a bad file, naming
+/// `path`, and names a JPEG cut short (no end-of-image marker after its data) where it would be
+/// copied.
 ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& path,
                          const KeptSize& kept, int quality = 95,
-                         ChromaSubsampling subsampling = ChromaSubsampling::k420);
+                         ChromaSubsampling subsampling = ChromaSubsampling::k420,
+                         bool keep_metadata = true);
 
 /// How large a dataset's photos are against `kept`, from the headers of up to `count` of its
 /// files (Dataset::sample_source, samples spread over it; the first 256 KiB of each; a file
@@ -72,8 +78,8 @@ struct PhotoSizes {
 PhotoSizes survey_photo_sizes(const Dataset& dataset, const KeptSize& kept, int64_t count = 32);
 
 /// "photos of about 12.2 megapixels (the median of 32), 14.6 x what 224 px crops need: `tandem
-/// shrink --data D --out D-shrunk` writes them at 0.84 megapixels (the same crops), each decoded in a
-/// fraction of the time" where the median is at least `factor` times kept.min_area; "" otherwise.
+/// shrink --data D --out D-shrunk` writes them at 0.84 megapixels (the same crops), each decoded in
+/// a fraction of the time" where the median is at least `factor` times kept.min_area; "" otherwise.
 std::string shrink_hint(const PhotoSizes& sizes, const KeptSize& kept, int64_t image_size,
                         const std::string& data, double factor = 2.0);
 
