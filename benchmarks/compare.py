@@ -628,8 +628,8 @@ def ddp(a):
                   f"({g[0]['steps_per_s_per_gpu'] / r['steps_per_s_per_gpu']:.3f}x)")
 
 
-DECODERS = ("turbojpeg_scaled", "turbojpeg_full", "pil", "torchvision.io", "tandem_scaled",
-            "tandem_full")
+DECODERS = ("turbojpeg_scaled", "turbojpeg_region", "turbojpeg_center", "turbojpeg_full", "pil",
+            "torchvision.io", "tandem_scaled", "tandem_full")
 
 
 def decode(a):

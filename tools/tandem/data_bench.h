@@ -29,9 +29,12 @@ struct DataBenchOptions {
 };
 
 struct DataBenchRow {
-  std::string job;      ///< decode, loader, or the model's name (end to end)
-  std::string decode;   ///< cpu or gpu; "" when not known (an end-to-end run with auto)
-  std::string decoder;  ///< decode rows: turbojpeg_scaled, turbojpeg_full or nvjpeg
+  std::string job;     ///< decode, loader, or the model's name (end to end)
+  std::string decode;  ///< cpu or gpu; "" when not known (an end-to-end run with auto)
+  /// decode rows: turbojpeg_scaled, turbojpeg_region (training's crop boxes), turbojpeg_split
+  /// (those a split leaves the workers), turbojpeg_center (the evaluation's crops), turbojpeg_full
+  /// or nvjpeg
+  std::string decoder;
   int64_t batch_size = 0;
   int workers = 0;
   double images_per_s = 0;
