@@ -311,6 +311,10 @@ def photos_options(p):
     words(g, "--photos-crops", ["region", "whole"], "tandem train --crop values",
           allowed=("region", "whole"), metavar="CROP")
     value(g, "--photos-epochs", 3, "epochs", positive)
+    value(g, "--photos-val-count", 2000, "photos of a held-out folder of their own (FOLDER-val, "
+          "other photos of the same sides) that tandem train evaluates each epoch: more than the "
+          "evaluation's ring holds decoded ahead (512), so its rate includes the decode; 0: "
+          "--val-split 0.1 of the folder", count)
     toggle(g, "--photos-python", True, "train_bench.py's torchvision loop beside them")
     toggle(g, "--photos-split", True, "also the region runs with decode auto: each batch split "
            "between the CPU workers and the JPEG engines")
@@ -618,14 +622,14 @@ class Check:
                       self.a.data_count, "--classes", 10], show=True, tail=3, fail=False)
         return folder
 
-    def photo_folder(self, folder, count, low, high):
-        """A generated folder of `count` photos of `low`-`high` px a side, made first where it
-        does not exist."""
+    def photo_folder(self, folder, count, low, high, seed=0):
+        """A generated folder of `count` photos of `low`-`high` px a side (make_image_folder.py's
+        `seed`: another seed, other photos), made first where it does not exist."""
         if not os.path.isdir(folder):
             self.say(f"make_image_folder.py {folder}: {count} photos of {low}-{high} px")
             self.run([PYTHON, "scripts/make_image_folder.py", folder, "--count", count,
-                      "--classes", 10, "--min-side", low, "--max-side", high], show=True, tail=1,
-                     fail=False)
+                      "--classes", 10, "--min-side", low, "--max-side", high, "--seed", seed],
+                     show=True, tail=1, fail=False)
         return folder
 
     def fashion_mnist_dir(self):
@@ -1102,6 +1106,10 @@ def phase_photos(c, a):
     for side_range in a.photos_sides:
         low, high = side_range.split("-")
         folder = c.photo_folder(f"/tmp/tandem-photos-{side_range}", a.photos_count, low, high)
+        # A held-out folder larger than the evaluation's ring (which fills while training runs)
+        # times the evaluation's decode, not only its scoring of batches decoded ahead.
+        val = (["--val", c.photo_folder(f"{folder}-val", a.photos_val_count, low, high, seed=1)]
+               if a.photos_val_count and a.photos_train else ["--val-split", 0.1])
         c.say(f"photos {side_range}: tandem data-bench decode rows")
         c.run([c.tandem, "data-bench", "--data", folder, "--steps", 0, "--images", 500,
                "--json", c.raw_path(f"photos-databench-{side_range}.json")], show="^decode")
@@ -1125,7 +1133,7 @@ def phase_photos(c, a):
                           f"--decode {where}")
                     c.run([c.tandem, "train", "--data", folder, "--model", net, "--precision",
                            "bf16", "--channels-last", "--batch-size", 256, "--optimizer", "sgd",
-                           "--lr", 0.1, "--epochs", a.photos_epochs, "--val-split", 0.1,
+                           "--lr", 0.1, "--epochs", a.photos_epochs, *val,
                            "--crop", crop, "--decode", where, "--workers", workers, "--quiet",
                            "--out", c.raw_path(f"run-photos-{name}"),
                            "--json", c.raw_path(f"photos-train-{name}.json")],
@@ -1151,7 +1159,8 @@ def phase_photos(c, a):
     c.run([PYTHON, "benchmarks/photos_table.py", c.raw, c.out_path("photos.json"),
            f"{PROG} photos --out OUT --photos-sides '{' '.join(a.photos_sides)}' "
            f"--photos-models '{' '.join(a.photos_models)}' --photos-crops "
-           f"'{' '.join(a.photos_crops)}' --photos-epochs {a.photos_epochs}"
+           f"'{' '.join(a.photos_crops)}' --photos-epochs {a.photos_epochs} "
+           f"--photos-val-count {a.photos_val_count}"
            + ("" if a.photos_train else " --no-photos-train")
            + (" --photos-shrink" if a.photos_shrink else "")],
           show=True)

@@ -63,7 +63,7 @@ SHELL_DEFAULTS = {
     "train_python": True, "seg_dir": "/tmp/tandem-segpairs", "seg_count": 2000, "seg_epochs": 8,
     "photos_sides": ["320-640", "1000-2000"], "photos_count": 3000,
     "photos_models": ["r18_full", "r50_full"], "photos_crops": ["region", "whole"],
-    "photos_epochs": 3, "photos_python": True, "photos_split": True, "photos_train": True, "photos_shrink": False,
+    "photos_epochs": 3, "photos_val_count": 2000, "photos_python": True, "photos_split": True, "photos_train": True, "photos_shrink": False,
     "ddp_worlds": [1, 2],
     "ddp_seg_bs": [8, 32], "ddp_cls_bs": [32, 128], "ddp_modes": ["pipelined", "pipelined+graphed"],
     "ddp_python": True, "ddp_scenarios": ["seg", "cls"], "ddp_allreduced": True,
@@ -352,6 +352,24 @@ def test_photos_without_train_runs_only_the_benches(tmp_path):
     table = [cmd for cmd in c.commands if any("photos_table.py" in str(w) for w in cmd)]
     assert table and "--no-photos-train" in table[0][-1]
     assert tandem_runs(c, "shrink") == []
+
+
+def test_photos_train_runs_evaluate_a_held_out_folder_larger_than_the_ring(tmp_path):
+    c, _ = record(tmp_path, "photos", "--photos-sides", "1000-2000", "--photos-crops", "region",
+                  "--no-photos-split", "--no-photos-python", "--photos-models", "r18_full")
+    made = [cmd for cmd in c.commands if "scripts/make_image_folder.py" in cmd]
+    val = [cmd for cmd in made if "/tmp/tandem-photos-1000-2000-val" in cmd]
+    assert len(val) == 1 and val[0][val[0].index("--count") + 1] == "2000"
+    assert val[0][val[0].index("--seed") + 1] == "1"  # other photos than the training folder's
+    [train] = tandem_runs(c, "train")
+    assert train[train.index("--val") + 1] == "/tmp/tandem-photos-1000-2000-val"
+    assert "--val-split" not in train
+    c, _ = record(tmp_path, "photos", "--photos-sides", "1000-2000", "--photos-crops", "region",
+                  "--no-photos-split", "--no-photos-python", "--photos-models", "r18_full",
+                  "--photos-val-count", "0")
+    [train] = tandem_runs(c, "train")
+    assert train[train.index("--val-split") + 1] == "0.1" and "--val" not in train
+    assert not any("/tmp/tandem-photos-1000-2000-val" in cmd for cmd in c.commands)
 
 
 def test_photos_shrink_benches_the_shrunk_folder_beside_the_original(tmp_path):
