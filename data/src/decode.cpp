@@ -19,6 +19,7 @@
 #include <system_error>
 
 #include "codec_util.h"
+#include "jpeg_markers.h"
 #include "jpeg_window.h"
 #include "posix_fs.h"
 #include "tandem/error.h"
@@ -419,6 +420,8 @@ ImageInfo read_image_info(const std::vector<uint8_t>& bytes, const std::string& 
   info.channels = header.colorspace == TJCS_GRAY ? 1 : is_cmyk(header.colorspace) ? 4 : 3;
 #endif
   info.bit_depth = 8;
+  info.progressive =
+      detail::is_progressive_frame(detail::walk_markers(bytes.data(), bytes.size()).frame);
   return info;
 }
 
@@ -492,6 +495,30 @@ std::vector<uint8_t> encode_jpeg(const at::Tensor& chw_u8, int quality,
   std::unique_ptr<unsigned char, void (*)(unsigned char*)> owned(jpeg, tjFree);
   if (status != 0) throw Error("encode_jpeg: " + tj.error_and_reset());
   return std::vector<uint8_t>(jpeg, jpeg + size);
+#endif
+}
+
+std::vector<uint8_t> baseline_jpeg(const std::vector<uint8_t>& bytes, const std::string& path) {
+#ifdef TANDEM_DATA_NO_TURBOJPEG
+  no_jpeg(path);
+#else
+  if (sniff_or_fail(bytes, path) != ImageFormat::kJpeg) fail(path, "not a JPEG");
+  read_jpeg_header(bytes, path);  // names a header cut short
+  tjtransform same{};             // TJXOP_NONE, no progressive output: sequential scans
+  TjHandle& tj = transformer();
+  unsigned char* out = nullptr;
+  unsigned long out_size = 0;
+  const int status = tjTransform(tj.get(), bytes.data(), static_cast<unsigned long>(bytes.size()),
+                                 1, &out, &out_size, &same, 0);
+  std::unique_ptr<unsigned char, void (*)(unsigned char*)> owned(out, tjFree);
+  if (status != 0) {
+    const bool warning = tjGetErrorCode(tj.get()) == TJERR_WARNING;
+    const std::string message = tj.error_and_reset();
+    // A premature end is a warning to TurboJPEG: the missing blocks would be written flat.
+    if (!is_harmless_warning(warning, message) || out == nullptr)
+      fail(path, "corrupt or truncated JPEG (" + message + ")");
+  }
+  return std::vector<uint8_t>(out, out + out_size);
 #endif
 }
 

@@ -404,9 +404,11 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
     engines = split->on_engines(draw.position);
   }
   if (engines) {
-    // The engines read baseline gray and YCbCr JPEGs; anything else decodes here.
+    // The engines read baseline gray and YCbCr JPEGs; anything else decodes here. (nvJPEG would
+    // decode a progressive one too, whole and on the host, on the engines' one thread: here it
+    // is one of many.)
     const ImageInfo info = read_image_info(bytes, sample.path);  // names a bad file
-    engines = info.format == ImageFormat::kJpeg && info.channels != 4;
+    engines = info.format == ImageFormat::kJpeg && info.channels != 4 && !info.progressive;
     // A file cut short fails here, named (and skipped under skip_bad), as the CPU's decode
     // would fail it, rather than the engines' whole batch.
     if (engines && !detail::jpeg_is_complete(bytes.data(), bytes.size()))

@@ -49,6 +49,7 @@ void for_each_segment(const uint8_t* p, size_t n, Visit&& visit) {
 // What a walk over the marker segments after SOI finds, without decoding anything.
 struct JpegMarkers {
   int components = 0;     // Nf of the frame header (SOFn); 0 when none was reached
+  uint8_t frame = 0;      // its marker (C0 baseline, C1 extended, C2 progressive, ...); 0: none
   size_t first_scan = 0;  // offset of the first SOS marker; 0 when the headers end before it
 };
 
@@ -62,10 +63,18 @@ inline JpegMarkers walk_markers(const uint8_t* p, size_t n) {
     // SOF0..SOF15 but DHT (C4), JPG (C8), DAC (CC): FF Cn, length(2), P, Y(2), X(2), Nf.
     const bool frame =
         marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC;
-    if (frame && pos + 9 < n) found.components = p[pos + 9];
+    if (frame && pos + 9 < n) {
+      found.components = p[pos + 9];
+      found.frame = marker;
+    }
     return true;
   });
   return found;
+}
+
+// Whether a frame marker (SOFn) codes its scans progressively: SOF2, 6, 10 and 14.
+inline bool is_progressive_frame(uint8_t frame) {
+  return frame == 0xC2 || frame == 0xC6 || frame == 0xCA || frame == 0xCE;
 }
 
 // Whether a segment carries the photo's metadata rather than how its pixels are coded: APP0

@@ -435,6 +435,29 @@ TEST(CropDecodeTest, ATruncatedJpegLeftToTheEnginesIsNamedByTheWorker) {
   }
 }
 
+// A progressive JPEG at an engine position stays with the worker: the engines do not read it, and
+// nvJPEG's fallback would decode it whole on the engines' one thread; a baseline one goes.
+TEST(CropDecodeTest, AProgressiveJpegAtAnEnginePositionDecodesInTheWorker) {
+  const testing::TempDir dir;
+  const at::Tensor pixels = testing::smooth_image(3, 300, 400, 2);
+  testing::put(dir, "root/photos/a_progressive.jpg", testing::progressive_jpeg(pixels));
+  testing::put(dir, "root/photos/b_baseline.jpg", encode_jpeg(pixels, 90));
+  ImageFolderOptions fo;
+  fo.output = ImageFolderOutput::kCropRegion;
+  fo.engine_share = 1;
+  const ImageFolderDataset folder(dir.file("root"), fo);
+  for (int64_t i = 0; i < 2; ++i) {
+    std::vector<at::Tensor> out{at::Tensor(), at::Tensor(),
+                                torch::empty({kCropBoxFields}, torch::kInt),
+                                torch::empty({}, torch::kLong)};
+    folder.get_drawn_sample(i, SampleDraw{9, static_cast<uint64_t>(i)}, out);
+    SCOPED_TRACE(folder.samples()[static_cast<size_t>(i)].path);
+    const bool progressive = i == 0;
+    EXPECT_EQ(out[0].numel() > 0, progressive);   // the crop region, decoded
+    EXPECT_EQ(out[1].numel() > 0, !progressive);  // the file's bytes, for the engines
+  }
+}
+
 // The trial's first share counts in that the workers keep the cheaper crops: where the crops'
 // times follow the cost key, the balance gives the engines less than the rates alone would;
 // where every crop costs the same, the same share as the rates alone.
@@ -866,6 +889,27 @@ TEST(ShrinkTest, TheShrunkPhotoKeepsTheOriginalsMetadata) {
                  with_jfif.bytes.begin()));
 }
 
+TEST(ShrinkTest, AProgressivePhotoComesOutBaselineWithItsPixels) {
+  const KeptSize k = kept_size(224);
+  // Small enough: made baseline without a loss.
+  const std::vector<uint8_t> small = testing::progressive_jpeg(testing::smooth_image(3, 480, 640));
+  const ShrunkImage s = shrink_image(small, "small.jpg", k);
+  EXPECT_FALSE(s.shrunk);
+  EXPECT_TRUE(s.made_baseline);
+  EXPECT_EQ(s.kept_because, "");
+  EXPECT_FALSE(read_image_info(s.bytes, "s.jpg").progressive);
+  EXPECT_TRUE(decode_image(s.bytes, "s.jpg", 3).equal(decode_image(small, "small.jpg", 3)));
+  // Larger than the crops need: shrunk, into a baseline JPEG.
+  const at::Tensor photo = decode_image(detailed_photo(), "photo.jpg", 3);
+  const ShrunkImage big = shrink_image(testing::progressive_jpeg(photo, 95), "big.jpg", k);
+  EXPECT_TRUE(big.shrunk);
+  EXPECT_FALSE(big.made_baseline);
+  EXPECT_FALSE(read_image_info(big.bytes, "b.jpg").progressive);
+  // A baseline photo small enough is copied as it was.
+  const std::vector<uint8_t> plain = encode_jpeg(testing::smooth_image(3, 480, 640), 90);
+  EXPECT_FALSE(shrink_image(plain, "plain.jpg", k).made_baseline);
+}
+
 TEST(ShrinkTest, TheSurveySaysWhenPhotosAreLargerThanTheCropsNeed) {
   const testing::TempDir dir;
   for (int i = 0; i < 3; ++i)  // 1.92 megapixels: 2.3 x what 224 px crops need
@@ -891,6 +935,28 @@ TEST(ShrinkTest, TheSurveySaysWhenPhotosAreLargerThanTheCropsNeed) {
   const PhotoSizes small =
       survey_photo_sizes(ImageFolderDataset(testing::join(dir.path(), "root")), kept_size(900));
   EXPECT_EQ(shrink_hint(small, kept_size(900), 900, root), "");  // 900 px crops need more
+  EXPECT_EQ(sizes.progressive, 0);
+
+  // Progressive photos: counted, and named in the hint on their own or beside the size.
+  testing::put(dir, "root/b/prog.jpg",
+               testing::progressive_jpeg(testing::smooth_image(3, 100, 120, 3)));
+  const PhotoSizes mixed = survey_photo_sizes(ImageFolderDataset(root), k);
+  EXPECT_EQ(mixed.sampled, 6);
+  EXPECT_EQ(mixed.progressive, 1);
+  const std::string both = shrink_hint(mixed, k, 224, root);
+  EXPECT_NE(both.find("writes them at 0.84 megapixels"), std::string::npos) << both;
+  EXPECT_NE(both.find("and as baseline JPEGs: 1 of the 6 are progressive"), std::string::npos)
+      << both;
+  const PhotoSizes for_900 = survey_photo_sizes(ImageFolderDataset(root), kept_size(900));
+  const std::string only = shrink_hint(for_900, kept_size(900), 900, root);
+  EXPECT_EQ(only.rfind("1 of 6 photos sampled are progressive JPEGs", 0), 0u) << only;
+  EXPECT_NE(only.find("`tandem shrink --data " + root + " --out " + root +
+                      "-shrunk` writes them as baseline without a loss"),
+            std::string::npos)
+      << only;
+  PhotoSizes few = for_900;
+  few.sampled = 9;  // under one in eight: not worth a line
+  EXPECT_EQ(shrink_hint(few, kept_size(900), 900, root), "");
 }
 
 TEST(ShrinkTest, ATruncatedJpegIsNamed) {

@@ -22,6 +22,7 @@ namespace tandem::data {
 namespace {
 
 using testing::join;
+using testing::progressive_jpeg;
 using testing::put;
 using testing::smooth_image;
 using testing::TempDir;
@@ -163,14 +164,15 @@ bool contains(const std::vector<uint8_t>& bytes, const std::string& text) {
   return std::search(bytes.begin(), bytes.end(), text.begin(), text.end()) != bytes.end();
 }
 
-// A folder of two classes: two photos too large for 64 px crops (one with a comment), a small one
-// and a PNG.
+// A folder of two classes: two photos too large for 64 px crops (one with a comment), a small one,
+// a small progressive one and a PNG.
 std::string folder_to_shrink(const TempDir& dir) {
   put(dir, "root/a/big1.jpg",
       with_comment(encode_jpeg(smooth_image(3, 600, 800, 1), 95), "from the camera"));
   put(dir, "root/a/small.jpg", encode_jpeg(smooth_image(3, 100, 120, 2), 95));
   put(dir, "root/b/deep/big2.jpg", encode_jpeg(smooth_image(3, 800, 600, 3), 95));
   put(dir, "root/b/pic.png", encode_png(smooth_image(3, 500, 500, 4)));
+  put(dir, "root/b/prog.jpg", progressive_jpeg(smooth_image(3, 100, 120, 5)));
   return join(dir.path(), "root");
 }
 
@@ -191,10 +193,16 @@ TEST(ShrinkCliTest, WritesTheFolderAgainWithTheLargePhotosSmallerAndGoesOnWhereI
   EXPECT_NE(ran.output.find("copied as they were         2  (a PNG 1, small enough 1)"),
             std::string::npos)
       << ran.output;
+  EXPECT_NE(ran.output.find("made baseline               1"), std::string::npos) << ran.output;
+  const std::vector<uint8_t> prog = read_file(join(out, "b/prog.jpg"));
+  EXPECT_FALSE(read_image_info(prog, "prog").progressive);
+  EXPECT_TRUE(decode_image(prog, "prog", 3)
+                  .equal(decode_image(read_file(join(root, "b/prog.jpg")), "prog", 3)));
   const std::vector<uint8_t> json_bytes = read_file(join(dir.path(), "s.json"));
   const std::string json(json_bytes.begin(), json_bytes.end());
   EXPECT_NE(json.find("\"min_area\": 68267"), std::string::npos) << json;
   EXPECT_NE(json.find("\"metadata\": \"kept\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"made_baseline\": 1"), std::string::npos) << json;
   EXPECT_TRUE(contains(read_file(join(out, "a/big1.jpg")), "from the camera"));
   const std::string bare = join(dir.path(), "bare");
   const Ran stripped = tandem_cli("shrink --quiet --image-size 64 --strip-metadata --data " + root +
@@ -208,7 +216,7 @@ TEST(ShrinkCliTest, WritesTheFolderAgainWithTheLargePhotosSmallerAndGoesOnWhereI
   const Ran again = tandem_cli(args);
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_NE(again.output.find("shrunk                      1"), std::string::npos) << again.output;
-  EXPECT_NE(again.output.find("already there               3"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("already there               4"), std::string::npos) << again.output;
   EXPECT_EQ(read_image_info(read_file(join(out, "b/deep/big2.jpg")), "big2").height, 302);
 }
 

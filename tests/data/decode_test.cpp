@@ -6,6 +6,7 @@
 #include <ATen/ops/full.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -141,18 +142,54 @@ TEST(DecodeTest, DecodeWithAMinimumSizeIsTheFastOneAndCloseToTheAccurateOne) {
   EXPECT_LE(max_abs_diff(fast, accurate), 24);
 }
 
+// baseline_jpeg: a progressive JPEG's coefficients in sequential scans, so the same pixels.
+TEST(DecodeTest, AProgressiveJpegMadeBaselineDecodesToTheSamePixels) {
+  const std::vector<uint8_t> coded =
+      testing::progressive_jpeg(testing::smooth_image(3, 97, 131, 4));
+  // A comment after SOI: the transform keeps every marker segment.
+  const std::string text = "kept by the transform";
+  std::vector<uint8_t> progressive(coded.begin(), coded.begin() + 2);
+  const size_t length = text.size() + 2;
+  for (const size_t b : {size_t{0xFF}, size_t{0xFE}, length >> 8, length & 0xFF})
+    progressive.push_back(static_cast<uint8_t>(b));
+  progressive.insert(progressive.end(), text.begin(), text.end());
+  progressive.insert(progressive.end(), coded.begin() + 2, coded.end());
+  EXPECT_TRUE(read_image_info(progressive, "p.jpg").progressive);
+
+  const std::vector<uint8_t> baseline = baseline_jpeg(progressive, "p.jpg");
+  const ImageInfo info = read_image_info(baseline, "b.jpg");
+  EXPECT_FALSE(info.progressive);
+  EXPECT_EQ(info.height, 97);
+  EXPECT_EQ(info.width, 131);
+  const std::vector<uint8_t> sof0 = {0xFF, 0xC0};  // a baseline frame, what the engines read
+  EXPECT_NE(std::search(baseline.begin(), baseline.end(), sof0.begin(), sof0.end()),
+            baseline.end());
+  EXPECT_NE(std::search(baseline.begin(), baseline.end(), text.begin(), text.end()),
+            baseline.end());
+  EXPECT_TRUE(decode_image(baseline, "b.jpg", 3).equal(decode_image(progressive, "p.jpg", 3)));
+  EXPECT_TRUE(decode_image(baseline, "b.jpg", 3, 48, 64)
+                  .equal(decode_image(progressive, "p.jpg", 3, 48, 64)));
+  // A baseline file stays baseline with the same pixels; other files are named.
+  const std::vector<uint8_t> plain = encode_jpeg(testing::smooth_image(3, 40, 56, 1), 90);
+  EXPECT_FALSE(read_image_info(plain, "plain.jpg").progressive);
+  EXPECT_TRUE(decode_image(baseline_jpeg(plain, "plain.jpg"), "b", 3)
+                  .equal(decode_image(plain, "plain.jpg", 3)));
+  const std::vector<uint8_t> cut(progressive.begin(),
+                                 progressive.begin() + static_cast<long>(progressive.size() / 2));
+  for (const auto& [bad, path] : {std::pair{cut, std::string("/photos/cut.jpg")},
+                                  {encode_png(testing::smooth_image(3, 8, 8)), "/photos/a.png"}}) {
+    try {
+      baseline_jpeg(bad, path);
+      ADD_FAILURE() << "no error for " << path;
+    } catch (const Error& e) {
+      testing::expect_one_line_naming(e.what(), path, "");
+    }
+  }
+}
+
 TEST(DecodeTest, ProgressiveJpegsAndHarmlessJunkBetweenSegmentsDecode) {
   const at::Tensor rgb = testing::smooth_image(3, 96, 128, 10);
-  const at::Tensor hwc = rgb.permute({1, 2, 0}).contiguous();
-  tjhandle tj = tjInitCompress();
-  unsigned char* buffer = nullptr;
-  unsigned long size = 0;
-  ASSERT_EQ(tjCompress2(tj, hwc.data_ptr<uint8_t>(), 128, 0, 96, TJPF_RGB, &buffer, &size,
-                        TJSAMP_420, 90, TJFLAG_PROGRESSIVE),
-            0);
-  const std::vector<uint8_t> progressive(buffer, buffer + size);
-  tjFree(buffer);
-  tjDestroy(tj);
+  const std::vector<uint8_t> progressive = testing::progressive_jpeg(rgb);
   const at::Tensor full = decode_image(progressive, "p.jpg", 3);
   EXPECT_LT(mean_abs_diff(full, rgb), 2.0);
   EXPECT_EQ(decode_image(progressive, "p.jpg", 3, 48, 64).sizes().vec(),

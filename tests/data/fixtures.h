@@ -92,20 +92,35 @@ inline std::string put(const TempDir& dir, const std::string& relative,
   return path;
 }
 
-/// A CMYK JPEG (TurboJPEG writes it as YCCK, with an Adobe APP14 marker) of (H, W, 4) samples.
-inline std::vector<uint8_t> cmyk_jpeg(const std::vector<uint8_t>& cmyk, int width, int height,
-                                      int quality = 95) {
+/// TurboJPEG's tjCompress2 of `samples` (interleaved, pixel format `format`); `what` names the
+/// kind in the error.
+inline std::vector<uint8_t> tj_compress(const uint8_t* samples, int width, int height, int format,
+                                        int subsampling, int quality, int flags, const char* what) {
   tjhandle tj = tjInitCompress();
   unsigned char* jpeg = nullptr;
   unsigned long size = 0;
-  const int status = tjCompress2(tj, cmyk.data(), width, 0, height, TJPF_CMYK, &jpeg, &size,
-                                 TJSAMP_444, quality, 0);
+  const int status =
+      tjCompress2(tj, samples, width, 0, height, format, &jpeg, &size, subsampling, quality, flags);
   std::vector<uint8_t> out;
   if (status == 0) out.assign(jpeg, jpeg + size);
   tjFree(jpeg);
   tjDestroy(tj);
-  if (status != 0) throw std::runtime_error("tjCompress2 (CMYK) failed");
+  if (status != 0) throw std::runtime_error(std::string("tjCompress2 (") + what + ") failed");
   return out;
+}
+
+/// A CMYK JPEG (TurboJPEG writes it as YCCK, with an Adobe APP14 marker) of (H, W, 4) samples.
+inline std::vector<uint8_t> cmyk_jpeg(const std::vector<uint8_t>& cmyk, int width, int height,
+                                      int quality = 95) {
+  return tj_compress(cmyk.data(), width, height, TJPF_CMYK, TJSAMP_444, quality, 0, "CMYK");
+}
+
+/// A progressive JPEG (4:2:0) of a (3, H, W) uint8 image.
+inline std::vector<uint8_t> progressive_jpeg(const at::Tensor& rgb, int quality = 90) {
+  const at::Tensor hwc = rgb.permute({1, 2, 0}).contiguous();
+  return tj_compress(hwc.data_ptr<uint8_t>(), static_cast<int>(rgb.size(2)),
+                     static_cast<int>(rgb.size(1)), TJPF_RGB, TJSAMP_420, quality,
+                     TJFLAG_PROGRESSIVE, "progressive");
 }
 
 /// The PNG the fields describe, written with libpng's full API. `rows` holds height rows of

@@ -116,22 +116,6 @@ struct Fixture {
   std::vector<uint8_t> bytes;
 };
 
-std::vector<uint8_t> progressive_jpeg(const at::Tensor& rgb) {
-  const at::Tensor hwc = rgb.permute({1, 2, 0}).contiguous();
-  tjhandle tj = tjInitCompress();
-  unsigned char* buffer = nullptr;
-  unsigned long size = 0;
-  const int status = tjCompress2(tj, hwc.data_ptr<uint8_t>(), static_cast<int>(rgb.size(2)), 0,
-                                 static_cast<int>(rgb.size(1)), TJPF_RGB, &buffer, &size,
-                                 TJSAMP_420, 90, TJFLAG_PROGRESSIVE);
-  std::vector<uint8_t> out;
-  if (status == 0) out.assign(buffer, buffer + size);
-  tjFree(buffer);
-  tjDestroy(tj);
-  if (status != 0) throw std::runtime_error("tjCompress2 (progressive) failed");
-  return out;
-}
-
 // Sizes that are not multiples of the 8 / 16 px blocks, each chroma subsampling, gray, and a
 // progressive file.
 std::vector<Fixture> good_jpegs() {
@@ -141,7 +125,7 @@ std::vector<Fixture> good_jpegs() {
       {"/g/wide-444.jpg", encode_jpeg(smooth_image(3, 224, 300, 2), 95, ChromaSubsampling::k444)},
       {"/g/gray.jpg", encode_jpeg(smooth_image(1, 61, 45, 3), 90)},
       {"/g/mid-422.jpg", encode_jpeg(smooth_image(3, 75, 100, 4), 90, ChromaSubsampling::k422)},
-      {"/g/progressive.jpg", progressive_jpeg(smooth_image(3, 96, 128, 5))},
+      {"/g/progressive.jpg", testing::progressive_jpeg(smooth_image(3, 96, 128, 5))},
   };
 }
 

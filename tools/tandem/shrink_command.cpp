@@ -55,7 +55,7 @@ data::ChromaSubsampling parse_subsampling(const std::string& text) {
 // What the workers found, under one lock.
 struct Tally {
   std::mutex mu;
-  int64_t shrunk = 0, already_there = 0;
+  int64_t shrunk = 0, made_baseline = 0, already_there = 0;
   std::map<std::string, int64_t> kept;  // by why
   int64_t bytes_in = 0, bytes_out = 0;  // of the files shrunk
   double pixels_in = 0, pixels_out = 0;
@@ -80,8 +80,10 @@ void ShrinkCommand::add(CLI::App& parent) {
       "ratio 3/4 to 4/3) still has its pixels and the evaluation's Resize still shrinks, so "
       "nothing the model sees is enlarged where torchvision's crop of the original would be "
       "shrunk, and each photo decodes in a fraction of the time. PNGs, CMYK JPEGs and photos "
-      "small enough are copied as they are. The photos written keep their metadata (EXIF, ICC "
-      "profile, XMP, comments). A stopped run goes on where it stopped.");
+      "small enough are copied as they are, but a progressive JPEG is written as baseline "
+      "without a loss (the same pixels, a quarter of the CPU's decode, and the JPEG engines read "
+      "it). The photos written keep their metadata (EXIF, ICC profile, XMP, comments). A stopped "
+      "run goes on where it stopped.");
   app->add_option("--data", data, "the ImageFolder to read: one subfolder of JPEG/PNG per class")
       ->required();
   app->add_option("--out", out,
@@ -181,6 +183,8 @@ int ShrinkCommand::run(const std::string& command_line) {
             tally.bytes_out += static_cast<int64_t>(s.bytes.size());
             tally.pixels_in += static_cast<double>(s.height * s.width);
             tally.pixels_out += static_cast<double>(s.out_height * s.out_width);
+          } else if (s.made_baseline) {
+            ++tally.made_baseline;
           } else {
             ++tally.kept[s.kept_because];
           }
@@ -230,6 +234,9 @@ int ShrinkCommand::run(const std::string& command_line) {
                 tally.pixels_out / 1e6 / tally.shrunk);
   std::printf("\ncopied as they were  %8lld%s\n", static_cast<long long>(kept_total),
               why.empty() ? "" : ("  (" + why + ")").c_str());
+  if (tally.made_baseline > 0)
+    std::printf("made baseline        %8lld  (progressive JPEGs, the same pixels: no loss)\n",
+                static_cast<long long>(tally.made_baseline));
   std::printf("already there        %8lld\n", static_cast<long long>(tally.already_there));
   if (skip_bad) {
     std::printf("bad, left out        %8zu", tally.bad.size());
@@ -254,6 +261,7 @@ int ShrinkCommand::run(const std::string& command_line) {
                         {"files", files},
                         {"shrunk", tally.shrunk},
                         {"kept", tally.kept},
+                        {"made_baseline", tally.made_baseline},
                         {"already_there", tally.already_there},
                         {"bad", tally.bad},
                         {"bytes_in", tally.bytes_in},

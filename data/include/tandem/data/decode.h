@@ -33,6 +33,10 @@ struct ImageInfo {
   /// 2 (gray + alpha), 3 (RGB, or a palette), 4 (RGBA, or a palette with transparency).
   int64_t channels = 0;
   int64_t bit_depth = 8;  ///< bits per stored sample (PNG 1, 2, 4, 8 or 16; JPEG 8)
+  /// A progressive JPEG (its frame one of SOF2, 6, 10, 14): every scan is read before the first
+  /// row comes out, so a crop costs the CPU the whole file (~4x a baseline crop), and the JPEG
+  /// engines do not read it. baseline_jpeg rewrites it without a loss.
+  bool progressive = false;
 };
 
 /// Reads the header of a JPEG or PNG held in `bytes`. Throws tandem::Error naming `path` (used
@@ -118,6 +122,12 @@ enum class ChromaSubsampling { k444, k422, k420 };
 /// 4:2:0 chroma by default, as PIL and cjpeg write. Throws InvalidArgument for any other input.
 std::vector<uint8_t> encode_jpeg(const at::Tensor& chw_u8, int quality,
                                  ChromaSubsampling subsampling = ChromaSubsampling::k420);
+
+/// A progressive JPEG written again as a baseline one without decoding it: the same DCT
+/// coefficients, so it decodes to the same pixels, in sequential scans with the standard Huffman
+/// tables (TurboJPEG's lossless transform, as `jpegtran` does; every marker segment kept). Throws
+/// tandem::Error naming `path` for a corrupt or truncated file.
+std::vector<uint8_t> baseline_jpeg(const std::vector<uint8_t>& bytes, const std::string& path);
 
 /// Encodes a (C, H, W) uint8 CPU tensor, C = 1 or 3, as an 8-bit gray or RGB PNG (lossless).
 /// Throws InvalidArgument for any other input.

@@ -41,8 +41,11 @@ std::array<int64_t, 2> shrunk_shape(int64_t height, int64_t width, const KeptSiz
 /// What shrink_image did with one file.
 struct ShrunkImage {
   std::vector<uint8_t> bytes;  ///< what to write: the new JPEG, or the file's own bytes
-  bool shrunk = false;         ///< false: `bytes` are the file's, unchanged
-  /// Why not shrunk: "small enough", "smaller as it is" (the new JPEG had more bytes), "a PNG",
+  bool shrunk = false;         ///< false: `bytes` are the file's, unchanged or made_baseline
+  /// A progressive JPEG not shrunk, written again as baseline without a loss (baseline_jpeg:
+  /// the same pixels, every marker segment kept).
+  bool made_baseline = false;
+  /// Why neither: "small enough", "smaller as it is" (the new JPEG had more bytes), "a PNG",
   /// "a CMYK JPEG".
   std::string kept_because;
   int64_t height = 0, width = 0;          ///< the file's
@@ -57,7 +60,10 @@ struct ShrunkImage {
 /// orientation and thumbnail, XMP, the ICC profile, IPTC, comments; not Adobe's APP14, which
 /// describes the old coding): decoders that honour the orientation or the profile show the
 /// shrunk photo as they showed the original (EXIF's recorded pixel size stays the original's).
-/// Anything else keeps its bytes: a JPEG small enough, a PNG, a CMYK JPEG (which the JPEG engines
+/// A progressive JPEG it does not shrink (small enough, CMYK, or smaller as it is) is made
+/// baseline without a loss (made_baseline): the same pixels, whose crops the CPU decodes in
+/// about a quarter of the time and which the JPEG engines read (CMYK aside). Anything else keeps
+/// its bytes: a JPEG small enough, a PNG, a CMYK JPEG (which the JPEG engines
 /// do not read either). Throws what read_image_info and decode_image throw for a bad file, naming
 /// `path`, and names a JPEG cut short (no end-of-image marker after its data) where it would be
 /// copied.
@@ -74,12 +80,16 @@ struct PhotoSizes {
   int64_t sampled = 0;       ///< headers read
   double median_pixels = 0;  ///< their median area
   double over_kept = 0;      ///< median_pixels / kept.min_area
+  int64_t progressive = 0;   ///< of the headers read, progressive JPEGs
 };
 PhotoSizes survey_photo_sizes(const Dataset& dataset, const KeptSize& kept, int64_t count = 32);
 
 /// "photos of about 12.2 megapixels (the median of 32), 14.6 x what 224 px crops need: `tandem
 /// shrink --data D --out D-shrunk` writes them at 0.84 megapixels (the same crops), each decoded in
-/// a fraction of the time" where the median is at least `factor` times kept.min_area; "" otherwise.
+/// a fraction of the time" where the median is at least `factor` times kept.min_area (", and as
+/// baseline JPEGs: N of the 32 are progressive ..." added where one in eight or more is); where
+/// only that many are progressive, "N of 32 photos sampled are progressive JPEGs, ...: `tandem
+/// shrink ...` writes them as baseline without a loss (the same pixels)"; "" otherwise.
 std::string shrink_hint(const PhotoSizes& sizes, const KeptSize& kept, int64_t image_size,
                         const std::string& data, double factor = 2.0);
 
