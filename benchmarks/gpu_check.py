@@ -110,17 +110,26 @@ def number(text):
         raise ValueError("expected a number, e.g. 0.97") from None
 
 
+def fraction(text):
+    """A number 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("expected a number 0 to 1, e.g. 0.25") from None
+    if not 0 <= value <= 1:
+        raise ValueError("expected a number 0 to 1, e.g. 0.25")
+    return value
+
+
 def share(text):
     """The JPEG engines' share of a batch: auto (the run's controller) or a number 0 to 1, kept as
     written."""
     if text == "auto":
         return text
     try:
-        value = float(text)
+        fraction(text)
     except ValueError:
         raise ValueError("expected auto or a share 0 to 1, e.g. 0.6") from None
-    if not 0 <= value <= 1:
-        raise ValueError("expected auto or a share 0 to 1, e.g. 0.6")
     return text
 
 
@@ -315,6 +324,9 @@ def photos_options(p):
           "other photos of the same sides) that tandem train evaluates each epoch: more than the "
           "evaluation's ring holds decoded ahead (512), so its rate includes the decode; 0: "
           "--val-split 0.1 of the folder", count)
+    value(g, "--photos-progressive", 0.0, "share of the generated photos written as progressive "
+          "JPEGs (folders /tmp/tandem-photos-SIDES-pSHARE): the workers keep them, and tandem "
+          "shrink makes them baseline", fraction)
     toggle(g, "--photos-python", True, "train_bench.py's torchvision loop beside them")
     toggle(g, "--photos-split", True, "also the region runs with decode auto: each batch split "
            "between the CPU workers and the JPEG engines")
@@ -622,13 +634,15 @@ class Check:
                       self.a.data_count, "--classes", 10], show=True, tail=3, fail=False)
         return folder
 
-    def photo_folder(self, folder, count, low, high, seed=0):
+    def photo_folder(self, folder, count, low, high, seed=0, progressive=0.0):
         """A generated folder of `count` photos of `low`-`high` px a side (make_image_folder.py's
-        `seed`: another seed, other photos), made first where it does not exist."""
+        `seed`: another seed, other photos; `progressive`: the share written as progressive
+        JPEGs), made first where it does not exist."""
         if not os.path.isdir(folder):
             self.say(f"make_image_folder.py {folder}: {count} photos of {low}-{high} px")
             self.run([PYTHON, "scripts/make_image_folder.py", folder, "--count", count,
-                      "--classes", 10, "--min-side", low, "--max-side", high, "--seed", seed],
+                      "--classes", 10, "--min-side", low, "--max-side", high, "--seed", seed,
+                      *(["--progressive-fraction", progressive] if progressive else [])],
                      show=True, tail=1, fail=False)
         return folder
 
@@ -1105,10 +1119,13 @@ def phase_photos(c, a):
     workers = min(cpu_count() - 1, 15)
     for side_range in a.photos_sides:
         low, high = side_range.split("-")
-        folder = c.photo_folder(f"/tmp/tandem-photos-{side_range}", a.photos_count, low, high)
+        mixed = f"-p{a.photos_progressive:g}" if a.photos_progressive else ""
+        folder = c.photo_folder(f"/tmp/tandem-photos-{side_range}{mixed}", a.photos_count, low,
+                                high, progressive=a.photos_progressive)
         # A held-out folder larger than the evaluation's ring (which fills while training runs)
         # times the evaluation's decode, not only its scoring of batches decoded ahead.
-        val = (["--val", c.photo_folder(f"{folder}-val", a.photos_val_count, low, high, seed=1)]
+        val = (["--val", c.photo_folder(f"{folder}-val", a.photos_val_count, low, high, seed=1,
+                                         progressive=a.photos_progressive)]
                if a.photos_val_count and a.photos_train else ["--val-split", 0.1])
         c.say(f"photos {side_range}: tandem data-bench decode rows")
         c.run([c.tandem, "data-bench", "--data", folder, "--steps", 0, "--images", 500,
@@ -1161,6 +1178,7 @@ def phase_photos(c, a):
            f"--photos-models '{' '.join(a.photos_models)}' --photos-crops "
            f"'{' '.join(a.photos_crops)}' --photos-epochs {a.photos_epochs} "
            f"--photos-val-count {a.photos_val_count}"
+           + (f" --photos-progressive {a.photos_progressive:g}" if a.photos_progressive else "")
            + ("" if a.photos_train else " --no-photos-train")
            + (" --photos-shrink" if a.photos_shrink else "")],
           show=True)

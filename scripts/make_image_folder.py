@@ -13,7 +13,7 @@ from its own (seed, index) generator, whatever the number of workers.
 
 Usage: make_image_folder.py OUT_DIR [--count 6000] [--classes 10] [--min-side 320]
                             [--max-side 640] [--quality 90] [--seed 0] [--workers N]
-                            [--gray-fraction 0.02] [--force]
+                            [--gray-fraction 0.02] [--progressive-fraction 0] [--force]
 """
 import argparse
 import multiprocessing
@@ -115,8 +115,10 @@ def make_image(index, classes, a):
         out = enhance(out).enhance(float(rng.uniform(1 - JITTER, 1 + JITTER)))
     if rng.random() < a.gray_fraction:
         out = out.convert("L")
+    progressive = bool(rng.random() < a.progressive_fraction)  # drawn last: earlier draws stay
     path = os.path.join(a.out_dir, f"class_{label:02d}", f"{index:05d}.jpg")
-    out.save(path, "JPEG", quality=a.quality, subsampling=2, optimize=False, progressive=False)
+    out.save(path, "JPEG", quality=a.quality, subsampling=2, optimize=False,
+             progressive=progressive)
     return os.path.getsize(path), w, h
 
 
@@ -200,6 +202,9 @@ def parse_args(argv):
     add_photo_args(p)
     p.add_argument("--gray-fraction", type=float, default=0.02,
                    help="share of images saved as grayscale JPEG (default 0.02)")
+    p.add_argument("--progressive-fraction", type=float, default=0.0,
+                   help="share of images saved as progressive JPEG, as many photos from the web "
+                        "are (default 0: all baseline)")
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty OUT_DIR (a previous run's class_XX/*.jpg are removed)")
     a = p.parse_args(argv)
@@ -210,6 +215,8 @@ def parse_args(argv):
     check_photo_args(p, a)
     if not 0.0 <= a.gray_fraction <= 1.0:
         p.error("--gray-fraction must be in [0, 1]")
+    if not 0.0 <= a.progressive_fraction <= 1.0:
+        p.error("--progressive-fraction must be in [0, 1]")
     return a
 
 

@@ -63,7 +63,7 @@ SHELL_DEFAULTS = {
     "train_python": True, "seg_dir": "/tmp/tandem-segpairs", "seg_count": 2000, "seg_epochs": 8,
     "photos_sides": ["320-640", "1000-2000"], "photos_count": 3000,
     "photos_models": ["r18_full", "r50_full"], "photos_crops": ["region", "whole"],
-    "photos_epochs": 3, "photos_val_count": 2000, "photos_python": True, "photos_split": True, "photos_train": True, "photos_shrink": False,
+    "photos_epochs": 3, "photos_val_count": 2000, "photos_progressive": 0.0, "photos_python": True, "photos_split": True, "photos_train": True, "photos_shrink": False,
     "ddp_worlds": [1, 2],
     "ddp_seg_bs": [8, 32], "ddp_cls_bs": [32, 128], "ddp_modes": ["pipelined", "pipelined+graphed"],
     "ddp_python": True, "ddp_scenarios": ["seg", "cls"], "ddp_allreduced": True,
@@ -131,6 +131,7 @@ def test_bad_values_name_themselves():
              (["ab", "--ab-cells", "seg:8"], "'seg:8'"),
              (["run", "--phases", "seg", "nosuch"], "'nosuch'"),
              (["photos", "--photos-sides", "320"], "MIN-MAX"),
+             (["photos", "--photos-progressive", "2"], "0 to 1"),
              (["train", "--train-jobs", "bogus"], "fmnist, images, seg")]
     for argv, named in cases:
         code, text = quietly(_exit_code, gpu_check.parse, [*argv, "--out", "/tmp"])
@@ -370,6 +371,23 @@ def test_photos_train_runs_evaluate_a_held_out_folder_larger_than_the_ring(tmp_p
     [train] = tandem_runs(c, "train")
     assert train[train.index("--val-split") + 1] == "0.1" and "--val" not in train
     assert not any("/tmp/tandem-photos-1000-2000-val" in cmd for cmd in c.commands)
+
+
+def test_photos_progressive_makes_folders_of_their_own_with_that_share(tmp_path):
+    c, _ = record(tmp_path, "photos", "--photos-sides", "320-640", "--photos-crops", "region",
+                  "--no-photos-split", "--no-photos-python", "--photos-models", "r18_full",
+                  "--photos-progressive", "0.25")
+    made = [cmd for cmd in c.commands if "scripts/make_image_folder.py" in cmd]
+    assert [cmd[2] for cmd in made] == ["/tmp/tandem-photos-320-640-p0.25",
+                                        "/tmp/tandem-photos-320-640-p0.25-val"]
+    assert all(cmd[cmd.index("--progressive-fraction") + 1] == "0.25" for cmd in made)
+    [train] = tandem_runs(c, "train")
+    assert train[train.index("--data") + 1] == "/tmp/tandem-photos-320-640-p0.25"
+    table = [cmd for cmd in c.commands if any("photos_table.py" in str(w) for w in cmd)]
+    assert "--photos-progressive 0.25" in table[0][-1]
+    c, _ = record(tmp_path, "photos", "--photos-sides", "320-640", "--photos-crops", "region",
+                  "--no-photos-train", "--no-photos-python", "--photos-models", "r18_full")
+    assert not any("--progressive-fraction" in cmd for cmd in c.commands)
 
 
 def test_photos_shrink_benches_the_shrunk_folder_beside_the_original(tmp_path):
