@@ -32,6 +32,16 @@ inline bool has_image_extension(const std::string& name) {
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
+/// An image file's extension tandem does not decode (WebP, BMP, TIFF, the Netpbm kinds, GIF,
+/// HEIF/HEIC, AVIF): such files are left out of a folder, and the folder says how many.
+/// Torchvision's ImageFolder reads the first five kinds through PIL.
+inline bool is_unread_image_extension(const std::string& ext) {
+  for (const char* e : {".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".gif", ".heic",
+                        ".heif", ".avif"})
+    if (ext == e) return true;
+  return false;
+}
+
 /// Torchvision's Resize(size) + CenterCrop(size) of the image in `bytes`, decoded to `channels`.
 /// The resize target comes from the header's size, not the decoded one, so the geometry is that
 /// of the full-size image whatever DCT scale the decoder picks: (channels, size, size) uint8.

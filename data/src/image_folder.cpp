@@ -46,7 +46,20 @@ struct WalkState {
   std::map<FolderId, std::string> read;
   std::set<FolderId> branch;
   std::vector<std::string> warnings;
+  std::map<std::string, int64_t> unread;  // image files of kinds tandem does not decode, by kind
+  std::string first_unread;               // the first of them by path
 };
+
+// "5 .webp, 3 .bmp": the unread files by kind, the commonest first.
+std::string describe_unread(const std::map<std::string, int64_t>& unread) {
+  std::vector<std::pair<std::string, int64_t>> kinds(unread.begin(), unread.end());
+  std::stable_sort(kinds.begin(), kinds.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string text;
+  for (const auto& [ext, n] : kinds)
+    text += (text.empty() ? "" : ", ") + std::to_string(n) + " " + ext;
+  return text;
+}
 
 // os.walk(dir, followlinks=True), except that a folder is read once: a subfolder that leads to
 // a folder already read (a symlink loop, or a second link to one folder) is skipped with one
@@ -60,6 +73,12 @@ void walk(const std::string& dir, WalkState& state, std::vector<WalkedFolder>& o
       subfolders.push_back(std::move(entry));
     else if (detail::has_image_extension(entry.name))  // broken links and FIFOs count too:
       folder.files.push_back(entry.name);  // the load names them (read_file never blocks)
+    else if (const std::string ext = detail::lower_extension(entry.name);
+             detail::is_unread_image_extension(ext)) {
+      const std::string path = fs::join_path(dir, entry.name);
+      if (state.first_unread.empty() || path < state.first_unread) state.first_unread = path;
+      ++state.unread[ext];
+    }
   }
   std::sort(folder.files.begin(), folder.files.end());
   out.push_back(std::move(folder));
@@ -193,9 +212,21 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
     class_range[label] = {before, samples_.size()};
     if (samples_.size() == before) empty_classes.push_back(classes_[label]);
   }
+  const std::string unread = describe_unread(state.unread);
   TANDEM_CHECK_ARG(empty_classes.empty(), "ImageFolder '", root_,
                    "': found no valid file for the classes ", join(empty_classes, ", "),
-                   ". Supported extensions are: .jpg, .jpeg, .png (any letter case)");
+                   ". Supported extensions are: .jpg, .jpeg, .png (any letter case)",
+                   unread.empty() ? "" : "; the folder's " + unread + " files are not read");
+  if (!unread.empty()) {
+    int64_t files = 0;
+    for (const auto& kind : state.unread) files += kind.second;
+    // Torchvision's ImageFolder would train on most of these: a run here must not be smaller
+    // without a word.
+    state.warnings.push_back(tandem::detail::concat(
+        "left out ", files, " image file(s) of kinds tandem does not decode (", unread,
+        "; the first by name: '", state.first_unread,
+        "'): it reads JPEG and PNG, so convert them (to JPEG) to train on them"));
+  }
   for (std::string& warning : state.warnings) {
     warning = "ImageFolder '" + root_ + "': " + warning;
     std::cerr << "warning: " << warning << "\n";

@@ -106,8 +106,9 @@ TEST(ImageFolderTest, SymlinkedFoldersAreFollowedButCyclesAreNotReentered) {
   EXPECT_EQ(relative_paths(ds, dir),
             (std::vector<std::string>{"Zebra/z.PNG:0", "cat/a.png:1", "cat/b.JPG:1",
                                       "cat/sub/c.jpeg:1", "dog/x.jpg:2", "puppy/x.jpg:3"}));
-  // One warning each: the loop, and the class folder that is another class's.
-  ASSERT_EQ(ds.warnings().size(), 2u);
+  // One warning each: the loop, the class folder that is another class's, and cat's GIF (read
+  // once: the loop is not entered).
+  ASSERT_EQ(ds.warnings().size(), 3u);
   EXPECT_NE(ds.warnings()[0].find("class folders 'dog' and 'puppy' are one folder"),
             std::string::npos)
       << ds.warnings()[0];
@@ -115,6 +116,45 @@ TEST(ImageFolderTest, SymlinkedFoldersAreFollowedButCyclesAreNotReentered) {
                                   "': a symlink loop"),
             std::string::npos)
       << ds.warnings()[1];
+  EXPECT_NE(ds.warnings()[2].find("left out 1 image file(s) of kinds tandem does not decode (1 "
+                                  ".gif; the first by name: '" +
+                                  testing::join(dir.path(), "root/cat/z.gif") + "')"),
+            std::string::npos)
+      << ds.warnings()[2];
+}
+
+// Image files of kinds tandem does not decode (WebP, BMP, TIFF...) are left out, counted and
+// named in a warning, since torchvision's ImageFolder would read most of them: a run must not
+// train on fewer images without a word. A class with nothing else is refused, naming them.
+TEST(ImageFolderTest, ImagesOfKindsNotDecodedAreCountedAndNamed) {
+  TempDir dir;
+  put(dir, "root/a/x.jpg", encode_jpeg(smooth_image(3, 20, 20, 1), 90));
+  put(dir, "root/a/y.webp", {'R', 'I', 'F', 'F'});
+  put(dir, "root/a/z.BMP", {'B', 'M'});
+  put(dir, "root/a/w.webp", {'R', 'I', 'F', 'F'});
+  put(dir, "root/b/sub/v.tiff", {'I', 'I'});
+  put(dir, "root/b/u.png", encode_png(smooth_image(3, 20, 20, 2)));
+  const ImageFolderDataset ds(testing::join(dir.path(), "root"));
+  EXPECT_EQ(relative_paths(ds, dir), (std::vector<std::string>{"a/x.jpg:0", "b/u.png:1"}));
+  ASSERT_EQ(ds.warnings().size(), 1u);
+  EXPECT_NE(ds.warnings()[0].find("left out 4 image file(s) of kinds tandem does not decode (2 "
+                                  ".webp, 1 .bmp, 1 .tiff; the first by name: '" +
+                                  testing::join(dir.path(), "root/a/w.webp") +
+                                  "'): it reads JPEG and PNG"),
+            std::string::npos)
+      << ds.warnings()[0];
+  put(dir, "root/c/t.webp", {'R', 'I', 'F', 'F'});
+  try {
+    ImageFolderDataset(testing::join(dir.path(), "root"));
+    ADD_FAILURE() << "a class of WebP files only was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("found no valid file for the classes c. Supported "
+                                   "extensions are: .jpg, .jpeg, .png (any letter case); "
+                                   "the folder's 3 .webp, 1 .bmp, 1 .tiff files are not read"),
+        std::string::npos)
+        << e.what();
+  }
 }
 
 // A loop through the root would read another class's files again under this class, and two
