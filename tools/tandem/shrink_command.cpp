@@ -81,8 +81,9 @@ void ShrinkCommand::add(CLI::App& parent) {
       "nothing the model sees is enlarged where torchvision's crop of the original would be "
       "shrunk, and each photo decodes in a fraction of the time. PNGs, CMYK JPEGs and photos "
       "small enough are copied as they are, but a progressive JPEG is written as baseline "
-      "without a loss (the same pixels, a quarter of the CPU's decode, and the JPEG engines read "
-      "it). The photos written keep their metadata (EXIF, ICC profile, XMP, comments). A stopped "
+      "without a loss (the same pixels, decoded in about a quarter of the CPU's time, and by the "
+      "JPEG engines). The photos written keep their metadata (EXIF, ICC profile, XMP, comments). A "
+      "stopped "
       "run goes on where it stopped.");
   app->add_option("--data", data, "the ImageFolder to read: one subfolder of JPEG/PNG per class")
       ->required();
