@@ -244,9 +244,9 @@ std::vector<uint8_t> encode_png(const at::Tensor& chw_u8) {
   image.width = static_cast<png_uint_32>(chw_u8.size(2));
   image.height = static_cast<png_uint_32>(chw_u8.size(1));
   image.format = chw_u8.size(0) == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
-  png_alloc_size_t size = 0;
-  if (!png_image_write_to_memory(&image, nullptr, &size, 0, hwc.data_ptr<uint8_t>(), 0, nullptr))
-    throw Error(std::string("encode_png: ") + image.message);
+  // One compression into a buffer of libpng's bound (asking for the size first compresses the
+  // whole image twice).
+  png_alloc_size_t size = PNG_IMAGE_PNG_SIZE_MAX(image);
   std::vector<uint8_t> out(size);
   if (!png_image_write_to_memory(&image, out.data(), &size, 0, hwc.data_ptr<uint8_t>(), 0, nullptr))
     throw Error(std::string("encode_png: ") + image.message);

@@ -57,32 +57,36 @@ ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& p
   ShrunkImage out;
   out.height = out.out_height = info.height;
   out.width = out.out_width = info.width;
-  if (info.format != ImageFormat::kJpeg) {
-    out.kept_because = "a PNG";
-  } else if (info.channels == 4) {
+  const auto [h, w] = shrunk_shape(info.height, info.width, kept);
+  const bool cmyk = info.format == ImageFormat::kJpeg && info.channels == 4;
+  if (cmyk) {
     out.kept_because = "a CMYK JPEG";
+  } else if (h == info.height && w == info.width) {
+    out.kept_because = "small enough";
   } else {
-    const auto [h, w] = shrunk_shape(info.height, info.width, kept);
-    if (h == info.height && w == info.width) {
-      out.kept_because = "small enough";
+    std::vector<uint8_t> encoded;
+    if (info.format == ImageFormat::kPng) {
+      // What training decodes (8-bit gray or RGB: alpha and 16-bit depth dropped, a palette
+      // expanded), resized once and written losslessly.
+      const int64_t channels = info.channels <= 2 ? 1 : 3;
+      encoded = encode_png(resize_bilinear(decode_image(bytes, path, channels), h, w));
     } else {
       // The smallest DCT scale that still covers (h, w), then one antialiased resize to it.
       const int64_t channels = info.channels == 1 ? 1 : 3;
       const at::Tensor decoded = decode_image(bytes, path, channels, h, w);
-      const at::Tensor resized = resize_bilinear(decoded, h, w);
-      std::vector<uint8_t> encoded = encode_jpeg(resized, quality, subsampling);
+      encoded = encode_jpeg(resize_bilinear(decoded, h, w), quality, subsampling);
       if (keep_metadata) encoded = detail::with_metadata_of(bytes, encoded);
-      // A file written at a lower quality than `quality` can come out larger: kept, since its
-      // entropy-coded bytes are most of a decode's time.
-      if (encoded.size() < bytes.size()) {
-        out.bytes = std::move(encoded);
-        out.shrunk = true;
-        out.out_height = h;
-        out.out_width = w;
-        return out;
-      }
-      out.kept_because = "smaller as it is";
     }
+    // A file written at a lower JPEG quality than `quality`, or a PNG compressed harder, can
+    // come out larger: kept, since its bytes are most of a decode's time.
+    if (encoded.size() < bytes.size()) {
+      out.bytes = std::move(encoded);
+      out.shrunk = true;
+      out.out_height = h;
+      out.out_width = w;
+      return out;
+    }
+    out.kept_because = "smaller as it is";
   }
   // Copied without a decode: a JPEG cut short is still named here, not when training meets it.
   if (info.format == ImageFormat::kJpeg && !detail::jpeg_is_complete(bytes.data(), bytes.size()))

@@ -796,6 +796,50 @@ TEST(ShrinkTest, TheShrunkPhotosCropsAreTorchvisionsCropsOfTheOriginal) {
   }
 }
 
+// A PNG larger than the crops need: written as a PNG of what training decodes, resized once —
+// exactly, since PNG is lossless. Gray stays gray; transparency is dropped as training drops it.
+TEST(ShrinkTest, ALargePngIsWrittenSmallerAsWhatTrainingDecodes) {
+  const KeptSize k = kept_size(224);
+  const at::Tensor photo = decode_image(detailed_photo(), "photo.jpg", 3);  // 1200 x 1600
+  const std::vector<uint8_t> png = encode_png(photo);
+  const ShrunkImage s = shrink_image(png, "big.png", k);
+  ASSERT_TRUE(s.shrunk);
+  const auto [h, w] = shrunk_shape(1200, 1600, k);
+  EXPECT_EQ((std::array<int64_t, 2>{s.out_height, s.out_width}), (std::array<int64_t, 2>{h, w}));
+  EXPECT_EQ(read_image_info(s.bytes, "s.png").format, ImageFormat::kPng);
+  EXPECT_LT(s.bytes.size(), png.size());
+  EXPECT_TRUE(decode_image(s.bytes, "s.png", 3).equal(resize_bilinear(photo, h, w)));
+
+  const at::Tensor gray = decode_image(detailed_photo(), "photo.jpg", 1);
+  const ShrunkImage g = shrink_image(encode_png(gray), "gray.png", k);
+  ASSERT_TRUE(g.shrunk);
+  EXPECT_EQ(read_image_info(g.bytes, "g.png").channels, 1);
+  EXPECT_TRUE(decode_image(g.bytes, "g.png", 1).equal(resize_bilinear(gray, h, w)));
+
+  // RGBA: training's decode drops the alpha, and so does the shrunk file.
+  testing::RawPng rgba;
+  rgba.width = 1600;
+  rgba.height = 1200;
+  rgba.color_type = PNG_COLOR_TYPE_RGB_ALPHA;
+  const at::Tensor hwc = photo.permute({1, 2, 0}).contiguous();
+  const uint8_t* rgb = hwc.data_ptr<uint8_t>();
+  for (int64_t y = 0; y < 1200; ++y) {
+    std::vector<uint8_t> row(1600 * 4);
+    for (int64_t x = 0; x < 1600; ++x) {
+      std::copy_n(rgb + (y * 1600 + x) * 3, 3, row.begin() + x * 4);
+      row[x * 4 + 3] = static_cast<uint8_t>(x % 256);
+    }
+    rgba.rows.push_back(std::move(row));
+  }
+  const std::vector<uint8_t> with_alpha = testing::raw_png(rgba);
+  ASSERT_EQ(read_image_info(with_alpha, "a.png").channels, 4);
+  const ShrunkImage a = shrink_image(with_alpha, "a.png", k);
+  ASSERT_TRUE(a.shrunk);
+  EXPECT_EQ(read_image_info(a.bytes, "a2.png").channels, 3);
+  EXPECT_TRUE(decode_image(a.bytes, "a2.png", 3)
+                  .equal(resize_bilinear(decode_image(with_alpha, "a.png", 3), h, w)));
+}
+
 TEST(ShrinkTest, WhatItDoesNotShrinkKeepsItsBytes) {
   const KeptSize k = kept_size(224);
   const std::vector<uint8_t> small = encode_jpeg(testing::smooth_image(3, 480, 640), 90);
@@ -803,11 +847,11 @@ TEST(ShrinkTest, WhatItDoesNotShrinkKeepsItsBytes) {
   EXPECT_FALSE(s.shrunk);
   EXPECT_EQ(s.kept_because, "small enough");
   EXPECT_EQ(s.bytes, small);
-  const std::vector<uint8_t> png = encode_png(testing::smooth_image(3, 1200, 1600));
-  s = shrink_image(png, "big.png", k);
+  const std::vector<uint8_t> small_png = encode_png(testing::smooth_image(3, 480, 640));
+  s = shrink_image(small_png, "small.png", k);
   EXPECT_FALSE(s.shrunk);
-  EXPECT_EQ(s.kept_because, "a PNG");
-  EXPECT_EQ(s.bytes, png);
+  EXPECT_EQ(s.kept_because, "small enough");
+  EXPECT_EQ(s.bytes, small_png);
   const int cw = 1600, ch = 1200;
   const std::vector<uint8_t> cmyk =
       testing::cmyk_jpeg(std::vector<uint8_t>(cw * ch * 4, 90), cw, ch);

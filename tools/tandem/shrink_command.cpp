@@ -75,16 +75,16 @@ std::string megabytes(int64_t bytes) {
 void ShrinkCommand::add(CLI::App& parent) {
   app = parent.add_subcommand(
       "shrink",
-      "Write an ImageFolder again with every JPEG larger than training needs made smaller: the "
-      "least size at which each RandomResizedCrop box of --image-size (scale >= --min-scale, "
-      "ratio 3/4 to 4/3) still has its pixels and the evaluation's Resize still shrinks, so "
-      "nothing the model sees is enlarged where torchvision's crop of the original would be "
-      "shrunk, and each photo decodes in a fraction of the time. PNGs, CMYK JPEGs and photos "
-      "small enough are copied as they are, but a progressive JPEG is written as baseline "
-      "without a loss (the same pixels, decoded in about a quarter of the CPU's time, and by the "
-      "JPEG engines). The photos written keep their metadata (EXIF, ICC profile, XMP, comments). A "
-      "stopped "
-      "run goes on where it stopped.");
+      "Write an ImageFolder again with every JPEG and PNG larger than training needs made "
+      "smaller: the least size at which each RandomResizedCrop box of --image-size (scale >= "
+      "--min-scale, ratio 3/4 to 4/3) still has its pixels and the evaluation's Resize still "
+      "shrinks, so nothing the model sees is enlarged where torchvision's crop of the original "
+      "would be shrunk, and each photo decodes in a fraction of the time (a PNG stays a PNG: 8-bit "
+      "gray or RGB, as training decodes it). CMYK JPEGs and images small enough are copied as "
+      "they are, but a progressive JPEG is written as baseline without a loss (the same pixels, "
+      "decoded in about a quarter of the CPU's time, and by the JPEG engines). The JPEGs written "
+      "keep their metadata (EXIF, ICC profile, XMP, comments). A stopped run goes on where it "
+      "stopped.");
   app->add_option("--data", data, "the ImageFolder to read: one subfolder of JPEG/PNG per class")
       ->required();
   app->add_option("--out", out,

@@ -1,6 +1,6 @@
 // Photos made smaller once, before training, without changing what the model sees: each JPEG
-// larger than training needs is decoded, resized and written again at the least size at which
-// every RandomResizedCrop box still has the model's pixels and the evaluation's Resize still
+// (or PNG) larger than training needs is decoded, resized and written again at the least size at
+// which every RandomResizedCrop box still has the model's pixels and the evaluation's Resize still
 // shrinks. A phone's 12-megapixel photo then decodes in a tenth of the time, on the CPU workers
 // and on the JPEG engines alike, and no crop is ever enlarged where torchvision's crop of the
 // original would be shrunk. (FFCV's writer shrinks to a fixed side instead, which enlarges the
@@ -45,8 +45,8 @@ struct ShrunkImage {
   /// A progressive JPEG not shrunk, written again as baseline without a loss (baseline_jpeg:
   /// the same pixels, every marker segment kept).
   bool made_baseline = false;
-  /// Why neither: "small enough", "smaller as it is" (the new JPEG had more bytes), "a PNG",
-  /// "a CMYK JPEG".
+  /// Why neither: "small enough", "smaller as it is" (the new file had more bytes), "a CMYK
+  /// JPEG".
   std::string kept_because;
   int64_t height = 0, width = 0;          ///< the file's
   int64_t out_height = 0, out_width = 0;  ///< what `bytes` hold
@@ -62,9 +62,12 @@ struct ShrunkImage {
 /// shrunk photo as they showed the original (EXIF's recorded pixel size stays the original's).
 /// A progressive JPEG it does not shrink (small enough, CMYK, or smaller as it is) is made
 /// baseline without a loss (made_baseline): the same pixels, whose crops the CPU decodes in
-/// about a quarter of the time and which the JPEG engines read (CMYK aside). Anything else keeps
-/// its bytes: a JPEG small enough, a PNG, a CMYK JPEG (which the JPEG engines
-/// do not read either). Throws what read_image_info and decode_image throw for a bad file, naming
+/// about a quarter of the time and which the JPEG engines read (CMYK aside). A PNG larger than
+/// `kept` needs is decoded as training decodes it (8-bit gray or RGB: transparency and 16-bit
+/// depth dropped, a palette expanded), resized the same way and written as a PNG (lossless, no
+/// metadata), unless that has as many bytes as the file: its decode time falls with its pixels.
+/// Anything else keeps its bytes: an image small enough, a CMYK JPEG (which the JPEG engines do
+/// not read either). Throws what read_image_info and decode_image throw for a bad file, naming
 /// `path`, and names a JPEG cut short (no end-of-image marker after its data) where it would be
 /// copied.
 ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& path,
