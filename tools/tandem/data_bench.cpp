@@ -106,11 +106,11 @@ DataBenchRow time_cpu_region_decode(const std::vector<std::vector<uint8_t>>& fil
 }
 
 // One core decoding each file's evaluation crop, as the loader's workers do for validation
-// (data::decode_center_crop: Resize(size * 256 / 224) + CenterCrop(size), the crop and its margin
-// only, at the scale the resize needs): the evaluation's decode capacity beside training's.
+// (data::decode_center_crop: Resize(resize) + CenterCrop(size), the crop and its margin only, at
+// the scale the resize needs): the evaluation's decode capacity beside training's.
 DataBenchRow time_cpu_center_decode(const std::vector<std::vector<uint8_t>>& files,
-                                    const std::vector<std::string>& paths, int64_t size) {
-  const int64_t resize = size * 256 / 224;
+                                    const std::vector<std::string>& paths, int64_t size,
+                                    int64_t resize) {
   int32_t box[kCropBoxFields];
   return time_on_one_core(
       "decode (cpu, evaluation crops)", files.size(),
@@ -309,7 +309,7 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
     result.rows.push_back(time_cpu_decode(files, paths, size, true));
     result.rows.push_back(time_cpu_region_decode(files, paths, size));
     result.rows.push_back(time_cpu_region_decode(files, paths, size, 0.5));
-    result.rows.push_back(time_cpu_center_decode(files, paths, size));
+    result.rows.push_back(time_cpu_center_decode(files, paths, size, folder->resize_size()));
     result.rows.push_back(time_cpu_decode(files, paths, size, false));
     result.rows.push_back(time_loader(folder, workers, *request.batch_size,
                                       std::max<int64_t>(1, o.loader_images / *request.batch_size),
