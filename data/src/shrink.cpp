@@ -64,17 +64,16 @@ ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& p
   } else if (h == info.height && w == info.width) {
     out.kept_because = "small enough";
   } else {
+    // What training decodes (8-bit gray or RGB: a PNG's alpha and 16-bit depth dropped, a palette
+    // expanded), a JPEG at the smallest DCT scale that still covers (h, w) (a PNG whole), then
+    // one antialiased resize to it; a PNG written again losslessly.
+    const int64_t channels = info.channels <= 2 ? 1 : 3;
+    const at::Tensor resized = resize_bilinear(decode_image(bytes, path, channels, h, w), h, w);
     std::vector<uint8_t> encoded;
     if (info.format == ImageFormat::kPng) {
-      // What training decodes (8-bit gray or RGB: alpha and 16-bit depth dropped, a palette
-      // expanded), resized once and written losslessly.
-      const int64_t channels = info.channels <= 2 ? 1 : 3;
-      encoded = encode_png(resize_bilinear(decode_image(bytes, path, channels), h, w));
+      encoded = encode_png(resized);
     } else {
-      // The smallest DCT scale that still covers (h, w), then one antialiased resize to it.
-      const int64_t channels = info.channels == 1 ? 1 : 3;
-      const at::Tensor decoded = decode_image(bytes, path, channels, h, w);
-      encoded = encode_jpeg(resize_bilinear(decoded, h, w), quality, subsampling);
+      encoded = encode_jpeg(resized, quality, subsampling);
       if (keep_metadata) encoded = detail::with_metadata_of(bytes, encoded);
     }
     // A file written at a lower JPEG quality than `quality`, or a PNG compressed harder, can
