@@ -474,6 +474,29 @@ def split_rates(report):
     return None
 
 
+def threads_on_cores(report):
+    """How much of a core a split run's threads had, as its notes state it: a dict with
+    workers_on_core and worker_switches_per_s (the loader's workers: CPU time over their time on
+    the samples, the scheduler's switches a second), engines_thread_on_core and
+    engines_thread_switches_per_s (the engines' feed thread over its decode time), each side only
+    where stated; None where the run said neither."""
+    for note in report.get("notes") or []:
+        if "the JPEG engines decode" not in note:
+            continue
+        found = {}
+        m = re.search(r"the workers ([0-9.]+) of their time \(([0-9]+) switches/s\)", note)
+        if m:
+            found["workers_on_core"] = float(m.group(1))
+            found["worker_switches_per_s"] = float(m.group(2))
+        m = re.search(r"the engines' thread ([0-9.]+) of its decode time \(([0-9]+) switches/s\)",
+                      note)
+        if m:
+            found["engines_thread_on_core"] = float(m.group(1))
+            found["engines_thread_switches_per_s"] = float(m.group(2))
+        return found or None
+    return None
+
+
 def load_or_skip(path, result):
     """A run's JSON, or None after saying why (a failed run leaves none, or half of one: the
     result is written without it)."""

@@ -133,6 +133,13 @@ def share(text):
     return text
 
 
+def nice(text):
+    """The loader workers' nice value: a whole number from 0 to 19."""
+    if not re.fullmatch(r"[0-9]+", text) or int(text) > 19:
+        raise ValueError("expected a nice value from 0 to 19")
+    return int(text)
+
+
 def megabytes(text):
     """A positive number of megabytes, kept as written (it is passed on as text)."""
     if number(text) <= 0:
@@ -396,6 +403,8 @@ def shares_options(p):
           "order given, even ones reversed)", positive)
     value(g, "--shares-steps", 80, "timed steps per run (after 10 warm-up steps)", positive)
     value(g, "--shares-workers", 15, "loader workers", positive)
+    words(g, "--shares-nice", [0], "the loader workers' nice values (--param worker_nice, 0-19): "
+          "each share runs at each; the ratios are to auto at the first", nice, metavar="NICE")
 
 
 def pybench_options(p):
@@ -1332,41 +1341,49 @@ def phase_enginetrace(c, a):
 
 def share_run_row(report):
     """What a shares run's --json says of the split: the rate, the share the engines ended at,
-    and the engines' and load stages' host time a step (None where absent)."""
+    the engines' and load stages' host time a step (None where absent), and how much of a core
+    each side's threads had (compare.threads_on_cores; absent where the run did not say)."""
     host = {s["name"]: s.get("host_ms_per_step") for s in report.get("stages", [])}
     return {"images_per_s": report.get("samples_per_s"),
             "engine_share_end": compare.engine_share(report),
-            "engines_host_ms": host.get("engines"), "load_host_ms": host.get("load")}
+            "engines_host_ms": host.get("engines"), "load_host_ms": host.get("load"),
+            **(compare.threads_on_cores(report) or {})}
 
 
 @phase("shares", shares_options)
 def phase_shares(c, a):
     """the JPEG engines' share of each batch against the training's rate: ResNets from large
-    photos with decode auto, the run's controller (auto) beside fixed shares, rounds alternating
-    the order; shares.json (per run the rate, the share it ended at, the engines' and load stages'
-    host ms a step; per model and share the median rate and its ratio to auto's) and a table in
-    the log. Where a fixed share beats auto, the controller settles short of it."""
+    photos with decode auto, the run's controller (auto) beside fixed shares, each at the loader
+    workers' nice values (--shares-nice), rounds alternating the order; shares.json (per run the
+    rate, the share it ended at, the engines' and load stages' host ms a step, how much of a core
+    each side's threads had; per model, share and nice value the median rate and its ratio to
+    auto's at the first nice value) and a table in the log. Where a fixed share beats auto, the
+    controller settles short of it; where a higher nice value beats 0, the workers took cores the
+    run's own threads needed.""" 
     folder = c.photo_folder(a.shares_photos, a.shares_count, 1000, 2000)
     command = (f"tandem bench --workload images --data {folder} --param source=files --param "
                "decode=auto [--param engine_share=SHARE] --param model=MODEL --param "
                "precision=bf16 --param layout=channels_last --batch-size 256 --mode "
                f"pipelined+graphed --steps {a.shares_steps} --warmup 10 --workers "
-               f"{a.shares_workers}")
+               f"{a.shares_workers} [--param worker_nice=NICE]")
     doc = {"device": None, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": command, "rows": [], "summary": []}
+    cells = [(s, n) for s in a.shares for n in a.shares_nice]
     for rnd in range(1, a.shares_rounds + 1):
-        order = a.shares if rnd % 2 == 1 else list(reversed(a.shares))
+        order = cells if rnd % 2 == 1 else list(reversed(cells))
         for model in a.shares_models:
-            for s in order:
-                name = f"shares-{model}-{s}-r{rnd}.json"
+            for s, n in order:
+                name = f"shares-{model}-{s}-nice{n}-r{rnd}.json"
                 report_path = c.raw_path(name)
-                fixed = [] if s == "auto" else ["--param", f"engine_share={s}"]
-                c.say(f"shares: round {rnd}, {model}, share {s}")
+                extra = [] if s == "auto" else ["--param", f"engine_share={s}"]
+                if n:
+                    extra += ["--param", f"worker_nice={n}"]
+                c.say(f"shares: round {rnd}, {model}, share {s}, nice {n}")
                 rc = c.run([c.tandem, *photos_bench(folder, model, report_path,
                                                     steps=a.shares_steps, warmup=10,
-                                                    workers=a.shares_workers, extra=fixed)],
+                                                    workers=a.shares_workers, extra=extra)],
                            show=r"^images +[a-z]|JPEG engines decode|rror", log_all=True)
-                row = {"model": model, "share": s, "round": rnd}
+                row = {"model": model, "share": s, "worker_nice": n, "round": rnd}
                 if rc == 0 and os.path.isfile(report_path):
                     with open(report_path) as f:
                         report = json.load(f)
@@ -1378,17 +1395,18 @@ def phase_shares(c, a):
                 with open(c.out_path("shares.json"), "w") as f:  # after every run: kept if cut
                     json.dump(doc, f, indent=1)
     for model in a.shares_models:
-        def median(s):
-            rates = [r["images_per_s"] for r in doc["rows"]
-                     if r["model"] == model and r["share"] == s and r.get("images_per_s")]
+        def median(s, n):
+            rates = [r["images_per_s"] for r in doc["rows"] if r["model"] == model and
+                     r["share"] == s and r["worker_nice"] == n and r.get("images_per_s")]
             return statistics.median(rates) if rates else None
-        auto = median("auto") if "auto" in a.shares else None
-        for s in a.shares:
-            m = median(s)
+        auto = median("auto", a.shares_nice[0]) if "auto" in a.shares else None
+        for s, n in cells:
+            m = median(s, n)
             ratio = m / auto if m and auto else None
-            doc["summary"].append({"model": model, "share": s, "median_images_per_s": m,
-                                   "ratio_to_auto": ratio})
-            c.say(f"shares: {model} share {s:>5}: median "
+            doc["summary"].append({"model": model, "share": s, "worker_nice": n,
+                                   "median_images_per_s": m, "ratio_to_auto": ratio})
+            c.say(f"shares: {model} share {s:>5}"
+                  + (f" nice {n:>2}" if len(a.shares_nice) > 1 else "") + ": median "
                   + (f"{m:,.0f} img/s" if m else "no rate")
                   + (f", {ratio:.3f} of auto" if ratio else ""))
     with open(c.out_path("shares.json"), "w") as f:

@@ -19,6 +19,7 @@
 #include "tandem/error.h"
 #include "tandem/sampler.h"
 #include "tandem/thread_name.h"
+#include "tandem/thread_sched.h"
 
 namespace tandem {
 
@@ -116,6 +117,9 @@ void check_loader_options(const LoaderOptions& options, int64_t sample_bytes) {
                    " loader worker threads");
   TANDEM_CHECK_ARG(options.depth >= 1 && options.depth <= kMaxLoaderDepth, "loader depth ",
                    options.depth, " is not valid: expected 1 to ", kMaxLoaderDepth, " host slots");
+  TANDEM_CHECK_ARG(options.worker_nice >= 0 && options.worker_nice <= kMaxNice,
+                   "loader worker nice value ", options.worker_nice,
+                   " is not valid: expected 0 to ", kMaxNice, " (0: the process's priority)");
   TANDEM_CHECK_ARG(options.passes >= 1, "loader pass count ", options.passes,
                    " is not valid: expected >= 1");
   // Before any slot is allocated: a ring larger than memory would otherwise be found by the OS
@@ -170,6 +174,12 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
   for (int w = 0; w < options_.workers; ++w)
     workers_.emplace_back([this, w] {
       name_this_thread("loader " + std::to_string(w));
+      if (options_.worker_nice > 0) {
+        const std::string refused = lower_this_thread_priority(options_.worker_nice);
+        if (!refused.empty() && w == 0)  // one line for the loader: every worker is refused alike
+          std::cerr << "loader: the workers keep the process's priority (nice "
+                    << options_.worker_nice << " was refused: " << refused << ")\n";
+      }
       worker_loop(w);
     });
 }

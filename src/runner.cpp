@@ -91,9 +91,11 @@ std::string describe_units(const Group& g) {
   return out;
 }
 
-// The loader settings a run's options imply (the data source adds its order and drop_last).
-LoaderOptions loader_options(const RunOptions& o) {
+// The loader settings a run's options and its data source imply (the source's order and
+// drop_last are added where the loader is opened).
+LoaderOptions loader_options(const RunOptions& o, const DataSource& source) {
   LoaderOptions lo;
+  lo.worker_nice = source.worker_nice();
   lo.batch_size = o.batch_size;
   lo.workers = o.workers;
   lo.depth = o.loader_depth > 0 ? o.loader_depth : ring_slots_for(o.workers);
@@ -222,7 +224,7 @@ void Runner::Impl::open_run_dataset(const DataSource& data, const RunOptions& o)
 
 // The next loader of the run (the first, or the next epoch's), replacing the one before.
 void Runner::Impl::open_next_loader(const DataSource& source, const RunOptions& o) {
-  LoaderOptions lo = loader_options(o);
+  LoaderOptions lo = loader_options(o, source);
   if (source.kind() == DataSource::Kind::kDataset) {
     // PyTorch's DistributedSampler order: shuffled per epoch from seed + epoch, this rank's
     // shard. A run from a later global step (o.first_step) starts that many batches in.
@@ -398,7 +400,7 @@ void check_run(const Workload& w, const RunOptions& o) {
                      " is not valid: expected 0 (every batch full) or a size below the batch "
                      "size ",
                      o.batch_size);
-    check_loader_options(loader_options(o), w.data.host_sample_bytes());
+    check_loader_options(loader_options(o, w.data), w.data.host_sample_bytes());
   } else {
     TANDEM_CHECK_ARG(o.last_batch_size == 0, "last batch size ", o.last_batch_size,
                      " is not valid for workload ", w.name,

@@ -135,6 +135,8 @@ done <<EOF
 --gamma|nan|(0, 1]
 --workers|0|expected an integer from 1 to
 --workers|100000|expected an integer from 1 to
+--worker-nice|-1|expected an integer from 0 to 19
+--worker-nice|20|expected an integer from 0 to 19
 --image-size|0|expected an integer >= 32
 --image-size|8|expected an integer >= 32
 --subset|0|expected an integer >= 1

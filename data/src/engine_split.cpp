@@ -15,6 +15,7 @@
 #include "tandem/data/decode.h"
 #include "tandem/error.h"
 #include "tandem/thread_name.h"
+#include "tandem/thread_sched.h"
 
 namespace tandem::data {
 
@@ -231,15 +232,17 @@ EngineSplit companion_split(const EngineSplit& split, c10::Device device, int wo
 at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
                         const std::vector<EncodedImage>& encoded, c10::Device device,
                         int64_t batch_size, const at::Tensor& boxes, const at::Tensor& bytes) {
+  const ThreadUsage before = this_thread_usage();
   const auto started = Clock::now();
   const DeviceDecoded d = decode_on_device(*split.decoder, encoded, device, bytes);
   const double decode_seconds = seconds_since(started);
+  const ThreadUsage used = this_thread_usage() - before;
   ResizedCropSpec planar = spec;
   planar.planar = true;
   at::Tensor x =
       resized_crop(d.images.packed, d.images.offsets, d.hwc_sizes,
                    boxes.defined() ? boxes : draw_crop_boxes(planar, d.hwc_sizes), planar);
-  split.share->record_engines(static_cast<int64_t>(encoded.size()), decode_seconds);
+  split.share->record_engines(static_cast<int64_t>(encoded.size()), decode_seconds, used);
   split.share->rebalance(split.workers, batch_size);
   return x;
 }

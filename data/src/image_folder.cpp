@@ -22,6 +22,7 @@
 #include "tandem/data/engine_share.h"
 #include "tandem/error.h"
 #include "tandem/resized_crop.h"
+#include "tandem/thread_sched.h"
 
 namespace tandem::data {
 namespace {
@@ -422,6 +423,7 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
   // The CPU side's rate, for an adaptive share: the worker's whole time on the sample (its
   // read, and for the engines' samples the copy of their bytes, too), over the samples it
   // decoded — what the workers can supply, not what their decodes alone would.
+  const ThreadUsage before = split ? this_thread_usage() : ThreadUsage{};
   const auto started = std::chrono::steady_clock::now();
   const std::vector<uint8_t> bytes = read_file(sample.path);
   at::Tensor jpeg = at::empty({0}, at::kByte);
@@ -465,7 +467,8 @@ void ImageFolderDataset::get_drawn_sample(int64_t index, const SampleDraw& draw,
   if (split)
     split->record_cpu(
         engines ? 0 : 1,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+        this_thread_usage() - before);
   size_t f = 1;
   if (split) out[f++] = jpeg;
   if (region) std::memcpy(out[f++].data_ptr<int32_t>(), box, sizeof(box));

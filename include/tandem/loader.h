@@ -120,8 +120,13 @@ void check_ring_fits(int64_t depth, int64_t batch_size, int64_t sample_bytes);
 
 struct LoaderOptions {
   int64_t batch_size = 8;
-  int workers = 4;         ///< worker threads
-  int depth = 4;           ///< host slots in the ring: batches filled ahead of the consumer
+  int workers = 4;  ///< worker threads
+  int depth = 4;    ///< host slots in the ring: batches filled ahead of the consumer
+  /// The workers' nice value, 0 to kMaxNice (thread_sched.h): above 0 they run at a lower
+  /// priority than the process's other threads, which then get a core first whenever every
+  /// core is busy (a feed stage's thread that waits on the GPU in short spins, the step's
+  /// launches). 0: the process's priority.
+  int worker_nice = 0;
   bool pin_memory = true;  ///< pinned slots (only when CUDA is present), so copies are async
   /// Visit the indices in a seeded random permutation: DistributedSampler's (sampler.h) for
   /// `seed`, epoch 0 — torch.randperm's order, as PyTorch's sampler would give.
@@ -159,7 +164,8 @@ constexpr std::chrono::milliseconds kLoaderCancelPoll{100};
 constexpr std::chrono::milliseconds kLoaderStopGrace{2000};
 
 /// What the Loader's constructor checks before it allocates anything: batch size > 0, workers in
-/// [1, kMaxLoaderWorkers], depth in [1, kMaxLoaderDepth], and that the ring fits
+/// [1, kMaxLoaderWorkers], depth in [1, kMaxLoaderDepth], worker_nice in [0, kMaxNice], and
+/// that the ring fits
 /// (check_ring_fits). Throws InvalidArgument naming the first bad value. Callable before a
 /// dataset exists (a runner checks its options at construction with it).
 void check_loader_options(const LoaderOptions& options, int64_t sample_bytes);

@@ -113,6 +113,15 @@ class DataSource {
   /// Batches already on the device: step i reads batches[i % size]. No loader, no copy.
   static DataSource resident(std::vector<Batch> batches);
 
+  /// The loader's workers run at nice `nice` (LoaderOptions::worker_nice, 0 to kMaxNice): for a
+  /// workload whose feed stages keep a host thread of their own busy (workload images' JPEG
+  /// engines), so that thread has a core when the workers fill every other.
+  DataSource& with_worker_nice(int nice) {
+    worker_nice_ = nice;
+    return *this;
+  }
+  int worker_nice() const { return worker_nice_; }
+
   Kind kind() const { return kind_; }
   /// Host samples read by a loader (kDataset, kSizedToRun), not resident device batches.
   bool on_host() const { return kind_ == Kind::kDataset || kind_ == Kind::kSizedToRun; }
@@ -137,6 +146,7 @@ class DataSource {
   DatasetFactory factory_;
   std::vector<Batch> batches_;
   bool shuffle_ = false, drop_last_ = true;
+  int worker_nice_ = 0;
 };
 
 /// A training step described once. Copyable: the stages' functions share the user's modules.

@@ -4,8 +4,13 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <limits>
 #include <set>
@@ -15,6 +20,7 @@
 
 #include "tandem/error.h"
 #include "tandem/sample_rng.h"
+#include "tandem/thread_sched.h"
 
 namespace tandem {
 namespace {
@@ -359,12 +365,54 @@ TEST(LoaderTest, RejectsBadOptionsNamingTheValue) {
                                        " is not valid: expected 1 to 4096 host slots");
   }
   o.depth = 2;
+  for (const int nice : {-1, 20}) {
+    o.worker_nice = nice;
+    EXPECT_EQ(loader_error(ds, o), "loader worker nice value " + std::to_string(nice) +
+                                       " is not valid: expected 0 to 19 (0: the process's "
+                                       "priority)");
+  }
+  o.worker_nice = kMaxNice;
   o.passes = 0;
   EXPECT_EQ(loader_error(ds, o), "loader pass count 0 is not valid: expected >= 1");
   o.passes = 1;
   o.workers = kMaxLoaderWorkers;  // the bounds themselves are valid
   o.depth = 1;
   EXPECT_EQ(loader_error(ds, o), "");
+}
+
+// Each sample is the nice value of the thread that loaded it.
+class NiceOfLoaderDataset : public Dataset {
+ public:
+  int64_t size() const override { return 12; }
+  std::vector<FieldSpec> fields() const override { return {{"nice", {1}, at::kInt}}; }
+  void get(int64_t, const std::vector<at::Tensor>& out) const override {
+    errno = 0;
+    const int nice = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+    out[0].data_ptr<int32_t>()[0] = errno == 0 ? nice : -100;
+  }
+};
+
+TEST(LoaderTest, WorkersRunAtTheirNiceValueAndTheConsumerKeepsItsOwn) {
+  errno = 0;
+  const int consumer = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  ASSERT_EQ(errno, 0);
+  for (const int nice : {0, 7}) {
+    LoaderOptions o;
+    o.batch_size = 3;
+    o.workers = 2;
+    o.worker_nice = nice;
+    Loader loader(std::make_shared<NiceOfLoaderDataset>(), o);
+    int64_t samples = 0;
+    while (auto batch = loader.next()) {
+      const at::Tensor seen = batch->fields[0];
+      for (int64_t i = 0; i < seen.size(0); ++i, ++samples)
+        EXPECT_EQ(seen[i][0].item<int32_t>(), std::max(consumer, nice))
+            << "sample " << samples << " with worker_nice " << nice;
+      loader.release(*batch);
+    }
+    EXPECT_EQ(samples, 12);
+  }
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))), consumer);
 }
 
 // Fields as large as declared, but never allocated: get() is never called, since the loader must

@@ -295,6 +295,29 @@ TEST(RunnerTest, ADatasetRunsOverSeveralShuffledEpochsAlikeInEveryMode) {
   EXPECT_NE(serial.losses[0], serial.losses[2]);
 }
 
+// The data source's worker nice value reaches the loader: the same losses at 5, and one out of
+// range refused when the runner is made, naming it, before any worker starts.
+TEST(RunnerTest, TheSourcesWorkerNiceValueReachesTheLoader) {
+  testing::use_deterministic_algorithms();
+  auto make = [](int nice) {
+    Toy t = make_toy(kCpu);
+    t.workload.data = DataSource::from_dataset(std::make_shared<ToyDataset>(10), /*shuffle=*/true,
+                                               /*drop_last=*/true)
+                          .with_worker_nice(nice);
+    return t;
+  };
+  const Trained plain = train(make(0), Mode::kPipelined, 5);
+  expect_same(plain, train(make(5), Mode::kPipelined, 5), "worker_nice 5");
+  Toy bad = make(25);
+  try {
+    Runner(bad.workload, RunOptions{});
+    FAIL() << "a nice value of 25 was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(has(e.what(), "loader worker nice value 25 is not valid: expected 0 to 19"))
+        << e.what();
+  }
+}
+
 TEST(RunnerTest, ResidentBatchesNeedNoLoader) {
   testing::use_deterministic_algorithms();
   auto make = [] {

@@ -578,6 +578,39 @@ TEST(EngineShareTest, TheWorkersTimeOnTheEnginesSamplesCountsAgainstTheirRate) {
   EXPECT_EQ(share.rates(4).cpu_samples, 100);
 }
 
+// How much of a core each side's threads had in the window: CPU time over their time on the
+// samples (the workers) or on the decodes (the engines' thread), and the scheduler's switches a
+// second; the report says it after the rates, and says nothing of a side not measured.
+TEST(EngineShareTest, TheReportSaysHowMuchOfACoreEachSidesThreadsHad) {
+  EngineShare share(0.5, /*adaptive=*/true);
+  for (int call = 0; call < EngineShare::kEngineWarmupCalls; ++call)
+    share.record_engines(100, 1, ThreadUsage{1, 1000});  // the set-up: not counted
+  share.record_cpu(100, 1.0, ThreadUsage{0.75, 20});
+  share.record_cpu(0, 1.0, ThreadUsage{0.75, 20});  // an engines' sample's read
+  share.record_engines(60, 0.5, ThreadUsage{0.2, 150});
+  share.record_engines(60, 0.5, ThreadUsage{0.2, 150});
+  const EngineShare::Rates r = share.rates(4);
+  EXPECT_DOUBLE_EQ(r.workers_on_core, 0.75);
+  EXPECT_DOUBLE_EQ(r.worker_preemptions_per_s, 20);
+  EXPECT_DOUBLE_EQ(r.engines_thread_on_core, 0.4);
+  EXPECT_DOUBLE_EQ(r.engines_thread_preemptions_per_s, 300);
+  EXPECT_NE(share.report(4).find("(in the run: CPU crop regions 200 img/s on 4 workers, engines "
+                                 "120 img/s; on a core: the workers 0.75 of their time (20 "
+                                 "switches/s), the engines' thread 0.4 of its decode time (300 "
+                                 "switches/s))"),
+            std::string::npos)
+      << share.report(4);
+
+  EngineShare unmeasured(0.5, /*adaptive=*/true);
+  for (int call = 0; call < EngineShare::kEngineWarmupCalls + 1; ++call)
+    unmeasured.record_engines(60, 0.5);
+  unmeasured.record_cpu(100, 1.0);
+  EXPECT_EQ(unmeasured.rates(4).workers_on_core, 0);
+  EXPECT_EQ(unmeasured.rates(4).engines_thread_on_core, 0);
+  EXPECT_NE(unmeasured.report(4).find("engines 120 img/s)"), std::string::npos)
+      << unmeasured.report(4);
+}
+
 // A resumed run's schedule splits its positions as the first run did; a malformed one is named.
 TEST(EngineShareTest, ARestoredScheduleSplitsAsTheSavedOne) {
   EngineShare share(0.5, /*adaptive=*/true);

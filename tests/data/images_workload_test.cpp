@@ -120,6 +120,8 @@ void expect_every_mode_computes_serials_losses(const std::vector<std::string>& d
         o.params["decode"] = decode == "split" ? "auto" : decode == "region" ? "cpu" : decode;
         o.params["crop"] = regions ? "region" : "whole";
         if (decode == "split") o.params["engine_share"] = "0.5";
+        // The split's workers below the engines' feed in priority: the same losses.
+        if (decode == "split") o.params["worker_nice"] = "5";
         o.device = c10::Device(c10::kCUDA, 0);
         const ImagesWorkload w = make_images(o);
         // 4 batches an epoch; 12 steps: warm-up, capture and replays across three epochs.
@@ -305,6 +307,17 @@ TEST(ImagesWorkloadTest, BadSettingsAreNamed) {
   o = options_for(dir, "r50_frozen_head", 2);
   o.params["backbone"] = "compiled";
   EXPECT_NE(message(o).find("compiled"), std::string::npos) << message(o);
+  for (const std::string nice : {"-1", "20", "low"}) {
+    o = options_for(dir, "r18_full", 2);
+    o.params["worker_nice"] = nice;
+    EXPECT_NE(message(o).find("worker_nice '" + nice + "' is not valid: expected 0..19"),
+              std::string::npos)
+        << message(o);
+  }
+  o = options_for(dir, "r18_full", 2);
+  EXPECT_EQ(make_images(o).workload.data.worker_nice(), 0) << "the process's priority by default";
+  o.params["worker_nice"] = "5";
+  EXPECT_EQ(make_images(o).workload.data.worker_nice(), 5) << "the loader's workers are told";
 }
 
 // Resident batches: the frozen backbone folded (batch norm in the convolutions) trains the head

@@ -363,6 +363,22 @@ TEST(ClassifierTest, BadOptionsAreNamed) {
   c = small_job(f.data);
   c.optimizer = "lbfgs";
   EXPECT_THROW(make_classifier(c), InvalidArgument);
+  for (const int nice : {-1, 20}) {
+    c = small_job(f.data);
+    c.worker_nice = nice;
+    try {
+      make_classifier(c);
+      ADD_FAILURE() << "worker nice " << nice << " was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("worker nice value " + std::to_string(nice) +
+                                           " is not valid: expected 0 to 19"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  c = small_job(f.data);
+  c.worker_nice = 6;
+  EXPECT_EQ(make_classifier(c).workload.data.worker_nice(), 6) << "the training's loader is told";
 }
 
 // An ImageFolder of n 40x48 PNGs in two classes (dark and bright).
@@ -608,7 +624,10 @@ TEST(ClassifierTest, CenterCropRegionsEvaluateAsWholeImages) {
   EXPECT_FALSE(make_classifier(c).report);
   c.eval_cache_bytes = -1;
   c.crop_regions = false;
-  const Evaluation whole = make_classifier(c).evaluate(lane);
+  c.worker_nice = 3;  // the loaders' workers below the evaluation's thread: the same scores
+  TrainJob whole_job = make_classifier(c);
+  EXPECT_EQ(whole_job.workload.data.worker_nice(), 3) << "the training's loader is told";
+  const Evaluation whole = whole_job.evaluate(lane);
   EXPECT_EQ(regions.samples, 12);
   EXPECT_EQ(whole.samples, 12);
   EXPECT_NEAR(regions.metrics.at("accuracy"), whole.metrics.at("accuracy"), 1.0 / 12 + 1e-9);

@@ -28,6 +28,7 @@
 #include "tandem/models/safetensors.h"
 #include "tandem/run/report.h"  // device_name
 #include "tandem/run/resolve_mode.h"
+#include "tandem/thread_sched.h"  // kMaxNice
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/report.h"
 #include "tandem/train/trainer.h"
@@ -138,6 +139,11 @@ CLI::App* TrainCommand::add(CLI::App& app) {
   c->add_option("--workers", workers,
                 "loader threads [default: cores - 1 on a GPU (at most 15), shared by this "
                 "machine's ranks; 2 on the CPU]");
+  c->add_option("--worker-nice", job.worker_nice,
+                "the loader threads' nice value, 0 to 19: above 0 they run below the run's own "
+                "threads (the JPEG engines' feed, the step's launches), which then get a core "
+                "first when the loader fills every core")
+      ->capture_default_str();
   c->add_option("--image-size", job.image_size,
                 "ImageFolder and segmentation: the square the model sees, >= " +
                     std::to_string(kMinImageSize) + " [default: 224; segmentation on the CPU 128]");
@@ -225,6 +231,8 @@ void TrainCommand::validate() const {
       {"--gamma", finite(gamma) && gamma > 0 && gamma <= 1, "a finite number in (0, 1]"},
       {"--workers", workers >= 1 && workers <= kMaxLoaderWorkers,
        detail::concat("an integer from 1 to ", kMaxLoaderWorkers)},
+      {"--worker-nice", job.worker_nice >= 0 && job.worker_nice <= kMaxNice,
+       detail::concat("an integer from 0 to ", kMaxNice, " (0: the process's priority)")},
       {"--image-size", job.image_size >= kMinImageSize,
        detail::concat("an integer >= ", kMinImageSize, " (the ResNets' output stride)")},
       {"--subset", job.subset >= 1, "an integer >= 1"},

@@ -92,7 +92,8 @@ void build_idx_job(const ClassifierOptions& o, const std::string& model_name, Tr
   job.name = "small_cnn on " + o.data;
   job.model = net.ptr();
   w.name = "small_cnn";
-  w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
+  w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true)
+               .with_worker_nice(o.worker_nice);
   // Fashion-MNIST's pixel mean and standard deviation (of x / 255).
   constexpr double kMean = 0.2860, kStd = 0.3530;
   w.feeds.push_back({"normalize",
@@ -336,7 +337,8 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
   job.name = model_name + (o.freeze_backbone ? " (frozen backbone)" : "") + " on " + o.data;
   job.model = net.ptr();
   w.name = model_name;
-  w.data = DataSource::from_dataset(sets.train, /*shuffle=*/true, /*drop_last=*/true);
+  w.data = DataSource::from_dataset(sets.train, /*shuffle=*/true, /*drop_last=*/true)
+               .with_worker_nice(o.worker_nice);
   const int64_t S = o.image_size;
   if (split.decoder)
     w.feeds =
@@ -360,6 +362,7 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
   e.channels_last = nhwc;
   e.batch_size = o.batch_size;
   e.workers = o.workers;
+  e.worker_nice = o.worker_nice;
   e.seed = o.seed;
   job.evaluate = folder_evaluation(std::move(e));
   if (sets.kept) job.report = [kept = sets.kept] { return kept_samples_note(*kept); };
@@ -402,6 +405,7 @@ TrainJob make_classifier(const ClassifierOptions& o) {
                    "' is not valid: expected cpu or auto");
   TANDEM_CHECK_ARG(o.engine_share <= 1, "engine share ", o.engine_share,
                    " is not valid: expected 0 to 1 (or < 0: measured)");
+  check_worker_nice(o.worker_nice);
   torch::manual_seed(o.seed);
   Workload& w = job.workload;
   w.device = o.device;

@@ -164,7 +164,8 @@ struct DropPending {
 
 std::function<Evaluation(const Lane& lane)> folder_evaluation(FolderEvaluationSetup setup) {
   const at::Generator gen = seeded_generator(setup.device, setup.seed);  // draws no randomness
-  auto passes = std::make_shared<EvalPasses>(setup.data, setup.batch_size, setup.workers);
+  auto passes =
+      std::make_shared<EvalPasses>(setup.data, setup.batch_size, setup.workers, setup.worker_nice);
   // The engines' rows of each batch decode on a thread of their own while the next batch's
   // parts load (EngineCropsAhead); made once, for every evaluation of the run.
   std::shared_ptr<EngineCropsAhead> ahead;

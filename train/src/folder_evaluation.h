@@ -36,6 +36,7 @@ struct FolderEvaluationSetup {
   bool channels_last = false;
   int64_t batch_size = 1;
   int workers = 0;
+  int worker_nice = 0;  ///< LoaderOptions::worker_nice of the evaluation's loader
   uint64_t seed = 0;
 };
 

@@ -20,6 +20,7 @@
 #include "tandem/lane.h"
 #include "tandem/loader.h"
 #include "tandem/models/safetensors.h"
+#include "tandem/thread_sched.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/classifier.h"
 
@@ -127,6 +128,13 @@ inline Metrics accuracy_metrics(int64_t correct, double loss_sum, int64_t n) {
           {"val_loss", n > 0 ? loss_sum / static_cast<double>(n) : 0}};
 }
 
+/// Throws InvalidArgument unless `nice` is a loader workers' nice value (0 to kMaxNice): before a
+/// job builds anything, where the loader would say it only at its first batch.
+inline void check_worker_nice(int nice) {
+  TANDEM_CHECK_ARG(nice >= 0 && nice <= kMaxNice, "worker nice value ", nice,
+                   " is not valid: expected 0 to ", kMaxNice, " (0: the process's priority)");
+}
+
 /// The fewest ring slots an evaluation's loader gets: one per worker and two spare — not the
 /// training's deeper ring_slots_for. Its parts are a few samples each, so a slow one holds the
 /// others little, and a deeper ring lets a pass's reads run into the next pass's while the
@@ -187,14 +195,20 @@ constexpr int64_t kEvalPassesPerLoader = 1024;
 /// Not thread-safe: one evaluation at a time.
 class EvalPasses {
  public:
-  EvalPasses(std::shared_ptr<const Dataset> data, int64_t batch_size, int workers)
-      : data_(std::move(data)), batch_size_(batch_size), workers_(workers) {}
+  /// `worker_nice`: LoaderOptions::worker_nice of its loaders.
+  EvalPasses(std::shared_ptr<const Dataset> data, int64_t batch_size, int workers,
+             int worker_nice = 0)
+      : data_(std::move(data)),
+        batch_size_(batch_size),
+        workers_(workers),
+        worker_nice_(worker_nice) {}
 
   void run(const Lane& lane, const std::function<std::vector<at::Tensor>(Batch&)>& prepare,
            const std::function<void(const std::vector<at::Tensor>&)>& consume) {
     if (!loader_ || passes_done_ == kEvalPassesPerLoader) {
       loader_.reset();  // its workers have filled every part of its last pass: joins at once
       LoaderOptions lo = eval_loader_options(eval_part_size(batch_size_, workers_), workers_);
+      lo.worker_nice = worker_nice_;
       lo.depth = eval_ring_slots(data_->size(), batch_size_, workers_);
       lo.passes = kEvalPassesPerLoader;
       loader_ = std::make_unique<Loader>(data_, lo);
@@ -244,6 +258,7 @@ class EvalPasses {
   std::shared_ptr<const Dataset> data_;
   int64_t batch_size_;
   int workers_;
+  int worker_nice_;
   std::unique_ptr<Loader> loader_;
   int64_t passes_done_ = 0;
 };

@@ -86,8 +86,8 @@ struct SegmentationEval {
 // The job's evaluate function: one pass over `val_data` per call, the network in eval mode.
 std::function<Evaluation(const Lane&)> segmentation_evaluation(
     const SegmentationEval& e, std::shared_ptr<const Dataset> val_data, int64_t batch_size,
-    int workers) {
-  auto passes = std::make_shared<EvalPasses>(std::move(val_data), batch_size, workers);
+    int workers, int worker_nice) {
+  auto passes = std::make_shared<EvalPasses>(std::move(val_data), batch_size, workers, worker_nice);
   return [e, passes](const Lane& lane) {
     const int64_t K = e.classes;
     at::NoGradGuard no_grad;
@@ -134,6 +134,7 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
                    " holds image + mask pairs, expected fcn_resnet18, fcn_resnet34 or "
                    "fcn_resnet50");
   TANDEM_CHECK_ARG(!o.freeze_backbone, "--freeze backbone is for the classifiers");
+  check_worker_nice(o.worker_nice);
   const bool adamw = o.optimizer == "adamw";
   const double lr = o.lr >= 0 ? o.lr : (adamw ? 1e-3 : 0.01);
   const double wd = o.weight_decay >= 0 ? o.weight_decay : (adamw ? 1e-2 : 1e-4);
@@ -180,7 +181,8 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
   Workload& w = job.workload;
   w.name = model_name;
   w.device = device;
-  w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true);
+  w.data = DataSource::from_dataset(train_data, /*shuffle=*/true, /*drop_last=*/true)
+               .with_worker_nice(o.worker_nice);
   w.feeds.push_back(
       {"normalize",
        "augment",
@@ -213,7 +215,7 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
     e.mean = mean;
     e.std = std;
     e.channels_last = nhwc;
-    job.evaluate = segmentation_evaluation(e, val_data, o.batch_size, o.workers);
+    job.evaluate = segmentation_evaluation(e, val_data, o.batch_size, o.workers, o.worker_nice);
   }
   return job;
 }

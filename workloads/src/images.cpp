@@ -21,6 +21,7 @@
 #include "tandem/models/resnet.h"
 #include "tandem/optim.h"
 #include "tandem/resized_crop.h"
+#include "tandem/thread_sched.h"
 #include "tandem/workloads/registry.h"
 
 namespace tandem {
@@ -63,6 +64,11 @@ const std::vector<WorkloadParam>& images_params() {
       {"engine_share",
        "decode=auto with crop=region: the JPEG engines' fixed share of each batch, 0 to 1 "
        "(default: measured, then following both sides' rates)",
+       {}},
+      {"worker_nice",
+       "with source=files: the loader's workers' nice value, 0 to 19 (default 0: the "
+       "process's priority); above 0 the run's own threads (the JPEG engines' feed, the "
+       "step's launches) get a core first when the workers fill every core",
        {}},
       {"size", "the side of the square crop the model sees (default 224)", {}},
       {"lr", "SGD's learning rate (momentum 0.9; default 0.1)", {}},
@@ -149,6 +155,7 @@ ImagesOptions parse(const WorkloadOptions& o) {
   io.from_files = param_or_default(o.params, images_params(), "source") == "files";
   io.crop_regions = param_or_default(o.params, images_params(), "crop") == "region";
   io.image_size = int_param(o, "size", 8, 4096, io.image_size);
+  io.worker_nice = static_cast<int>(int_param(o, "worker_nice", 0, kMaxNice, io.worker_nice));
   io.precision = parse_precision(param_or_default(o.params, images_params(), "precision"));
   io.channels_last = param_or_default(o.params, images_params(), "layout") == "channels_last";
   if (o.params.count("lr")) {
@@ -359,7 +366,8 @@ ImagesWorkload make_images(const WorkloadOptions& options) {
   w.device = device;
   const at::Generator generator = seeded_generator(device, options.data_seed());  // per rank
   if (io.from_files) {
-    w.data = DataSource::from_dataset(src.folder, /*shuffle=*/true, /*drop_last=*/true);
+    w.data = DataSource::from_dataset(src.folder, /*shuffle=*/true, /*drop_last=*/true)
+                 .with_worker_nice(io.worker_nice);
     w.feeds = file_feeds(src, io, device, generator, options.batch_size);
   } else {
     w.data = DataSource::resident({resident_batch(options, io, classes)});

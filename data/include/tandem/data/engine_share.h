@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/thread_sched.h"
+
 namespace tandem::data {
 
 /// What a sample at a draw position costs the CPU workers to decode, in any unit that orders
@@ -75,19 +77,29 @@ class EngineShare {
   void set(double share);
 
   /// A worker spent `seconds` of its own time on samples, `samples` of which it decoded (0 for
-  /// one it left to the engines: its read still takes the worker's time).
-  void record_cpu(int64_t samples, double seconds);
-  /// The feed stage decoded `samples` on the engines in `decode_seconds`. The first
-  /// kEngineWarmupCalls calls, which set the engines' buffers up, are not counted.
-  void record_engines(int64_t samples, double decode_seconds);
+  /// one it left to the engines: its read still takes the worker's time); `used`: the worker
+  /// thread's use of a core in those seconds (this_thread_usage's difference), zeros if not
+  /// measured.
+  void record_cpu(int64_t samples, double seconds, const ThreadUsage& used = {});
+  /// The feed stage decoded `samples` on the engines in `decode_seconds`, its thread using a
+  /// core as `used` says in them. The first kEngineWarmupCalls calls, which set the engines'
+  /// buffers up, are not counted.
+  void record_engines(int64_t samples, double decode_seconds, const ThreadUsage& used = {});
   static constexpr int kEngineWarmupCalls = 2;
 
   /// The rates measured in the window so far: the workers' combined rate (the samples they
   /// decoded over their time on every sample, times `workers` at once) and the engines'; 0
   /// where a side has decoded nothing.
+  /// And how much of a core each side's threads had: the CPU time of the workers over their
+  /// time on the samples, and of the engines' feed thread over its decode time (it spins on
+  /// the GPU's events in its waits, so below ~1 it lost its core for part of them), and their
+  /// involuntary switches (the scheduler taking the core away) per second of that time. A
+  /// starved thread shows as a low fraction with many switches; 0 where not measured.
   struct Rates {
     double cpu_images_per_s = 0, engine_images_per_s = 0;
     int64_t cpu_samples = 0, engine_samples = 0;
+    double workers_on_core = 0, engines_thread_on_core = 0;
+    double worker_preemptions_per_s = 0, engines_thread_preemptions_per_s = 0;
   };
   Rates rates(int workers) const;
 
@@ -111,6 +123,7 @@ class EngineShare {
   int64_t cpu_samples_ = 0, engine_samples_ = 0, engine_calls_ = 0;
   int64_t warmup_calls_left_ = kEngineWarmupCalls;
   double cpu_seconds_ = 0, engine_seconds_ = 0;
+  ThreadUsage cpu_used_, engine_used_;  // the threads' use of the cores in those seconds
   // The rates that set the last change (for report()).
   Rates last_rates_;
 };

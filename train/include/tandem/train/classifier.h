@@ -73,6 +73,10 @@ struct ClassifierOptions {
   bool channels_last = false;
   int64_t batch_size = 64;
   int workers = 4;  ///< evaluation loader's workers (ImageFolder)
+  /// The nice value of the training's and the evaluation's loader workers, 0 to kMaxNice
+  /// (LoaderOptions::worker_nice): above 0 the run's own threads (the JPEG engines' feed, the
+  /// step's launches) get a core first when the workers fill every core. 0: the process's.
+  int worker_nice = 0;
   c10::Device device = c10::Device(c10::kCPU);
   uint64_t seed = 0;
 };

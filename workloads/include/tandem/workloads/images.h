@@ -32,6 +32,9 @@ struct ImagesOptions {
   /// sets the start (the engines' rate over the sum of both sides'), then the run's own rates
   /// move it (data::open_engine_split).
   double engine_share = -1;
+  /// The loader's workers' nice value (DataSource::with_worker_nice): above 0 they give a core
+  /// to the run's own host threads (the engines' feed stage, the step's launches) first.
+  int worker_nice = 0;
   int64_t image_size = 224;
   double lr = 0.1, momentum = 0.9;
   /// bf16: the forward passes (backbone, model) under bf16 autocast, fp32 master weights.
