@@ -25,7 +25,9 @@ batch_size, decode: "cpu", crop, images_per_s, eval_images_per_s, resident_image
 cpu_share, of_resident, train_images_per_s, of_bound}]} and, per folder, the decode rows under
 "decode". A split row (decode "auto") also holds the two sides' rates in the run
 (cpu_images_per_s, engine_images_per_s: each side's images over its own busy time) and their sum,
-decode_capacity_images_per_s; of_bound is the rate over min(resident, that capacity). A bench
+decode_capacity_images_per_s; of_bound is the rate over min(resident, that capacity); where the
+run said, how much of a core each side's threads had (workers_on_core, worker_switches_per_s,
+engines_thread_on_core, engines_thread_switches_per_s: compare.threads_on_cores). A bench
 run without a train run beside it (--no-photos-train) is a row of its own, without evaluation;
 with --photos-shrink, the runs from the folder `tandem shrink` wrote
 (photos-files-SIDES-MODEL-CROP-shrunk[-auto].json) are rows with folder "shrunk" (the others
@@ -41,7 +43,8 @@ import json
 import os
 import sys
 
-from compare import engine_share, load_or_skip, split_rates  # benchmarks/compare.py's readers
+from compare import (engine_share, load_or_skip, split_rates,  # benchmarks/compare.py's readers
+                     threads_on_cores)
 
 
 def load(path):
@@ -63,13 +66,15 @@ def cpu_share(doc):
 
 
 def capacity(doc):
-    """A split run's two sides' rates in the run and their sum, the decode capacity (fields for
-    its row), and the run's rate over min(resident, capacity); {} where it made no split."""
-    rates = split_rates(doc["runs"][0] if "runs" in doc else doc) if doc else None
+    """A split run's two sides' rates in the run and their sum, the decode capacity, and how
+    much of a core each side's threads had where the run said (fields for its row); {} where it
+    made no split."""
+    run = (doc["runs"][0] if "runs" in doc else doc) if doc else None
+    rates = split_rates(run) if run else None
     if not rates:
         return {}
-    return rates | {"decode_capacity_images_per_s":
-                    rates["cpu_images_per_s"] + rates["engine_images_per_s"]}
+    return rates | (threads_on_cores(run) or {}) | {
+        "decode_capacity_images_per_s": rates["cpu_images_per_s"] + rates["engine_images_per_s"]}
 
 
 def of_bound(row):

@@ -409,8 +409,11 @@ def test_photos_table_rows_with_and_without_train_runs_and_the_split_capacity(tm
     # ResNet-18: a bench from the files, split and not, no train run.
     write_json(raw / "photos-files-1000-2000-r18_full-region.json",
                {"device": "GPU", "runs": [{"samples_per_s": 3500, "notes": []}]})
+    on_cores = ("; on a core: the workers 0.95 of their time (8 switches/s), the engines' thread "
+                "0.42 of its decode time (410 switches/s))")
     write_json(raw / "photos-files-1000-2000-r18_full-region-auto.json",
-               {"runs": [{"samples_per_s": 7600, "notes": [split_note]}]})
+               {"runs": [{"samples_per_s": 7600,
+                          "notes": [split_note.replace(" img/s)", " img/s" + on_cores)]}]})
     # ResNet-50: a train run with its bench beside it.
     write_json(raw / "photos-resident-r50_full.json", {"samples_per_s": 6800})
     write_json(raw / "photos-train-1000-2000-r50_full-region-auto.json",
@@ -436,6 +439,8 @@ def test_photos_table_rows_with_and_without_train_runs_and_the_split_capacity(tm
     assert r18["cpu_share"] == 0.6 and r18["decode_capacity_images_per_s"] == 8000
     assert (r18["cpu_images_per_s"], r18["engine_images_per_s"]) == (3000, 5000)
     assert r18["of_bound"] == 0.95  # 7600 / min(19000, 8000)
+    assert (r18["engines_thread_on_core"], r18["engines_thread_switches_per_s"]) == (0.42, 410)
+    assert (r18["workers_on_core"], r18["worker_switches_per_s"]) == (0.95, 8)
     assert rows[("r18_full", "cpu")]["of_bound"] == round(3500 / 19000, 3)  # no capacity
     r50 = rows[("r50_full", "auto")]
     assert r50["images_per_s"] == 6100 and r50["eval_images_per_s"] == 9000
