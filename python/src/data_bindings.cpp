@@ -163,10 +163,11 @@ void bind_data(py::module_& m) {
       "epoch",
       [](const PyDataset& data, int64_t batch_size, int workers, int depth, bool shuffle,
          uint64_t seed, int64_t epoch, bool drop_last, bool skip_bad,
-         std::optional<std::string> device, int64_t rank, int64_t world_size) {
+         std::optional<std::string> device, int64_t rank, int64_t world_size, int worker_nice) {
         tandem::LoaderOptions o;
         o.batch_size = batch_size;
         o.workers = workers;
+        o.worker_nice = worker_nice;
         o.depth = depth > 0 ? depth : tandem::ring_slots_for(workers);
         o.drop_last = drop_last;
         o.skip_bad = skip_bad;
@@ -183,5 +184,6 @@ void bind_data(py::module_& m) {
       },
       py::arg("dataset"), py::arg("batch_size"), py::arg("workers"), py::arg("depth"),
       py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("drop_last"),
-      py::arg("skip_bad"), py::arg("device"), py::arg("rank") = 0, py::arg("world_size") = 1);
+      py::arg("skip_bad"), py::arg("device"), py::arg("rank") = 0, py::arg("world_size") = 1,
+      py::arg("worker_nice") = 0);
 }

@@ -157,16 +157,21 @@ class Loader:
     (e.g. ``tandem.distributed.rank()`` / ``world_size()`` in your own DDP loop): this rank's
     shard, as torch.utils.data.DistributedSampler(num_replicas=world_size, rank=rank,
     shuffle=shuffle, seed=seed) gives it — every world_size-th index of the epoch's order, the
-    order padded from its start so every rank gets as many."""
+    order padded from its start so every rank gets as many. ``worker_nice`` (0 to 19) runs the
+    worker threads at that nice value, below your training loop's thread, which then gets a core
+    first when the workers decode on every core (0: the process's priority)."""
 
     def __init__(self, dataset: Dataset, batch_size: int, *, workers: int = 4,
                  shuffle: bool = False, seed: int = 0, drop_last: bool = True,
                  device: Optional[str] = None, skip_bad: bool = False, depth: int = 0,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, worker_nice: int = 0):
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} is not valid: expected >= 1")
         if workers < 1:
             raise ValueError(f"workers {workers} is not valid: expected >= 1")
+        if not 0 <= worker_nice <= 19:
+            raise ValueError(f"worker_nice {worker_nice} is not valid: expected 0 to 19 (0: the "
+                             "process's priority)")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} of world_size {world_size} is not valid: expected "
                              "world_size >= 1 and 0 <= rank < world_size")
@@ -174,6 +179,7 @@ class Loader:
         self.dataset, self.batch_size, self.workers = dataset, batch_size, workers
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.device, self.skip_bad, self.depth = device, skip_bad, depth
+        self.worker_nice = int(worker_nice)
         self.epoch = 0
         self._last = None
 
@@ -188,7 +194,7 @@ class Loader:
     def __iter__(self) -> Iterator[dict]:
         self._last = _C.epoch(self.dataset, self.batch_size, self.workers, self.depth,
                               self.shuffle, self.seed, self.epoch, self.drop_last, self.skip_bad,
-                              self.device, self.rank, self.world_size)
+                              self.device, self.rank, self.world_size, self.worker_nice)
         self.epoch += 1
         return iter(self._last)
 

@@ -1,6 +1,8 @@
 """tandem.data: the C++ loader over IDX files (written here), in PyTorch's shuffled order."""
 import gzip
+import os
 import struct
+import threading
 
 import pytest
 import torch
@@ -78,6 +80,28 @@ def test_batches_are_copies_the_workers_do_not_overwrite(idx_files):
     for k, b in enumerate(kept):
         assert torch.equal(b["indices"], torch.arange(4 * k, 4 * k + 4))
         assert torch.equal(b["image"][:, 0, 0, 0].long(), b["indices"])
+
+
+class _NiceOfTheLoadingThread:
+    """Sample i: the nice value of the thread that loads it (a C++ worker, under the GIL)."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return torch.tensor([os.getpriority(os.PRIO_PROCESS, threading.get_native_id())])
+
+
+def test_the_workers_run_at_their_nice_value_and_the_loop_keeps_its_own():
+    ds = tandem.data.TorchDataset(_NiceOfTheLoadingThread())
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for nice in (0, 7):
+        seen = torch.cat([b["input"] for b in tandem.data.Loader(ds, batch_size=3, workers=2,
+                                                                 worker_nice=nice)])
+        assert seen.tolist() == [[max(mine, nice)]] * 12, (nice, seen.tolist())
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    with pytest.raises(ValueError, match="worker_nice 20 is not valid: expected 0 to 19"):
+        tandem.data.Loader(ds, batch_size=3, worker_nice=20)
 
 
 def test_bad_input_is_named(tmp_path, idx_files):
