@@ -189,10 +189,13 @@ else
 fi
 
 # A --json inside a new --out (scripts/run.sh writes RUN_DIR/summary.json): the run makes the
-# folder, so the summary's folder need not exist beforehand.
+# folder, so the summary's folder need not exist beforehand. The summary names the loader's
+# threads and their nice value.
 if "$tandem" train --data "$idx" --out "$tmp/new-run" --device cpu --epochs 1 --workers 1 \
-     --json "$tmp/new-run/summary.json" >"$tmp/out" 2>"$tmp/err" &&
-   grep -q '"batch_size": 128' "$tmp/new-run/summary.json"; then
+     --worker-nice 4 --json "$tmp/new-run/summary.json" >"$tmp/out" 2>"$tmp/err" &&
+   grep -q '"batch_size": 128' "$tmp/new-run/summary.json" &&
+   grep -q '"workers": 1' "$tmp/new-run/summary.json" &&
+   grep -q '"worker_nice": 4' "$tmp/new-run/summary.json"; then
   pass
 else
   fail "train --json inside a new --out"; cat "$tmp/out" "$tmp/err"

@@ -386,6 +386,8 @@ void TrainCommand::write_json(const std::string& command_line, const train::Trai
   j["precision"] = precision;
   j["batch_size"] = batch_size;
   j["world_size"] = world;
+  j["workers"] = workers;  // the loader's threads, and their nice value (0: the process's)
+  j["worker_nice"] = job.worker_nice;
   j["images_per_s"] = train_rate.value;
   if (eval_ips > 0) j["eval_images_per_s"] = eval_ips;
   j["images_per_s_note"] = train_rate.first_left_out ? "mean over this run's epochs after the first"
