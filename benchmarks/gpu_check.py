@@ -140,6 +140,13 @@ def nice(text):
     return int(text)
 
 
+def key_value(text):
+    """A workload setting KEY=VALUE, kept as written."""
+    if not re.fullmatch(r"[a-z_]+=[^\s=]+", text):
+        raise ValueError("expected KEY=VALUE, e.g. worker_nice=5")
+    return text
+
+
 def megabytes(text):
     """A positive number of megabytes, kept as written (it is passed on as text)."""
     if number(text) <= 0:
@@ -464,6 +471,9 @@ def ab_options(p):
           "there first where it does not exist (--ab-photos-count photos of 1000-2000 px)",
           metavar="DIR")
     value(g, "--ab-photos-count", 1500, "photos made for --ab-photos", positive)
+    words(g, "--ab-photos-params", [], "workload images settings both trees' photos runs take "
+          "(--param KEY=VALUE each, e.g. worker_nice=5; the old tree must know them too)",
+          key_value, metavar="KEY=VALUE")
     value(g, "--ab-steps", 100, "timed steps per run", positive)
     value(g, "--ab-warmup", 10, "warm-up steps per run", count)
     value(g, "--ab-workers", 8, "loader workers per run", positive)
@@ -1721,7 +1731,8 @@ def ab_command(job, mode, bs, a, json_path):
     if job in compare.PHOTO_JOBS:
         model, decode = compare.PHOTO_JOBS[job]
         return photos_bench(a.ab_photos, model, json_path, steps=a.ab_steps, warmup=a.ab_warmup,
-                            workers=a.ab_workers, decode=decode, mode=mode, batch_size=bs)
+                            workers=a.ab_workers, decode=decode, mode=mode, batch_size=bs,
+                            extra=[x for kv in a.ab_photos_params for x in ("--param", kv)])
     return ["bench", "--scenario", job, "--mode", mode, "--batch-size", bs, "--steps", a.ab_steps,
             "--warmup", a.ab_warmup, "--workers", a.ab_workers, "--no-gpu-monitor",
             "--json", json_path]

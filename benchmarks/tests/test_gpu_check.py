@@ -669,6 +669,12 @@ def test_ab_photos_cells_run_workload_images_from_the_photos_and_compare_no_loss
         assert param in command, param
     assert command[command.index("--batch-size") + 1] == "256"
     assert command[command.index("--mode") + 1] == "pipelined+graphed"
+    assert "worker_nice=5" not in command
+    nice = gpu_check.parse(["ab", "--out", str(tmp_path), "--ab-photos-params", "worker_nice=5"])
+    command = [str(x) for x in gpu_check.ab_command(*cell[:1], cell[2], cell[1], nice, "r.json")]
+    assert command[command.index("worker_nice=5") - 1] == "--param"
+    bad = drive("ab", "--out", tmp_path, "--ab-photos-params", "worker_nice")
+    assert bad.returncode == 2 and "'worker_nice': expected KEY=VALUE" in bad.stderr, bad.stderr
     runs = []
     for rnd, side, rate, first in ((1, "old", 16.0, 2.3), (1, "new", 17.0, 2.4)):
         run = ab_run(tmp_path, rnd, side, *cell)
