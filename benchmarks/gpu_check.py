@@ -412,6 +412,9 @@ def shares_options(p):
     value(g, "--shares-workers", 15, "loader workers", positive)
     words(g, "--shares-nice", [0], "the loader workers' nice values (--param worker_nice, 0-19): "
           "each share runs at each; the ratios are to auto at the first", nice, metavar="NICE")
+    words(g, "--shares-cuda-wait", ["auto"], "how the runs' threads wait for the GPU (--cuda-wait): "
+          "each share and nice value runs with each; the ratios are to auto at the first",
+          allowed=("auto", "spin", "yield", "block"), metavar="WAIT")
 
 
 def pybench_options(p):
@@ -1364,36 +1367,40 @@ def share_run_row(report):
 def phase_shares(c, a):
     """the JPEG engines' share of each batch against the training's rate: ResNets from large
     photos with decode auto, the run's controller (auto) beside fixed shares, each at the loader
-    workers' nice values (--shares-nice), rounds alternating the order; shares.json (per run the
-    rate, the share it ended at, the engines' and load stages' host ms a step, how much of a core
-    each side's threads had; per model, share and nice value the median rate and its ratio to
-    auto's at the first nice value) and a table in the log. Where a fixed share beats auto, the
-    controller settles short of it; where a higher nice value beats 0, the workers took cores the
-    run's own threads needed.""" 
+    workers' nice values (--shares-nice) and with each way of waiting for the GPU
+    (--shares-cuda-wait), rounds alternating the order; shares.json (per run the rate, the share it
+    ended at, the engines' and load stages' host ms a step, how much of a core each side's threads
+    had; per model, share, nice value and wait the median rate and its ratio to auto's at the
+    first nice value and wait) and a table in the log. Where a fixed share beats auto, the
+    controller settles short of it; where a higher nice value or blocking waits beat the first,
+    the workers took cores the run's own threads needed.""" 
     folder = c.photo_folder(a.shares_photos, a.shares_count, 1000, 2000)
     command = (f"tandem bench --workload images --data {folder} --param source=files --param "
                "decode=auto [--param engine_share=SHARE] --param model=MODEL --param "
                "precision=bf16 --param layout=channels_last --batch-size 256 --mode "
                f"pipelined+graphed --steps {a.shares_steps} --warmup 10 --workers "
-               f"{a.shares_workers} [--param worker_nice=NICE]")
+               f"{a.shares_workers} [--param worker_nice=NICE] [--cuda-wait WAIT]")
     doc = {"device": None, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": command, "rows": [], "summary": []}
-    cells = [(s, n) for s in a.shares for n in a.shares_nice]
+    cells = [(s, n, w) for s in a.shares for n in a.shares_nice for w in a.shares_cuda_wait]
     for rnd in range(1, a.shares_rounds + 1):
         order = cells if rnd % 2 == 1 else list(reversed(cells))
         for model in a.shares_models:
-            for s, n in order:
-                name = f"shares-{model}-{s}-nice{n}-r{rnd}.json"
+            for s, n, w in order:
+                name = f"shares-{model}-{s}-nice{n}-{w}-r{rnd}.json"
                 report_path = c.raw_path(name)
                 extra = [] if s == "auto" else ["--param", f"engine_share={s}"]
                 if n:
                     extra += ["--param", f"worker_nice={n}"]
-                c.say(f"shares: round {rnd}, {model}, share {s}, nice {n}")
+                if w != "auto":
+                    extra += ["--cuda-wait", w]
+                c.say(f"shares: round {rnd}, {model}, share {s}, nice {n}, waits {w}")
                 rc = c.run([c.tandem, *photos_bench(folder, model, report_path,
                                                     steps=a.shares_steps, warmup=10,
                                                     workers=a.shares_workers, extra=extra)],
                            show=r"^images +[a-z]|JPEG engines decode|rror", log_all=True)
-                row = {"model": model, "share": s, "worker_nice": n, "round": rnd}
+                row = {"model": model, "share": s, "worker_nice": n, "cuda_wait": w,
+                       "round": rnd}
                 if rc == 0 and os.path.isfile(report_path):
                     with open(report_path) as f:
                         report = json.load(f)
@@ -1405,18 +1412,21 @@ def phase_shares(c, a):
                 with open(c.out_path("shares.json"), "w") as f:  # after every run: kept if cut
                     json.dump(doc, f, indent=1)
     for model in a.shares_models:
-        def median(s, n):
+        def median(s, n, w):
             rates = [r["images_per_s"] for r in doc["rows"] if r["model"] == model and
-                     r["share"] == s and r["worker_nice"] == n and r.get("images_per_s")]
+                     r["share"] == s and r["worker_nice"] == n and r["cuda_wait"] == w and
+                     r.get("images_per_s")]
             return statistics.median(rates) if rates else None
-        auto = median("auto", a.shares_nice[0]) if "auto" in a.shares else None
-        for s, n in cells:
-            m = median(s, n)
+        auto = (median("auto", a.shares_nice[0], a.shares_cuda_wait[0]) if "auto" in a.shares
+                else None)
+        for s, n, w in cells:
+            m = median(s, n, w)
             ratio = m / auto if m and auto else None
-            doc["summary"].append({"model": model, "share": s, "worker_nice": n,
+            doc["summary"].append({"model": model, "share": s, "worker_nice": n, "cuda_wait": w,
                                    "median_images_per_s": m, "ratio_to_auto": ratio})
             c.say(f"shares: {model} share {s:>5}"
-                  + (f" nice {n:>2}" if len(a.shares_nice) > 1 else "") + ": median "
+                  + (f" nice {n:>2}" if len(a.shares_nice) > 1 else "")
+                  + (f" waits {w:>5}" if len(a.shares_cuda_wait) > 1 else "") + ": median "
                   + (f"{m:,.0f} img/s" if m else "no rate")
                   + (f", {ratio:.3f} of auto" if ratio else ""))
     with open(c.out_path("shares.json"), "w") as f:

@@ -156,6 +156,7 @@ done <<EOF
 --mode|pipelined_graphed|expected serial
 --model|nope|fcn_resnet50
 --optimizer|sgdw|sgdw
+--cuda-wait|nap|nap
 --device|tpu|device 'tpu' is not valid: expected auto, cpu
 --out|$tmp/a-file|is a file, expected a folder
 --out|$tmp/a-file/run|$tmp/a-file is a file, expected a folder
@@ -190,12 +191,13 @@ fi
 
 # A --json inside a new --out (scripts/run.sh writes RUN_DIR/summary.json): the run makes the
 # folder, so the summary's folder need not exist beforehand. The summary names the loader's
-# threads and their nice value.
+# threads, their nice value and how the run's threads wait for a GPU (nothing to set on the CPU).
 if "$tandem" train --data "$idx" --out "$tmp/new-run" --device cpu --epochs 1 --workers 1 \
-     --worker-nice 4 --json "$tmp/new-run/summary.json" >"$tmp/out" 2>"$tmp/err" &&
+     --worker-nice 4 --cuda-wait block --json "$tmp/new-run/summary.json" >"$tmp/out" 2>"$tmp/err" &&
    grep -q '"batch_size": 128' "$tmp/new-run/summary.json" &&
    grep -q '"workers": 1' "$tmp/new-run/summary.json" &&
-   grep -q '"worker_nice": 4' "$tmp/new-run/summary.json"; then
+   grep -q '"worker_nice": 4' "$tmp/new-run/summary.json" &&
+   grep -q '"cuda_wait": "block"' "$tmp/new-run/summary.json"; then
   pass
 else
   fail "train --json inside a new --out"; cat "$tmp/out" "$tmp/err"

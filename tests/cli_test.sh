@@ -111,6 +111,7 @@ expect_fail 2 "device 'tpu' is not valid" -- bench --device tpu
 expect_fail 2 "--trace path '/nonexistent-dir/t.json' cannot be written" -- bench --trace /nonexistent-dir/t.json
 expect_fail 2 "train priority 'max' is not valid: expected high or normal" -- bench --train-priority max
 expect_fail 2 "input priority 'low' is not valid: expected high or normal" -- bench --input-priority low
+expect_fail 2 "CUDA wait 'nap' is not valid: expected auto, spin, yield or block" -- bench --cuda-wait nap
 expect_fail 2 "device timing interval 0 is not valid: expected a positive number of steps" -- bench --device-timing-every 0
 expect_fail 2 "--batch-size" -- bench --batch-size many
 expect_fail 2 "--frobnicate" -- bench --frobnicate
@@ -123,7 +124,7 @@ expect_fail 2 "--svg path '/nonexistent-dir/s.svg' cannot be written" -- sweep -
 expect_fail 2 "sampling 'texture' is not valid: expected auto, gather or staged" -- augment-bench --device cpu --batch-sizes 1 --sampling auto,texture
 
 if "$tandem" bench --help >"$tmp/help" 2>&1 &&
-   for flag in --workload --scenario --param --mode --batch-size --steps --warmup --workers --seed --device --json --trace --kernels --kernel-trace --cudnn-benchmark --train-priority --input-priority graphed_k pipelined+graphed augment=gpu; do
+   for flag in --workload --scenario --param --mode --batch-size --steps --warmup --workers --seed --device --json --trace --kernels --kernel-trace --cudnn-benchmark --train-priority --input-priority --cuda-wait graphed_k pipelined+graphed augment=gpu; do
      grep -qF -- "$flag" "$tmp/help" || exit 1
    done; then
   passed=$((passed + 1))

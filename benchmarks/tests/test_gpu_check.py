@@ -757,7 +757,8 @@ if args[0] == "bench":
     if job == "images" and params.get("decode") == "auto":  # a split run: its share in its notes
         share = float(params.get("engine_share", "0.5"))
         nice = int(params.get("worker_nice", "0"))
-        doc["samples_per_s"] = rate * bs * (0.5 + share) * (1 + nice / 100)
+        waits = 1.02 if opt("--cuda-wait") == "block" else 1
+        doc["samples_per_s"] = rate * bs * (0.5 + share) * (1 + nice / 100) * waits
         doc["notes"] = [f"engines: the JPEG engines decode {{share}} of each batch, the CPU "
                         "workers the rest (in the run: CPU crop regions 3000 img/s on 15 workers, "
                         f"engines 5000 img/s; on a core: the workers 0.9 of their time (12 "
@@ -936,6 +937,25 @@ def test_shares_runs_each_share_at_each_nice_value_against_auto_at_the_first(tmp
     assert "share  auto nice  5: median" in r.stdout
     bad = drive("shares", "--out", out, "--shares-nice", "20")
     assert bad.returncode == 2 and "'20': expected a nice value from 0 to 19" in bad.stderr
+
+
+def test_shares_runs_each_cell_with_each_way_of_waiting_against_auto_at_the_first(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    out = tmp_path / "out"
+    r = drive("shares", "--out", out, "--build", fake_build(tmp_path, 20), "--shares-photos",
+              photos, "--shares", "auto", "--shares-cuda-wait", "auto,block", "--shares-rounds",
+              1, "--shares-steps", 3)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = read_json(out / "shares.json")
+    assert [x["cuda_wait"] for x in d["rows"]] == ["auto", "block"]
+    assert "[--cuda-wait WAIT]" in d["command"]
+    summary = {x["cuda_wait"]: x for x in d["summary"]}
+    assert abs(summary["block"]["ratio_to_auto"] - 1.02) < 1e-9, "block passed as --cuda-wait"
+    assert summary["auto"]["ratio_to_auto"] == 1
+    assert "share  auto waits block: median" in r.stdout
+    bad = drive("shares", "--out", out, "--shares-cuda-wait", "nap")
+    assert bad.returncode == 2 and "nap" in bad.stderr, bad.stderr
 
 
 def _x(cat, name, tid, ts, dur, corr, pid=1):

@@ -120,6 +120,7 @@ nlohmann::json to_json(const RunReport& r) {
           {"cudnn_benchmark", o.cudnn_benchmark.value_or(false)},
           {"train_priority", o.train_priority},
           {"input_priority", o.input_priority},
+          {"cuda_wait", o.cuda_wait},
           {"hardware_queues", hardware_queues()},
           {"device", o.device},
           {"device_name", r.device_name},

@@ -3,6 +3,7 @@
 
 #include <sstream>
 
+#include "tandem/cuda_wait.h"
 #include "tandem/error.h"
 #include "tandem/hardware_queues.h"
 #include "tandem/loader.h"
@@ -56,6 +57,7 @@ RunRequest resolve(RunRequest o) {
   o.cudnn_benchmark = o.cudnn_benchmark.value_or(device.is_cuda());
   parse_lane_priority(o.train_priority, "train");
   parse_lane_priority(o.input_priority, "input");
+  parse_cuda_wait(o.cuda_wait);
   TANDEM_CHECK_ARG(*o.batch_size > 0, "batch size ", *o.batch_size,
                    " is not valid: expected a positive number of samples");
   TANDEM_CHECK_ARG(*o.steps > 0, "step count ", *o.steps,
@@ -120,6 +122,7 @@ std::string describe_request(const RunRequest& o) {
      << "cudnn      benchmark " << (o.cudnn_benchmark.value_or(false) ? "on" : "off") << "\n"
      << "train lane priority " << o.train_priority << "\n"
      << "input lanes priority " << o.input_priority << "\n"
+     << "CUDA waits " << o.cuda_wait << "\n"
      << "hardware queues " << hardware_queues() << " (CUDA_DEVICE_MAX_CONNECTIONS)\n";
   return os.str();
 }

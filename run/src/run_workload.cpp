@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 
+#include "tandem/cuda_wait.h"
 #include "tandem/error.h"
 #include "tandem/lane.h"
 #include "tandem/run/gpu_monitor.h"
@@ -32,6 +33,9 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
   result.request = request;
 
   at::globalContext().setBenchmarkCuDNN(*request.cudnn_benchmark);
+  // Before anything is built: the engines' and the stages' threads wait as asked from their
+  // first call. "auto" leaves CUDA's setting (and anything the caller set) as it is.
+  if (request.cuda_wait != "auto") set_cuda_wait(device, parse_cuda_wait(request.cuda_wait));
   RunOptions ro = runner_options(request);
   std::unique_ptr<Trace> trace;
   if (!request.trace_path.empty()) {

@@ -74,6 +74,19 @@ TEST(RunRequestTest, ResolveNamesABadValue) {
       InvalidArgument);
 }
 
+TEST(RunRequestTest, ResolveNamesABadCudaWait) {
+  RunRequest r = small_mlp_request();
+  r.cuda_wait = "nap";
+  try {
+    resolve(r);
+    FAIL() << "cuda_wait 'nap' was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "CUDA wait 'nap' is not valid: expected auto, spin, yield or block");
+  }
+  r.cuda_wait = "block";
+  EXPECT_EQ(resolve(r).cuda_wait, "block");
+}
+
 TEST(RunWorkloadTest, HooksAreCalledOncePerInstanceAndBeforeEveryTrainStep) {
   RunRequest r = small_mlp_request();
   r.mode = Mode::kPipelined;

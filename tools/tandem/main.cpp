@@ -168,6 +168,11 @@ struct RunFlags {
                     "lane stays normal): high or normal; high with --train-priority normal puts "
                     "their kernels ahead of the training's")
         ->capture_default_str();
+    app->add_option("--cuda-wait", options.cuda_wait,
+                    "how the run's threads wait for the GPU: auto (CUDA's choice: they spin, "
+                    "holding a core), spin, yield, or block (they sleep until the work is done, "
+                    "leaving the cores to the loader's workers)")
+        ->capture_default_str();
     app->add_flag("--gpu-monitor,!--no-gpu-monitor", options.gpu_monitor,
                   "sample GPU utilization through NVML during the timed steps [default: on]");
     app->add_option("--device-timing-every", options.device_timing_every,

@@ -19,6 +19,7 @@
 
 #include "cli_util.h"
 #include "data_parallel.h"
+#include "tandem/cuda_wait.h"
 #include "tandem/data/shrink.h"
 #include "tandem/error.h"
 #include "tandem/lane.h"
@@ -143,6 +144,12 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "the loader threads' nice value, 0 to 19: above 0 they run below the run's own "
                 "threads (the JPEG engines' feed, the step's launches), which then get a core "
                 "first when the loader fills every core")
+      ->capture_default_str();
+  c->add_option("--cuda-wait", cuda_wait,
+                "how the run's threads wait for the GPU: auto (CUDA's choice: they spin, holding "
+                "a core), spin, yield, or block (they sleep until the work is done, leaving the "
+                "cores to the loader's threads)")
+      ->check(CLI::IsMember({"auto", "spin", "yield", "block"}))
       ->capture_default_str();
   c->add_option("--image-size", job.image_size,
                 "ImageFolder and segmentation: the square the model sees, >= " +
@@ -388,6 +395,7 @@ void TrainCommand::write_json(const std::string& command_line, const train::Trai
   j["world_size"] = world;
   j["workers"] = workers;  // the loader's threads, and their nice value (0: the process's)
   j["worker_nice"] = job.worker_nice;
+  j["cuda_wait"] = cuda_wait;
   j["images_per_s"] = train_rate.value;
   if (eval_ips > 0) j["eval_images_per_s"] = eval_ips;
   j["images_per_s_note"] = train_rate.first_left_out ? "mean over this run's epochs after the first"
@@ -420,6 +428,8 @@ int TrainCommand::run(const std::string& command_line) {
   const run::RunMode parsed = run::parse_run_mode(mode);  // one of train_modes(): --mode's check
   const Mode m = run::resolve_mode_by_device(parsed, dev).mode;
   set_numerics(dev, deterministic, tf32);
+  // Before the data and the model are built: every thread waits as asked from its first call.
+  if (cuda_wait != "auto") set_cuda_wait(dev, parse_cuda_wait(cuda_wait));
 
   train::TrainJob tj = train::make_classifier(job);
   // The Trainer checks this too, but the schedule below needs the epoch's length first.

@@ -23,6 +23,7 @@ struct TrainCommand {
   std::string schedule = "cosine";
   std::string crop = "region";  // ImageFolder training: region or whole
   std::string decode = "auto";  // ImageFolder training: cpu or auto (with the JPEG engines)
+  std::string cuda_wait = "auto";  // how the run's threads wait for the GPU (cuda_wait.h)
   // The flags below that a comment says "not given: ..." are read only when given(): their
   // defaults depend on the model, the data or the device, and a given 0 is refused.
   double warmup_epochs = 0;

@@ -61,6 +61,10 @@ struct RunRequest {
   /// With train_priority "normal", their kernels (the JPEG decoder's among them) are scheduled
   /// ahead of the training's instead of behind a whole queued step.
   std::string input_priority = "normal";
+  /// How the run's host threads wait for the GPU (cuda_wait.h): "auto" (default: CUDA's
+  /// setting left as it is; CUDA spins on a host with more cores than contexts), "spin",
+  /// "yield" or "block" (set for the run's device before anything is built).
+  std::string cuda_wait = "auto";
   /// If not empty: write a Chrome-trace timeline of the timed steps to this file.
   std::string trace_path;
   /// If > 0: after the timed steps, this many more run under LibTorch's profiler and the report
