@@ -104,6 +104,11 @@ struct NvjpegApi {
   decltype(&nvjpegDecodeBatchedSupported) batched_supported = nullptr;
   // Optional (null where the library lacks it): room reserved in a hardware decode state.
   decltype(&nvjpegDecodeBatchedPreAllocate) batched_pre_allocate = nullptr;
+  // Optional: what a parsed header says (sizes, components, subsampling), so an image the
+  // engines' parse has read is not parsed again by nvjpegGetImageInfo.
+  decltype(&nvjpegJpegStreamGetFrameDimensions) stream_frame_dimensions = nullptr;
+  decltype(&nvjpegJpegStreamGetComponentsNum) stream_components = nullptr;
+  decltype(&nvjpegJpegStreamGetChromaSubsampling) stream_subsampling = nullptr;
 };
 
 struct LoadedApi {
@@ -163,6 +168,15 @@ LoadedApi load_api() {
   if (!missing_hw.empty()) loaded.hw_error = soname() + " lacks " + missing_hw;
   std::string optional;  // the engines decode without it, more slowly
   resolve(lib, "nvjpegDecodeBatchedPreAllocate", &a.batched_pre_allocate, &optional);
+  std::string missing_info;  // headers then parsed twice, as before
+  resolve(lib, "nvjpegJpegStreamGetFrameDimensions", &a.stream_frame_dimensions, &missing_info);
+  resolve(lib, "nvjpegJpegStreamGetComponentsNum", &a.stream_components, &missing_info);
+  resolve(lib, "nvjpegJpegStreamGetChromaSubsampling", &a.stream_subsampling, &missing_info);
+  if (!missing_info.empty()) {
+    a.stream_frame_dimensions = nullptr;
+    a.stream_components = nullptr;
+    a.stream_subsampling = nullptr;
+  }
   return loaded;
 }
 
@@ -498,9 +512,36 @@ struct NvjpegDecoder::State {
   bool hardware_supports(const uint8_t* p, size_t n, nvjpegOutputFormat_t format) {
     if (hw_handle == nullptr || (hw_refused_formats & format_bit(format)) != 0) return false;
     if (api->stream_parse_header(hw_handle, p, n, hw_stream) != NVJPEG_STATUS_SUCCESS) return false;
+    return hardware_supports_parsed(format);
+  }
+
+  // The same for the image whose header hw_stream holds (read_header's).
+  bool hardware_supports_parsed(nvjpegOutputFormat_t format) {
+    if ((hw_refused_formats & format_bit(format)) != 0) return false;
     int is_supported = -1;  // 0 means supported (nvjpeg.h)
     return api->batched_supported(hw_handle, hw_stream, &is_supported) == NVJPEG_STATUS_SUCCESS &&
            is_supported == 0;
+  }
+
+  // An image's header read once, by the engines' parse into hw_stream, which then answers both
+  // what nvjpegGetImageInfo would (sizes, components, subsampling) and whether the engines take
+  // it: the engines' thread read every header twice before, 4-6 ms a batch of photos during
+  // which the engines sat idle. False (nothing read) without the engines or the stream's
+  // getters, or where the parse fails: the caller then asks nvjpegGetImageInfo, whose status
+  // names what is wrong.
+  bool read_header(const uint8_t* p, size_t n, int* components,
+                   nvjpegChromaSubsampling_t* subsampling, int64_t* height, int64_t* width) {
+    if (hw_handle == nullptr || api->stream_frame_dimensions == nullptr) return false;
+    if (api->stream_parse_header(hw_handle, p, n, hw_stream) != NVJPEG_STATUS_SUCCESS) return false;
+    unsigned int w = 0, h = 0, nc = 0;
+    if (api->stream_frame_dimensions(hw_stream, &w, &h) != NVJPEG_STATUS_SUCCESS ||
+        api->stream_components(hw_stream, &nc) != NVJPEG_STATUS_SUCCESS ||
+        api->stream_subsampling(hw_stream, subsampling) != NVJPEG_STATUS_SUCCESS)
+      return false;
+    *components = static_cast<int>(nc);
+    *height = h;
+    *width = w;
+    return true;
   }
 
   // Room in the engines' decode state for `rows` images of up to `height` x `width`. Without it
@@ -754,19 +795,26 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
            "not a JPEG file (it starts with bytes " + first_bytes_hex(im.data, im.size) + ")");
     int components = 0;
     nvjpegChromaSubsampling_t subsampling = NVJPEG_CSS_UNKNOWN;
-    int widths[NVJPEG_MAX_COMPONENT] = {0};
-    int heights[NVJPEG_MAX_COMPONENT] = {0};
+    int64_t height = 0, width = 0;
     const detail::JpegMarkers markers = detail::walk_markers(im.data, im.size);
-    const nvjpegStatus_t status =
-        api.get_image_info(s.handle, im.data, im.size, &components, &subsampling, widths, heights);
-    if (status != NVJPEG_STATUS_SUCCESS && markers.components == 4)
-      components = 4;
-    else if (status != NVJPEG_STATUS_SUCCESS)
-      fail(im.name, (status == NVJPEG_STATUS_JPEG_NOT_SUPPORTED ||
-                             status == NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED
-                         ? "JPEG kind not supported by nvJPEG (nvjpegGetImageInfo: "
-                         : "corrupt or truncated JPEG header (nvjpegGetImageInfo: ") +
-                        status_name(status) + ")");
+    const bool parsed_once =
+        s.read_header(im.data, im.size, &components, &subsampling, &height, &width);
+    if (!parsed_once) {
+      int widths[NVJPEG_MAX_COMPONENT] = {0};
+      int heights[NVJPEG_MAX_COMPONENT] = {0};
+      const nvjpegStatus_t status = api.get_image_info(s.handle, im.data, im.size, &components,
+                                                       &subsampling, widths, heights);
+      if (status != NVJPEG_STATUS_SUCCESS && markers.components == 4)
+        components = 4;
+      else if (status != NVJPEG_STATUS_SUCCESS)
+        fail(im.name, (status == NVJPEG_STATUS_JPEG_NOT_SUPPORTED ||
+                               status == NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED
+                           ? "JPEG kind not supported by nvJPEG (nvjpegGetImageInfo: "
+                           : "corrupt or truncated JPEG header (nvjpegGetImageInfo: ") +
+                          status_name(status) + ")");
+      height = heights[0];  // component 0: full-resolution luma
+      width = widths[0];
+    }
     if (components == 4)
       fail(im.name,
            "CMYK / YCCK JPEG (4 components): not supported by the GPU decoder "
@@ -778,12 +826,14 @@ PackedImages NvjpegDecoder::decode(const std::vector<EncodedImage>& images, int6
       fail(im.name, "JPEG with a chroma subsampling nvJPEG does not support");
     if (!detail::has_end_after_scan(im.data, im.size, markers.first_scan))
       fail(im.name, "corrupt or truncated JPEG (no end-of-image marker after the image data)");
-    const int64_t height = heights[0], width = widths[0];  // component 0: full-resolution luma
     detail::check_pixel_count(height, width, im.name);
     out.sizes_host[b] = {channels, height, width};
     out.offsets_host[b] = total;
     total += channels * height * width;
-    s.on_hardware[b] = s.hardware_supports(im.data, im.size, format) ? 1 : 0;
+    s.on_hardware[b] = (parsed_once ? s.hardware_supports_parsed(format)
+                                    : s.hardware_supports(im.data, im.size, format))
+                           ? 1
+                           : 0;
   }
 
   // 2. Output. The engines write it without waiting for the work queued before them on
