@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "tandem/error.h"
+#include "tandem/mode.h"  // join_choices
 
 namespace tandem {
 namespace {
@@ -29,11 +30,17 @@ const char* cuda_wait_name(CudaWait wait) {
   return "auto";
 }
 
+std::vector<std::string> cuda_wait_names() {
+  std::vector<std::string> names;
+  for (const Policy& p : kPolicies) names.emplace_back(p.name);
+  return names;
+}
+
 CudaWait parse_cuda_wait(const std::string& name) {
   for (const Policy& p : kPolicies)
     if (name == p.name) return p.wait;
-  throw InvalidArgument(
-      detail::concat("CUDA wait '", name, "' is not valid: expected auto, spin, yield or block"));
+  throw InvalidArgument(detail::concat("CUDA wait '", name, "' is not valid: expected ",
+                                       join_choices(cuda_wait_names())));
 }
 
 void set_cuda_wait(c10::Device device, CudaWait wait) {

@@ -109,6 +109,11 @@ void check_ring_fits(int64_t depth, int64_t batch_size, int64_t sample_bytes) {
                    "ring holds 2 x workers + 2 batches)");
 }
 
+void check_worker_nice(int nice) {
+  TANDEM_CHECK_ARG(nice >= 0 && nice <= kMaxNice, "loader worker nice value ", nice,
+                   " is not valid: expected 0 to ", kMaxNice, " (0: the process's priority)");
+}
+
 void check_loader_options(const LoaderOptions& options, int64_t sample_bytes) {
   TANDEM_CHECK_ARG(options.batch_size > 0, "batch size ", options.batch_size,
                    " is not valid: expected a positive number of samples");
@@ -117,9 +122,7 @@ void check_loader_options(const LoaderOptions& options, int64_t sample_bytes) {
                    " loader worker threads");
   TANDEM_CHECK_ARG(options.depth >= 1 && options.depth <= kMaxLoaderDepth, "loader depth ",
                    options.depth, " is not valid: expected 1 to ", kMaxLoaderDepth, " host slots");
-  TANDEM_CHECK_ARG(options.worker_nice >= 0 && options.worker_nice <= kMaxNice,
-                   "loader worker nice value ", options.worker_nice,
-                   " is not valid: expected 0 to ", kMaxNice, " (0: the process's priority)");
+  check_worker_nice(options.worker_nice);
   TANDEM_CHECK_ARG(options.passes >= 1, "loader pass count ", options.passes,
                    " is not valid: expected >= 1");
   // Before any slot is allocated: a ring larger than memory would otherwise be found by the OS

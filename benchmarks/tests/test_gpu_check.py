@@ -893,14 +893,20 @@ def test_enginetrace_profiles_each_model_from_the_photos_and_keeps_the_traces(tm
     assert "longest host waits" in r.stdout, "trace_waits.py read each trace"
 
 
-def test_shares_runs_each_share_in_alternating_rounds_and_compares_it_with_auto(tmp_path):
+def drive_shares(tmp_path, *args):
+    """The shares phase against a fake build at 20 steps/s, on a photos folder that exists (not
+    generated), 3 steps a run: its result, its shares.json and the OUT folder."""
     photos = tmp_path / "photos"
-    photos.mkdir()  # present: not generated
+    photos.mkdir()
     out = tmp_path / "out"
     r = drive("shares", "--out", out, "--build", fake_build(tmp_path, 20), "--shares-photos",
-              photos, "--shares", "auto,0.6", "--shares-rounds", 2, "--shares-steps", 3)
+              photos, "--shares-steps", 3, *args)
     assert r.returncode == 0, r.stdout + r.stderr
-    d = read_json(out / "shares.json")
+    return r, read_json(out / "shares.json"), out
+
+
+def test_shares_runs_each_share_in_alternating_rounds_and_compares_it_with_auto(tmp_path):
+    r, d, out = drive_shares(tmp_path, "--shares", "auto,0.6", "--shares-rounds", 2)
     assert d["device"] == "Fake GPU" and "--param model=MODEL" in d["command"]
     # Round 1 in the order given, round 2 reversed.
     assert [(x["share"], x["round"]) for x in d["rows"]] == \
@@ -920,14 +926,8 @@ def test_shares_runs_each_share_in_alternating_rounds_and_compares_it_with_auto(
 
 
 def test_shares_runs_each_share_at_each_nice_value_against_auto_at_the_first(tmp_path):
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    out = tmp_path / "out"
-    r = drive("shares", "--out", out, "--build", fake_build(tmp_path, 20), "--shares-photos",
-              photos, "--shares", "auto", "--shares-nice", "0,5", "--shares-rounds", 2,
-              "--shares-steps", 3)
-    assert r.returncode == 0, r.stdout + r.stderr
-    d = read_json(out / "shares.json")
+    r, d, out = drive_shares(tmp_path, "--shares", "auto", "--shares-nice", "0,5",
+                             "--shares-rounds", 2)
     assert [(x["worker_nice"], x["round"]) for x in d["rows"]] == [(0, 1), (5, 1), (5, 2), (0, 2)]
     assert "[--param worker_nice=NICE]" in d["command"]
     summary = {x["worker_nice"]: x for x in d["summary"]}
@@ -940,14 +940,8 @@ def test_shares_runs_each_share_at_each_nice_value_against_auto_at_the_first(tmp
 
 
 def test_shares_runs_each_cell_with_each_way_of_waiting_against_auto_at_the_first(tmp_path):
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    out = tmp_path / "out"
-    r = drive("shares", "--out", out, "--build", fake_build(tmp_path, 20), "--shares-photos",
-              photos, "--shares", "auto", "--shares-cuda-wait", "auto,block", "--shares-rounds",
-              1, "--shares-steps", 3)
-    assert r.returncode == 0, r.stdout + r.stderr
-    d = read_json(out / "shares.json")
+    r, d, out = drive_shares(tmp_path, "--shares", "auto", "--shares-cuda-wait", "auto,block",
+                             "--shares-rounds", 1)
     assert [x["cuda_wait"] for x in d["rows"]] == ["auto", "block"]
     assert "[--cuda-wait WAIT]" in d["command"]
     summary = {x["cuda_wait"]: x for x in d["summary"]}

@@ -11,6 +11,7 @@
 #include <c10/core/Device.h>
 
 #include <string>
+#include <vector>
 
 namespace tandem {
 
@@ -23,6 +24,9 @@ enum class CudaWait {
 
 /// "auto", "spin", "yield" or "block".
 const char* cuda_wait_name(CudaWait wait);
+
+/// Every policy's name, in that order (a CLI's choices).
+std::vector<std::string> cuda_wait_names();
 
 /// Parses one of those names; throws InvalidArgument naming the bad value and the valid ones.
 CudaWait parse_cuda_wait(const std::string& name);

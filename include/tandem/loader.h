@@ -163,6 +163,11 @@ constexpr std::chrono::milliseconds kLoaderCancelPoll{100};
 /// nothing of the loader when it comes back, and its dataset stays alive until it does.
 constexpr std::chrono::milliseconds kLoaderStopGrace{2000};
 
+/// Throws InvalidArgument unless `nice` is a loader workers' nice value, 0 to kMaxNice
+/// (LoaderOptions::worker_nice): what check_loader_options checks, for a caller that holds the
+/// value long before it builds a loader (a training job's options).
+void check_worker_nice(int nice);
+
 /// What the Loader's constructor checks before it allocates anything: batch size > 0, workers in
 /// [1, kMaxLoaderWorkers], depth in [1, kMaxLoaderDepth], worker_nice in [0, kMaxNice], and
 /// that the ring fits

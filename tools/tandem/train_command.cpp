@@ -149,7 +149,7 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "how the run's threads wait for the GPU: auto (CUDA's choice: they spin, holding "
                 "a core), spin, yield, or block (they sleep until the work is done, leaving the "
                 "cores to the loader's threads)")
-      ->check(CLI::IsMember({"auto", "spin", "yield", "block"}))
+      ->check(CLI::IsMember(cuda_wait_names()))
       ->capture_default_str();
   c->add_option("--image-size", job.image_size,
                 "ImageFolder and segmentation: the square the model sees, >= " +

@@ -20,7 +20,6 @@
 #include "tandem/lane.h"
 #include "tandem/loader.h"
 #include "tandem/models/safetensors.h"
-#include "tandem/thread_sched.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/classifier.h"
 
@@ -126,13 +125,6 @@ inline nlohmann::json common_config(const ClassifierOptions& o, const std::strin
 inline Metrics accuracy_metrics(int64_t correct, double loss_sum, int64_t n) {
   return {{"accuracy", n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0},
           {"val_loss", n > 0 ? loss_sum / static_cast<double>(n) : 0}};
-}
-
-/// Throws InvalidArgument unless `nice` is a loader workers' nice value (0 to kMaxNice): before a
-/// job builds anything, where the loader would say it only at its first batch.
-inline void check_worker_nice(int nice) {
-  TANDEM_CHECK_ARG(nice >= 0 && nice <= kMaxNice, "worker nice value ", nice,
-                   " is not valid: expected 0 to ", kMaxNice, " (0: the process's priority)");
 }
 
 /// The fewest ring slots an evaluation's loader gets: one per worker and two spare — not the
