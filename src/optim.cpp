@@ -49,6 +49,8 @@ void Sgd::set_lr(double lr) {
   lr_.fill_(lr);
 }
 
+double Sgd::learning_rate() const { return lr_.item<double>(); }
+
 namespace {
 
 // The parameters one step updates with one call, their gradients and (with momentum) their
@@ -167,6 +169,8 @@ void Adam::set_lr(double lr) {
   lr_.fill_(lr);
 }
 
+double Adam::learning_rate() const { return lr_.item<double>(); }
+
 void Adam::step() {
   at::NoGradGuard no_grad;
   step_.add_(1);
@@ -272,6 +276,8 @@ void Optimizer::set_lr(double) {
                    " takes no learning-rate schedule: expected tandem::optim::Sgd, "
                    "Adam or AdamW");
 }
+
+double Optimizer::learning_rate() const { return std::nan(""); }
 
 std::vector<std::pair<std::string, at::Tensor>> Optimizer::state() const {
   TANDEM_CHECK_ARG(false, name(),

@@ -63,7 +63,18 @@ if "$tandem" --help | grep -q "^  train"; then  # built with the train layer
   mkdir -p "$tmp/seg/images" "$tmp/seg/masks"
   expect_fail 2 "give the class count, --classes N" -- train --data "$tmp/seg" --out "$tmp/run0" --device cpu
   expect_fail 2 "model 'small_cnn' classifies" -- train --data "$tmp/seg" --classes 2 --model small_cnn --out "$tmp/run0" --device cpu
-  expect_fail 2 "the training set's 256 samples make no batch of 1000" -- train --data "$idx" --out "$tmp/run0" --batch-size 1000 --device cpu
+  expect_fail 2 "the training set (256 samples) makes no batch of 1000" -- train --data "$idx" --out "$tmp/run0" --batch-size 1000 --device cpu
+  expect_fail 2 "the training set (1 sample) makes no batch of 2" -- train --data "$idx" --subset 1 --out "$tmp/run0" --batch-size 2 --device cpu
+  expect_fail 2 "--engine-share nan is not valid: expected a finite number from 0 to 1" -- train --data "$idx" --engine-share nan --out "$tmp/run0" --device cpu
+  expect_fail 2 "(see tandem train --help)" -- train --data "$idx" --mode fast --out "$tmp/run0" --device cpu
+  expect_fail 2 "(see tandem --help)" -- trian --data "$idx"
+  # train's help names every exit code the command can end with, the signals' included.
+  if "$tandem" train --help | grep -q "130 stopped by SIGINT" &&
+     "$tandem" train --help | grep -q "143 by SIGTERM"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1)); echo "FAIL: train --help does not name exit codes 130 and 143"
+  fi
   # Ctrl-C: the step finishes, a checkpoint is written, exit 130 with how to resume; --resume
   # then finishes the run.
   "$tandem" train --data "$idx" --out "$tmp/run1" --device cpu --epochs 40 --batch-size 16 \

@@ -522,7 +522,7 @@ std::vector<uint8_t> baseline_jpeg(const std::vector<uint8_t>& bytes, const std:
 #endif
 }
 
-std::vector<uint8_t> read_file(const std::string& path) {
+std::vector<uint8_t> read_file(const std::string& path, size_t max_bytes) {
   // Regular files only, and nothing here may block: stat() first, so a FIFO or a device is
   // never opened (open() of a FIFO waits for a writer, forever); O_NONBLOCK and fstat() after
   // open() cover a file swapped for one in between. O_NONBLOCK does not change a regular file's
@@ -544,10 +544,11 @@ std::vector<uint8_t> read_file(const std::string& path) {
   if (::fstat(fd, &st) != 0) fail(path, "cannot stat: " + errno_message(errno));
   check_kind();
   std::vector<uint8_t> bytes;
-  bytes.reserve(st.st_size > 0 ? static_cast<size_t>(st.st_size) : 0);
+  const size_t size = st.st_size > 0 ? static_cast<size_t>(st.st_size) : 0;
+  bytes.reserve(std::min(size, max_bytes));
   uint8_t chunk[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+  while (bytes.size() < max_bytes) {
+    const ssize_t n = ::read(fd, chunk, std::min(sizeof chunk, max_bytes - bytes.size()));
     if (n < 0) {
       if (errno == EINTR) continue;
       fail(path, "cannot read: " + errno_message(errno));

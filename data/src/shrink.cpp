@@ -2,12 +2,11 @@
 #include "tandem/data/shrink.h"
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 #include "codec_util.h"
@@ -100,6 +99,24 @@ ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& p
   return out;
 }
 
+std::string damaged_output(const std::string& path) {
+  // The PNG's closing chunk: length 0, "IEND", its CRC.
+  static constexpr uint8_t kIend[] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xAE, 0x42, 0x60, 0x82};
+  try {
+    const std::vector<uint8_t> bytes = read_file(path);
+    const ImageInfo info = read_image_info(bytes, path);
+    if (info.format == ImageFormat::kJpeg && !detail::jpeg_is_complete(bytes.data(), bytes.size()))
+      return "a JPEG cut short (no end-of-image marker after its data)";
+    // Anywhere: a PNG copied as it was may carry bytes after its IEND, and stays whole.
+    if (info.format == ImageFormat::kPng &&
+        std::search(bytes.begin(), bytes.end(), std::begin(kIend), std::end(kIend)) == bytes.end())
+      return "a PNG cut short (no IEND chunk)";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 PhotoSizes survey_photo_sizes(const Dataset& dataset, const KeptSize& kept, int64_t count) {
   constexpr size_t kHeaderBytes = 256 * 1024;  // EXIF (with its thumbnail) fits in 64 KiB
   std::vector<double> areas;
@@ -108,14 +125,11 @@ PhotoSizes survey_photo_sizes(const Dataset& dataset, const KeptSize& kept, int6
   for (int64_t k = 0; k < take; ++k) {
     const std::string path = dataset.sample_source(k * n / take);
     if (path.empty()) continue;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    std::vector<uint8_t> head(kHeaderBytes);
-    const ssize_t got = ::read(fd, head.data(), head.size());
-    ::close(fd);
-    if (got <= 0) continue;
-    head.resize(static_cast<size_t>(got));
     try {
+      // read_file: a FIFO or a device among the photos is named, never opened (an open would
+      // wait for a writer), and is the run's to report.
+      const std::vector<uint8_t> head = read_file(path, kHeaderBytes);
+      if (head.empty()) continue;
       const ImageInfo info = read_image_info(head, path);
       areas.push_back(static_cast<double>(info.height) * static_cast<double>(info.width));
       if (info.progressive) ++progressive;

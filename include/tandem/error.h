@@ -68,4 +68,8 @@ std::string concat(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
+/// "1 sample", "3 samples": a count and its noun for messages (`noun` singular; "s" added).
+inline std::string count_of(long long n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
 }  // namespace tandem::detail

@@ -38,6 +38,10 @@ class Optimizer {
   /// Enqueues a change of the learning rate on the current stream (see the schedules below).
   /// The default throws InvalidArgument: the optimizer takes no schedule.
   virtual void set_lr(double lr);
+  /// The learning rate the next step() applies (the first param group's), read on the host for
+  /// records: between steps, never inside a capture (tandem's read their device tensor, which
+  /// waits for the current stream). The default: NaN, the optimizer cannot say.
+  virtual double learning_rate() const;
   /// What step() reads besides the parameters and their gradients, as named live tensors, for
   /// checkpoints (the learning rate, step counts, moments). The default throws InvalidArgument:
   /// the optimizer cannot be checkpointed.
@@ -86,6 +90,7 @@ class Sgd : public Optimizer {
   /// value. Call it outside the captured body (inside, the fill would be recorded and every
   /// replay would write the same value again).
   void set_lr(double lr) override;
+  double learning_rate() const override;
   const at::Tensor& lr() const { return lr_; }  ///< 0-dim float32 on the params' device
   /// "lr", then "momentum_buffer.<i>" for each parameter i that has one (after its first step).
   std::vector<std::pair<std::string, at::Tensor>> state() const override;
@@ -141,6 +146,7 @@ class Adam : public Optimizer {
   /// Enqueues an update of the learning-rate tensor on the current stream (lr >= 0): replays of
   /// a graph captured earlier use the new value (a schedule that works under replay).
   void set_lr(double lr) override;
+  double learning_rate() const override;
   const at::Tensor& lr() const { return lr_; }  ///< 0-dim float32 on the device
   /// "lr", "step", then "exp_avg.<i>" and "exp_avg_sq.<i>" for each parameter i.
   std::vector<std::pair<std::string, at::Tensor>> state() const override;

@@ -6,6 +6,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,6 +29,17 @@ class LibTorchOptimizer : public Optimizer {
     for (const auto& group : optimizer_->param_groups())
       out.insert(out.end(), group.params().begin(), group.params().end());
     return out;
+  }
+  /// The first param group's lr, as LibTorch's optimizers that have one keep it (SGD, Adam,
+  /// AdamW, RMSprop, Adagrad: OptimizerOptions::get_lr); NaN for one that keeps none.
+  double learning_rate() const override {
+    const auto& groups = optimizer_->param_groups();
+    if (groups.empty()) return std::nan("");
+    try {
+      return groups.front().options().get_lr();
+    } catch (const std::exception&) {  // OptimizerOptions' default: "not implemented"
+      return std::nan("");
+    }
   }
   torch::optim::Optimizer& get() { return *optimizer_; }
 

@@ -40,6 +40,10 @@ class PythonOptimizer : public optim::Optimizer {
   void set_lr(double lr) override {
     calls_->call(name_ + " learning rate", [&] { trainer_py("_set_lr")(*optimizer_, lr); });
   }
+  double learning_rate() const override {
+    return calls_->call(name_ + " learning rate",
+                        [&] { return trainer_py("_lr_of")(*optimizer_).cast<double>(); });
+  }
   std::vector<std::pair<std::string, at::Tensor>> state() const override {
     return calls_->call(name_ + ".state_dict", [&] {
       return trainer_py("_optimizer_state")(*optimizer_)

@@ -225,6 +225,11 @@ py::dict train_run(const py::dict& config) {
           try {
             train::Trainer trainer(job, to);
             steps_per_epoch = trainer.steps_per_epoch();
+            if (show && trainer.resumed()) {
+              std::fprintf(stderr, "%s\n",
+                           train::resume_line(trainer.start_step(), steps_per_epoch).c_str());
+              std::fflush(stderr);
+            }
             if (monitor && c.request.gpu_monitor) monitor->start();
             result = trainer.run();
             if (monitor) monitor->stop();

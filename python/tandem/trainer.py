@@ -42,6 +42,7 @@ import copy
 import dataclasses
 import json
 import math
+import numbers
 import os
 import threading
 import types
@@ -130,6 +131,12 @@ def _set_lr(optimizer, lr: float):
             g["lr"] = lr
 
 
+def _lr_of(optimizer) -> float:
+    """The first param group's learning rate as a float (a tensor lr read), for the records."""
+    lr = optimizer.param_groups[0]["lr"] if optimizer.param_groups else float("nan")
+    return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+
+
 def _flatten(value, path, tensors):
     """`value` as JSON, each tensor in it replaced by {"tensor": its path} and put in
     `tensors`."""
@@ -207,6 +214,17 @@ def _load_model_state(model, named):
     model.load_state_dict(dict(named))  # strict: names every missing and unexpected key
 
 
+def _whole(name: str, value, minimum: int) -> int:
+    """`value` as an int when it is a whole number >= minimum (an int, or numpy's), else a
+    TypeError / ValueError naming the argument: "8", 8.5 and True are not batch sizes."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} {value!r} is a {type(value).__name__}: expected a whole "
+                        f"number >= {minimum}")
+    if value < minimum:
+        raise ValueError(f"{name} {value} is not valid: expected >= {minimum}")
+    return int(value)
+
+
 def _check_arguments(model, loss_fn, optimizer, mode, augment, lr_schedule, compile, out,
                      evaluate, checkpoint_every, keep_checkpoints):
     """TypeError / ValueError naming the first of the Trainer's arguments that cannot work."""
@@ -239,10 +257,8 @@ def _check_arguments(model, loss_fn, optimizer, mode, augment, lr_schedule, comp
     if out is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model is a {type(model).__name__}: a run folder saves the model's "
                         "state_dict, expected a torch.nn.Module")
-    if checkpoint_every < 0 or keep_checkpoints < 1:
-        raise ValueError(f"checkpoint_every {checkpoint_every} / keep_checkpoints "
-                         f"{keep_checkpoints} are not valid: expected >= 0 steps (0: at "
-                         "each epoch's end) and >= 1")
+    _whole("checkpoint_every", checkpoint_every, 0)
+    _whole("keep_checkpoints", keep_checkpoints, 1)
 
 
 def _named_feeds(feed) -> List[Tuple[str, Callable]]:
@@ -447,7 +463,7 @@ class Trainer:
         self.device = torch.device(device) if device is not None else _device_of(optimizer)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.augment, self.mode, self.seed = augment, mode, int(seed)
+        self.augment, self.mode, self.seed = augment, mode, _whole("seed", seed, 0)
         self.name = getattr(model, "__name__", None) or type(model).__name__  # in reports
         self.shuffle, self.drop_last, self.skip_bad = shuffle, drop_last, skip_bad
         self.cudnn_benchmark = (self.device.type == "cuda" if cudnn_benchmark is None
@@ -457,11 +473,9 @@ class Trainer:
         if self.world_size > 1:
             distributed._check_device(self.device)
         cores = os.cpu_count() or 2  # shared by the ranks on this machine
-        self.workers = workers if workers is not None else max(
+        self.workers = _whole("workers", workers, 1) if workers is not None else max(
             1, min(8 if self.device.type == "cuda" else 2,
                    (cores - 1) // distributed.local_world_size()))
-        if self.workers < 1:
-            raise ValueError(f"workers {self.workers} is not valid: expected >= 1")
 
         self._feeds = _named_feeds(feed)
 
@@ -495,10 +509,12 @@ class Trainer:
 
     # ---- data ----
     def _read_data(self, data, batch_size):
+        if batch_size is not None:
+            batch_size = _whole("batch_size", batch_size, 1)
         if isinstance(data, _C.Dataset):  # tandem.data's classes derive from it
-            if batch_size is None or batch_size < 1:
-                raise ValueError(f"batch_size {batch_size} is not valid for a dataset: "
-                                 "expected the samples per step, >= 1")
+            if batch_size is None:
+                raise ValueError("batch_size None is not valid for a dataset: expected the "
+                                 "samples per step, >= 1")
             # A rank's shard (DistributedSampler's): every world_size-th sample.
             shard = math.ceil(len(data) / self.world_size)
             if shard < batch_size and self.drop_last:
@@ -518,8 +534,11 @@ class Trainer:
         if isinstance(data, torch.utils.data.Dataset):  # your own: read through the GIL
             return self._read_data(TorchDataset(data), batch_size)
         if not isinstance(data, (list, tuple)) or not data:
-            raise TypeError(f"data is a {type(data).__name__}: expected a tandem.data dataset "
-                            "or a non-empty list of batches on the device")
+            what = "an empty list" if isinstance(data, (list, tuple)) else \
+                f"a {type(data).__name__}"
+            raise TypeError(f"data is {what}: expected a tandem.data dataset, a map-style "
+                            "torch Dataset (len and indexing), or a non-empty list of batches "
+                            "on the device")
         batches = []
         for i, b in enumerate(data):
             if isinstance(b, dict):
@@ -666,12 +685,8 @@ class Trainer:
         if (steps is None) == (epochs is None):
             raise ValueError("give steps or epochs (one of them)")
         if epochs is not None:
-            if epochs < 1:
-                raise ValueError(f"epochs {epochs} is not valid: expected >= 1")
-            return int(epochs) * self.steps_per_epoch
-        if steps < 1:
-            raise ValueError(f"steps {steps} is not valid: expected >= 1")
-        return int(steps)
+            return _whole("epochs", epochs, 1) * self.steps_per_epoch
+        return _whole("steps", steps, 1)
 
     def _result(self, report: dict, mode: str) -> FitResult:
         return FitResult(losses=list(report.pop("losses")), mode=mode, steps=report["steps"],
@@ -775,9 +790,7 @@ class Trainer:
                   trace: Optional[str] = None) -> FitResult:
         """Times ``steps`` steps after ``warmup`` untimed ones, as ``tandem bench`` does, on
         deep copies of your modules and optimizer (yours are not trained)."""
-        if steps < 1 or warmup < 0:
-            raise ValueError(f"steps {steps} / warmup {warmup} are not valid: expected >= 1 "
-                             "and >= 0")
+        steps, warmup = _whole("steps", steps, 1), _whole("warmup", warmup, 0)
         mode = mode or self.choose_mode(steps)
         if mode not in MODES or mode == "auto":
             raise ValueError(f"mode {mode!r} is not valid: expected one of {', '.join(MODES[1:])}")

@@ -337,6 +337,36 @@ def test_bad_arguments_are_refused_by_name():
                            [(torch.zeros(2, 3), torch.zeros(2))])
 
 
+def test_arguments_of_the_wrong_type_are_refused_by_name():
+    # A string, a fraction or a bool is no count: named, never compared or truncated.
+    encoder, head, opt = job("cpu")
+    loss = nn.CrossEntropyLoss()
+    with pytest.raises(TypeError, match="batch_size '8' is a str: expected a whole number"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size="8")
+    with pytest.raises(TypeError, match="batch_size 8.5 is a float: expected a whole number"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size=8.5)
+    with pytest.raises(ValueError, match="batch_size 0 is not valid: expected >= 1"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size=0)
+    with pytest.raises(TypeError, match="workers True is a bool"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size=8, workers=True)
+    with pytest.raises(TypeError, match="seed '1' is a str"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size=8, seed="1")
+    with pytest.raises(ValueError, match="keep_checkpoints 0 is not valid: expected >= 1"):
+        tandem.Trainer(head, loss, opt, dataset(), batch_size=8, keep_checkpoints=0)
+    t = tandem.Trainer(head, loss, opt, dataset(), batch_size=8, mode="serial")
+    with pytest.raises(TypeError, match="steps '10' is a str: expected a whole number"):
+        t.fit(steps="10", progress=False)
+    with pytest.raises(TypeError, match="steps 1.5 is a float"):
+        t.fit(steps=1.5, progress=False)
+    with pytest.raises(TypeError, match="epochs 0.5 is a float"):
+        t.fit(epochs=0.5, progress=False)
+    with pytest.raises(TypeError, match="warmup '2' is a str"):
+        t.benchmark(steps=2, warmup="2")
+    assert t.steps_done == 0  # nothing ran
+    with pytest.raises(TypeError, match="a map-style torch Dataset"):
+        tandem.Trainer(head, loss, opt, [])
+
+
 def test_auto_on_the_cpu_is_serial():
     t, _, _ = trainer("cpu", "auto")
     r = t.fit(steps=3, progress=False)

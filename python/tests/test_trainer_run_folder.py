@@ -135,6 +135,40 @@ def test_a_run_stopped_by_ctrl_c_resumes_to_the_uninterrupted_runs_losses_and_we
         close(a.detach().cpu(), b.detach().cpu(), device)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam_tensor_lr", "tandem"])
+def test_the_records_hold_the_optimizers_own_learning_rate_without_a_schedule(optimizer,
+                                                                             tmp_path):
+    # Without lr_schedule the records read the optimizer's lr (0.05 for SGD, 1e-3 for Adam).
+    out = str(tmp_path / "run")
+    t, _, _ = run_folder_trainer("cpu", out, optimizer=optimizer)
+    expected = 1e-3 if optimizer == "adam_tensor_lr" else 0.05
+    result = t.fit(epochs=1, progress=False)
+    assert rows(out)[0]["lr"] == pytest.approx(expected, rel=1e-6)
+    assert result.epochs[0]["lr"] == pytest.approx(expected, rel=1e-6)
+    with open(os.path.join(out, "metrics.csv")) as f:
+        header, first = f.readline().strip().split(","), f.readline().strip().split(",")
+    assert float(first[header.index("lr")]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_resumed_fit_says_where_it_resumes(tmp_path, capfd):
+    # Stopped by Ctrl-C after step 7 (inside epoch 2): the resumed fit says so, as the CLI does.
+    out = str(tmp_path / "run")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        t, _, _ = run_folder_trainer("cpu", out, lr_schedule=stopping_at(6))
+        with pytest.raises(KeyboardInterrupt):
+            t.fit(epochs=2, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    capfd.readouterr()
+    t, _, _ = run_folder_trainer("cpu", out, lr_schedule=schedule)
+    t.fit(epochs=2, resume=True)  # progress on: the line the CLI prints too
+    assert f"resuming at step 7 (epoch 2, step {7 - SPE} of it)" in capfd.readouterr().err
+    t, _, _ = run_folder_trainer("cpu", out, lr_schedule=schedule)
+    t.fit(epochs=2, resume=True, progress=False)  # quiet: nothing
+    assert "resuming" not in capfd.readouterr().err
+
+
 def test_an_existing_run_folder_is_not_overwritten_and_a_changed_run_is_not_resumed(tmp_path):
     out = str(tmp_path / "run")
     t, _, _ = run_folder_trainer("cpu", out)

@@ -14,6 +14,7 @@
 
 #include "graph.h"
 #include "tandem/error.h"
+#include "tandem/torch_optimizer.h"
 #include "test_util.h"
 
 namespace tandem {
@@ -159,6 +160,24 @@ TEST(SgdTest, SetLrChangesTheUpdate) {
   }
   EXPECT_THROW(sgd.set_lr(-0.1), InvalidArgument);
   EXPECT_THROW(sgd.set_lr(std::nan("")), InvalidArgument);
+}
+
+TEST(OptimizerTest, LearningRateReadsWhatTheNextStepApplies) {
+  // What the training loop records for a run without a schedule: the optimizer's own lr.
+  at::Tensor p = at::ones({3}).set_requires_grad(true);
+  optim::Sgd sgd({p}, 0.05);
+  EXPECT_FLOAT_EQ(sgd.learning_rate(), 0.05f);
+  sgd.set_lr(0.25);
+  EXPECT_DOUBLE_EQ(sgd.learning_rate(), 0.25);
+  optim::Adam adam({p}, optim::AdamOptions::adamw(3e-4));
+  EXPECT_FLOAT_EQ(adam.learning_rate(), 3e-4f);
+  adam.set_lr(0.5);
+  EXPECT_DOUBLE_EQ(adam.learning_rate(), 0.5);
+  optim::LibTorchOptimizer theirs(
+      std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{p},
+                                          torch::optim::SGDOptions(0.125)),
+      "torch::optim::SGD");
+  EXPECT_DOUBLE_EQ(theirs.learning_rate(), 0.125);
 }
 
 TEST(SgdTest, AScheduleMatchesTorchSgdWithTheSameLrChanges) {

@@ -6,7 +6,9 @@
 // folder's classes and files again, the large photos smaller, goes on where a run stopped,
 // keeps the photos' metadata (or strips it), refuses to write into the folder it reads, and
 // names a bad file (or leaves it out).
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,8 +38,10 @@ struct Ran {
 
 // The CLI with `arguments` (already shell-quoted where needed), under env(1) with `env` where
 // given ("-u VAR", "VAR=value").
-Ran tandem_cli(const std::string& arguments, const std::string& env = "") {
+// Under timeout(1) when `timeout_s` is given: a hang ends as exit 124.
+Ran tandem_cli(const std::string& arguments, const std::string& env = "", int timeout_s = 0) {
   const std::string command = (env.empty() ? "" : "env " + env + " ") +
+                              (timeout_s > 0 ? "timeout " + std::to_string(timeout_s) + " " : "") +
                               std::string(TANDEM_CLI_PATH) + " " + arguments + " 2>&1";
   Ran ran;
   FILE* pipe = ::popen(command.c_str(), "r");
@@ -84,6 +88,45 @@ TEST(DataBenchCliTest, SkipBadSkipsATruncatedJpegInTheDecodeAndLoaderRows) {
     EXPECT_NE(ran.output.find(row), std::string::npos) << row << ": " << ran.output;
   // Photos of 40 x 48: nothing for tandem shrink to do, and nothing said of it.
   EXPECT_EQ(ran.output.find("tandem shrink"), std::string::npos) << ran.output;
+}
+
+TEST(DataBenchCliTest, ANamedPipeAmongThePhotosIsNamedNeverOpened) {
+  // The photo-size survey before the rows once opened it and waited for a writer forever: under
+  // timeout(1) a hang is exit 124, not a stuck test.
+  TempDir dir;
+  std::string truncated;
+  const std::string root = folder_with_a_truncated_jpeg(dir, &truncated);
+  ASSERT_EQ(std::remove(truncated.c_str()), 0);
+  const std::string fifo = join(root, "a/0_pipe.jpg");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const std::string args = "--data " + root + " --images 20 --workers 1 --batch-size 2";
+  const Ran failed = tandem_cli("data-bench --device cpu --steps 0 " + args, "", 120);
+  EXPECT_EQ(failed.status, 1) << failed.output;
+  EXPECT_NE(failed.output.find(fifo + ": not a regular file: a named pipe"), std::string::npos)
+      << failed.output;
+  const Ran skipped = tandem_cli("data-bench --device cpu --steps 0 --skip-bad " + args, "", 120);
+  EXPECT_EQ(skipped.status, 0) << skipped.output;
+  EXPECT_NE(skipped.output.find(fifo), std::string::npos) << skipped.output;
+}
+
+TEST(DataBenchCliTest, APhotoTooLargeForAWholeDecodeIsLeftOutOfTheFullSizeRowsAlone) {
+  // 20000 x 20000 pixels: training decodes its crops at 1/8 scale, the full-size row cannot.
+  TempDir dir;
+  std::string truncated;
+  const std::string root = folder_with_a_truncated_jpeg(dir, &truncated);
+  ASSERT_EQ(std::remove(truncated.c_str()), 0);
+  const std::string large =
+      put(dir, "root/b/large.jpg", encode_jpeg(at::full({1, 20000, 20000}, 128, at::kByte), 50));
+  const Ran ran = data_bench("--data " + root +
+                             " --images 20 --loader-images 14 --workers 1 --batch-size 2");
+  ASSERT_EQ(ran.status, 0) << ran.output;
+  EXPECT_NE(ran.output.find("full-size decode rows: 1 of the 7 files left out, larger than a "
+                            "whole decode takes"),
+            std::string::npos)
+      << ran.output;
+  EXPECT_NE(ran.output.find(large), std::string::npos) << ran.output;
+  for (const char* row : {"turbojpeg_scaled", "turbojpeg_region", "turbojpeg_full"})
+    EXPECT_NE(ran.output.find(row), std::string::npos) << row << ": " << ran.output;
 }
 
 // `tandem bench` of workload images on `root` in the environment `env` (a prefix for env(1)):
@@ -221,6 +264,20 @@ TEST(ShrinkCliTest, WritesTheFolderAgainWithTheLargePhotosSmallerAndGoesOnWhereI
   EXPECT_NE(again.output.find("shrunk                      1"), std::string::npos) << again.output;
   EXPECT_NE(again.output.find("already there               4"), std::string::npos) << again.output;
   EXPECT_EQ(read_image_info(read_file(join(out, "b/deep/big2.jpg")), "big2").height, 302);
+
+  // An output damaged since (cut short, emptied) is written again, not counted as done.
+  const std::vector<uint8_t> whole = read_file(join(out, "b/deep/big2.jpg"));
+  write_file(join(out, "b/deep/big2.jpg"),
+             std::vector<uint8_t>(whole.begin(), whole.begin() + whole.size() / 2));
+  write_file(join(out, "a/big1.jpg"), {});
+  const Ran third = tandem_cli(args);
+  ASSERT_EQ(third.status, 0) << third.output;
+  EXPECT_NE(third.output.find("already there               3"), std::string::npos) << third.output;
+  EXPECT_NE(third.output.find("written again               2  (damaged since an earlier run: "),
+            std::string::npos)
+      << third.output;
+  EXPECT_EQ(read_file(join(out, "b/deep/big2.jpg")), whole);
+  EXPECT_EQ(read_image_info(read_file(join(out, "a/big1.jpg")), "big1").height, 227);
 }
 
 TEST(ShrinkCliTest, RefusesToWriteIntoTheFolderItReadsAndNamesABadFile) {

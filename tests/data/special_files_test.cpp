@@ -15,6 +15,7 @@
 #include "tandem/data/decode.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/data/image_mask_pairs.h"
+#include "tandem/data/shrink.h"
 #include "tandem/error.h"
 #include "tandem/loader.h"
 
@@ -136,6 +137,21 @@ TEST(SpecialFilesTest, ImageFolderNamesAFifoAndSkipBadSkipsIt) {
         testing::expect_one_line_naming(skipped[0].reason, fifo, "a named pipe");
       },
       [&] { open_write_end(fifo); });
+}
+
+TEST(SpecialFilesTest, ThePhotoSizeSurveyNeverOpensAFifo) {
+  // tandem train and data-bench survey a folder's headers before the loader starts: a FIFO
+  // there is left out of the survey (the run names it), never waited on.
+  TempDir dir;
+  const std::string root = join(dir.path(), "root");
+  put(dir, "root/a/0_good.jpg", encode_jpeg(smooth_image(3, 24, 32, 1), 90));
+  const std::string fifo = make_fifo(dir, "root/a/1_fifo.jpg");
+  put(dir, "root/b/2_good.png", encode_png(smooth_image(3, 20, 20, 2)));
+  const ImageFolderDataset ds(root, ImageFolderOptions{16, 3});
+  PhotoSizes sizes;
+  testing::expect_returns_within(
+      5, [&] { sizes = survey_photo_sizes(ds, kept_size(16)); }, [&] { open_write_end(fifo); });
+  EXPECT_EQ(sizes.sampled, 2);  // the two photos, not the pipe
 }
 
 TEST(SpecialFilesTest, ImageMaskPairsNamesAFifoMaskAndSkipBadSkipsIt) {

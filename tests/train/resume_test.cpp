@@ -508,5 +508,38 @@ TEST(DataFingerprintTest, CountsWhatADatasetReadsAndNamesWhatDiffers) {
             "train-images-idx3-ubyte: the same count and size, other file names or content");
 }
 
+TEST(DataFingerprintTest, AnIdxFileIsItsContentGzippedOrNot) {
+  // The same images gzipped at another level, or unzipped, are the same data; other images are
+  // not. A fingerprint made before (the bytes as stored) is reproduced for an old checkpoint.
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/idx", raw = dir + "/train-images-idx3-ubyte";
+  // 4-bit noise: gzip's levels 1 and 9 compress it to different bytes.
+  std::vector<uint8_t> pixels(1 << 16);
+  uint32_t state = 12345;
+  for (uint8_t& p : pixels) p = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 28);
+  data::testing::put(tmp, "idx/train-images-idx3-ubyte", pixels);
+  auto run = [](const std::string& command) {
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  };
+  const nlohmann::json plain = fingerprint_data(dir);
+  EXPECT_EQ(plain.at("idx"), "content");
+  run("gzip -1 -n -f " + raw);  // the folder holds train-images-idx3-ubyte.gz alone
+  const nlohmann::json fast = fingerprint_data(dir);
+  const nlohmann::json fast_bytes = fingerprint_data(dir, IdxIdentity::kFileBytes);
+  EXPECT_EQ(fingerprint_difference(plain, fast), "");
+  run("gzip -d -f " + raw + ".gz && gzip -9 -n -f " + raw);  // compressed again, harder
+  const nlohmann::json best = fingerprint_data(dir);
+  EXPECT_EQ(fingerprint_difference(fast, best), "");
+  EXPECT_EQ(best.at("bytes"), 1 << 16);  // the content's size, not the compressed one
+  EXPECT_NE(fingerprint_difference(fast_bytes, fingerprint_data(dir, IdxIdentity::kFileBytes)),
+            "");  // as stored, the two compressions differ
+  EXPECT_FALSE(fast_bytes.contains("idx"));
+  pixels[100] ^= 1;  // other data, the same size
+  ASSERT_EQ(::unlink((raw + ".gz").c_str()), 0);
+  data::testing::put(tmp, "idx/train-images-idx3-ubyte", pixels);
+  EXPECT_EQ(fingerprint_difference(best, fingerprint_data(dir)),
+            "train-images-idx3-ubyte: the same count and size, other file names or content");
+}
+
 }  // namespace
 }  // namespace tandem::train

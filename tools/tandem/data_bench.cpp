@@ -59,6 +59,45 @@ DataBenchRow time_on_one_core(const std::string& title, size_t files,
   return r;
 }
 
+// The files a whole decode takes (full size, on the CPU or nvJPEG): a photo over the pixel limit
+// is refused by a whole decode but trains (its crops decode at a reduced DCT scale), so it is
+// left out of the full-size rows, not called bad. `files` and `paths` are the caller's own, or
+// copies without those (made only then).
+class WholeDecodable {
+ public:
+  WholeDecodable(const std::vector<std::vector<uint8_t>>& all,
+                 const std::vector<std::string>& all_paths)
+      : files(&all), paths(&all_paths) {
+    std::vector<bool> fits(all.size(), true);
+    for (size_t i = 0; i < all.size(); ++i) {
+      try {
+        const data::ImageInfo info = data::read_image_info(all[i], all_paths[i]);
+        fits[i] = info.height * info.width <= data::kMaxImagePixels;
+      } catch (const std::exception&) {  // a bad file is the decode rows' to name
+      }
+      if (!fits[i]) over_limit.push_back(all_paths[i]);
+    }
+    if (over_limit.empty()) return;
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (!fits[i]) continue;
+      kept_files_.push_back(all[i]);
+      kept_paths_.push_back(all_paths[i]);
+    }
+    files = &kept_files_;
+    paths = &kept_paths_;
+  }
+  WholeDecodable(const WholeDecodable&) = delete;
+  WholeDecodable& operator=(const WholeDecodable&) = delete;
+
+  const std::vector<std::vector<uint8_t>>* files;
+  const std::vector<std::string>* paths;
+  std::vector<std::string> over_limit;  // the paths left out
+
+ private:
+  std::vector<std::vector<uint8_t>> kept_files_;
+  std::vector<std::string> kept_paths_;
+};
+
 // One core decoding every file to RGB: at the DCT scale for `size` (min_side = size; 1/2, 1/4,
 // 1/8 or full, with the fast IDCT and upsampling decode_image uses when given a minimum), or at
 // full size with libjpeg's accurate decode (PIL's).
@@ -229,7 +268,7 @@ void check_data_bench_options(const DataBenchOptions& o) {
                    o.decode, "' is not valid: expected cpu, gpu or auto");
   TANDEM_CHECK_ARG(o.decode_images >= 1, "--images ", o.decode_images,
                    " is not valid: expected >= 1 files");
-  TANDEM_CHECK_ARG(o.loader_images >= 1, "loader image count ", o.loader_images,
+  TANDEM_CHECK_ARG(o.loader_images >= 1, "--loader-images ", o.loader_images,
                    " is not valid: expected >= 1");
   TANDEM_CHECK_ARG(!o.workers || (*o.workers >= 1 && *o.workers <= kMaxLoaderWorkers), "--workers ",
                    o.workers.value_or(0), " is not valid: expected 1 to ", kMaxLoaderWorkers,
@@ -305,12 +344,22 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   if (files.empty())
     throw Error(detail::concat("data-bench: every one of the ", bad.size(),
                                " files read for the decode rows was bad (", bad.front(), ")"));
+  const WholeDecodable whole(files, paths);
+  if (!whole.over_limit.empty()) {
+    result.notes.push_back(detail::concat(
+        "full-size decode rows: ", whole.over_limit.size(), " of the ", files.size(),
+        " files left out, larger than a whole decode takes (", data::kMaxImagePixels,
+        " pixels; training decodes them at a reduced scale): ", whole.over_limit.front(),
+        whole.over_limit.size() > 1 ? ", ..." : ""));
+    std::cerr << "data-bench: " << result.notes.back() << "\n";
+  }
   if (o.decode != "gpu") {
     result.rows.push_back(time_cpu_decode(files, paths, size, true));
     result.rows.push_back(time_cpu_region_decode(files, paths, size));
     result.rows.push_back(time_cpu_region_decode(files, paths, size, 0.5));
     result.rows.push_back(time_cpu_center_decode(files, paths, size, folder->resize_size()));
-    result.rows.push_back(time_cpu_decode(files, paths, size, false));
+    if (!whole.files->empty())
+      result.rows.push_back(time_cpu_decode(*whole.files, *whole.paths, size, false));
     result.rows.push_back(time_loader(folder, workers, *request.batch_size,
                                       std::max<int64_t>(1, o.loader_images / *request.batch_size),
                                       request.skip_bad, bad_paths));
@@ -318,11 +367,12 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   if (o.decode != "cpu") {
     DataBenchRow row;
     std::string why_not;
-    if (time_gpu_decode(files, paths, *request.batch_size, parse_device(request.device), row,
-                        why_not))
+    if (whole.files->empty())
+      why_not = "every file is over the pixel limit of a whole decode";
+    else if (time_gpu_decode(*whole.files, *whole.paths, *request.batch_size,
+                             parse_device(request.device), row, why_not))
       result.rows.push_back(row);
-    else
-      result.notes.push_back("gpu decode (nvJPEG) not timed: " + why_not);
+    if (!why_not.empty()) result.notes.push_back("gpu decode (nvJPEG) not timed: " + why_not);
   }
 
   if (end_to_end) {

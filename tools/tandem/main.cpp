@@ -521,6 +521,9 @@ struct DataBenchCommand {
         ->capture_default_str();
     app->add_option("--images", db.decode_images, "files timed by the decode rows")
         ->capture_default_str();
+    app->add_option("--loader-images", db.loader_images,
+                    "images the loader row drains (whole batches)")
+        ->capture_default_str();
     app->add_option("--workers", db.workers, "loader threads [default: cores - 1]");
     // Bound to the optionals themselves, so a given 0 or -1 reaches check_data_bench_options.
     app->add_option("--batch-size", db.run.batch_size,
@@ -615,7 +618,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "tandem: error: " << tandem::first_line(e.what()) << " (see tandem --help)\n";
+    // The help that lists the flag's choices: the subcommand's, where one was named.
+    std::string help = "tandem --help";
+    for (const CLI::App* sub : app.get_subcommands()) help = "tandem " + sub->get_name() + " --help";
+    std::cerr << "tandem: error: " << tandem::first_line(e.what()) << " (see " << help << ")\n";
     return kExitUsage;
   }
   try {

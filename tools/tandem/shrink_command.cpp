@@ -56,6 +56,7 @@ data::ChromaSubsampling parse_subsampling(const std::string& text) {
 struct Tally {
   std::mutex mu;
   int64_t shrunk = 0, made_baseline = 0, already_there = 0;
+  std::vector<std::string> rewritten;  // "path: why": an earlier run's output that was damaged
   std::map<std::string, int64_t> kept;  // by why
   int64_t bytes_in = 0, bytes_out = 0;  // of the files shrunk
   double pixels_in = 0, pixels_out = 0;
@@ -160,10 +161,19 @@ int ShrinkCommand::run(const std::string& command_line) {
       if (stop.load() || i >= static_cast<int64_t>(samples.size())) return;
       const std::string& path = samples[static_cast<size_t>(i)].path;
       const std::string target = fs::join_path(out, relative(path));
-      if (fs::path_status(target).is_regular_file) {  // an earlier run's, complete (renamed)
+      // An earlier run's file, complete when it was renamed into place: kept unless it was
+      // damaged since (cut short, emptied), which is written again.
+      std::string damaged;
+      const bool there = fs::path_status(target).is_regular_file;
+      if (there) damaged = data::damaged_output(target);
+      if (there && damaged.empty()) {
         std::lock_guard<std::mutex> lock(tally.mu);
         ++tally.already_there;
       } else {
+        if (!damaged.empty()) {
+          std::lock_guard<std::mutex> lock(tally.mu);
+          tally.rewritten.push_back(target + ": " + first_line(damaged));
+        }
         bool writing = false;  // a write that fails is the disk's, never a bad file's
         try {
           const std::vector<uint8_t> bytes = data::read_file(path);
@@ -239,6 +249,10 @@ int ShrinkCommand::run(const std::string& command_line) {
     std::printf("made baseline        %8lld  (progressive JPEGs, the same pixels: no loss)\n",
                 static_cast<long long>(tally.made_baseline));
   std::printf("already there        %8lld\n", static_cast<long long>(tally.already_there));
+  if (!tally.rewritten.empty())
+    std::printf("written again        %8lld  (damaged since an earlier run: %s%s)\n",
+                static_cast<long long>(tally.rewritten.size()), tally.rewritten.front().c_str(),
+                tally.rewritten.size() > 1 ? ", ..." : "");
   if (skip_bad) {
     std::printf("bad, left out        %8zu", tally.bad.size());
     for (size_t k = 0; k < tally.bad.size() && k < 3; ++k)
@@ -264,6 +278,7 @@ int ShrinkCommand::run(const std::string& command_line) {
                         {"kept", tally.kept},
                         {"made_baseline", tally.made_baseline},
                         {"already_there", tally.already_there},
+                        {"written_again", tally.rewritten},
                         {"bad", tally.bad},
                         {"bytes_in", tally.bytes_in},
                         {"bytes_out", tally.bytes_out},

@@ -75,6 +75,10 @@ CLI::App* TrainCommand::add(CLI::App& app) {
       "frozen backbone) or image + mask pairs (images/ and masks/: an FCN over a ResNet, "
       "--classes N), with an evaluation after each epoch (accuracy, or mIoU), metrics "
       "(RUN_DIR/metrics.jsonl, .csv), atomic checkpoints, --resume, and bf16.");
+  c->footer(
+      "Exit codes: 0 success, 1 the run failed, 2 bad command-line input, 130 stopped by SIGINT\n"
+      "(Ctrl-C) and 143 by SIGTERM, each after the step in flight and a checkpoint: --resume\n"
+      "continues. TANDEM_DEBUG=1 prints whole error messages and LibTorch's warnings.");
   c->add_option("--data", job.data,
                 "training data: a folder of IDX files (train-images-idx3-ubyte[.gz], ...), an "
                 "ImageFolder, or images/ + masks/ (segmentation)")
@@ -254,6 +258,8 @@ void TrainCommand::validate() const {
       {"--keep", keep >= 1, "an integer >= 1"},
       {"--nproc", nproc >= 1, "an integer >= 1"},
       {"--seed", !negative_seed, "an integer >= 0"},
+      {"--engine-share", finite(job.engine_share) && job.engine_share >= 0 && job.engine_share <= 1,
+       "a finite number from 0 to 1 (leave it out for a measured share)"},
   };
   for (const Rule& r : rules)
     if (given(r.flag) && !r.ok)
@@ -434,8 +440,9 @@ int TrainCommand::run(const std::string& command_line) {
   train::TrainJob tj = train::make_classifier(job);
   // The Trainer checks this too, but the schedule below needs the epoch's length first.
   const int64_t spe = tj.workload.data.batches_per_epoch(batch_size, world);
-  TANDEM_CHECK_ARG(spe >= 1, "the training set's ", tj.workload.data.dataset()->size(),
-                   " samples make no batch of ", batch_size, ": expected a smaller --batch-size");
+  TANDEM_CHECK_ARG(spe >= 1, "the training set (",
+                   detail::count_of(tj.workload.data.dataset()->size(), "sample"),
+                   ") makes no batch of ", batch_size, ": expected a smaller --batch-size");
   int64_t warm = 0;
   std::atomic<int> stop{0};
   train::TrainOptions to;
@@ -497,10 +504,7 @@ int TrainCommand::run(const std::string& command_line) {
 
   train::Trainer trainer(tj, to);
   if (trainer.resumed())
-    std::printf("resuming at step %lld (epoch %lld, step %lld of it)\n",
-                static_cast<long long>(trainer.start_step()),
-                static_cast<long long>(trainer.start_step() / spe + 1),
-                static_cast<long long>(trainer.start_step() % spe));
+    std::printf("%s\n", train::resume_line(trainer.start_step(), spe).c_str());
   train::install_stop_handlers(&stop);
   const train::TrainResult r = trainer.run();
   if (group) group->finish();

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "posix_fs.h"
+#include "tandem/data/idx.h"  // read_maybe_gzip
 #include "tandem/error.h"
 
 namespace tandem::train {
@@ -212,8 +213,10 @@ std::string CheckpointStore::save(const Checkpoint& c) {
     fsync_path(dir_);
   } catch (const std::exception& e) {
     remove_tree(tmp);
-    throw Error(std::string("checkpoint at step ") + std::to_string(c.step) +
-                " not written (the earlier ones are intact): " + e.what());
+    const bool earlier = !list().empty();
+    throw Error(std::string("checkpoint at step ") + std::to_string(c.step) + " not written (" +
+                (earlier ? "the earlier ones are intact" : "there is no earlier one") +
+                "): " + e.what());
   }
   const std::vector<std::string> all = list();
   for (size_t i = 0; i + keep_ < all.size(); ++i) remove_tree(all[i]);
@@ -299,7 +302,8 @@ struct Tally {
 // Depth first in name order, so the hashes do not depend on readdir's order. `on_path` holds
 // the folders being walked (device, inode): a symlink back to one of them is not re-entered.
 void walk(const std::string& root, const std::string& rel, Tally& total,
-          std::map<std::string, Tally>& parts, std::set<std::pair<dev_t, ino_t>>& on_path) {
+          std::map<std::string, Tally>& parts, std::set<std::pair<dev_t, ino_t>>& on_path,
+          IdxIdentity idx) {
   const std::string dir = rel.empty() ? root : root + "/" + rel;
   std::vector<fs::DirEntry> entries = fs::list_dir(dir, "identifying the data");
   std::sort(entries.begin(), entries.end(),
@@ -313,7 +317,7 @@ void walk(const std::string& root, const std::string& rel, Tally& total,
     if (entry.is_folder()) {
       const std::pair<dev_t, ino_t> id{entry.device, entry.inode};
       if (!on_path.insert(id).second) continue;
-      walk(root, child_rel, total, parts, on_path);
+      walk(root, child_rel, total, parts, on_path, idx);
       on_path.erase(id);
       continue;
     }
@@ -321,15 +325,32 @@ void walk(const std::string& root, const std::string& rel, Tally& total,
         entry.kind == fs::EntryKind::kRegularFile ? data_file_kind(name) : DataFile::kNone;
     if (kind == DataFile::kNone) continue;
     Hash64 file;
-    file.update(child_rel);
-    file.update(static_cast<uint64_t>(entry.size));
+    uint64_t bytes = static_cast<uint64_t>(entry.size);
+    std::string name_kept = child_rel;
     // An IDX file is read whole by its dataset (and is tens of MB), so its content is cheap to
-    // hash; an image folder's million files are identified by name and size alone.
-    if (kind == DataFile::kIdx) file.update(hash_file(path).second);
+    // hash; an image folder's million files are identified by name and size alone. The IDX
+    // content is what the dataset reads: gzipped or not, compressed again or not, the same data
+    // (the name without ".gz", the size and hash of the uncompressed bytes).
+    uint64_t content = 0;
+    if (kind == DataFile::kIdx && idx == IdxIdentity::kContent) {
+      const std::vector<uint8_t> data = data::read_maybe_gzip(path);
+      Hash64 h;
+      h.update(data.data(), data.size());
+      content = h.value();
+      bytes = data.size();
+      if (ends_with(name_kept, ".gz") || ends_with(name_kept, ".GZ"))
+        name_kept.resize(name_kept.size() - 3);
+    } else if (kind == DataFile::kIdx) {
+      content = hash_file(path).second;
+    }
+    file.update(name_kept);
+    file.update(bytes);
+    if (kind == DataFile::kIdx) file.update(content);
     const uint64_t h = file.value();
-    for (Tally* t : {&total, &parts[child_rel.substr(0, child_rel.find('/'))]}) {
+    const std::string part = name_kept.substr(0, name_kept.find('/'));
+    for (Tally* t : {&total, &parts[part]}) {
       t->files += 1;
-      t->bytes += static_cast<uint64_t>(entry.size);
+      t->bytes += bytes;
       t->hash.update(h);
     }
   }
@@ -337,13 +358,14 @@ void walk(const std::string& root, const std::string& rel, Tally& total,
 
 }  // namespace
 
-nlohmann::json fingerprint_data(const std::string& dir) {
+nlohmann::json fingerprint_data(const std::string& dir, IdxIdentity idx) {
   Tally total;
   std::map<std::string, Tally> parts;
   std::set<std::pair<dev_t, ino_t>> on_path;
   if (const fs::PathStatus s = fs::path_status(dir); s.exists) on_path.insert({s.device, s.inode});
-  walk(dir, "", total, parts, on_path);
+  walk(dir, "", total, parts, on_path, idx);
   nlohmann::json out = total.json();
+  if (idx == IdxIdentity::kContent) out["idx"] = "content";
   if (parts.size() <= 10000) {
     nlohmann::json p = nlohmann::json::object();
     for (const auto& [name, t] : parts) p[name] = t.json();

@@ -48,6 +48,13 @@ std::string progress_line(const TrainOptions::Progress& p, int64_t batch_size,
                 format_duration(eta).c_str());
 }
 
+std::string resume_line(int64_t start_step, int64_t steps_per_epoch) {
+  const int64_t spe = std::max<int64_t>(1, steps_per_epoch);
+  return format("resuming at step %lld (epoch %lld, step %lld of it)",
+                static_cast<long long>(start_step), static_cast<long long>(start_step / spe + 1),
+                static_cast<long long>(start_step % spe));
+}
+
 std::string epoch_line(const EpochRecord& r, int64_t epochs) {
   std::string metrics;
   for (const auto& [k, v] : r.metrics)

@@ -392,7 +392,8 @@ void Trainer::Pass::end_epoch(int64_t g) {
   if (g - spe < start && t.resumed_) r.resumed_at_step = start;
   r.train_loss = e.steps > 0 ? e.loss_sum / static_cast<double>(e.steps) : 0;
   if (group) r.train_loss = group->all_reduce_host({r.train_loss}, kMean)[0];
-  r.lr = lr_now;
+  // Without a schedule the optimizer's own (a user may set it between fits): read, not assumed.
+  r.lr = o.schedule ? lr_now : optimizer->learning_rate();
   r.train_seconds = e.seconds;
   // img/s counts every rank's images: the ranks run in lockstep.
   r.epoch_images_per_s = e.seconds > 0 ? static_cast<double>(e.images) / e.seconds : 0;

@@ -177,8 +177,8 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
   TANDEM_CHECK_ARG(
       steps_per_epoch_ >= 1 || !(keeps_epochs_ || o.steps == 0), "train job '", job_.name, "': ",
       data.kind() == DataSource::Kind::kDataset
-          ? detail::concat("the training set's ", data.dataset()->size(),
-                           " samples make no full batch of ", o.batch_size,
+          ? detail::concat("the training set (", detail::count_of(data.dataset()->size(), "sample"),
+                           ") makes no full batch of ", o.batch_size,
                            ": expected a smaller --batch-size")
           : std::string("its data has no epochs (not a dataset source): expected a length in "
                         "steps and no evaluation"));
@@ -254,7 +254,12 @@ void Trainer::load_checkpoint(const Checkpoint& c, const std::string& folder) {
       TANDEM_CHECK_ARG(data_ids_.contains(key), "--resume: checkpoint ", folder,
                        " was trained on the folder ", was, ": --", key, " ", now,
                        " is not a folder now");
-      const std::string diff = fingerprint_difference(saved_ids[key], data_ids_[key]);
+      // A fingerprint made before IDX files were identified by their content: compared as made.
+      const nlohmann::json now_id =
+          saved_ids[key].value("idx", "") == "content"
+              ? data_ids_[key]
+              : fingerprint_data(job_.config[key].get<std::string>(), IdxIdentity::kFileBytes);
+      const std::string diff = fingerprint_difference(saved_ids[key], now_id);
       TANDEM_CHECK_ARG(diff.empty(), "--resume: checkpoint ", folder,
                        " was trained on other data than --", key, " ", now,
                        " (the checkpoint's: ", was, "): ", diff, ": expected the same files");

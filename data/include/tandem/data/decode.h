@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -136,8 +137,10 @@ std::vector<uint8_t> encode_png(const at::Tensor& chw_u8);
 /// The whole content of a regular file (symlinks followed). Throws tandem::Error naming `path`
 /// and strerror(errno) when it cannot be opened or read (missing, a directory, no permission),
 /// or naming its kind when it is not a regular file ("not a regular file: a named pipe"): such a
-/// file is never opened, and the open cannot block.
-std::vector<uint8_t> read_file(const std::string& path);
+/// file is never opened, and the open cannot block. `max_bytes`: read no more than the file's
+/// first so many bytes (a header).
+std::vector<uint8_t> read_file(const std::string& path,
+                               size_t max_bytes = std::numeric_limits<size_t>::max());
 
 /// Writes `bytes` to `path` (created or truncated). Throws tandem::Error naming `path` and
 /// strerror(errno) on failure.

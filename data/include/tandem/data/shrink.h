@@ -75,6 +75,11 @@ ShrunkImage shrink_image(const std::vector<uint8_t>& bytes, const std::string& p
                          ChromaSubsampling subsampling = ChromaSubsampling::k420,
                          bool keep_metadata = true);
 
+/// Why a file an earlier `tandem shrink` left at `path` is not whole (unreadable, not an image,
+/// a JPEG without its end-of-image marker, a PNG without its IEND chunk), or "" when it
+/// is: a rerun writes such a file again instead of keeping it.
+std::string damaged_output(const std::string& path);
+
 /// How large a dataset's photos are against `kept`, from the headers of up to `count` of its
 /// files (Dataset::sample_source, samples spread over it; the first 256 KiB of each; a file
 /// whose header lies further, or that fails, is left out): what `tandem train` and `data-bench`

@@ -71,7 +71,12 @@ class CheckpointStore {
 /// for IDX files, its content (the same sizes hold MNIST or Fashion-MNIST), "parts": the same
 /// three per top-level entry (a class folder, images/ or masks/, an IDX file)}. Parts are left
 /// out beyond 10 000. Throws tandem::Error naming a folder that cannot be listed.
-nlohmann::json fingerprint_data(const std::string& dir);
+/// IdxIdentity::kContent (what a run saves, marked "idx": "content"): an IDX file is its
+/// uncompressed content, under its name without ".gz" — gzipped again, or unzipped, it is the
+/// same data. kFileBytes: its bytes as stored, as fingerprints without that mark were made (a
+/// resume compares such a checkpoint's the same way).
+enum class IdxIdentity { kContent, kFileBytes };
+nlohmann::json fingerprint_data(const std::string& dir, IdxIdentity idx = IdxIdentity::kContent);
 /// What differs between two fingerprints, for a refusal: the counts, the sizes, and up to five
 /// parts ("class_b: 12 files now, 10 in the checkpoint"); empty when they are the same.
 std::string fingerprint_difference(const nlohmann::json& saved, const nlohmann::json& now);

@@ -26,6 +26,9 @@ std::string progress_line(const TrainOptions::Progress& progress, int64_t batch_
 /// "epoch 2/10  train_loss 0.4321  accuracy 91.20%  5120 img/s  eval 20000 img/s  lr 0.05".
 std::string epoch_line(const EpochRecord& record, int64_t epochs);
 
+/// "resuming at step 240 (epoch 3, step 40 of it)": what a resumed Trainer starts from.
+std::string resume_line(int64_t start_step, int64_t steps_per_epoch);
+
 /// The mean of a run's per-epoch rates, the first left out when there are two or more: the
 /// first epoch also pays for the warm-up steps, graph capture and cuDNN's autotuning, and the
 /// first evaluation for its loader's start and the autotuning of a short last batch.
