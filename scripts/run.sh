@@ -8,7 +8,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/env.sh"
-bash "$root/scripts/build.sh"
+# The CLI alone: the tests are test.sh's to build (TANDEM_BUILD_TARGETS= builds everything).
+TANDEM_BUILD_TARGETS=${TANDEM_BUILD_TARGETS-tandem_cli} bash "$root/scripts/build.sh"
 build=${TANDEM_BUILD_DIR:-$root/build}
 tandem=$build/tandem
 data=${TANDEM_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}

@@ -19,21 +19,26 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 SECONDS=0
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/tandem-test.XXXXXX")
-trap 'rm -rf "$prefix"' EXIT
-echo "[test] install into $prefix/usr"
-"$TANDEM_CMAKE" --install "$build" --prefix "$prefix/usr" >"$prefix/install.log" ||
+# The README's Install block, in its order: `cmake --install` into a prefix that CMake searches
+# by default (/opt/tandem*, where this user may write there), then the one-command Python
+# package below, which must still carry its own libraries, not link that prefix.
+installed=$prefix/usr
+if [ -w /opt ]; then installed=$(mktemp -d /opt/tandem-test.XXXXXX); fi
+trap 'rm -rf "$prefix"; [ "$installed" = "$prefix/usr" ] || rm -rf "$installed"' EXIT
+echo "[test] install into $installed"
+"$TANDEM_CMAKE" --install "$build" --prefix "$installed" >"$prefix/install.log" ||
   { cat "$prefix/install.log"; echo "[test] FAILED: cmake --install" >&2; exit 1; }
-"$prefix/usr/bin/tandem" --help >/dev/null  # the installed CLI finds its libraries (RPATH)
+"$installed/bin/tandem" --help >/dev/null  # the installed CLI finds its libraries (RPATH)
 
 # Only tandem's prefix: its package finds the LibTorch it was built against by itself.
 echo "[test] examples: configure against the installed package, build"
 launcher=()
 if command -v ccache >/dev/null; then  # paths under the prefix hashed relative to it: hits
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  export CCACHE_BASEDIR="$prefix"
+  export CCACHE_BASEDIR="$installed"
 fi
 "$TANDEM_CMAKE" -S "$root/examples" -B "$prefix/examples" -G Ninja \
-  -DCMAKE_PREFIX_PATH="$prefix/usr" "${launcher[@]}" >"$prefix/configure.log" 2>&1 ||
+  -DCMAKE_PREFIX_PATH="$installed" "${launcher[@]}" >"$prefix/configure.log" 2>&1 ||
   { cat "$prefix/configure.log"; echo "[test] FAILED: configuring examples/" >&2; exit 1; }
 "$TANDEM_CMAKE" --build "$prefix/examples" -j "$(nproc)"
 
@@ -51,23 +56,23 @@ echo "[test] examples: augmented_classifier --device cpu --mode auto --sweep --t
   --sweep --trace "$prefix/trace.json"
 [ -s "$prefix/trace.json" ] || { echo "[test] FAILED: no trace written" >&2; exit 1; }
 
-# The Python package (python/), in one command as the README says: scikit-build-core builds
-# tandem's libraries from this checkout into the package (no installed tandem needed). --no-deps:
-# the venv's torch is the one it links; pip must not fetch a second one.
-echo "[test] python: pip install --no-build-isolation --no-deps ./python (one command)"
-# build-python/ sits beside build/, ccache sees paths relative to the checkout and the compiler
-# is the main build's by name (ccache keys on it: pip's build would pick g++ where CMake picked
-# c++), so the libraries' objects come from the cache the main build filled.
-cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' "$build/CMakeCache.txt")
-CXX=${cxx:-${CXX:-c++}} CCACHE_BASEDIR="$root" "$TANDEM_PYTHON" -m pip install -q --no-build-isolation --no-deps \
-  --target "$prefix/py" "$root/python" -C build-dir="$root/build-python" >"$prefix/pip.log" 2>&1 ||
+# The Python package (python/), in one command as the README says (scripts/install-python.sh):
+# scikit-build-core builds tandem's libraries from this checkout into the package, from the cache
+# the main build filled, whatever tandem is installed where CMake looks by default.
+echo "[test] python: bash scripts/install-python.sh (one command), with tandem in $installed"
+SECONDS_PIP=$SECONDS
+bash "$root/scripts/install-python.sh" -q --target "$prefix/py" >"$prefix/pip.log" 2>&1 ||
   { tail -40 "$prefix/pip.log"; echo "[test] FAILED: building the Python package" >&2; exit 1; }
+echo "[test] python: the one-command package built in $((SECONDS - SECONDS_PIP)) s"
 ls "$prefix"/py/tandem/libtandem.so >/dev/null ||
   { echo "[test] FAILED: the one-command package does not carry libtandem.so" >&2; exit 1; }
+if readelf -d "$prefix"/py/tandem/_C*.so | grep -q "$installed"; then
+  echo "[test] FAILED: the one-command package links the installed tandem in $installed" >&2; exit 1
+fi
 # The two-step route, against the tandem installed above: the wheel that a release ships.
 echo "[test] python: pip wheel against the installed tandem (one per torch minor: its version and torch pin)"
 "$TANDEM_PYTHON" -m pip wheel -q --no-build-isolation --no-deps -w "$prefix/wheel" "$root/python" \
-  -C cmake.define.CMAKE_PREFIX_PATH="$prefix/usr" -C build-dir="$prefix/wheel-build" \
+  -C cmake.define.CMAKE_PREFIX_PATH="$installed" -C build-dir="$prefix/wheel-build" \
   >"$prefix/wheel.log" 2>&1 ||
   { tail -40 "$prefix/wheel.log"; echo "[test] FAILED: building the wheel" >&2; exit 1; }
 "$TANDEM_PYTHON" - "$prefix"/wheel/tandem-*.whl <<'PY'
