@@ -6,14 +6,11 @@ and two phases end to end against a stand-in `tandem` (a script writing the JSON
 """
 import contextlib
 import gzip
-import inspect
 import io
 import json
 import shutil
 import subprocess
 import sys
-import tempfile
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -998,28 +995,6 @@ def test_ab_refuses_a_tree_that_is_not_one(tmp_path):
     assert r.returncode == 2 and "is not a source tree" in r.stdout
 
 
-def _main():
-    """Runs this file's tests without pytest (tmp_path: a fresh folder each)."""
-    failed = 0
-    for name, fn in list(globals().items()):
-        if not (name.startswith("test_") and callable(fn)):
-            continue
-        args = {}
-        if "tmp_path" in inspect.signature(fn).parameters:
-            args["tmp_path"] = Path(tempfile.mkdtemp(prefix="gpu-check-test-"))
-        try:
-            fn(**args)
-            print(f"ok    {name}")
-        except Exception:
-            failed += 1
-            print(f"FAIL  {name}")
-            traceback.print_exc()
-        finally:
-            if "tmp_path" in args:
-                shutil.rmtree(args["tmp_path"], ignore_errors=True)
-    print(f"{failed} failed" if failed else "all passed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(_main())
+    from plain_runner import run_tests  # noqa: E402
+    sys.exit(run_tests(globals(), "gpu-check-test-"))
