@@ -268,7 +268,8 @@ def measure(a, row):
             r = trainer.fit(steps=steps, progress=False)
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
-            fits.append(dict(steps=steps, wall_s=round(wall, 4), **timing_fields(r.report)))
+            fits.append(dict(steps=steps, wall_s=round(wall, 4), **timing_fields(r.report),
+                             setup=getattr(r, "setup", None)))
             return wall, r
 
         t0 = time.perf_counter()

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <chrono>
 #include <mutex>
 #include <vector>
 
@@ -127,6 +128,7 @@ void GraphedStep::capture(const Lane& lane, const std::function<void()>& body) {
                      ", expected a CUDA generator (only those advance under replay)");
   }
   std::lock_guard<std::mutex> lock(graph_mutex());
+  const auto started = std::chrono::steady_clock::now();  // after another stage's capture
   graph_ = std::make_unique<detail::CapturedGraph>();
   captured_ = false;
   LaneGuard guard(lane, "capture");
@@ -169,6 +171,8 @@ void GraphedStep::capture(const Lane& lane, const std::function<void()>& body) {
     throw fail(" at its instantiation", e.what());
   }
   captured_ = true;
+  capture_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
 void GraphedStep::replay(const Lane& lane) {

@@ -94,6 +94,9 @@ class GraphedStep {
   /// Enqueues the captured work on `lane` (after what is already there). Capture first.
   void replay(const Lane& lane);
   bool captured() const { return captured_; }
+  /// Host seconds the last successful capture took: recording `body` and instantiating the
+  /// graph (a wait for another stage's capture left out). What a run pays once per graph.
+  double capture_seconds() const { return capture_seconds_; }
   /// The pool, to share with a graph captured after this one.
   at::cuda::MempoolId_t pool();
   /// The flags the executable graph was instantiated with (cudaGraphExecGetFlags). Capture
@@ -104,6 +107,7 @@ class GraphedStep {
   GraphOptions options_;
   std::unique_ptr<detail::CapturedGraph> graph_;
   bool captured_ = false;
+  double capture_seconds_ = 0;
 };
 
 /// Runs `body` eagerly `iterations` times on a side lane of `lane`'s device, ordered after the

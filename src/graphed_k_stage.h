@@ -41,6 +41,8 @@ class GraphedKStage {
   int steps_per_graph() const { return k_; }
   int warmup_steps() const { return warmup_; }
   bool captured() const { return graph_ && graph_->captured(); }
+  /// Host seconds its capture took (GraphedStep::capture_seconds); 0 before one.
+  double capture_seconds() const { return captured() ? graph_->capture_seconds() : 0; }
   int64_t replays() const { return replays_; }
   /// Steps after warm-up that ran eagerly (a final group shorter than K, another shape).
   std::vector<std::string> notes() const;

@@ -94,6 +94,8 @@ class GraphedStage {
   const std::string& name() const { return options_.name; }
   int warmup_steps() const { return warmup_; }
   bool captured() const { return graph_ && graph_->captured(); }
+  /// Host seconds its capture took (GraphedStep::capture_seconds); 0 before one.
+  double capture_seconds() const { return captured() ? graph_->capture_seconds() : 0; }
   int64_t replays() const { return replays_; }
   /// Items after warm-up that ran eagerly because their shapes differed from the captured ones.
   const std::vector<int64_t>& eager_items() const { return eager_items_; }

@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -167,6 +168,7 @@ struct Runner::Impl {
   std::shared_ptr<WarmupBarrier> barrier;
   std::unique_ptr<Pipeline> pipeline;
   int64_t num_steps = 0;
+  double prepare_seconds = 0;
 
   // RunOptions::record_generator_states: per group with generators, their states before each
   // recent item (by item), written by the group's stage thread, read by the last stage's hook.
@@ -534,6 +536,7 @@ StageTiming Runner::timing() const { return prepared(impl_->pipeline, "timing").
 
 void Runner::prepare(int64_t num_steps) {
   TANDEM_CHECK_ARG(num_steps >= 0, "step count ", num_steps, " is not valid: expected >= 0");
+  const auto started = std::chrono::steady_clock::now();
   Impl& im = *impl_;
   const Mode mode = options_.mode;
   const c10::Device dev = workload_.device;
@@ -554,6 +557,22 @@ void Runner::prepare(int64_t num_steps) {
   std::shared_ptr<WarmupBarrier> barrier = im.barrier;
   im.pipeline->set_on_error([barrier] { barrier->cancel(); });
   im.pipeline->set_trace(options_.trace);
+  im.prepare_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
+
+RunSetup Runner::setup() const {
+  const Impl& im = *impl_;
+  RunSetup s;
+  s.prepare_seconds = im.prepare_seconds;
+  auto add = [&s](double seconds, bool captured) {
+    s.capture_seconds += seconds;
+    s.graphs += captured ? 1 : 0;
+  };
+  for (const auto& g : im.graphed)
+    if (g) add(g->capture_seconds(), g->captured());
+  if (im.graphed_k) add(im.graphed_k->capture_seconds(), im.graphed_k->captured());
+  return s;
 }
 
 void Runner::run(const StepHook& on_step) {

@@ -81,6 +81,15 @@ class RunError : public Error {
   using Error::Error;
 };
 
+/// What a prepared run paid before and beside its steps, host seconds: prepare() (the loader
+/// and its workers started, the lanes, the pipeline) and the captures of its graphs (recording
+/// and instantiating; the graphed stages' eager warm-up steps are steps and are not counted).
+struct RunSetup {
+  double prepare_seconds = 0;
+  double capture_seconds = 0;
+  int graphs = 0;  ///< graphs captured
+};
+
 class Runner {
  public:
   /// Validates the workload and the options (InvalidArgument naming the first problem, e.g. a
@@ -128,6 +137,8 @@ class Runner {
   /// needs one not yet filled waits for the release. No effect on device-resident sources.
   void pause_loading(bool paused);
 
+  /// The last prepared run's setup so far (RunSetup); its captures once run() has returned.
+  RunSetup setup() const;
   /// The per-step losses of the last run, in step order (synchronizes).
   std::vector<float> losses() const;
   /// The samples the last run left out (RunOptions::skip_bad), each with why.

@@ -87,6 +87,7 @@ py::dict result_to_python(const train::TrainResult& r, const train::EpochsReport
   out["images_per_s"] = report.images_per_s.value;
   out["eval_images_per_s"] = report.eval_images_per_s.value;
   out["table"] = report.text;
+  out["setup"] = to_python(train::to_json(r.setup));
   return out;
 }
 
@@ -258,7 +259,9 @@ py::dict train_run(const py::dict& config) {
   }
   run::RunReport r = run_report(c, *result, *monitor);
   if (trace) trace->write(c.request.trace_path);  // throws if the file cannot be written
-  return report_to_python(r, group.get());
+  py::dict out = report_to_python(r, group.get());
+  out["setup"] = to_python(train::to_json(result->setup));
+  return out;
 }
 
 }  // namespace tandem::python

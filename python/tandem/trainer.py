@@ -45,6 +45,7 @@ import math
 import numbers
 import os
 import threading
+import time
 import types
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
@@ -74,6 +75,10 @@ class FitResult:
     report: dict
     table: str
     trials: Optional[dict] = None  # mode auto: every mode's trial rate and why one was picked
+    # Seconds this call paid besides its steps: trials_s (mode auto's trials, made in this call;
+    # 0 once decided), prepare_s (the run's loader, lanes and pipeline), capture_s (its CUDA
+    # graphs recorded and instantiated) and graphs (how many).
+    setup: Optional[dict] = None
     # A fit with a run folder: every epoch's record (metrics.jsonl's rows, a resumed run's
     # earlier ones included), the final weights' file and the newest checkpoint's folder.
     epochs: Optional[List[dict]] = None
@@ -688,11 +693,19 @@ class Trainer:
             return _whole("epochs", epochs, 1) * self.steps_per_epoch
         return _whole("steps", steps, 1)
 
-    def _result(self, report: dict, mode: str) -> FitResult:
+    def _result(self, report: dict, mode: str, trials_s: Optional[float] = None) -> FitResult:
+        setup = report.pop("setup", None)
         return FitResult(losses=list(report.pop("losses")), mode=mode, steps=report["steps"],
                          seconds=report["seconds"], steps_per_s=report["steps_per_s"],
                          samples_per_s=report["samples_per_s"], table=report.pop("table"),
-                         report=report, trials=self._trials)
+                         report=report, trials=self._trials,
+                         setup=None if setup is None else dict(trials_s=trials_s, **setup))
+
+    def _timed_mode(self, steps: int) -> Tuple[str, float]:
+        """choose_mode(steps) and the seconds it took here (its trials; ~0 once decided)."""
+        started = time.perf_counter()
+        mode = self.choose_mode(steps)
+        return mode, time.perf_counter() - started
 
     def fit(self, steps: Optional[int] = None, epochs: Optional[int] = None, *,
             resume: bool = False, progress: bool = True,
@@ -723,7 +736,7 @@ class Trainer:
             raise ValueError("resume=True continues a run folder's run: give the Trainer "
                              "out='runs/NAME'")
         n = self._steps_for(steps, epochs)
-        mode = self.choose_mode(min(n, 300))
+        mode, trials_s = self._timed_mode(min(n, 300))
         self._check_mode(mode)
         config = self._config(mode, n, 0, copies=False, progress=progress, trace=trace,
                               data_parallel=self._joined())
@@ -733,7 +746,7 @@ class Trainer:
         config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
         report = _C.train(config)
         self.steps_done += n
-        return self._result(report, mode)
+        return self._result(report, mode, trials_s)
 
     def _loop_config(self, steps, epochs, out, resume, evaluate) -> dict:
         """What the training loop (_C.train) takes beyond the run's config."""
@@ -762,7 +775,7 @@ class Trainer:
         if trace is not None:
             raise ValueError("trace= times a run without a run folder: use fit(steps=...) on a "
                              "Trainer without out, or benchmark(trace=...)")
-        mode = self.choose_mode(min(n, 300))
+        mode, trials_s = self._timed_mode(min(n, 300))
         self._check_mode(mode)
         config = self._config(mode, n, 0, copies=False,
                               progress=progress, data_parallel=self._joined())
@@ -778,13 +791,14 @@ class Trainer:
         ran = [e for e in report["epochs"] if e["step"] > start]
         seconds = sum(e["train_seconds"] for e in ran)
         rate = report.pop("images_per_s")
+        setup = dict(trials_s=trials_s, **report.pop("setup"))
         return FitResult(losses=list(report.pop("losses")), mode=mode,
                          steps=report["steps"] - start, seconds=seconds,
                          steps_per_s=rate / self.batch_size / self.world_size,
                          samples_per_s=rate, table=report.pop("table"), report=report,
                          trials=self._trials, epochs=report["epochs"],
                          weights=report["weights"] or None,
-                         checkpoint=report["last_checkpoint"] or None)
+                         checkpoint=report["last_checkpoint"] or None, setup=setup)
 
     def benchmark(self, steps: int = 100, warmup: int = 10, mode: Optional[str] = None,
                   trace: Optional[str] = None) -> FitResult:

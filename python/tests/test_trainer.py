@@ -367,6 +367,23 @@ def test_arguments_of_the_wrong_type_are_refused_by_name():
         tandem.Trainer(head, loss, opt, [])
 
 
+def test_a_fit_says_what_it_paid_besides_its_steps():
+    t, _, _ = trainer("cpu", "auto")
+    first = t.fit(steps=3, progress=False)
+    assert set(first.setup) == {"trials_s", "prepare_s", "capture_s", "graphs"}
+    assert first.setup["prepare_s"] > 0 and first.setup["trials_s"] >= 0
+    assert first.setup["graphs"] == 0 and first.setup["capture_s"] == 0  # the CPU: no graphs
+    later = t.fit(steps=3, progress=False)
+    assert later.setup["trials_s"] < 0.05  # decided: nothing tried again
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_a_graphed_fit_counts_its_captures():
+    t, _, _ = trainer("cuda", "pipelined+graphed")
+    result = t.fit(steps=8, progress=False)
+    assert result.setup["graphs"] >= 1 and result.setup["capture_s"] > 0
+
+
 def test_auto_on_the_cpu_is_serial():
     t, _, _ = trainer("cpu", "auto")
     r = t.fit(steps=3, progress=False)

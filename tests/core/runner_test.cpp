@@ -103,6 +103,7 @@ struct Trained {
   std::vector<float> losses;
   std::vector<at::Tensor> weights;
   std::vector<std::string> notes;
+  RunSetup setup;
 };
 
 Trained train(Toy toy, Mode mode, int64_t steps, int64_t batch = 4, int64_t last = 0) {
@@ -116,6 +117,7 @@ Trained train(Toy toy, Mode mode, int64_t steps, int64_t batch = 4, int64_t last
   t.losses = runner.train(steps);
   for (const auto& p : toy.head->parameters()) t.weights.push_back(p.detach().cpu());
   t.notes = runner.notes();
+  t.setup = runner.setup();
   return t;
 }
 
@@ -149,6 +151,17 @@ TEST(RunnerTest, EveryModeTrainsExactlyLikeSerialOnCpu) {
       EXPECT_EQ(got.notes[0], std::string("CUDA graphs need a CUDA device: mode ") +
                                   to_string(mode) + " ran eagerly on the CPU");
     }
+  }
+}
+
+TEST(RunnerTest, TheSetupSaysWhatTheRunPaidBesidesItsSteps) {
+  // On the CPU every mode runs eagerly: the run's start is timed, no graph is captured.
+  for (const Mode mode : {Mode::kSerial, Mode::kPipelinedGraphed}) {
+    const Trained t = train(make_toy(kCpu), mode, 6);
+    EXPECT_GT(t.setup.prepare_seconds, 0) << to_string(mode);
+    EXPECT_LT(t.setup.prepare_seconds, 60) << to_string(mode);
+    EXPECT_EQ(t.setup.graphs, 0) << to_string(mode);
+    EXPECT_EQ(t.setup.capture_seconds, 0) << to_string(mode);
   }
 }
 
@@ -387,6 +400,11 @@ TEST(RunnerGpuTest, EveryModeTrainsExactlyLikeSerial) {
     if (mode == Mode::kGraphedK) {  // 3 warm-up, 5 replays of 4, then 1 staged + the short one
       EXPECT_TRUE(has(notes, "captured: 4 steps (") && has(notes, "; 5 replays")) << notes;
     }
+    // The setup counts each graph the notes name, and its capture's seconds.
+    const int graphs = mode == Mode::kPipelinedGraphed ? 2 : captures_graphs(mode) ? 1 : 0;
+    EXPECT_EQ(got.setup.graphs, graphs) << to_string(mode);
+    EXPECT_EQ(got.setup.capture_seconds > 0, graphs > 0) << to_string(mode);
+    EXPECT_GT(got.setup.prepare_seconds, 0) << to_string(mode);
   }
 }
 

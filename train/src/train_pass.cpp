@@ -507,6 +507,7 @@ TrainResult Trainer::Pass::stopped_result() {
   result.losses = losses;
   result.steps = folder ? last_saved : start + static_cast<int64_t>(losses.size());
   result.seconds = seconds_since(run_start);
+  result.setup = runner.setup();
   add_notes();
   return result;
 }
@@ -515,6 +516,7 @@ TrainResult Trainer::Pass::finished_result() {
   // After the Runner's pass, the current stream has waited for every lane.
   read_losses();
   result.seconds = seconds_since(run_start);
+  result.setup = runner.setup();
   if (o.device_timing_every > 0) result.timing = runner.timing();
   if (t.keeps_epochs_ && total % spe == 0) end_epoch(total);
   result.steps = total;

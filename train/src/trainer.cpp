@@ -64,6 +64,10 @@ nlohmann::json to_json(const EpochRecord& r) {
   return j;
 }
 
+nlohmann::json to_json(const RunSetup& s) {
+  return {{"prepare_s", s.prepare_seconds}, {"capture_s", s.capture_seconds}, {"graphs", s.graphs}};
+}
+
 namespace {
 
 EpochRecord from_json(const nlohmann::json& j) {

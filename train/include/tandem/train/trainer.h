@@ -29,6 +29,7 @@
 #include "tandem/mode.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/optim.h"
+#include "tandem/runner.h"  // RunSetup
 #include "tandem/stage_timing.h"
 #include "tandem/workload.h"
 
@@ -200,7 +201,12 @@ struct TrainResult {
   /// evaluations and checkpoints between its steps included.
   double seconds = 0;
   StageTiming timing;  ///< per stage, over this run's steps (TrainOptions::device_timing_every)
+  /// What the run paid besides its steps: the Runner's start and its graphs' captures.
+  RunSetup setup;
 };
+
+/// The setup as reports give it: {"prepare_s", "capture_s", "graphs"}.
+nlohmann::json to_json(const RunSetup& setup);
 
 /// Thrown when a step's loss is NaN or infinite: what() names the step, the epoch and the
 /// last good checkpoint, which is kept, and the likely cause: the starting weights, when they
