@@ -23,8 +23,15 @@ import sys
 import time
 import warnings
 
-import numpy as np
-from PIL import Image, ImageEnhance
+NEEDS = ("numpy, Pillow, and scikit-image or scikit-learn for the photos (none of them is "
+         "tandem's own dependency)")
+try:
+    import numpy as np
+    from PIL import Image, ImageEnhance
+except ImportError as missing:
+    sys.exit(f"make_image_folder.py: {missing}: it needs {NEEDS}. Install them into the Python "
+             f"that runs it: {sys.executable} -m pip install numpy pillow scikit-image "
+             "scikit-learn")
 
 # skimage.data's colour photos (and camera, a real grayscale photo) that ship inside the
 # package; others need pooch and a network, so any that fail to load are skipped. data.cat is
