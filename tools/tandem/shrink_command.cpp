@@ -90,7 +90,7 @@ void ShrinkCommand::add(CLI::App& parent) {
       ->required();
   app->add_option("--out", out,
                   "the folder to write, the same classes and file names (made where missing; "
-                  "files already there are kept)")
+                  "files already there are kept, unless damaged since: those are written again)")
       ->required();
   app->add_option("--image-size", image_size, "the square the model sees (tandem train's)")
       ->capture_default_str();
