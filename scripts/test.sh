@@ -88,7 +88,8 @@ assert pin == sorted([f">={major}.{minor}", f"<{major}.{minor + 1}"]), requires
 print(f"[test] wheel {wheel.rsplit('/', 1)[-1]} requires {requires[0].split(': ')[1]}")
 PY
 echo "[test] python: pytest python/tests"
-PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" -m pytest -q "$root/python/tests" -p no:cacheprovider
+# TANDEM_CLI: the bad-data corpus runs this build's CLI beside the package.
+TANDEM_CLI="$build/tandem" PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" -m pytest -q "$root/python/tests" -p no:cacheprovider
 echo "[test] python: examples/cls_trainer.py (tandem.Trainer) on the CPU, 2 steps"
 PYTHONPATH="$prefix/py" "$TANDEM_PYTHON" "$root/python/examples/cls_trainer.py" --device cpu \
   --bs 2 --steps 2 >"$prefix/cls_trainer.log" ||

@@ -84,8 +84,9 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
     // One entry per mode: the rates, floors, utilizations and picks of its rounds.
     struct Runs {
       std::vector<double> rates, floors, utilizations;
-      std::vector<std::string> picks;
+      std::vector<std::string> picks, skipped;
       std::string error;
+      bool refused = false;
     };
     std::vector<Runs> runs(modes.size());
     for (int round = 0; round < options.rounds; ++round)
@@ -108,10 +109,14 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
           run.rates.push_back(r.steps_per_s);
           if (r.floor_ms > 0) run.floors.push_back(r.floor_ms);
           if (r.gpu_utilization) run.utilizations.push_back(*r.gpu_utilization);
+          if (round == 0)
+            for (const SkippedSample& k : r.skipped)
+              run.skipped.push_back(detail::concat("sample ", k.index, ": ", first_line(k.reason)));
         } catch (const std::exception& e) {
           // TANDEM_DEBUG=1 keeps the whole message (with TORCH_SHOW_CPP_STACKTRACES=1, where
           // LibTorch threw it), as the CLI does for a failed bench.
           run.error = std::getenv("TANDEM_DEBUG") ? std::string(e.what()) : first_line(e.what());
+          run.refused = dynamic_cast<const InvalidArgument*>(&e) != nullptr;
         }
         if (round + 1 == options.rounds && on_row) {
           SweepRow partial;  // progress only: the row as far as it is known
@@ -129,6 +134,8 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
       row.mode = modes[m];
       row.batch_size = bs;
       row.error = run.error;
+      row.refused = run.refused;
+      row.skipped = run.skipped;
       if (run.error.empty()) {
         row.round_rates = run.rates;
         row.steps_per_s = median(run.rates);
@@ -185,7 +192,25 @@ std::string sweep_table(const std::vector<SweepRow>& rows) {
     }
     os << line;
   }
+  for (const auto& r : rows)
+    if (!r.skipped.empty())
+      os << "skipped (--skip-bad) at " << r.mode << ", batch " << r.batch_size << ": "
+         << detail::count_of(static_cast<long long>(r.skipped.size()), "bad sample") << " ("
+         << r.skipped.front() << (r.skipped.size() > 1 ? "; ..." : "") << ")\n";
   return os.str();
+}
+
+void check_some_point_ran(const std::vector<SweepRow>& rows) {
+  const auto failed = [](const SweepRow& r) { return !r.error.empty(); };
+  if (rows.empty() || !std::all_of(rows.begin(), rows.end(), failed)) return;
+  const SweepRow& first = rows.front();
+  const std::string what = detail::concat("every point of the sweep failed (the first, ",
+                                          first.mode, " at batch ", first.batch_size,
+                                          ": ", first.error, ")");
+  const bool refused = std::all_of(rows.begin(), rows.end(),
+                                   [](const SweepRow& r) { return r.refused; });
+  if (refused) throw InvalidArgument(what);
+  throw Error(what);
 }
 
 std::string sweep_csv(const std::vector<SweepRow>& rows) {
@@ -220,6 +245,7 @@ nlohmann::json sweep_json(const std::vector<SweepRow>& rows, const SweepOptions&
                         {"round_steps_per_s", r.round_rates}};
     if (!r.picked.empty()) j["picked"] = r.picked;
     if (!r.error.empty()) j["error"] = r.error;
+    if (!r.skipped.empty()) j["skipped"] = r.skipped;
     out["rows"].push_back(std::move(j));
   }
   return out;

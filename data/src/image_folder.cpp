@@ -1,6 +1,7 @@
 // ImageFolderDataset: the file index (torchvision's find_classes + make_dataset order) and the
 // per-sample load.
 #include "tandem/data/image_folder.h"
+#include "tandem/data/image_mask_pairs.h"
 
 #include <ATen/ops/empty.h>
 #include <sys/types.h>
@@ -155,6 +156,12 @@ ImageFolderDataset::ImageFolderDataset(std::string root, ImageFolderOptions opti
                    fs::errno_text(status.error), ")");
   TANDEM_CHECK_ARG(status.is_directory, "ImageFolder: root '", root_,
                    "' is not a folder (expected one subfolder of images per class)");
+  // Read as classes, a segmentation set's masks would be resized as photos and trained on as a
+  // class of their own: every front end that reads an ImageFolder refuses it here.
+  TANDEM_CHECK_ARG(!is_image_mask_pairs_folder(root_), "ImageFolder: '", root_,
+                   "' holds images/ and masks/ (image + mask pairs), which an ImageFolder would "
+                   "read as two classes: read it as pairs (tandem train --data DIR --classes N, "
+                   "tandem.data.ImageMaskPairs)");
 
   // find_classes: the subfolders of root (symlinks followed), sorted by name.
   std::vector<fs::DirEntry> class_entries;

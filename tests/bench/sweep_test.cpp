@@ -16,9 +16,10 @@ namespace {
 std::vector<SweepRow> sample_rows() {
   std::vector<SweepRow> rows;
   for (int64_t bs : {8, 32, 128}) {
-    SweepRow serial{"serial", bs, 300.0 / bs * 8, 300.0 * 8, 1.0, 0.8, 90.0, "", "", {}};
+    SweepRow serial{"serial", bs, 300.0 / bs * 8, 300.0 * 8, 1.0, 0.8, 90.0, "", "", {},
+                    false, {}};
     SweepRow pipelined{"pipelined", bs, 360.0 / bs * 8, 360.0 * 8, 1.2, 0.97, std::nullopt, "",
-                       "",          {}};
+                       "",          {},          false,     {}};
     rows.push_back(serial);
     rows.push_back(pipelined);
   }
@@ -103,6 +104,40 @@ TEST(SweepTest, TableShowsEveryRowAndFailures) {
   EXPECT_NE(table.find("1.20x"), std::string::npos);
   EXPECT_NE(table.find("failed: out of memory"), std::string::npos);
   EXPECT_NE(table.find("n/a"), std::string::npos);
+}
+
+TEST(SweepTest, TheSamplesSkipBadLeftOutAreNamedInTheTableAndTheJson) {
+  std::vector<SweepRow> rows = sample_rows();
+  rows[1].skipped = {"sample 3: b/fifo.jpg: not a regular file: a named pipe", "sample 9: x"};
+  EXPECT_NE(sweep_table(rows).find("skipped (--skip-bad) at pipelined, batch 8: 2 bad samples "
+                                   "(sample 3: b/fifo.jpg: not a regular file: a named pipe; "
+                                   "...)"),
+            std::string::npos)
+      << sweep_table(rows);
+  SweepOptions o;
+  o.base.workload = find_reference_workload("seg");
+  const auto j = sweep_json(rows, o);
+  EXPECT_EQ(j["rows"][1]["skipped"].size(), 2u);
+  EXPECT_FALSE(j["rows"][0].contains("skipped"));
+}
+
+TEST(SweepTest, ASweepWhosePointsAllFailedIsAnErrorNamingTheFirst) {
+  std::vector<SweepRow> rows = sample_rows();
+  EXPECT_NO_THROW(check_some_point_ran(rows));  // one failed point among others: a sweep
+  for (SweepRow& r : rows) r.error = "stage 'load' failed: b/fifo.jpg: a named pipe";
+  try {
+    check_some_point_ran(rows);
+    FAIL() << "no error";
+  } catch (const InvalidArgument&) {
+    FAIL() << "a run's failure is not bad input";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("every point of the sweep failed (the first, serial at "
+                                          "batch 8: stage 'load' failed: b/fifo.jpg"),
+              std::string::npos)
+        << e.what();
+  }
+  for (SweepRow& r : rows) r.refused = true;  // each failed on its input: exit 2
+  EXPECT_THROW(check_some_point_ran(rows), InvalidArgument);
 }
 
 TEST(SweepTest, JsonRowsCarryTheResultShape) {

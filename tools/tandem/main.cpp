@@ -329,6 +329,7 @@ int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
                tandem::sweep_svg(rows, "tandem " + options.base.workload.name + " on " +
                                            options.base.device + ": steps/s by batch size"),
                svg_path);
+  tandem::check_some_point_ran(rows);  // after the files: they say why each point failed
   return 0;
 }
 

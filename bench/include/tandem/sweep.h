@@ -34,6 +34,9 @@ struct SweepRow {
                                           ///< comma-separated, where rounds chose differently)
   std::string error;                      ///< why this point failed (the sweep goes on)
   std::vector<double> round_rates;        ///< steps/s of each round, in order
+  bool refused = false;  ///< it failed on its input before running (InvalidArgument: exit 2)
+  /// The samples skip_bad left out of its runs (the first round's), "sample N: why".
+  std::vector<std::string> skipped;
 };
 
 /// The median of `values` (the mean of the middle two for an even count); nullopt when empty.
@@ -47,7 +50,13 @@ std::optional<double> median(std::vector<double> values);
 std::vector<SweepRow> run_sweep(const SweepOptions& options,
                                 const std::function<void(const SweepRow&)>& on_row = {});
 
+/// The rows as a table, then a line for each point that skipped samples (skip_bad), naming the
+/// first.
 std::string sweep_table(const std::vector<SweepRow>& rows);
+/// Throws when every point failed, with the first's error: InvalidArgument where each failed on
+/// its input (the CLI's exit 2), tandem::Error otherwise (exit 1). A sweep whose points all
+/// failed measured nothing; one with some points left is a sweep (a row says why each failed).
+void check_some_point_ran(const std::vector<SweepRow>& rows);
 /// Header "mode,batch_size,steps_per_s,samples_per_s,speedup,efficiency,gpu_utilization,
 /// picked,error", then one line per row; empty fields where a value is absent.
 std::string sweep_csv(const std::vector<SweepRow>& rows);
