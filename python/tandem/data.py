@@ -19,6 +19,7 @@ from typing import Iterator, Optional
 import torch
 
 from . import _C
+from ._checks import whole
 
 class Dataset(_C.Dataset):
     """A dataset tandem's C++ loader reads (its workers fill pinned host slots): len() and
@@ -165,11 +166,9 @@ class Loader:
                  shuffle: bool = False, seed: int = 0, drop_last: bool = True,
                  device: Optional[str] = None, skip_bad: bool = False, depth: int = 0,
                  rank: int = 0, world_size: int = 1, worker_nice: int = 0):
-        if batch_size < 1:
-            raise ValueError(f"batch_size {batch_size} is not valid: expected >= 1")
-        if workers < 1:
-            raise ValueError(f"workers {workers} is not valid: expected >= 1")
-        if not 0 <= worker_nice <= 19:
+        batch_size, workers = whole("batch_size", batch_size, 1), whole("workers", workers, 1)
+        depth, seed = whole("depth", depth, 0), whole("seed", seed, 0)
+        if not 0 <= whole("worker_nice", worker_nice, 0) <= 19:
             raise ValueError(f"worker_nice {worker_nice} is not valid: expected 0 to 19 (0: the "
                              "process's priority)")
         if world_size < 1 or not 0 <= rank < world_size:

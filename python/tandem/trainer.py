@@ -42,7 +42,6 @@ import copy
 import dataclasses
 import json
 import math
-import numbers
 import os
 import threading
 import time
@@ -52,6 +51,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import _C, distributed
+from ._checks import whole
 from .augment import AugmentSpec
 from .data import Dataset, TorchDataset
 from .optim import _TandemOptimizer
@@ -219,17 +219,6 @@ def _load_model_state(model, named):
     model.load_state_dict(dict(named))  # strict: names every missing and unexpected key
 
 
-def _whole(name: str, value, minimum: int) -> int:
-    """`value` as an int when it is a whole number >= minimum (an int, or numpy's), else a
-    TypeError / ValueError naming the argument: "8", 8.5 and True are not batch sizes."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} {value!r} is a {type(value).__name__}: expected a whole "
-                        f"number >= {minimum}")
-    if value < minimum:
-        raise ValueError(f"{name} {value} is not valid: expected >= {minimum}")
-    return int(value)
-
-
 def _check_arguments(model, loss_fn, optimizer, mode, augment, lr_schedule, compile, out,
                      evaluate, checkpoint_every, keep_checkpoints):
     """TypeError / ValueError naming the first of the Trainer's arguments that cannot work."""
@@ -262,8 +251,8 @@ def _check_arguments(model, loss_fn, optimizer, mode, augment, lr_schedule, comp
     if out is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model is a {type(model).__name__}: a run folder saves the model's "
                         "state_dict, expected a torch.nn.Module")
-    _whole("checkpoint_every", checkpoint_every, 0)
-    _whole("keep_checkpoints", keep_checkpoints, 1)
+    whole("checkpoint_every", checkpoint_every, 0)
+    whole("keep_checkpoints", keep_checkpoints, 1)
 
 
 def _named_feeds(feed) -> List[Tuple[str, Callable]]:
@@ -468,7 +457,7 @@ class Trainer:
         self.device = torch.device(device) if device is not None else _device_of(optimizer)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.augment, self.mode, self.seed = augment, mode, _whole("seed", seed, 0)
+        self.augment, self.mode, self.seed = augment, mode, whole("seed", seed, 0)
         self.name = getattr(model, "__name__", None) or type(model).__name__  # in reports
         self.shuffle, self.drop_last, self.skip_bad = shuffle, drop_last, skip_bad
         self.cudnn_benchmark = (self.device.type == "cuda" if cudnn_benchmark is None
@@ -478,7 +467,7 @@ class Trainer:
         if self.world_size > 1:
             distributed._check_device(self.device)
         cores = os.cpu_count() or 2  # shared by the ranks on this machine
-        self.workers = _whole("workers", workers, 1) if workers is not None else max(
+        self.workers = whole("workers", workers, 1) if workers is not None else max(
             1, min(8 if self.device.type == "cuda" else 2,
                    (cores - 1) // distributed.local_world_size()))
 
@@ -515,7 +504,7 @@ class Trainer:
     # ---- data ----
     def _read_data(self, data, batch_size):
         if batch_size is not None:
-            batch_size = _whole("batch_size", batch_size, 1)
+            batch_size = whole("batch_size", batch_size, 1)
         if isinstance(data, _C.Dataset):  # tandem.data's classes derive from it
             if batch_size is None:
                 raise ValueError("batch_size None is not valid for a dataset: expected the "
@@ -690,8 +679,8 @@ class Trainer:
         if (steps is None) == (epochs is None):
             raise ValueError("give steps or epochs (one of them)")
         if epochs is not None:
-            return _whole("epochs", epochs, 1) * self.steps_per_epoch
-        return _whole("steps", steps, 1)
+            return whole("epochs", epochs, 1) * self.steps_per_epoch
+        return whole("steps", steps, 1)
 
     def _result(self, report: dict, mode: str, trials_s: Optional[float] = None) -> FitResult:
         setup = report.pop("setup", None)
@@ -804,7 +793,7 @@ class Trainer:
                   trace: Optional[str] = None) -> FitResult:
         """Times ``steps`` steps after ``warmup`` untimed ones, as ``tandem bench`` does, on
         deep copies of your modules and optimizer (yours are not trained)."""
-        steps, warmup = _whole("steps", steps, 1), _whole("warmup", warmup, 0)
+        steps, warmup = whole("steps", steps, 1), whole("warmup", warmup, 0)
         mode = mode or self.choose_mode(steps)
         if mode not in MODES or mode == "auto":
             raise ValueError(f"mode {mode!r} is not valid: expected one of {', '.join(MODES[1:])}")

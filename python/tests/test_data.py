@@ -109,6 +109,11 @@ def test_bad_input_is_named(tmp_path, idx_files):
         tandem.data.Idx(str(tmp_path / "nowhere.gz"), idx_files[1])
     with pytest.raises(ValueError, match="batch_size 0"):
         tandem.data.Loader(tandem.data.Idx(*idx_files), batch_size=0)
+    # Not a whole number: named, never compared or truncated (as the Trainer's arguments).
+    with pytest.raises(TypeError, match="batch_size '4' is a str: expected a whole number"):
+        tandem.data.Loader(tandem.data.Idx(*idx_files), batch_size="4")
+    with pytest.raises(TypeError, match="workers 1.5 is a float"):
+        tandem.data.Loader(tandem.data.Idx(*idx_files), batch_size=4, workers=1.5)
     with pytest.raises(Exception, match="does not exist|no such|No such"):
         tandem.data.ImageFolder(str(tmp_path / "no-folder"))
 
