@@ -19,7 +19,7 @@ from typing import Iterator, Optional
 import torch
 
 from . import _C
-from ._checks import whole
+from ._checks import rank_shard, whole
 
 class Dataset(_C.Dataset):
     """A dataset tandem's C++ loader reads (its workers fill pinned host slots): len() and
@@ -181,6 +181,7 @@ class Loader:
         self.worker_nice = int(worker_nice)
         self.epoch = 0
         self._last = None
+        rank_shard(len(dataset), self.world_size, batch_size, drop_last)  # no empty passes
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next pass shuffles for (each pass advances it by one)."""

@@ -51,7 +51,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import _C, distributed
-from ._checks import whole
+from ._checks import rank_shard, whole
 from .augment import AugmentSpec
 from .data import Dataset, TorchDataset
 from .optim import _TandemOptimizer
@@ -510,13 +510,7 @@ class Trainer:
                 raise ValueError("batch_size None is not valid for a dataset: expected the "
                                  "samples per step, >= 1")
             # A rank's shard (DistributedSampler's): every world_size-th sample.
-            shard = math.ceil(len(data) / self.world_size)
-            if shard < batch_size and self.drop_last:
-                per_rank = f" ({shard} for each of {self.world_size} ranks)" \
-                    if self.world_size > 1 else ""
-                raise ValueError(f"the dataset has {len(data)} samples{per_rank}, fewer than "
-                                 f"one batch of {batch_size}: expected a smaller batch_size or "
-                                 "drop_last=False")
+            shard = rank_shard(len(data), self.world_size, batch_size, self.drop_last)
             self.batch_size = int(batch_size)
             self.steps_per_epoch = (shard // batch_size if self.drop_last
                                     else math.ceil(shard / batch_size))

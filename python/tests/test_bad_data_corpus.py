@@ -66,7 +66,7 @@ exif_rotated           ok             ok             ok             ok          
 uppercase_ext          ok             ok             ok             ok             ok             ok             ok
 webp_file              warn           warn           warn           warn           warn           warn           warn
 empty_class            refused        refused        refused        refused        refused        refused        refused
-single_image_batch_64  refused        ok             ok             refused        refused        ok             refused
+single_image_batch_64  refused        ok             ok             refused        refused        refused        refused
 mask_other_size        error/skipped  n/a            n/a            n/a            n/a            error/skipped  error/skipped
 mask_rgb               error/skipped  n/a            n/a            n/a            n/a            error/skipped  error/skipped
 mask_missing           refused        n/a            n/a            n/a            n/a            refused        refused

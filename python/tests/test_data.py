@@ -114,6 +114,15 @@ def test_bad_input_is_named(tmp_path, idx_files):
         tandem.data.Loader(tandem.data.Idx(*idx_files), batch_size="4")
     with pytest.raises(TypeError, match="workers 1.5 is a float"):
         tandem.data.Loader(tandem.data.Idx(*idx_files), batch_size=4, workers=1.5)
+    # Fewer samples than one batch: every pass would be empty, so it is refused as the Trainer
+    # refuses it; keeping the short batch is the way.
+    few = tandem.data.Random(5, x=((2,), torch.uint8))
+    with pytest.raises(ValueError, match="the dataset has 5 samples, fewer than one batch of 8"):
+        tandem.data.Loader(few, batch_size=8)
+    with pytest.raises(ValueError, match=r"5 samples \(3 for each of 2 ranks\)"):
+        tandem.data.Loader(few, batch_size=4, rank=0, world_size=2)
+    assert [len(b["indices"]) for b in tandem.data.Loader(few, batch_size=8, workers=1,
+                                                           drop_last=False)] == [5]
     with pytest.raises(Exception, match="does not exist|no such|No such"):
         tandem.data.ImageFolder(str(tmp_path / "no-folder"))
 
