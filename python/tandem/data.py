@@ -171,10 +171,11 @@ class Loader:
         if not 0 <= whole("worker_nice", worker_nice, 0) <= 19:
             raise ValueError(f"worker_nice {worker_nice} is not valid: expected 0 to 19 (0: the "
                              "process's priority)")
-        if world_size < 1 or not 0 <= rank < world_size:
+        rank, world_size = whole("rank", rank, 0), whole("world_size", world_size, 1)
+        if not rank < world_size:
             raise ValueError(f"rank {rank} of world_size {world_size} is not valid: expected "
                              "world_size >= 1 and 0 <= rank < world_size")
-        self.rank, self.world_size = int(rank), int(world_size)
+        self.rank, self.world_size = rank, world_size
         self.dataset, self.batch_size, self.workers = dataset, batch_size, workers
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.device, self.skip_bad, self.depth = device, skip_bad, depth

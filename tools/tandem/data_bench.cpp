@@ -59,44 +59,35 @@ DataBenchRow time_on_one_core(const std::string& title, size_t files,
   return r;
 }
 
-// The files a whole decode takes (full size, on the CPU or nvJPEG): a photo over the pixel limit
-// is refused by a whole decode but trains (its crops decode at a reduced DCT scale), so it is
-// left out of the full-size rows, not called bad. `files` and `paths` are the caller's own, or
-// copies without those (made only then).
-class WholeDecodable {
- public:
-  WholeDecodable(const std::vector<std::vector<uint8_t>>& all,
-                 const std::vector<std::string>& all_paths)
-      : files(&all), paths(&all_paths) {
-    std::vector<bool> fits(all.size(), true);
-    for (size_t i = 0; i < all.size(); ++i) {
-      try {
-        const data::ImageInfo info = data::read_image_info(all[i], all_paths[i]);
-        fits[i] = info.height * info.width <= data::kMaxImagePixels;
-      } catch (const std::exception&) {  // a bad file is the decode rows' to name
-      }
-      if (!fits[i]) over_limit.push_back(all_paths[i]);
+// Leaves out of `files` and `paths` (index-aligned) each photo over the pixel limit of a whole
+// decode (full size, on the CPU or nvJPEG), which such a decode refuses but training reads (its
+// crops decode at a reduced DCT scale): not bad, so only the full-size rows go without it.
+// Returns the paths left out.
+std::vector<std::string> drop_over_whole_decode_limit(std::vector<std::vector<uint8_t>>& files,
+                                                      std::vector<std::string>& paths) {
+  std::vector<std::string> over;
+  size_t kept = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    bool fits = true;
+    try {
+      const data::ImageInfo info = data::read_image_info(files[i], paths[i]);
+      fits = info.height * info.width <= data::kMaxImagePixels;
+    } catch (const std::exception&) {  // a bad file is the decode rows' to name
     }
-    if (over_limit.empty()) return;
-    for (size_t i = 0; i < all.size(); ++i) {
-      if (!fits[i]) continue;
-      kept_files_.push_back(all[i]);
-      kept_paths_.push_back(all_paths[i]);
+    if (!fits) {
+      over.push_back(paths[i]);
+      continue;
     }
-    files = &kept_files_;
-    paths = &kept_paths_;
+    if (kept != i) {  // a vector moved onto itself would be left empty
+      files[kept] = std::move(files[i]);
+      paths[kept] = std::move(paths[i]);
+    }
+    ++kept;
   }
-  WholeDecodable(const WholeDecodable&) = delete;
-  WholeDecodable& operator=(const WholeDecodable&) = delete;
-
-  const std::vector<std::vector<uint8_t>>* files;
-  const std::vector<std::string>* paths;
-  std::vector<std::string> over_limit;  // the paths left out
-
- private:
-  std::vector<std::vector<uint8_t>> kept_files_;
-  std::vector<std::string> kept_paths_;
-};
+  files.resize(kept);
+  paths.resize(kept);
+  return over;
+}
 
 // One core decoding every file to RGB: at the DCT scale for `size` (min_side = size; 1/2, 1/4,
 // 1/8 or full, with the fast IDCT and upsampling decode_image uses when given a minimum), or at
@@ -344,22 +335,25 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   if (files.empty())
     throw Error(detail::concat("data-bench: every one of the ", bad.size(),
                                " files read for the decode rows was bad (", bad.front(), ")"));
-  const WholeDecodable whole(files, paths);
-  if (!whole.over_limit.empty()) {
-    result.notes.push_back(detail::concat(
-        "full-size decode rows: ", whole.over_limit.size(), " of the ", files.size(),
-        " files left out, larger than a whole decode takes (", data::kMaxImagePixels,
-        " pixels; training decodes them at a reduced scale): ", whole.over_limit.front(),
-        whole.over_limit.size() > 1 ? ", ..." : ""));
-    std::cerr << "data-bench: " << result.notes.back() << "\n";
-  }
   if (o.decode != "gpu") {
     result.rows.push_back(time_cpu_decode(files, paths, size, true));
     result.rows.push_back(time_cpu_region_decode(files, paths, size));
     result.rows.push_back(time_cpu_region_decode(files, paths, size, 0.5));
     result.rows.push_back(time_cpu_center_decode(files, paths, size, folder->resize_size()));
-    if (!whole.files->empty())
-      result.rows.push_back(time_cpu_decode(*whole.files, *whole.paths, size, false));
+  }
+  // The full-size rows come last: they go without the photos a whole decode refuses.
+  const size_t read = files.size();
+  const std::vector<std::string> over = drop_over_whole_decode_limit(files, paths);
+  if (!over.empty()) {
+    result.notes.push_back(detail::concat(
+        "full-size decode rows: ", over.size(), " of the ", read,
+        " files left out, larger than a whole decode takes (", data::kMaxImagePixels,
+        " pixels; training decodes them at a reduced scale): ", over.front(),
+        over.size() > 1 ? ", ..." : ""));
+    std::cerr << "data-bench: " << result.notes.back() << "\n";
+  }
+  if (o.decode != "gpu") {
+    if (!files.empty()) result.rows.push_back(time_cpu_decode(files, paths, size, false));
     result.rows.push_back(time_loader(folder, workers, *request.batch_size,
                                       std::max<int64_t>(1, o.loader_images / *request.batch_size),
                                       request.skip_bad, bad_paths));
@@ -367,10 +361,10 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   if (o.decode != "cpu") {
     DataBenchRow row;
     std::string why_not;
-    if (whole.files->empty())
+    if (files.empty())
       why_not = "every file is over the pixel limit of a whole decode";
-    else if (time_gpu_decode(*whole.files, *whole.paths, *request.batch_size,
-                             parse_device(request.device), row, why_not))
+    else if (time_gpu_decode(files, paths, *request.batch_size, parse_device(request.device), row,
+                             why_not))
       result.rows.push_back(row);
     if (!why_not.empty()) result.notes.push_back("gpu decode (nvJPEG) not timed: " + why_not);
   }
