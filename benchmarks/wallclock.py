@@ -69,6 +69,7 @@ TANDEM_IMPLS = ("tandem-py", "tandem-py-compiled")
 CELLS = "r18_full:256,r18_full:32,r50_frozen_head:256,r50_frozen_head:32,mnv3_full:256," \
         "vit_b16_full:256"
 WARM = "-warm"  # the suffix of a row run on the cache folder of the row before it
+OLD = "@old"  # the suffix of a row run on --old-package
 ROW_KEYS = ("impl", "job", "batch_size", "first_call_s", "per_call_s", "steady_images_per_s",
             "wall_images_per_s", "steps", "first_fixed_s", "mode", "trials_s", "error")
 
@@ -145,17 +146,24 @@ def parse_impls(text):
     return impls
 
 
-def plan_rows(cells, impls, cache_root, warm=False):
-    """Every row to run, in order: {impl, base, job, bs, cache_dir}. Each row gets a fresh empty
-    cache folder under cache_root; with `warm`, each tandem row is followed by its "-warm" row
-    on the same folder."""
+def plan_rows(cells, impls, cache_root, warm=False, old_package=None):
+    """Every row to run, in order: {impl, base, job, bs, cache_dir, package}. Each row gets a
+    fresh empty cache folder under cache_root; with `warm`, each tandem row is followed by its
+    "-warm" row on the same folder; with `old_package`, each tandem row is preceded by the same
+    row on that package (impl suffixed OLD), for an A/B in one call."""
     rows = []
     for job, bs in cells:
         for impl in impls:
-            cache = tempfile.mkdtemp(prefix=f"{job}-{bs}-{impl}-", dir=cache_root)
-            rows.append(dict(impl=impl, base=impl, job=job, bs=bs, cache_dir=cache))
-            if warm and impl in TANDEM_IMPLS:
-                rows.append(dict(impl=impl + WARM, base=impl, job=job, bs=bs, cache_dir=cache))
+            variants = [(impl, None)]
+            if old_package and impl in TANDEM_IMPLS:
+                variants.insert(0, (impl + OLD, old_package))
+            for name, package in variants:
+                cache = tempfile.mkdtemp(prefix=f"{job}-{bs}-{name}-", dir=cache_root)
+                rows.append(dict(impl=name, base=impl, job=job, bs=bs, cache_dir=cache,
+                                 package=package))
+                if warm and impl in TANDEM_IMPLS:
+                    rows.append(dict(impl=name + WARM, base=impl, job=job, bs=bs,
+                                     cache_dir=cache, package=package))
     return rows
 
 
@@ -355,6 +363,9 @@ def parser():
                         "folder under the system's temp folder)")
     p.add_argument("--warm-process", action="store_true",
                    help="after each tandem row, a second process on its cache folder (-warm)")
+    p.add_argument("--old-package", default=None, metavar="DIR",
+                   help="another tandem package (a folder holding tandem/): each tandem row also "
+                        f"runs on it first, as impl{OLD} (an A/B in one call)")
     p.add_argument("--out", default="wallclock.json")
     p.add_argument("--row", action="store_true", help=argparse.SUPPRESS)  # one row, JSON on stdout
     p.add_argument("--job", help=argparse.SUPPRESS)
@@ -373,6 +384,9 @@ def run_process(a, planned):
         cmd += ["--fit-steps-first", str(a.fit_steps_first)]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=planned["cache_dir"],
                TRITON_CACHE_DIR=os.path.join(planned["cache_dir"], "triton"))
+    if planned.get("package"):  # the A/B's old tandem in place of this one's
+        env["PYTHONPATH"] = os.pathsep.join([planned["package"]] + [
+            p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
@@ -416,7 +430,7 @@ def main(argv=None):
         cache_root = a.cache_dir
     else:
         cache_root = tempfile.mkdtemp(prefix="wallclock-cache-")
-    plan = plan_rows(cells, impls, cache_root, warm=a.warm_process)
+    plan = plan_rows(cells, impls, cache_root, warm=a.warm_process, old_package=a.old_package)
     m = a.fit_steps_first or a.n
     command = "python3 benchmarks/wallclock.py " + shlex.join(sys.argv[1:] if argv is None
                                                               else argv)

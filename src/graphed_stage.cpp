@@ -87,9 +87,17 @@ void GraphedStage::release_barrier() {
   barrier_pending_ = false;
 }
 
+void GraphedStage::begin_run() {
+  kept_ = captured();
+  run_calls_ = run_replays_ = 0;
+  eager_items_.clear();
+  eager_reason_.clear();
+}
+
 std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
                                           const std::vector<at::Tensor>& inputs) {
   const int64_t call = calls_++;
+  ++run_calls_;
   if (!lane.is_cuda()) {
     on_cpu_ = true;
     return work_(inputs);
@@ -151,6 +159,7 @@ std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
   }
   graph_->replay(lane);
   ++replays_;
+  ++run_replays_;
   if (outputs_ == GraphOutputs::kStatic) return static_outputs_;
   std::vector<at::Tensor> out;
   out.reserve(static_outputs_.size());
@@ -161,8 +170,8 @@ std::vector<at::Tensor> GraphedStage::run(const Lane& lane, int64_t item,
 std::vector<std::string> GraphedStage::notes() const {
   std::vector<std::string> out;
   if (on_cpu_) return out;  // the runner says once that its graphed mode ran eagerly
-  if (!captured() && calls_ > 0 && calls_ <= warmup_)
-    out.push_back(detail::concat(options_.name, ": all ", calls_,
+  if (!captured() && run_calls_ > 0 && calls_ <= warmup_)
+    out.push_back(detail::concat(options_.name, ": all ", run_calls_,
                                  " step(s) ran eagerly: a graph is captured only after ", warmup_,
                                  " warm-up steps"));
   if (!eager_items_.empty()) {

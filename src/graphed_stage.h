@@ -91,12 +91,20 @@ class GraphedStage {
   std::vector<at::Tensor> run(const Lane& lane, int64_t item,
                               const std::vector<at::Tensor>& inputs);
 
+  /// A new run of the pipeline the stage is kept in: its items count from 0 again and its notes
+  /// and capture_seconds() are the new run's. A captured graph stays and replays at once.
+  void begin_run();
+
   const std::string& name() const { return options_.name; }
   int warmup_steps() const { return warmup_; }
   bool captured() const { return graph_ && graph_->captured(); }
-  /// Host seconds its capture took (GraphedStep::capture_seconds); 0 before one.
-  double capture_seconds() const { return captured() ? graph_->capture_seconds() : 0; }
+  /// Whether its graph was captured in an earlier run (begin_run) and replays in this one.
+  bool kept() const { return kept_; }
+  /// Host seconds its capture took in this run (GraphedStep::capture_seconds); 0 before one,
+  /// and in a run that replays a graph kept from an earlier one.
+  double capture_seconds() const { return captured() && !kept_ ? graph_->capture_seconds() : 0; }
   int64_t replays() const { return replays_; }
+  int64_t run_replays() const { return run_replays_; }  ///< this run's (begin_run)
   /// Items after warm-up that ran eagerly because their shapes differed from the captured ones.
   const std::vector<int64_t>& eager_items() const { return eager_items_; }
   /// What a reader should know besides the capture itself: items that ran eagerly and why.
@@ -113,6 +121,8 @@ class GraphedStage {
   std::unique_ptr<GraphedStep> graph_;  // made at capture, when the statics exist
   std::vector<at::Tensor> static_inputs_, static_outputs_;
   int64_t calls_ = 0, replays_ = 0;
+  int64_t run_calls_ = 0, run_replays_ = 0;  // this run's (begin_run)
+  bool kept_ = false;      // captured before this run
   bool on_cpu_ = false;
   std::shared_ptr<WarmupBarrier> barrier_;
   bool barrier_pending_ = false;  // joined barrier_ and not yet arrived

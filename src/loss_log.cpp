@@ -47,6 +47,15 @@ void LossLog::record(const at::Tensor& loss) {
                          c10::cuda::getCurrentCUDAStream(device_.index()).stream());
 }
 
+void LossLog::reset() {
+  if (device_.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device_);
+    cursor_.zero_();
+  } else {
+    *cursor_.mutable_data_ptr<int64_t>() = 0;
+  }
+}
+
 int64_t LossLog::records() const {
   return device_.is_cuda() ? cursor_.item<int64_t>() : *cursor_.const_data_ptr<int64_t>();
 }

@@ -30,6 +30,10 @@ class LossLog {
   /// size or device of any other tensor.
   void record(const at::Tensor& loss);
 
+  /// Empties the log for a new run (zeroes its cursor on the device's current stream, ordered
+  /// as the constructor's zeroing is). Graphs that captured its records keep appending to it.
+  void reset();
+
   int64_t capacity() const { return capacity_; }
   c10::Device device() const { return device_; }
   /// Every record so far, those that overflowed included (synchronizes the current stream).

@@ -9,10 +9,12 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <thread>
 
+#include "tandem/kept_threads.h"
 #include "tandem/thread_name.h"
 
 namespace tandem {
@@ -197,10 +199,14 @@ void Pipeline::run(int64_t num_items, const ItemHook& on_item) {
     origin_host_ = Clock::now();
     origin_event_->record(caller.stream());
   }
-  if (mode_ == PipelineMode::kSerial)
-    run_serial(num_items, on_item);
-  else
+  if (mode_ == PipelineMode::kSerial) {
+    // On the train role's kept thread (kept_threads.h: what it tuned on the last run stays).
+    detail::start_on_kept_thread(detail::stage_role(stages_.back().name, true), "serial",
+                                 [&] { run_serial(num_items, on_item); })
+        .get();
+  } else {
     run_threaded(num_items, on_item);
+  }
   for (int i = 0; i < num_stages(); ++i) caller.wait_for(lane_of(i));
   emit_lane_spans();
 }
@@ -359,21 +365,21 @@ void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
     }
   };
 
-  std::vector<std::thread> threads;
+  // Each stage on its role's kept thread (kept_threads.h): what a stage's thread tuned on its
+  // first steps (cuDNN's plans) serves the next run's stage of that role.
+  std::vector<std::future<void>> stages;
   try {
-    for (int i = 1; i < K; ++i)
-      threads.emplace_back([&stage_loop, this, i] {
-        name_this_thread(stages_[i].name);  // the first stage runs on the caller's thread
-        stage_loop(i);
-      });
+    for (int i = 0; i < K; ++i)
+      stages.push_back(detail::start_on_kept_thread(
+          detail::stage_role(stages_[i].name, i + 1 == K), stages_[i].name,
+          [&stage_loop, i] { stage_loop(i); }));
   } catch (...) {  // no thread for a stage (std::system_error): stop those already started
     for (auto& q : inbox) q.close();
     open_gate();
-    for (auto& t : threads) t.join();
+    for (auto& f : stages) f.wait();
     throw;
   }
-  stage_loop(0);  // the caller's thread drives the first stage
-  for (auto& t : threads) t.join();
+  for (auto& f : stages) f.get();  // stage_loop catches everything: nothing to rethrow here
   if (error) std::rethrow_exception(error);
 }
 

@@ -30,6 +30,10 @@ std::string cpu_graph_note(Mode mode) {
 
 namespace {
 
+// The loss log's least capacity: runs up to this many steps keep it (and the graphs that append
+// to it) from one prepare() to the next; 256 KiB of float32.
+constexpr int64_t kKeptLossLogCapacity = int64_t{1} << 16;
+
 // One piece of a step as the runner composes it: a feed, or the train step (zero_grad, forward
 // and loss, backward, optimizer step, loss appended to the log), with its fields by name.
 struct Unit {
@@ -159,13 +163,16 @@ struct Runner::Impl {
   std::vector<Unit> units;
   int64_t batch_size = 0;  // for messages: the host batch, or a resident batch's first dim
 
-  // Rebuilt by each prepare(), in this order of destruction: graphs before the log their
-  // replays append to.
+  // Kept from one prepare() to the next while the runs succeed (`keep`), so a later run
+  // replays the graphs an earlier one captured; in this order of destruction: graphs before
+  // the log their replays append to (its address is in them).
   std::unique_ptr<LossLog> log;
-  std::vector<Group> groups;
+  std::vector<Group> groups;                           // their units' work is in the graphs
   std::vector<std::unique_ptr<GraphedStage>> graphed;  // per group; null where eager
+  std::shared_ptr<WarmupBarrier> barrier;              // the kept stages' (one in warm-up)
+  bool keep = false;  // the last run succeeded: the next prepare() keeps the above
+  // Rebuilt by each prepare(): graphed_k's graphs are made for one run's length.
   std::unique_ptr<GraphedKStage> graphed_k;
-  std::shared_ptr<WarmupBarrier> barrier;
   std::unique_ptr<Pipeline> pipeline;
   int64_t num_steps = 0;
   double prepare_seconds = 0;
@@ -199,14 +206,23 @@ struct Runner::Impl {
 };
 
 void Runner::Impl::reset(int64_t steps, const RunOptions& o, c10::Device device) {
-  // The previous run's graphs go before the log their replays append to, and before its
-  // loader. Safe with replays in flight: CUDA frees an executable graph once its launches end.
+  // The previous run's graphs (unless kept) go before the log their replays append to, and
+  // before its loader. Safe with replays in flight: CUDA frees an executable graph once its
+  // launches end.
   pipeline.reset();
-  graphed.clear();
   graphed_k.reset();
+  if (!keep || !log || log->capacity() < steps) {
+    graphed.clear();
+    groups.clear();
+    barrier.reset();
+    log.reset();
+    log = std::make_unique<LossLog>(std::max(steps, kKeptLossLogCapacity), device);
+  } else {
+    log->reset();  // ordered before the run's lanes by the pipeline (they wait for the caller)
+  }
+  keep = false;  // until this run succeeds
   loader.reset();
   skipped.clear();
-  log = std::make_unique<LossLog>(steps, device);
   num_steps = steps;
   epoch = taken_in_epoch = 0;
   draw_position = o.first_step * o.batch_size;
@@ -343,7 +359,10 @@ Stage Runner::Impl::group_stage(size_t gi, const Workload& w, const RunOptions& 
     // suffices. Graphs that replay concurrently keep private pools (the default).
     const GraphOutputs outputs =
         pipelined && !g->outputs.empty() ? GraphOutputs::kCloned : GraphOutputs::kStatic;
-    graphed[gi] = std::make_unique<GraphedStage>(go, work, outputs, barrier, o.graph_warmup_steps);
+    if (!graphed[gi])  // else kept from an earlier run of this runner: it replays at once
+      graphed[gi] =
+          std::make_unique<GraphedStage>(go, work, outputs, barrier, o.graph_warmup_steps);
+    graphed[gi]->begin_run();
     GraphedStage* s = graphed[gi].get();
     run = [s](const Lane& lane, int64_t item, const Tensors& in) { return s->run(lane, item, in); };
   } else {
@@ -543,8 +562,10 @@ void Runner::prepare(int64_t num_steps) {
   im.reset(num_steps, options_, dev);
   const DataSource& data = workload_.data;
   im.open_run_dataset(data, options_);
-  im.groups = compose_groups(im.units, mode);
-  im.barrier = std::make_shared<WarmupBarrier>();
+  if (im.groups.empty()) {  // else kept, with the graphs that run their units
+    im.groups = compose_groups(im.units, mode);
+    im.barrier = std::make_shared<WarmupBarrier>();
+  }
   std::vector<Stage> stages;
   if (data.on_host()) stages.push_back(im.load_stage(data, options_, dev));
   im.graphed.resize(im.groups.size());
@@ -555,7 +576,7 @@ void Runner::prepare(int64_t num_steps) {
       std::move(stages), runs_pipelined(mode) ? PipelineMode::kPipelined : PipelineMode::kSerial,
       Lane::create("serial", dev));
   std::shared_ptr<WarmupBarrier> barrier = im.barrier;
-  im.pipeline->set_on_error([barrier] { barrier->cancel(); });
+  im.pipeline->set_on_error([barrier] { barrier->cancel(); });  // the run fails: nothing kept
   im.pipeline->set_trace(options_.trace);
   im.prepare_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -570,15 +591,31 @@ RunSetup Runner::setup() const {
     s.graphs += captured ? 1 : 0;
   };
   for (const auto& g : im.graphed)
-    if (g) add(g->capture_seconds(), g->captured());
+    if (g && g->kept())
+      ++s.graphs_kept;
+    else if (g)
+      add(g->capture_seconds(), g->captured());
   if (im.graphed_k) add(im.graphed_k->capture_seconds(), im.graphed_k->captured());
   return s;
 }
+
+void Runner::set_first_step(int64_t first_step) {
+  RunOptions o = options_;
+  o.first_step = first_step;
+  check_run(workload_, o);
+  options_ = o;
+}
+
+void Runner::set_trace(Trace* trace) { options_.trace = trace; }
+
+void Runner::set_stop(const std::atomic<int>* stop) { options_.stop = stop; }
 
 void Runner::run(const StepHook& on_step) {
   Pipeline& p = prepared(impl_->pipeline, "run");
   try {
     p.run(impl_->num_steps, on_step);
+    impl_->keep = true;  // a failed run keeps nothing: a graph may be half made, its barrier
+                         // cancelled
   } catch (const StageError& e) {
     throw RunError(detail::concat("stage '", e.stage(), "' (lane ", e.lane(), ") failed at step ",
                                   e.item(), " in mode ", to_string(options_.mode),
@@ -670,10 +707,16 @@ std::vector<std::string> Runner::notes() const {
     const GraphedStage* s = im.graphed[gi].get();
     if (s && s->captured()) {
       any = true;
-      out.push_back(detail::concat(
-          "captured: ", g.name, " (", describe_units(g), ") as one graph",
-          runs_pipelined(mode) ? " on lane " + g.lane : std::string(), " after ", s->warmup_steps(),
-          " eager warm-up steps on a side lane; ", s->replays(), " replays"));
+      const std::string lane = runs_pipelined(mode) ? " on lane " + g.lane : std::string();
+      out.push_back(
+          s->kept()
+              ? detail::concat("replayed: ", g.name, " (", describe_units(g), ") as the graph ",
+                               "an earlier run of this runner captured", lane, "; ",
+                               s->run_replays(), " replays")
+              : detail::concat("captured: ", g.name, " (", describe_units(g), ") as one graph",
+                               lane, " after ", s->warmup_steps(),
+                               " eager warm-up steps on a side lane; ", s->run_replays(),
+                               " replays"));
     }
     if (s)
       for (auto& note : s->notes()) out.push_back(note);

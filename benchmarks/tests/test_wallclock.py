@@ -118,7 +118,7 @@ def test_help_runs_without_torch():
     r = subprocess.run([sys.executable, str(DRIVER), "--help"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     for option in ("--cells", "--impls", "--n", "--fit-steps-first", "--cache-dir",
-                   "--warm-process", "--timeout", "--out"):
+                   "--warm-process", "--old-package", "--timeout", "--out"):
         assert option in r.stdout, option
 
 
@@ -140,6 +140,20 @@ def test_each_row_has_a_fresh_cache_folder_and_a_warm_row_shares_its_first(tmp_p
         assert Path(d).parent == tmp_path and os.listdir(d) == []
     plain = wallclock.plan_rows([("r18_full", 32)], ["tandem-py"], str(tmp_path))
     assert [r["impl"] for r in plain] == ["tandem-py"]
+    assert plain[0]["package"] is None
+
+
+def test_an_old_package_runs_each_tandem_row_before_this_one(tmp_path):
+    plan = wallclock.plan_rows([("r18_full", 32)], ["eager", "tandem-py"], str(tmp_path),
+                               warm=True, old_package="/old/py")
+    assert [r["impl"] for r in plan] == ["eager", "tandem-py@old", "tandem-py@old-warm",
+                                         "tandem-py", "tandem-py-warm"]
+    by = {r["impl"]: r for r in plan}
+    assert by["tandem-py@old"]["base"] == "tandem-py"
+    assert by["tandem-py@old"]["package"] == by["tandem-py@old-warm"]["package"] == "/old/py"
+    assert by["tandem-py"]["package"] is None and by["eager"]["package"] is None
+    assert by["tandem-py@old-warm"]["cache_dir"] == by["tandem-py@old"]["cache_dir"]
+    assert by["tandem-py@old"]["cache_dir"] != by["tandem-py"]["cache_dir"]
 
 
 def test_a_row_process_output_is_its_row_line_or_an_error():

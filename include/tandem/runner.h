@@ -87,7 +87,8 @@ class RunError : public Error {
 struct RunSetup {
   double prepare_seconds = 0;
   double capture_seconds = 0;
-  int graphs = 0;  ///< graphs captured
+  int graphs = 0;       ///< graphs captured in this run
+  int graphs_kept = 0;  ///< graphs an earlier run captured, replayed in this one
 };
 
 class Runner {
@@ -99,9 +100,21 @@ class Runner {
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
-  /// A fresh pipeline for `num_steps` steps: a new loader, lanes, graphs and loss log, its
-  /// trace RunOptions::trace. Set its timing (set_timing) before run().
+  /// A pipeline for `num_steps` steps: a new loader and lanes, its trace RunOptions::trace. The
+  /// CUDA graphs an earlier run of this Runner captured are kept, with the loss log they append
+  /// to (up to 65 536 steps a run; a longer run captures anew), so a later run replays them from
+  /// its first step; a run that failed keeps nothing. They stay valid while what they read
+  /// stays where it was: the same parameter, buffer and optimizer-state tensors (updated in
+  /// place) and the same step. Set its timing (set_timing) before run().
   void prepare(int64_t num_steps);
+  /// The global step of the next prepared run's first step (RunOptions::first_step), for a run
+  /// that continues the last one: the data order and resident batches go on from there.
+  /// InvalidArgument as the constructor's checks.
+  void set_first_step(int64_t first_step);
+  /// The trace of the next prepared run (RunOptions::trace); nullptr: none.
+  void set_trace(Trace* trace);
+  /// The stop flag of the next prepared run (RunOptions::stop); nullptr: none.
+  void set_stop(const std::atomic<int>* stop);
   /// Called by each stage's host thread as it starts step `step` (0-based within the run) of
   /// stage `stage` (0 .. num_stages() - 1, the train stage last), before its work is enqueued.
   /// An exception it throws stops the run as the stage's own failure would.

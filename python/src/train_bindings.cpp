@@ -170,11 +170,29 @@ py::dict report_to_python(run::RunReport& r, distributed::ProcessGroup* group) {
   return out;
 }
 
-py::dict train_run(const py::dict& config) {
+/// A tandem.Trainer's fits, each through the training loop. Fits without a run folder go one
+/// after another on one train::Trainer, whose Runner keeps its lanes' threads and the CUDA graphs
+/// the first fit captured (train::Trainer::set_next_run): a later fit replays from its first
+/// step. trainer.py keeps a session per Trainer while what it was built from is unchanged, and
+/// makes a new one otherwise; a fit that fails leaves nothing kept. A run folder's fit is a
+/// session of its own.
+class FitSession {
+ public:
+  py::dict fit(const py::dict& config);
+
+ private:
+  std::shared_ptr<PythonCalls> calls_ = std::make_shared<PythonCalls>();
+  std::unique_ptr<train::Trainer> trainer_;  // kept between fits without a run folder
+  std::atomic<int> stop_{0};
+  c10::Device device_{c10::kCPU};  // the job's
+};
+
+py::dict FitSession::fit(const py::dict& config) {
   RunConfig c = read_config(config);
   const py::dict t = config["train"];
   const bool folder = !t["out"].is_none();
-  auto calls = std::make_shared<PythonCalls>();
+  TANDEM_CHECK_ARG(!folder || !trainer_,
+                   "a run folder's fit is a session of its own: expected a new session");
   std::shared_ptr<distributed::ProcessGroup> group;
   if (c.data_parallel) {
     group = current_job();
@@ -187,10 +205,14 @@ py::dict train_run(const py::dict& config) {
   TANDEM_CHECK_ARG(c.request.mode.has_value(), "fit needs a resolved mode");
   const bool lead = c.request.rank == 0;
 
-  const train::TrainJob job = python_job(c, t, folder, calls);
-  std::atomic<int> stop{0};
-  train::TrainOptions to = loop_options(c, t, folder, calls);
-  to.stop = &stop;
+  std::optional<train::TrainJob> job;  // the first fit's; later ones run the kept Trainer's
+  if (!trainer_) {
+    job = python_job(c, t, folder, calls_);
+    device_ = job->workload.device;
+  }
+  stop_ = 0;
+  train::TrainOptions to = loop_options(c, t, folder, calls_);
+  to.stop = &stop_;
   to.group = group;
   std::unique_ptr<Trace> trace;
   if (!folder && !c.request.trace_path.empty())
@@ -200,48 +222,54 @@ py::dict train_run(const py::dict& config) {
   const auto started = std::chrono::steady_clock::now();
   // A folder's run: its epoch bar and a line per epoch; one without: the run layer's line.
   run::Progress steps_line(c.name + " " + run::mode_name(c.request.mode), to.steps, !folder && tty);
+  // The callbacks read this fit's locals: the next fit's set_next_run replaces them.
   if (tty)
-    to.on_progress = [&](const train::TrainOptions::Progress& p) {
-      if (!folder) return steps_line.update(p.step - to.first_step);
+    to.on_progress = [&, first = to.first_step](const train::TrainOptions::Progress& p) {
+      if (!folder) return steps_line.update(p.step - first);
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      std::fprintf(stderr, "\r\033[K%s", train::progress_line(p, to.batch_size, elapsed).c_str());
+      std::fprintf(stderr, "\r\033[K%s",
+                   train::progress_line(p, to.batch_size, elapsed).c_str());
       std::fflush(stderr);
     };
-  to.on_epoch = [&](const train::EpochRecord& r) {
+  to.on_epoch = [&, epochs = to.epochs](const train::EpochRecord& r) {
     if (!show) return;
-    std::fprintf(stderr, "%s%s\n", tty ? "\r\033[K" : "", train::epoch_line(r, to.epochs).c_str());
+    std::fprintf(stderr, "%s%s\n", tty ? "\r\033[K" : "", train::epoch_line(r, epochs).c_str());
     std::fflush(stderr);
   };
 
   const KeepCudnnBenchmark keep;
   at::globalContext().setBenchmarkCuDNN(c.request.cudnn_benchmark.value());
   std::optional<run::GpuMonitor> monitor;  // a folder-less fit reports GPU utilization
-  if (!folder) monitor.emplace(job.workload.device);
+  if (!folder) monitor.emplace(device_);
   std::optional<train::TrainResult> result;
   int64_t steps_per_epoch = 0;
   try {
     run_interruptible<bool>(
         [&] {
           try {
-            train::Trainer trainer(job, to);
-            steps_per_epoch = trainer.steps_per_epoch();
-            if (show && trainer.resumed()) {
+            if (trainer_)
+              trainer_->set_next_run(std::move(to));
+            else
+              trainer_ = std::make_unique<train::Trainer>(std::move(*job), std::move(to));
+            steps_per_epoch = trainer_->steps_per_epoch();
+            if (show && trainer_->resumed()) {
               std::fprintf(stderr, "%s\n",
-                           train::resume_line(trainer.start_step(), steps_per_epoch).c_str());
+                           train::resume_line(trainer_->start_step(), steps_per_epoch).c_str());
               std::fflush(stderr);
             }
             if (monitor && c.request.gpu_monitor) monitor->start();
-            result = trainer.run();
+            result = trainer_->run();
             if (monitor) monitor->stop();
           } catch (...) {
             if (monitor) monitor->stop();
+            trainer_.reset();  // nothing kept from a fit that failed
             if (group) abandon_job();  // as run() does: the other ranks see this one stop
             throw;
           }
           return true;
         },
-        [&] { stop = SIGINT; }, *calls);
+        [&] { stop_ = SIGINT; }, *calls_);
   } catch (py::error_already_set& e) {
     // A Ctrl-C: the loop stopped at a step (a folder's run kept a checkpoint): say where.
     if (folder && result && result->stopped_by_signal != 0 && e.matches(PyExc_KeyboardInterrupt) &&
@@ -249,11 +277,13 @@ py::dict train_run(const py::dict& config) {
       e.value().attr("add_note")("tandem: stopped after step " + std::to_string(result->steps) +
                                  "; checkpoint " + result->last_checkpoint +
                                  ". fit(..., resume=True) continues the run");
+    trainer_.reset();  // a stopped fit: the next one starts afresh, as its steps_done says
     throw;
   }
   steps_line.finish();
   if (tty && folder) std::fprintf(stderr, "\r\033[K");
   if (folder) {
+    trainer_.reset();
     const train::EpochsReport report = train::describe_epochs(*result, steps_per_epoch);
     return result_to_python(*result, report, steps_per_epoch);
   }
@@ -264,9 +294,18 @@ py::dict train_run(const py::dict& config) {
   return out;
 }
 
+py::dict train_run(const py::dict& config) { return FitSession().fit(config); }
+
 }  // namespace tandem::python
 
 void bind_train(py::module_& m) {
+  py::class_<tandem::python::FitSession>(
+      m, "FitSession",
+      "A tandem.Trainer's fits on one training loop: fits without a run folder keep its lanes' "
+      "threads and CUDA graphs for the next (trainer.py)")
+      .def(py::init<>())
+      .def("fit", &tandem::python::FitSession::fit, py::arg("config"),
+           "Runs one fit as train() does, on this session's kept training loop");
   m.def("train", &tandem::python::train_run, py::arg("config"),
         "Runs a tandem.Trainer's fit through the training loop (train::Trainer): into a run "
         "folder, returning the epochs, the losses and where the checkpoints are; without one, "

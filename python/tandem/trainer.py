@@ -353,6 +353,37 @@ def _tensors_of(objects) -> List[torch.Tensor]:
     return out
 
 
+def _tensor_place(t) -> tuple:
+    """Where a graph reads `t` from, and what it was captured for."""
+    return (t.data_ptr(), tuple(t.shape), t.dtype, t.requires_grad)
+
+
+def _value_place(v):
+    return _tensor_place(v) if isinstance(v, torch.Tensor) else v
+
+
+def _captured_state(objects, optimizer) -> list:
+    """What a captured CUDA graph of these modules and this optimizer was recorded against: each
+    module's train/eval flags, each parameter's and buffer's tensor, each optimizer param
+    group's hyper-parameters (a float lr is baked into the graph) and each state tensor. Equal
+    before and after a change made in place (an optimizer step, load_state_dict into a module);
+    different after a tensor is replaced (``module.weight = Parameter(...)``,
+    ``optimizer.load_state_dict``), a flag flipped or a float hyper-parameter set."""
+    out = []
+    for o in objects:
+        if isinstance(o, torch.nn.Module):
+            out.append([m.training for m in o.modules()])
+            out.append([(n, _tensor_place(t)) for n, t in o.named_parameters()])
+            out.append([(n, _tensor_place(t)) for n, t in o.named_buffers()])
+    if not isinstance(optimizer, _TandemOptimizer):  # tandem's: state in C++, a device lr
+        for g in optimizer.param_groups:
+            out.append([(k, _value_place(v)) for k, v in g.items() if k != "params"])
+            out.append([id(p) for p in g["params"]])
+        for p, state in optimizer.state.items():
+            out.append((id(p), [(k, _value_place(v)) for k, v in state.items()]))
+    return out
+
+
 def _evaluation(evaluate, model):
     """``evaluate(model)`` as the training loop calls it: the model's modules in eval mode and
     no gradients, each module's own flag put back after; returns (metrics, samples scored)."""
@@ -493,6 +524,10 @@ class Trainer:
                              f"{', '.join(fields)}")
         self.target = target
         self._trials: Optional[dict] = None
+        # The training loop kept between fits (see fit): its session, what it was built from,
+        # and (graphed modes) what its graphs were captured against, as of the last fit's end.
+        self._session = None
+        self._session_key = None
         # Fits continue each other: the data order, the augmentation's draws and lr_schedule's
         # step go on from where the last completed fit stopped.
         self.steps_done = 0
@@ -703,6 +738,18 @@ class Trainer:
         its traceback; a NaN or infinite loss raises a RuntimeError naming its step. Every fit
         runs the training loop of `tandem train`.
 
+        A fit keeps what it built for the next: the training loop's threads (with what they
+        autotuned), and in the graphed modes the CUDA graphs it captured, so a later fit
+        replays from its first step. They are kept while nothing they were built from changed
+        since the last fit ended: the model, loss_fn, optimizer, feed and data objects and the
+        Trainer's settings, and for the graphs each parameter's, buffer's and optimizer-state
+        tensor (changes made in place, as ``model.load_state_dict`` makes them, are read;
+        a replaced tensor — ``optimizer.load_state_dict``, a new Parameter — is not), the
+        modules' train/eval flags and requires_grad, and the optimizer's hyper-parameters
+        (a float lr is part of the graph). A change of any of these makes the next fit build
+        and capture anew; other Python state your modules read in a graphed mode was frozen
+        at capture: call ``reset()`` after changing it. A fit that fails keeps nothing.
+
         With a run folder (``out``): ``epochs`` is the run's length, ``resume=True`` continues
         the folder's run from its newest checkpoint (or starts it when it has none), Ctrl-C
         writes a checkpoint before KeyboardInterrupt is raised, and the result holds every
@@ -727,9 +774,39 @@ class Trainer:
         config["train"] = self._loop_config(steps=n, epochs=0, out=None, resume=False,
                                             evaluate=None)
         config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
-        report = _C.train(config)
+        report = self._kept_session(mode).fit(config)
         self.steps_done += n
+        self._session_key = self._key_of(mode)  # as this fit leaves the modules and optimizer
         return self._result(report, mode, trials_s)
+
+    def _key_of(self, mode) -> list:
+        """What the kept training loop was built from: the objects, the settings, and in a
+        graphed mode on CUDA what its graphs were captured against (_captured_state)."""
+        key = [mode, id(self.model), id(self.loss_fn), id(self.optimizer),
+               [id(f) for _, f in self._feeds], id(self._data), self.batch_size, self.workers,
+               self.seed, self.skip_bad, str(self.device), self.augment, self.input,
+               self.target, self.shuffle, self.drop_last, self.cudnn_benchmark,
+               self.lr_schedule is None, self._compile, self.world_size]
+        if mode in _GRAPHED and self.device.type == "cuda":
+            key.append(_captured_state([self.model, self.loss_fn, *(f for _, f in self._feeds)],
+                                       self.optimizer))
+        return key
+
+    def _kept_session(self, mode):
+        """The training loop of the last fit if nothing it was built from changed since it
+        ended, else a new one (the old one's graphs and memory let go first)."""
+        if self._session is None or self._session_key != self._key_of(mode):
+            self._session = None
+            self._session = _C.FitSession()
+            self._session_key = None
+        return self._session
+
+    def reset(self):
+        """Lets go of what fits keep (the training loop's lanes, threads' places and CUDA
+        graphs): the next fit builds and captures anew. Mode auto's decision is kept. Call it
+        after changing Python state your modules read that a captured graph froze (see fit)."""
+        self._session = None
+        self._session_key = None
 
     def _loop_config(self, steps, epochs, out, resume, evaluate) -> dict:
         """What the training loop (_C.train) takes beyond the run's config."""
@@ -768,6 +845,7 @@ class Trainer:
         config["train"] = self._loop_config(steps=0, epochs=epochs, out=self.out,
                                             resume=resume, evaluate=evaluate)
         config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
+        self.reset()  # a run folder's fit is a loop of its own: the kept one's memory goes first
         report = _C.train(config)
         self.steps_done = report["steps"]
         start = max(report["resumed_from"], 0)

@@ -370,18 +370,54 @@ def test_arguments_of_the_wrong_type_are_refused_by_name():
 def test_a_fit_says_what_it_paid_besides_its_steps():
     t, _, _ = trainer("cpu", "auto")
     first = t.fit(steps=3, progress=False)
-    assert set(first.setup) == {"trials_s", "prepare_s", "capture_s", "graphs"}
+    assert set(first.setup) == {"trials_s", "prepare_s", "capture_s", "graphs", "graphs_kept"}
     assert first.setup["prepare_s"] > 0 and first.setup["trials_s"] >= 0
     assert first.setup["graphs"] == 0 and first.setup["capture_s"] == 0  # the CPU: no graphs
     later = t.fit(steps=3, progress=False)
     assert later.setup["trials_s"] < 0.05  # decided: nothing tried again
 
 
+def test_later_fits_keep_the_training_loop_until_what_it_was_built_from_changes():
+    t, _, _ = trainer("cpu", "pipelined")
+    t.fit(steps=3, progress=False)
+    kept = t._session
+    t.fit(steps=2, progress=False)
+    assert t._session is kept
+    t.workers = 1  # a setting the loop was built for
+    t.fit(steps=2, progress=False)
+    assert t._session is not kept and t._session is not None
+    kept = t._session
+    t.reset()
+    assert t._session is None
+    t.fit(steps=2, progress=False)
+    assert t._session is not kept and t.steps_done == 9
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_a_graphed_fit_counts_its_captures():
+def test_a_later_graphed_fit_replays_the_first_fits_graphs():
     t, _, _ = trainer("cuda", "pipelined+graphed")
-    result = t.fit(steps=8, progress=False)
-    assert result.setup["graphs"] >= 1 and result.setup["capture_s"] > 0
+    first = t.fit(steps=8, progress=False)
+    assert first.setup["graphs"] == 2 and first.setup["capture_s"] > 0
+    assert first.setup["graphs_kept"] == 0
+    later = t.fit(steps=4, progress=False)
+    assert later.setup["graphs"] == 0 and later.setup["capture_s"] == 0
+    assert later.setup["graphs_kept"] == 2
+    t.model.train(False)  # a flag the graph was captured with: captured anew
+    again = t.fit(steps=4, progress=False)
+    assert again.setup["graphs"] == 2 and again.setup["graphs_kept"] == 0
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_a_float_lr_changed_between_graphed_fits_is_the_next_fits():
+    # SGD's float lr is baked into a captured graph: a changed one makes the next fit capture
+    # anew, and it trains as the plain loop does with the new rate from step 6 on.
+    expected, _ = plain_losses("cuda", 12, schedule=lambda step: 0.05 if step < 6 else 0.01)
+    t, _, _ = trainer("cuda", "graphed")
+    first = t.fit(steps=6, progress=False).losses
+    set_lr(t.optimizer, 0.01)
+    second = t.fit(steps=6, progress=False)
+    assert second.setup["graphs"] == 1 and second.setup["graphs_kept"] == 0
+    close(first + second.losses, expected, "cuda")
 
 
 def test_auto_on_the_cpu_is_serial():

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <cstdio>
 #include <vector>
 
@@ -43,19 +45,43 @@ uint64_t now_us() {
 }  // namespace
 
 struct GpuMonitor::Nvml {
-  void* library = nullptr;
-  NvmlReturn (*init)() = nullptr;
-  NvmlReturn (*shutdown)() = nullptr;
   NvmlReturn (*by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
   NvmlReturn (*utilization)(NvmlDevice, NvmlUtilization*) = nullptr;
   // Optional: without it (or where the driver keeps no samples) the reader falls back.
   NvmlReturn (*samples)(NvmlDevice, int, unsigned long long, int*, unsigned int*,
                         NvmlSample*) = nullptr;
-  ~Nvml() {
-    if (shutdown) shutdown();
-    if (library) dlclose(library);
-  }
+  std::string unavailable;  // why NVML cannot be used; empty when it can
 };
+
+// NVML loaded and initialized once per library path for the whole process, never shut down: an
+// nvmlInit per monitor cost every fit of a tandem.Trainer (each reports GPU utilization) tens to
+// hundreds of milliseconds. Never destroyed, as the library it points into is never unloaded.
+const GpuMonitor::Nvml& GpuMonitor::loaded_nvml(const std::string& library) {
+  static std::mutex mutex;
+  static auto* by_library = new std::map<std::string, GpuMonitor::Nvml>;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = by_library->try_emplace(library);
+  GpuMonitor::Nvml& n = it->second;
+  if (!inserted) return n;
+  void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    n.unavailable = "NVML not found (" + library + ")";
+    return n;
+  }
+  const auto init = reinterpret_cast<NvmlReturn (*)()>(dlsym(lib, "nvmlInit_v2"));
+  n.by_pci_bus_id = reinterpret_cast<NvmlReturn (*)(const char*, NvmlDevice*)>(
+      dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+  n.utilization = reinterpret_cast<NvmlReturn (*)(NvmlDevice, NvmlUtilization*)>(
+      dlsym(lib, "nvmlDeviceGetUtilizationRates"));
+  n.samples =
+      reinterpret_cast<NvmlReturn (*)(NvmlDevice, int, unsigned long long, int*, unsigned int*,
+                                      NvmlSample*)>(dlsym(lib, "nvmlDeviceGetSamples"));
+  if (!init || !n.by_pci_bus_id || !n.utilization)
+    n.unavailable = "NVML lacks the functions tandem needs";
+  else if (init() != kNvmlSuccess)
+    n.unavailable = "nvmlInit failed";
+  return n;
+}
 
 GpuMonitor::GpuMonitor(c10::Device device, std::string library, int period_ms)
     : period_ms_(period_ms) {
@@ -63,31 +89,12 @@ GpuMonitor::GpuMonitor(c10::Device device, std::string library, int period_ms)
     reason_ = "not a CUDA device";
     return;
   }
-  void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    reason_ = "NVML not found (" + library + ")";
+  const Nvml& nvml = loaded_nvml(library);
+  if (!nvml.unavailable.empty()) {
+    reason_ = nvml.unavailable;
     return;
   }
-  nvml_ = new Nvml;
-  nvml_->library = lib;
-  nvml_->init = reinterpret_cast<NvmlReturn (*)()>(dlsym(lib, "nvmlInit_v2"));
-  nvml_->shutdown = nullptr;  // set only once init succeeded
-  nvml_->by_pci_bus_id = reinterpret_cast<NvmlReturn (*)(const char*, NvmlDevice*)>(
-      dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
-  nvml_->utilization = reinterpret_cast<NvmlReturn (*)(NvmlDevice, NvmlUtilization*)>(
-      dlsym(lib, "nvmlDeviceGetUtilizationRates"));
-  nvml_->samples =
-      reinterpret_cast<NvmlReturn (*)(NvmlDevice, int, unsigned long long, int*, unsigned int*,
-                                      NvmlSample*)>(dlsym(lib, "nvmlDeviceGetSamples"));
-  if (!nvml_->init || !nvml_->by_pci_bus_id || !nvml_->utilization) {
-    reason_ = "NVML lacks the functions tandem needs";
-    return;
-  }
-  if (nvml_->init() != kNvmlSuccess) {
-    reason_ = "nvmlInit failed";
-    return;
-  }
-  nvml_->shutdown = reinterpret_cast<NvmlReturn (*)()>(dlsym(lib, "nvmlShutdown"));
+  nvml_ = &nvml;
   // CUDA and NVML number devices differently (CUDA_VISIBLE_DEVICES): match them by PCI bus id.
   char bus_id[32] = {0};
   if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device.index()) != cudaSuccess) {
@@ -101,10 +108,7 @@ GpuMonitor::GpuMonitor(c10::Device device, std::string library, int period_ms)
   available_ = true;
 }
 
-GpuMonitor::~GpuMonitor() {
-  stop();
-  delete nvml_;
-}
+GpuMonitor::~GpuMonitor() { stop(); }
 
 void GpuMonitor::start() {
   if (!available_ || running_) return;

@@ -331,6 +331,74 @@ TEST(RunnerTest, TheSourcesWorkerNiceValueReachesTheLoader) {
   }
 }
 
+/// The toy on `batches` resident batches of 5 samples each (step i trains on batch i % n).
+Toy make_resident_toy(c10::Device device, int batches = 3) {
+  Toy t = make_toy(device);
+  std::vector<Batch> out(static_cast<size_t>(batches));
+  for (int i = 0; i < batches; ++i) {
+    std::vector<at::Tensor> fields{at::empty({5, kIn}), at::empty({5}, at::kLong)};
+    ToyDataset d(5 * batches);
+    for (int64_t s = 0; s < 5; ++s) d.get(i * 5 + s, {fields[0][s], fields[1][s]});
+    out[static_cast<size_t>(i)].set("x", fields[0].to(device));
+    out[static_cast<size_t>(i)].set("label", fields[1].to(device));
+  }
+  t.workload.data = DataSource::resident(std::move(out));
+  return t;
+}
+
+/// One Runner's runs of `lengths` steps, each continuing the last (set_first_step): their
+/// losses end to end, the weights after the last, and each run's setup.
+struct Continued {
+  Trained trained;
+  std::vector<RunSetup> setups;
+};
+Continued train_in_runs(Toy toy, Mode mode, const std::vector<int64_t>& lengths) {
+  RunOptions o;
+  o.mode = mode;
+  o.batch_size = 4;
+  o.workers = 2;
+  Runner runner(toy.workload, o);
+  Continued c;
+  int64_t done = 0;
+  for (const int64_t n : lengths) {
+    runner.set_first_step(done);
+    const std::vector<float> losses = runner.train(n);
+    c.trained.losses.insert(c.trained.losses.end(), losses.begin(), losses.end());
+    c.setups.push_back(runner.setup());
+    done += n;
+  }
+  for (const auto& p : toy.head->parameters()) c.trained.weights.push_back(p.detach().cpu());
+  c.trained.notes = runner.notes();
+  return c;
+}
+
+// A Runner run again continues where its last run ended (set_first_step): three runs of one
+// Runner train as one run of their steps, on resident batches and on a shuffled dataset.
+TEST(RunnerTest, ARunnerRunAgainContinuesItsLastRun) {
+  testing::use_deterministic_algorithms();
+  auto on_dataset = [] {
+    Toy t = make_toy(kCpu);
+    t.workload.data = DataSource::from_dataset(std::make_shared<ToyDataset>(10), true, true);
+    return t;
+  };
+  for (const Mode mode : workload_modes()) {
+    const Trained whole = train(make_resident_toy(kCpu), mode, 9, 5);
+    expect_same(whole, train_in_runs(make_resident_toy(kCpu), mode, {4, 2, 3}).trained,
+                std::string("resident, ") + to_string(mode));
+    expect_same(train(on_dataset(), mode, 9), train_in_runs(on_dataset(), mode, {4, 2, 3}).trained,
+                std::string("dataset, ") + to_string(mode));
+  }
+  // Data made for each run starts at step 0 only.
+  RunOptions o;
+  Runner runner(make_toy(kCpu).workload, o);
+  try {
+    runner.set_first_step(3);
+    FAIL() << "a first step was taken for data made per run";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(has(e.what(), "first step 3 is not valid for workload toy")) << e.what();
+  }
+}
+
 TEST(RunnerTest, ResidentBatchesNeedNoLoader) {
   testing::use_deterministic_algorithms();
   auto make = [] {
@@ -405,6 +473,30 @@ TEST(RunnerGpuTest, EveryModeTrainsExactlyLikeSerial) {
     EXPECT_EQ(got.setup.graphs, graphs) << to_string(mode);
     EXPECT_EQ(got.setup.capture_seconds > 0, graphs > 0) << to_string(mode);
     EXPECT_GT(got.setup.prepare_seconds, 0) << to_string(mode);
+  }
+}
+
+// A later run of a Runner replays the graphs its first run captured, from its first step: no
+// warm-up, no capture, and the losses of one run of all the steps (the serial loop's).
+TEST(RunnerGpuTest, ALaterRunReplaysTheGraphsTheFirstCaptured) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);
+  testing::use_deterministic_algorithms();
+  const Trained serial = train(make_resident_toy(kCuda), Mode::kSerial, 16, 5);
+  for (const Mode mode : {Mode::kGraphed, Mode::kPipelinedGraphed}) {
+    const Continued c = train_in_runs(make_resident_toy(kCuda), mode, {6, 5, 5});
+    expect_same(serial, c.trained, to_string(mode));
+    const int graphs = mode == Mode::kPipelinedGraphed ? 2 : 1;
+    EXPECT_EQ(c.setups[0].graphs, graphs) << to_string(mode);
+    EXPECT_EQ(c.setups[0].graphs_kept, 0) << to_string(mode);
+    for (size_t run = 1; run < c.setups.size(); ++run) {
+      EXPECT_EQ(c.setups[run].graphs, 0) << to_string(mode) << " run " << run;
+      EXPECT_EQ(c.setups[run].graphs_kept, graphs) << to_string(mode) << " run " << run;
+      EXPECT_EQ(c.setups[run].capture_seconds, 0) << to_string(mode) << " run " << run;
+    }
+    const std::string notes = joined(c.trained.notes);
+    EXPECT_TRUE(has(notes, "an earlier run of this runner captured")) << notes;
+    EXPECT_TRUE(has(notes, "; 5 replays")) << notes;  // the last run's, every step of it
   }
 }
 

@@ -124,6 +124,50 @@ TEST(TrainerTest, WithoutARunFolderStepsContinueAsOneRunAndNothingIsWritten) {
   EXPECT_EQ(entries(f.tmp.path()), std::vector<std::string>{"idx"});
 }
 
+// One Trainer's later runs (set_next_run) continue its last on the Runner it kept: runs of 4,
+// 2 and 4 steps compute one run's 10 losses, bitwise, in an eager mode and a graphed one (on
+// the CPU, eager); a next run the Runner was not built for is refused, naming what differs.
+TEST(TrainerTest, ANextRunContinuesTheLastOnTheKeptRunner) {
+  Fixture f;
+  for (const Mode mode : {Mode::kPipelined, Mode::kPipelinedGraphed}) {
+    auto plain = [&] {
+      TrainJob job = make_classifier(small_job(f.data));
+      job.evaluate = nullptr;
+      return job;
+    };
+    auto with_steps = [&](int64_t first, int64_t steps) {
+      TrainOptions o = options("", mode, 2);
+      o.first_step = first;
+      o.steps = steps;
+      return o;
+    };
+    at::manual_seed(11);
+    const std::vector<float> one = Trainer(plain(), with_steps(0, 10)).run().losses;
+    at::manual_seed(11);
+    Trainer trainer(plain(), with_steps(0, 4));
+    std::vector<float> parts = trainer.run().losses;
+    for (const auto& [first, steps] : {std::pair<int64_t, int64_t>{4, 2}, {6, 4}}) {
+      trainer.set_next_run(with_steps(first, steps));
+      const TrainResult r = trainer.run();
+      EXPECT_EQ(r.steps, first + steps);
+      parts.insert(parts.end(), r.losses.begin(), r.losses.end());
+    }
+    ASSERT_EQ(one.size(), 10u);
+    EXPECT_EQ(one, parts) << to_string(mode);
+
+    TrainOptions other = with_steps(10, 2);
+    other.batch_size = 8;
+    try {
+      trainer.set_next_run(other);
+      FAIL() << "a next run at another batch size was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("batch size 16, 2 workers, seed 3: expected the same"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(TrainerTest, WhatNeedsARunFolderIsRefusedWithoutOne) {
   Fixture f;
   auto refusal = [&](const std::string& out, const std::function<void(TrainOptions&)>& set) {

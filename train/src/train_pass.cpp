@@ -141,8 +141,8 @@ std::string first_non_finite(const models::NamedTensors& tensors) {
 
 }  // namespace
 
-// One run(): the Runner and the host-side bookkeeping between its steps, touched only by the
-// train stage's thread (and after the Runner's pass, by run()'s).
+// One run(): the host-side bookkeeping between the Runner's steps, touched only by the train
+// stage's thread (and after the Runner's pass, by run()'s).
 struct Trainer::Pass {
   explicit Pass(Trainer& trainer);
 
@@ -192,7 +192,7 @@ struct Trainer::Pass {
   TrainResult result;
   const bool folder;                     // a run folder's run: records written, checkpoints
   std::optional<CheckpointStore> store;  // a run folder's
-  Runner runner;
+  Runner& runner;                        // the Trainer's
   std::string cause;  // of a non-finite loss (likely_cause), set before the first step
   int last_stage = 0;
   const Lane* train_lane = nullptr;
@@ -215,8 +215,7 @@ struct Trainer::Pass {
   double steady_excluded = 0;  // checkpoint time since the mark
   double lr_now = 0;
   int stopped = 0;  // the signal a stop came from
-  // Declared after the Runner: ends before it. Every evaluation on one thread (why: its header).
-  detail::EvaluationThread evaluations;
+  detail::EvaluationThread evaluations;  // every evaluation on one thread (why: its header)
 };
 
 namespace {
@@ -257,7 +256,7 @@ Trainer::Pass::Pass(Trainer& trainer)
       device(trainer.job_.workload.device),
       optimizer(trainer.job_.workload.train.optimizer),
       folder(!o.out_dir.empty()),
-      runner(trainer.job_.workload, run_options(o, start, trainer.rank_, trainer.world_)),
+      runner(trainer.runner_for_run()),
       last_saved(start) {
   result.epochs = t.history_;
   result.steps = start;
@@ -528,6 +527,18 @@ TrainResult Trainer::Pass::finished_result() {
   models::save_safetensors(result.weights, t.job_.weights.state_dict(),
                            {{"format", "pt"}, {"job", t.job_.name}});
   return result;
+}
+
+Runner& Trainer::runner_for_run() {
+  if (!runner_) {
+    runner_ = std::make_unique<Runner>(job_.workload,
+                                       run_options(options_, start_step_, rank_, world_));
+  } else {
+    runner_->set_first_step(start_step_);
+    runner_->set_trace(options_.trace);
+    runner_->set_stop(options_.stop);
+  }
+  return *runner_;
 }
 
 TrainResult Trainer::run() {

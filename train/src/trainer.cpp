@@ -65,7 +65,10 @@ nlohmann::json to_json(const EpochRecord& r) {
 }
 
 nlohmann::json to_json(const RunSetup& s) {
-  return {{"prepare_s", s.prepare_seconds}, {"capture_s", s.capture_seconds}, {"graphs", s.graphs}};
+  return {{"prepare_s", s.prepare_seconds},
+          {"capture_s", s.capture_seconds},
+          {"graphs", s.graphs},
+          {"graphs_kept", s.graphs_kept}};
 }
 
 namespace {
@@ -325,6 +328,24 @@ void Trainer::load_checkpoint(const Checkpoint& c, const std::string& folder) {
   carried_.loss_sum = sums.at(static_cast<size_t>(rank_)).get<double>();
   carried_.seconds = e.at("seconds").get<double>();
   carried_.images = e.at("images").get<int64_t>();
+}
+
+void Trainer::set_next_run(TrainOptions options) {
+  const TrainOptions& now = options_;
+  TANDEM_CHECK_ARG(now.out_dir.empty() && options.out_dir.empty(),
+                   "a run folder's run is one run: expected runs without a run folder");
+  TANDEM_CHECK_ARG(options.mode == now.mode && options.batch_size == now.batch_size &&
+                       options.workers == now.workers && options.seed == now.seed &&
+                       options.skip_bad == now.skip_bad && options.group == now.group,
+                   "train job '", job_.name,
+                   "': a next run keeps the Runner built for mode ", to_string(now.mode),
+                   ", batch size ", now.batch_size, ", ", now.workers, " workers, seed ", now.seed,
+                   ": expected the same (and the same skip_bad and group), got mode ",
+                   to_string(options.mode), ", batch size ", options.batch_size, ", ",
+                   options.workers, " workers, seed ", options.seed);
+  check_options(options);
+  start_step_ = options.first_step;
+  options_ = std::move(options);
 }
 
 Trainer::~Trainer() = default;

@@ -53,10 +53,11 @@ class GpuMonitor {
 
  private:
   struct Nvml;
+  static const Nvml& loaded_nvml(const std::string& library);  // once per process
   void collect();       // the driver's samples newer than last_seen_us_, or one reading
   void read_current();  // one nvmlDeviceGetUtilizationRates reading
 
-  Nvml* nvml_ = nullptr;
+  const Nvml* nvml_ = nullptr;  // the process's (loaded once); null when unavailable
   void* device_handle_ = nullptr;
   bool available_ = false;
   std::string reason_;

@@ -205,7 +205,7 @@ struct TrainResult {
   RunSetup setup;
 };
 
-/// The setup as reports give it: {"prepare_s", "capture_s", "graphs"}.
+/// The setup as reports give it: {"prepare_s", "capture_s", "graphs", "graphs_kept"}.
 nlohmann::json to_json(const RunSetup& setup);
 
 /// Thrown when a step's loss is NaN or infinite: what() names the step, the epoch and the
@@ -231,6 +231,14 @@ class Trainer {
   /// checkpoint that cannot be written) after keeping the last good checkpoint.
   TrainResult run();
 
+  /// Without a run folder, after run(): makes the next run() train `options`' steps from its
+  /// first_step (where the last run ended, to continue it), with its stop flag, callbacks,
+  /// schedule, trace and device timing, on this Trainer's Runner: the lanes' threads and the
+  /// CUDA graphs the last run captured are kept (Runner::prepare), so it replays from its first
+  /// step. InvalidArgument when `options` differ from the current ones in what the Runner was
+  /// built for (mode, batch size, workers, seed, skip_bad, group) or name a run folder.
+  void set_next_run(TrainOptions options);
+
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t start_step() const { return start_step_; }
   /// Whether a checkpoint was loaded (a --resume that found none starts afresh: false).
@@ -246,7 +254,9 @@ class Trainer {
     int64_t images = 0;   // every rank's
   };
   void load_checkpoint(const Checkpoint& c, const std::string& folder);
-  struct Pass;  // one run(): the Runner and the bookkeeping between its steps
+  /// The Runner of the next run: made by the first, kept by the later ones (set_next_run).
+  Runner& runner_for_run();
+  struct Pass;  // one run(): the bookkeeping between the Runner's steps
   TrainJob job_;
   TrainOptions options_;
   int64_t steps_per_epoch_ = 0;
@@ -261,6 +271,7 @@ class Trainer {
   std::vector<EpochRecord> history_;    // from the checkpoint resumed
   std::vector<at::Tensor> resume_rng_;  // generator states to restore, in Runner order
   at::Tensor resume_default_rng_;       // the device's default generator
+  std::unique_ptr<Runner> runner_;      // kept from one run() to the next
 };
 
 /// Installs SIGINT and SIGTERM handlers that store the signal in `flag` (the first one; a
