@@ -32,7 +32,10 @@ void bind_optim(py::module_& m) {
       .def_property_readonly("capturable", &Optimizer::capturable)
       .def_property_readonly("name", &Optimizer::name)
       .def("parameters", &Optimizer::parameters)
-      .def("state", &Optimizer::state, "(name, tensor) pairs: what a checkpoint keeps");
+      .def("state", &Optimizer::state, "(name, tensor) pairs: what a checkpoint keeps")
+      .def("load_state", &Optimizer::load_state, py::arg("state"),
+           "copies state() pairs in on the current stream (a buffer they do not name goes back "
+           "to none)");
   py::class_<tandem::optim::Sgd, Optimizer, std::shared_ptr<tandem::optim::Sgd>>(m, "Sgd")
       .def(py::init([](std::vector<at::Tensor> params, double lr, double momentum, double dampening,
                        bool nesterov, double weight_decay) {

@@ -142,9 +142,38 @@ py::dict trials(const py::dict& config) {
   return out;
 }
 
+/// Mode auto's pick among trials a front end measured itself (the Trainer's trials that train),
+/// by the run layer's one rule (run::choose_mode): each trial {"mode", "runs": [steps/s, ...],
+/// "error"}; returns {"mode", "reason"}.
+py::dict pick_mode(const py::list& trials) {
+  std::vector<run::Trial> ts;
+  for (const py::handle h : trials) {
+    const py::dict d = py::reinterpret_borrow<py::dict>(h);
+    run::Trial t;
+    t.mode = d["mode"].cast<std::string>();
+    t.runs = d["runs"].cast<std::vector<double>>();
+    t.error = d.contains("error") ? d["error"].cast<std::string>() : std::string();
+    if (!t.runs.empty()) t.steps_per_s = run::trial_rate(t.runs);
+    ts.push_back(std::move(t));
+  }
+  run::ModeDecision d;
+  try {
+    d = run::choose_mode(ts);
+  } catch (const Error& e) {
+    throw py::value_error(std::string("mode auto: ") + e.what());
+  }
+  py::dict out;
+  out["mode"] = d.mode;
+  out["reason"] = d.reason;
+  return out;
+}
+
 }  // namespace tandem::python
 
 void bind_trainer(py::module_& m) {
+  m.def("choose_mode", &tandem::python::pick_mode, py::arg("trials"),
+        "Mode auto's pick among measured trials ({mode, runs, error} each), by the run layer's "
+        "rule: the simplest mode within the trials' noise of the fastest");
   m.def("run", &tandem::python::run, py::arg("config"),
         "Times a tandem.Trainer's steps through the run layer (benchmark()); returns the report "
         "(trainer.py)");

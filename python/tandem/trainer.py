@@ -19,7 +19,8 @@ A step is: the batch's input field through `augment` (tandem's fused GPU augment
     graphed             the whole step captured into one CUDA graph, replayed
     pipelined+graphed   pipelined, each stage replaying its own graph
     graphed_k           graphed, K steps per graph
-    auto                short timed trials of each on copies of your modules, then the fastest
+    auto                short timed trials of each, then the fastest: in fit, on the fit's own
+                        steps (they train); in choose_mode() and benchmark(), on copies
 
 Eager modes call your Python code from tandem's stage threads (under the GIL). The graphed
 modes call it while they warm up and capture, then replay CUDA graphs from C++ with no Python
@@ -75,9 +76,11 @@ class FitResult:
     report: dict
     table: str
     trials: Optional[dict] = None  # mode auto: every mode's trial rate and why one was picked
-    # Seconds this call paid besides its steps: trials_s (mode auto's trials, made in this call;
-    # 0 once decided), prepare_s (the run's loader, lanes and pipeline), capture_s (its CUDA
-    # graphs recorded and instantiated) and graphs (how many).
+    # What this call paid besides its steps: trials_s (mode auto's trials in this call: on CUDA
+    # in fit, the seconds of its own steps that ran as trials, trial_steps of them, which
+    # trained; on timed copies elsewhere; 0 once decided), prepare_s (the runs' loader, lanes
+    # and pipeline), capture_s (their CUDA graphs recorded and instantiated), graphs (how many)
+    # and graphs_kept (an earlier fit's, replayed from this one's first step).
     setup: Optional[dict] = None
     # A fit with a run folder: every epoch's record (metrics.jsonl's rows, a resumed run's
     # earlier ones included), the final weights' file and the newest checkpoint's folder.
@@ -173,6 +176,26 @@ def _unflatten(node, tensors):
 
 _STRUCTURE = "structure.json"
 
+# Mode auto's trials that train (Trainer._fit_trying_modes): each mode's warm-up steps, then
+# _TRIAL_WINDOWS timed windows of about _TRIAL_WINDOW_S each (within the step bounds), whose
+# spread is the trial's noise.
+_TRIAL_WARM_STEPS = 5
+_TRIAL_WINDOW_S = 0.3
+_TRIAL_WINDOWS = 2
+_TRIAL_MIN_STEPS, _TRIAL_MAX_STEPS = 8, 300
+
+
+def _load_optimizer_state_dict(optimizer, state):
+    """optimizer.load_state_dict(state), a tensor learning rate keeping its identity (a CUDA
+    graph may hold it)."""
+    old_lrs = [g["lr"] for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for g, old in zip(optimizer.param_groups, old_lrs):
+        if isinstance(old, torch.Tensor):
+            with torch.no_grad():
+                old.copy_(g["lr"] if isinstance(g["lr"], torch.Tensor) else torch.tensor(g["lr"]))
+            g["lr"] = old
+
 
 def _optimizer_state(optimizer):
     """A torch.optim optimizer's state_dict as a checkpoint's named tensors: each tensor under
@@ -194,14 +217,7 @@ def _load_optimizer_state(optimizer, named):
         raise ValueError("the checkpoint's optimizer state has no structure.json: it was saved "
                          "from a tandem optimizer, not from a torch.optim one")
     structure = json.loads(bytes(tensors.pop(_STRUCTURE).cpu().numpy()).decode())
-    old_lrs = [g["lr"] for g in optimizer.param_groups]
-    optimizer.load_state_dict(_unflatten(structure, tensors))
-    for g, old in zip(optimizer.param_groups, old_lrs):
-        if isinstance(old, torch.Tensor):
-            with torch.no_grad():
-                old.copy_(g["lr"] if isinstance(g["lr"], torch.Tensor) else
-                          torch.tensor(g["lr"]))
-            g["lr"] = old
+    _load_optimizer_state_dict(optimizer, _unflatten(structure, tensors))
 
 
 def _model_state(model):
@@ -426,8 +442,10 @@ class Trainer:
         feed: callables (frozen modules, conversions) applied to the input in order, without
             gradients, each a stage of its own; ``(name, fn)`` names one.
         augment: an AugmentSpec applied to the (B, C, H, W) uint8 input first.
-        mode: one of MODES; "auto" (default) picks the fastest by short timed trials on CUDA
-            (see choose_mode), serial on the CPU.
+        mode: one of MODES; "auto" (default) picks the fastest by short timed trials on CUDA,
+            serial on the CPU: a fit (without a run folder, in one process) tries the modes on
+            its own first steps, which train as any others (see fit); a run folder's fit,
+            choose_mode() and benchmark() time copies of your modules.
         batch_size: samples per step from a dataset.
         input / target: the data's field names (default: its first two).
         workers: loader threads (default 8 on CUDA, 2 on the CPU, at most the cores less one).
@@ -524,10 +542,13 @@ class Trainer:
                              f"{', '.join(fields)}")
         self.target = target
         self._trials: Optional[dict] = None
-        # The training loop kept between fits (see fit): its session, what it was built from,
-        # and (graphed modes) what its graphs were captured against, as of the last fit's end.
-        self._session = None
-        self._session_key = None
+        # The training loops kept between fits (see fit), by mode: (session, what it was built
+        # from and, in a graphed mode, what its graphs were captured against, as of the last
+        # fit's end). One mode's once auto has decided; each tried one's while its trials run.
+        self._sessions = {}
+        # Mode auto's trials on the fits' own steps while they go on (_fit_trying_modes).
+        self._trying: Optional[dict] = None
+        self._trials_train_on_cpu = False  # tests: the trials' machinery on the CPU
         # Fits continue each other: the data order, the augmentation's draws and lr_schedule's
         # step go on from where the last completed fit stopped.
         self.steps_done = 0
@@ -672,7 +693,8 @@ class Trainer:
         gain from); on CUDA, short timed trials of every mode on deep copies of your modules
         and optimizer (yours are untouched) — the fastest, unless a simpler mode is within the
         trials' noise of it (the spread of each mode's two runs, 0.5% to 1.5%). ``trials`` holds
-        every mode's rate and the reason."""
+        every mode's rate and the reason. A fit that finds the mode undecided decides it on its
+        own steps instead (no copies: see fit)."""
         if self.mode != "auto":
             return self.mode
         if self._trials is None:
@@ -738,6 +760,16 @@ class Trainer:
         its traceback; a NaN or infinite loss raises a RuntimeError naming its step. Every fit
         runs the training loop of `tandem train`.
 
+        Mode auto, not yet decided: the fit's first steps are the trials. Each mode the
+        optimizer and schedule allow trains a few steps to warm up (cuDNN's tuning, a graphed
+        mode's capture), then two timed windows of about 0.3 s, on your modules — the fit's
+        own steps, computing the plain loop's losses as every mode does; the simplest mode
+        within the windows' noise of the fastest is picked, and the rest of the fit and every
+        later one train in it, on the graphs its trial captured. A fit too short for every
+        trial leaves the rest to the next fit. A mode that fails its trial is rolled back to
+        where its trial began (weights, optimizer state, random generators) and left out;
+        ``trials`` says why. ``result.report["parts"]`` lists the fit's runs.
+
         A fit keeps what it built for the next: the training loop's threads (with what they
         autotuned), and in the graphed modes the CUDA graphs it captured, so a later fit
         replays from its first step. They are kept while nothing they were built from changed
@@ -766,7 +798,14 @@ class Trainer:
             raise ValueError("resume=True continues a run folder's run: give the Trainer "
                              "out='runs/NAME'")
         n = self._steps_for(steps, epochs)
+        if self._trials_train():
+            return self._fit_trying_modes(n, progress, trace)
         mode, trials_s = self._timed_mode(min(n, 300))
+        report = self._fit_part(mode, n, progress, trace)
+        return self._result(report, mode, trials_s)
+
+    def _fit_part(self, mode, n, progress, trace) -> dict:
+        """n steps from steps_done in `mode` on its kept training loop; the loop's report."""
         self._check_mode(mode)
         config = self._config(mode, n, 0, copies=False, progress=progress, trace=trace,
                               data_parallel=self._joined())
@@ -774,10 +813,169 @@ class Trainer:
         config["train"] = self._loop_config(steps=n, epochs=0, out=None, resume=False,
                                             evaluate=None)
         config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
-        report = self._kept_session(mode).fit(config)
+        session = self._kept_session(mode)
+        try:
+            report = session.fit(config)
+        except BaseException:
+            self._sessions.pop(mode, None)  # a fit that failed keeps nothing
+            raise
         self.steps_done += n
-        self._session_key = self._key_of(mode)  # as this fit leaves the modules and optimizer
-        return self._result(report, mode, trials_s)
+        # As this fit leaves the modules and optimizer: the next fit compares against it.
+        self._sessions[mode] = (session, self._key_of(mode))
+        return report
+
+    # ---- mode auto's trials that train ----
+    def _trials_train(self) -> bool:
+        """Whether this fit decides mode auto on its own steps: auto, not decided yet, on CUDA,
+        one process (a data-parallel job's ranks take rank 0's pick of the timed copies)."""
+        return (self.mode == "auto" and self._trials is None and self.world_size == 1
+                and (self.device.type == "cuda" or self._trials_train_on_cpu))
+
+    def _candidates(self) -> List[str]:
+        return [m for m in MODES[1:] if not self._mode_problem(m)]
+
+    def _state(self):
+        """What a trial's steps change: the modules' state_dicts, the optimizer's state and the
+        random generators, copied (a mode that fails part-way is rolled back to it)."""
+        modules = [m for m in (self.model, self.loss_fn, *(f for _, f in self._feeds))
+                   if isinstance(m, torch.nn.Module)]
+        weights = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
+        if isinstance(self.optimizer, _TandemOptimizer):
+            opt = [(k, v.detach().clone()) for k, v in self.optimizer._impl.state()]
+        else:
+            opt = copy.deepcopy(self.optimizer.state_dict())
+        gens = [torch.get_rng_state()]
+        if self.device.type == "cuda":
+            gens.append(torch.cuda.get_rng_state(self.device))
+        if self._augment_generator is not None:
+            gens.append(self._augment_generator.get_state())
+        return modules, weights, opt, gens
+
+    def _restore(self, state):
+        modules, weights, opt, gens = state
+        with torch.no_grad():
+            for m, w in zip(modules, weights):
+                m.load_state_dict(w)
+        if isinstance(self.optimizer, _TandemOptimizer):
+            self.optimizer._impl.load_state(opt)
+        else:
+            _load_optimizer_state_dict(self.optimizer, opt)
+        torch.set_rng_state(gens[0])
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(gens[1], self.device)
+        if self._augment_generator is not None:
+            self._augment_generator.set_state(gens[-1])
+
+    def _next_trial_part(self, tr, left) -> Tuple[str, int, bool]:
+        """The next part of the trials: (mode, steps, timed). A mode's first part warms it up
+        (cuDNN's tuning, a graphed mode's warm-up steps and capture), then its timed windows,
+        each sized to last _TRIAL_WINDOW_S by the last rate seen, with at most `left` steps
+        (a window cut short is run untimed: the trials go on in the next fit)."""
+        for mode in tr["candidates"]:
+            if mode in tr["errors"] or len(tr["runs"][mode]) >= _TRIAL_WINDOWS:
+                continue
+            if mode not in tr["rate"]:
+                return mode, min(_TRIAL_WARM_STEPS, left), False
+            want = min(_TRIAL_MAX_STEPS, max(_TRIAL_MIN_STEPS,
+                                             math.ceil(_TRIAL_WINDOW_S * tr["rate"][mode])))
+            return (mode, want, True) if want <= left else (mode, left, False)
+        raise AssertionError("no trial left")  # the caller decides once every mode is measured
+
+    def _fit_trying_modes(self, n, progress, trace) -> FitResult:
+        """Mode auto on the fit's own steps: each mode the optimizer and schedule allow trains
+        a few warm-up steps, then two timed windows, in turn, on your modules (every mode
+        computes the plain loop's losses, so the steps are the fit's own); the run layer's rule
+        picks among the rates (the simplest within the windows' noise of the fastest), and the
+        rest of the fit — and every later fit — trains in that mode on the loop its trial kept
+        (its graphs captured). A fit too short for them all goes on with them in the next. A mode
+        that fails is rolled back to where its trial started and left out, naming why."""
+        started = time.perf_counter()
+        tr = self._trying
+        if tr is None:
+            tr = self._trying = dict(candidates=self._candidates(), runs={}, rate={}, errors={},
+                                     seconds=0.0, steps=0)
+            for m in tr["candidates"]:
+                tr["runs"][m] = []
+        losses, parts, reports, left = [], [], [], n
+        while left > 0 and self._trials is None:
+            mode, k, timed = self._next_trial_part(tr, left)
+            state = self._state() if mode not in tr["rate"] else None
+            part_start = time.perf_counter()
+            try:
+                report = self._fit_part(mode, k, progress, trace)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 - the mode is left out, the fit goes on
+                if state is None:
+                    raise  # a mode that ran before failed now: not the trial's to hide
+                self._restore(state)
+                tr["errors"][mode] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                if all(m in tr["errors"] for m in tr["candidates"]):
+                    raise
+                continue
+            finally:
+                tr["seconds"] += time.perf_counter() - part_start
+            tr["steps"] += k
+            left -= k
+            losses += report["losses"]
+            reports.append(report)
+            rate = k / report["seconds"] if report["seconds"] > 0 else 0.0
+            parts.append(dict(mode=mode, steps=k, seconds=report["seconds"], timed=timed,
+                              trial=True))
+            if rate > 0:
+                tr["rate"][mode] = rate
+                if timed:
+                    tr["runs"][mode].append(rate)
+            if all(m in tr["errors"] or len(tr["runs"][m]) >= _TRIAL_WINDOWS
+                   for m in tr["candidates"]):
+                self._decide(tr)
+        if left > 0:  # decided: the rest on the picked mode's kept loop
+            mode = self._trials["mode"]
+            report = self._fit_part(mode, left, progress, trace)
+            losses += report["losses"]
+            reports.append(report)
+            parts.append(dict(mode=mode, steps=left, seconds=report["seconds"], timed=False,
+                              trial=False))
+        return self._parts_result(reports, parts, losses, n, time.perf_counter() - started)
+
+    def _decide(self, tr):
+        trials = [dict(mode=m, runs=tr["runs"][m], error=tr["errors"].get(m, ""),
+                       steps_per_s=min(tr["runs"][m]) if tr["runs"][m] else None)
+                  for m in tr["candidates"]]
+        ruled_out = [dict(mode=m, runs=[], error=p, steps_per_s=None)
+                     for m in MODES[1:] if (p := self._mode_problem(m))]
+        picked = _C.choose_mode(trials)
+        self._trials = dict(mode=picked["mode"], reason=picked["reason"],
+                            trials=trials + ruled_out, seconds=tr["seconds"],
+                            steps=tr["steps"], on_the_fits_steps=True)
+        self._trying = None
+        for m in list(self._sessions):  # the others' loops (and graphs) go
+            if m != picked["mode"]:
+                del self._sessions[m]
+
+    def _parts_result(self, reports, parts, losses, n, seconds) -> FitResult:
+        """One FitResult of a fit made of several runs (trial parts, then the picked mode's):
+        the last run's report and table, every part listed, the setups summed."""
+        report = dict(reports[-1])
+        report.pop("losses", None)
+        table = report.pop("table")
+        setups = [r.get("setup") or {} for r in reports]
+        trials = [p for p in parts if p["trial"]]
+        setup = dict(trials_s=sum(p["seconds"] for p in trials),
+                     trial_steps=sum(p["steps"] for p in trials),
+                     prepare_s=sum(x.get("prepare_s", 0) for x in setups),
+                     capture_s=sum(x.get("capture_s", 0) for x in setups),
+                     graphs=sum(x.get("graphs", 0) for x in setups),
+                     graphs_kept=setups[-1].get("graphs_kept", 0))
+        report["parts"] = parts
+        rows = ", ".join(f"{p['mode']} {p['steps']}" + (" timed" if p["timed"] else "")
+                         for p in parts)
+        table += f"\nthis fit's runs (mode, steps): {rows}"
+        mode = self._trials["mode"] if self._trials else parts[-1]["mode"]
+        return FitResult(losses=losses, mode=mode, steps=n, seconds=seconds,
+                         steps_per_s=n / seconds if seconds > 0 else 0.0,
+                         samples_per_s=n * self.batch_size / seconds if seconds > 0 else 0.0,
+                         table=table, report=report, trials=self._trials, setup=setup)
 
     def _key_of(self, mode) -> list:
         """What the kept training loop was built from: the objects, the settings, and in a
@@ -793,20 +991,22 @@ class Trainer:
         return key
 
     def _kept_session(self, mode):
-        """The training loop of the last fit if nothing it was built from changed since it
-        ended, else a new one (the old one's graphs and memory let go first)."""
-        if self._session is None or self._session_key != self._key_of(mode):
-            self._session = None
-            self._session = _C.FitSession()
-            self._session_key = None
-        return self._session
+        """The training loop `mode` last ran on if nothing it was built from changed since that
+        fit ended, else a new one (the old one's graphs and memory let go first)."""
+        kept = self._sessions.pop(mode, None)
+        if kept is not None and kept[1] == self._key_of(mode):
+            self._sessions[mode] = kept
+            return kept[0]
+        kept = None
+        session = _C.FitSession()
+        self._sessions[mode] = (session, None)
+        return session
 
     def reset(self):
-        """Lets go of what fits keep (the training loop's lanes, threads' places and CUDA
-        graphs): the next fit builds and captures anew. Mode auto's decision is kept. Call it
-        after changing Python state your modules read that a captured graph froze (see fit)."""
-        self._session = None
-        self._session_key = None
+        """Lets go of what fits keep (the training loops' CUDA graphs and memory): the next fit
+        builds and captures anew. Mode auto's decision is kept. Call it after changing Python
+        state your modules read that a captured graph froze (see fit)."""
+        self._sessions.clear()
 
     def _loop_config(self, steps, epochs, out, resume, evaluate) -> dict:
         """What the training loop (_C.train) takes beyond the run's config."""
@@ -845,7 +1045,7 @@ class Trainer:
         config["train"] = self._loop_config(steps=0, epochs=epochs, out=self.out,
                                             resume=resume, evaluate=evaluate)
         config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
-        self.reset()  # a run folder's fit is a loop of its own: the kept one's memory goes first
+        self.reset()  # a run folder's fit is a loop of its own: the kept ones' memory goes first
         report = _C.train(config)
         self.steps_done = report["steps"]
         start = max(report["resumed_from"], 0)

@@ -380,17 +380,17 @@ def test_a_fit_says_what_it_paid_besides_its_steps():
 def test_later_fits_keep_the_training_loop_until_what_it_was_built_from_changes():
     t, _, _ = trainer("cpu", "pipelined")
     t.fit(steps=3, progress=False)
-    kept = t._session
+    kept = t._sessions["pipelined"][0]
     t.fit(steps=2, progress=False)
-    assert t._session is kept
+    assert t._sessions["pipelined"][0] is kept
     t.workers = 1  # a setting the loop was built for
     t.fit(steps=2, progress=False)
-    assert t._session is not kept and t._session is not None
-    kept = t._session
+    assert t._sessions["pipelined"][0] is not kept
+    kept = t._sessions["pipelined"][0]
     t.reset()
-    assert t._session is None
+    assert not t._sessions
     t.fit(steps=2, progress=False)
-    assert t._session is not kept and t.steps_done == 9
+    assert t._sessions["pipelined"][0] is not kept and t.steps_done == 9
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -418,6 +418,69 @@ def test_a_float_lr_changed_between_graphed_fits_is_the_next_fits():
     second = t.fit(steps=6, progress=False)
     assert second.setup["graphs"] == 1 and second.setup["graphs_kept"] == 0
     close(first + second.losses, expected, "cuda")
+
+
+def short_trials(monkeypatch):
+    """The trials that train, with windows of the least steps: on the CPU (where auto is
+    serial) their machinery runs as on CUDA."""
+    monkeypatch.setattr(tandem.trainer, "_TRIAL_WINDOW_S", 1e-4)
+
+
+def test_auto_decides_on_the_fits_own_steps_which_train(monkeypatch):
+    short_trials(monkeypatch)
+    expected, plain_head = plain_losses("cpu", 130)
+    t, _, head = trainer("cpu", "auto")
+    t._trials_train_on_cpu = True
+    first = t.fit(steps=30, progress=False)  # too short for every trial: the next goes on
+    assert t.trials is None and first.setup["trial_steps"] == 30
+    second = t.fit(steps=100, progress=False)
+    # Each mode: 5 warm-up steps and two timed windows of 8. The first fit: serial's 21,
+    # pipelined's 5, then 4 of a window of 8, run untimed (cut short); the windows go on.
+    per_mode = tandem.trainer._TRIAL_WARM_STEPS + 2 * tandem.trainer._TRIAL_MIN_STEPS
+    assert second.setup["trial_steps"] == len(ALL_MODES) * per_mode + 4 - 30
+    assert t.trials["on_the_fits_steps"] and t.trials["mode"] in ALL_MODES
+    assert second.mode == t.trials["mode"]
+    for trial in t.trials["trials"]:
+        assert len(trial["runs"]) == 2 and trial["steps_per_s"] > 0, trial
+    parts = second.report["parts"]
+    assert sum(p["steps"] for p in parts) == 100 and parts[-1]["mode"] == t.trials["mode"]
+    assert not parts[-1]["trial"] and parts[0]["trial"]
+    close(first.losses + second.losses, expected, "cpu")  # the plain loop's, trials and all
+    for a, b in zip(head.parameters(), plain_head.parameters()):
+        close(a.detach(), b.detach(), "cpu")
+    third = t.fit(steps=5, progress=False)  # decided: one run, no trial
+    assert third.setup["trials_s"] < 0.05 and "parts" not in third.report
+
+
+class LossFailingOnTheTrainStagesThread:
+    """Cross-entropy, raising from its third call on on a thread named "train" (the train
+    stage's in the pipelined modes; the serial ones run on one thread named "serial")."""
+
+    def __init__(self):
+        self.calls, self.inner = 0, nn.CrossEntropyLoss()
+
+    def __call__(self, out, target):
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+            if f.read().strip() == "train":
+                self.calls += 1
+                if self.calls > 2:
+                    raise RuntimeError("this loss cannot run on the train stage's thread")
+        return self.inner(out, target)
+
+
+def test_a_mode_failing_its_trial_is_rolled_back_and_left_out(monkeypatch):
+    short_trials(monkeypatch)
+    expected, _ = plain_losses("cpu", 120)
+    encoder, head, opt = job("cpu")
+    t = tandem.Trainer(head, LossFailingOnTheTrainStagesThread(), opt, dataset(),
+                       feed=[encoder], augment=AUGMENT, batch_size=8, workers=2)
+    t._trials_train_on_cpu = True
+    result = t.fit(steps=120, progress=False)
+    errors = {r["mode"]: r["error"] for r in t.trials["trials"] if r["error"]}
+    assert set(errors) == {"pipelined", "pipelined+graphed"}, errors
+    assert all("cannot run on the train stage's thread" in e for e in errors.values())
+    assert t.trials["mode"] in ("serial", "graphed", "graphed_k")
+    close(result.losses, expected, "cpu")  # the failed steps undone: the plain loop's losses
 
 
 def test_auto_on_the_cpu_is_serial():
