@@ -37,8 +37,9 @@ starts (t0); then four calls, each followed by a device synchronize:
     fits                 tandem: each call's wall clock beside its FitResult's seconds and the
                          report's other timing fields
 
-Each row's process gets an empty TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR inside it) of
-its own under --cache-dir, so compilation starts cold; --warm-process adds, after each tandem
+Each row's process gets an empty TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR and tandem's
+TANDEM_MODE_CACHE inside it) of its own under --cache-dir, so compilation and mode auto start
+cold; --warm-process adds, after each tandem
 row, a second process on the same cache folder (impl suffixed "-warm"): the start of a user's
 second run. Writes {device, date, command, rows: [{impl, job, batch_size, first_call_s,
 per_call_s, steady_images_per_s, wall_images_per_s, steps, first_fixed_s, mode, trials_s,
@@ -383,7 +384,8 @@ def run_process(a, planned):
     if a.fit_steps_first:
         cmd += ["--fit-steps-first", str(a.fit_steps_first)]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=planned["cache_dir"],
-               TRITON_CACHE_DIR=os.path.join(planned["cache_dir"], "triton"))
+               TRITON_CACHE_DIR=os.path.join(planned["cache_dir"], "triton"),
+               TANDEM_MODE_CACHE=os.path.join(planned["cache_dir"], "tandem-modes"))
     if planned.get("package"):  # the A/B's old tandem in place of this one's
         env["PYTHONPATH"] = os.pathsep.join([planned["package"]] + [
             p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])

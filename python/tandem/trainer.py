@@ -51,7 +51,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _C, distributed
+from . import _C, _mode_cache, distributed
 from ._checks import rank_shard, whole
 from .augment import AugmentSpec
 from .data import Dataset, TorchDataset
@@ -697,6 +697,7 @@ class Trainer:
         own steps instead (no copies: see fit)."""
         if self.mode != "auto":
             return self.mode
+        self._kept_decision()
         if self._trials is None:
             if self.device.type != "cuda":
                 self._trials = dict(mode="serial", trials=[], seconds=0.0,
@@ -716,6 +717,7 @@ class Trainer:
                         "mode auto's trials changed your modules' tensors: a model or feed "
                         "reaches modules that deepcopy does not copy (a closure?). Pass an "
                         "explicit mode instead of 'auto'")
+                self._keep_decision(self._decision_key())
         return self._trials["mode"]
 
     def _joined(self) -> bool:
@@ -768,7 +770,11 @@ class Trainer:
         later one train in it, on the graphs its trial captured. A fit too short for every
         trial leaves the rest to the next fit. A mode that fails its trial is rolled back to
         where its trial began (weights, optimizer state, random generators) and left out;
-        ``trials`` says why. ``result.report["parts"]`` lists the fit's runs.
+        ``trials`` says why. ``result.report["parts"]`` lists the fit's runs. The decision is
+        kept under the user's cache folder, keyed by the job (modules' structure, data shapes,
+        batch size, GPU, versions): a later process of the same job starts in the picked mode
+        without trials (``TANDEM_MODE_CACHE=off`` turns it off; a folder there moves it; a
+        kept file that cannot be trusted is ignored with a warning).
 
         A fit keeps what it built for the next: the training loop's threads (with what they
         autotuned), and in the graphed modes the CUDA graphs it captured, so a later fit
@@ -798,6 +804,7 @@ class Trainer:
             raise ValueError("resume=True continues a run folder's run: give the Trainer "
                              "out='runs/NAME'")
         n = self._steps_for(steps, epochs)
+        self._kept_decision()
         if self._trials_train():
             return self._fit_trying_modes(n, progress, trace)
         mode, trials_s = self._timed_mode(min(n, 300))
@@ -833,6 +840,23 @@ class Trainer:
 
     def _candidates(self) -> List[str]:
         return [m for m in MODES[1:] if not self._mode_problem(m)]
+
+    def _decision_key(self) -> Optional[str]:
+        """The job's key in the kept decisions (tandem/_mode_cache.py), or None where mode auto
+        is not timed (an explicit mode, the CPU) or is rank 0's to make (data parallel)."""
+        if (self.mode != "auto" or self.world_size > 1
+                or not (self.device.type == "cuda" or self._trials_train_on_cpu)):
+            return None
+        return _mode_cache.job_key(self, self._candidates())
+
+    def _kept_decision(self):
+        """Mode auto's decision from an earlier process of the same job, when one is kept."""
+        if self._trials is None and self._trying is None and (key := self._decision_key()):
+            self._trials = _mode_cache.load(key, self._candidates())
+
+    def _keep_decision(self, key):
+        if key and self._trials is not None:
+            _mode_cache.save(key, self._trials)
 
     def _state(self):
         """What a trial's steps change: the modules' state_dicts, the optimizer's state and the
@@ -893,7 +917,7 @@ class Trainer:
         tr = self._trying
         if tr is None:
             tr = self._trying = dict(candidates=self._candidates(), runs={}, rate={}, errors={},
-                                     seconds=0.0, steps=0)
+                                     seconds=0.0, steps=0, key=self._decision_key())
             for m in tr["candidates"]:
                 tr["runs"][m] = []
         losses, parts, reports, left = [], [], [], n
@@ -949,6 +973,7 @@ class Trainer:
                             trials=trials + ruled_out, seconds=tr["seconds"],
                             steps=tr["steps"], on_the_fits_steps=True)
         self._trying = None
+        self._keep_decision(tr["key"])
         for m in list(self._sessions):  # the others' loops (and graphs) go
             if m != picked["mode"]:
                 del self._sessions[m]

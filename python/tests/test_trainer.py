@@ -452,6 +452,55 @@ def test_auto_decides_on_the_fits_own_steps_which_train(monkeypatch):
     assert third.setup["trials_s"] < 0.05 and "parts" not in third.report
 
 
+def trying_trainer(**kw):
+    t, _, _ = trainer("cpu", "auto", **kw)
+    t._trials_train_on_cpu = True
+    return t
+
+
+def test_a_later_process_of_the_same_job_takes_the_kept_decision(monkeypatch, tmp_path):
+    short_trials(monkeypatch)
+    monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
+    first = trying_trainer()
+    first.fit(steps=120, progress=False)
+    assert first.trials["mode"] in ALL_MODES and "cached" not in first.trials
+    kept = list(tmp_path.iterdir())
+    assert len(kept) == 1 and kept[0].suffix == ".json"
+    later = trying_trainer()  # the same job, anew: as a second process would build it
+    result = later.fit(steps=5, progress=False)
+    assert later.trials["cached"] == str(kept[0]) and result.mode == first.trials["mode"]
+    assert "kept from an earlier process" in later.trials["reason"]
+    assert "parts" not in result.report and result.setup["trials_s"] < 0.05
+    other = trying_trainer()
+    other.batch_size = 4  # another job: its own key, its own trials
+    assert other._decision_key() != later._decision_key()
+
+
+def test_a_kept_decision_that_cannot_be_trusted_is_ignored_with_a_warning(monkeypatch, tmp_path):
+    short_trials(monkeypatch)
+    monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
+    trying_trainer().fit(steps=120, progress=False)
+    (kept,) = tmp_path.iterdir()
+    for damage, why in [("{not json", "Expecting property name"),
+                        (json.dumps(dict(key="another", decision={})), "another job"),
+                        (kept.read_text().replace('"mode": "', '"mode": "warp'), "not one this job")]:
+        kept.write_text(damage)
+        t = trying_trainer()
+        with pytest.warns(UserWarning, match=f"ignoring the kept mode decision {kept}.*{why}"):
+            t.fit(steps=120, progress=False)
+        assert t.trials["mode"] in ALL_MODES and "cached" not in t.trials  # tried again
+        assert json.loads(kept.read_text())["decision"]["mode"] in ALL_MODES  # written again
+
+
+def test_the_kept_decisions_can_be_turned_off(monkeypatch, tmp_path):
+    short_trials(monkeypatch)
+    monkeypatch.setenv("TANDEM_MODE_CACHE", "off")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    trying_trainer().fit(steps=120, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
 class LossFailingOnTheTrainStagesThread:
     """Cross-entropy, raising from its third call on on a thread named "train" (the train
     stage's in the pipelined modes; the serial ones run on one thread named "serial")."""
