@@ -122,7 +122,7 @@ class GraphedStage {
   std::vector<at::Tensor> static_inputs_, static_outputs_;
   int64_t calls_ = 0, replays_ = 0;
   int64_t run_calls_ = 0, run_replays_ = 0;  // this run's (begin_run)
-  bool kept_ = false;      // captured before this run
+  bool kept_ = false;                        // captured before this run
   bool on_cpu_ = false;
   std::shared_ptr<WarmupBarrier> barrier_;
   bool barrier_pending_ = false;  // joined barrier_ and not yet arrived

@@ -4,7 +4,9 @@
 #include "tandem/kept_threads.h"
 
 #include <ATen/ThreadLocalState.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -56,9 +58,21 @@ struct Registry {
 
 // Never destroyed: a kept thread may be running or waiting when the process exits, and static
 // destruction must not pull its state away.
+std::atomic<Registry*> g_registry{nullptr};
+
+// A forked child has none of its parent's threads (and maybe a registry locked at the fork): it
+// starts an empty registry of its own, leaving the parent's as it was.
+void forget_threads_in_child() { g_registry.store(new Registry); }
+
 Registry& registry() {
-  static Registry* r = new Registry;
-  return *r;
+  static Registry* first = [] {
+    auto* r = new Registry;
+    g_registry.store(r);
+    pthread_atfork(nullptr, nullptr, forget_threads_in_child);
+    return r;
+  }();
+  (void)first;
+  return *g_registry.load();
 }
 
 void KeptThread::loop() {

@@ -201,9 +201,9 @@ void Pipeline::run(int64_t num_items, const ItemHook& on_item) {
   }
   if (mode_ == PipelineMode::kSerial) {
     // On the train role's kept thread (kept_threads.h: what it tuned on the last run stays).
-    detail::start_on_kept_thread(detail::stage_role(stages_.back().name, true), "serial",
-                                 [&] { run_serial(num_items, on_item); })
-        .get();
+    detail::start_on_kept_thread(detail::stage_role(stages_.back().name, true), "serial", [&] {
+      run_serial(num_items, on_item);
+    }).get();
   } else {
     run_threaded(num_items, on_item);
   }
@@ -370,9 +370,9 @@ void Pipeline::run_threaded(int64_t num_items, const ItemHook& on_item) {
   std::vector<std::future<void>> stages;
   try {
     for (int i = 0; i < K; ++i)
-      stages.push_back(detail::start_on_kept_thread(
-          detail::stage_role(stages_[i].name, i + 1 == K), stages_[i].name,
-          [&stage_loop, i] { stage_loop(i); }));
+      stages.push_back(detail::start_on_kept_thread(detail::stage_role(stages_[i].name, i + 1 == K),
+                                                    stages_[i].name,
+                                                    [&stage_loop, i] { stage_loop(i); }));
   } catch (...) {  // no thread for a stage (std::system_error): stop those already started
     for (auto& q : inbox) q.close();
     open_gate();

@@ -708,15 +708,14 @@ std::vector<std::string> Runner::notes() const {
     if (s && s->captured()) {
       any = true;
       const std::string lane = runs_pipelined(mode) ? " on lane " + g.lane : std::string();
-      out.push_back(
-          s->kept()
-              ? detail::concat("replayed: ", g.name, " (", describe_units(g), ") as the graph ",
-                               "an earlier run of this runner captured", lane, "; ",
-                               s->run_replays(), " replays")
-              : detail::concat("captured: ", g.name, " (", describe_units(g), ") as one graph",
-                               lane, " after ", s->warmup_steps(),
-                               " eager warm-up steps on a side lane; ", s->run_replays(),
-                               " replays"));
+      out.push_back(s->kept() ? detail::concat("replayed: ", g.name, " (", describe_units(g),
+                                               ") as the graph ",
+                                               "an earlier run of this runner captured", lane, "; ",
+                                               s->run_replays(), " replays")
+                              : detail::concat("captured: ", g.name, " (", describe_units(g),
+                                               ") as one graph", lane, " after ", s->warmup_steps(),
+                                               " eager warm-up steps on a side lane; ",
+                                               s->run_replays(), " replays"));
     }
     if (s)
       for (auto& note : s->notes()) out.push_back(note);

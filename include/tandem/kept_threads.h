@@ -25,8 +25,8 @@
 namespace tandem::detail {
 
 /// Starts `task` on an idle kept thread of `role` (made when none is idle), named `thread_name`
-/// while it runs, and returns at once; the future is ready when the task has returned and holds what it
-/// threw. Thread-safe. The threads live until the process ends.
+/// while it runs, and returns at once; the future is ready when the task has returned and holds
+/// what it threw. Thread-safe. The threads live until the process ends.
 std::future<void> start_on_kept_thread(const std::string& role, const std::string& thread_name,
                                        std::function<void()> task);
 

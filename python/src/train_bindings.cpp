@@ -228,8 +228,7 @@ py::dict FitSession::fit(const py::dict& config) {
       if (!folder) return steps_line.update(p.step - first);
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      std::fprintf(stderr, "\r\033[K%s",
-                   train::progress_line(p, to.batch_size, elapsed).c_str());
+      std::fprintf(stderr, "\r\033[K%s", train::progress_line(p, to.batch_size, elapsed).c_str());
       std::fflush(stderr);
     };
   to.on_epoch = [&, epochs = to.epochs](const train::EpochRecord& r) {
@@ -263,7 +262,7 @@ py::dict FitSession::fit(const py::dict& config) {
             if (monitor) monitor->stop();
           } catch (...) {
             if (monitor) monitor->stop();
-            trainer_.reset();  // nothing kept from a fit that failed
+            trainer_.reset();          // nothing kept from a fit that failed
             if (group) abandon_job();  // as run() does: the other ranks see this one stop
             throw;
           }

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <mutex>
-#include <cstdio>
 #include <vector>
 
 namespace tandem::run {

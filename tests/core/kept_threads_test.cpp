@@ -7,6 +7,8 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <map>
@@ -89,6 +91,29 @@ TEST(KeptThreadsTest, WhatATaskThrowsReachesItsCaller) {
   }
   EXPECT_NE(thread_of("test throws"), std::this_thread::get_id());  // the thread lives on
   EXPECT_EQ(kept_threads_of("test throws"), 1);
+}
+
+// A forked child has none of its parent's threads: its tasks get threads of its own (a child
+// that waited for its parent's would hang; the alarm ends such a child).
+TEST(KeptThreadsTest, AForkedChildStartsThreadsOfItsOwn) {
+  const std::thread::id parent = thread_of("test fork");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(20);
+    // (Its thread's id may equal the parent's: glibc reuses the stack of a thread the child
+    // does not have.) One thread, and the task ran: the child did not wait for the parent's.
+    ::_exit(kept_threads_of("test fork") == 0 &&
+                    thread_of("test fork") != std::this_thread::get_id() &&
+                    kept_threads_of("test fork") == 1
+                ? 0
+                : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child was ended by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(thread_of("test fork"), parent);  // the parent's thread lives on
 }
 
 TEST(KeptThreadsTest, StageRoles) {

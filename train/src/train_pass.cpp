@@ -214,7 +214,7 @@ struct Trainer::Pass {
   Clock::time_point steady_t;
   double steady_excluded = 0;  // checkpoint time since the mark
   double lr_now = 0;
-  int stopped = 0;  // the signal a stop came from
+  int stopped = 0;                       // the signal a stop came from
   detail::EvaluationThread evaluations;  // every evaluation on one thread (why: its header)
 };
 
@@ -531,8 +531,8 @@ TrainResult Trainer::Pass::finished_result() {
 
 Runner& Trainer::runner_for_run() {
   if (!runner_) {
-    runner_ = std::make_unique<Runner>(job_.workload,
-                                       run_options(options_, start_step_, rank_, world_));
+    runner_ =
+        std::make_unique<Runner>(job_.workload, run_options(options_, start_step_, rank_, world_));
   } else {
     runner_->set_first_step(start_step_);
     runner_->set_trace(options_.trace);

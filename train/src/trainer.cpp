@@ -337,9 +337,9 @@ void Trainer::set_next_run(TrainOptions options) {
   TANDEM_CHECK_ARG(options.mode == now.mode && options.batch_size == now.batch_size &&
                        options.workers == now.workers && options.seed == now.seed &&
                        options.skip_bad == now.skip_bad && options.group == now.group,
-                   "train job '", job_.name,
-                   "': a next run keeps the Runner built for mode ", to_string(now.mode),
-                   ", batch size ", now.batch_size, ", ", now.workers, " workers, seed ", now.seed,
+                   "train job '", job_.name, "': a next run keeps the Runner built for mode ",
+                   to_string(now.mode), ", batch size ", now.batch_size, ", ", now.workers,
+                   " workers, seed ", now.seed,
                    ": expected the same (and the same skip_bad and group), got mode ",
                    to_string(options.mode), ", batch size ", options.batch_size, ", ",
                    options.workers, " workers, seed ", options.seed);
