@@ -562,7 +562,8 @@ void Runner::prepare(int64_t num_steps) {
   im.reset(num_steps, options_, dev);
   const DataSource& data = workload_.data;
   im.open_run_dataset(data, options_);
-  if (im.groups.empty()) {  // else kept, with the graphs that run their units
+  const bool later_run = !im.groups.empty();  // kept, with the graphs that run their units
+  if (!later_run) {
     im.groups = compose_groups(im.units, mode);
     im.barrier = std::make_shared<WarmupBarrier>();
   }
@@ -578,6 +579,9 @@ void Runner::prepare(int64_t num_steps) {
   std::shared_ptr<WarmupBarrier> barrier = im.barrier;
   im.pipeline->set_on_error([barrier] { barrier->cancel(); });  // the run fails: nothing kept
   im.pipeline->set_trace(options_.trace);
+  // The first item alone is for the libraries that tune themselves on it (Pipeline): a later
+  // run's stages run on the kept threads that tuned on the first, so it need not wait.
+  im.pipeline->set_first_item_alone(!later_run);
   im.prepare_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
