@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -173,6 +175,30 @@ struct ProcessGroup::Impl {
     }
   }
 };
+
+namespace {
+/// `name`'s value in seconds, or nullopt when unset; EnvironmentError unless a number > 0.
+std::optional<double> seconds_from_environment(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v, &end);
+  if (errno || end == v || *end != '\0' || !(x > 0) || x > 1e7)
+    throw EnvironmentError(
+        detail::concat(name, "='", v, "' is not valid: expected a number of seconds > 0"));
+  return x;
+}
+}  // namespace
+
+ProcessGroupOptions options_from_environment(ProcessGroupOptions o) {
+  auto whole = [](double s) { return std::chrono::seconds(static_cast<int64_t>(std::ceil(s))); };
+  if (auto s = seconds_from_environment("TANDEM_JOIN_TIMEOUT")) o.join_timeout = whole(*s);
+  if (auto s = seconds_from_environment("TANDEM_HEARTBEAT_TIMEOUT")) o.dead_after_s = *s;
+  if (auto s = seconds_from_environment("TANDEM_COLLECTIVE_TIMEOUT"))
+    o.collective_timeout = whole(*s);
+  return o;
+}
 
 std::shared_ptr<ProcessGroup> ProcessGroup::connect(const LaunchEnv& env, c10::Device device,
                                                     ProcessGroupOptions options) {

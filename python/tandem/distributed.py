@@ -80,6 +80,26 @@ def local_device() -> torch.device:
 
 
 _left_at_exit = False
+_timeouts = {}  # set_timeouts: the job's, before it is joined
+
+
+def set_timeouts(join: Optional[float] = None, heartbeat: Optional[float] = None) -> None:
+    """The job's timeouts, in seconds, before the first fit joins it: ``join``, how long a rank
+    waits for the others to join (and to leave at the end; default 120, or the
+    TANDEM_JOIN_TIMEOUT environment variable); ``heartbeat``, how long a rank may stay silent
+    before it is declared dead and every rank stops (default 10, or TANDEM_HEARTBEAT_TIMEOUT) —
+    across machines, raise it above the network's hiccups. None keeps the default."""
+    for name, value in (("join", join), ("heartbeat", heartbeat)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} timeout {value!r} is not valid: expected a number of "
+                             "seconds > 0, or None for the default")
+    if _C.joined_job():
+        raise RuntimeError("set_timeouts after the job was joined (the first fit joins it): "
+                           "call it before")
+    _timeouts.update({k: float(v) for k, v in (("join", join), ("heartbeat", heartbeat))
+                      if v is not None})
 
 
 def _check_device(device: torch.device) -> None:
@@ -100,7 +120,8 @@ def _join(device: torch.device) -> Optional[dict]:
     if not launched():
         return None
     _check_device(device)
-    job = _C.join_job("cpu" if device.type == "cpu" else "cuda")
+    job = _C.join_job("cpu" if device.type == "cpu" else "cuda", _timeouts.get("join", 0.0),
+                      _timeouts.get("heartbeat", 0.0))
     if not _left_at_exit:
         _left_at_exit = True
         # A clean exit leaves the job (the others wait for this rank to leave, not die); an

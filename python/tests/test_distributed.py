@@ -155,3 +155,23 @@ def test_a_rank_on_another_ranks_gpu_is_refused(monkeypatch):
         tandem.distributed._check_device(torch.device("cuda", 0))
     tandem.distributed._check_device(torch.device("cuda", 1))
     tandem.distributed._check_device(torch.device("cpu"))
+
+
+def test_the_jobs_timeouts_are_set_before_it_is_joined():
+    with pytest.raises(ValueError, match="join timeout 0 is not valid: expected a number"):
+        tandem.distributed.set_timeouts(join=0)
+    with pytest.raises(ValueError, match="heartbeat timeout 'soon' is not valid"):
+        tandem.distributed.set_timeouts(heartbeat="soon")
+    with pytest.raises(ValueError, match="heartbeat timeout True is not valid"):
+        tandem.distributed.set_timeouts(heartbeat=True)
+    # A lone rank 0 of two waits for rank 1 as long as set_timeouts says, and names it.
+    script = ("import torch, tandem\n"
+              "tandem.distributed.set_timeouts(join=2, heartbeat=30)\n"
+              "tandem.distributed._join(torch.device('cpu'))\n")
+    env = dict(clean_env(), RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0
+    assert "rank 0 waited 2 s at the store" in r.stderr, r.stderr
+    assert "for rank(s) 1 of WORLD_SIZE=2 to join" in r.stderr, r.stderr

@@ -21,7 +21,8 @@ int default_loader_workers(c10::Device device, int most) {
   return std::max(1, std::min(most, (cores - 1) / local_ranks));
 }
 
-std::shared_ptr<distributed::ProcessGroup> join_data_parallel(const std::string& device_flag) {
+std::shared_ptr<distributed::ProcessGroup> join_data_parallel(
+    const std::string& device_flag, const distributed::ProcessGroupOptions& options) {
   const std::optional<distributed::LaunchEnv> env = distributed::launch_env_from_environment();
   if (!env || env->world_size == 1) return nullptr;
   c10::Device device(c10::kCPU);
@@ -43,7 +44,7 @@ std::shared_ptr<distributed::ProcessGroup> join_data_parallel(const std::string&
       throw InvalidArgument("--device cuda: no CUDA device is available");
     }
   }
-  return distributed::ProcessGroup::connect(*env, device);
+  return distributed::ProcessGroup::connect(*env, device, options);
 }
 
 void apply_data_parallel(RunRequest& options, RunHooks& hooks,

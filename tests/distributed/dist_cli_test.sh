@@ -103,6 +103,35 @@ else
   fail "WORLD_SIZE mismatch: rank 0 exit $rc0, rank 1 exit $rc1"; cat "$tmp/w0.err" "$tmp/w1.err"
 fi
 
+# 2b. The job's timeouts: --join-timeout (or TANDEM_JOIN_TIMEOUT) bounds a lone rank's wait for
+#     the others, named in its error; a timeout that is not > 0 is refused (flag and variable);
+#     both flags' help names the default and the variable, for bench and train.
+for how in flag env; do
+  p=$(port 4)
+  if [ $how = flag ]; then args=(--join-timeout 2); envs=(); else args=(); envs=(TANDEM_JOIN_TIMEOUT=2); fi
+  start=$SECONDS
+  env "${envs[@]}" RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p timeout 60 "$tandem"     "${run[@]}" --steps 1 "${args[@]}" >"$tmp/jt.out" 2>"$tmp/jt.err"
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $((SECONDS - start)) -lt 30 ] &&
+     grep -qF "rank 0 waited 2 s at the store" "$tmp/jt.err" &&
+     grep -qF "for rank(s) 1 of WORLD_SIZE=2 to join" "$tmp/jt.err"; then
+    ok
+  else
+    fail "a join timeout of 2 s ($how): exit $rc after $((SECONDS - start)) s:"; cat "$tmp/jt.err"
+  fi
+done
+"$tandem" "${run[@]}" --steps 1 --heartbeat-timeout 0 >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 2 ] && grep -qF -- "0 is not valid: expected a number of seconds > 0" "$tmp/err"; then
+  ok; else fail "--heartbeat-timeout 0 not refused with exit 2:"; cat "$tmp/err"; fi
+expect_env_fail "TANDEM_HEARTBEAT_TIMEOUT='soon' is not valid" TANDEM_HEARTBEAT_TIMEOUT=soon \
+  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(port 5) -- "${run[@]}" --steps 1
+for cmd in bench train; do
+  "$tandem" $cmd --help >"$tmp/help" 2>&1
+  if grep -qF "[default: 120, or TANDEM_JOIN_TIMEOUT]" "$tmp/help" &&
+     grep -qF "[default: 10, or TANDEM_HEARTBEAT_TIMEOUT]" "$tmp/help"; then
+    ok; else fail "tandem $cmd --help does not name the timeouts' defaults:"; grep -i timeout "$tmp/help"; fi
+done
+
 # 3. A rank killed mid-run: the job ends non-zero within 30 s and names the rank.
 "$tandem" "${run[@]}" --steps 100000 --warmup 1 --nproc 2 >"$tmp/kill.out" 2>"$tmp/kill.err" &
 launcher=$!

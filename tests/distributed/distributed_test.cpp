@@ -437,6 +437,38 @@ TEST_F(LaunchEnvTest, NamesWhatIsWrong) {
   EXPECT_NE(error_of().find("LOCAL_RANK=2 is not valid"), std::string::npos) << error_of();
 }
 
+// The job's timeouts from the environment, for any launcher: each variable sets its own, unset
+// ones keep the defaults, and a value that is not a positive number of seconds is named.
+TEST(ProcessGroupTest, TheEnvironmentSetsTheTimeouts) {
+  const char* vars[] = {"TANDEM_JOIN_TIMEOUT", "TANDEM_HEARTBEAT_TIMEOUT",
+                        "TANDEM_COLLECTIVE_TIMEOUT"};
+  for (const char* v : vars) unsetenv(v);
+  const distributed::ProcessGroupOptions defaults;
+  distributed::ProcessGroupOptions o = distributed::options_from_environment();
+  EXPECT_EQ(o.join_timeout, defaults.join_timeout);
+  EXPECT_EQ(o.dead_after_s, defaults.dead_after_s);
+  setenv("TANDEM_JOIN_TIMEOUT", "300", 1);
+  setenv("TANDEM_HEARTBEAT_TIMEOUT", "2.5", 1);
+  setenv("TANDEM_COLLECTIVE_TIMEOUT", "60", 1);
+  o = distributed::options_from_environment();
+  EXPECT_EQ(o.join_timeout, std::chrono::seconds(300));
+  EXPECT_EQ(o.dead_after_s, 2.5);
+  EXPECT_EQ(o.collective_timeout, std::chrono::seconds(60));
+  for (const char* bad : {"0", "-3", "soon", "1e9"}) {
+    setenv("TANDEM_HEARTBEAT_TIMEOUT", bad, 1);
+    try {
+      distributed::options_from_environment();
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const distributed::EnvironmentError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("TANDEM_HEARTBEAT_TIMEOUT='") + bad +
+                                           "' is not valid: expected a number of seconds > 0"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  for (const char* v : vars) unsetenv(v);
+}
+
 TEST(ProcessGroupTest, APortInUseIsAnEnvironmentError) {
   // A listener on the port first (a store server: any program bound to it would do).
   distributed::LaunchEnv env;

@@ -1,11 +1,15 @@
 // launch_if_asked (data_parallel.h).
 #include "data_parallel.h"
 
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "tandem/distributed/launch_env.h"
 #include "tandem/distributed/launcher.h"
+#include "tandem/distributed/process_group.h"
 
 namespace tandem {
 
@@ -18,6 +22,38 @@ std::optional<int> launch_if_asked(int nproc, int argc, char** argv) {
                        "(torchrun starts the ranks) or run without torchrun"));
   std::vector<std::string> args(argv, argv + argc);
   return distributed::run_local_ranks(nproc, distributed::without_flag(args, "--nproc"));
+}
+
+void TimeoutFlags::add(CLI::App* app) {
+  const distributed::ProcessGroupOptions defaults;
+  auto positive = CLI::Validator(
+      [](std::string& value) {
+        char* end = nullptr;
+        const double s = std::strtod(value.c_str(), &end);
+        return end != value.c_str() && *end == '\0' && s > 0 && s <= 1e7
+                   ? std::string()
+                   : value + " is not valid: expected a number of seconds > 0";
+      },
+      "SECONDS > 0");
+  app->add_option("--join-timeout", join_s,
+                  detail::concat("data parallel: seconds a rank waits for the others to join "
+                                 "(and to leave at the end) [default: ",
+                                 defaults.join_timeout.count(), ", or TANDEM_JOIN_TIMEOUT]"))
+      ->check(positive);
+  app->add_option("--heartbeat-timeout", heartbeat_s,
+                  detail::concat("data parallel: a rank silent this many seconds is declared "
+                                 "dead and every rank stops [default: ",
+                                 defaults.dead_after_s,
+                                 ", or TANDEM_HEARTBEAT_TIMEOUT]; across "
+                                 "machines, raise it above the network's hiccups"))
+      ->check(positive);
+}
+
+distributed::ProcessGroupOptions TimeoutFlags::options() const {
+  distributed::ProcessGroupOptions o = distributed::options_from_environment();
+  if (join_s > 0) o.join_timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(join_s)));
+  if (heartbeat_s > 0) o.dead_after_s = heartbeat_s;
+  return o;
 }
 
 }  // namespace tandem

@@ -275,11 +275,12 @@ int run_bench_resolved(const tandem::run::RunRequest& options, const tandem::run
 }
 
 int run_bench_command(tandem::run::RunRequest options, const std::string& json_path,
-                      const tandem::distributed::DataParallelOptions& data_parallel) {
+                      const tandem::distributed::DataParallelOptions& data_parallel,
+                      const tandem::distributed::ProcessGroupOptions& group_options) {
   // Data parallel (torchrun, or the ranks --nproc started): join, then run as this rank; rank 0
   // alone prints and writes.
   const std::shared_ptr<tandem::distributed::ProcessGroup> group =
-      tandem::run::join_data_parallel(options.device);
+      tandem::run::join_data_parallel(options.device, group_options);
   tandem::run::RunHooks hooks;
   tandem::run::apply_data_parallel(options, hooks, group, data_parallel);
   if (group && group->rank() != 0) {
@@ -369,6 +370,7 @@ struct BenchCommand {
   int nproc = 0;
   double bucket_cap_mb = 25.0;
   bool gathered_grad = true;
+  tandem::TimeoutFlags timeouts;  // the data-parallel job's
   CLI::App* app = nullptr;
 
   bool may_decode_on_engines() const { return flags.may_decode_on_engines(options); }
@@ -419,6 +421,7 @@ struct BenchCommand {
     app->add_flag("--gathered-grad,!--no-gathered-grad", gathered_grad,
                   "data parallel: the model's GatheredGrad layers form their weight gradients "
                   "from every rank's gathered batch instead of all-reducing them [default: on]");
+    timeouts.add(app);
   }
 
   int run(int argc, char** argv) {
@@ -428,7 +431,7 @@ struct BenchCommand {
     tandem::distributed::DataParallelOptions data_parallel;
     data_parallel.bucket_cap_mb = bucket_cap_mb;
     data_parallel.gathered_grad = gathered_grad;
-    return run_bench_command(options, json, data_parallel);
+    return run_bench_command(options, json, data_parallel, timeouts.options());
   }
 };
 
@@ -621,7 +624,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // The help that lists the flag's choices: the subcommand's, where one was named.
     std::string help = "tandem --help";
-    for (const CLI::App* sub : app.get_subcommands()) help = "tandem " + sub->get_name() + " --help";
+    for (const CLI::App* sub : app.get_subcommands())
+      help = "tandem " + sub->get_name() + " --help";
     std::cerr << "tandem: error: " << tandem::first_line(e.what()) << " (see " << help << ")\n";
     return kExitUsage;
   }

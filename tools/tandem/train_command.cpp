@@ -210,6 +210,7 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "data parallel on this machine: N ranks, one per GPU (or N CPU processes with "
                 "--device cpu); --batch-size is per rank; rank 0 writes the run folder. torchrun "
                 "--nproc-per-node N --no-python tandem train ... does the same");
+  timeouts.add(c);
   return c;
 }
 
@@ -426,7 +427,8 @@ void TrainCommand::write_json(const std::string& command_line, const train::Trai
 int TrainCommand::run(const std::string& command_line) {
   // Data parallel (torchrun, or the ranks --nproc started): this rank's device; rank 0 alone
   // prints and writes.
-  const std::shared_ptr<distributed::ProcessGroup> group = run::join_data_parallel(device);
+  const std::shared_ptr<distributed::ProcessGroup> group =
+      run::join_data_parallel(device, timeouts.options());
   const bool lead = !group || group->rank() == 0;
   const int world = group ? group->world_size() : 1;
   if (!lead) quiet = true;
@@ -504,8 +506,7 @@ int TrainCommand::run(const std::string& command_line) {
   std::fflush(stdout);
 
   train::Trainer trainer(tj, to);
-  if (trainer.resumed())
-    std::printf("%s\n", train::resume_line(trainer.start_step(), spe).c_str());
+  if (trainer.resumed()) std::printf("%s\n", train::resume_line(trainer.start_step(), spe).c_str());
   train::install_stop_handlers(&stop);
   const train::TrainResult r = trainer.run();
   if (group) group->finish();

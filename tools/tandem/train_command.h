@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "data_parallel.h"  // TimeoutFlags
 #include "tandem/mode.h"
 #include "tandem/optim.h"
 #include "tandem/train/classifier.h"
@@ -21,8 +22,8 @@ struct TrainCommand {
   std::string mode = "auto";
   std::string freeze;  // "backbone" or empty
   std::string schedule = "cosine";
-  std::string crop = "region";  // ImageFolder training: region or whole
-  std::string decode = "auto";  // ImageFolder training: cpu or auto (with the JPEG engines)
+  std::string crop = "region";     // ImageFolder training: region or whole
+  std::string decode = "auto";     // ImageFolder training: cpu or auto (with the JPEG engines)
   std::string cuda_wait = "auto";  // how the run's threads wait for the GPU (cuda_wait.h)
   // The flags below that a comment says "not given: ..." are read only when given(): their
   // defaults depend on the model, the data or the device, and a given 0 is refused.
@@ -45,6 +46,7 @@ struct TrainCommand {
   std::string json;            // summary JSON file
   bool quiet = false;
   int nproc = 0;  ///< --nproc: data parallel over that many local ranks (main launches them)
+  TimeoutFlags timeouts;  ///< --join-timeout, --heartbeat-timeout: the data-parallel job's
 
   /// Adds the subcommand and its flags to `app`.
   CLI::App* add(CLI::App& app);

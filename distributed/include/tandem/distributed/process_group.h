@@ -36,6 +36,12 @@ struct ProcessGroupOptions {
   bool force_store_collectives = false;
 };
 
+/// The options with the timeouts the environment sets, for any launcher (seconds, > 0):
+/// TANDEM_JOIN_TIMEOUT (join_timeout), TANDEM_HEARTBEAT_TIMEOUT (dead_after_s),
+/// TANDEM_COLLECTIVE_TIMEOUT (collective_timeout); unset: `defaults`'. EnvironmentError naming a
+/// variable that is not a positive number.
+ProcessGroupOptions options_from_environment(ProcessGroupOptions defaults = {});
+
 class ProcessGroup {
  public:
   /// Connects this process to the job `env` describes and waits until every rank has joined.

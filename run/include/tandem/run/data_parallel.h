@@ -20,7 +20,11 @@ namespace tandem::run {
 /// `device_flag` (auto, cpu, cuda, cuda:N) picks this rank's device: cuda:LOCAL_RANK unless the
 /// CPU is asked for or there is no GPU. Throws distributed::EnvironmentError (exit 2) for more
 /// local ranks than GPUs or an explicit cuda:N.
-std::shared_ptr<distributed::ProcessGroup> join_data_parallel(const std::string& device_flag);
+/// `options`: the group's timeouts (the environment's, distributed::options_from_environment,
+/// unless the front end's flags say otherwise).
+std::shared_ptr<distributed::ProcessGroup> join_data_parallel(
+    const std::string& device_flag,
+    const distributed::ProcessGroupOptions& options = distributed::options_from_environment());
 
 /// Loader threads for a process training on `device` when the user gives no count: on a GPU
 /// the machine's cores less one (at most `most`), shared by the LOCAL_WORLD_SIZE ranks of this
