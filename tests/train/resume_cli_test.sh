@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `tandem train` interrupted and resumed as people do it: stopped with SIGINT, or killed with
-# SIGKILL (no handler runs, nothing is flushed), then the same command with --resume. The run's
+# `tandem train` interrupted and resumed as people do it: stopped with SIGINT or SIGTERM, or
+# killed with SIGKILL (no handler runs, nothing is flushed), then the same command with --resume
+# or as torchrun restarts a worker (TORCHELASTIC_RESTART_COUNT set, no --resume). The run's
 # metrics.jsonl then equals an uninterrupted run's but for the time fields and the resume marker,
 # and its weights are byte-equal. Also: --resume in a folder without a checkpoint starts over,
 # and a non-empty folder without --resume is refused saying how to go on.
@@ -44,10 +45,16 @@ if ! "$tandem" "${train[@]}" --out "$tmp/whole" >"$tmp/whole.out" 2>&1; then
   echo "FAIL: the uninterrupted run"; cat "$tmp/whole.out"; exit 1
 fi
 
-# interrupt <signal> <run folder>: starts the run, sends the signal once a checkpoint inside
-# epoch 2 exists, then resumes it; compares its records and weights with the whole run's.
+# What a worker torchrun restarted sees (one process: WORLD_SIZE=1 joins no job).
+restarted=(env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1
+           MASTER_PORT=29999 TORCHELASTIC_RESTART_COUNT=1)
+
+# interrupt <signal> <run folder> [restart]: starts the run, sends the signal once a checkpoint
+# inside epoch 2 exists, then resumes it — with --resume, or as torchrun restarts a worker (the
+# same command, no --resume, TORCHELASTIC_RESTART_COUNT=1); compares its records and weights
+# with the whole run's.
 interrupt() {
-  local sig=$1 out=$2
+  local sig=$1 out=$2 how=${3:-resume}
   "$tandem" "${train[@]}" --out "$out" >"$out.out" 2>"$out.err" &
   local pid=$!
   for _ in $(seq 2400); do
@@ -65,8 +72,17 @@ interrupt() {
   fi
   local at
   at=$(newest "$out")
-  if ! "$tandem" "${train[@]}" --out "$out" --resume >"$out.resume" 2>&1; then
-    fail "train --resume after SIG$sig"; cat "$out.resume"; return
+  if [ "$how" = restart ]; then
+    "${restarted[@]}" "$tandem" "${train[@]}" --out "$out" >"$out.resume" 2>&1
+  else
+    "$tandem" "${train[@]}" --out "$out" --resume >"$out.resume" 2>&1
+  fi
+  if [ $? -ne 0 ]; then
+    fail "train resumed ($how) after SIG$sig"; cat "$out.resume"; return
+  fi
+  if [ "$how" = restart ] &&
+     ! grep -q "^restarted by torchrun (restart 1): continuing the run in $out, as --resume" "$out.resume"; then
+    fail "SIG$sig, restarted: no line saying so"; cat "$out.resume"; return
   fi
   if ! grep -q "^resuming at step $at " "$out.resume"; then
     fail "SIG$sig: expected 'resuming at step $at'"; cat "$out.resume"; return
@@ -90,12 +106,23 @@ interrupt() {
   if ! cmp -s "$tmp/whole/model.safetensors" "$out/model.safetensors"; then
     fail "SIG$sig at step $at: the weights differ from the uninterrupted run's"; return
   fi
-  echo "SIG$sig at step $at (epoch $((at / spe + 1)), step $((at % spe)) of it): resumed exactly"
+  echo "SIG$sig at step $at (epoch $((at / spe + 1)), step $((at % spe)) of it): resumed exactly ($how)"
   pass
 }
 
 interrupt INT "$tmp/int"
 interrupt KILL "$tmp/kill"
+interrupt TERM "$tmp/term" restart  # what SLURM and Kubernetes send, then torchrun's restart
+
+# A restarted worker whose folder holds another run (another seed) is refused, naming it.
+other=("${train[@]:0:${#train[@]}-1}" 6)  # train's last word is its seed, 5
+"${restarted[@]}" "$tandem" "${other[@]}" --out "$tmp/int" >"$tmp/other.out" 2>"$tmp/other.err"
+rc=$?
+if [ $rc -eq 2 ] && grep -q "was made by another configuration (seed: checkpoint 5, now 6)" "$tmp/other.err"; then
+  pass
+else
+  fail "a restarted worker in another run's folder: exit $rc"; cat "$tmp/other.out" "$tmp/other.err"
+fi
 
 # A run that failed before its first checkpoint: refused without --resume (saying to add it),
 # started over with it.

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -192,7 +193,9 @@ CLI::App* TrainCommand::add(CLI::App& app) {
   c->add_option("--out", out, "the run folder: metrics, checkpoints, model.safetensors")
       ->required();
   c->add_flag("--resume", resume,
-              "continue the run in --out from its newest checkpoint (same settings)");
+              "continue the run in --out from its newest checkpoint (same settings; none yet: "
+              "start it). A worker torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0) resumes "
+              "without it");
   c->add_option("--checkpoint-every", checkpoint_every,
                 "also checkpoint every N steps [default: 0, at each epoch end only]");
   c->add_option("--keep", keep, "checkpoints kept")->capture_default_str();
@@ -432,6 +435,15 @@ int TrainCommand::run(const std::string& command_line) {
   const bool lead = !group || group->rank() == 0;
   const int world = group ? group->world_size() : 1;
   if (!lead) quiet = true;
+  // A worker torchrun's elastic agent restarted (--max-restarts) continues the run its folder
+  // holds, as --resume does: the same run's checkpoints, or none yet; another run's is refused.
+  if (const std::optional<distributed::LaunchEnv> launch = distributed::launch_env_from_environment();
+      !resume && launch && launch->restart > 0) {
+    resume = true;
+    if (lead)
+      std::fprintf(stderr, "restarted by torchrun (restart %d): continuing the run in %s, as --resume\n",
+                   launch->restart, out.c_str());
+  }
   const c10::Device dev = group ? group->device() : parse_device(device);
   const bool seg = settle_job(dev);
   const run::RunMode parsed = run::parse_run_mode(mode);  // one of train_modes(): --mode's check
