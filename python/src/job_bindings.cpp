@@ -30,6 +30,7 @@ py::dict describe(const distributed::LaunchEnv& env) {
   d["world_size"] = env.world_size;
   d["local_rank"] = env.local_rank;
   d["local_world_size"] = env.local_world_size;
+  d["restart"] = env.restart;
   return d;
 }
 

@@ -271,7 +271,8 @@ py::dict FitSession::fit(const py::dict& config) {
         [&] { stop_ = SIGINT; }, *calls_);
   } catch (py::error_already_set& e) {
     // A Ctrl-C: the loop stopped at a step (a folder's run kept a checkpoint): say where.
-    if (folder && result && result->stopped_by_signal != 0 && e.matches(PyExc_KeyboardInterrupt) &&
+    if (folder && result && result->stopped_by_signal != 0 &&
+        (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) &&
         py::hasattr(e.value(), "add_note"))
       e.value().attr("add_note")("tandem: stopped after step " + std::to_string(result->steps) +
                                  "; checkpoint " + result->last_checkpoint +

@@ -72,6 +72,13 @@ def local_world_size() -> int:
     return _of_launch("local_world_size", 1)
 
 
+def restart_count() -> int:
+    """How many times torchrun's elastic agent restarted this worker (--max-restarts;
+    TORCHELASTIC_RESTART_COUNT), 0 without a launcher. A run folder's fit in a restarted worker
+    continues its run (see tandem.Trainer.fit)."""
+    return _of_launch("restart", 0)
+
+
 def local_device() -> torch.device:
     """The device this rank trains on: cuda:LOCAL_RANK where CUDA is available, else the CPU."""
     if torch.cuda.is_available():

@@ -39,11 +39,14 @@ Many GPUs: run the script under torchrun (``torchrun --nproc-per-node 8 train.py
 model on ``tandem.distributed.local_device()``, and each process trains as one rank of a
 data-parallel job — see tandem.distributed.
 """
+import contextlib
 import copy
 import dataclasses
 import json
 import math
 import os
+import signal
+import sys
 import threading
 import time
 import types
@@ -398,6 +401,27 @@ def _captured_state(objects, optimizer) -> list:
         for p, state in optimizer.state.items():
             out.append((id(p), [(k, _value_place(v)) for k, v in state.items()]))
     return out
+
+
+@contextlib.contextmanager
+def _sigterm_stops_the_fit():
+    """SIGTERM — what SLURM and Kubernetes send before they kill — stops a fit as Ctrl-C does
+    (at the next step; a run folder's fit writes its checkpoint, every rank at the same step),
+    then raises SystemExit(143), the exit status of a process SIGTERM ended. Only where SIGTERM
+    has Python's default action and on the main thread (where Python runs handlers); a handler
+    of your own is left alone."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _evaluation(evaluate, model):
@@ -758,7 +782,7 @@ class Trainer:
         ``steps_done``, so two fits of 5 steps train as one of 10. ``progress``: a progress line
         on a terminal's stderr. ``trace``: write a Chrome-trace timeline (chrome://tracing,
         Perfetto) of the run to this file. Ctrl-C stops the run at its next step and raises
-        KeyboardInterrupt; an exception in your code stops every stage and is raised here with
+        KeyboardInterrupt (SIGTERM: SystemExit(143)); an exception in your code stops every stage and is raised here with
         its traceback; a NaN or infinite loss raises a RuntimeError naming its step. Every fit
         runs the training loop of `tandem train`.
 
@@ -789,8 +813,9 @@ class Trainer:
         at capture: call ``reset()`` after changing it. A fit that fails keeps nothing.
 
         With a run folder (``out``): ``epochs`` is the run's length, ``resume=True`` continues
-        the folder's run from its newest checkpoint (or starts it when it has none), Ctrl-C
-        writes a checkpoint before KeyboardInterrupt is raised, and the result holds every
+        the folder's run from its newest checkpoint (or starts it when it has none; a worker
+        torchrun restarted does so without it), Ctrl-C writes a checkpoint before
+        KeyboardInterrupt is raised (SIGTERM: SystemExit(143)), and the result holds every
         epoch's record (``result.epochs``) and the weights' file; ``progress`` also prints
         each epoch's line."""
         if not hasattr(_C, "train"):
@@ -798,6 +823,10 @@ class Trainer:
                                "layer's libpng or zlib was missing where it was built): fit "
                                "cannot run; install libpng and zlib's development files and "
                                "build it again")
+        with _sigterm_stops_the_fit():
+            return self._fit(steps, epochs, resume, progress, trace)
+
+    def _fit(self, steps, epochs, resume, progress, trace) -> FitResult:
         if self.out is not None:
             return self._fit_run_folder(steps, epochs, resume, progress, trace)
         if resume:
@@ -1060,6 +1089,14 @@ class Trainer:
         if trace is not None:
             raise ValueError("trace= times a run without a run folder: use fit(steps=...) on a "
                              "Trainer without out, or benchmark(trace=...)")
+        restart = distributed.restart_count()
+        if restart > 0 and not resume:
+            # A worker torchrun restarted continues the run its folder holds, as resume=True:
+            # the same run's checkpoints (or none yet); another run's is refused.
+            resume = True
+            if self.rank == 0:
+                print(f"restarted by torchrun (restart {restart}): continuing the run in "
+                      f"{self.out}, as resume=True", file=sys.stderr, flush=True)
         mode, trials_s = self._timed_mode(min(n, 300))
         self._check_mode(mode)
         config = self._config(mode, n, 0, copies=False,

@@ -1,7 +1,8 @@
 """tandem.Trainer with a run folder (out=): fit(epochs=N) runs the training loop `tandem train`
 runs — its losses are the plain loop's, evaluate's metrics land in metrics.jsonl, checkpoints and
-the final weights are written — and a run stopped by Ctrl-C (inside an epoch or at its end)
-resumes to the very losses and weights of a run never stopped. Bad requests are refused by name.
+the final weights are written — and a run stopped by Ctrl-C (inside an epoch or at its end) or
+SIGTERM resumes (resume=True, or a torchrun restart) to the very losses and weights of a run
+never stopped. Bad requests are refused by name.
 CPU tests run in CI; the CUDA ones skip without a GPU."""
 import json
 import os
@@ -91,6 +92,57 @@ def stopping_at(step_to_stop):
             time.sleep(0.5)  # the fit's waiting thread sees it within 0.1 s: before the next step
         return schedule(step)
     return lr
+
+
+def terminating_at(step_to_stop):
+    """The schedule, which also sends SIGTERM once, at `step_to_stop` — when the fit has put a
+    handler on it (else the test fails here instead of being killed)."""
+    sent = []
+
+    def lr(step):
+        if step == step_to_stop and not sent:
+            sent.append(step)
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "no SIGTERM handler"
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
+        return schedule(step)
+    return lr
+
+
+def test_sigterm_then_a_torchrun_restart_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch,
+                                                                           capfd):
+    whole = str(tmp_path / "whole")
+    t, _, whole_head = run_folder_trainer("cpu", whole, lr_schedule=schedule)
+    whole_result = t.fit(epochs=3, progress=False)
+
+    out = str(tmp_path / "stopped")
+    t, _, _ = run_folder_trainer("cpu", out, lr_schedule=terminating_at(7))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with pytest.raises(SystemExit) as stopped:
+        t.fit(epochs=3, progress=False)
+    assert stopped.value.code == 128 + signal.SIGTERM  # 143, as a process SIGTERM ended
+    assert any("resume=True" in n for n in getattr(stopped.value, "__notes__", []))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+    assert sorted(os.listdir(os.path.join(out, "checkpoints")))[-1] == "step-000000008"
+
+    # The worker torchrun restarts: its environment says so, and no resume=True is given.
+    for k, v in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT="29999",
+                     TORCHELASTIC_RESTART_COUNT="1").items():
+        monkeypatch.setenv(k, v)
+    assert tandem.distributed.restart_count() == 1
+    capfd.readouterr()
+    t, _, head = run_folder_trainer("cpu", out, lr_schedule=schedule)
+    result = t.fit(epochs=3, progress=False)
+    assert "restarted by torchrun (restart 1): continuing the run in" in capfd.readouterr().err
+    assert result.report["resumed_from"] == 8
+    close(result.losses, whole_result.losses[8:], "cpu")
+    for a, b in zip(head.parameters(), whole_head.parameters()):
+        close(a.detach(), b.detach(), "cpu")
+    # Another run's folder is refused, restart or not.
+    t, _, _ = run_folder_trainer("cpu", out, lr_schedule=schedule, seed=1)
+    with pytest.raises(ValueError, match="another configuration"):
+        t.fit(epochs=3, progress=False)
 
 
 @pytest.mark.parametrize("device", DEVICES)
