@@ -50,7 +50,8 @@ struct ProcessGroup::Impl {
   LaunchEnv env;
   c10::Device device = c10::Device(c10::kCPU);
   ProcessGroupOptions options;
-  std::string prefix;  // "tandem/<restart>/": keys of this attempt
+  std::string prefix;  // "tandem/<attempt>/": keys of this attempt (see connect)
+  int attempt = 1;
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<StoreExchange> exchange;
   std::unique_ptr<DeviceCollectives> collectives;
@@ -206,7 +207,6 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const LaunchEnv& env, c10::D
   im->env = env;
   im->device = device;
   im->options = options;
-  im->prefix = detail::concat("tandem/", env.restart, "/");
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(env.master_port);
   so.isServer = env.rank == 0 && !env.agent_store;
@@ -224,6 +224,15 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(const LaunchEnv& env, c10::D
         detail::concat("rank ", env.rank, " cannot reach the store at ", im->store_name(), " (",
                        what, "): expected MASTER_ADDR:MASTER_PORT of a running rank 0"));
   }
+  // The keys of this attempt of the job. Under torchrun the agent's store outlives a restart of
+  // the workers, and TORCHELASTIC_RESTART_COUNT is each node's own (a node whose worker failed
+  // counts the restart; the others, restarted because it rejoined, do not): each rank counts its
+  // own joins in the store instead, and every rank of a restarted group is at the same count. A
+  // store of tandem's own (rank 0's) lives as long as one attempt.
+  if (env.agent_store)
+    im->attempt = static_cast<int>(im->store->add(detail::concat("tandem/joins/", env.rank), 1));
+  im->prefix = env.agent_store ? detail::concat("tandem/a", im->attempt, "/")
+                               : detail::concat("tandem/", env.restart, "/");
   im->join();
   im->store->setTimeout(options.collective_timeout);  // the join's deadline was its own
   im->exchange = std::make_shared<StoreExchange>(im->store, im->prefix + "x/", env.rank,
@@ -255,6 +264,7 @@ int ProcessGroup::rank() const { return impl_->env.rank; }
 int ProcessGroup::world_size() const { return impl_->env.world_size; }
 c10::Device ProcessGroup::device() const { return impl_->device; }
 const LaunchEnv& ProcessGroup::env() const { return impl_->env; }
+int ProcessGroup::attempt() const { return impl_->attempt; }
 std::string ProcessGroup::backend() const { return impl_->collectives->name(); }
 
 void ProcessGroup::all_reduce_mean_(const std::vector<at::Tensor>& tensors) {

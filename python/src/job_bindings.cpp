@@ -36,6 +36,8 @@ py::dict describe(const distributed::LaunchEnv& env) {
 
 py::dict describe(const distributed::ProcessGroup& g) {
   py::dict d = describe(g.env());
+  d["attempt"] = g.attempt();
+  d["restarted"] = g.restarted();
   d["device"] = g.device().str();
   d["backend"] = g.backend();
   return d;

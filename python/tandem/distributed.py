@@ -72,11 +72,13 @@ def local_world_size() -> int:
     return _of_launch("local_world_size", 1)
 
 
-def restart_count() -> int:
-    """How many times torchrun's elastic agent restarted this worker (--max-restarts;
-    TORCHELASTIC_RESTART_COUNT), 0 without a launcher. A run folder's fit in a restarted worker
-    continues its run (see tandem.Trainer.fit)."""
-    return _of_launch("restart", 0)
+def restarted() -> bool:
+    """Whether torchrun's elastic agent restarted this job's workers (--max-restarts): this
+    node's TORCHELASTIC_RESTART_COUNT, or, once the job is joined, the job's own count of its
+    attempts — the same on every rank, where each node's restart count is its own (a node
+    whose worker failed counts the restart; the others do not). A run folder's fit in a
+    restarted job continues its run (see tandem.Trainer.fit)."""
+    return _of_launch("restart", 0) > 0 or bool(_job and _job.get("restarted"))
 
 
 def local_device() -> torch.device:
@@ -88,6 +90,7 @@ def local_device() -> torch.device:
 
 _left_at_exit = False
 _timeouts = {}  # set_timeouts: the job's, before it is joined
+_job: Optional[dict] = None  # the joined job (_join)
 
 
 def set_timeouts(join: Optional[float] = None, heartbeat: Optional[float] = None) -> None:
@@ -127,8 +130,9 @@ def _join(device: torch.device) -> Optional[dict]:
     if not launched():
         return None
     _check_device(device)
-    job = _C.join_job("cpu" if device.type == "cpu" else "cuda", _timeouts.get("join", 0.0),
-                      _timeouts.get("heartbeat", 0.0))
+    global _job
+    job = _job = _C.join_job("cpu" if device.type == "cpu" else "cuda",
+                             _timeouts.get("join", 0.0), _timeouts.get("heartbeat", 0.0))
     if not _left_at_exit:
         _left_at_exit = True
         # A clean exit leaves the job (the others wait for this rank to leave, not die); an

@@ -1089,14 +1089,14 @@ class Trainer:
         if trace is not None:
             raise ValueError("trace= times a run without a run folder: use fit(steps=...) on a "
                              "Trainer without out, or benchmark(trace=...)")
-        restart = distributed.restart_count()
-        if restart > 0 and not resume:
+        self._joined()  # under torchrun: the job's own count of its attempts
+        if distributed.restarted() and not resume:
             # A worker torchrun restarted continues the run its folder holds, as resume=True:
             # the same run's checkpoints (or none yet); another run's is refused.
             resume = True
             if self.rank == 0:
-                print(f"restarted by torchrun (restart {restart}): continuing the run in "
-                      f"{self.out}, as resume=True", file=sys.stderr, flush=True)
+                print(f"restarted by torchrun: continuing the run in {self.out}, as "
+                      "resume=True", file=sys.stderr, flush=True)
         mode, trials_s = self._timed_mode(min(n, 300))
         self._check_mode(mode)
         config = self._config(mode, n, 0, copies=False,

@@ -130,11 +130,11 @@ def test_sigterm_then_a_torchrun_restart_resumes_to_the_uninterrupted_run(tmp_pa
                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29999",
                      TORCHELASTIC_RESTART_COUNT="1").items():
         monkeypatch.setenv(k, v)
-    assert tandem.distributed.restart_count() == 1
+    assert tandem.distributed.restarted()
     capfd.readouterr()
     t, _, head = run_folder_trainer("cpu", out, lr_schedule=schedule)
     result = t.fit(epochs=3, progress=False)
-    assert "restarted by torchrun (restart 1): continuing the run in" in capfd.readouterr().err
+    assert "restarted by torchrun: continuing the run in" in capfd.readouterr().err
     assert result.report["resumed_from"] == 8
     close(result.losses, whole_result.losses[8:], "cpu")
     for a, b in zip(head.parameters(), whole_head.parameters()):

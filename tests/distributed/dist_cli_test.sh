@@ -107,7 +107,7 @@ fi
 #     the others, named in its error; a timeout that is not > 0 is refused (flag and variable);
 #     both flags' help names the default and the variable, for bench and train.
 for how in flag env; do
-  p=$(port 4)
+  p=$(port 6)
   if [ $how = flag ]; then args=(--join-timeout 2); envs=(); else args=(); envs=(TANDEM_JOIN_TIMEOUT=2); fi
   start=$SECONDS
   env "${envs[@]}" RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$p timeout 60 "$tandem"     "${run[@]}" --steps 1 "${args[@]}" >"$tmp/jt.out" 2>"$tmp/jt.err"

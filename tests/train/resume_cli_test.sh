@@ -81,7 +81,7 @@ interrupt() {
     fail "train resumed ($how) after SIG$sig"; cat "$out.resume"; return
   fi
   if [ "$how" = restart ] &&
-     ! grep -q "^restarted by torchrun (restart 1): continuing the run in $out, as --resume" "$out.resume"; then
+     ! grep -q "^restarted by torchrun: continuing the run in $out, as --resume" "$out.resume"; then
     fail "SIG$sig, restarted: no line saying so"; cat "$out.resume"; return
   fi
   if ! grep -q "^resuming at step $at " "$out.resume"; then

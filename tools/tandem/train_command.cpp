@@ -437,14 +437,13 @@ int TrainCommand::run(const std::string& command_line) {
   if (!lead) quiet = true;
   // A worker torchrun's elastic agent restarted (--max-restarts) continues the run its folder
   // holds, as --resume does: the same run's checkpoints, or none yet; another run's is refused.
-  if (const std::optional<distributed::LaunchEnv> launch =
-          distributed::launch_env_from_environment();
-      !resume && launch && launch->restart > 0) {
+  const std::optional<distributed::LaunchEnv> launch = distributed::launch_env_from_environment();
+  const bool restarted = group ? group->restarted() : launch && launch->restart > 0;
+  if (!resume && restarted) {
     resume = true;
     if (lead)
-      std::fprintf(stderr,
-                   "restarted by torchrun (restart %d): continuing the run in %s, as --resume\n",
-                   launch->restart, out.c_str());
+      std::fprintf(stderr, "restarted by torchrun: continuing the run in %s, as --resume\n",
+                   out.c_str());
   }
   const c10::Device dev = group ? group->device() : parse_device(device);
   const bool seg = settle_job(dev);

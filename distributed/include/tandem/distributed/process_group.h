@@ -58,6 +58,12 @@ class ProcessGroup {
   int world_size() const;
   c10::Device device() const;
   const LaunchEnv& env() const;
+  /// Which attempt of the job this is, the same on every rank: under torchrun's agent store, 2
+  /// and up after the elastic agent restarted the workers (--max-restarts), however each node
+  /// counts its restarts; 1 otherwise.
+  int attempt() const;
+  /// Whether this attempt follows a failed one: torchrun restarted the workers.
+  bool restarted() const { return attempt() > 1 || env().restart > 0; }
   /// "NCCL 2.28.9" or "store (CPU)".
   std::string backend() const;
 
