@@ -175,3 +175,41 @@ def test_the_jobs_timeouts_are_set_before_it_is_joined():
     assert r.returncode != 0
     assert "rank 0 waited 2 s at the store" in r.stderr, r.stderr
     assert "for rank(s) 1 of WORLD_SIZE=2 to join" in r.stderr, r.stderr
+
+
+def two_nodes(script_args, timeout=240, restarts=0):
+    """Two torchrun agents (--nnodes 2, c10d rendezvous on localhost, one CPU rank each) running
+    `script_args`; their (exit status, output) pairs."""
+    port = str(22000 + os.getpid() % 20000 + restarts)
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=t{port}",
+         f"--max-restarts={restarts}"] + script_args,
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)]
+    return [(a.wait(timeout=timeout), a.stdout.read()) for a in agents]
+
+
+def test_a_killed_worker_restarted_by_torchrun_continues_its_run_exactly(tmp_path):
+    # Two nodes: the run, uninterrupted; then one where a worker dies at step 20 (SIGKILL) and
+    # torchrun restarts both: a Trainer(out=...).fit(epochs=4) without resume=True continues
+    # from the newest checkpoint and ends with the same weights and records, bit for bit.
+    script = os.path.join(HERE, "restart_rank.py")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    whole.mkdir()
+    killed.mkdir()
+    for rc, out in two_nodes([script, str(whole)]):
+        assert rc == 0, out
+    agents = two_nodes([script, str(killed), "die"], restarts=1)
+    output = "\n".join(out for _, out in agents)
+    assert [rc for rc, _ in agents] == [0, 0], output
+    assert (killed / "died").exists(), output
+    assert "restarted by torchrun: continuing the run in" in output, output
+    weights = [(p / "run" / "model.safetensors").read_bytes() for p in (whole, killed)]
+    assert weights[0] == weights[1]
+
+    def rows(p):
+        return [{k: v for k, v in json.loads(line).items()
+                 if not k.endswith(("seconds", "_per_s")) and k != "resumed_at_step"}
+                for line in open(p / "run" / "metrics.jsonl")]
+    assert rows(killed) == rows(whole) and len(rows(whole)) == 4
