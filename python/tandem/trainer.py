@@ -186,6 +186,7 @@ _TRIAL_WARM_STEPS = 5
 _TRIAL_WINDOW_S = 0.3
 _TRIAL_WINDOWS = 2
 _TRIAL_MIN_STEPS, _TRIAL_MAX_STEPS = 8, 300
+_TRIAL_CLEARLY_SLOWER = 0.10  # a first window this far below the fastest: no second one
 
 
 def _load_optimizer_state_dict(optimizer, state):
@@ -788,7 +789,8 @@ class Trainer:
 
         Mode auto, not yet decided: the fit's first steps are the trials. Each mode the
         optimizer and schedule allow trains a few steps to warm up (cuDNN's tuning, a graphed
-        mode's capture), then two timed windows of about 0.3 s, on your modules — the fit's
+        mode's capture), then two timed windows of about 0.3 s (one, when the first ran 10% below
+        the fastest), on your modules — the fit's
         own steps, computing the plain loop's losses as every mode does; the simplest mode
         within the windows' noise of the fastest is picked, and the rest of the fit and every
         later one train in it, on the graphs its trial captured. A fit too short for every
@@ -925,7 +927,7 @@ class Trainer:
         each sized to last _TRIAL_WINDOW_S by the last rate seen, with at most `left` steps
         (a window cut short is run untimed: the trials go on in the next fit)."""
         for mode in tr["candidates"]:
-            if mode in tr["errors"] or len(tr["runs"][mode]) >= _TRIAL_WINDOWS:
+            if mode in tr["errors"] or self._trial_done(tr, mode):
                 continue
             if mode not in tr["rate"]:
                 return mode, min(_TRIAL_WARM_STEPS, left), False
@@ -933,6 +935,17 @@ class Trainer:
                                              math.ceil(_TRIAL_WINDOW_S * tr["rate"][mode])))
             return (mode, want, True) if want <= left else (mode, left, False)
         raise AssertionError("no trial left")  # the caller decides once every mode is measured
+
+    @staticmethod
+    def _trial_done(tr, mode) -> bool:
+        """Whether `mode` needs no more timed windows: it has _TRIAL_WINDOWS, or its first ran
+        _TRIAL_CLEARLY_SLOWER below the fastest first window so far (far outside the trials'
+        noise: its second window could not make it the pick, and would cost training time)."""
+        runs = tr["runs"][mode]
+        if len(runs) >= _TRIAL_WINDOWS:
+            return True
+        best = max((r[0] for r in tr["runs"].values() if r), default=0.0)
+        return len(runs) == 1 and runs[0] < best * (1 - _TRIAL_CLEARLY_SLOWER)
 
     def _fit_trying_modes(self, n, progress, trace) -> FitResult:
         """Mode auto on the fit's own steps: each mode the optimizer and schedule allow trains
@@ -979,8 +992,7 @@ class Trainer:
                 tr["rate"][mode] = rate
                 if timed:
                     tr["runs"][mode].append(rate)
-            if all(m in tr["errors"] or len(tr["runs"][m]) >= _TRIAL_WINDOWS
-                   for m in tr["candidates"]):
+            if all(m in tr["errors"] or self._trial_done(tr, m) for m in tr["candidates"]):
                 self._decide(tr)
         if left > 0:  # decided: the rest on the picked mode's kept loop
             mode = self._trials["mode"]

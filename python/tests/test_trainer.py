@@ -424,6 +424,7 @@ def short_trials(monkeypatch):
     """The trials that train, with windows of the least steps: on the CPU (where auto is
     serial) their machinery runs as on CUDA."""
     monkeypatch.setattr(tandem.trainer, "_TRIAL_WINDOW_S", 1e-4)
+    monkeypatch.setattr(tandem.trainer, "_TRIAL_CLEARLY_SLOWER", 1.0)  # both windows, always
 
 
 def test_auto_decides_on_the_fits_own_steps_which_train(monkeypatch):
@@ -499,6 +500,18 @@ def test_the_kept_decisions_can_be_turned_off(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     trying_trainer().fit(steps=120, progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_mode_clearly_slower_in_its_first_window_gets_no_second(monkeypatch):
+    short_trials(monkeypatch)
+    # Every first window counts as far below the fastest: one window a mode.
+    monkeypatch.setattr(tandem.trainer, "_TRIAL_CLEARLY_SLOWER", -1.0)
+    t = trying_trainer()
+    result = t.fit(steps=80, progress=False)
+    per_mode = tandem.trainer._TRIAL_WARM_STEPS + tandem.trainer._TRIAL_MIN_STEPS
+    assert result.setup["trial_steps"] == len(ALL_MODES) * per_mode
+    assert all(len(trial["runs"]) == 1 for trial in t.trials["trials"])
+    assert t.trials["mode"] in ALL_MODES
 
 
 class LossFailingOnTheTrainStagesThread:
