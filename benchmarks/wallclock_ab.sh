@@ -6,11 +6,12 @@
 # ctest -R regex; empty: none) through scripts/gpu-check.sh, then python/tests/test_trainer.py
 # on CUDA. Everything lands in OUT: wallclock.json, pytest.log, chk/, the build logs.
 #
-#   bash benchmarks/wallclock_ab.sh OUT [OLD_TREE] [WALLCLOCK ARGS...]
+#   bash benchmarks/wallclock_ab.sh OUT [OLD_TREE|none] [WALLCLOCK ARGS...]
 #   env: STEPS (default "build pytest wallclock": any of them, in that order, so that a call
 #        within the device's time limit can build and a second one on the warm machine run),
 #        TESTS (built and run with "build"; default the runner, graph and trainer GPU tests),
-#        PYTEST_WHEELS (.ref/debs/wheels: where pytest's wheel is; the machine has no network)
+#        PYTEST_WHEELS (.ref/debs/wheels: where pytest's wheel is; the machine has no network),
+#        OLD_TREE=none: this tree alone (no A/B: where a call's time cannot fit two builds)
 set -uo pipefail
 OUT=${1:?usage: benchmarks/wallclock_ab.sh OUT [OLD_TREE] [wallclock.py args...]}
 OLD=${2:-.ref/old}
@@ -30,8 +31,12 @@ pip_build() {  # SOURCE_TREE DEST: the package into DEST/py
 if [[ $STEPS == *" build "* ]]; then
 say "building the packages (this tree, $OLD) and the test binaries"
 (pip_build "$root" "$root/build-ab-new" > "$OUT/pip-new.log" 2>&1; echo $? > "$OUT/pip-new.rc") &
-(pip_build "$(cd "$OLD" && pwd)" "$root/build-ab-old" > "$OUT/pip-old.log" 2>&1
- echo $? > "$OUT/pip-old.rc") &
+if [ "$OLD" != none ]; then
+  (pip_build "$(cd "$OLD" && pwd)" "$root/build-ab-old" > "$OUT/pip-old.log" 2>&1
+   echo $? > "$OUT/pip-old.rc") &
+else
+  echo "not built (none)" > "$OUT/pip-old.rc"
+fi
 if [ -n "$TESTS" ]; then
   TANDEM_BUILD_TARGETS="tandem_core_tests tandem_train_tests" TANDEM_GPUTEST_REGEX="$TESTS" \
     scripts/gpu-check.sh "$OUT/chk" build gputest > "$OUT/gpu-check.log" 2>&1
@@ -51,6 +56,8 @@ PYTHONPATH=$root/build-ab-new/py:/tmp/wallclock-ab-pytest timeout 300 python3 -m
 say "python/tests/test_trainer.py on CUDA: exit $? ($(tail -1 "$OUT/pytest.log"))"
 fi
 [[ $STEPS == *" wallclock "* ]] || exit 0
-PYTHONPATH=$root/build-ab-new/py python3 benchmarks/wallclock.py \
-  --old-package "$root/build-ab-old/py" --out "$OUT/wallclock.json" "$@"
+old_package=()
+[ "$OLD" != none ] && old_package=(--old-package "$root/build-ab-old/py")
+PYTHONPATH=$root/build-ab-new/py python3 benchmarks/wallclock.py "${old_package[@]}" \
+  --out "$OUT/wallclock.json" "$@"
 say "wallclock: exit $?"
