@@ -11,7 +11,8 @@
 #        within the device's time limit can build and a second one on the warm machine run),
 #        TESTS (built and run with "build"; default the runner, graph and trainer GPU tests),
 #        PYTEST_WHEELS (.ref/debs/wheels: where pytest's wheel is; the machine has no network),
-#        OLD_TREE=none: this tree alone (no A/B: where a call's time cannot fit two builds)
+#        PYTEST_K (a pytest -k expression: a part of test_trainer.py). OLD_TREE "none": this
+#        tree alone (no A/B: where a call's time cannot fit two builds)
 set -uo pipefail
 OUT=${1:?usage: benchmarks/wallclock_ab.sh OUT [OLD_TREE] [wallclock.py args...]}
 OLD=${2:-.ref/old}
@@ -52,7 +53,8 @@ if [[ $STEPS == *" pytest "* ]]; then
 python3 -m pip install -q --no-index --find-links "${PYTEST_WHEELS:-.ref/debs/wheels}" \
   --target /tmp/wallclock-ab-pytest pytest > /dev/null 2>&1
 PYTHONPATH=$root/build-ab-new/py:/tmp/wallclock-ab-pytest timeout 300 python3 -m pytest -q \
-  -p no:cacheprovider python/tests/test_trainer.py > "$OUT/pytest.log" 2>&1
+  -p no:cacheprovider python/tests/test_trainer.py ${PYTEST_K:+-k "$PYTEST_K"} \
+  > "$OUT/pytest.log" 2>&1
 say "python/tests/test_trainer.py on CUDA: exit $? ($(tail -1 "$OUT/pytest.log"))"
 fi
 [[ $STEPS == *" wallclock "* ]] || exit 0
