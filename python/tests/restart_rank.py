@@ -5,6 +5,7 @@ reaches step 20 kills itself (SIGKILL: no handler runs), once: torchrun (--max-r
 restarts every worker.
 
 Usage: torchrun --nnodes 2 ... restart_rank.py OUT [die]
+       restart_rank.py OUT one     (one process on the global batch, 2 x 4, for comparison)
 """
 import os
 import signal
@@ -16,7 +17,7 @@ import tandem
 
 
 def main():
-    out, die = sys.argv[1], sys.argv[2:3] == ["die"]
+    out, die, one = sys.argv[1], sys.argv[2:3] == ["die"], sys.argv[2:3] == ["one"]
     tandem.distributed.set_timeouts(heartbeat=3)  # the survivor stops soon after the death
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
@@ -32,7 +33,7 @@ def main():
         return 0.05
     trainer = tandem.Trainer(model=model, loss_fn=torch.nn.MSELoss(),
                              optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                             data=table, batch_size=4, mode="pipelined", workers=1, seed=11,
+                             data=table, batch_size=8 if one else 4, mode="pipelined", workers=1, seed=11,
                              device="cpu", out=os.path.join(out, "run"), checkpoint_every=4,
                              lr_schedule=lr)
     trainer.fit(epochs=4, progress=False)

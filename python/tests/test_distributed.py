@@ -177,6 +177,22 @@ def test_the_jobs_timeouts_are_set_before_it_is_joined():
     assert "for rank(s) 1 of WORLD_SIZE=2 to join" in r.stderr, r.stderr
 
 
+def read_safetensors(path) -> dict:
+    """A float32 safetensors file's tensors (its layout: an 8-byte little-endian header length,
+    the JSON header, the data), without the safetensors package."""
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    out = {}
+    for name, t in header.items():
+        if name != "__metadata__":
+            assert t["dtype"] == "F32", (name, t["dtype"])
+            a, b = t["data_offsets"]
+            out[name] = torch.frombuffer(bytearray(data[a:b]), dtype=torch.float32).reshape(
+                t["shape"])
+    return out
+
+
 def two_nodes(script_args, timeout=240, restarts=0):
     """Two torchrun agents (--nnodes 2, c10d rendezvous on localhost, one CPU rank each) running
     `script_args`; their (exit status, output) pairs."""
@@ -191,7 +207,7 @@ def two_nodes(script_args, timeout=240, restarts=0):
 
 
 def test_a_killed_worker_restarted_by_torchrun_continues_its_run_exactly(tmp_path):
-    # Two nodes: the run, uninterrupted; then one where a worker dies at step 20 (SIGKILL) and
+    # Two nodes: the run, uninterrupted (one process's on the global batch); then one where a worker dies at step 20 (SIGKILL) and
     # torchrun restarts both: a Trainer(out=...).fit(epochs=4) without resume=True continues
     # from the newest checkpoint and ends with the same weights and records, bit for bit.
     script = os.path.join(HERE, "restart_rank.py")
@@ -200,6 +216,14 @@ def test_a_killed_worker_restarted_by_torchrun_continues_its_run_exactly(tmp_pat
     killed.mkdir()
     for rc, out in two_nodes([script, str(whole)]):
         assert rc == 0, out
+    # The two nodes train as one process on the global batch does, within float rounding.
+    (tmp_path / "one").mkdir()
+    run([sys.executable, script, str(tmp_path / "one"), "one"])
+    two, one = (read_safetensors(p / "run" / "model.safetensors")
+                for p in (whole, tmp_path / "one"))
+    assert two.keys() == one.keys()
+    for k in two:
+        assert (two[k] - one[k]).abs().max().item() <= 1e-6, k
     agents = two_nodes([script, str(killed), "die"], restarts=1)
     output = "\n".join(out for _, out in agents)
     assert [rc for rc, _ in agents] == [0, 0], output

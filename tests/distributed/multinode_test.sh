@@ -2,7 +2,9 @@
 # Many machines, on one: two torchrun agents with --nnodes 2 (c10d rendezvous on localhost, one
 # CPU rank each, tandem's store collectives) run `tandem train` on a small generated IDX folder,
 # as docs/clusters.md runs it on a cluster:
-#   (a) the two-node run ends; rank 0 alone wrote the run folder;
+#   (a) the two-node run ends; rank 0 alone wrote the run folder (against one process on the
+#       global batch: python/tests/test_distributed.py, with a model free of batch norm — the
+#       CLI's models normalize each rank's batch on its own, as DDP without SyncBatchNorm);
 #   (b) a worker killed mid-epoch under --max-restarts 1: torchrun restarts both workers, which
 #       continue from the folder's newest checkpoint, and the run ends with (a)'s weights and
 #       records, bit for bit;
