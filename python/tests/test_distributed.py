@@ -193,10 +193,11 @@ def read_safetensors(path) -> dict:
     return out
 
 
-def two_nodes(script_args, timeout=240, restarts=0):
+def two_nodes(script_args, launch, timeout=240, restarts=0):
     """Two torchrun agents (--nnodes 2, c10d rendezvous on localhost, one CPU rank each) running
-    `script_args`; their (exit status, output) pairs."""
-    port = str(22000 + os.getpid() % 20000 + restarts)
+    `script_args` (`launch`: this test's n-th launch, for a port of its own); their (exit
+    status, output) pairs."""
+    port = str(22000 + os.getpid() % 20000 + launch)
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
          "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=t{port}",
@@ -206,7 +207,7 @@ def two_nodes(script_args, timeout=240, restarts=0):
     return [(a.wait(timeout=timeout), a.stdout.read()) for a in agents]
 
 
-def test_a_killed_worker_restarted_by_torchrun_continues_its_run_exactly(tmp_path):
+def test_two_nodes_under_torchrun_survive_a_killed_worker_and_sigterm_exactly(tmp_path):
     # Two nodes: the run, uninterrupted (one process's on the global batch); then one where a worker dies at step 20 (SIGKILL) and
     # torchrun restarts both: a Trainer(out=...).fit(epochs=4) without resume=True continues
     # from the newest checkpoint and ends with the same weights and records, bit for bit.
@@ -214,8 +215,11 @@ def test_a_killed_worker_restarted_by_torchrun_continues_its_run_exactly(tmp_pat
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     whole.mkdir()
     killed.mkdir()
-    for rc, out in two_nodes([script, str(whole)]):
+    for rc, out in two_nodes([script, str(whole)], launch=0):
         assert rc == 0, out
+    ranks = [torch.load(whole / f"rank{r}.pt") for r in (0, 1)]
+    for a, b in zip(*ranks):
+        assert torch.equal(a, b)  # every rank ends with the same weights, bit for bit
     # The two nodes train as one process on the global batch does, within float rounding.
     (tmp_path / "one").mkdir()
     run([sys.executable, script, str(tmp_path / "one"), "one"])
@@ -224,7 +228,7 @@ def test_a_killed_worker_restarted_by_torchrun_continues_its_run_exactly(tmp_pat
     assert two.keys() == one.keys()
     for k in two:
         assert (two[k] - one[k]).abs().max().item() <= 1e-6, k
-    agents = two_nodes([script, str(killed), "die"], restarts=1)
+    agents = two_nodes([script, str(killed), "die"], launch=1, restarts=1)
     output = "\n".join(out for _, out in agents)
     assert [rc for rc, _ in agents] == [0, 0], output
     assert (killed / "died").exists(), output
@@ -232,8 +236,20 @@ def test_a_killed_worker_restarted_by_torchrun_continues_its_run_exactly(tmp_pat
     weights = [(p / "run" / "model.safetensors").read_bytes() for p in (whole, killed)]
     assert weights[0] == weights[1]
 
+    # SIGTERM to every worker: one step, a checkpoint, exit 143; the job run again with
+    # resume=True (a requeue) ends with the same weights and records, bit for bit.
+    termed = tmp_path / "termed"
+    termed.mkdir()
+    agents = two_nodes([script, str(termed), "term"], launch=2)
+    output = "\n".join(out for _, out in agents)
+    assert all(rc != 0 for rc, _ in agents), output
+    assert "exitcode  : 143" in output or "exitcode: 143" in output, output
+    for rc, out in two_nodes([script, str(termed), "resume"], launch=3):
+        assert rc == 0, out
+    assert (termed / "run" / "model.safetensors").read_bytes() == weights[0]
+
     def rows(p):
         return [{k: v for k, v in json.loads(line).items()
                  if not k.endswith(("seconds", "_per_s")) and k != "resumed_at_step"}
                 for line in open(p / "run" / "metrics.jsonl")]
-    assert rows(killed) == rows(whole) and len(rows(whole)) == 4
+    assert rows(killed) == rows(whole) == rows(termed) and len(rows(whole)) == 4
