@@ -22,14 +22,9 @@ failed=0
 ok() { passed=$((passed + 1)); }
 fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
 
-# 2048 random 28x28 images in 4 classes (label i % 4): the shell alone.
-idx=$tmp/idx && mkdir -p "$idx"
-{ printf '\x00\x00\x08\x03\x00\x00\x08\x00\x00\x00\x00\x1c\x00\x00\x00\x1c'
-  head -c $((2048 * 784)) /dev/urandom; } >"$idx/train-images-idx3-ubyte"
-{ printf '\x00\x00\x08\x01\x00\x00\x08\x00'
-  for _ in $(seq 512); do printf '\x00\x01\x02\x03'; done; } >"$idx/train-labels-idx1-ubyte"
-cp "$idx/train-images-idx3-ubyte" "$idx/t10k-images-idx3-ubyte"
-cp "$idx/train-labels-idx1-ubyte" "$idx/t10k-labels-idx1-ubyte"
+# 2048 random 28x28 images in 4 classes: every run below reads this one folder.
+idx=$tmp/idx
+bash "$(dirname "$0")/../random_idx.sh" "$idx" 2048
 
 # 32 steps an epoch (16 a rank, 2 ranks), 4 epochs, a checkpoint every 4 steps.
 train=(train --data "$idx" --device cpu --mode pipelined --epochs 4 --batch-size 32 --workers 1

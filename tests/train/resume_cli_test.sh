@@ -14,15 +14,9 @@ failed=0
 pass() { passed=$((passed + 1)); }
 fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
 
-# 512 random 28x28 images in 4 classes (label i % 4), and test files: the shell alone. The
-# content is random, but every run below reads this one folder.
-idx=$tmp/idx && mkdir -p "$idx"
-{ printf '\x00\x00\x08\x03\x00\x00\x02\x00\x00\x00\x00\x1c\x00\x00\x00\x1c'
-  head -c $((512 * 784)) /dev/urandom; } >"$idx/train-images-idx3-ubyte"
-{ printf '\x00\x00\x08\x01\x00\x00\x02\x00'
-  for _ in $(seq 128); do printf '\x00\x01\x02\x03'; done; } >"$idx/train-labels-idx1-ubyte"
-cp "$idx/train-images-idx3-ubyte" "$idx/t10k-images-idx3-ubyte"
-cp "$idx/train-labels-idx1-ubyte" "$idx/t10k-labels-idx1-ubyte"
+# 512 random 28x28 images in 4 classes: every run below reads this one folder.
+idx=$tmp/idx
+bash "$(dirname "$0")/../random_idx.sh" "$idx" 512
 
 # 16 steps an epoch, 3 epochs, a checkpoint after every step; pipelined, which resumes bitwise.
 train=(train --data "$idx" --device cpu --mode pipelined --epochs 3 --batch-size 32 --workers 1
