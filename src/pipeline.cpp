@@ -12,10 +12,8 @@
 #include <future>
 #include <limits>
 #include <mutex>
-#include <thread>
 
 #include "tandem/kept_threads.h"
-#include "tandem/thread_name.h"
 
 namespace tandem {
 

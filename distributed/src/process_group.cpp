@@ -190,14 +190,24 @@ std::optional<double> seconds_from_environment(const char* name) {
         detail::concat(name, "='", v, "' is not valid: expected a number of seconds > 0"));
   return x;
 }
+
+std::chrono::seconds whole_seconds(double s) {
+  return std::chrono::seconds(static_cast<int64_t>(std::ceil(s)));
+}
 }  // namespace
 
 ProcessGroupOptions options_from_environment(ProcessGroupOptions o) {
-  auto whole = [](double s) { return std::chrono::seconds(static_cast<int64_t>(std::ceil(s))); };
-  if (auto s = seconds_from_environment("TANDEM_JOIN_TIMEOUT")) o.join_timeout = whole(*s);
+  if (auto s = seconds_from_environment("TANDEM_JOIN_TIMEOUT")) o.join_timeout = whole_seconds(*s);
   if (auto s = seconds_from_environment("TANDEM_HEARTBEAT_TIMEOUT")) o.dead_after_s = *s;
   if (auto s = seconds_from_environment("TANDEM_COLLECTIVE_TIMEOUT"))
-    o.collective_timeout = whole(*s);
+    o.collective_timeout = whole_seconds(*s);
+  return o;
+}
+
+ProcessGroupOptions options_with_timeouts(double join_s, double heartbeat_s) {
+  ProcessGroupOptions o = options_from_environment();
+  if (join_s > 0) o.join_timeout = whole_seconds(join_s);
+  if (heartbeat_s > 0) o.dead_after_s = heartbeat_s;
   return o;
 }
 

@@ -6,8 +6,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <chrono>
-#include <cmath>
 #include <mutex>
 #include <string>
 
@@ -98,11 +96,8 @@ void bind_job(py::module_& m) {
         }
         {
           py::gil_scoped_release no_gil;  // the other ranks may take a while to arrive
-          distributed::ProcessGroupOptions o = distributed::options_from_environment();
-          if (join_s > 0)
-            o.join_timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(join_s)));
-          if (heartbeat_s > 0) o.dead_after_s = heartbeat_s;
-          joined = run::join_data_parallel(device, o);
+          joined = run::join_data_parallel(device,
+                                           distributed::options_with_timeouts(join_s, heartbeat_s));
         }
         if (!joined) return py::none();
         std::lock_guard<std::mutex> lock(job_mutex);
@@ -113,13 +108,6 @@ void bind_job(py::module_& m) {
       "Joins the job the environment describes (once per process; later calls return the same) "
       "on `device` ('cpu', or 'cuda': cuda:LOCAL_RANK), with these timeouts in seconds (0: the "
       "environment's, else the defaults); None when there is no job of more than one rank");
-  m.def(
-      "joined_job",
-      [] {
-        std::lock_guard<std::mutex> lock(job_mutex);
-        return job != nullptr;
-      },
-      "Whether this process has joined its job");
   m.def("abandon_job", &tandem::python::abandon_job, py::call_guard<py::gil_scoped_release>(),
         "Drops the job without finishing it (a failed run; an uncaught exception): the other "
         "ranks see this one stop");

@@ -47,7 +47,8 @@ def _describe_callable(fn):
                     for n, p in fn.named_parameters()],
             buffers=[(n, list(b.shape), str(b.dtype)) for n, b in fn.named_buffers()])
     code = getattr(fn, "__code__", None)
-    return dict(callable=f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}",
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    return dict(callable=f"{getattr(fn, '__module__', '')}.{name}",
                 code=hashlib.sha256(code.co_code).hexdigest() if code is not None else None)
 
 

@@ -105,7 +105,7 @@ def set_timeouts(join: Optional[float] = None, heartbeat: Optional[float] = None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"{name} timeout {value!r} is not valid: expected a number of "
                              "seconds > 0, or None for the default")
-    if _C.joined_job():
+    if _job is not None:
         raise RuntimeError("set_timeouts after the job was joined (the first fit joins it): "
                            "call it before")
     _timeouts.update({k: float(v) for k, v in (("join", join), ("heartbeat", heartbeat))

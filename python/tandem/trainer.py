@@ -783,17 +783,17 @@ class Trainer:
         ``steps_done``, so two fits of 5 steps train as one of 10. ``progress``: a progress line
         on a terminal's stderr. ``trace``: write a Chrome-trace timeline (chrome://tracing,
         Perfetto) of the run to this file. Ctrl-C stops the run at its next step and raises
-        KeyboardInterrupt (SIGTERM: SystemExit(143)); an exception in your code stops every stage and is raised here with
-        its traceback; a NaN or infinite loss raises a RuntimeError naming its step. Every fit
-        runs the training loop of `tandem train`.
+        KeyboardInterrupt (SIGTERM: SystemExit(143)); an exception in your code stops every
+        stage and is raised here with its traceback; a NaN or infinite loss raises a
+        RuntimeError naming its step. Every fit runs the training loop of `tandem train`.
 
         Mode auto, not yet decided: the fit's first steps are the trials. Each mode the
         optimizer and schedule allow trains a few steps to warm up (cuDNN's tuning, a graphed
-        mode's capture), then two timed windows of about 0.3 s (one, when the first ran 10% below
-        the fastest), on your modules — the fit's
-        own steps, computing the plain loop's losses as every mode does; the simplest mode
-        within the windows' noise of the fastest is picked, and the rest of the fit and every
-        later one train in it, on the graphs its trial captured. A fit too short for every
+        mode's capture), then two timed windows of about 0.3 s (one, when the first ran 10%
+        below the fastest), on your modules — the fit's own steps, computing the plain loop's
+        losses as every mode does; the simplest mode within the windows' noise of the fastest
+        is picked, and the rest of the fit and every later one train in it, on the graphs its
+        trial captured. A fit too short for every
         trial leaves the rest to the next fit. A mode that fails its trial is rolled back to
         where its trial began (weights, optimizer state, random generators) and left out;
         ``trials`` says why. ``result.report["parts"]`` lists the fit's runs. The decision is
@@ -863,11 +863,15 @@ class Trainer:
         return report
 
     # ---- mode auto's trials that train ----
-    def _trials_train(self) -> bool:
-        """Whether this fit decides mode auto on its own steps: auto, not decided yet, on CUDA,
-        one process (a data-parallel job's ranks take rank 0's pick of the timed copies)."""
-        return (self.mode == "auto" and self._trials is None and self.world_size == 1
+    def _times_modes_itself(self) -> bool:
+        """Whether mode auto is this process's to time and keep: auto, on CUDA, one process (a
+        data-parallel job's ranks take rank 0's pick of the timed copies)."""
+        return (self.mode == "auto" and self.world_size == 1
                 and (self.device.type == "cuda" or self._trials_train_on_cpu))
+
+    def _trials_train(self) -> bool:
+        """Whether this fit decides mode auto on its own steps: timed here, not decided yet."""
+        return self._trials is None and self._times_modes_itself()
 
     def _candidates(self) -> List[str]:
         return [m for m in MODES[1:] if not self._mode_problem(m)]
@@ -875,8 +879,7 @@ class Trainer:
     def _decision_key(self) -> Optional[str]:
         """The job's key in the kept decisions (tandem/_mode_cache.py), or None where mode auto
         is not timed (an explicit mode, the CPU) or is rank 0's to make (data parallel)."""
-        if (self.mode != "auto" or self.world_size > 1
-                or not (self.device.type == "cuda" or self._trials_train_on_cpu)):
+        if not self._times_modes_itself():
             return None
         return _mode_cache.job_key(self, self._candidates())
 
@@ -899,11 +902,11 @@ class Trainer:
             opt = [(k, v.detach().clone()) for k, v in self.optimizer._impl.state()]
         else:
             opt = copy.deepcopy(self.optimizer.state_dict())
-        gens = [torch.get_rng_state()]
+        gens = dict(cpu=torch.get_rng_state())
         if self.device.type == "cuda":
-            gens.append(torch.cuda.get_rng_state(self.device))
+            gens["cuda"] = torch.cuda.get_rng_state(self.device)
         if self._augment_generator is not None:
-            gens.append(self._augment_generator.get_state())
+            gens["augment"] = self._augment_generator.get_state()
         return modules, weights, opt, gens
 
     def _restore(self, state):
@@ -915,11 +918,11 @@ class Trainer:
             self.optimizer._impl.load_state(opt)
         else:
             _load_optimizer_state_dict(self.optimizer, opt)
-        torch.set_rng_state(gens[0])
-        if self.device.type == "cuda":
-            torch.cuda.set_rng_state(gens[1], self.device)
-        if self._augment_generator is not None:
-            self._augment_generator.set_state(gens[-1])
+        torch.set_rng_state(gens["cpu"])
+        if "cuda" in gens:
+            torch.cuda.set_rng_state(gens["cuda"], self.device)
+        if "augment" in gens:
+            self._augment_generator.set_state(gens["augment"])
 
     def _next_trial_part(self, tr, left) -> Tuple[str, int, bool]:
         """The next part of the trials: (mode, steps, timed). A mode's first part warms it up
@@ -975,7 +978,8 @@ class Trainer:
                 if state is None:
                     raise  # a mode that ran before failed now: not the trial's to hide
                 self._restore(state)
-                tr["errors"][mode] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                first_line = str(e).splitlines()[0] if str(e) else ""
+                tr["errors"][mode] = f"{type(e).__name__}: {first_line}"
                 if all(m in tr["errors"] for m in tr["candidates"]):
                     raise
                 continue
@@ -1063,7 +1067,6 @@ class Trainer:
         if kept is not None and kept[1] == self._key_of(mode):
             self._sessions[mode] = kept
             return kept[0]
-        kept = None
         session = _C.FitSession()
         self._sessions[mode] = (session, None)
         return session

@@ -41,9 +41,9 @@ def main():
         return 0.05
     trainer = tandem.Trainer(model=model, loss_fn=torch.nn.MSELoss(),
                              optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                             data=table, batch_size=8 if one else 4, mode="pipelined", workers=1, seed=11,
-                             device="cpu", out=os.path.join(out, "run"), checkpoint_every=4,
-                             lr_schedule=lr)
+                             data=table, batch_size=8 if one else 4, mode="pipelined",
+                             workers=1, seed=11, device="cpu", out=os.path.join(out, "run"),
+                             checkpoint_every=4, lr_schedule=lr)
     trainer.fit(epochs=4, progress=False, resume=how == "resume")
     torch.save([p.detach().clone() for p in model.parameters()],
                os.path.join(out, f"rank{tandem.distributed.rank()}.pt"))  # every rank's

@@ -208,9 +208,10 @@ def two_nodes(script_args, launch, timeout=240, restarts=0):
 
 
 def test_two_nodes_under_torchrun_survive_a_killed_worker_and_sigterm_exactly(tmp_path):
-    # Two nodes: the run, uninterrupted (one process's on the global batch); then one where a worker dies at step 20 (SIGKILL) and
-    # torchrun restarts both: a Trainer(out=...).fit(epochs=4) without resume=True continues
-    # from the newest checkpoint and ends with the same weights and records, bit for bit.
+    # Two nodes: the run, uninterrupted (one process's on the global batch); then one where a
+    # worker dies at step 20 (SIGKILL) and torchrun restarts both: a Trainer(out=...)
+    # .fit(epochs=4) without resume=True continues from the newest checkpoint and ends with the
+    # same weights and records, bit for bit.
     script = os.path.join(HERE, "restart_rank.py")
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     whole.mkdir()

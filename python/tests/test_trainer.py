@@ -485,7 +485,8 @@ def test_a_kept_decision_that_cannot_be_trusted_is_ignored_with_a_warning(monkey
     (kept,) = tmp_path.iterdir()
     for damage, why in [("{not json", "Expecting property name"),
                         (json.dumps(dict(key="another", decision={})), "another job"),
-                        (kept.read_text().replace('"mode": "', '"mode": "warp'), "not one this job")]:
+                        (kept.read_text().replace('"mode": "', '"mode": "warp'),
+                         "not one this job")]:
         kept.write_text(damage)
         t = trying_trainer()
         with pytest.warns(UserWarning, match=f"ignoring the kept mode decision {kept}.*{why}"):

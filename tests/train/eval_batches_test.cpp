@@ -173,15 +173,14 @@ TEST(KeptSamplesTest, LaterEvaluationsReadOnlyWhatDidNotFit) {
 }
 
 TEST(EvaluationThreadTest, RunsEachTaskOnItsOneThreadAndRethrows) {
-  detail::EvaluationThread thread;
   const Lane lane = Lane::create("eval", c10::Device(c10::kCPU));
   const std::function<std::thread::id()> whose = [] { return std::this_thread::get_id(); };
-  const std::thread::id first = thread.run(lane, whose);
+  const std::thread::id first = detail::on_evaluation_thread(lane, whose);
   EXPECT_NE(first, std::this_thread::get_id());
-  EXPECT_EQ(thread.run(lane, whose), first);
+  EXPECT_EQ(detail::on_evaluation_thread(lane, whose), first);
   const std::function<int()> fails = []() -> int { throw std::runtime_error("metric failed"); };
-  EXPECT_THROW(thread.run(lane, fails), std::runtime_error);
-  EXPECT_EQ(thread.run(lane, whose), first);  // still there after a failure
+  EXPECT_THROW(detail::on_evaluation_thread(lane, fails), std::runtime_error);
+  EXPECT_EQ(detail::on_evaluation_thread(lane, whose), first);  // still there after a failure
 }
 
 }  // namespace

@@ -1,8 +1,6 @@
 // launch_if_asked (data_parallel.h).
 #include "data_parallel.h"
 
-#include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -50,10 +48,7 @@ void TimeoutFlags::add(CLI::App* app) {
 }
 
 distributed::ProcessGroupOptions TimeoutFlags::options() const {
-  distributed::ProcessGroupOptions o = distributed::options_from_environment();
-  if (join_s > 0) o.join_timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(join_s)));
-  if (heartbeat_s > 0) o.dead_after_s = heartbeat_s;
-  return o;
+  return distributed::options_with_timeouts(join_s, heartbeat_s);
 }
 
 }  // namespace tandem

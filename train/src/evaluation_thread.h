@@ -1,4 +1,4 @@
-// EvaluationThread: every evaluation of the process's training runs on one kept thread.
+// on_evaluation_thread: every evaluation of the process's training runs on one kept thread.
 //
 // Why a thread: ATen caches cuDNN's autotuned convolution plans per thread (the v8+ API's
 // benchmark cache is thread_local, since execution plans are not thread-safe across engines).
@@ -9,7 +9,6 @@
 // the first evaluation for every later one, of this run and of the next.
 #pragma once
 
-#include <exception>
 #include <functional>
 
 #include "tandem/kept_threads.h"
@@ -17,19 +16,17 @@
 
 namespace tandem::train::detail {
 
-class EvaluationThread {
- public:
-  /// Runs `task` on the thread with `lane` current (its device and stream: the work is ordered
-  /// on the lane as if the caller had enqueued it) and waits for it; rethrows what it throws.
-  template <typename Result>
-  Result run(const Lane& lane, const std::function<Result()>& task) {
-    Result result{};
-    tandem::detail::start_on_kept_thread("evaluate", "evaluate", [&] {
-      LaneGuard guard(lane, "evaluate");
-      result = task();
-    }).get();
-    return result;
-  }
-};
+/// Runs `task` on the "evaluate" kept thread with `lane` current (its device and stream: the
+/// work is ordered on the lane as if the caller had enqueued it) and waits for it; rethrows what
+/// it throws.
+template <typename Result>
+Result on_evaluation_thread(const Lane& lane, const std::function<Result()>& task) {
+  Result result{};
+  tandem::detail::start_on_kept_thread("evaluate", "evaluate", [&] {
+    LaneGuard guard(lane, "evaluate");
+    result = task();
+  }).get();
+  return result;
+}
 
 }  // namespace tandem::train::detail

@@ -214,8 +214,7 @@ struct Trainer::Pass {
   Clock::time_point steady_t;
   double steady_excluded = 0;  // checkpoint time since the mark
   double lr_now = 0;
-  int stopped = 0;                       // the signal a stop came from
-  detail::EvaluationThread evaluations;  // every evaluation on one thread (why: its header)
+  int stopped = 0;  // the signal a stop came from
 };
 
 namespace {
@@ -379,7 +378,8 @@ Evaluation Trainer::Pass::evaluate() {
     ~Resume() { r.pause_loading(false); }
   } resume{runner};
   const Lane& lane = *train_lane;
-  return evaluations.run<Evaluation>(lane, [&] { return t.job_.evaluate(lane); });
+  // Every evaluation on one thread (why: evaluation_thread.h).
+  return detail::on_evaluation_thread<Evaluation>(lane, [&] { return t.job_.evaluate(lane); });
 }
 
 void Trainer::Pass::end_epoch(int64_t g) {

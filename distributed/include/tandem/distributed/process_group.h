@@ -42,6 +42,11 @@ struct ProcessGroupOptions {
 /// variable that is not a positive number.
 ProcessGroupOptions options_from_environment(ProcessGroupOptions defaults = {});
 
+/// options_from_environment(), then the timeouts a front end was given, in seconds (its flags,
+/// tandem.distributed.set_timeouts; 0: not given): join_timeout (rounded up to whole seconds)
+/// and dead_after_s.
+ProcessGroupOptions options_with_timeouts(double join_s, double heartbeat_s);
+
 class ProcessGroup {
  public:
   /// Connects this process to the job `env` describes and waits until every rank has joined.
