@@ -9,7 +9,7 @@ The recipe is compile_bench.py's (its build(): bf16 autocast, channels_last, SGD
     compile             the plain loop with forward + loss as one torch.compile region, as
                         compile_bench.py's "compile" row runs it
     tandem-py           tandem.Trainer(model, loss_fn, optimizer, data=batches, feed=...) with
-                        its defaults (mode auto: timed trials of every mode in its first fit,
+                        its defaults (mode auto: timed trials of the modes that could win, in its first fit,
                         as long as that fit, at most 300 steps); a call is fit(steps=k)
     tandem-py-compiled  the same with compile=True
 
@@ -35,7 +35,8 @@ starts (t0); then four calls, each followed by a device synchronize:
     first_trained_step_s the plain loops only: t0 to the first step's end (a synchronize there)
     mode, trials_s       tandem: the mode the first fit ran and mode auto's trials' seconds
     fits                 tandem: each call's wall clock beside its FitResult's seconds and the
-                         report's other timing fields
+                         report's other timing fields; a fit of mode auto's trials lists its
+                         parts (mode, steps, seconds, timed)
 
 Each row's process gets an empty TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR and tandem's
 TANDEM_MODE_CACHE inside it) of its own under --cache-dir, so compilation and mode auto start
@@ -277,8 +278,9 @@ def measure(a, row):
             r = trainer.fit(steps=steps, progress=False)
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
+            parts = [dict(p, seconds=round(p["seconds"], 4)) for p in r.report.get("parts", [])]
             fits.append(dict(steps=steps, wall_s=round(wall, 4), **timing_fields(r.report),
-                             setup=getattr(r, "setup", None)))
+                             setup=getattr(r, "setup", None), parts=parts or None))
             return wall, r
 
         t0 = time.perf_counter()

@@ -193,6 +193,7 @@ RunConfig read_config(const py::dict& d) {
   c.shuffle = d["shuffle"].cast<bool>();
   c.drop_last = d["drop_last"].cast<bool>();
   c.data_parallel = d["data_parallel"].cast<bool>();
+  b.stages_to_overlap = d["stages_to_overlap"].cast<bool>();
   for (const auto& [mode, why] : d["ruled_out"].cast<py::dict>())
     b.ruled_out[parse_mode(mode.cast<std::string>())] = why.cast<std::string>();
   return c;

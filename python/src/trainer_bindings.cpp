@@ -145,7 +145,7 @@ py::dict trials(const py::dict& config) {
 /// Mode auto's pick among trials a front end measured itself (the Trainer's trials that train),
 /// by the run layer's one rule (run::choose_mode): each trial {"mode", "runs": [steps/s, ...],
 /// "error"}; returns {"mode", "reason"}.
-py::dict pick_mode(const py::list& trials) {
+std::vector<run::Trial> trials_from(const py::list& trials) {
   std::vector<run::Trial> ts;
   for (const py::handle h : trials) {
     const py::dict d = py::reinterpret_borrow<py::dict>(h);
@@ -156,6 +156,11 @@ py::dict pick_mode(const py::list& trials) {
     if (!t.runs.empty()) t.steps_per_s = run::trial_rate(t.runs);
     ts.push_back(std::move(t));
   }
+  return ts;
+}
+
+py::dict pick_mode(const py::list& trials) {
+  const std::vector<run::Trial> ts = trials_from(trials);
   run::ModeDecision d;
   try {
     d = run::choose_mode(ts);
@@ -174,6 +179,27 @@ void bind_trainer(py::module_& m) {
   m.def("choose_mode", &tandem::python::pick_mode, py::arg("trials"),
         "Mode auto's pick among measured trials ({mode, runs, error} each), by the run layer's "
         "rule: the simplest mode within the trials' noise of the fastest");
+  m.def(
+      "trial_order",
+      [] {
+        std::vector<std::string> names;
+        for (const tandem::Mode mode : tandem::run::trial_order())
+          names.push_back(tandem::to_string(mode));
+        return names;
+      },
+      "The order mode auto times the modes in (the graphed ones first)");
+  m.def(
+      "needs_no_trial",
+      [](const std::string& mode, const py::list& so_far, bool stages_to_overlap,
+         double graphed_k_step_s) {
+        return tandem::run::needs_no_trial(tandem::parse_mode(mode),
+                                           tandem::python::trials_from(so_far), stages_to_overlap,
+                                           graphed_k_step_s);
+      },
+      py::arg("mode"), py::arg("so_far"), py::arg("stages_to_overlap"),
+      py::arg("graphed_k_step_s") = tandem::run::kGraphedKStepSeconds,
+      "Why a trial of `mode` could not change mode auto's pick given the trials so far "
+      "({mode, runs, error} each), by the run layer's rule; '' when it could");
   m.def("run", &tandem::python::run, py::arg("config"),
         "Times a tandem.Trainer's steps through the run layer (benchmark()); returns the report "
         "(trainer.py)");

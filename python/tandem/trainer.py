@@ -187,6 +187,10 @@ _TRIAL_WINDOW_S = 0.3
 _TRIAL_WINDOWS = 2
 _TRIAL_MIN_STEPS, _TRIAL_MAX_STEPS = 8, 300
 _TRIAL_CLEARLY_SLOWER = 0.10  # a first window this far below the fastest: no second one
+# Which modes need a trial at all is the run layer's rule (_C.needs_no_trial: the graphed modes
+# first; serial and pipelined only where their graphed counterparts fail; no pipeline for a step
+# of one stage; graphed_k only beside a graphed step shorter than this, None: the rule's own).
+_GRAPHED_K_STEP_S = None
 
 
 def _load_optimizer_state_dict(optimizer, state):
@@ -683,7 +687,13 @@ class Trainer:
                     cudnn_benchmark=self.cudnn_benchmark, gpu_monitor=gpu_monitor,
                     shuffle=self.shuffle, drop_last=self.drop_last,
                     lr_schedule=self.lr_schedule is not None, data_parallel=data_parallel,
-                    ruled_out=dict(ruled_out or {}))
+                    ruled_out=dict(ruled_out or {}),
+                    stages_to_overlap=self._stages_to_overlap())
+
+    def _stages_to_overlap(self) -> bool:
+        """Whether the step has stages a pipeline overlaps: a feed, or a dataset whose samples
+        are loaded (and augmented) on the host. Batches already on the device are one stage."""
+        return bool(self._feeds) or not isinstance(self._data, list)
 
     def _mode_problem(self, mode) -> Optional[str]:
         """Why `mode` cannot run this trainer's optimizer and schedule, or None."""
@@ -715,10 +725,11 @@ class Trainer:
 
     def choose_mode(self, steps: int = 300) -> str:
         """Mode auto's choice, made once and kept: on the CPU, serial (no streams or graphs to
-        gain from); on CUDA, short timed trials of every mode on deep copies of your modules
-        and optimizer (yours are untouched) — the fastest, unless a simpler mode is within the
-        trials' noise of it (the spread of each mode's two runs, 0.5% to 1.5%). ``trials`` holds
-        every mode's rate and the reason. A fit that finds the mode undecided decides it on its
+        gain from); on CUDA, short timed trials on deep copies of your modules and optimizer
+        (yours are untouched) of the modes whose trial could change the pick (see fit) — the
+        fastest, unless a simpler mode is within the trials' noise of it (the spread of each
+        mode's two runs, 0.5% to 1.5%). ``trials`` holds every mode's rate, or why it was not
+        timed, and the reason. A fit that finds the mode undecided decides it on its
         own steps instead (no copies: see fit)."""
         if self.mode != "auto":
             return self.mode
@@ -787,10 +798,11 @@ class Trainer:
         stage and is raised here with its traceback; a NaN or infinite loss raises a
         RuntimeError naming its step. Every fit runs the training loop of `tandem train`.
 
-        Mode auto, not yet decided: the fit's first steps are the trials. Each mode the
-        optimizer and schedule allow trains a few steps to warm up (cuDNN's tuning, a graphed
+        Mode auto, not yet decided: the fit's first steps are the trials. The modes the
+        optimizer and schedule allow whose trial could change the pick (the run layer's rule:
+        the graphed modes first; serial and pipelined only where their graphed counterparts fail (a replayed graph runs the same kernels without host launches), no pipelined mode for batches already on the device without a feed (one stage: nothing to overlap), graphed_k only beside a graphed step under 1 ms) each train a few steps to warm up (cuDNN's tuning, a graphed
         mode's capture), then two timed windows of about 0.3 s (one, when the first ran 10%
-        below the fastest), on your modules — the fit's own steps, computing the plain loop's
+        below the fastest or no other mode is left to time), on your modules — the fit's own steps, computing the plain loop's
         losses as every mode does; the simplest mode within the windows' noise of the fastest
         is picked, and the rest of the fit and every later one train in it, on the graphs its
         trial captured. A fit too short for every
@@ -874,7 +886,16 @@ class Trainer:
         return self._trials is None and self._times_modes_itself()
 
     def _candidates(self) -> List[str]:
-        return [m for m in MODES[1:] if not self._mode_problem(m)]
+        """The modes this trainer can run, in the order mode auto times them."""
+        return [m for m in _C.trial_order() if not self._mode_problem(m)]
+
+    def _untimed_reason(self, tr, mode) -> str:
+        """Why a trial of `mode` could not change the pick, given the trials so far ('' when it
+        could): the run layer's rule."""
+        so_far = [dict(mode=m, runs=tr["runs"][m], error=tr["errors"].get(m, ""))
+                  for m in tr["candidates"] if tr["runs"][m] or m in tr["errors"]]
+        extra = {} if _GRAPHED_K_STEP_S is None else dict(graphed_k_step_s=_GRAPHED_K_STEP_S)
+        return _C.needs_no_trial(mode, so_far, self._stages_to_overlap(), **extra)
 
     def _decision_key(self) -> Optional[str]:
         """The job's key in the kept decisions (tandem/_mode_cache.py), or None where mode auto
@@ -930,8 +951,9 @@ class Trainer:
         each sized to last _TRIAL_WINDOW_S by the last rate seen, with at most `left` steps
         (a window cut short is run untimed: the trials go on in the next fit)."""
         for mode in tr["candidates"]:
-            if mode in tr["errors"] or self._trial_done(tr, mode):
-                continue
+            if (mode in tr["errors"] or self._trial_done(tr, mode)
+                    or (not tr["runs"][mode] and self._untimed_reason(tr, mode))):
+                continue  # the same tests as _trials_finished
             if mode not in tr["rate"]:
                 return mode, min(_TRIAL_WARM_STEPS, left), False
             want = min(_TRIAL_MAX_STEPS, max(_TRIAL_MIN_STEPS,
@@ -939,20 +961,33 @@ class Trainer:
             return (mode, want, True) if want <= left else (mode, left, False)
         raise AssertionError("no trial left")  # the caller decides once every mode is measured
 
-    @staticmethod
-    def _trial_done(tr, mode) -> bool:
-        """Whether `mode` needs no more timed windows: it has _TRIAL_WINDOWS, or its first ran
+    def _trial_done(self, tr, mode) -> bool:
+        """Whether `mode` needs no more timed windows: it has _TRIAL_WINDOWS; or its first ran
         _TRIAL_CLEARLY_SLOWER below the fastest first window so far (far outside the trials'
-        noise: its second window could not make it the pick, and would cost training time)."""
+        noise: its second window could not make it the pick, and would cost training time); or
+        no other mode is left to compare it with (its one window is the fit's own training)."""
         runs = tr["runs"][mode]
         if len(runs) >= _TRIAL_WINDOWS:
             return True
+        if not runs:
+            return False
         best = max((r[0] for r in tr["runs"].values() if r), default=0.0)
-        return len(runs) == 1 and runs[0] < best * (1 - _TRIAL_CLEARLY_SLOWER)
+        if runs[0] < best * (1 - _TRIAL_CLEARLY_SLOWER):
+            return True
+        return not any(m != mode and m not in tr["errors"]
+                       and (tr["runs"][m] or not self._untimed_reason(tr, m))
+                       for m in tr["candidates"])
+
+    def _trials_finished(self, tr) -> bool:
+        """Whether every mode is measured, failed, or needs no trial."""
+        return all(m in tr["errors"] or self._trial_done(tr, m)
+                   or (not tr["runs"][m] and self._untimed_reason(tr, m))
+                   for m in tr["candidates"])
 
     def _fit_trying_modes(self, n, progress, trace) -> FitResult:
-        """Mode auto on the fit's own steps: each mode the optimizer and schedule allow trains
-        a few warm-up steps, then two timed windows, in turn, on your modules (every mode
+        """Mode auto on the fit's own steps: each mode the optimizer and schedule allow whose
+        trial could change the pick (_untimed_reason) trains a few warm-up steps, then its timed
+        windows, in turn, on your modules (every mode
         computes the plain loop's losses, so the steps are the fit's own); the run layer's rule
         picks among the rates (the simplest within the windows' noise of the fastest), and the
         rest of the fit — and every later fit — trains in that mode on the loop its trial kept
@@ -982,6 +1017,8 @@ class Trainer:
                 tr["errors"][mode] = f"{type(e).__name__}: {first_line}"
                 if all(m in tr["errors"] for m in tr["candidates"]):
                     raise
+                if self._trials_finished(tr):
+                    self._decide(tr)
                 continue
             finally:
                 tr["seconds"] += time.perf_counter() - part_start
@@ -996,7 +1033,7 @@ class Trainer:
                 tr["rate"][mode] = rate
                 if timed:
                     tr["runs"][mode].append(rate)
-            if all(m in tr["errors"] or self._trial_done(tr, m) for m in tr["candidates"]):
+            if self._trials_finished(tr):
                 self._decide(tr)
         if left > 0:  # decided: the rest on the picked mode's kept loop
             mode = self._trials["mode"]
@@ -1008,14 +1045,21 @@ class Trainer:
         return self._parts_result(reports, parts, losses, n, time.perf_counter() - started)
 
     def _decide(self, tr):
-        trials = [dict(mode=m, runs=tr["runs"][m], error=tr["errors"].get(m, ""),
-                       steps_per_s=min(tr["runs"][m]) if tr["runs"][m] else None)
-                  for m in tr["candidates"]]
-        ruled_out = [dict(mode=m, runs=[], error=p, steps_per_s=None)
-                     for m in MODES[1:] if (p := self._mode_problem(m))]
+        """The pick among the trials, every mode listed simplest first: its windows' rates, or
+        why it failed, was not timed (the run layer's rule) or cannot run here."""
+        trials = []
+        for m in MODES[1:]:
+            if m not in tr["candidates"]:
+                error = self._mode_problem(m)
+            elif tr["runs"][m] or m in tr["errors"]:
+                error = tr["errors"].get(m, "")
+            else:
+                error = "not timed: " + self._untimed_reason(tr, m)
+            trials.append(dict(mode=m, runs=tr["runs"].get(m, []), error=error,
+                               steps_per_s=min(tr["runs"][m]) if tr["runs"].get(m) else None))
         picked = _C.choose_mode(trials)
         self._trials = dict(mode=picked["mode"], reason=picked["reason"],
-                            trials=trials + ruled_out, seconds=tr["seconds"],
+                            trials=trials, seconds=tr["seconds"],
                             steps=tr["steps"], on_the_fits_steps=True)
         self._trying = None
         self._keep_decision(tr["key"])

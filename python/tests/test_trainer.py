@@ -421,11 +421,22 @@ def test_a_float_lr_changed_between_graphed_fits_is_the_next_fits():
     close(first + second.losses, expected, "cuda")
 
 
-def short_trials(monkeypatch):
+# The modes auto times for trainer()'s job, which has a feed (stages to overlap): serial and
+# pipelined are left to their graphed counterparts, which run; graphed_k is timed beside any
+# graphed step under short_trials.
+TIMED = ["graphed", "pipelined+graphed", "graphed_k"]
+
+
+def short_trials(monkeypatch, graphed_k_step_s=1e9):
     """The trials that train, with windows of the least steps: on the CPU (where auto is
     serial) their machinery runs as on CUDA."""
     monkeypatch.setattr(tandem.trainer, "_TRIAL_WINDOW_S", 1e-4)
     monkeypatch.setattr(tandem.trainer, "_TRIAL_CLEARLY_SLOWER", 1.0)  # both windows, always
+    monkeypatch.setattr(tandem.trainer, "_GRAPHED_K_STEP_S", graphed_k_step_s)
+
+
+def not_timed(trials):
+    return {r["mode"]: r["error"] for r in trials if r["error"].startswith("not timed: ")}
 
 
 def test_auto_decides_on_the_fits_own_steps_which_train(monkeypatch):
@@ -436,14 +447,20 @@ def test_auto_decides_on_the_fits_own_steps_which_train(monkeypatch):
     first = t.fit(steps=30, progress=False)  # too short for every trial: the next goes on
     assert t.trials is None and first.setup["trial_steps"] == 30
     second = t.fit(steps=100, progress=False)
-    # Each mode: 5 warm-up steps and two timed windows of 8. The first fit: serial's 21,
-    # pipelined's 5, then 4 of a window of 8, run untimed (cut short); the windows go on.
+    # Each timed mode: 5 warm-up steps and two timed windows of 8. The first fit: graphed's 21,
+    # pipelined+graphed's 5, then 4 of a window of 8, run untimed (cut short); the windows go on.
     per_mode = tandem.trainer._TRIAL_WARM_STEPS + 2 * tandem.trainer._TRIAL_MIN_STEPS
-    assert second.setup["trial_steps"] == len(ALL_MODES) * per_mode + 4 - 30
-    assert t.trials["on_the_fits_steps"] and t.trials["mode"] in ALL_MODES
+    assert second.setup["trial_steps"] == len(TIMED) * per_mode + 4 - 30
+    assert t.trials["on_the_fits_steps"] and t.trials["mode"] in TIMED
     assert second.mode == t.trials["mode"]
+    assert [r["mode"] for r in t.trials["trials"]] == ALL_MODES  # simplest first
+    untimed = not_timed(t.trials["trials"])
+    assert set(untimed) == {"serial", "pipelined"}, untimed
+    assert "graphed replays" in untimed["serial"]
+    assert "pipelined+graphed replays" in untimed["pipelined"]
     for trial in t.trials["trials"]:
-        assert len(trial["runs"]) == 2 and trial["steps_per_s"] > 0, trial
+        if trial["mode"] in TIMED:
+            assert len(trial["runs"]) == 2 and trial["steps_per_s"] > 0, trial
     parts = second.report["parts"]
     assert sum(p["steps"] for p in parts) == 100 and parts[-1]["mode"] == t.trials["mode"]
     assert not parts[-1]["trial"] and parts[0]["trial"]
@@ -511,9 +528,37 @@ def test_a_mode_clearly_slower_in_its_first_window_gets_no_second(monkeypatch):
     t = trying_trainer()
     result = t.fit(steps=80, progress=False)
     per_mode = tandem.trainer._TRIAL_WARM_STEPS + tandem.trainer._TRIAL_MIN_STEPS
-    assert result.setup["trial_steps"] == len(ALL_MODES) * per_mode
-    assert all(len(trial["runs"]) == 1 for trial in t.trials["trials"])
-    assert t.trials["mode"] in ALL_MODES
+    assert result.setup["trial_steps"] == len(TIMED) * per_mode
+    assert all(len(trial["runs"]) == 1 for trial in t.trials["trials"] if trial["mode"] in TIMED)
+    assert t.trials["mode"] in TIMED
+
+
+def test_a_step_of_one_stage_times_graphed_alone_in_one_window(monkeypatch):
+    # Batches already on the device, no feed: nothing for a pipeline to overlap; serial is
+    # replayed by graphed; graphed_k, beside a step this long, saves only the host's work. One
+    # mode left: its warm-up and one window, then the fit goes on in it.
+    short_trials(monkeypatch, graphed_k_step_s=1e-12)
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(5)]
+
+    def fit(mode):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+        t = tandem.Trainer(model, nn.CrossEntropyLoss(),
+                           torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                           data=batches, mode=mode)
+        t._trials_train_on_cpu = True
+        return t, t.fit(steps=40, progress=False)
+
+    t, result = fit("auto")
+    per_mode = tandem.trainer._TRIAL_WARM_STEPS + tandem.trainer._TRIAL_MIN_STEPS
+    assert result.setup["trial_steps"] == per_mode and t.trials["mode"] == "graphed"
+    untimed = not_timed(t.trials["trials"])
+    assert set(untimed) == {"serial", "pipelined", "pipelined+graphed", "graphed_k"}, untimed
+    assert "one stage" in untimed["pipelined"] and "one stage" in untimed["pipelined+graphed"]
+    assert "step takes" in untimed["graphed_k"]
+    _, serial = fit("serial")
+    close(result.losses, serial.losses, "cpu")
 
 
 class LossFailingOnTheTrainStagesThread:
@@ -540,7 +585,9 @@ def test_a_mode_failing_its_trial_is_rolled_back_and_left_out(monkeypatch):
                        feed=[encoder], augment=AUGMENT, batch_size=8, workers=2)
     t._trials_train_on_cpu = True
     result = t.fit(steps=120, progress=False)
-    errors = {r["mode"]: r["error"] for r in t.trials["trials"] if r["error"]}
+    # pipelined+graphed fails, so pipelined is timed (and fails the same way).
+    errors = {r["mode"]: r["error"] for r in t.trials["trials"]
+              if r["error"] and r["mode"] not in not_timed(t.trials["trials"])}
     assert set(errors) == {"pipelined", "pipelined+graphed"}, errors
     assert all("cannot run on the train stage's thread" in e for e in errors.values())
     assert t.trials["mode"] in ("serial", "graphed", "graphed_k")

@@ -27,7 +27,66 @@ double noise_margin(const Trial& simpler, const Trial& faster, double margin, do
   return std::clamp(std::max(*a, *b), std::min(min_margin, margin), margin);
 }
 
-ModeDecision choose_mode(const std::vector<Trial>& trials, double margin, double min_margin) {
+namespace {
+
+// A mode's place in workload_modes() (simplest first); unknown names after every mode.
+size_t simplicity(const std::string& name) {
+  const auto& modes = workload_modes();
+  for (size_t i = 0; i < modes.size(); ++i)
+    if (name == to_string(modes[i])) return i;
+  return modes.size();
+}
+
+const Trial* find_trial(const std::vector<Trial>& trials, Mode mode) {
+  for (const auto& t : trials)
+    if (t.mode == to_string(mode)) return &t;
+  return nullptr;
+}
+
+}  // namespace
+
+const std::vector<Mode>& trial_order() {
+  static const std::vector<Mode> order{Mode::kGraphed, Mode::kPipelinedGraphed, Mode::kGraphedK,
+                                       Mode::kSerial, Mode::kPipelined};
+  return order;
+}
+
+std::string needs_no_trial(Mode mode, const std::vector<Trial>& so_far, bool stages_to_overlap,
+                           double graphed_k_step_s) {
+  const auto timed = [&](Mode m) -> const Trial* {
+    const Trial* t = find_trial(so_far, m);
+    return t && t->steps_per_s && *t->steps_per_s > 0 ? t : nullptr;
+  };
+  const bool pipelines = mode == Mode::kPipelined || mode == Mode::kPipelinedGraphed;
+  if (pipelines && !stages_to_overlap)
+    return "one stage (no loader or feed to overlap): a pipeline would add hand-offs to the "
+           "serial step";
+  if (mode == Mode::kSerial && timed(Mode::kGraphed))
+    return "graphed replays this step's kernels from a captured graph, without host launches";
+  if (mode == Mode::kPipelined && timed(Mode::kPipelinedGraphed))
+    return "pipelined+graphed replays these stages' kernels from captured graphs, without host "
+           "launches";
+  if (mode == Mode::kGraphedK) {
+    const Trial* graphed = find_trial(so_far, Mode::kGraphed);
+    if (graphed && !graphed->steps_per_s)
+      return "graphed could not run, and graphed_k captures the same step";
+    if (graphed && *graphed->steps_per_s * graphed_k_step_s < 1.0) {
+      char text[160];
+      std::snprintf(text, sizeof text,
+                    "graphed's step takes %.2f ms: K steps a replay would save only the host's "
+                    "per-step work, within the trials' noise",
+                    1e3 / *graphed->steps_per_s);
+      return text;
+    }
+  }
+  return "";
+}
+
+ModeDecision choose_mode(const std::vector<Trial>& unordered, double margin, double min_margin) {
+  std::vector<Trial> trials = unordered;  // simplest first: the order the rule walks
+  std::stable_sort(trials.begin(), trials.end(), [](const Trial& a, const Trial& b) {
+    return simplicity(a.mode) < simplicity(b.mode);
+  });
   const Trial* best = nullptr;
   for (const auto& t : trials)
     if (t.steps_per_s && (!best || *t.steps_per_s > *best->steps_per_s)) best = &t;
@@ -84,7 +143,7 @@ std::vector<Trial> run_trials(const RunRequest& unresolved, const RunHooks& hook
   const RunRequest options = resolve(unresolved);
   std::vector<Trial> trials;
   const auto start = std::chrono::steady_clock::now();
-  for (const Mode mode : workload_modes()) {
+  for (const Mode mode : trial_order()) {
     RunRequest trial = options;
     trial.mode = mode;
     trial.steps = std::min(*options.steps, kAutoTrialSteps);
@@ -96,6 +155,11 @@ std::vector<Trial> run_trials(const RunRequest& unresolved, const RunHooks& hook
     Trial t{to_string(mode), std::nullopt, "", {}};
     if (const auto no = options.ruled_out.find(mode); no != options.ruled_out.end()) {
       t.error = no->second;  // not tried: this run cannot take it
+      trials.push_back(t);
+      continue;
+    }
+    if (const auto why = needs_no_trial(mode, trials, options.stages_to_overlap); !why.empty()) {
+      t.error = "not timed: " + why;
       trials.push_back(t);
       continue;
     }
@@ -119,6 +183,9 @@ std::vector<Trial> run_trials(const RunRequest& unresolved, const RunHooks& hook
   }
   if (seconds)
     *seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::stable_sort(trials.begin(), trials.end(), [](const Trial& a, const Trial& b) {
+    return simplicity(a.mode) < simplicity(b.mode);
+  });
   return trials;
 }
 

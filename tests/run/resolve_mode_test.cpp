@@ -104,5 +104,44 @@ TEST(ResolveModeTest, ALongRunsAutoIsSettledByTheDeviceWithoutTrials) {
   EXPECT_EQ(asked.decision.reason, "asked for");
 }
 
+TEST(ResolveModeTest, TheRuleWalksTheModesSimplestFirstWhateverTheTrialsOrder) {
+  // Timed graphed first (trial_order), listed in that order: serial still wins within noise.
+  const auto d = choose_mode({ok("graphed", 101.0), ok("serial", 100.0)});
+  EXPECT_EQ(d.mode, "serial") << d.reason;
+}
+
+TEST(ResolveModeTest, TheGraphedModesAreTimedFirst) {
+  const auto& order = trial_order();
+  ASSERT_EQ(order.size(), workload_modes().size());
+  EXPECT_EQ(order.at(0), Mode::kGraphed);
+  EXPECT_EQ(order.at(1), Mode::kPipelinedGraphed);
+}
+
+TEST(ResolveModeTest, AModeBesideItsGraphedCounterpartThatRanIsNotTimed) {
+  EXPECT_EQ(needs_no_trial(Mode::kSerial, {}, true), "");  // nothing known yet
+  EXPECT_NE(needs_no_trial(Mode::kSerial, {ok("graphed", 50.0)}, true), "");
+  EXPECT_EQ(needs_no_trial(Mode::kSerial, {failed("graphed", "capture failed")}, true), "");
+  EXPECT_NE(needs_no_trial(Mode::kPipelined, {ok("pipelined+graphed", 50.0)}, true), "");
+  EXPECT_EQ(needs_no_trial(Mode::kPipelined, {failed("pipelined+graphed", "no")}, true), "");
+  EXPECT_EQ(needs_no_trial(Mode::kPipelined, {ok("graphed", 50.0)}, true), "");
+}
+
+TEST(ResolveModeTest, AStepWithOneStageTimesNoPipelinedMode) {
+  for (const Mode m : {Mode::kPipelined, Mode::kPipelinedGraphed}) {
+    EXPECT_NE(needs_no_trial(m, {}, false).find("one stage"), std::string::npos);
+    EXPECT_EQ(needs_no_trial(m, {}, true), "");
+  }
+  EXPECT_EQ(needs_no_trial(Mode::kGraphed, {}, false), "");
+}
+
+TEST(ResolveModeTest, GraphedKIsTimedOnlyBesideAShortGraphedStep) {
+  EXPECT_EQ(needs_no_trial(Mode::kGraphedK, {}, true), "");
+  EXPECT_EQ(needs_no_trial(Mode::kGraphedK, {ok("graphed", 2000.0)}, true), "");    // 0.5 ms
+  const auto slow = needs_no_trial(Mode::kGraphedK, {ok("graphed", 250.0)}, true);  // 4 ms
+  EXPECT_NE(slow.find("4.00 ms"), std::string::npos) << slow;
+  EXPECT_NE(needs_no_trial(Mode::kGraphedK, {failed("graphed", "no")}, true), "");
+  EXPECT_EQ(needs_no_trial(Mode::kGraphedK, {ok("graphed", 250.0)}, true, 0.01), "");
+}
+
 }  // namespace
 }  // namespace tandem::run

@@ -164,7 +164,7 @@ TEST(ResolveModeRunTest, ANamedModeIsKeptWithoutTrials) {
   EXPECT_TRUE(m.trials.empty());
 }
 
-TEST(ResolveModeRunTest, AutoTriesEveryModeAndPicksOneThatRan) {
+TEST(ResolveModeRunTest, AutoListsEveryModeAndPicksOneThatRan) {
   RunRequest r = small_mlp_request();
   r.mode = std::nullopt;  // auto
   r.steps = 2;            // the trials' cap: no longer second trials
@@ -175,6 +175,10 @@ TEST(ResolveModeRunTest, AutoTriesEveryModeAndPicksOneThatRan) {
   EXPECT_EQ(m.trials.at(1).mode, "pipelined");
   EXPECT_EQ(m.trials.at(1).error, "pipelined is not for this run");
   EXPECT_FALSE(m.trials.at(1).steps_per_s.has_value());
+  // Timed graphed ran this step from its graph: serial, which it replays, is not timed.
+  ASSERT_TRUE(m.trials.at(2).steps_per_s.has_value()) << m.trials.at(2).error;
+  EXPECT_EQ(m.trials.at(0).error.rfind("not timed: graphed replays", 0), 0u)
+      << m.trials.at(0).error;
   bool picked_ran = false;
   for (const Trial& t : m.trials)
     if (t.mode == to_string(m.mode)) picked_ran = t.steps_per_s.has_value();

@@ -44,6 +44,9 @@ struct RunRequest {
   /// Modes this run cannot take, each with why (an optimizer a graph cannot capture, say):
   /// mode auto does not try them, and its trials list them with that reason as their error.
   std::map<Mode, std::string> ruled_out;
+  /// Whether the step has stages a pipeline overlaps (a loader's host work, a feed): without
+  /// them mode auto does not time the pipelined modes (resolve_mode.h: needs_no_trial).
+  bool stages_to_overlap = true;
   std::string device = "auto";  ///< auto, cpu, cuda, cuda:N
   // Unset: resolve() fills the defaults: the workload's batch size for the device and
   // kGpuRunDefaults / kCpuRunDefaults for the rest.

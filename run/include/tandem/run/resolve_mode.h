@@ -23,15 +23,41 @@ struct ModeDecision {
   std::string reason;
 };
 
-/// Trials are in workload_modes()' order (simplest first). The pick is the first mode whose rate is
-/// within the noise margin (relative) of the fastest: a mode must beat a simpler one by more than
-/// the noise to be chosen. The margin is what the two trials' runs measured of their own noise
-/// (noise_margin), at least `min_margin` and at most `margin`; a trial of one run measured none,
-/// and is given `margin`. Why not a fixed 1.5%: on the H200, ViT-B/16's graphed trials ran 0.9%
-/// above serial's, run after run with spreads near 0.1%, and the fixed margin kept the slower
-/// serial mode. Failed trials are skipped; throws std::runtime_error if all failed.
+/// Trials in any order; simplest means earlier in workload_modes(). The pick is the first mode
+/// whose rate is within the noise margin (relative) of the fastest: a mode must beat a simpler one
+/// by more than the noise to be chosen. The margin is what the two trials' runs measured of their
+/// own noise (noise_margin), at least `min_margin` and at most `margin`; a trial of one run
+/// measured none, and is given `margin`. Why not a fixed 1.5%: on the H200, ViT-B/16's graphed
+/// trials ran 0.9% above serial's, run after run with spreads near 0.1%, and the fixed margin kept
+/// the slower serial mode. Failed trials are skipped; throws std::runtime_error if all failed.
 ModeDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015,
                          double min_margin = 0.005);
+
+/// The order auto times modes in: graphed, pipelined+graphed, graphed_k, serial, pipelined. The
+/// graphed modes come first because what they measure decides whether the others need a trial
+/// at all (needs_no_trial).
+const std::vector<Mode>& trial_order();
+
+/// graphed_k is timed only where graphed's step is shorter than this: K steps a replay save only
+/// the host's per-step work around one graph launch (tens of microseconds), which on a longer
+/// step is within the trials' noise, where the simpler graphed is picked anyway. Measured: on
+/// steps of 3.7 ms and more (ResNet-18 at batch 32 and up, ViT-B/16, frozen ResNet-50) graphed_k
+/// ran 8-30% below graphed in every trial.
+inline constexpr double kGraphedKStepSeconds = 1e-3;
+
+/// Why a trial of `mode` could not change auto's pick, given the trials so far (`so_far`, any
+/// order, a mode's rate where it was timed): empty when it could, so it is timed. A mode is left
+/// untimed when
+///  - it pipelines a step with one stage (`stages_to_overlap` false: no loader's host work, no
+///    feed): a pipeline adds hand-offs to serial's step and overlaps nothing;
+///  - its graphed counterpart ran (serial beside graphed, pipelined beside pipelined+graphed):
+///    replaying a captured step runs the same kernels without launching them from the host, so
+///    it is at least as fast (every trial measured agrees: ResNets, ViT-B/16, the reference
+///    workloads), and the noise margin that would favour the simpler mode favours the faster;
+///  - it is graphed_k and graphed failed (the same capture) or ran steps longer than
+///    `graphed_k_step_s`.
+std::string needs_no_trial(Mode mode, const std::vector<Trial>& so_far, bool stages_to_overlap,
+                           double graphed_k_step_s = kGraphedKStepSeconds);
 
 /// The relative spread of a trial's runs, (fastest - slowest) / fastest; nullopt for fewer than
 /// two runs (no measure of the noise).
@@ -69,8 +95,10 @@ double trial_rate(const std::vector<double>& runs);
 /// (the run's own step count); 0 when the first trial already lasted long enough.
 int64_t second_trial_steps(int64_t steps, double steps_per_s, int64_t cap);
 
-/// The trials alone: each mode of workload_modes() measured as described above, in that
-/// order; a mode that fails has its error instead of a rate. Adds the wall time of all trials,
+/// The trials alone: each mode of trial_order() measured as described above, in that order,
+/// unless needs_no_trial says its trial could not change the pick (RunRequest::stages_to_overlap);
+/// a mode that fails has its error instead of a rate, an untimed one "not timed: " and why.
+/// Returned in workload_modes()' order. Adds the wall time of all trials,
 /// model set-up included, to `*seconds` when given. Prints nothing. A cancelled trial (hooks)
 /// stops them all.
 std::vector<Trial> run_trials(const RunRequest& request, const RunHooks& hooks = {},
