@@ -89,7 +89,7 @@ class GraphedStep {
   /// The nodes did carry the capturing lane's priority, yet on the H200 seg's decoder graph,
   /// replayed on a high-priority lane beside the encoder's, made pipelined+graphed 2.7% slower
   /// than eager pipelined at batch 8 (339–341 vs 347–351 steps/s); at the stream's priority it
-  /// ran 365–367, 7.7% faster than at its nodes' (NOTES.md).
+  /// ran 365–367, 7.7% faster than at its nodes' (docs/notes/pipeline-and-graphs.md).
   void capture(const Lane& lane, const std::function<void()>& body);
   /// Enqueues the captured work on `lane` (after what is already there). Capture first.
   void replay(const Lane& lane);

@@ -148,8 +148,8 @@ class Pipeline {
   /// cuDNN's benchmark mode times candidate algorithms per host thread — then time them on an
   /// otherwise idle device, not against the other lanes' kernels, so one run's choices are the
   /// next run's: with tuning under the other lanes' load, seg's pipelined mode at batch 8 ran
-  /// anywhere from 290 to 350 steps/s from one instance to the next (NOTES.md). The cost is one
-  /// item's fill latency.
+  /// anywhere from 290 to 350 steps/s from one instance to the next
+  /// (docs/notes/pipeline-and-graphs.md). The cost is one item's fill latency.
   void set_first_item_alone(bool alone) { first_item_alone_ = alone; }
   bool first_item_alone() const { return first_item_alone_; }
   /// Record the timed items of later runs into `trace` (nullptr: stop). Lane tracks get each

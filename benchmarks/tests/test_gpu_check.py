@@ -18,6 +18,7 @@ BENCHMARKS = HERE.parent
 sys.path.insert(0, str(BENCHMARKS))
 import compare  # noqa: E402
 import gpu_check  # noqa: E402
+from lab import check, phase_ab  # noqa: E402  (the driver's shared steps, the A/B phase)
 
 DRIVER = BENCHMARKS / "gpu_check.py"
 
@@ -205,12 +206,12 @@ def test_source_hash_is_the_shell_pipelines(tmp_path):
             "-o -name '*.cuh' -o -name CMakeLists.txt -o -name '*.cmake' -o -name '*.in' \\) "
             "-print | LC_ALL=C sort | xargs -d '\\n' sha1sum | sha1sum | cut -c1-12",
             shell=True, cwd=tmp_path, capture_output=True, text=True).stdout.strip()
-        assert gpu_check.source_sha1(str(tmp_path)) == shell
-    before = gpu_check.source_sha1(str(tmp_path))
+        assert phase_ab.source_sha1(str(tmp_path)) == shell
+    before = phase_ab.source_sha1(str(tmp_path))
     (tmp_path / "build-gpu/skip.cpp").write_text("changed")
-    assert gpu_check.source_sha1(str(tmp_path)) == before
+    assert phase_ab.source_sha1(str(tmp_path)) == before
     (tmp_path / "sub/build/kept.cpp").write_text("changed")
-    assert gpu_check.source_sha1(str(tmp_path)) != before
+    assert phase_ab.source_sha1(str(tmp_path)) != before
 
 
 def test_find_bin_looks_three_levels_down(tmp_path):
@@ -218,11 +219,11 @@ def test_find_bin_looks_three_levels_down(tmp_path):
     deep.parent.mkdir(parents=True)
     deep.write_text("#!/bin/sh\n")
     deep.chmod(0o755)
-    assert gpu_check.find_bin(str(tmp_path)) == str(deep)
-    assert gpu_check.find_bin(str(tmp_path / "a" / "b" / "nosuch")) is None
+    assert phase_ab.find_bin(str(tmp_path)) == str(deep)
+    assert phase_ab.find_bin(str(tmp_path / "a" / "b" / "nosuch")) is None
     (tmp_path / "tandem").write_text("")
     (tmp_path / "tandem").chmod(0o755)
-    assert gpu_check.find_bin(str(tmp_path)) == str(tmp_path / "tandem")
+    assert phase_ab.find_bin(str(tmp_path)) == str(tmp_path / "tandem")
 
 
 class Recording(gpu_check.Check):
@@ -279,7 +280,7 @@ def test_seg_and_cls_run_the_shell_commands(tmp_path):
                           "--workers", "8", "--json"]
     assert first[-1].endswith("/tandem-seg-serial-8.json")
     assert len(tandem_runs(c)) == 6
-    floor = [cmd for cmd in c.commands if cmd[1:3] == [gpu_check.LOOPS, "floor"]]
+    floor = [cmd for cmd in c.commands if cmd[1:3] == [check.LOOPS, "floor"]]
     assert floor[0][3:5] == ["--bs", "8,32,128"]  # seg's and cls's sizes, once each
     assert c.compared[0][:2] == ["--scenario", "seg"]
     c, _ = record(tmp_path, "cls", "--cls-bs", "32")
@@ -300,7 +301,7 @@ def test_ddp_and_decode_run_counts(tmp_path):
     assert len(floors) == 1 and floors[0][-5:-2] == ["179", "25", "1"]
     c, _ = record(tmp_path, "decode", "--decode-rounds", "2", "--decode-core", "0")
     pinned = [cmd for cmd in c.commands if cmd[:3] == ["taskset", "-c", "0"]]
-    assert len(pinned) == 4 and pinned[1][3:5] == [gpu_check.PYTHON, "benchmarks/data_bench.py"]
+    assert len(pinned) == 4 and pinned[1][3:5] == [check.PYTHON, "benchmarks/data_bench.py"]
 
 
 def test_train_models_and_layouts(tmp_path):
@@ -659,7 +660,7 @@ def test_ab_photos_cells_run_workload_images_from_the_photos_and_compare_no_loss
     assert compare.parse_cell("photos_r50:256:pipelined+graphed") == cell
     a = gpu_check.parse(["ab", "--out", str(tmp_path), "--ab-photos", "/data/photos",
                          "--ab-cells", "photos_r50:256:pipelined+graphed"])
-    command = [str(x) for x in gpu_check.ab_command(*cell[:1], cell[2], cell[1], a, "r.json")]
+    command = [str(x) for x in phase_ab.ab_command(*cell[:1], cell[2], cell[1], a, "r.json")]
     assert command[:5] == ["bench", "--workload", "images", "--data", "/data/photos"]
     for param in ("source=files", "decode=auto", "model=r50_full", "precision=bf16",
                   "layout=channels_last"):
@@ -668,7 +669,7 @@ def test_ab_photos_cells_run_workload_images_from_the_photos_and_compare_no_loss
     assert command[command.index("--mode") + 1] == "pipelined+graphed"
     assert "worker_nice=5" not in command
     nice = gpu_check.parse(["ab", "--out", str(tmp_path), "--ab-photos-params", "worker_nice=5"])
-    command = [str(x) for x in gpu_check.ab_command(*cell[:1], cell[2], cell[1], nice, "r.json")]
+    command = [str(x) for x in phase_ab.ab_command(*cell[:1], cell[2], cell[1], nice, "r.json")]
     assert command[command.index("worker_nice=5") - 1] == "--param"
     bad = drive("ab", "--out", tmp_path, "--ab-photos-params", "worker_nice")
     assert bad.returncode == 2 and "'worker_nice': expected KEY=VALUE" in bad.stderr, bad.stderr
@@ -694,7 +695,7 @@ def test_ab_photos_cpu_cells_decode_on_the_workers_alone(tmp_path):
     cell = ("photos_r18_cpu", 256, "pipelined+graphed")
     a = gpu_check.parse(["ab", "--out", str(tmp_path), "--ab-photos", "/data/photos",
                          "--ab-cells", "photos_r18_cpu:256:pipelined+graphed"])
-    command = [str(x) for x in gpu_check.ab_command(*cell[:1], cell[2], cell[1], a, "r.json")]
+    command = [str(x) for x in phase_ab.ab_command(*cell[:1], cell[2], cell[1], a, "r.json")]
     assert "decode=cpu" in command and "model=r18_full" in command
     assert "decode=auto" not in command
     runs = []

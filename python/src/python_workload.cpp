@@ -35,24 +35,24 @@ class PythonOptimizer : public optim::Optimizer {
   bool capturable() const override { return capturable_; }
   std::string name() const override { return name_; }
   std::vector<at::Tensor> parameters() const override { return params_; }
-  // The learning rate and the checkpoints' state through tandem/trainer.py's helpers, which
+  // The learning rate and the checkpoints' state through tandem/_state.py's helpers, which
   // know torch.optim's param groups and state_dict.
   void set_lr(double lr) override {
-    calls_->call(name_ + " learning rate", [&] { trainer_py("_set_lr")(*optimizer_, lr); });
+    calls_->call(name_ + " learning rate", [&] { state_py("_set_lr")(*optimizer_, lr); });
   }
   double learning_rate() const override {
     return calls_->call(name_ + " learning rate",
-                        [&] { return trainer_py("_lr_of")(*optimizer_).cast<double>(); });
+                        [&] { return state_py("_lr_of")(*optimizer_).cast<double>(); });
   }
   std::vector<std::pair<std::string, at::Tensor>> state() const override {
     return calls_->call(name_ + ".state_dict", [&] {
-      return trainer_py("_optimizer_state")(*optimizer_)
+      return state_py("_optimizer_state")(*optimizer_)
           .cast<std::vector<std::pair<std::string, at::Tensor>>>();
     });
   }
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) override {
     calls_->call(name_ + ".load_state_dict",
-                 [&] { trainer_py("_load_optimizer_state")(*optimizer_, state); });
+                 [&] { state_py("_load_optimizer_state")(*optimizer_, state); });
   }
 
  private:
@@ -86,7 +86,7 @@ at::Tensor checked_loss(const py::object& value) {
 
 }  // namespace
 
-py::object trainer_py(const char* name) { return py::module_::import("tandem.trainer").attr(name); }
+py::object state_py(const char* name) { return py::module_::import("tandem._state").attr(name); }
 
 Workload make_workload(const RunConfig& c, const WorkloadOptions& o,
                        const std::shared_ptr<PythonCalls>& calls, const LrApplier& apply_lr) {

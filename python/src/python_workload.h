@@ -59,9 +59,9 @@ using LrApplier = std::shared_ptr<PyRef>;
 Workload make_workload(const RunConfig& c, const WorkloadOptions& o,
                        const std::shared_ptr<PythonCalls>& calls, const LrApplier& apply_lr);
 
-/// A function of tandem/trainer.py, which knows torch.optim's param groups and the state_dicts
+/// A function of tandem/_state.py, which knows torch.optim's param groups and the state_dicts
 /// (call with the GIL).
-py::object trainer_py(const char* name);
+py::object state_py(const char* name);
 
 /// `j` as Python objects (dicts, lists, numbers, strings).
 py::object to_python(const nlohmann::json& j);

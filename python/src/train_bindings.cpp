@@ -46,11 +46,11 @@ train::ModelWeights python_weights(const PyRef& model, const std::shared_ptr<Pyt
   train::ModelWeights w;
   w.state_dict = [model, calls] {
     return calls->call("model.state_dict", [&] {
-      return trainer_py("_model_state")(*model).cast<models::NamedTensors>();
+      return state_py("_model_state")(*model).cast<models::NamedTensors>();
     });
   };
   w.load_state_dict = [model, calls](const models::NamedTensors& tensors) {
-    calls->call("model.load_state_dict", [&] { trainer_py("_load_model_state")(*model, tensors); });
+    calls->call("model.load_state_dict", [&] { state_py("_load_model_state")(*model, tensors); });
   };
   return w;
 }

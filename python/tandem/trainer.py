@@ -19,8 +19,9 @@ A step is: the batch's input field through `augment` (tandem's fused GPU augment
     graphed             the whole step captured into one CUDA graph, replayed
     pipelined+graphed   pipelined, each stage replaying its own graph
     graphed_k           graphed, K steps per graph
-    auto                short timed trials of each, then the fastest: in fit, on the fit's own
-                        steps (they train); in choose_mode() and benchmark(), on copies
+    auto                short timed trials of the modes that could win, then the fastest: in
+                        fit, on the fit's own steps (they train); in choose_mode() and
+                        benchmark(), on copies
 
 Eager modes call your Python code from tandem's stage threads (under the GIL). The graphed
 modes call it while they warm up and capture, then replay CUDA graphs from C++ with no Python
@@ -49,56 +50,20 @@ import signal
 import sys
 import threading
 import time
-import types
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _C, _mode_cache, distributed
+from . import _C, distributed
 from ._checks import rank_shard, whole
+from ._compile import _compiled_step, _is_compiled, _prime_dynamo
+from ._fit_result import FitResult
+from ._modes import _GRAPHED, MODES
+from ._state import _captured_state, _set_lr, _tensors_of
+from ._trials import _TrialsThatTrain
 from .augment import AugmentSpec
 from .data import Dataset, TorchDataset
 from .optim import _TandemOptimizer
-
-# From the library's one mode table (src/mode.cpp), auto first: the Trainer's own choice.
-MODES = ("auto",) + tuple(name for name, _, _ in _C.modes())
-_GRAPHED = tuple(name for name, _, graphs in _C.modes() if graphs)
-
-
-@dataclasses.dataclass
-class FitResult:
-    """What a fit (or a benchmark) did. ``report`` is the CLI's JSON report (`tandem bench
-    --json`): per-stage host and device times, the floor (the slowest stage) and efficiency,
-    GPU utilization, the runner's notes. ``print(result)`` shows the CLI's table."""
-    losses: List[float]
-    mode: str
-    steps: int
-    seconds: float
-    steps_per_s: float
-    samples_per_s: float
-    report: dict
-    table: str
-    trials: Optional[dict] = None  # mode auto: every mode's trial rate and why one was picked
-    # What this call paid besides its steps: trials_s (mode auto's trials in this call: on CUDA
-    # in fit, the seconds of its own steps that ran as trials, trial_steps of them, which
-    # trained; on timed copies elsewhere; 0 once decided), prepare_s (the runs' loader, lanes
-    # and pipeline), capture_s (their CUDA graphs recorded and instantiated), graphs (how many)
-    # and graphs_kept (an earlier fit's, replayed from this one's first step).
-    setup: Optional[dict] = None
-    # A fit with a run folder: every epoch's record (metrics.jsonl's rows, a resumed run's
-    # earlier ones included), the final weights' file and the newest checkpoint's folder.
-    epochs: Optional[List[dict]] = None
-    weights: Optional[str] = None
-    checkpoint: Optional[str] = None
-
-    def __str__(self) -> str:
-        text = self.table
-        if self.trials:
-            rows = ", ".join(f"{t['mode']} {t['steps_per_s']:.1f}" if t["steps_per_s"]
-                             else f"{t['mode']} failed" for t in self.trials["trials"])
-            text += f"\nauto: {self.trials['reason']}" + (f" (trials, steps/s: {rows})"
-                                                          if rows else "")
-        return text
 
 
 def _device_of(optimizer) -> torch.device:
@@ -130,117 +95,6 @@ def _stage_name(fn, taken) -> str:
     while name in taken:
         name, n = f"{base}{n}", n + 1
     return name
-
-
-def _set_lr(optimizer, lr: float):
-    """Sets every param group's learning rate: a tensor lr (capturable, read by a CUDA graph)
-    in place, on the current stream, before the step that reads it."""
-    for g in optimizer.param_groups:
-        if isinstance(g["lr"], torch.Tensor):
-            g["lr"].fill_(lr)
-        else:
-            g["lr"] = lr
-
-
-def _lr_of(optimizer) -> float:
-    """The first param group's learning rate as a float (a tensor lr read), for the records."""
-    lr = optimizer.param_groups[0]["lr"] if optimizer.param_groups else float("nan")
-    return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
-
-
-def _flatten(value, path, tensors):
-    """`value` as JSON, each tensor in it replaced by {"tensor": its path} and put in
-    `tensors`."""
-    if isinstance(value, torch.Tensor):
-        tensors.append((path, value.detach()))
-        return {"tensor": path}
-    if isinstance(value, dict):
-        return {"dict": [[k, _flatten(v, f"{path}.{k}", tensors)] for k, v in value.items()]}
-    if isinstance(value, (list, tuple)):
-        return {type(value).__name__: [_flatten(v, f"{path}.{i}", tensors)
-                                       for i, v in enumerate(value)]}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return {"value": value}
-    raise TypeError(f"the optimizer's state {path} is a {type(value).__name__}: a checkpoint "
-                    "holds tensors, numbers, strings, lists and dicts only")
-
-
-def _unflatten(node, tensors):
-    (kind, value), = node.items()
-    if kind == "tensor":
-        return tensors[value]
-    if kind == "dict":
-        return {k: _unflatten(v, tensors) for k, v in value}
-    if kind in ("list", "tuple"):
-        items = [_unflatten(v, tensors) for v in value]
-        return items if kind == "list" else tuple(items)
-    return value
-
-
-_STRUCTURE = "structure.json"
-
-# Mode auto's trials that train (Trainer._fit_trying_modes): each mode's warm-up steps, then
-# _TRIAL_WINDOWS timed windows of about _TRIAL_WINDOW_S each (within the step bounds), whose
-# spread is the trial's noise.
-_TRIAL_WARM_STEPS = 5
-_TRIAL_WINDOW_S = 0.3
-_TRIAL_WINDOWS = 2
-_TRIAL_MIN_STEPS, _TRIAL_MAX_STEPS = 8, 300
-_TRIAL_CLEARLY_SLOWER = 0.10  # a first window this far below the fastest: no second one
-# Which modes need a trial at all is the run layer's rule (_C.needs_no_trial: the graphed modes
-# first; serial and pipelined only where their graphed counterparts fail; no pipeline for a step
-# of one stage; graphed_k only beside a graphed step shorter than this, None: the rule's own).
-_GRAPHED_K_STEP_S = None
-
-
-def _load_optimizer_state_dict(optimizer, state):
-    """optimizer.load_state_dict(state), a tensor learning rate keeping its identity (a CUDA
-    graph may hold it)."""
-    old_lrs = [g["lr"] for g in optimizer.param_groups]
-    optimizer.load_state_dict(state)
-    for g, old in zip(optimizer.param_groups, old_lrs):
-        if isinstance(old, torch.Tensor):
-            with torch.no_grad():
-                old.copy_(g["lr"] if isinstance(g["lr"], torch.Tensor) else torch.tensor(g["lr"]))
-            g["lr"] = old
-
-
-def _optimizer_state(optimizer):
-    """A torch.optim optimizer's state_dict as a checkpoint's named tensors: each tensor under
-    its path ("state.0.momentum_buffer"), and the rest (param groups, numbers) as JSON in one
-    uint8 tensor, "structure.json" — no pickle in a checkpoint."""
-    tensors = []
-    structure = _flatten(optimizer.state_dict(), "", tensors)
-    text = json.dumps(structure).encode()
-    tensors.append((_STRUCTURE, torch.frombuffer(bytearray(text), dtype=torch.uint8)))
-    return tensors
-
-
-def _load_optimizer_state(optimizer, named):
-    """The inverse of _optimizer_state, through the optimizer's own load_state_dict. A tensor
-    learning rate keeps its identity (the value is copied in): a CUDA graph or a schedule may
-    hold it."""
-    tensors = dict(named)
-    if _STRUCTURE not in tensors:
-        raise ValueError("the checkpoint's optimizer state has no structure.json: it was saved "
-                         "from a tandem optimizer, not from a torch.optim one")
-    structure = json.loads(bytes(tensors.pop(_STRUCTURE).cpu().numpy()).decode())
-    _load_optimizer_state_dict(optimizer, _unflatten(structure, tensors))
-
-
-def _model_state(model):
-    """The model's state_dict as named tensors (the checkpoint's and model.safetensors')."""
-    out = []
-    for name, value in model.state_dict().items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"the model's state_dict entry {name!r} is a "
-                            f"{type(value).__name__}: a checkpoint holds tensors only")
-        out.append((name, value.detach()))
-    return out
-
-
-def _load_model_state(model, named):
-    model.load_state_dict(dict(named))  # strict: names every missing and unexpected key
 
 
 def _check_arguments(model, loss_fn, optimizer, mode, augment, lr_schedule, compile, out,
@@ -298,116 +152,6 @@ def _named_feeds(feed) -> List[Tuple[str, Callable]]:
     return feeds
 
 
-# torch.compile is not thread-safe: compilation (a compiled function's first calls) happens on
-# one thread at a time, whichever lane thread reaches it first.
-_COMPILE_LOCK = threading.RLock()
-
-
-def _own_code(fn):
-    """`fn` with a code object of its own. Dynamo keeps its compiled variants per code object,
-    up to a recompile limit (8) past which it runs the function eagerly without a word: every
-    compiled copy (mode auto's trials, benchmark()) gets its own cache so none counts against
-    another's."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
-                              fn.__defaults__, fn.__closure__)
-
-
-def _serialized(fn, first_calls=3):
-    """`fn` whose first calls (where torch.compile traces, compiles and autotunes) hold the
-    compile lock; later calls run freely."""
-    calls = [0]
-
-    def call(*args):
-        if calls[0] < first_calls:
-            with _COMPILE_LOCK:
-                calls[0] += 1
-                return fn(*args)
-        return fn(*args)
-    return call
-
-
-def _identity(x):
-    return x
-
-
-_DYNAMO_PRIMED = False
-
-
-def _prime_dynamo():
-    """Compiles a trivial function once on the calling thread (the user's, long-lived). In
-    torch 2.11, when a process's first torch.compile compilation happens on a thread that then
-    ends (a run's lane thread), the next compilation on any other thread crashes the process
-    (a segmentation fault in FakeTensorMode.__enter__); a first compilation on a thread that
-    lives on prevents it. tandem compiles on its lane threads, so it primes first."""
-    global _DYNAMO_PRIMED
-    if not _DYNAMO_PRIMED:
-        torch.compile(lambda x: x + 1, backend="eager")(torch.zeros(1))
-        _DYNAMO_PRIMED = True
-
-
-def _is_compiled(fn) -> bool:
-    """Whether `fn` is torch.compile's work (a compiled module or function)."""
-    return hasattr(fn, "_orig_mod") or hasattr(fn, "_torchdynamo_orig_callable")
-
-
-def _compiled_step(feeds, model, loss_fn, options):
-    """(feeds, model, loss_fn) as the runner calls them, compiled: each feed stage on its own,
-    and the model's forward with the loss as one region (so the loss fuses with the last layer
-    and autocast regions close inside it). The runner calls model(x) then loss_fn(out, *target):
-    the model becomes the identity and loss_fn the compiled region."""
-    def forward_loss(x, *target):
-        return loss_fn(model(x), *target)
-
-    def feed_call(f):
-        def feed(x):
-            return f(x)
-        return feed
-    region = _serialized(torch.compile(_own_code(forward_loss), **options))
-    compiled_feeds = [(name, _serialized(torch.compile(_own_code(feed_call(f)), **options)))
-                      for name, f in feeds]
-    return compiled_feeds, _identity, region
-
-
-def _tensors_of(objects) -> List[torch.Tensor]:
-    """Every parameter and buffer of the modules in `objects` (for the trials' safety check)."""
-    out = []
-    for o in objects:
-        if isinstance(o, torch.nn.Module):
-            out += list(o.parameters()) + list(o.buffers())
-    return out
-
-
-def _tensor_place(t) -> tuple:
-    """Where a graph reads `t` from, and what it was captured for."""
-    return (t.data_ptr(), tuple(t.shape), t.dtype, t.requires_grad)
-
-
-def _value_place(v):
-    return _tensor_place(v) if isinstance(v, torch.Tensor) else v
-
-
-def _captured_state(objects, optimizer) -> list:
-    """What a captured CUDA graph of these modules and this optimizer was recorded against: each
-    module's train/eval flags, each parameter's and buffer's tensor, each optimizer param
-    group's hyper-parameters (a float lr is baked into the graph) and each state tensor. Equal
-    before and after a change made in place (an optimizer step, load_state_dict into a module);
-    different after a tensor is replaced (``module.weight = Parameter(...)``,
-    ``optimizer.load_state_dict``), a flag flipped or a float hyper-parameter set."""
-    out = []
-    for o in objects:
-        if isinstance(o, torch.nn.Module):
-            out.append([m.training for m in o.modules()])
-            out.append([(n, _tensor_place(t)) for n, t in o.named_parameters()])
-            out.append([(n, _tensor_place(t)) for n, t in o.named_buffers()])
-    if not isinstance(optimizer, _TandemOptimizer):  # tandem's: state in C++, a device lr
-        for g in optimizer.param_groups:
-            out.append([(k, _value_place(v)) for k, v in g.items() if k != "params"])
-            out.append([id(p) for p in g["params"]])
-        for p, state in optimizer.state.items():
-            out.append((id(p), [(k, _value_place(v)) for k, v in state.items()]))
-    return out
-
-
 @contextlib.contextmanager
 def _sigterm_stops_the_fit():
     """SIGTERM — what SLURM and Kubernetes send before they kill — stops a fit as Ctrl-C does
@@ -455,7 +199,7 @@ def _evaluation(evaluate, model):
     return run
 
 
-class Trainer:
+class Trainer(_TrialsThatTrain):
     """Trains ``model`` on ``data`` with tandem's runner (see the module's help).
 
     Args:
@@ -874,222 +618,6 @@ class Trainer:
         self._sessions[mode] = (session, self._key_of(mode))
         return report
 
-    # ---- mode auto's trials that train ----
-    def _times_modes_itself(self) -> bool:
-        """Whether mode auto is this process's to time and keep: auto, on CUDA, one process (a
-        data-parallel job's ranks take rank 0's pick of the timed copies)."""
-        return (self.mode == "auto" and self.world_size == 1
-                and (self.device.type == "cuda" or self._trials_train_on_cpu))
-
-    def _trials_train(self) -> bool:
-        """Whether this fit decides mode auto on its own steps: timed here, not decided yet."""
-        return self._trials is None and self._times_modes_itself()
-
-    def _candidates(self) -> List[str]:
-        """The modes this trainer can run, in the order mode auto times them."""
-        return [m for m in _C.trial_order() if not self._mode_problem(m)]
-
-    def _untimed_reason(self, tr, mode) -> str:
-        """Why a trial of `mode` could not change the pick, given the trials so far ('' when it
-        could): the run layer's rule."""
-        so_far = [dict(mode=m, runs=tr["runs"][m], error=tr["errors"].get(m, ""))
-                  for m in tr["candidates"] if tr["runs"][m] or m in tr["errors"]]
-        extra = {} if _GRAPHED_K_STEP_S is None else dict(graphed_k_step_s=_GRAPHED_K_STEP_S)
-        return _C.needs_no_trial(mode, so_far, self._stages_to_overlap(), **extra)
-
-    def _decision_key(self) -> Optional[str]:
-        """The job's key in the kept decisions (tandem/_mode_cache.py), or None where mode auto
-        is not timed (an explicit mode, the CPU) or is rank 0's to make (data parallel)."""
-        if not self._times_modes_itself():
-            return None
-        return _mode_cache.job_key(self, self._candidates())
-
-    def _kept_decision(self):
-        """Mode auto's decision from an earlier process of the same job, when one is kept."""
-        if self._trials is None and self._trying is None and (key := self._decision_key()):
-            self._trials = _mode_cache.load(key, self._candidates())
-
-    def _keep_decision(self, key):
-        if key and self._trials is not None:
-            _mode_cache.save(key, self._trials)
-
-    def _state(self):
-        """What a trial's steps change: the modules' state_dicts, the optimizer's state and the
-        random generators, copied (a mode that fails part-way is rolled back to it)."""
-        modules = [m for m in (self.model, self.loss_fn, *(f for _, f in self._feeds))
-                   if isinstance(m, torch.nn.Module)]
-        weights = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
-        if isinstance(self.optimizer, _TandemOptimizer):
-            opt = [(k, v.detach().clone()) for k, v in self.optimizer._impl.state()]
-        else:
-            opt = copy.deepcopy(self.optimizer.state_dict())
-        gens = dict(cpu=torch.get_rng_state())
-        if self.device.type == "cuda":
-            gens["cuda"] = torch.cuda.get_rng_state(self.device)
-        if self._augment_generator is not None:
-            gens["augment"] = self._augment_generator.get_state()
-        return modules, weights, opt, gens
-
-    def _restore(self, state):
-        modules, weights, opt, gens = state
-        with torch.no_grad():
-            for m, w in zip(modules, weights):
-                m.load_state_dict(w)
-        if isinstance(self.optimizer, _TandemOptimizer):
-            self.optimizer._impl.load_state(opt)
-        else:
-            _load_optimizer_state_dict(self.optimizer, opt)
-        torch.set_rng_state(gens["cpu"])
-        if "cuda" in gens:
-            torch.cuda.set_rng_state(gens["cuda"], self.device)
-        if "augment" in gens:
-            self._augment_generator.set_state(gens["augment"])
-
-    def _next_trial_part(self, tr, left) -> Tuple[str, int, bool]:
-        """The next part of the trials: (mode, steps, timed). A mode's first part warms it up
-        (cuDNN's tuning, a graphed mode's warm-up steps and capture), then its timed windows,
-        each sized to last _TRIAL_WINDOW_S by the last rate seen, with at most `left` steps
-        (a window cut short is run untimed: the trials go on in the next fit)."""
-        for mode in tr["candidates"]:
-            if (mode in tr["errors"] or self._trial_done(tr, mode)
-                    or (not tr["runs"][mode] and self._untimed_reason(tr, mode))):
-                continue  # the same tests as _trials_finished
-            if mode not in tr["rate"]:
-                return mode, min(_TRIAL_WARM_STEPS, left), False
-            want = min(_TRIAL_MAX_STEPS, max(_TRIAL_MIN_STEPS,
-                                             math.ceil(_TRIAL_WINDOW_S * tr["rate"][mode])))
-            return (mode, want, True) if want <= left else (mode, left, False)
-        raise AssertionError("no trial left")  # the caller decides once every mode is measured
-
-    def _trial_done(self, tr, mode) -> bool:
-        """Whether `mode` needs no more timed windows: it has _TRIAL_WINDOWS; or its first ran
-        _TRIAL_CLEARLY_SLOWER below the fastest first window so far (far outside the trials'
-        noise: its second window could not make it the pick, and would cost training time); or
-        no other mode is left to compare it with (its one window is the fit's own training)."""
-        runs = tr["runs"][mode]
-        if len(runs) >= _TRIAL_WINDOWS:
-            return True
-        if not runs:
-            return False
-        best = max((r[0] for r in tr["runs"].values() if r), default=0.0)
-        if runs[0] < best * (1 - _TRIAL_CLEARLY_SLOWER):
-            return True
-        return not any(m != mode and m not in tr["errors"]
-                       and (tr["runs"][m] or not self._untimed_reason(tr, m))
-                       for m in tr["candidates"])
-
-    def _trials_finished(self, tr) -> bool:
-        """Whether every mode is measured, failed, or needs no trial."""
-        return all(m in tr["errors"] or self._trial_done(tr, m)
-                   or (not tr["runs"][m] and self._untimed_reason(tr, m))
-                   for m in tr["candidates"])
-
-    def _fit_trying_modes(self, n, progress, trace) -> FitResult:
-        """Mode auto on the fit's own steps: each mode the optimizer and schedule allow whose
-        trial could change the pick (_untimed_reason) trains a few warm-up steps, then its timed
-        windows, in turn, on your modules (every mode
-        computes the plain loop's losses, so the steps are the fit's own); the run layer's rule
-        picks among the rates (the simplest within the windows' noise of the fastest), and the
-        rest of the fit — and every later fit — trains in that mode on the loop its trial kept
-        (its graphs captured). A fit too short for them all goes on with them in the next. A mode
-        that fails is rolled back to where its trial started and left out, naming why."""
-        started = time.perf_counter()
-        tr = self._trying
-        if tr is None:
-            tr = self._trying = dict(candidates=self._candidates(), runs={}, rate={}, errors={},
-                                     seconds=0.0, steps=0, key=self._decision_key())
-            for m in tr["candidates"]:
-                tr["runs"][m] = []
-        losses, parts, reports, left = [], [], [], n
-        while left > 0 and self._trials is None:
-            mode, k, timed = self._next_trial_part(tr, left)
-            state = self._state() if mode not in tr["rate"] else None
-            part_start = time.perf_counter()
-            try:
-                report = self._fit_part(mode, k, progress, trace)
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:  # noqa: BLE001 - the mode is left out, the fit goes on
-                if state is None:
-                    raise  # a mode that ran before failed now: not the trial's to hide
-                self._restore(state)
-                first_line = str(e).splitlines()[0] if str(e) else ""
-                tr["errors"][mode] = f"{type(e).__name__}: {first_line}"
-                if all(m in tr["errors"] for m in tr["candidates"]):
-                    raise
-                if self._trials_finished(tr):
-                    self._decide(tr)
-                continue
-            finally:
-                tr["seconds"] += time.perf_counter() - part_start
-            tr["steps"] += k
-            left -= k
-            losses += report["losses"]
-            reports.append(report)
-            rate = k / report["seconds"] if report["seconds"] > 0 else 0.0
-            parts.append(dict(mode=mode, steps=k, seconds=report["seconds"], timed=timed,
-                              trial=True))
-            if rate > 0:
-                tr["rate"][mode] = rate
-                if timed:
-                    tr["runs"][mode].append(rate)
-            if self._trials_finished(tr):
-                self._decide(tr)
-        if left > 0:  # decided: the rest on the picked mode's kept loop
-            mode = self._trials["mode"]
-            report = self._fit_part(mode, left, progress, trace)
-            losses += report["losses"]
-            reports.append(report)
-            parts.append(dict(mode=mode, steps=left, seconds=report["seconds"], timed=False,
-                              trial=False))
-        return self._parts_result(reports, parts, losses, n, time.perf_counter() - started)
-
-    def _decide(self, tr):
-        """The pick among the trials, every mode listed simplest first: its windows' rates, or
-        why it failed, was not timed (the run layer's rule) or cannot run here."""
-        trials = []
-        for m in MODES[1:]:
-            if m not in tr["candidates"]:
-                error = self._mode_problem(m)
-            elif tr["runs"][m] or m in tr["errors"]:
-                error = tr["errors"].get(m, "")
-            else:
-                error = "not timed: " + self._untimed_reason(tr, m)
-            trials.append(dict(mode=m, runs=tr["runs"].get(m, []), error=error,
-                               steps_per_s=min(tr["runs"][m]) if tr["runs"].get(m) else None))
-        picked = _C.choose_mode(trials)
-        self._trials = dict(mode=picked["mode"], reason=picked["reason"],
-                            trials=trials, seconds=tr["seconds"],
-                            steps=tr["steps"], on_the_fits_steps=True)
-        self._trying = None
-        self._keep_decision(tr["key"])
-        for m in list(self._sessions):  # the others' loops (and graphs) go
-            if m != picked["mode"]:
-                del self._sessions[m]
-
-    def _parts_result(self, reports, parts, losses, n, seconds) -> FitResult:
-        """One FitResult of a fit made of several runs (trial parts, then the picked mode's):
-        the last run's report and table, every part listed, the setups summed."""
-        report = dict(reports[-1])
-        report.pop("losses", None)
-        table = report.pop("table")
-        setups = [r.get("setup") or {} for r in reports]
-        trials = [p for p in parts if p["trial"]]
-        setup = dict(trials_s=sum(p["seconds"] for p in trials),
-                     trial_steps=sum(p["steps"] for p in trials),
-                     prepare_s=sum(x.get("prepare_s", 0) for x in setups),
-                     capture_s=sum(x.get("capture_s", 0) for x in setups),
-                     graphs=sum(x.get("graphs", 0) for x in setups),
-                     graphs_kept=setups[-1].get("graphs_kept", 0))
-        report["parts"] = parts
-        rows = ", ".join(f"{p['mode']} {p['steps']}" + (" timed" if p["timed"] else "")
-                         for p in parts)
-        table += f"\nthis fit's runs (mode, steps): {rows}"
-        mode = self._trials["mode"] if self._trials else parts[-1]["mode"]
-        return FitResult(losses=losses, mode=mode, steps=n, seconds=seconds,
-                         steps_per_s=n / seconds if seconds > 0 else 0.0,
-                         samples_per_s=n * self.batch_size / seconds if seconds > 0 else 0.0,
-                         table=table, report=report, trials=self._trials, setup=setup)
 
     def _key_of(self, mode) -> list:
         """What the kept training loop was built from: the objects, the settings, and in a

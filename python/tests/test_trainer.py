@@ -430,9 +430,9 @@ TIMED = ["graphed", "pipelined+graphed", "graphed_k"]
 def short_trials(monkeypatch, graphed_k_step_s=1e9):
     """The trials that train, with windows of the least steps: on the CPU (where auto is
     serial) their machinery runs as on CUDA."""
-    monkeypatch.setattr(tandem.trainer, "_TRIAL_WINDOW_S", 1e-4)
-    monkeypatch.setattr(tandem.trainer, "_TRIAL_CLEARLY_SLOWER", 1.0)  # both windows, always
-    monkeypatch.setattr(tandem.trainer, "_GRAPHED_K_STEP_S", graphed_k_step_s)
+    monkeypatch.setattr(tandem._trials, "_TRIAL_WINDOW_S", 1e-4)
+    monkeypatch.setattr(tandem._trials, "_TRIAL_CLEARLY_SLOWER", 1.0)  # both windows, always
+    monkeypatch.setattr(tandem._trials, "_GRAPHED_K_STEP_S", graphed_k_step_s)
 
 
 def not_timed(trials):
@@ -449,7 +449,7 @@ def test_auto_decides_on_the_fits_own_steps_which_train(monkeypatch):
     second = t.fit(steps=100, progress=False)
     # Each timed mode: 5 warm-up steps and two timed windows of 8. The first fit: graphed's 21,
     # pipelined+graphed's 5, then 4 of a window of 8, run untimed (cut short); the windows go on.
-    per_mode = tandem.trainer._TRIAL_WARM_STEPS + 2 * tandem.trainer._TRIAL_MIN_STEPS
+    per_mode = tandem._trials._TRIAL_WARM_STEPS + 2 * tandem._trials._TRIAL_MIN_STEPS
     assert second.setup["trial_steps"] == len(TIMED) * per_mode + 4 - 30
     assert t.trials["on_the_fits_steps"] and t.trials["mode"] in TIMED
     assert second.mode == t.trials["mode"]
@@ -524,10 +524,10 @@ def test_the_kept_decisions_can_be_turned_off(monkeypatch, tmp_path):
 def test_a_mode_clearly_slower_in_its_first_window_gets_no_second(monkeypatch):
     short_trials(monkeypatch)
     # Every first window counts as far below the fastest: one window a mode.
-    monkeypatch.setattr(tandem.trainer, "_TRIAL_CLEARLY_SLOWER", -1.0)
+    monkeypatch.setattr(tandem._trials, "_TRIAL_CLEARLY_SLOWER", -1.0)
     t = trying_trainer()
     result = t.fit(steps=80, progress=False)
-    per_mode = tandem.trainer._TRIAL_WARM_STEPS + tandem.trainer._TRIAL_MIN_STEPS
+    per_mode = tandem._trials._TRIAL_WARM_STEPS + tandem._trials._TRIAL_MIN_STEPS
     assert result.setup["trial_steps"] == len(TIMED) * per_mode
     assert all(len(trial["runs"]) == 1 for trial in t.trials["trials"] if trial["mode"] in TIMED)
     assert t.trials["mode"] in TIMED
@@ -551,7 +551,7 @@ def test_a_step_of_one_stage_times_graphed_alone_in_one_window(monkeypatch):
         return t, t.fit(steps=40, progress=False)
 
     t, result = fit("auto")
-    per_mode = tandem.trainer._TRIAL_WARM_STEPS + tandem.trainer._TRIAL_MIN_STEPS
+    per_mode = tandem._trials._TRIAL_WARM_STEPS + tandem._trials._TRIAL_MIN_STEPS
     assert result.setup["trial_steps"] == per_mode and t.trials["mode"] == "graphed"
     untimed = not_timed(t.trials["trials"])
     assert set(untimed) == {"serial", "pipelined", "pipelined+graphed", "graphed_k"}, untimed

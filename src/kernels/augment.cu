@@ -24,12 +24,12 @@
 // (weights in registers, loops unrolled); other values run the same code with the sizes read at
 // run time. A tile whose window or tables do not fit (only extreme downscaling makes them that
 // large) samples with the plain per-pixel arithmetic from global memory. The profiles of
-// earlier versions (NOTES.md) were bound first by instruction issue (integer address work,
-// integer-to-float conversions, unfused multiply-adds), then by shared-memory wavefronts (a
-// window of 16-byte float pixels: four 16-byte loads per sampled pixel), then by the integer
-// pipe (a window of byte pixels: a byte permute per value), then — with texture gathers — by
-// the latency of each pixel's gathers, and now (v14: the three in flight together) by
-// instruction issue again, 76% of the issue slots busy (NOTES.md).
+// earlier versions (docs/notes/augment-kernel.md) were bound first by instruction issue (integer
+// address work, integer-to-float conversions, unfused multiply-adds), then by shared-memory
+// wavefronts (a window of 16-byte float pixels: four 16-byte loads per sampled pixel), then by the
+// integer pipe (a window of byte pixels: a byte permute per value), then — with texture gathers —
+// by the latency of each pixel's gathers, and now (v14: the three in flight together) by
+// instruction issue again, 76% of the issue slots busy (docs/notes/augment-kernel.md).
 #include <algorithm>
 #include <string>
 
@@ -302,7 +302,8 @@ __device__ __forceinline__ void sample_by_gathers(const AugmentLaunch& a, const 
   const float row_origin = static_cast<float>(first_row + p.top + 1);
   // The sizes the loop compares against are Geometry's floats, kernel-parameter operands (not
   // converted here), and the taps' clamp is a min (not a branch): so the compiler keeps a
-  // pixel's three gathers in flight together within 32 registers (NOTES.md, v14).
+  // pixel's three gathers in flight together within 32 registers (docs/notes/augment-kernel.md,
+  // v14).
 #pragma unroll 1
   for (int idx = t.tid; idx < t.halo; idx += kThreads) {
     const int ly = idx / halo_w, lx = idx - ly * halo_w, at = ly * sampled_w + lx;
@@ -481,9 +482,9 @@ __device__ __forceinline__ void blur_columns_and_write(const AugmentLaunch& a,
 // texture gathers (a.textures; three channels, a compiled blur size) instead of staging the window.
 // Blocks per SM: eight with texture gathers (32 registers, no spills, 19 KB of shared memory),
 // a pixel's three gathers in flight together (v12 had them one and then two at 32 registers,
-// together only at 40, six blocks: NOTES.md, v14); six for the staged window with a compiled
-// blur size (40 registers; its shared memory allows six too); five for a blur size known only
-// at run time, whose extra index arithmetic would spill.
+// together only at 40, six blocks: docs/notes/augment-kernel.md, v14); six for the staged window
+// with a compiled blur size (40 registers; its shared memory allows six too); five for a blur size
+// known only at run time, whose extra index arithmetic would spill.
 template <int kTaps, int kChannels, bool kGather>
 __global__ void __launch_bounds__(kThreads, kGather ? 8 : (kTaps > 0 ? 6 : 5))
     augment_kernel(AugmentLaunch a) {

@@ -27,7 +27,7 @@ struct Geometry {
   float shift_y, shift_x;  ///< 0.5 * scale - 0.5: resized index i reads at i * scale + shift
   float half_h, half_w;    ///< out / 2: the image centre, from a pixel edge
   // The sizes as floats, for the kernel's sampling loop: it reads them from its parameters as
-  // operands, where values it computed would hold registers (NOTES.md, v14).
+  // operands, where values it computed would hold registers (docs/notes/augment-kernel.md, v14).
   float out_h_f, out_w_f;    ///< out_h, out_w
   float last_row, last_col;  ///< crop_h - 1, crop_w - 1: the crop's last source index
 };

@@ -56,8 +56,8 @@ TEST(GraphGpuTest, CaptureDoesNotExecuteReplayDoes) {
 // A replay runs at the priority of the stream it is launched into, as eager kernels do: the
 // graph is instantiated without cudaGraphInstantiateFlagUseNodePriority (LibTorch's choice),
 // whose per-node priorities CUDA honours only as a hint (seg's decoder graph on a high-priority
-// lane ran 7% slower with it, NOTES.md). Graphs with cuBLAS and cuDNN kernels replay correctly
-// on a high- and on a normal-priority lane.
+// lane ran 7% slower with it, docs/notes/pipeline-and-graphs.md). Graphs with cuBLAS and cuDNN
+// kernels replay correctly on a high- and on a normal-priority lane.
 TEST(GraphGpuTest, GraphsRunAtTheirLanesPriorityNotTheirNodes) {
   TANDEM_SKIP_WITHOUT_CUDA();
   for (LanePriority priority : {LanePriority::kHigh, LanePriority::kNormal}) {

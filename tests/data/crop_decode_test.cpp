@@ -2,8 +2,8 @@
 // which the crop (not the whole image) keeps the output size, against torchvision's way — the
 // full-resolution decode, the box cut from it, resized to 224 — and against a whole-image scaled
 // decode with the box cut afterwards (which enlarges a small box of a large photo). The PSNRs
-// are printed (and stated in NOTES); the test holds the region decode to >= 30 dB everywhere and
-// well above the whole-image decode where that one enlarges.
+// are printed (and stated in docs/notes/cpu-decode.md); the test holds the region decode to
+// >= 30 dB everywhere and well above the whole-image decode where that one enlarges.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -746,7 +746,7 @@ TEST(EngineSplitTest, TheAugmentStagePutsEachSidesCropsInItsRows) {
 // at 224 px. The crops of the shrunk photo against torchvision's crops of the original (the
 // full-resolution decode, the box cut, resized to 224), and against the crops of the same photo
 // shrunk to a fixed shorter side of 256 px (FFCV's way), which enlarges the small boxes. The PSNRs
-// are printed (and stated in NOTES).
+// are printed (and stated in docs/notes/cpu-decode.md).
 TEST(ShrinkTest, TheKeptSizeHoldsTheSmallestCropAtTheModelsSize) {
   const KeptSize k = kept_size(224);
   EXPECT_EQ(k.min_area, 836267);  // 224^2 / (0.08 * 3/4), rounded up

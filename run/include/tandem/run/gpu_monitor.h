@@ -22,9 +22,9 @@ namespace tandem::run {
 /// nvmlDeviceGetSamples reads; each sample is the percentage of its period during which at least
 /// one kernel ran — a busy-ness measure, not an SM occupancy measure. The reader only collects
 /// those samples, so it can be slow: a run with an NVML call every 20 ms measured 2% slower
-/// (mlp on the H200, NOTES.md) than the same run without. Where the driver keeps no samples,
-/// the reader falls back to nvmlDeviceGetUtilizationRates (the last period's figure) on each
-/// wake-up; a run shorter than one period gets one such reading at stop().
+/// (mlp on the H200, docs/notes/pipeline-and-graphs.md) than the same run without. Where the driver
+/// keeps no samples, the reader falls back to nvmlDeviceGetUtilizationRates (the last period's
+/// figure) on each wake-up; a run shorter than one period gets one such reading at stop().
 class GpuMonitor {
  public:
   /// `library` is the NVML shared object to load (tests pass a missing one).

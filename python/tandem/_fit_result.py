@@ -1,0 +1,40 @@
+"""What Trainer.fit and Trainer.benchmark return."""
+import dataclasses
+from typing import List, Optional
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What a fit (or a benchmark) did. ``report`` is the CLI's JSON report (`tandem bench
+    --json`): per-stage host and device times, the floor (the slowest stage) and efficiency,
+    GPU utilization, the runner's notes. ``print(result)`` shows the CLI's table."""
+    losses: List[float]
+    mode: str
+    steps: int
+    seconds: float
+    steps_per_s: float
+    samples_per_s: float
+    report: dict
+    table: str
+    trials: Optional[dict] = None  # mode auto: every mode's trial rate and why one was picked
+    # What this call paid besides its steps: trials_s (mode auto's trials in this call: on CUDA
+    # in fit, the seconds of its own steps that ran as trials, trial_steps of them, which
+    # trained; on timed copies elsewhere; 0 once decided), prepare_s (the runs' loader, lanes
+    # and pipeline), capture_s (their CUDA graphs recorded and instantiated), graphs (how many)
+    # and graphs_kept (an earlier fit's, replayed from this one's first step).
+    setup: Optional[dict] = None
+    # A fit with a run folder: every epoch's record (metrics.jsonl's rows, a resumed run's
+    # earlier ones included), the final weights' file and the newest checkpoint's folder.
+    epochs: Optional[List[dict]] = None
+    weights: Optional[str] = None
+    checkpoint: Optional[str] = None
+
+    def __str__(self) -> str:
+        text = self.table
+        if self.trials:
+            rows = ", ".join(f"{t['mode']} {t['steps_per_s']:.1f}" if t["steps_per_s"]
+                             else f"{t['mode']} " + ("not timed" if (t.get("error") or "").startswith(
+                                 "not timed") else "failed") for t in self.trials["trials"])
+            text += f"\nauto: {self.trials['reason']}" + (f" (trials, steps/s: {rows})"
+                                                          if rows else "")
+        return text
