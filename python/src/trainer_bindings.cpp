@@ -180,6 +180,13 @@ void bind_trainer(py::module_& m) {
         "Mode auto's pick among measured trials ({mode, runs, error} each), by the run layer's "
         "rule: the simplest mode within the trials' noise of the fastest");
   m.def(
+      "default_loader_workers",
+      [](const std::string& device) {
+        return tandem::run::default_loader_workers(c10::Device(device));
+      },
+      py::arg("device"),
+      "Loader threads when none are given: the run layer's one rule (request.h), the CLI's too");
+  m.def(
       "trial_order",
       [] {
         std::vector<std::string> names;

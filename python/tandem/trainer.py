@@ -221,7 +221,8 @@ class Trainer(_TrialsThatTrain):
             choose_mode() and benchmark() time copies of your modules.
         batch_size: samples per step from a dataset.
         input / target: the data's field names (default: its first two).
-        workers: loader threads (default 8 on CUDA, 2 on the CPU, at most the cores less one).
+        workers: loader threads (default, as the CLI's: on CUDA the cores less one, at most 15,
+            shared by this machine's ranks; 2 on the CPU).
         shuffle / drop_last / seed: the dataset's order per epoch (PyTorch's DistributedSampler
             order), augmentation's generator.
         skip_bad: leave samples that fail to load out and report them.
@@ -288,10 +289,8 @@ class Trainer(_TrialsThatTrain):
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         if self.world_size > 1:
             distributed._check_device(self.device)
-        cores = os.cpu_count() or 2  # shared by the ranks on this machine
-        self.workers = whole("workers", workers, 1) if workers is not None else max(
-            1, min(8 if self.device.type == "cuda" else 2,
-                   (cores - 1) // distributed.local_world_size()))
+        self.workers = (whole("workers", workers, 1) if workers is not None
+                        else _C.default_loader_workers(str(self.device)))
 
         self._feeds = _named_feeds(feed)
 

@@ -5,6 +5,7 @@ CPU tests run in CI; the CUDA ones skip without a GPU (benchmarks/gpu_check.py p
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -724,3 +725,18 @@ def test_every_mode_of_the_librarys_table_is_offered_and_accepted():
     with pytest.raises(ValueError, match="pipelined_graphed"):
         tandem.Trainer(head, nn.CrossEntropyLoss(), torch.optim.SGD(head.parameters(), lr=0.1),
                        data=data, mode="pipelined_graphed")
+
+
+def test_the_loader_workers_default_is_the_clis(tmp_path):
+    # One rule for every front end: the Trainer's default is the run layer's, which `tandem
+    # bench` resolves to for the same device.
+    t, _, _ = trainer("cpu", "serial")
+    assert t.workers == tandem._C.default_loader_workers("cpu") == 2
+    cli = os.environ.get("TANDEM_CLI") or os.path.join(
+        os.path.dirname(__file__), "..", "..", "build", "tandem")
+    if not os.path.exists(cli):
+        pytest.skip("no tandem CLI (TANDEM_CLI or build/tandem)")
+    out = tmp_path / "bench.json"
+    subprocess.run([cli, "bench", "--workload", "mlp", "--device", "cpu", "--steps", "1",
+                    "--warmup", "0", "--json", str(out)], check=True, capture_output=True)
+    assert json.loads(out.read_text())["workers"] == t.workers

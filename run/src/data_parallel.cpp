@@ -13,14 +13,6 @@
 
 namespace tandem::run {
 
-int default_loader_workers(c10::Device device, int most) {
-  if (!device.is_cuda()) return 2;
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const std::optional<distributed::LaunchEnv> env = distributed::launch_env_from_environment();
-  const int local_ranks = env ? std::max(1, env->local_world_size) : 1;
-  return std::max(1, std::min(most, (cores - 1) / local_ranks));
-}
-
 std::shared_ptr<distributed::ProcessGroup> join_data_parallel(
     const std::string& device_flag, const distributed::ProcessGroupOptions& options) {
   const std::optional<distributed::LaunchEnv> env = distributed::launch_env_from_environment();

@@ -1,9 +1,13 @@
 // A run's request: its defaults, its checks, and the core's options it becomes.
 #include "tandem/run/request.h"
 
+#include <algorithm>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include "tandem/cuda_wait.h"
+#include "tandem/distributed/launch_env.h"
 #include "tandem/error.h"
 #include "tandem/hardware_queues.h"
 #include "tandem/loader.h"
@@ -42,6 +46,14 @@ RunMode parse_run_mode(const std::string& name) {
   throw InvalidArgument("mode '" + name + "' is not valid: expected " + join_choices(names));
 }
 
+int default_loader_workers(const c10::Device& device, int most) {
+  if (!device.is_cuda()) return 2;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const std::optional<distributed::LaunchEnv> env = distributed::launch_env_from_environment();
+  const int local_ranks = env ? std::max(1, env->local_world_size) : 1;
+  return std::max(1, std::min(most, (cores - 1) / local_ranks));
+}
+
 RunRequest resolve(RunRequest o) {
   TANDEM_CHECK_ARG(static_cast<bool>(o.workload.make),
                    "no workload to run: set RunRequest::workload (a WorkloadEntry)");
@@ -53,7 +65,7 @@ RunRequest resolve(RunRequest o) {
                                                         : o.workload.cpu_batch_size);
   o.steps = o.steps.value_or(d.steps);
   o.warmup = o.warmup.value_or(d.warmup);
-  o.workers = o.workers.value_or(d.workers);
+  o.workers = o.workers.value_or(default_loader_workers(device));
   o.cudnn_benchmark = o.cudnn_benchmark.value_or(device.is_cuda());
   parse_lane_priority(o.train_priority, "train");
   parse_lane_priority(o.input_priority, "input");

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tandem/run/resolve_mode.h"
@@ -56,6 +58,17 @@ TEST(RunRequestTest, TheCoreOptionsCarryTheRequestsFields) {
   EXPECT_EQ(ro.first_step, 40);
   EXPECT_EQ(ro.train_priority, LanePriority::kNormal);
   EXPECT_EQ(ro.input_priority, LanePriority::kHigh);
+}
+
+TEST(RunRequestTest, TheLoaderWorkersHaveOneDefaultForEveryFrontEnd) {
+  // On the CPU 2; on a GPU the cores less one, at most 15 (no launch: one rank here).
+  EXPECT_EQ(default_loader_workers(c10::Device("cpu")), 2);
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(default_loader_workers(c10::Device("cuda")), std::max(1, std::min(15, cores - 1)));
+  EXPECT_EQ(default_loader_workers(c10::Device("cuda"), 1), 1);
+  RunRequest r = small_mlp_request();
+  r.workers.reset();
+  EXPECT_EQ(resolve(r).workers, default_loader_workers(c10::Device(resolve(r).device)));
 }
 
 TEST(RunRequestTest, ResolveNamesABadValue) {

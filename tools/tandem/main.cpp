@@ -143,7 +143,8 @@ struct RunFlags {
     warmup_opt = app->add_option("--warmup", warmup,
                                  "untimed warm-up steps [default: 10 on a GPU, 1 on the CPU]");
     workers_opt = app->add_option("--workers", workers,
-                                  "loader worker threads [default: 8 on a GPU, 2 on the CPU]");
+                                  "loader worker threads [default: on a GPU the cores less one, "
+                                  "at most 15, shared by a machine's ranks; 2 on the CPU]");
     app->add_option("--seed", options.seed, "seed for models and data")->capture_default_str();
     app->add_option("--data", options.data,
                     "a folder the workload reads (workload images: an ImageFolder, one "

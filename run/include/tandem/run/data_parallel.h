@@ -26,12 +26,6 @@ std::shared_ptr<distributed::ProcessGroup> join_data_parallel(
     const std::string& device_flag,
     const distributed::ProcessGroupOptions& options = distributed::options_from_environment());
 
-/// Loader threads for a process training on `device` when the user gives no count: on a GPU
-/// the machine's cores less one (at most `most`), shared by the LOCAL_WORLD_SIZE ranks of this
-/// machine when a launch describes them (two ranks on 16 cores: 7 each, not 15 each fighting for
-/// the same cores); 2 on the CPU.
-int default_loader_workers(c10::Device device, int most = 15);
-
 /// Makes `request` run as this rank of `group`: device, rank, world size, progress and GPU
 /// monitor on rank 0 only, and the hook that makes each instance data parallel. No group:
 /// nothing. Mode auto then resolves through resolve_mode_as_rank.

@@ -53,7 +53,7 @@ struct RunRequest {
   std::optional<int64_t> batch_size;
   std::optional<int64_t> steps;   ///< timed steps
   std::optional<int64_t> warmup;  ///< untimed steps before them
-  std::optional<int> workers;     ///< loader worker threads
+  std::optional<int> workers;     ///< loader worker threads (default_loader_workers)
   /// Let cuDNN time its algorithms on the first steps and keep the fastest (PyTorch's
   /// cudnn.benchmark). Default: on with CUDA. Tests that need bitwise repeatability turn it off.
   std::optional<bool> cudnn_benchmark;
@@ -121,10 +121,17 @@ struct RunHooks {
 /// in seconds. (The batch size is the workload's: WorkloadEntry::gpu_batch_size / cpu_batch_size.)
 struct RunDefaults {
   int64_t steps, warmup;
-  int workers;
 };
-constexpr RunDefaults kGpuRunDefaults{100, 10, 8};
-constexpr RunDefaults kCpuRunDefaults{4, 1, 2};
+constexpr RunDefaults kGpuRunDefaults{100, 10};
+constexpr RunDefaults kCpuRunDefaults{4, 1};
+
+/// Loader threads for a process training on `device` when the user gives no count — the one
+/// rule of every front end (`tandem bench`, `tandem train`, tandem.Trainer): on a GPU the
+/// machine's cores less one (at most `most`), shared by the LOCAL_WORLD_SIZE ranks of this
+/// machine when a launch describes them (two ranks on 16 cores: 7 each, not 15 each fighting for
+/// the same cores); 2 on the CPU. Why so many on a GPU: a loader that decodes photos is bound by
+/// its cores (ResNet-50 from 1000–2000 px JPEGs on 15 cores), and idle workers cost nothing.
+int default_loader_workers(const c10::Device& device, int most = 15);
 
 /// Fills the defaults for the chosen device and validates everything (counts bounded: at most
 /// kMaxLoaderWorkers loader threads, loader.h), before anything is built; throws InvalidArgument
