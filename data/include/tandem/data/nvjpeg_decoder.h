@@ -147,7 +147,7 @@ class NvjpegDecoder {
   int device() const { return device_; }
 
  private:
-  struct State;  // nvJPEG handles, states and staging (nvjpeg_decoder.cpp)
+  struct State;  // nvJPEG handles, states and staging (nvjpeg_state.h)
   NvjpegDecoder(int device, std::unique_ptr<State> state);
 
   int device_;
