@@ -13,7 +13,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "tandem/gradient_sync.h"
+#include "tandem/detail/gradient_sync.h"
 
 namespace tandem {
 

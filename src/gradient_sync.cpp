@@ -1,5 +1,5 @@
 // GradientSync::current() and its Scope (gradient_sync.h).
-#include "tandem/gradient_sync.h"
+#include "tandem/detail/gradient_sync.h"
 
 namespace tandem {
 

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/detail/lane.h"
 #include "tandem/error.h"
-#include "tandem/lane.h"
 
 namespace tandem {
 

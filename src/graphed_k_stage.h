@@ -11,7 +11,7 @@
 
 #include "graph.h"
 #include "graphed_stage.h"
-#include "tandem/lane.h"
+#include "tandem/detail/lane.h"
 
 namespace tandem {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "graph.h"
-#include "tandem/lane.h"
+#include "tandem/detail/lane.h"
 #include "tandem/mode.h"  // kGraphWarmupSteps
 
 namespace tandem {

@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "tandem/batch.h"
-#include "tandem/lane.h"
+#include "tandem/detail/batch.h"
+#include "tandem/detail/lane.h"
 
 namespace tandem {
 

@@ -1,7 +1,7 @@
 // KeptThreads: a registry of long-lived threads by role, each running one task at a time from a
 // fresh thread-local state. Written by hand: a thread pool would hand a task to any thread, but
 // what is kept here (a thread's autotuned plans) belongs to the thread that ran the role before.
-#include "tandem/kept_threads.h"
+#include "tandem/detail/kept_threads.h"
 
 #include <ATen/ThreadLocalState.h>
 #include <pthread.h>
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "tandem/thread_name.h"
+#include "tandem/detail/thread_name.h"
 
 namespace tandem::detail {
 

@@ -1,5 +1,5 @@
 // Lanes (named streams), the device choice, and the CUDA error helper they all use.
-#include "tandem/lane.h"
+#include "tandem/detail/lane.h"
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>

@@ -16,10 +16,10 @@
 #include <thread>
 #include <utility>
 
+#include "tandem/detail/thread_name.h"
+#include "tandem/detail/thread_sched.h"
 #include "tandem/error.h"
 #include "tandem/sampler.h"
-#include "tandem/thread_name.h"
-#include "tandem/thread_sched.h"
 
 namespace tandem {
 

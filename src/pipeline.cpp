@@ -13,7 +13,7 @@
 #include <limits>
 #include <mutex>
 
-#include "tandem/kept_threads.h"
+#include "tandem/detail/kept_threads.h"
 
 namespace tandem {
 

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "handoff.h"
-#include "tandem/batch.h"
+#include "tandem/detail/batch.h"
+#include "tandem/detail/lane.h"
+#include "tandem/detail/stage_timing.h"
+#include "tandem/detail/trace.h"
 #include "tandem/error.h"
-#include "tandem/lane.h"
-#include "tandem/stage_timing.h"
-#include "tandem/trace.h"
 
 namespace tandem {
 

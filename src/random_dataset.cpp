@@ -7,8 +7,8 @@
 #include <limits>
 #include <set>
 
+#include "tandem/detail/sample_rng.h"
 #include "tandem/error.h"
-#include "tandem/sample_rng.h"
 
 namespace tandem {
 

@@ -1,7 +1,7 @@
 // The thread-name registry: pthread_setname_np for the system, a map for the profile's summary
 // (a thread's name can also be read from /proc, but only while it lives and only by its kernel
 // id; the map answers for either id after the thread ended).
-#include "tandem/thread_name.h"
+#include "tandem/detail/thread_name.h"
 
 #include <pthread.h>
 #include <sys/syscall.h>

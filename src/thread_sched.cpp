@@ -1,5 +1,5 @@
 // The calling thread and the scheduler: see thread_sched.h.
-#include "tandem/thread_sched.h"
+#include "tandem/detail/thread_sched.h"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>

@@ -1,5 +1,5 @@
 // The Chrome-trace writer: spans collected from any thread, written as one JSON file.
-#include "tandem/trace.h"
+#include "tandem/detail/trace.h"
 
 #include <cerrno>
 #include <cstdio>

@@ -13,9 +13,9 @@
 #include <thread>
 
 #include "tandem/data/decode.h"
+#include "tandem/detail/thread_name.h"
+#include "tandem/detail/thread_sched.h"
 #include "tandem/error.h"
-#include "tandem/thread_name.h"
-#include "tandem/thread_sched.h"
 
 namespace tandem::data {
 

@@ -1,7 +1,6 @@
 // ImageFolderDataset: the file index (torchvision's find_classes + make_dataset order) and the
 // per-sample load.
 #include "tandem/data/image_folder.h"
-#include "tandem/data/image_mask_pairs.h"
 
 #include <ATen/ops/empty.h>
 #include <sys/types.h>
@@ -21,9 +20,10 @@
 #include "posix_fs.h"
 #include "tandem/data/decode.h"
 #include "tandem/data/engine_share.h"
+#include "tandem/data/image_mask_pairs.h"
+#include "tandem/detail/thread_sched.h"
 #include "tandem/error.h"
 #include "tandem/resized_crop.h"
-#include "tandem/thread_sched.h"
 
 namespace tandem::data {
 namespace {

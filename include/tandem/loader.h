@@ -19,9 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/batch.h"
-#include "tandem/lane.h"
-#include "tandem/trace.h"
+#include "tandem/detail/batch.h"
+#include "tandem/detail/lane.h"
+#include "tandem/detail/trace.h"
 
 namespace tandem {
 

@@ -24,11 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "tandem/detail/lane.h"
+#include "tandem/detail/stage_timing.h"
+#include "tandem/detail/trace.h"
 #include "tandem/error.h"
-#include "tandem/lane.h"
 #include "tandem/mode.h"
-#include "tandem/stage_timing.h"
-#include "tandem/trace.h"
 #include "tandem/workload.h"
 
 namespace tandem {

@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "tandem/batch.h"
-#include "tandem/gradient_sync.h"
+#include "tandem/detail/batch.h"
+#include "tandem/detail/gradient_sync.h"
 #include "tandem/loader.h"
 #include "tandem/optim.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "py_dataset.h"
-#include "tandem/lane.h"
+#include "tandem/detail/lane.h"
 #include "tandem/loader.h"
 #include "tandem/random_dataset.h"
 #include "tandem/sampler.h"

@@ -27,11 +27,11 @@
 
 #include "job.h"
 #include "python_workload.h"
+#include "tandem/detail/trace.h"
 #include "tandem/run/data_parallel.h"
 #include "tandem/run/gpu_monitor.h"
 #include "tandem/run/progress.h"
 #include "tandem/run/report.h"
-#include "tandem/trace.h"
 #include "tandem/train/report.h"
 #include "tandem/train/trainer.h"
 

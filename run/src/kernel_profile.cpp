@@ -9,8 +9,8 @@
 #include <map>
 #include <sstream>
 
+#include "tandem/detail/thread_name.h"
 #include "tandem/error.h"
-#include "tandem/thread_name.h"
 
 namespace tandem::run {
 

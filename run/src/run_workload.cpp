@@ -9,8 +9,8 @@
 #include <memory>
 
 #include "tandem/cuda_wait.h"
+#include "tandem/detail/lane.h"
 #include "tandem/error.h"
-#include "tandem/lane.h"
 #include "tandem/run/gpu_monitor.h"
 #include "tandem/run/progress.h"
 #include "tandem/runner.h"

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "augment_math.h"
-#include "tandem/sample_rng.h"
+#include "tandem/detail/sample_rng.h"
 
 namespace tandem::augment_math {
 

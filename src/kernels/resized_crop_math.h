@@ -11,7 +11,7 @@
 #endif
 
 #include "augment_math.h"
-#include "tandem/sample_rng.h"
+#include "tandem/detail/sample_rng.h"
 
 namespace tandem::crop_math {
 

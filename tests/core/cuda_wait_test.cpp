@@ -10,8 +10,8 @@
 
 #include <chrono>
 
+#include "tandem/detail/thread_sched.h"
 #include "tandem/error.h"
-#include "tandem/thread_sched.h"
 #include "test_util.h"
 
 namespace tandem {

@@ -12,7 +12,7 @@
 
 #include <functional>
 
-#include "tandem/gradient_sync.h"
+#include "tandem/detail/gradient_sync.h"
 #include "test_util.h"
 
 namespace tandem {

@@ -2,7 +2,7 @@
 // stays), concurrent tasks of a role get threads of their own, each task starts from a fresh
 // thread-local state, and what a task throws reaches its caller. The pipeline runs its stages
 // on them: the same thread for a stage's role in every run and every mode.
-#include "tandem/kept_threads.h"
+#include "tandem/detail/kept_threads.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "pipeline.h"
-#include "tandem/batch.h"
+#include "tandem/detail/batch.h"
 #include "test_support.h"
 
 namespace tandem {

@@ -2,7 +2,7 @@
 // value; a CPU lane is the calling thread (its waits are no-ops); a CUDA lane is a stream of its
 // own whose waits order work without a host sync. Asking for CUDA's most hardware queues keeps a
 // value the user set, and the variable is read as CUDA reads it.
-#include "tandem/lane.h"
+#include "tandem/detail/lane.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/Sleep.h>

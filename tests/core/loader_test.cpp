@@ -18,9 +18,9 @@
 #include <string>
 #include <thread>
 
+#include "tandem/detail/sample_rng.h"
+#include "tandem/detail/thread_sched.h"
 #include "tandem/error.h"
-#include "tandem/sample_rng.h"
-#include "tandem/thread_sched.h"
 
 namespace tandem {
 namespace {

@@ -1,6 +1,6 @@
 // The calling thread and the scheduler: CPU time accrues while the thread computes and not while
 // it sleeps; a thread lowers its own priority alone, never raises it, and the bounds hold.
-#include "tandem/thread_sched.h"
+#include "tandem/detail/thread_sched.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>

@@ -1,7 +1,7 @@
 // The trace: valid Chrome-trace JSON, one track per lane, no overlapping intervals on a lane,
 // stage names as the pipeline's. On the CPU (host intervals) and on the GPU (event intervals).
 // Writing it reports every failure, even one that only the final flush sees.
-#include "tandem/trace.h"
+#include "tandem/detail/trace.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/Sleep.h>

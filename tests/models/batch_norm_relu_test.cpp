@@ -11,7 +11,7 @@
 #include <iostream>
 #include <string>
 
-#include "tandem/autocast.h"
+#include "tandem/detail/autocast.h"
 #include "tandem/error.h"
 #include "tandem/models/resnet.h"
 #include "test_util.h"

@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tandem/autocast.h"
+#include "tandem/detail/autocast.h"
 #include "tandem/error.h"
 #include "test_util.h"
 

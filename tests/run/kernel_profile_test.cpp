@@ -9,7 +9,7 @@
 
 #include <thread>
 
-#include "tandem/thread_name.h"
+#include "tandem/detail/thread_name.h"
 
 namespace tandem::run {
 namespace {

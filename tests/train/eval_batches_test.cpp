@@ -16,7 +16,7 @@
 #include "evaluation_thread.h"
 #include "job_util.h"
 #include "kept_samples.h"
-#include "tandem/lane.h"
+#include "tandem/detail/lane.h"
 #include "tandem/random_dataset.h"
 
 namespace tandem::train {

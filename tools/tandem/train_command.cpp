@@ -22,15 +22,15 @@
 #include "data_parallel.h"
 #include "tandem/cuda_wait.h"
 #include "tandem/data/shrink.h"
+#include "tandem/detail/lane.h"
+#include "tandem/detail/thread_sched.h"  // kMaxNice
 #include "tandem/error.h"
-#include "tandem/lane.h"
 #include "tandem/loader.h"  // kMaxLoaderWorkers
 #include "tandem/mode.h"
 #include "tandem/models/resnet.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/run/report.h"  // device_name
 #include "tandem/run/resolve_mode.h"
-#include "tandem/thread_sched.h"  // kMaxNice
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/report.h"
 #include "tandem/train/trainer.h"

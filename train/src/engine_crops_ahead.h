@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tandem/data/engine_split.h"
-#include "tandem/lane.h"
+#include "tandem/detail/lane.h"
 #include "tandem/resized_crop.h"
 
 namespace tandem::train::detail {

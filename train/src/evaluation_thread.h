@@ -5,14 +5,14 @@
 // The Trainer evaluates from the train stage's thread between steps, but the last epoch's
 // evaluation comes after the pipeline's steps have ended, from the caller's thread: there it
 // re-tuned every convolution, 1-2 s where the epoch before took 0.03-0.1 s (H200, ResNet-18 and
-// -50, 300 images). The "evaluate" role's kept thread (tandem/kept_threads.h) keeps the plans of
-// the first evaluation for every later one, of this run and of the next.
+// -50, 300 images). The "evaluate" role's kept thread (tandem/detail/kept_threads.h) keeps the
+// plans of the first evaluation for every later one, of this run and of the next.
 #pragma once
 
 #include <functional>
 
-#include "tandem/kept_threads.h"
-#include "tandem/lane.h"
+#include "tandem/detail/kept_threads.h"
+#include "tandem/detail/lane.h"
 
 namespace tandem::train::detail {
 

@@ -9,7 +9,7 @@
 
 #include "engine_crops_ahead.h"
 #include "job_util.h"
-#include "tandem/batch.h"
+#include "tandem/detail/batch.h"
 
 namespace tandem::train::detail {
 

@@ -8,9 +8,9 @@
 #include <functional>
 #include <memory>
 
-#include "tandem/autocast.h"
 #include "tandem/data/engine_split.h"
-#include "tandem/lane.h"
+#include "tandem/detail/autocast.h"
+#include "tandem/detail/lane.h"
 #include "tandem/loader.h"
 #include "tandem/models/folded_resnet.h"
 #include "tandem/models/resnet.h"

@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "tandem/batch.h"
+#include "tandem/detail/batch.h"
+#include "tandem/detail/lane.h"
 #include "tandem/error.h"
-#include "tandem/lane.h"
 #include "tandem/loader.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/train/checkpoint.h"

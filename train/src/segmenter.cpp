@@ -5,9 +5,9 @@
 #include <torch/utils.h>
 
 #include "job_util.h"
-#include "tandem/autocast.h"
-#include "tandem/batch.h"
 #include "tandem/data/image_mask_pairs.h"
+#include "tandem/detail/autocast.h"
+#include "tandem/detail/batch.h"
 #include "tandem/error.h"
 #include "tandem/models/fcn.h"
 #include "tandem/train/classifier.h"

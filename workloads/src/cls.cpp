@@ -5,10 +5,10 @@
 #include <torch/utils.h>
 
 #include "tandem/augmented_dataset.h"
+#include "tandem/detail/sample_rng.h"
 #include "tandem/error.h"
 #include "tandem/models/reference_nets.h"
 #include "tandem/optim.h"
-#include "tandem/sample_rng.h"
 #include "tandem/workloads/registry.h"
 #include "tandem/workloads/seg.h"
 

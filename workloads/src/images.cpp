@@ -16,12 +16,12 @@
 #include "tandem/data/engine_split.h"
 #include "tandem/data/image_folder.h"
 #include "tandem/data/nvjpeg_decoder.h"
+#include "tandem/detail/thread_sched.h"
 #include "tandem/error.h"
 #include "tandem/models/folded_resnet.h"
 #include "tandem/models/resnet.h"
 #include "tandem/optim.h"
 #include "tandem/resized_crop.h"
-#include "tandem/thread_sched.h"
 #include "tandem/workloads/registry.h"
 
 namespace tandem {

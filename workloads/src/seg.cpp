@@ -7,9 +7,9 @@
 #include <cstring>
 #include <memory>
 
+#include "tandem/detail/sample_rng.h"
 #include "tandem/error.h"
 #include "tandem/models/reference_nets.h"
-#include "tandem/sample_rng.h"
 #include "tandem/workloads/registry.h"
 
 namespace tandem {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/thread_sched.h"
+#include "tandem/detail/thread_sched.h"
 
 namespace tandem::data {
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/detail/gradient_sync.h"
 #include "tandem/distributed/process_group.h"
-#include "tandem/gradient_sync.h"
 #include "tandem/workload.h"
 
 namespace tandem::distributed {

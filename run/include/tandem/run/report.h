@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "tandem/detail/stage_timing.h"
 #include "tandem/run/kernel_profile.h"
 #include "tandem/run/request.h"
-#include "tandem/stage_timing.h"
 
 namespace tandem::run {
 

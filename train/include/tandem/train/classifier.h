@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <string>
 
-#include "tandem/autocast.h"
+#include "tandem/detail/autocast.h"
 #include "tandem/train/trainer.h"
 
 namespace tandem::train {

@@ -23,14 +23,14 @@
 #include <string>
 #include <vector>
 
+#include "tandem/detail/lane.h"
+#include "tandem/detail/stage_timing.h"
 #include "tandem/error.h"
-#include "tandem/lane.h"
 #include "tandem/loader.h"
 #include "tandem/mode.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/optim.h"
 #include "tandem/runner.h"  // RunSetup
-#include "tandem/stage_timing.h"
 #include "tandem/workload.h"
 
 namespace tandem {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/autocast.h"
+#include "tandem/detail/autocast.h"
 #include "tandem/workload.h"
 
 namespace tandem {
