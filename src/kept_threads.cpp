@@ -21,9 +21,14 @@ namespace tandem::detail {
 
 namespace {
 
+// The kept thread this is (its role and its fresh state), for run_on_kept_thread; unset on any
+// other thread.
+thread_local const std::string* t_role = nullptr;
+thread_local const at::ThreadLocalState* t_fresh = nullptr;
+
 class KeptThread {
  public:
-  KeptThread() : thread_([this] { loop(); }) {
+  explicit KeptThread(std::string role) : role_(std::move(role)), thread_([this] { loop(); }) {
     thread_.detach();  // lives as long as the process: the registry is never destroyed
   }
 
@@ -43,6 +48,7 @@ class KeptThread {
  private:
   void loop();
 
+  const std::string role_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::function<void()> task_;
@@ -78,6 +84,8 @@ Registry& registry() {
 void KeptThread::loop() {
   // This thread's state as a new thread has it; every task starts from it.
   const at::ThreadLocalState fresh;
+  t_role = &role_;
+  t_fresh = &fresh;
   for (;;) {
     std::function<void()> task;
     std::promise<void> done;
@@ -126,7 +134,7 @@ std::future<void> start_on_kept_thread(const std::string& role, const std::strin
         break;
       }
     if (!chosen) {
-      threads.push_back(std::make_unique<KeptThread>());
+      threads.push_back(std::make_unique<KeptThread>(role));
       chosen = threads.back().get();
     }
     chosen->busy = true;
@@ -139,6 +147,16 @@ std::future<void> start_on_kept_thread(const std::string& role, const std::strin
       },
       std::move(promise));
   return done;
+}
+
+void run_on_kept_thread(const std::string& role, const std::string& thread_name,
+                        const std::function<void()>& task) {
+  if (t_role && *t_role == role) {
+    const at::ThreadLocalStateGuard state(*t_fresh);  // the caller's state comes back after
+    task();
+    return;
+  }
+  start_on_kept_thread(role, thread_name, task).get();
 }
 
 int kept_threads_of(const std::string& role) {

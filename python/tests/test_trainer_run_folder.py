@@ -263,3 +263,25 @@ def test_run_folder_requests_that_cannot_work_are_refused_by_name(tmp_path):
     t, _, _ = run_folder_trainer("cpu", out, evaluate=lambda m: 0.5)
     with pytest.raises(TypeError, match="dict of metrics"):
         t.fit(epochs=1, progress=False)
+
+
+@pytest.mark.parametrize("mode", ["serial", "pipelined"])
+def test_every_evaluation_runs_on_the_thread_that_trains(tmp_path, mode):
+    # The training's thread has tuned the model's convolutions (cuDNN keeps its plans per
+    # thread): every evaluation, the last epoch's after the steps have ended included, runs there.
+    import threading
+
+    trained, evaluated = set(), []
+
+    class Loss(nn.CrossEntropyLoss):
+        def forward(self, out, target):
+            trained.add(threading.get_native_id())
+            return super().forward(out, target)
+
+    encoder, head, opt = job("cpu")
+    t = tandem.Trainer(head, Loss(), opt, dataset(), feed=[encoder], augment=AUGMENT, mode=mode,
+                       batch_size=8, workers=2, out=str(tmp_path / "run"),
+                       evaluate=lambda m: evaluated.append(threading.get_native_id()) or {"a": 0.5})
+    t.fit(epochs=3, progress=False)
+    assert len(trained) == 1 and len(evaluated) == 3, (trained, evaluated)
+    assert set(evaluated) == trained

@@ -93,6 +93,31 @@ TEST(KeptThreadsTest, WhatATaskThrowsReachesItsCaller) {
   EXPECT_EQ(kept_threads_of("test throws"), 1);
 }
 
+TEST(KeptThreadsTest, ARunFromTheRolesOwnThreadRunsThereFreshAndGivesItsStateBack) {
+  using detail::run_on_kept_thread;
+  const std::thread::id kept = thread_of("test run");
+  std::thread::id outside, inside;
+  bool inner_grad = false, outer_grad_after = true;
+  run_on_kept_thread("test run", "t", [&] { outside = std::this_thread::get_id(); });
+  EXPECT_EQ(outside, kept);  // from another thread: on the role's thread, waited for
+  start_on_kept_thread("test run", "t", [&] {
+    at::GradMode::set_enabled(false);  // the caller's state, which the inner run must not see
+    run_on_kept_thread("test run", "inner", [&] {
+      inside = std::this_thread::get_id();
+      inner_grad = at::GradMode::is_enabled();
+      at::GradMode::set_enabled(false);
+    });
+    outer_grad_after = at::GradMode::is_enabled();
+    at::GradMode::set_enabled(true);
+  }).get();
+  EXPECT_EQ(inside, kept);  // inline: no second thread of the role
+  EXPECT_EQ(kept_threads_of("test run"), 1);
+  EXPECT_TRUE(inner_grad);         // a fresh thread's state
+  EXPECT_FALSE(outer_grad_after);  // the caller's, given back
+  EXPECT_THROW(run_on_kept_thread("test run", "t", [] { throw std::runtime_error("boom"); }),
+               std::runtime_error);
+}
+
 // A forked child has none of its parent's threads: its tasks get threads of its own (a child
 // that waited for its parent's would hang; the alarm ends such a child).
 TEST(KeptThreadsTest, AForkedChildStartsThreadsOfItsOwn) {

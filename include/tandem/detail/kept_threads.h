@@ -30,6 +30,14 @@ namespace tandem::detail {
 std::future<void> start_on_kept_thread(const std::string& role, const std::string& thread_name,
                                        std::function<void()> task);
 
+/// Runs `task` on a kept thread of `role`, named `thread_name` (on another thread), and waits for
+/// it, rethrowing what it throws: on the calling thread itself when that is a kept thread of
+/// `role` (a second thread of the role would tune again what this one has), else as
+/// start_on_kept_thread. Either way the task starts from a fresh thread's thread-local LibTorch
+/// state, and the caller's is restored afterwards.
+void run_on_kept_thread(const std::string& role, const std::string& thread_name,
+                        const std::function<void()>& task);
+
 /// How many kept threads `role` has (for tests and reports).
 int kept_threads_of(const std::string& role);
 
