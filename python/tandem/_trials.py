@@ -109,9 +109,8 @@ class _TrialsThatTrain:
         each sized to last _TRIAL_WINDOW_S by the last rate seen, with at most `left` steps
         (a window cut short is run untimed: the trials go on in the next fit)."""
         for mode in tr["candidates"]:
-            if (mode in tr["errors"] or self._trial_done(tr, mode)
-                    or (not tr["runs"][mode] and self._untimed_reason(tr, mode))):
-                continue  # the same tests as _trials_finished
+            if self._left_out(tr, mode) or self._trial_done(tr, mode):
+                continue
             if mode not in tr["rate"]:
                 return mode, min(_TRIAL_WARM_STEPS, left), False
             want = min(_TRIAL_MAX_STEPS, max(_TRIAL_MIN_STEPS,
@@ -132,15 +131,16 @@ class _TrialsThatTrain:
         best = max((r[0] for r in tr["runs"].values() if r), default=0.0)
         if runs[0] < best * (1 - _TRIAL_CLEARLY_SLOWER):
             return True
-        return not any(m != mode and m not in tr["errors"]
-                       and (tr["runs"][m] or not self._untimed_reason(tr, m))
-                       for m in tr["candidates"])
+        return all(m == mode or self._left_out(tr, m) for m in tr["candidates"])
+
+    def _left_out(self, tr, mode) -> bool:
+        """Whether `mode` is out of the trials: it failed, or, not timed yet, needs no trial."""
+        return mode in tr["errors"] or (not tr["runs"][mode]
+                                        and bool(self._untimed_reason(tr, mode)))
 
     def _trials_finished(self, tr) -> bool:
         """Whether every mode is measured, failed, or needs no trial."""
-        return all(m in tr["errors"] or self._trial_done(tr, m)
-                   or (not tr["runs"][m] and self._untimed_reason(tr, m))
-                   for m in tr["candidates"])
+        return all(self._left_out(tr, m) or self._trial_done(tr, m) for m in tr["candidates"])
 
     def _fit_trying_modes(self, n, progress, trace) -> FitResult:
         """Mode auto on the fit's own steps: each mode the optimizer and schedule allow whose

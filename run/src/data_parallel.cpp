@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <thread>
 #include <vector>
 
 #include "tandem/distributed/launch_env.h"

@@ -37,6 +37,13 @@ size_t simplicity(const std::string& name) {
   return modes.size();
 }
 
+// In workload_modes()' order, simplest first: the order choose_mode's rule walks.
+void sort_simplest_first(std::vector<Trial>& trials) {
+  std::stable_sort(trials.begin(), trials.end(), [](const Trial& a, const Trial& b) {
+    return simplicity(a.mode) < simplicity(b.mode);
+  });
+}
+
 const Trial* find_trial(const std::vector<Trial>& trials, Mode mode) {
   for (const auto& t : trials)
     if (t.mode == to_string(mode)) return &t;
@@ -57,8 +64,7 @@ std::string needs_no_trial(Mode mode, const std::vector<Trial>& so_far, bool sta
     const Trial* t = find_trial(so_far, m);
     return t && t->steps_per_s && *t->steps_per_s > 0 ? t : nullptr;
   };
-  const bool pipelines = mode == Mode::kPipelined || mode == Mode::kPipelinedGraphed;
-  if (pipelines && !stages_to_overlap)
+  if (runs_pipelined(mode) && !stages_to_overlap)
     return "one stage (no loader or feed to overlap): a pipeline would add hand-offs to the "
            "serial step";
   if (mode == Mode::kSerial && timed(Mode::kGraphed))
@@ -83,10 +89,8 @@ std::string needs_no_trial(Mode mode, const std::vector<Trial>& so_far, bool sta
 }
 
 ModeDecision choose_mode(const std::vector<Trial>& unordered, double margin, double min_margin) {
-  std::vector<Trial> trials = unordered;  // simplest first: the order the rule walks
-  std::stable_sort(trials.begin(), trials.end(), [](const Trial& a, const Trial& b) {
-    return simplicity(a.mode) < simplicity(b.mode);
-  });
+  std::vector<Trial> trials = unordered;
+  sort_simplest_first(trials);
   const Trial* best = nullptr;
   for (const auto& t : trials)
     if (t.steps_per_s && (!best || *t.steps_per_s > *best->steps_per_s)) best = &t;
@@ -183,9 +187,7 @@ std::vector<Trial> run_trials(const RunRequest& unresolved, const RunHooks& hook
   }
   if (seconds)
     *seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::stable_sort(trials.begin(), trials.end(), [](const Trial& a, const Trial& b) {
-    return simplicity(a.mode) < simplicity(b.mode);
-  });
+  sort_simplest_first(trials);
   return trials;
 }
 
