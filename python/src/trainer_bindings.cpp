@@ -194,17 +194,18 @@ void bind_trainer(py::module_& m) {
           names.push_back(tandem::to_string(mode));
         return names;
       },
-      "The order mode auto times the modes in (the graphed ones first)");
+      "The order mode auto times the modes in (the graphed ones first, pipelined+graphed first of "
+      "all)");
   m.def(
       "needs_no_trial",
       [](const std::string& mode, const py::list& so_far, bool stages_to_overlap,
-         double graphed_k_step_s) {
+         double short_step_s) {
         return tandem::run::needs_no_trial(tandem::parse_mode(mode),
                                            tandem::python::trials_from(so_far), stages_to_overlap,
-                                           graphed_k_step_s);
+                                           short_step_s);
       },
       py::arg("mode"), py::arg("so_far"), py::arg("stages_to_overlap"),
-      py::arg("graphed_k_step_s") = tandem::run::kGraphedKStepSeconds,
+      py::arg("short_step_s") = tandem::run::kShortStepSeconds,
       "Why a trial of `mode` could not change mode auto's pick given the trials so far "
       "({mode, runs, error} each), by the run layer's rule; '' when it could");
   m.def("run", &tandem::python::run, py::arg("config"),

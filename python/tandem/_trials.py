@@ -23,10 +23,11 @@ _TRIAL_WINDOW_S = 0.3
 _TRIAL_WINDOWS = 2
 _TRIAL_MIN_STEPS, _TRIAL_MAX_STEPS = 8, 300
 _TRIAL_CLEARLY_SLOWER = 0.10  # a first window this far below the fastest: no second one
-# Which modes need a trial at all is the run layer's rule (_C.needs_no_trial: the graphed modes
-# first; serial and pipelined only where their graphed counterparts fail; no pipeline for a step
-# of one stage; graphed_k only beside a graphed step shorter than this, None: the rule's own).
-_GRAPHED_K_STEP_S = None
+# Which modes need a trial at all is the run layer's rule (_C.needs_no_trial: pipelined+graphed
+# first, then graphed only beside a pipelined+graphed step shorter than this, graphed_k only
+# beside a graphed step shorter than this (None: the rule's own); serial and pipelined only where
+# their graphed counterparts fail; no pipeline for a step of one stage).
+_SHORT_STEP_S = None
 
 
 class _TrialsThatTrain:
@@ -52,7 +53,7 @@ class _TrialsThatTrain:
         could): the run layer's rule."""
         so_far = [dict(mode=m, runs=tr["runs"][m], error=tr["errors"].get(m, ""))
                   for m in tr["candidates"] if tr["runs"][m] or m in tr["errors"]]
-        extra = {} if _GRAPHED_K_STEP_S is None else dict(graphed_k_step_s=_GRAPHED_K_STEP_S)
+        extra = {} if _SHORT_STEP_S is None else dict(short_step_s=_SHORT_STEP_S)
         return _C.needs_no_trial(mode, so_far, self._stages_to_overlap(), **extra)
 
     def _decision_key(self) -> Optional[str]:

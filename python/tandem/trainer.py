@@ -543,7 +543,7 @@ class Trainer(_TrialsThatTrain):
 
         Mode auto, not yet decided: the fit's first steps are the trials. The modes the
         optimizer and schedule allow whose trial could change the pick (the run layer's rule:
-        the graphed modes first; serial and pipelined only where their graphed counterparts fail (a replayed graph runs the same kernels without host launches), no pipelined mode for batches already on the device without a feed (one stage: nothing to overlap), graphed_k only beside a graphed step under 1 ms) each train a few steps to warm up (cuDNN's tuning, a graphed
+        pipelined+graphed first, graphed beside it only on a step under 1 ms (on longer ones it ran within the noise of graphed or faster, its stages overlapped); serial and pipelined only where their graphed counterparts fail (a replayed graph runs the same kernels without host launches), no pipelined mode for batches already on the device without a feed (one stage: nothing to overlap), graphed_k only beside a graphed step under 1 ms) each train a few steps to warm up (cuDNN's tuning, a graphed
         mode's capture), then two timed windows of about 0.3 s (one, when the first ran 10%
         below the fastest or no other mode is left to time), on your modules — the fit's own steps, computing the plain loop's
         losses as every mode does; the simplest mode within the windows' noise of the fastest

@@ -423,17 +423,17 @@ def test_a_float_lr_changed_between_graphed_fits_is_the_next_fits():
 
 
 # The modes auto times for trainer()'s job, which has a feed (stages to overlap): serial and
-# pipelined are left to their graphed counterparts, which run; graphed_k is timed beside any
-# graphed step under short_trials.
+# pipelined are left to their graphed counterparts, which run; graphed (beside
+# pipelined+graphed) and graphed_k are timed beside any graphed step under short_trials.
 TIMED = ["graphed", "pipelined+graphed", "graphed_k"]
 
 
-def short_trials(monkeypatch, graphed_k_step_s=1e9):
+def short_trials(monkeypatch, short_step_s=1e9):
     """The trials that train, with windows of the least steps: on the CPU (where auto is
     serial) their machinery runs as on CUDA."""
     monkeypatch.setattr(tandem._trials, "_TRIAL_WINDOW_S", 1e-4)
     monkeypatch.setattr(tandem._trials, "_TRIAL_CLEARLY_SLOWER", 1.0)  # both windows, always
-    monkeypatch.setattr(tandem._trials, "_GRAPHED_K_STEP_S", graphed_k_step_s)
+    monkeypatch.setattr(tandem._trials, "_SHORT_STEP_S", short_step_s)
 
 
 def not_timed(trials):
@@ -448,8 +448,9 @@ def test_auto_decides_on_the_fits_own_steps_which_train(monkeypatch):
     first = t.fit(steps=30, progress=False)  # too short for every trial: the next goes on
     assert t.trials is None and first.setup["trial_steps"] == 30
     second = t.fit(steps=100, progress=False)
-    # Each timed mode: 5 warm-up steps and two timed windows of 8. The first fit: graphed's 21,
-    # pipelined+graphed's 5, then 4 of a window of 8, run untimed (cut short); the windows go on.
+    # Each timed mode: 5 warm-up steps and two timed windows of 8. The first fit:
+    # pipelined+graphed's 21, graphed's 5, then 4 of a window of 8, run untimed (cut short); the
+    # windows go on.
     per_mode = tandem._trials._TRIAL_WARM_STEPS + 2 * tandem._trials._TRIAL_MIN_STEPS
     assert second.setup["trial_steps"] == len(TIMED) * per_mode + 4 - 30
     assert t.trials["on_the_fits_steps"] and t.trials["mode"] in TIMED
@@ -538,7 +539,7 @@ def test_a_step_of_one_stage_times_graphed_alone_in_one_window(monkeypatch):
     # Batches already on the device, no feed: nothing for a pipeline to overlap; serial is
     # replayed by graphed; graphed_k, beside a step this long, saves only the host's work. One
     # mode left: its warm-up and one window, then the fit goes on in it.
-    short_trials(monkeypatch, graphed_k_step_s=1e-12)
+    short_trials(monkeypatch, short_step_s=1e-12)
     torch.manual_seed(0)
     batches = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(5)]
 
@@ -560,6 +561,26 @@ def test_a_step_of_one_stage_times_graphed_alone_in_one_window(monkeypatch):
     assert "step takes" in untimed["graphed_k"]
     _, serial = fit("serial")
     close(result.losses, serial.losses, "cpu")
+
+
+def test_a_step_with_a_feed_and_no_short_step_times_pipelined_graphed_alone(monkeypatch):
+    # A feed to overlap and steps longer than a short one: pipelined+graphed, timed first, leaves
+    # graphed (the same graphs, its stages one after the other), serial, pipelined and graphed_k
+    # untimed. One mode: its warm-up and one window, then the fit goes on in it, with the plain
+    # loop's losses.
+    short_trials(monkeypatch, short_step_s=1e-12)
+    expected, _ = plain_losses("cpu", 40)
+    t, _, _ = trainer("cpu", "auto")
+    t._trials_train_on_cpu = True
+    result = t.fit(steps=40, progress=False)
+    per_mode = tandem._trials._TRIAL_WARM_STEPS + tandem._trials._TRIAL_MIN_STEPS
+    assert result.setup["trial_steps"] == per_mode
+    assert t.trials["mode"] == "pipelined+graphed"
+    untimed = not_timed(t.trials["trials"])
+    assert set(untimed) == {"serial", "pipelined", "graphed", "graphed_k"}, untimed
+    assert "pipelined+graphed's step takes" in untimed["graphed"]
+    assert "pipelined+graphed replays" in untimed["serial"]
+    close(result.losses, expected, "cpu")
 
 
 class LossFailingOnTheTrainStagesThread:

@@ -9,7 +9,7 @@ namespace tandem::run {
 namespace {
 
 Trial ok(const char* mode, double steps_per_s) { return {mode, steps_per_s, "", {steps_per_s}}; }
-Trial failed(const char* mode, const char* error) { return {mode, std::nullopt, error, {}}; }
+Trial failed(const char* mode, const std::string& error) { return {mode, std::nullopt, error, {}}; }
 Trial runs(const char* mode, std::vector<double> rates) {
   return {mode, trial_rate(rates), "", rates};
 }
@@ -110,20 +110,36 @@ TEST(ResolveModeTest, TheRuleWalksTheModesSimplestFirstWhateverTheTrialsOrder) {
   EXPECT_EQ(d.mode, "serial") << d.reason;
 }
 
-TEST(ResolveModeTest, TheGraphedModesAreTimedFirst) {
+TEST(ResolveModeTest, TheGraphedModesAreTimedFirstPipelinedGraphedFirstOfAll) {
   const auto& order = trial_order();
   ASSERT_EQ(order.size(), workload_modes().size());
-  EXPECT_EQ(order.at(0), Mode::kGraphed);
-  EXPECT_EQ(order.at(1), Mode::kPipelinedGraphed);
+  EXPECT_EQ(order.at(0), Mode::kPipelinedGraphed);
+  EXPECT_EQ(order.at(1), Mode::kGraphed);
 }
 
 TEST(ResolveModeTest, AModeBesideItsGraphedCounterpartThatRanIsNotTimed) {
   EXPECT_EQ(needs_no_trial(Mode::kSerial, {}, true), "");  // nothing known yet
   EXPECT_NE(needs_no_trial(Mode::kSerial, {ok("graphed", 50.0)}, true), "");
+  EXPECT_NE(needs_no_trial(Mode::kSerial, {ok("pipelined+graphed", 50.0)}, true), "");
   EXPECT_EQ(needs_no_trial(Mode::kSerial, {failed("graphed", "capture failed")}, true), "");
   EXPECT_NE(needs_no_trial(Mode::kPipelined, {ok("pipelined+graphed", 50.0)}, true), "");
   EXPECT_EQ(needs_no_trial(Mode::kPipelined, {failed("pipelined+graphed", "no")}, true), "");
   EXPECT_EQ(needs_no_trial(Mode::kPipelined, {ok("graphed", 50.0)}, true), "");
+}
+
+TEST(ResolveModeTest, GraphedIsTimedBesidePipelinedGraphedOnlyOnAShortStep) {
+  EXPECT_EQ(needs_no_trial(Mode::kGraphed, {}, true), "");  // nothing known yet
+  const auto slow = needs_no_trial(Mode::kGraphed, {ok("pipelined+graphed", 250.0)}, true);
+  EXPECT_NE(slow.find("4.00 ms"), std::string::npos) << slow;  // a 4 ms step: not timed
+  EXPECT_EQ(needs_no_trial(Mode::kGraphed, {ok("pipelined+graphed", 2000.0)}, true), "");
+  EXPECT_EQ(needs_no_trial(Mode::kGraphed, {failed("pipelined+graphed", "no")}, true), "");
+  EXPECT_EQ(needs_no_trial(Mode::kGraphed, {ok("pipelined+graphed", 250.0)}, true, 0.01), "");
+  // graphed_k beside it goes by pipelined+graphed's step where graphed was not timed.
+  const std::vector<Trial> untimed_graphed{ok("pipelined+graphed", 250.0),
+                                           failed("graphed", "not timed: " + slow)};
+  EXPECT_NE(needs_no_trial(Mode::kGraphedK, untimed_graphed, true).find("4.00 ms"),
+            std::string::npos);
+  EXPECT_EQ(needs_no_trial(Mode::kGraphedK, untimed_graphed, true, 0.01), "");
 }
 
 TEST(ResolveModeTest, AStepWithOneStageTimesNoPipelinedMode) {

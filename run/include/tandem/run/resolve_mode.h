@@ -33,31 +33,38 @@ struct ModeDecision {
 ModeDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015,
                          double min_margin = 0.005);
 
-/// The order auto times modes in: graphed, pipelined+graphed, graphed_k, serial, pipelined. The
+/// The order auto times modes in: pipelined+graphed, graphed, graphed_k, serial, pipelined. The
 /// graphed modes come first because what they measure decides whether the others need a trial
-/// at all (needs_no_trial).
+/// at all (needs_no_trial); pipelined+graphed first because, where a step has stages to overlap
+/// and is not short, it leaves graphed untimed too: one trial, one warm-up (cuDNN tunes its
+/// plans per thread, and each further trial's stage threads tune theirs again).
 const std::vector<Mode>& trial_order();
 
-/// graphed_k is timed only where graphed's step is shorter than this: K steps a replay save only
-/// the host's per-step work around one graph launch (tens of microseconds), which on a longer
-/// step is within the trials' noise, where the simpler graphed is picked anyway. Measured: on
-/// steps of 3.7 ms and more (ResNet-18 at batch 32 and up, ViT-B/16, frozen ResNet-50) graphed_k
-/// ran 8-30% below graphed in every trial.
-inline constexpr double kGraphedKStepSeconds = 1e-3;
+/// A step this short is where the host's per-step work (a graph launch, a pipeline's
+/// hand-offs) is within reach of the trials' noise: graphed_k is timed only beside a graphed
+/// step shorter than this, and graphed beside a pipelined+graphed one. Measured: on steps of
+/// 3.7 ms and more (ResNet-18 at batch 32 and up, ViT-B/16, frozen ResNet-50) graphed_k ran
+/// 8-30% below graphed in every trial; pipelined+graphed ran from 1.5% below graphed to 9.6%
+/// above it in every Trainer trial on record (H100 and H200, 2026-11/12: ResNets, MobileNetV3,
+/// ViT-B/16, compiled and not).
+inline constexpr double kShortStepSeconds = 1e-3;
 
 /// Why a trial of `mode` could not change auto's pick, given the trials so far (`so_far`, any
 /// order, a mode's rate where it was timed): empty when it could, so it is timed. A mode is left
 /// untimed when
 ///  - it pipelines a step with one stage (`stages_to_overlap` false: no loader's host work, no
 ///    feed): a pipeline adds hand-offs to serial's step and overlaps nothing;
-///  - its graphed counterpart ran (serial beside graphed, pipelined beside pipelined+graphed):
-///    replaying a captured step runs the same kernels without launching them from the host, so
-///    it is at least as fast (every trial measured agrees: ResNets, ViT-B/16, the reference
-///    workloads), and the noise margin that would favour the simpler mode favours the faster;
-///  - it is graphed_k and graphed failed (the same capture) or ran steps longer than
-///    `graphed_k_step_s`.
+///  - it is graphed and pipelined+graphed ran steps of `short_step_s` or longer: the same
+///    graphs with the stages overlapped, within the noise of graphed or faster;
+///  - a graphed counterpart ran (serial beside graphed or pipelined+graphed, pipelined beside
+///    pipelined+graphed): replaying a captured step runs the same kernels without launching
+///    them from the host, so it is at least as fast (every trial measured agrees: ResNets,
+///    ViT-B/16, the reference workloads), and the noise margin that would favour the simpler
+///    mode favours the faster;
+///  - it is graphed_k and graphed failed (the same capture) or the graphed step (graphed's, else
+///    pipelined+graphed's) took `short_step_s` or longer.
 std::string needs_no_trial(Mode mode, const std::vector<Trial>& so_far, bool stages_to_overlap,
-                           double graphed_k_step_s = kGraphedKStepSeconds);
+                           double short_step_s = kShortStepSeconds);
 
 /// The relative spread of a trial's runs, (fastest - slowest) / fastest; nullopt for fewer than
 /// two runs (no measure of the noise).
