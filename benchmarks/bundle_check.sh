@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# One GPU-machine call on this machine's build (scripts/gpu-bundle.sh pack, carry .ref/bundle),
+# its phases in the order named, each in the time left: wallclock (benchmarks/wallclock.py, the
+# bundled package against the older one where packed), profile (the ResNet step's kernels,
+# profile_resnet.sh), train (`tandem train`'s evaluations from a generated photo folder: the
+# first beside the later ones), gputest (the gpu-labelled tests). JSON into OUT; the whole logs
+# in OUT/bundle-logs.tar.gz.
+#
+#   bash benchmarks/bundle_check.sh OUT [PHASES (profile train gputest)]
+#   env: DEADLINE_S (560: the call's seconds the phases share), GPUTEST_REGEX (ctest -R),
+#        WALLCLOCK_ARGS (wallclock.py's; default the frozen ResNet-50 and ResNet-18 at bs 32,
+#        300-step first fits)
+set -uo pipefail
+OUT=${1:?usage: benchmarks/bundle_check.sh OUT [profile train gputest]}
+shift
+PHASES=" ${*:-profile train gputest} "
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.." || exit 1
+START=$(date +%s)
+LOGS=$(mktemp -d)
+say() { echo "== +$(($(date +%s) - START))s $*" | tee -a "$LOGS/summary.log"; }
+left() { echo $((${DEADLINE_S:-560} - ($(date +%s) - START))); }
+
+# shellcheck source=scripts/gpu-bundle.sh
+source scripts/gpu-bundle.sh env >"$LOGS/bundle-env.log" 2>&1
+cat "$LOGS/bundle-env.log" | tee -a "$LOGS/summary.log"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$LOGS/summary.log"
+python3 -V 2>&1 | tee -a "$LOGS/summary.log"
+if ! build/tandem --help >/dev/null 2>"$LOGS/tandem-start.log"; then
+  say "the bundled CLI does not start:"; tail -5 "$LOGS/tandem-start.log" | tee -a "$LOGS/summary.log"
+fi
+
+for phase in $PHASES; do
+case $phase in
+wallclock)
+  if [ "$TANDEM_BUNDLE_PYTHON" != 1 ]; then
+    say "wallclock: skipped (the bundled package is for another Python)"; continue
+  fi
+  old=(); [ -d .ref/bundle/python-old ] && old=(--old-package .ref/bundle/python-old)
+  say "wallclock: ${WALLCLOCK_ARGS:=--cells r50_frozen_head:256,r18_full:32 --impls eager,tandem-py --fit-steps-first 300 --n 50}"
+  # shellcheck disable=SC2086
+  timeout $(($(left) - 5)) python3 benchmarks/wallclock.py "${old[@]}" $WALLCLOCK_ARGS \
+    --cache-dir /tmp/bundle-wallclock --out "$OUT/wallclock.json" >"$LOGS/wallclock.log" 2>&1
+  say "wallclock: exit $?"
+  tail -12 "$LOGS/wallclock.log" | tee -a "$LOGS/summary.log" ;;
+profile)
+  say "profile: ResNet-50 and ResNet-18 steps, kernel by kernel"
+  timeout $(($(left) - 10)) bash benchmarks/profile_resnet.sh "$OUT" build r50_full r18_full \
+    2>&1 | tee -a "$LOGS/summary.log"
+  mv "$OUT"/kernels-*.txt "$LOGS/" 2>/dev/null ;;
+train)
+  [ "$(left)" -gt 120 ] || { say "train: skipped ($(left) s left)"; continue; }
+  say "train: photos 320-640 px, ResNet-18, the first evaluation beside the later ones"
+  folder=/tmp/tandem-photos-bundle
+  [ -d "$folder" ] || python3 scripts/make_image_folder.py "$folder" --count 3000 --classes 10 \
+    >"$LOGS/make-folder.log" 2>&1
+  [ -d "$folder-val" ] || python3 scripts/make_image_folder.py "$folder-val" --count 2000 \
+    --classes 10 --seed 1 >>"$LOGS/make-folder.log" 2>&1
+  # The tree's build, and where packed (.ref/bundle-old: an older build's libraries, found
+  # before the bundle's through LD_LIBRARY_PATH) the older one, alternating.
+  builds=(new); [ -d .ref/bundle-old/build ] && builds=(new old)
+  for held in split folder; do
+    if [ "$held" = split ]; then val=(--val-split 0.1); else val=(--val "$folder-val"); fi
+    for which in "${builds[@]}"; do
+      libs=""
+      [ "$which" = old ] && libs=$(printf '%s:' "$PWD"/.ref/bundle-old/build{,/models,/data,/distributed})
+      cli=build/tandem; [ "$which" = old ] && cli=.ref/bundle-old/build/tandem
+      LD_LIBRARY_PATH="$libs$LD_LIBRARY_PATH" timeout $(($(left) - 5)) "$cli" train \
+        --data "$folder" "${val[@]}" --model resnet18 --precision bf16 --channels-last \
+        --batch-size 256 --optimizer sgd --lr 0.1 --epochs 4 --workers 15 --quiet \
+        --out "$LOGS/run-$held-$which" --json "$LOGS/train-$held-$which.json" \
+        >"$LOGS/train-$held-$which.log" 2>&1
+      say "train ($held, $which build): exit $?"
+    done
+  done
+  python3 - "$LOGS" "$OUT/evaluations.json" <<'EOF'
+import json, os, sys
+logs, out = sys.argv[1:]
+rows = []
+for held in ("split", "folder"):
+  for which in ("new", "old"):
+    path = os.path.join(logs, f"run-{held}-{which}", "metrics.jsonl")
+    if not os.path.exists(path):
+        continue
+    evals = [json.loads(line) for line in open(path) if line.strip()]
+    evals = [e for e in evals if "eval_images_per_s" in e]
+    rates = [e["eval_images_per_s"] for e in evals]
+    later = rates[1:]
+    rows.append({"held_out": held, "build": which, "eval_images_per_s": rates, "epochs": evals,
+                 "first_over_later": rates[0] / (sum(later) / len(later)) if later else None})
+    print(held, which, "eval img/s:", [round(r) for r in rates])
+json.dump({"card": os.popen("nvidia-smi --query-gpu=name --format=csv,noheader").read().strip(),
+           "rows": rows}, open(out, "w"), indent=1)
+EOF
+  ;;
+gputest)
+  [ "$(left)" -gt 60 ] || { say "gputest: skipped ($(left) s left)"; continue; }
+  say "gputest: the gpu-labelled tests in $(left) s"
+  (cd build && timeout $(($(left) - 5)) ctest -L gpu ${GPUTEST_REGEX:+-R "$GPUTEST_REGEX"} \
+     --timeout 200 --output-on-failure) >"$LOGS/gputest.log" 2>&1
+  say "gputest: exit $?"
+  grep -E 'tests passed|Failed|\*\*\*|Timeout|Not Run' "$LOGS/gputest.log" | tail -30 |
+    tee -a "$LOGS/summary.log"
+  grep -E 'Test +#' "$LOGS/gputest.log" >"$OUT/gputest.txt" ;;
+*) say "no phase '$phase' (wallclock, profile, train, gputest)" ;;
+esac
+done
+
+say "done"
+cp "$LOGS/summary.log" "$OUT/summary.log"
+tar -C "$LOGS" -czf "$OUT/bundle-logs.tar.gz" --exclude='*.safetensors' --exclude='*.pt' . 2>/dev/null
