@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine call on this machine's build (scripts/gpu-bundle.sh pack, carry .ref/bundle),
-# its phases in the order named, each in the time left: wallclock (benchmarks/wallclock.py, the
-# bundled package against the older one where packed), profile (the ResNet step's kernels,
+# its phases in the order named, each in the time left: packages (this tree's Python package and
+# .ref/old's, built there), wallclock (benchmarks/wallclock.py, the package against the older one
+# where packed or built), profile (the ResNet step's kernels,
 # profile_resnet.sh), train (`tandem train`'s evaluations from a generated photo folder: the
 # first beside the later ones), gputest (the gpu-labelled tests). JSON into OUT; the whole logs
 # in OUT/bundle-logs.tar.gz.
@@ -33,11 +34,28 @@ fi
 
 for phase in $PHASES; do
 case $phase in
+packages)
+  # The Python packages built here, where the bundled one is for another Python: this tree's
+  # and, where carried, .ref/old's (a `git archive` of the older tree), side by side.
+  say "packages: building this tree's$([ -d .ref/old ] && echo " and .ref/old's")"
+  pip_build() {
+    rm -rf "$2" && python3 -m pip install -q --no-build-isolation --no-deps --target "$2" \
+      "$1/python" -C "build-dir=$2-build" >"$LOGS/pip-$(basename "$2").log" 2>&1
+  }
+  pip_build . /tmp/bundle-pkg-new & new_pid=$!
+  [ -d .ref/old ] && { pip_build .ref/old /tmp/bundle-pkg-old & old_pid=$!; }
+  wait $new_pid && export PYTHONPATH=/tmp/bundle-pkg-new TANDEM_BUNDLE_PYTHON=1
+  say "packages: this tree's exit $?"
+  if [ -n "${old_pid:-}" ]; then
+    wait "$old_pid" && OLD_PACKAGE=/tmp/bundle-pkg-old
+    say "packages: .ref/old's exit $?"
+  fi ;;
 wallclock)
   if [ "$TANDEM_BUNDLE_PYTHON" != 1 ]; then
-    say "wallclock: skipped (the bundled package is for another Python)"; continue
+    say "wallclock: skipped (no package for this Python: the packages phase builds one)"; continue
   fi
   old=(); [ -d .ref/bundle/python-old ] && old=(--old-package .ref/bundle/python-old)
+  [ -n "${OLD_PACKAGE:-}" ] && old=(--old-package "$OLD_PACKAGE")
   say "wallclock: ${WALLCLOCK_ARGS:=--cells r50_frozen_head:256,r18_full:32 --impls eager,tandem-py --fit-steps-first 300 --n 50}"
   # shellcheck disable=SC2086
   timeout $(($(left) - 5)) python3 benchmarks/wallclock.py "${old[@]}" $WALLCLOCK_ARGS \
@@ -103,7 +121,7 @@ gputest)
   grep -E 'tests passed|Failed|\*\*\*|Timeout|Not Run' "$LOGS/gputest.log" | tail -30 |
     tee -a "$LOGS/summary.log"
   grep -E 'Test +#' "$LOGS/gputest.log" >"$OUT/gputest.txt" ;;
-*) say "no phase '$phase' (wallclock, profile, train, gputest)" ;;
+*) say "no phase '$phase' (packages, wallclock, profile, train, gputest)" ;;
 esac
 done
 
