@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -119,6 +120,30 @@ class CountedImages : public Dataset {
   }
   mutable std::vector<std::atomic<int>> reads;
 };
+
+// The workers start with the passes: a held-out set the ring holds is decoded before the first
+// evaluation asks (while the first epoch trains), each sample once.
+TEST(EvalBatchesTest, TheFirstPassIsDecodedBeforeTheFirstEvaluation) {
+  const auto data = std::make_shared<CountedImages>(10);
+  const Lane lane = Lane::create("eval", c10::Device(c10::kCPU));
+  EvalPasses passes(data, 4, 2);
+  auto reads = [&] {
+    int n = 0;
+    for (const auto& r : data->reads) n += r.load();
+    return n;
+  };
+  // Bounded wait for the workers (a scheduling allowance, not a measure).
+  for (int i = 0; i < 1000 && reads() < 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (const auto& r : data->reads) EXPECT_EQ(r.load(), 1) << "every sample decoded ahead, once";
+  // The evaluation takes the decoded pass (the workers go on to the next pass's parts as its
+  // slots free up).
+  std::vector<at::Tensor> labels;
+  passes.run(
+      lane, [](Batch& b) { return std::vector<at::Tensor>{b.get("label").clone()}; },
+      [&](const std::vector<at::Tensor>& y) { labels.push_back(y[0]); });
+  EXPECT_TRUE(at::cat(labels).equal(at::arange(10, at::kLong) * 10));
+}
 
 // Kept samples: the first evaluation reads every sample, later ones only those past the budget,
 // and every evaluation sees the same batches (the fixed-size fields kept apart from the slots

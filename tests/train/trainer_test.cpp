@@ -657,8 +657,7 @@ TEST(ClassifierTest, CenterCropRegionsEvaluateAsWholeImages) {
   c.device = c10::Device(c10::kCPU);
   const Lane lane = Lane::create("eval", c.device);
   TrainJob job = make_classifier(c);
-  ASSERT_TRUE(job.report);
-  EXPECT_EQ(job.report(), "") << "nothing kept before the first evaluation";
+  ASSERT_TRUE(job.report);  // (the workers keep samples from the job's start: decoded ahead)
   const Evaluation regions = job.evaluate(lane);  // the same seed: the same weights
   // The run's note says what the evaluation kept (by default all: a few kB here).
   const std::string kept = job.report();
@@ -752,6 +751,39 @@ TEST_P(TrainerGpuTest, ResumeInPipelinedGraphedRepeatsTheLosses) {
 
 INSTANTIATE_TEST_SUITE_P(Jobs, TrainerGpuTest, ::testing::Values(false, true),
                          [](const auto& job) { return job.param ? "ImageFolder" : "Idx"; });
+
+// On CUDA a pass's last batch, shorter than the batch size, is padded to it for the forward (so
+// cuDNN tunes no new shapes on a first evaluation) and its padding's logits dropped: the
+// evaluation scores as on the CPU, which forwards the short batch as it is. 12 held-out photos
+// in batches of 8: 8 + 4.
+TEST(ClassifierGpuTest, AShortLastBatchEvaluatesAsOnTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  use_deterministic_gpu_algorithms();
+  TempDir tmp;
+  ClassifierOptions c;
+  c.data = write_two_class_jpegs(tmp, 24, 120, 160);
+  use_small_resnet(c);
+  c.channels_last = false;
+  c.val_split = 0.5;
+  c.batch_size = 8;
+  c.workers = 2;
+  c.seed = 5;
+  c.device = c10::Device(c10::kCPU);
+  const TrainJob cpu_job = make_classifier(c);
+  c.weights = tmp.path() + "/weights.safetensors";  // the CPU job's weights, for both
+  models::save_safetensors(c.weights, models::state_dict(*cpu_job.model));
+  const Evaluation cpu = make_classifier(c).evaluate(Lane::create("eval", c.device));
+  c.device = c10::Device(c10::kCUDA, 0);
+  const Evaluation gpu = make_classifier(c).evaluate(Lane::create("eval", c.device));
+  c.channels_last = true;  // the padding keeps the layout
+  const Evaluation gpu_nhwc = make_classifier(c).evaluate(Lane::create("eval", c.device));
+  for (const Evaluation* e : {&cpu, &gpu, &gpu_nhwc}) EXPECT_EQ(e->samples, 12);
+  for (const Evaluation* e : {&gpu, &gpu_nhwc}) {
+    EXPECT_NEAR(e->metrics.at("accuracy"), cpu.metrics.at("accuracy"), 1e-9);
+    EXPECT_NEAR(e->metrics.at("val_loss"), cpu.metrics.at("val_loss"),
+                1e-3 * cpu.metrics.at("val_loss"));
+  }
+}
 
 // decode auto with a given share on a GPU with JPEG engines: half of each batch decoded by the
 // engines, in training and in the evaluation. A run stopped mid-epoch resumes with the

@@ -181,9 +181,11 @@ constexpr int64_t kEvalPassesPerLoader = 1024;
 /// the loader's parts (eval_part_size) loaded on the lane, each turned into device tensors by
 /// `prepare` (the model's inputs and targets, dim 0 the samples), concatenated over the parts of
 /// `batch_size` samples (the last batch shorter) and handed to `consume`; each tensor keeps its
-/// part's memory format. Between two passes the workers fill the next pass's first parts (the
-/// ring's depth), so an evaluation starts on decoded parts instead of starting threads and
-/// waiting for a whole part's decode. (A loader per evaluation did both every epoch.)
+/// part's memory format. The workers start when the passes are made, so the first pass's first
+/// parts (the ring's depth) decode while the first epoch trains, and between two passes they
+/// fill the next pass's: an evaluation starts on decoded parts instead of starting threads and
+/// waiting for a whole part's decode. (A loader per evaluation did both every epoch; a loader
+/// made at the first evaluation left the first to decode from its start.)
 /// Not thread-safe: one evaluation at a time.
 class EvalPasses {
  public:
@@ -193,19 +195,13 @@ class EvalPasses {
       : data_(std::move(data)),
         batch_size_(batch_size),
         workers_(workers),
-        worker_nice_(worker_nice) {}
+        worker_nice_(worker_nice) {
+    start_loader();
+  }
 
   void run(const Lane& lane, const std::function<std::vector<at::Tensor>(Batch&)>& prepare,
            const std::function<void(const std::vector<at::Tensor>&)>& consume) {
-    if (!loader_ || passes_done_ == kEvalPassesPerLoader) {
-      loader_.reset();  // its workers have filled every part of its last pass: joins at once
-      LoaderOptions lo = eval_loader_options(eval_part_size(batch_size_, workers_), workers_);
-      lo.worker_nice = worker_nice_;
-      lo.depth = eval_ring_slots(data_->size(), batch_size_, workers_);
-      lo.passes = kEvalPassesPerLoader;
-      loader_ = std::make_unique<Loader>(data_, lo);
-      passes_done_ = 0;
-    }
+    if (!loader_ || passes_done_ == kEvalPassesPerLoader) start_loader();
     try {
       pass(lane, prepare, consume);
     } catch (...) {
@@ -245,6 +241,16 @@ class EvalPasses {
       if (rows >= batch_size_) flush();
     }
     flush();
+  }
+
+  void start_loader() {
+    loader_.reset();  // its workers have filled every part of its last pass: joins at once
+    LoaderOptions lo = eval_loader_options(eval_part_size(batch_size_, workers_), workers_);
+    lo.worker_nice = worker_nice_;
+    lo.depth = eval_ring_slots(data_->size(), batch_size_, workers_);
+    lo.passes = kEvalPassesPerLoader;
+    loader_ = std::make_unique<Loader>(data_, lo);
+    passes_done_ = 0;
   }
 
   std::shared_ptr<const Dataset> data_;
