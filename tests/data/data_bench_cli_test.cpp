@@ -109,6 +109,26 @@ TEST(DataBenchCliTest, ANamedPipeAmongThePhotosIsNamedNeverOpened) {
   EXPECT_NE(skipped.output.find(fifo), std::string::npos) << skipped.output;
 }
 
+// Without --workers the loader row runs the run layer's one default (default_loader_workers: 2
+// on the CPU), the count tandem train and tandem bench would start, not a rule of its own.
+TEST(DataBenchCliTest, TheLoaderRowRunsTheWorkersATrainingWould) {
+  TempDir dir;
+  std::string truncated;
+  const std::string root = folder_with_a_truncated_jpeg(dir, &truncated);
+  ASSERT_EQ(std::remove(truncated.c_str()), 0);
+  const Ran ran = data_bench("--data " + root + " --images 4 --loader-images 6 --batch-size 2");
+  ASSERT_EQ(ran.status, 0) << ran.output;
+  const size_t row = ran.output.find("\nloader ");
+  ASSERT_NE(row, std::string::npos) << ran.output;
+  char job[32], decode[32], batch[16];
+  int workers = 0;
+  ASSERT_EQ(
+      std::sscanf(ran.output.c_str() + row + 1, "%31s %31s %15s %d", job, decode, batch, &workers),
+      4)
+      << ran.output;
+  EXPECT_EQ(workers, 2) << ran.output;
+}
+
 TEST(DataBenchCliTest, APhotoTooLargeForAWholeDecodeIsLeftOutOfTheFullSizeRowsAlone) {
   // 20000 x 20000 pixels: training decodes its crops at 1/8 scale, the full-size row cannot.
   TempDir dir;
@@ -117,8 +137,8 @@ TEST(DataBenchCliTest, APhotoTooLargeForAWholeDecodeIsLeftOutOfTheFullSizeRowsAl
   ASSERT_EQ(std::remove(truncated.c_str()), 0);
   const std::string large =
       put(dir, "root/b/large.jpg", encode_jpeg(at::full({1, 20000, 20000}, 128, at::kByte), 50));
-  const Ran ran = data_bench("--data " + root +
-                             " --images 20 --loader-images 14 --workers 1 --batch-size 2");
+  const Ran ran =
+      data_bench("--data " + root + " --images 20 --loader-images 14 --workers 1 --batch-size 2");
   ASSERT_EQ(ran.status, 0) << ran.output;
   EXPECT_NE(ran.output.find("full-size decode rows: 1 of the 7 files left out, larger than a "
                             "whole decode takes"),

@@ -282,14 +282,15 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
       "reading it with tandem train --data ",
       o.data, " (its progress gives img/s)");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int workers = o.workers ? *o.workers : std::max(1, static_cast<int>(cores) - 1);
   run::RunRequest request = o.run;
+  if (o.workers) request.workers = o.workers;
   request.data = o.data;
   request.params["model"] = o.model;
   request.params["decode"] = o.decode;  // the end-to-end run decodes as asked (auto: by a trial)
   const bool end_to_end = !request.steps || *request.steps > 0;
   if (!end_to_end) request.steps = 1;
   request = run::resolve(request);  // validates device, batch size and counts before the long work
+  const int workers = *request.workers;  // the run layer's one default where none was given
   const int64_t size = request.params.count("size") ? std::stoll(request.params.at("size")) : 224;
 
   data::ImageFolderOptions fo;
@@ -345,11 +346,11 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
   const size_t read = files.size();
   const std::vector<std::string> over = drop_over_whole_decode_limit(files, paths);
   if (!over.empty()) {
-    result.notes.push_back(detail::concat(
-        "full-size decode rows: ", over.size(), " of the ", read,
-        " files left out, larger than a whole decode takes (", data::kMaxImagePixels,
-        " pixels; training decodes them at a reduced scale): ", over.front(),
-        over.size() > 1 ? ", ..." : ""));
+    result.notes.push_back(
+        detail::concat("full-size decode rows: ", over.size(), " of the ", read,
+                       " files left out, larger than a whole decode takes (", data::kMaxImagePixels,
+                       " pixels; training decodes them at a reduced scale): ", over.front(),
+                       over.size() > 1 ? ", ..." : ""));
     std::cerr << "data-bench: " << result.notes.back() << "\n";
   }
   if (o.decode != "gpu") {

@@ -142,9 +142,7 @@ struct RunFlags {
         app->add_option("--steps", steps, "timed steps [default: 100 on a GPU, 4 on the CPU]");
     warmup_opt = app->add_option("--warmup", warmup,
                                  "untimed warm-up steps [default: 10 on a GPU, 1 on the CPU]");
-    workers_opt = app->add_option("--workers", workers,
-                                  "loader worker threads [default: on a GPU the cores less one, "
-                                  "at most 15, shared by a machine's ranks; 2 on the CPU]");
+    workers_opt = app->add_option("--workers", workers, tandem::run::kLoaderWorkersHelp);
     app->add_option("--seed", options.seed, "seed for models and data")->capture_default_str();
     app->add_option("--data", options.data,
                     "a folder the workload reads (workload images: an ImageFolder, one "
@@ -529,7 +527,7 @@ struct DataBenchCommand {
     app->add_option("--loader-images", db.loader_images,
                     "images the loader row drains (whole batches)")
         ->capture_default_str();
-    app->add_option("--workers", db.workers, "loader threads [default: cores - 1]");
+    app->add_option("--workers", db.workers, tandem::run::kLoaderWorkersHelp);
     // Bound to the optionals themselves, so a given 0 or -1 reaches check_data_bench_options.
     app->add_option("--batch-size", db.run.batch_size,
                     "batch size [default: 256 on a GPU, 4 on the CPU]");

@@ -142,9 +142,7 @@ CLI::App* TrainCommand::add(CLI::App& app) {
       ->check(cli::mode_validator(train_modes()))
       ->capture_default_str();
   c->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  c->add_option("--workers", workers,
-                "loader threads [default: cores - 1 on a GPU (at most 15), shared by this "
-                "machine's ranks; 2 on the CPU]");
+  c->add_option("--workers", workers, run::kLoaderWorkersHelp);
   c->add_option("--worker-nice", job.worker_nice,
                 "the loader threads' nice value, 0 to 19: above 0 they run below the run's own "
                 "threads (the JPEG engines' feed, the step's launches), which then get a core "
