@@ -27,6 +27,7 @@ using detail::eval_loader_options;
 using detail::eval_part_size;
 using detail::eval_ring_slots;
 using detail::EvalPasses;
+using detail::padded_to_the_batch_size;
 
 TEST(EvalBatchesTest, PartsAreDivisorsThatKeepEveryWorkerBusy) {
   EXPECT_EQ(eval_part_size(256, 15), 16);  // 16 parts a batch: all 15 workers decode
@@ -143,6 +144,22 @@ TEST(EvalBatchesTest, TheFirstPassIsDecodedBeforeTheFirstEvaluation) {
       lane, [](Batch& b) { return std::vector<at::Tensor>{b.get("label").clone()}; },
       [&](const std::vector<at::Tensor>& y) { labels.push_back(y[0]); });
   EXPECT_TRUE(at::cat(labels).equal(at::arange(10, at::kLong) * 10));
+}
+
+// A short last batch padded for the forward: its own rows first, zeros after, up to the batch
+// size, in its memory format; untouched where padding is off or the batch is whole.
+TEST(EvalBatchesTest, AShortBatchIsPaddedWithZerosToTheBatchSize) {
+  const at::Tensor x =
+      at::rand({3, 4, 5, 6}).contiguous(at::MemoryFormat::ChannelsLast);  // 3 of a batch of 8
+  const at::Tensor padded = padded_to_the_batch_size(x, 8, true);
+  ASSERT_EQ(padded.sizes(), (std::vector<int64_t>{8, 4, 5, 6}));
+  EXPECT_TRUE(padded.narrow(0, 0, 3).equal(x));
+  EXPECT_TRUE(padded.narrow(0, 3, 5).eq(0).all().item<bool>());
+  EXPECT_TRUE(padded.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(padded_to_the_batch_size(x, 8, false).is_same(x));
+  EXPECT_TRUE(padded_to_the_batch_size(x, 3, true).is_same(x));
+  const at::Tensor masks = at::randint(0, 5, {2, 7, 7}, at::kLong);  // a segmentation's labels
+  EXPECT_EQ(padded_to_the_batch_size(masks, 4, true).size(0), 4);
 }
 
 // Kept samples: the first evaluation reads every sample, later ones only those past the budget,

@@ -79,21 +79,6 @@ class Scoring {
     return s_.channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
   }
 
-  // A pass's last batch, shorter than the rest, padded with zero images to the batch size (its
-  // logits dropped after the forward), on CUDA. Why: cuDNN tunes each convolution per input
-  // shape, so a batch of a size the run never had tuned every convolution of the model again
-  // on the first evaluation (0.7 s of ResNet-18's first evaluation of 300 photos on an H100, 256
-  // + 44, where the later ones took 0.016 s); at the training's batch size the training's
-  // thread, which evaluates, has tuned them all. The model is in eval mode, where every layer
-  // treats each image alone, so the real images' logits are the same.
-  at::Tensor padded_to_the_batch_size(const at::Tensor& x) const {
-    const int64_t n = x.size(0);
-    if (!s_.device.is_cuda() || n == 0 || n >= s_.batch_size) return x;
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes[0] = s_.batch_size - n;
-    return layout(at::cat({x, at::zeros(sizes, x.options())}));
-  }
-
   // Resize + CenterCrop on the device of a part's `rows` (all where undefined): by the boxes
   // the workers decoded the center crops for, or drawn for the whole images.
   at::Tensor crop(const Batch& batch, const at::Tensor& rows) const {
@@ -111,7 +96,9 @@ class Scoring {
 
   void forward(const std::vector<at::Tensor>& xy) {
     AutocastScope autocast(s_.device, s_.precision);
-    const at::Tensor x = padded_to_the_batch_size(xy[0]);
+    // A pass's short last batch at the batch size on CUDA (job_util.h: no new shapes to tune).
+    const at::Tensor x =
+        layout(padded_to_the_batch_size(xy[0], s_.batch_size, s_.device.is_cuda()));
     // A frozen backbone evaluates as it trains: folded (the module's features within float
     // rounding, without its batch-norm and ReLU passes).
     const at::Tensor logits =

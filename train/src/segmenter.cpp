@@ -88,7 +88,7 @@ std::function<Evaluation(const Lane&)> segmentation_evaluation(
     const SegmentationEval& e, std::shared_ptr<const Dataset> val_data, int64_t batch_size,
     int workers, int worker_nice) {
   auto passes = std::make_shared<EvalPasses>(std::move(val_data), batch_size, workers, worker_nice);
-  return [e, passes](const Lane& lane) {
+  return [e, passes, batch_size](const Lane& lane) {
     const int64_t K = e.classes;
     at::NoGradGuard no_grad;
     e.net->eval();
@@ -108,7 +108,12 @@ std::function<Evaluation(const Lane&)> segmentation_evaluation(
           const at::Tensor& mask = xm[1];
           images += mask.size(0);
           AutocastScope autocast(e.device, e.precision);
-          const at::Tensor logits = e.net->forward(xm[0]).to(at::kFloat);
+          // A pass's short last batch at the batch size on CUDA (job_util.h: no new shapes to
+          // tune), its padding's logits dropped.
+          const at::Tensor logits =
+              e.net->forward(padded_to_the_batch_size(xm[0], batch_size, e.device.is_cuda()))
+                  .narrow(0, 0, mask.size(0))
+                  .to(at::kFloat);
           const at::Tensor valid = mask.ne(e.ignore);
           const at::Tensor pred = logits.argmax(1);
           confusion +=
