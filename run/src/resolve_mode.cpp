@@ -44,6 +44,13 @@ void sort_simplest_first(std::vector<Trial>& trials) {
   });
 }
 
+// "MODE's step takes X ms: REST", for a mode left untimed beside a graphed step that long.
+std::string step_text(const char* what, double steps_per_s, const char* rest) {
+  char text[200];
+  std::snprintf(text, sizeof text, "%s's step takes %.2f ms: %s", what, 1e3 / steps_per_s, rest);
+  return text;
+}
+
 const Trial* find_trial(const std::vector<Trial>& trials, Mode mode) {
   for (const auto& t : trials)
     if (t.mode == to_string(mode)) return &t;
@@ -58,16 +65,6 @@ const std::vector<Mode>& trial_order() {
   return order;
 }
 
-namespace {
-
-std::string step_text(const char* what, double steps_per_s, const char* rest) {
-  char text[200];
-  std::snprintf(text, sizeof text, "%s's step takes %.2f ms: %s", what, 1e3 / steps_per_s, rest);
-  return text;
-}
-
-}  // namespace
-
 std::string needs_no_trial(Mode mode, const std::vector<Trial>& so_far, bool stages_to_overlap,
                            double short_step_s) {
   const auto timed = [&](Mode m) -> const Trial* {
@@ -81,14 +78,15 @@ std::string needs_no_trial(Mode mode, const std::vector<Trial>& so_far, bool sta
   if (runs_pipelined(mode) && !stages_to_overlap)
     return "one stage (no loader or feed to overlap): a pipeline would add hand-offs to the "
            "serial step";
+  const Trial* graphed = timed(Mode::kGraphed);
   const Trial* pipelined_graphed = timed(Mode::kPipelinedGraphed);
   if (mode == Mode::kGraphed && pipelined_graphed &&
       *pipelined_graphed->steps_per_s * short_step_s < 1.0)
     return step_text("pipelined+graphed", *pipelined_graphed->steps_per_s,
                      "it replays this step's graphs with its stages overlapped, within the "
                      "trials' noise of graphed or faster on steps this long");
-  if (mode == Mode::kSerial && (timed(Mode::kGraphed) || pipelined_graphed))
-    return std::string(timed(Mode::kGraphed) ? "graphed" : "pipelined+graphed") +
+  if (mode == Mode::kSerial && (graphed || pipelined_graphed))
+    return std::string(graphed ? "graphed" : "pipelined+graphed") +
            " replays this step's kernels from captured graphs, without host launches";
   if (mode == Mode::kPipelined && pipelined_graphed)
     return "pipelined+graphed replays these stages' kernels from captured graphs, without host "
@@ -96,7 +94,6 @@ std::string needs_no_trial(Mode mode, const std::vector<Trial>& so_far, bool sta
   if (mode == Mode::kGraphedK) {
     if (failed(Mode::kGraphed))
       return "graphed could not run, and graphed_k captures the same step";
-    const Trial* graphed = timed(Mode::kGraphed);
     const Trial* step = graphed ? graphed : pipelined_graphed;
     if (step && *step->steps_per_s * short_step_s < 1.0)
       return step_text(graphed ? "graphed" : "pipelined+graphed", *step->steps_per_s,

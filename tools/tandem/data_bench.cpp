@@ -261,9 +261,9 @@ void check_data_bench_options(const DataBenchOptions& o) {
                    " is not valid: expected >= 1 files");
   TANDEM_CHECK_ARG(o.loader_images >= 1, "--loader-images ", o.loader_images,
                    " is not valid: expected >= 1");
-  TANDEM_CHECK_ARG(!o.workers || (*o.workers >= 1 && *o.workers <= kMaxLoaderWorkers), "--workers ",
-                   o.workers.value_or(0), " is not valid: expected 1 to ", kMaxLoaderWorkers,
-                   " loader threads");
+  TANDEM_CHECK_ARG(!o.run.workers || (*o.run.workers >= 1 && *o.run.workers <= kMaxLoaderWorkers),
+                   "--workers ", o.run.workers.value_or(0), " is not valid: expected 1 to ",
+                   kMaxLoaderWorkers, " loader threads");
   TANDEM_CHECK_ARG(!o.run.batch_size || *o.run.batch_size >= 1, "--batch-size ",
                    o.run.batch_size.value_or(0), " is not valid: expected >= 1");
   TANDEM_CHECK_ARG(!o.run.steps || *o.run.steps >= 0, "--steps ", o.run.steps.value_or(0),
@@ -283,7 +283,6 @@ DataBenchResult run_data_bench(const DataBenchOptions& o) {
       o.data, " (its progress gives img/s)");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   run::RunRequest request = o.run;
-  if (o.workers) request.workers = o.workers;
   request.data = o.data;
   request.params["model"] = o.model;
   request.params["decode"] = o.decode;  // the end-to-end run decodes as asked (auto: by a trial)

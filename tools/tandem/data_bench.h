@@ -17,13 +17,13 @@ namespace tandem {
 struct DataBenchOptions {
   std::string data;
   int64_t decode_images = 1000;  ///< files timed on one core (and on the GPU)
-  std::optional<int> workers;    ///< loader threads; unset: one per core but one
   int64_t loader_images = 8000;  ///< images the loader-only run drains (whole batches)
   /// cpu, gpu or auto: which decode rows are timed (auto: both), and how the end-to-end run
   /// decodes (workload images' decode param; auto: whichever a short trial finds faster).
   std::string decode = "auto";
-  /// End to end: workload images at these settings (steps, mode, device, batch size, model);
-  /// its params are set by the data bench. steps == 0 skips it.
+  /// End to end: workload images at these settings (steps, mode, device, batch size, workers,
+  /// model); its params are set by the data bench. steps == 0 skips it. Its workers (the run
+  /// layer's default where unset) are the loader row's too.
   run::RunRequest run;
   std::string model = "r50_frozen_head";
 };

@@ -527,7 +527,7 @@ struct DataBenchCommand {
     app->add_option("--loader-images", db.loader_images,
                     "images the loader row drains (whole batches)")
         ->capture_default_str();
-    app->add_option("--workers", db.workers, tandem::run::kLoaderWorkersHelp);
+    app->add_option("--workers", db.run.workers, tandem::run::kLoaderWorkersHelp);
     // Bound to the optionals themselves, so a given 0 or -1 reaches check_data_bench_options.
     app->add_option("--batch-size", db.run.batch_size,
                     "batch size [default: 256 on a GPU, 4 on the CPU]");

@@ -97,8 +97,7 @@ class Scoring {
   void forward(const std::vector<at::Tensor>& xy) {
     AutocastScope autocast(s_.device, s_.precision);
     // A pass's short last batch at the batch size on CUDA (job_util.h: no new shapes to tune).
-    const at::Tensor x =
-        layout(padded_to_the_batch_size(xy[0], s_.batch_size, s_.device.is_cuda()));
+    const at::Tensor x = padded_to_the_batch_size(xy[0], s_.batch_size, s_.device.is_cuda());
     // A frozen backbone evaluates as it trains: folded (the module's features within float
     // rounding, without its batch-norm and ReLU passes).
     const at::Tensor logits =
