@@ -4,14 +4,15 @@
 # .ref/old's, built there), wallclock (benchmarks/wallclock.py, the package against the older one
 # where packed or built), profile (the ResNet step's kernels,
 # profile_resnet.sh), train (`tandem train`'s evaluations from a generated photo folder: the
-# first beside the later ones), gputest (the gpu-labelled tests). JSON into OUT; the whole logs
+# first beside the later ones), gputest (the gpu-labelled tests), probe (cuDNN's fused graphs,
+# benchmarks/lab/cudnn_fusion_probe.sh). JSON into OUT; the whole logs
 # in OUT/bundle-logs.tar.gz.
 #
 #   bash benchmarks/bundle_check.sh OUT [PHASES (profile train gputest)]
 #   env: DEADLINE_S (560: the call's seconds the phases share), GPUTEST_REGEX (ctest -R),
 #        GPUTEST_S (the gpu tests' seconds at most, e.g. while the packages build),
 #        WALLCLOCK_ARGS (wallclock.py's; default the frozen ResNet-50 and ResNet-18 at bs 32,
-#        300-step first fits)
+#        300-step first fits), TRAIN_EAGER_LOADING (train: see there)
 set -uo pipefail
 OUT=${1:?usage: benchmarks/bundle_check.sh OUT [profile train gputest]}
 shift
@@ -81,14 +82,20 @@ train)
     --classes 10 --seed 1 >>"$LOGS/make-folder.log" 2>&1
   # The tree's build, and where packed (.ref/bundle-old: an older build's libraries, found
   # before the bundle's through LD_LIBRARY_PATH) the older one, alternating.
+  # TRAIN_EAGER_LOADING=1 adds a run of the older build (the split only) with every CUDA module
+  # loaded at start (CUDA_MODULE_LOADING=EAGER): how much of a first evaluation is the lazy
+  # loading of kernels the training never launched.
   builds=(new); [ -d .ref/bundle-old/build ] && builds=(new old)
   for held in split folder; do
     if [ "$held" = split ]; then val=(--val-split 0.1); else val=(--val "$folder-val"); fi
-    for which in "${builds[@]}"; do
-      libs=""
-      [ "$which" = old ] && libs=$(printf '%s:' "$PWD"/.ref/bundle-old/build{,/models,/data,/distributed})
-      cli=build/tandem; [ "$which" = old ] && cli=.ref/bundle-old/build/tandem
-      LD_LIBRARY_PATH="$libs$LD_LIBRARY_PATH" timeout $(($(left) - 5)) "$cli" train \
+    runs=("${builds[@]}")
+    [ "$held" = split ] && [ "${TRAIN_EAGER_LOADING:-0}" = 1 ] && runs+=("${builds[-1]}-eager")
+    for which in "${runs[@]}"; do
+      libs="" loading=${CUDA_MODULE_LOADING:-LAZY}
+      [ "${which#old}" != "$which" ] && libs=$(printf '%s:' "$PWD"/.ref/bundle-old/build{,/models,/data,/distributed})
+      cli=build/tandem; [ "${which#old}" != "$which" ] && cli=.ref/bundle-old/build/tandem
+      [ "${which%-eager}" != "$which" ] && loading=EAGER
+      CUDA_MODULE_LOADING=$loading LD_LIBRARY_PATH="$libs$LD_LIBRARY_PATH" timeout $(($(left) - 5)) "$cli" train \
         --data "$folder" "${val[@]}" --model resnet18 --precision bf16 --channels-last \
         --batch-size 256 --optimizer sgd --lr 0.1 --epochs 4 --workers 15 --quiet \
         --out "$LOGS/run-$held-$which" --json "$LOGS/train-$held-$which.json" \
@@ -101,7 +108,7 @@ import json, os, sys
 logs, out = sys.argv[1:]
 rows = []
 for held in ("split", "folder"):
-  for which in ("new", "old"):
+  for which in ("new", "old", "new-eager", "old-eager"):
     path = os.path.join(logs, f"run-{held}-{which}", "metrics.jsonl")
     if not os.path.exists(path):
         continue
@@ -125,7 +132,15 @@ gputest)
   grep -E 'tests passed|Failed|\*\*\*|Timeout|Not Run' "$LOGS/gputest.log" | tail -30 |
     tee -a "$LOGS/summary.log"
   grep -E 'Test +#' "$LOGS/gputest.log" >"$OUT/gputest.txt" ;;
-*) say "no phase '$phase' (packages, wallclock, profile, train, gputest)" ;;
+probe)
+  # Which of cuDNN's fused convolution + batch-norm graphs run here, and their time beside the
+  # plain convolutions (built on this machine's side: cudnn_fusion_probe.sh build).
+  [ -x .ref/probe/cudnn_fusion_probe ] || { say "probe: skipped (no .ref/probe build)"; continue; }
+  say "probe: cuDNN's fused convolution and batch-norm graphs"
+  timeout $(($(left) - 5)) bash benchmarks/lab/cudnn_fusion_probe.sh run "$OUT" \
+    >"$LOGS/probe.log" 2>&1
+  say "probe: exit $?"; tail -40 "$LOGS/probe.log" | tee -a "$LOGS/summary.log" ;;
+*) say "no phase '$phase' (packages, wallclock, profile, train, gputest, probe)" ;;
 esac
 done
 

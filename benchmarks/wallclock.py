@@ -37,6 +37,8 @@ starts (t0); then four calls, each followed by a device synchronize:
     fits                 tandem: each call's wall clock beside its FitResult's seconds and the
                          report's other timing fields; a fit of mode auto's trials lists its
                          parts (mode, steps, seconds, timed)
+    compile_s            compiled rows: torch._dynamo's compile timings by part (COMPILE_PARTS),
+                         one entry per region compiled
 
 Each row's process gets an empty TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR and tandem's
 TANDEM_MODE_CACHE inside it) of its own under --cache-dir, so compilation and mode auto start
@@ -72,6 +74,12 @@ CELLS = "r18_full:256,r18_full:32,r50_frozen_head:256,r50_frozen_head:32,mnv3_fu
         "vit_b16_full:256"
 WARM = "-warm"  # the suffix of a row run on the cache folder of the row before it
 OLD = "@old"  # the suffix of a row run on --old-package
+# torch._dynamo's timed functions a compiled row reports (compile_s): a region's whole
+# compilation, dynamo's trace, the backend (AOT autograd + inductor), inductor's code generation
+# and the wait for its kernels' compilation.
+COMPILE_PARTS = ("_compile.compile_inner", "bytecode_tracing", "OutputGraph.call_user_compiler",
+                 "create_aot_dispatcher_function", "compile_fx_inner", "GraphLowering.codegen",
+                 "async_compile.wait")
 ROW_KEYS = ("impl", "job", "batch_size", "first_call_s", "per_call_s", "steady_images_per_s",
             "wall_images_per_s", "steps", "first_fixed_s", "mode", "trials_s", "error")
 
@@ -338,9 +346,13 @@ def run_row(a):
     try:
         measure(a, row)
         try:
-            from torch._dynamo.utils import counters
+            from torch._dynamo.utils import compilation_time_metrics, counters
             row["dynamo"] = {g: {str(k): v for k, v in counters[g].items()}
                              for g in ("recompiles", "graph_break") if counters.get(g)} or None
+            # Where compilation's seconds went: each region's compile, its AOT autograd and
+            # inductor parts (one entry per compilation).
+            row["compile_s"] = {k: [round(v, 3) for v in compilation_time_metrics[k]]
+                                for k in COMPILE_PARTS if compilation_time_metrics.get(k)} or None
         except ImportError:
             pass
     except Exception as e:  # noqa: BLE001 - an error is a row of the table

@@ -288,4 +288,26 @@ at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn)
   return run(x, bn, at::Tensor(), false, "batch_norm_train");
 }
 
+at::Tensor batch_norm_relu_eval(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
+                                const at::Tensor& residual, bool relu) {
+  TANDEM_CHECK_ARG(bn.options.affine() && bn.options.track_running_stats(),
+                   "batch_norm_relu_eval needs a batch norm with an affine map and running "
+                   "statistics");
+  TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == bn.options.num_features(),
+                   "batch_norm_relu_eval: expected (N, ", bn.options.num_features(),
+                   ", H, W), got ", x.sizes());
+  TANDEM_CHECK_ARG(!residual.defined() || residual.sizes() == x.sizes(),
+                   "batch_norm_relu_eval: the residual is ", residual.sizes(), ", expected ",
+                   x.sizes());
+  TANDEM_CHECK_ARG(!(at::GradMode::is_enabled() &&
+                     (x.requires_grad() || (residual.defined() && residual.requires_grad()))),
+                   "batch_norm_relu_eval is not differentiable: call it without gradients "
+                   "(at::NoGradGuard), or use BatchNorm2d's eval-mode forward");
+  at::NoGradGuard no_grad;  // scale and shift: the parameters' gradients are not wanted here
+  const at::ScalarType t = compute_type(x);
+  const at::Tensor scale = bn.weight.to(t) * (bn.running_var.to(t) + bn.options.eps()).rsqrt();
+  const at::Tensor shift = bn.bias.to(t) - bn.running_mean.to(t) * scale;
+  return apply_relu(x, scale, shift, residual, relu);
+}
+
 }  // namespace tandem::models

@@ -67,26 +67,41 @@ BasicBlockImpl::BasicBlockImpl(int64_t inplanes, int64_t planes, int64_t stride)
 }
 
 namespace {
-// Whether a block's batch norms run fused with their ReLU (and add): in training on a GPU, where
-// batch statistics are computed (eval mode's running statistics are a plain affine map).
-bool fuse_here(bool wanted, bool training, const torch::Tensor& x) {
-  return wanted && training && x.is_cuda();
+// How a block's batch norms run: fused with their ReLU (and add) in training on a GPU (batch
+// statistics, batch_norm_relu), through the same kernels in eval mode on a GPU without
+// gradients (running statistics, batch_norm_relu_eval: an evaluation launches only kernels the
+// training has loaded, in one pass instead of three), else as LibTorch's modules (the CPU, and
+// eval mode with gradients: a frozen batch norm under fine-tuning).
+enum class BnPath { kModules, kTraining, kEval };
+
+BnPath bn_path(bool wanted, bool training, const torch::Tensor& x) {
+  if (!wanted || !x.is_cuda()) return BnPath::kModules;
+  if (training) return BnPath::kTraining;
+  return at::GradMode::is_enabled() ? BnPath::kModules : BnPath::kEval;
+}
+
+torch::Tensor bn_relu(BnPath path, const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
+                      const torch::Tensor& residual = {}) {
+  return path == BnPath::kTraining ? batch_norm_relu(x, bn, residual)
+                                   : batch_norm_relu_eval(x, bn, residual);
 }
 
 // The identity path of a fused block: x, or the downsample's conv and its batch norm through
 // the fused kernels (no ReLU).
-torch::Tensor fused_identity(const torch::nn::Sequential& downsample, const torch::Tensor& x) {
+torch::Tensor fused_identity(BnPath path, const torch::nn::Sequential& downsample,
+                             const torch::Tensor& x) {
   if (!downsample) return x;
   auto conv = downsample->ptr(0)->as<torch::nn::Conv2dImpl>();
   auto bn = downsample->ptr(1)->as<torch::nn::BatchNorm2dImpl>();
-  return batch_norm_train(conv->forward(x), *bn);
+  return path == BnPath::kTraining ? batch_norm_train(conv->forward(x), *bn)
+                                   : batch_norm_relu_eval(conv->forward(x), *bn, {}, false);
 }
 }  // namespace
 
 torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
-  if (fuse_here(fused_batch_norm, is_training(), x)) {
-    const torch::Tensor out = batch_norm_relu(conv1(x), *bn1);
-    return batch_norm_relu(conv2(out), *bn2, fused_identity(downsample, x));
+  if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules) {
+    const torch::Tensor out = bn_relu(path, conv1(x), *bn1);
+    return bn_relu(path, conv2(out), *bn2, fused_identity(path, downsample, x));
   }
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out));
@@ -109,10 +124,10 @@ BottleneckImpl::BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride)
 }
 
 torch::Tensor BottleneckImpl::forward(const torch::Tensor& x) {
-  if (fuse_here(fused_batch_norm, is_training(), x)) {
-    torch::Tensor out = batch_norm_relu(conv1(x), *bn1);
-    out = batch_norm_relu(conv2(out), *bn2);
-    return batch_norm_relu(conv3(out), *bn3, fused_identity(downsample, x));
+  if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules) {
+    torch::Tensor out = bn_relu(path, conv1(x), *bn1);
+    out = bn_relu(path, conv2(out), *bn2);
+    return bn_relu(path, conv3(out), *bn3, fused_identity(path, downsample, x));
   }
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out)).relu_();
@@ -179,8 +194,8 @@ torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
   TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == 3, "ResNet: expected input (B, 3, H, W), got ",
                    x.sizes());
   torch::Tensor y;
-  if (fuse_here(fused_batch_norm_, is_training(), x))
-    y = max_pool_3x3_stride2(batch_norm_relu(conv1(x), *bn1));
+  if (const BnPath path = bn_path(fused_batch_norm_, is_training(), x); path != BnPath::kModules)
+    y = max_pool_3x3_stride2(bn_relu(path, conv1(x), *bn1));
   else
     y = F::max_pool2d(bn1(conv1(x)).relu_(), F::MaxPool2dFuncOptions(3).stride(2).padding(1));
   return layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));

@@ -116,6 +116,69 @@ TEST(BatchNormReluTest, RejectsWhatItCannotRun) {
   EXPECT_THROW(batch_norm_relu(torch::randn({2, 4, 3, 3}), *plain), InvalidArgument);
 }
 
+// Eval mode's running statistics applied as one pass: bn(x) (+ residual) (ReLU) in eval mode
+// and without gradients, against BatchNorm2d's eval forward, add and ReLU in float64; on the GPU
+// the apply kernel (float32 tight, bf16 within its one rounding), both layouts.
+double compare_eval_with_module(const Case& k, c10::Device device, at::ScalarType dtype) {
+  torch::manual_seed(13);
+  const auto fmt = k.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  torch::nn::BatchNorm2d bn(k.c);
+  {
+    torch::NoGradGuard no_grad;
+    bn->weight.uniform_(0.5, 1.5);
+    bn->bias.normal_(0, 0.3);
+    bn->running_mean.normal_(k.offset, 0.5);
+    bn->running_var.uniform_(0.5, 4.0);
+  }
+  bn->eval();
+  const at::Tensor x0 = torch::randn({k.n, k.c, k.h, k.w}, torch::kDouble) * 2 + k.offset;
+  const at::Tensor r0 = torch::randn({k.n, k.c, k.h, k.w}, torch::kDouble);
+  const at::Tensor x = x0.to(device, dtype).contiguous(fmt);
+  const at::Tensor r = r0.to(device, dtype).contiguous(fmt);
+  torch::NoGradGuard no_grad;
+  // The reference: BatchNorm2d's eval forward in float64 on the same (rounded) inputs.
+  bn->to(at::kDouble);
+  at::Tensor ref = bn->forward(x.to(c10::kCPU, at::kDouble).contiguous());
+  if (k.residual) ref = ref + r.to(c10::kCPU, at::kDouble);
+  if (k.relu) ref = ref.relu();
+  // Parameters and statistics float32 beside low-precision activations, as under autocast.
+  bn->to(device, dtype == at::kDouble ? at::kDouble : at::kFloat);
+  const at::Tensor y = batch_norm_relu_eval(x, *bn, k.residual ? r : at::Tensor(), k.relu);
+  EXPECT_EQ(y.scalar_type(), dtype);
+  EXPECT_TRUE(y.is_contiguous(fmt));
+  return max_relative(y, ref);
+}
+
+TEST(BatchNormReluTest, TheEvalFormMatchesBatchNormAddReluInDoubleOnTheCpu) {
+  for (const Case& k : {Case{3, 5, 4, 6, false, false}, Case{3, 5, 4, 6, true, false},
+                        Case{2, 8, 5, 3, true, true}, Case{3, 5, 4, 6, false, true, false}}) {
+    SCOPED_TRACE(std::to_string(k.c) + (k.residual ? " residual" : "") +
+                 (k.relu ? "" : " no relu"));
+    EXPECT_LT(compare_eval_with_module(k, c10::Device(c10::kCPU), at::kDouble), 1e-12);
+  }
+}
+
+TEST(BatchNormReluTest, TheEvalFormRefusesAnInputThatWantsAGradient) {
+  torch::nn::BatchNorm2d bn(4);
+  const at::Tensor x = torch::randn({2, 4, 3, 3}).requires_grad_();
+  EXPECT_THROW(batch_norm_relu_eval(x, *bn), InvalidArgument);
+  EXPECT_THROW(batch_norm_relu_eval(torch::randn({2, 3, 3, 3}), *bn), InvalidArgument);
+  torch::NoGradGuard no_grad;
+  EXPECT_EQ(batch_norm_relu_eval(x, *bn).sizes(), x.sizes());
+}
+
+TEST(BatchNormReluGpuTest, TheEvalFormMatchesTheModuleInFloatAndBf16BothLayouts) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const Case& k : {Case{8, 64, 7, 9, true, true}, Case{8, 64, 8, 8, false, false},
+                        Case{4, 6, 3, 5, true, true}, Case{32, 256, 7, 7, false, true, false}}) {
+    SCOPED_TRACE(std::to_string(k.c) + (k.residual ? " residual" : "") +
+                 (k.channels_last ? " channels_last" : ""));
+    EXPECT_LT(compare_eval_with_module(k, cuda, at::kFloat), 1e-5);
+    EXPECT_LT(compare_eval_with_module(k, cuda, at::kBFloat16), 1e-2);
+  }
+}
+
 // CUDA, float32 (tight) and bf16 (one rounding of the output against the float64 reference):
 // channels-last with whole vectors per row on tandem's statistics, mask and backward kernels
 // (many rows: many splits to combine; a mean far from zero against a small spread; no ReLU; a
@@ -216,6 +279,46 @@ TEST(BatchNormReluGpuTest, AResNetStepMatchesTheUnfusedOne) {
   for (size_t i = 0; i < fb.buffers.size(); ++i)
     EXPECT_LT(max_relative(fb.buffers[i].second, ub.buffers[i].second), 2e-2)
         << "bf16 " << fb.buffers[i].first;
+}
+
+// An evaluation's forward (eval mode, no gradients) of a trained ResNet-18 on the fused kernels
+// against LibTorch's modules from the same weights and running statistics: float32 logits
+// within summation order, bf16 within its rounding; with gradients on, eval mode runs the
+// modules (a frozen batch norm under fine-tuning) and its gradients reach the input.
+TEST(BatchNormReluGpuTest, AResNetEvaluationMatchesTheUnfusedOne) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  auto logits = [&](bool fused, bool bf16) {
+    torch::manual_seed(14);
+    ResNet net = resnet18(ResNetOptions{10, fused});
+    const at::Tensor x = torch::randn({16, 3, 64, 64}).to(cuda);
+    net->to(cuda);
+    to_channels_last(*net);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& b : net->named_buffers())
+        if (b.key().find("running_var") != std::string::npos)
+          b.value().uniform_(0.5, 2.0);
+        else if (b.key().find("running_mean") != std::string::npos)
+          b.value().normal_(0, 0.2);
+    }
+    net->eval();
+    torch::NoGradGuard no_grad;
+    AutocastScope autocast(cuda, bf16 ? Precision::kBf16 : Precision::kFp32);
+    return net->forward(x.contiguous(at::MemoryFormat::ChannelsLast)).to(at::kFloat);
+  };
+  at::globalContext().setAllowTF32CuDNN(false);
+  const double f32 = max_relative(logits(true, false), logits(false, false));
+  at::globalContext().setAllowTF32CuDNN(true);
+  EXPECT_LT(f32, 1e-4);
+  EXPECT_LT(max_relative(logits(true, true), logits(false, true)), 5e-2);
+
+  ResNet net = resnet18(ResNetOptions{10, true});
+  net->to(cuda);
+  net->eval();
+  const at::Tensor x = torch::randn({2, 3, 32, 32}, cuda).requires_grad_();
+  net->forward(x).sum().backward();
+  EXPECT_TRUE(x.grad().defined());
 }
 
 }  // namespace

@@ -32,4 +32,15 @@ at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
 /// statistics and the backward of batch_norm_relu, the same checks.
 at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn);
 
+/// Eval mode's relu(bn(x) + residual) (residual undefined: none; relu false: no ReLU) with bn's
+/// running statistics, as one pass through batch_norm_relu's apply kernel where it takes x
+/// (else the same arithmetic as ATen ops). Not differentiable: for forwards without gradients
+/// (an evaluation), where it runs the training's own kernels — LibTorch's eval-mode batch norm,
+/// add and ReLU would be kernels the run's first evaluation launches (and loads) for the first
+/// time, and three passes where this is one. y is computed in float32 and rounded once, as
+/// batch_norm_relu's. Throws InvalidArgument as batch_norm_relu does, and for an x that
+/// requires a gradient.
+at::Tensor batch_norm_relu_eval(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
+                                const at::Tensor& residual = at::Tensor(), bool relu = true);
+
 }  // namespace tandem::models

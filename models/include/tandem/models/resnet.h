@@ -22,9 +22,10 @@ struct ResNetOptions {
   int64_t num_classes = 1000;
   /// In training mode on a GPU, each batch norm with the ReLU (and the residual add) after it
   /// runs as one op (batch_norm_relu.h: one pass writes the activation), a downsample's batch
-  /// norm through the same kernels, and the stem's max pool as tandem's own (max_pool.h);
-  /// false: LibTorch's BatchNorm2d, add, ReLU and max pool one after another. Same parameters,
-  /// buffers and state_dict.
+  /// norm through the same kernels, and the stem's max pool as tandem's own (max_pool.h); in
+  /// eval mode without gradients (an evaluation) the same kernels apply the running
+  /// statistics. false: LibTorch's BatchNorm2d, add, ReLU and max pool one after another.
+  /// Same parameters, buffers and state_dict.
   bool fused_batch_norm = true;
 };
 
