@@ -22,6 +22,9 @@ void bind_job(py::module_& m);             // job_bindings.cpp
 #ifdef TANDEM_PY_HAVE_TRAIN
 void bind_train(py::module_& m);  // train_bindings.cpp
 #endif
+namespace tandem::python {
+void bind_run_config(py::module_& m);  // python_workload.cpp
+}  // namespace tandem::python
 
 PYBIND11_MODULE(_C, m) {
   // A bad argument the C++ library names is a ValueError in Python (other tandem errors are
@@ -37,6 +40,7 @@ PYBIND11_MODULE(_C, m) {
   bind_data(m);
   bind_python_dataset(m);
   bind_optim(m);
+  tandem::python::bind_run_config(m);
   bind_trainer(m);
   bind_job(m);
 #ifdef TANDEM_PY_HAVE_TRAIN

@@ -146,12 +146,12 @@ Workload make_workload(const RunConfig& c, const WorkloadOptions& o,
   return w;
 }
 
-RunConfig read_config(const py::dict& d) {
-  RunConfig c;
-  c.name = d["name"].cast<std::string>();
-  c.instance = hold(d["instance"]);
-  c.copy = d["copy"].cast<bool>();
-  const py::object data = d["data"];
+namespace {
+
+// Setters of RunConfig's fields that Python hands over as Python objects.
+void set_data(RunConfig& c, const py::object& data) {
+  c.resident.clear();
+  c.dataset.reset();
   if (py::isinstance<py::list>(data)) {
     for (const py::handle b : data) {
       Batch batch;
@@ -162,41 +162,118 @@ RunConfig read_config(const py::dict& d) {
   } else {
     c.dataset = data.cast<const PyDataset&>().dataset;
   }
-  c.input = d["input"].cast<std::string>();
-  c.target = d["target"].is_none() ? "" : d["target"].cast<std::string>();
-  c.lr_schedule = d["lr_schedule"].cast<bool>();
-  if (!d["augment"].is_none()) {
-    const py::dict a = d["augment"];
-    c.augment = augment_spec_from(
-        a["crop"].cast<std::vector<int64_t>>(), a["out"].cast<std::vector<int64_t>>(),
-        a["max_rotation_deg"].cast<double>(), a["blur_kernel"].cast<int64_t>(),
-        a["sigma_min"].cast<double>(), a["sigma_max"].cast<double>(),
-        a["mean"].cast<std::vector<double>>(), a["std"].cast<std::vector<double>>(),
-        a["hflip_probability"].cast<double>());
-    if (!d["augment_generator"].is_none())
-      c.augment_generator = d["augment_generator"].cast<at::Generator>();
+}
+
+void set_augment(RunConfig& c, const py::object& spec) {
+  if (spec.is_none()) {
+    c.augment.reset();
+    return;
   }
-  run::RunRequest& b = c.request;
-  b.device = d["device"].cast<std::string>();
-  b.mode = run::parse_run_mode(d["mode"].cast<std::string>());
-  if (!d["batch_size"].is_none()) b.batch_size = d["batch_size"].cast<int64_t>();
-  b.steps = d["steps"].cast<int64_t>();
-  b.warmup = d["warmup"].cast<int64_t>();
-  b.workers = d["workers"].cast<int>();
-  b.seed = d["seed"].cast<uint64_t>();
-  b.skip_bad = d["skip_bad"].cast<bool>();
-  b.first_step = d["first_step"].cast<int64_t>();
-  b.trace_path = d["trace"].is_none() ? "" : d["trace"].cast<std::string>();
-  b.progress = d["progress"].cast<bool>();
-  b.cudnn_benchmark = d["cudnn_benchmark"].cast<bool>();
-  b.gpu_monitor = d["gpu_monitor"].cast<bool>();
-  c.shuffle = d["shuffle"].cast<bool>();
-  c.drop_last = d["drop_last"].cast<bool>();
-  c.data_parallel = d["data_parallel"].cast<bool>();
-  b.stages_to_overlap = d["stages_to_overlap"].cast<bool>();
-  for (const auto& [mode, why] : d["ruled_out"].cast<py::dict>())
-    b.ruled_out[parse_mode(mode.cast<std::string>())] = why.cast<std::string>();
-  return c;
+  const py::dict a = spec;
+  c.augment = augment_spec_from(
+      a["crop"].cast<std::vector<int64_t>>(), a["out"].cast<std::vector<int64_t>>(),
+      a["max_rotation_deg"].cast<double>(), a["blur_kernel"].cast<int64_t>(),
+      a["sigma_min"].cast<double>(), a["sigma_max"].cast<double>(),
+      a["mean"].cast<std::vector<double>>(), a["std"].cast<std::vector<double>>(),
+      a["hflip_probability"].cast<double>());
+}
+
+py::dict ruled_out_of(const run::RunRequest& r) {
+  py::dict out;
+  for (const auto& [mode, why] : r.ruled_out) out[py::str(to_string(mode))] = why;
+  return out;
+}
+
+void set_ruled_out(run::RunRequest& r, const py::dict& ruled_out) {
+  r.ruled_out.clear();
+  for (const auto& [mode, why] : ruled_out)
+    r.ruled_out[parse_mode(mode.cast<std::string>())] = why.cast<std::string>();
+}
+
+}  // namespace
+
+run::RunRequest resolved_request(const RunConfig& c) {
+  run::RunRequest r = c.request;
+  // The run layer's one resolve(): a workload entry for the Trainer's modules (resolve checks
+  // that one is there and takes the batch size from the request, which trainer.py always sets).
+  r.workload.name = c.name;
+  r.workload.description = "a tandem.Trainer's modules";
+  r.workload.gpu_batch_size = r.workload.cpu_batch_size = 1;
+  r.workload.make = [](const WorkloadOptions&) -> Workload {
+    throw InvalidArgument("a resolved request of a tandem.Trainer is not run by itself");
+  };
+  return run::resolve(std::move(r));
+}
+
+void bind_run_config(py::module_& m) {
+  using run::RunRequest;
+  py::class_<RunRequest>(
+      m, "RunRequest",
+      "One run's settings as the run layer takes them (run/include/tandem/run/request.h), the "
+      "same type `tandem bench`, `tandem train` and `tandem data-bench` fill. None: the run "
+      "layer's default, filled by RunConfig.resolved_request()")
+      .def(py::init<>())
+      .def_property(
+          "mode", [](const RunRequest& r) { return run::mode_name(r.mode); },
+          [](RunRequest& r, const std::string& mode) { r.mode = run::parse_run_mode(mode); },
+          "a mode's name, or 'auto'")
+      .def_property("ruled_out", &ruled_out_of, &set_ruled_out,
+                    "{mode: why} for the modes this run cannot take (mode auto leaves them out)")
+      .def_readwrite("stages_to_overlap", &RunRequest::stages_to_overlap)
+      .def_readwrite("device", &RunRequest::device)
+      .def_readwrite("batch_size", &RunRequest::batch_size)
+      .def_readwrite("steps", &RunRequest::steps)
+      .def_readwrite("warmup", &RunRequest::warmup)
+      .def_readwrite("workers", &RunRequest::workers)
+      .def_readwrite("cudnn_benchmark", &RunRequest::cudnn_benchmark)
+      .def_readwrite("train_priority", &RunRequest::train_priority)
+      .def_readwrite("input_priority", &RunRequest::input_priority)
+      .def_readwrite("cuda_wait", &RunRequest::cuda_wait)
+      .def_readwrite("trace_path", &RunRequest::trace_path)
+      .def_readwrite("progress", &RunRequest::progress)
+      .def_readwrite("gpu_monitor", &RunRequest::gpu_monitor)
+      .def_readwrite("device_timing_every", &RunRequest::device_timing_every)
+      .def_readwrite("seed", &RunRequest::seed)
+      .def_readwrite("skip_bad", &RunRequest::skip_bad)
+      .def_readwrite("first_step", &RunRequest::first_step)
+      .def_readonly("rank", &RunRequest::rank)
+      .def_readonly("world_size", &RunRequest::world_size)
+      .def("describe", &run::describe_request, "The request's lines, as `tandem bench` prints them")
+      .def("__repr__", [](const RunRequest& r) {
+        return "<tandem RunRequest mode=" + run::mode_name(r.mode) + " device=" + r.device + ">";
+      });
+
+  py::class_<RunConfig>(m, "RunConfig",
+                        "A tandem.Trainer's run: its Python objects and data beside the run "
+                        "layer's RunRequest (trainer.py fills it)")
+      .def(py::init<>())
+      .def_readwrite("name", &RunConfig::name)
+      .def_property(
+          "instance", [](const RunConfig& c) { return c.instance ? *c.instance : py::none(); },
+          [](RunConfig& c, py::object f) { c.instance = hold(std::move(f)); },
+          "copies -> (feeds, model, loss_fn, optimizer, capturable, optimizer name, apply_lr)")
+      .def_readwrite("copy", &RunConfig::copy)
+      .def_property(
+          "data", [](const RunConfig&) { return py::none(); }, &set_data,
+          "a list of batches (dicts of tensors) or a tandem dataset (write-only)")
+      .def_readwrite("shuffle", &RunConfig::shuffle)
+      .def_readwrite("drop_last", &RunConfig::drop_last)
+      .def_readwrite("input", &RunConfig::input)
+      .def_property(
+          "target", [](const RunConfig& c) { return c.target; },
+          [](RunConfig& c, const std::optional<std::string>& t) { c.target = t.value_or(""); })
+      .def_property(
+          "augment", [](const RunConfig& c) { return c.augment.has_value(); }, &set_augment,
+          "tandem.augment.Augment's fields as a dict, or None (reads: whether one is set)")
+      .def_readwrite("augment_generator", &RunConfig::augment_generator)
+      .def_readwrite("lr_schedule", &RunConfig::lr_schedule)
+      .def_readwrite("data_parallel", &RunConfig::data_parallel)
+      .def_readwrite(
+          "request", &RunConfig::request,
+          "the run layer's settings (RunRequest); set in place: config.request.steps = n")
+      .def("resolved_request", &resolved_request,
+           "The request with every default filled and every value checked by the run layer's "
+           "resolve(), as `tandem bench` resolves its own");
 }
 
 py::object to_python(const nlohmann::json& j) {

@@ -1,6 +1,6 @@
-// A tandem.Trainer's run as C++ sees it (trainer.py hands over a dict): its config read under
-// the GIL, the Workload made of the user's Python modules, and the thread that runs it while
-// Python goes on handling signals. Shared by the run layer's entry points (trainer_bindings.cpp:
+// A tandem.Trainer's run as C++ sees it (trainer.py fills a typed RunConfig): the config, the
+// Workload made of the user's Python modules, and the thread that runs it while Python goes on
+// handling signals. Shared by the run layer's entry points (trainer_bindings.cpp:
 // fit without a run folder, benchmark, mode auto's trials) and the training loop's
 // (train_bindings.cpp: fit with a run folder).
 #pragma once
@@ -29,7 +29,7 @@ namespace tandem::python {
 
 namespace py = pybind11;
 
-/// What tandem.Trainer hands over for a run (a dict from trainer.py, read under the GIL).
+/// What tandem.Trainer hands over for a run (tandem._C.RunConfig, filled by trainer.py).
 struct RunConfig {
   /// instance(copy) -> (feeds [(name, callable)], model, loss_fn, optimizer, capturable,
   /// optimizer name, apply_lr(step) or None): the user's objects, or deep copies of them
@@ -48,7 +48,12 @@ struct RunConfig {
   run::RunRequest request;     // everything but the workload
 };
 
-RunConfig read_config(const py::dict& config);
+/// The config's request as the run layer resolves it (run::resolve, every default filled and
+/// every value checked), for the Trainer's modules.
+run::RunRequest resolved_request(const RunConfig& c);
+
+/// Binds RunConfig and run::RunRequest as tandem._C.RunConfig and tandem._C.RunRequest.
+void bind_run_config(py::module_& m);
 
 /// The learning-rate setter of the instance a run built, for RunHooks::before_train_step
 /// (the run's factory makes the instance, so it fills this in).

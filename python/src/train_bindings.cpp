@@ -111,39 +111,55 @@ run::RunReport run_report(const RunConfig& c, const train::TrainResult& r,
   return report;
 }
 
+/// What a fit's training loop takes beyond its run (tandem._C.LoopConfig, filled by trainer.py).
+struct LoopConfig {
+  PyRef model;                // the module whose state_dict a run folder saves
+  PyRef evaluate;             // evaluate() -> metrics, or none
+  std::string config = "{}";  // what a resume must match, as JSON (trainer.py's _run_config)
+  int64_t steps = 0, epochs = 0;
+  std::optional<std::string> out;  // the run folder, or none
+  bool resume = false;
+  int64_t checkpoint_every = 0;
+  int keep_checkpoints = 0;
+  PyRef lr_schedule;  // step -> lr, or none
+};
+
+PyRef hold_unless_none(const py::object& o) { return o.is_none() ? PyRef() : hold(o); }
+py::object held_or_none(const PyRef& r) { return r ? *r : py::none(); }
+
 /// The Trainer's modules as the loop's job (the weights' state_dict only for a run folder).
-train::TrainJob python_job(const RunConfig& c, const py::dict& t, bool folder,
+train::TrainJob python_job(const RunConfig& c, const LoopConfig& t, bool folder,
                            const std::shared_ptr<PythonCalls>& calls) {
   train::TrainJob job;
   job.name = c.name;
   job.workload =
       make_workload(c, run::workload_options(c.request), calls, std::make_shared<PyRef>());
-  if (folder) job.weights = python_weights(hold(t["model"]), calls);
-  if (!t["evaluate"].is_none()) job.evaluate = python_evaluation(hold(t["evaluate"]), calls);
-  job.config = nlohmann::json::parse(t["config"].cast<std::string>());
+  if (folder) job.weights = python_weights(t.model, calls);
+  if (t.evaluate) job.evaluate = python_evaluation(t.evaluate, calls);
+  job.config = nlohmann::json::parse(t.config);
   return job;
 }
 
-/// The loop's options from trainer.py's config (`t`: its "train" part); the stop flag, the
-/// group, the trace and the progress callbacks are the caller's.
-train::TrainOptions loop_options(const RunConfig& c, const py::dict& t, bool folder,
+/// The loop's options from trainer.py's configs; the stop flag, the group, the trace and the
+/// progress callbacks are the caller's.
+train::TrainOptions loop_options(const RunConfig& c, const LoopConfig& t, bool folder,
                                  const std::shared_ptr<PythonCalls>& calls) {
   train::TrainOptions to;
-  to.epochs = t["epochs"].cast<int64_t>();
-  to.steps = t["steps"].cast<int64_t>();
+  to.epochs = t.epochs;
+  to.steps = t.steps;
   if (!folder) to.first_step = c.request.first_step;  // a folder's run: its checkpoint's
   to.batch_size = c.request.batch_size.value();       // trainer.py gives these three
   to.workers = c.request.workers.value();
   to.mode = *c.request.mode;
   to.seed = c.request.seed;
   to.skip_bad = c.request.skip_bad;
-  if (folder) to.out_dir = t["out"].cast<std::string>();
-  to.resume = t["resume"].cast<bool>();
-  to.checkpoint_every = t["checkpoint_every"].cast<int64_t>();
-  to.keep_checkpoints = t["keep_checkpoints"].cast<int>();
+  if (folder) to.out_dir = *t.out;
+  to.resume = t.resume;
+  to.checkpoint_every = t.checkpoint_every;
+  to.keep_checkpoints = t.keep_checkpoints;
   if (!folder) to.device_timing_every = c.request.device_timing_every;  // as the run layer's
-  if (!t["lr_schedule"].is_none()) {
-    const PyRef schedule = hold(t["lr_schedule"]);
+  if (t.lr_schedule) {
+    const PyRef schedule = t.lr_schedule;
     to.schedule = [schedule, calls](int64_t step) {
       return calls->call("lr_schedule",
                          [&] { return py::float_((*schedule)(step)).cast<double>(); });
@@ -178,7 +194,7 @@ py::dict report_to_python(run::RunReport& r, distributed::ProcessGroup* group) {
 /// session of its own.
 class FitSession {
  public:
-  py::dict fit(const py::dict& config);
+  py::dict fit(const RunConfig& config, const LoopConfig& loop);
 
  private:
   std::shared_ptr<PythonCalls> calls_ = std::make_shared<PythonCalls>();
@@ -187,10 +203,10 @@ class FitSession {
   c10::Device device_{c10::kCPU};  // the job's
 };
 
-py::dict FitSession::fit(const py::dict& config) {
-  RunConfig c = read_config(config);
-  const py::dict t = config["train"];
-  const bool folder = !t["out"].is_none();
+py::dict FitSession::fit(const RunConfig& config, const LoopConfig& t) {
+  RunConfig c = config;
+  c.request = resolved_request(c);  // the defaults trainer.py leaves to the run layer
+  const bool folder = t.out.has_value();
   TANDEM_CHECK_ARG(!folder || !trainer_,
                    "a run folder's fit is a session of its own: expected a new session");
   std::shared_ptr<distributed::ProcessGroup> group;
@@ -294,19 +310,45 @@ py::dict FitSession::fit(const py::dict& config) {
   return out;
 }
 
-py::dict train_run(const py::dict& config) { return FitSession().fit(config); }
+py::dict train_run(const RunConfig& config, const LoopConfig& loop) {
+  return FitSession().fit(config, loop);
+}
 
 }  // namespace tandem::python
 
 void bind_train(py::module_& m) {
+  using tandem::python::held_or_none;
+  using tandem::python::hold_unless_none;
+  using tandem::python::LoopConfig;
+  py::class_<LoopConfig>(m, "LoopConfig",
+                         "What a tandem.Trainer's fit hands the training loop beside its "
+                         "RunConfig: the steps or epochs, the run folder, checkpoints, the "
+                         "evaluation and the lr schedule (trainer.py fills it)")
+      .def(py::init<>())
+      .def_property(
+          "model", [](const LoopConfig& l) { return held_or_none(l.model); },
+          [](LoopConfig& l, const py::object& o) { l.model = hold_unless_none(o); })
+      .def_property(
+          "evaluate", [](const LoopConfig& l) { return held_or_none(l.evaluate); },
+          [](LoopConfig& l, const py::object& o) { l.evaluate = hold_unless_none(o); })
+      .def_readwrite("config", &LoopConfig::config)
+      .def_readwrite("steps", &LoopConfig::steps)
+      .def_readwrite("epochs", &LoopConfig::epochs)
+      .def_readwrite("out", &LoopConfig::out)
+      .def_readwrite("resume", &LoopConfig::resume)
+      .def_readwrite("checkpoint_every", &LoopConfig::checkpoint_every)
+      .def_readwrite("keep_checkpoints", &LoopConfig::keep_checkpoints)
+      .def_property(
+          "lr_schedule", [](const LoopConfig& l) { return held_or_none(l.lr_schedule); },
+          [](LoopConfig& l, const py::object& o) { l.lr_schedule = hold_unless_none(o); });
   py::class_<tandem::python::FitSession>(
       m, "FitSession",
       "A tandem.Trainer's fits on one training loop: fits without a run folder keep its lanes' "
       "threads and CUDA graphs for the next (trainer.py)")
       .def(py::init<>())
-      .def("fit", &tandem::python::FitSession::fit, py::arg("config"),
+      .def("fit", &tandem::python::FitSession::fit, py::arg("config"), py::arg("loop"),
            "Runs one fit as train() does, on this session's kept training loop");
-  m.def("train", &tandem::python::train_run, py::arg("config"),
+  m.def("train", &tandem::python::train_run, py::arg("config"), py::arg("loop"),
         "Runs a tandem.Trainer's fit through the training loop (train::Trainer): into a run "
         "folder, returning the epochs, the losses and where the checkpoints are; without one, "
         "returning the run's report (trainer.py)");

@@ -48,8 +48,8 @@ struct PreparedRun {
   run::RunRequest request;
   run::RunHooks hooks;
   std::shared_ptr<distributed::ProcessGroup> job;  // data parallel: this process's job
-  explicit PreparedRun(const py::dict& config) {
-    RunConfig c = read_config(config);
+  explicit PreparedRun(const RunConfig& config) {
+    RunConfig c = config;
     if (c.data_parallel) {
       job = current_job();
       TANDEM_CHECK_ARG(job != nullptr,
@@ -77,7 +77,7 @@ struct PreparedRun {
 
 }  // namespace
 
-py::dict run(const py::dict& config) {
+py::dict run(const RunConfig& config) {
   PreparedRun p(config);
   run::RunReport r = p.interruptibly<run::RunReport>([&] {
     try {
@@ -114,7 +114,7 @@ uint64_t data_seed(uint64_t seed, int rank) {
   return o.data_seed();
 }
 
-py::dict trials(const py::dict& config) {
+py::dict trials(const RunConfig& config) {
   PreparedRun p(config);
   p.request.mode = std::nullopt;  // auto
   run::ModeResolution resolution;

@@ -283,8 +283,8 @@ class Trainer(_TrialsThatTrain):
         self.augment, self.mode, self.seed = augment, mode, whole("seed", seed, 0)
         self.name = getattr(model, "__name__", None) or type(model).__name__  # in reports
         self.shuffle, self.drop_last, self.skip_bad = shuffle, drop_last, skip_bad
-        self.cudnn_benchmark = (self.device.type == "cuda" if cudnn_benchmark is None
-                                else bool(cudnn_benchmark))
+        # None: the run layer's default (on with CUDA), resolved with the rest of the request.
+        self.cudnn_benchmark = None if cudnn_benchmark is None else bool(cudnn_benchmark)
         # Under torchrun: this process is one rank (tandem.distributed); data parallel.
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         if self.world_size > 1:
@@ -412,26 +412,29 @@ class Trainer(_TrialsThatTrain):
         return lambda step: _set_lr(opt, float(schedule(step)))  # on the lane, before the step
 
     def _config(self, mode, steps, warmup, copies, progress=False, trace=None,
-                gpu_monitor=True, data_parallel=False, ruled_out=None):
+                gpu_monitor=True, data_parallel=False, ruled_out=None) -> "_C.RunConfig":
+        """The run's typed config: this trainer's objects and data, and the run layer's
+        request (what it leaves unset, the run layer's resolve() fills)."""
         if self._compile is not None or any(
                 _is_compiled(f) for f in (self.model, self.loss_fn, *(f for _, f in self._feeds))):
             _prime_dynamo()  # on this thread, before the run's lane threads compile
-        spec = None
-        if self.augment is not None:
-            spec = dataclasses.asdict(self.augment)
-        return dict(name=self.name, instance=self._instance, copy=copies, data=self._data,
-                    input=self.input, target=self.target, augment=spec,
-                    device=str(self.device), mode=mode,
-                    batch_size=self.batch_size, steps=int(steps), warmup=int(warmup),
-                    workers=self.workers, seed=self.seed, skip_bad=self.skip_bad,
-                    first_step=0 if copies else self.steps_done,
-                    augment_generator=None if copies else self._augment_generator,
-                    trace=None if trace is None else os.fspath(trace), progress=progress,
-                    cudnn_benchmark=self.cudnn_benchmark, gpu_monitor=gpu_monitor,
-                    shuffle=self.shuffle, drop_last=self.drop_last,
-                    lr_schedule=self.lr_schedule is not None, data_parallel=data_parallel,
-                    ruled_out=dict(ruled_out or {}),
-                    stages_to_overlap=self._stages_to_overlap())
+        c = _C.RunConfig()
+        c.name, c.instance, c.copy, c.data = self.name, self._instance, copies, self._data
+        c.input, c.target = self.input, self.target
+        c.augment = None if self.augment is None else dataclasses.asdict(self.augment)
+        c.augment_generator = None if copies else self._augment_generator
+        c.shuffle, c.drop_last = self.shuffle, self.drop_last
+        c.lr_schedule, c.data_parallel = self.lr_schedule is not None, data_parallel
+        r = c.request
+        r.device, r.mode, r.batch_size = str(self.device), mode, self.batch_size
+        r.steps, r.warmup, r.workers = int(steps), int(warmup), self.workers
+        r.seed, r.skip_bad = self.seed, self.skip_bad
+        r.first_step = 0 if copies else self.steps_done
+        r.trace_path = "" if trace is None else os.fspath(trace)
+        r.progress, r.cudnn_benchmark, r.gpu_monitor = progress, self.cudnn_benchmark, gpu_monitor
+        r.ruled_out = dict(ruled_out or {})
+        r.stages_to_overlap = self._stages_to_overlap()
+        return c
 
     def _stages_to_overlap(self) -> bool:
         """Whether the step has stages a pipeline overlaps: a feed, or a dataset whose samples
@@ -603,12 +606,11 @@ class Trainer(_TrialsThatTrain):
         config = self._config(mode, n, 0, copies=False, progress=progress, trace=trace,
                               data_parallel=self._joined())
         # The training loop's run without a folder: n steps back to back from steps_done.
-        config["train"] = self._loop_config(steps=n, epochs=0, out=None, resume=False,
-                                            evaluate=None)
-        config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
+        loop = self._loop_config(steps=n, epochs=0, out=None, resume=False, evaluate=None)
+        config.lr_schedule = False  # the loop sets it: schedule(step), then the optimizer's
         session = self._kept_session(mode)
         try:
-            report = session.fit(config)
+            report = session.fit(config, loop)
         except BaseException:
             self._sessions.pop(mode, None)  # a fit that failed keeps nothing
             raise
@@ -648,13 +650,14 @@ class Trainer(_TrialsThatTrain):
         state your modules read that a captured graph froze (see fit)."""
         self._sessions.clear()
 
-    def _loop_config(self, steps, epochs, out, resume, evaluate) -> dict:
+    def _loop_config(self, steps, epochs, out, resume, evaluate) -> "_C.LoopConfig":
         """What the training loop (_C.train) takes beyond the run's config."""
-        return dict(model=self.model, evaluate=evaluate,
-                    config=self._run_config() if out is not None else "{}",
-                    steps=int(steps), epochs=int(epochs), out=out, resume=bool(resume),
-                    checkpoint_every=self.checkpoint_every,
-                    keep_checkpoints=self.keep_checkpoints, lr_schedule=self.lr_schedule)
+        loop = _C.LoopConfig()
+        loop.model, loop.evaluate, loop.lr_schedule = self.model, evaluate, self.lr_schedule
+        loop.config = self._run_config() if out is not None else "{}"
+        loop.steps, loop.epochs, loop.out, loop.resume = int(steps), int(epochs), out, bool(resume)
+        loop.checkpoint_every, loop.keep_checkpoints = self.checkpoint_every, self.keep_checkpoints
+        return loop
 
     def _run_config(self) -> str:
         """What must match for a resume (the C++ loop adds batch size, epochs, seed and the
@@ -690,11 +693,11 @@ class Trainer(_TrialsThatTrain):
         evaluate = None
         if self.evaluate is not None:
             evaluate = _evaluation(self.evaluate, self.model)
-        config["train"] = self._loop_config(steps=0, epochs=epochs, out=self.out,
-                                            resume=resume, evaluate=evaluate)
-        config["lr_schedule"] = False  # the loop sets it: schedule(step), then the optimizer's
+        loop = self._loop_config(steps=0, epochs=epochs, out=self.out, resume=resume,
+                                 evaluate=evaluate)
+        config.lr_schedule = False  # the loop sets it: schedule(step), then the optimizer's
         self.reset()  # a run folder's fit is a loop of its own: the kept ones' memory goes first
-        report = _C.train(config)
+        report = _C.train(config, loop)
         self.steps_done = report["steps"]
         start = max(report["resumed_from"], 0)
         ran = [e for e in report["epochs"] if e["step"] > start]

@@ -622,6 +622,37 @@ def test_auto_on_the_cpu_is_serial():
     assert r.mode == "serial" and "CPU" in t.trials["reason"]
 
 
+def test_a_trainer_and_the_cli_resolve_a_job_to_the_same_request(tmp_path):
+    # One resolve() for every front end: the Trainer's typed request, resolved by the run layer,
+    # holds what `tandem bench` resolves to for the same job on the same device, default by
+    # default, and prints the same lines.
+    t, _, _ = trainer("cpu", "serial")
+    config = t._config("serial", 3, 1, copies=True)
+    assert isinstance(config, tandem._C.RunConfig)
+    assert config.request.cudnn_benchmark is None  # left to the run layer
+    r = config.resolved_request()
+    cli = os.environ.get("TANDEM_CLI") or os.path.join(
+        os.path.dirname(__file__), "..", "..", "build", "tandem")
+    if not os.path.exists(cli):
+        pytest.skip("no tandem CLI (TANDEM_CLI or build/tandem)")
+    out = tmp_path / "bench.json"
+    printed = subprocess.run(
+        [cli, "bench", "--workload", "mlp", "--device", "cpu", "--mode", "serial", "--steps", "3",
+         "--warmup", "1", "--batch-size", str(t.batch_size), "--json", str(out)],
+        check=True, capture_output=True, text=True).stdout
+    j = json.loads(out.read_text())
+    for key in ("device", "mode", "batch_size", "steps", "warmup", "workers", "seed",
+                "cudnn_benchmark", "cuda_wait", "train_priority", "input_priority",
+                "device_timing_every", "skip_bad"):
+        assert getattr(r, key) == j[key], key
+    # The request's lines past the workload's name, as the CLI printed them.
+    ours = r.describe().split("\n", 1)[1]
+    assert ours in printed
+    with pytest.raises(ValueError, match="worker count"):
+        config.request.workers = 0
+        config.resolved_request()
+
+
 def test_auto_trials_leave_out_the_modes_the_trainer_rules_out():
     # The run layer's trials, which choose_mode runs on CUDA, here on the CPU: a mode the
     # optimizer or schedule cannot take is not tried, its row says why, the pick is another.
