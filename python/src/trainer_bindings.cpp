@@ -208,6 +208,39 @@ void bind_trainer(py::module_& m) {
       py::arg("short_step_s") = tandem::run::kShortStepSeconds,
       "Why a trial of `mode` could not change mode auto's pick given the trials so far "
       "({mode, runs, error} each), by the run layer's rule; '' when it could");
+  m.def(
+      "mode_by_device",
+      [](const std::string& device) {
+        const tandem::run::ModeResolution r =
+            tandem::run::resolve_mode_by_device(std::nullopt, tandem::parse_device(device));
+        py::dict out;
+        out["mode"] = r.decision.mode;
+        out["reason"] = r.decision.mode + " " + r.decision.reason;
+        return out;
+      },
+      py::arg("device"),
+      "Mode auto without trials ({mode, reason}), the run layer's rule by device (what `tandem "
+      "train` runs): serial on the CPU, pipelined+graphed on a GPU");
+  m.def(
+      "mode_problem",
+      [](const std::string& mode, bool run_folder, bool cuda, bool capturable,
+         bool lr_schedule_on_host, const std::string& optimizer,
+         const std::string& capturable_advice, const std::string& lr_advice) {
+        tandem::run::ModeConstraints c;
+        c.run_folder = run_folder;
+        c.cuda = cuda;
+        c.capturable = capturable;
+        c.lr_schedule_on_host = lr_schedule_on_host;
+        c.optimizer = optimizer;
+        c.capturable_advice = capturable_advice;
+        c.lr_advice = lr_advice;
+        return tandem::run::mode_problem(tandem::parse_mode(mode), c);
+      },
+      py::arg("mode"), py::kw_only(), py::arg("run_folder"), py::arg("cuda"), py::arg("capturable"),
+      py::arg("lr_schedule_on_host"), py::arg("optimizer"), py::arg("capturable_advice"),
+      py::arg("lr_advice"),
+      "Why `mode` cannot run a job with these constraints, '' when it can: the run layer's one "
+      "rule (run::mode_problem), which `tandem train` asks too");
   m.def("run", &tandem::python::run, py::arg("config"),
         "Times a tandem.Trainer's steps through the run layer (benchmark()); returns the report "
         "(trainer.py)");

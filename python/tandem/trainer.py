@@ -73,6 +73,13 @@ def _device_of(optimizer) -> torch.device:
     raise ValueError("the optimizer has no parameters: expected the model's trainable ones")
 
 
+# The run layer's mode_problem ends its messages with what a Python user can do.
+_CAPTURABLE_ADVICE = ("create it with capturable=True (torch.optim.Adam, AdamW), or use "
+                      "torch.optim.SGD or tandem.optim.SGD/Adam/AdamW")
+_LR_ADVICE = ("use tandem.optim.SGD/Adam/AdamW, or give the optimizer lr=torch.tensor(lr, "
+              "device='cuda') (with capturable=True)")
+
+
 def _capturable(optimizer) -> bool:
     if isinstance(optimizer, _TandemOptimizer):
         return True
@@ -442,27 +449,16 @@ class Trainer(_TrialsThatTrain):
         return bool(self._feeds) or not isinstance(self._data, list)
 
     def _mode_problem(self, mode) -> Optional[str]:
-        """Why `mode` cannot run this trainer's optimizer and schedule, or None."""
-        if mode == "graphed_k" and self.out is not None:
-            return ("mode 'graphed_k' replays K steps per graph, which would cut through a run "
-                    "folder's per-step schedule, checkpoints and stops: use "
-                    "'pipelined+graphed' or 'graphed'")
-        graphed_on_cuda = mode in _GRAPHED and self.device.type == "cuda"
-        if (graphed_on_cuda and self.lr_schedule is not None
-                and not isinstance(self.optimizer, _TandemOptimizer)
-                and not all(isinstance(g["lr"], torch.Tensor)
-                            for g in self.optimizer.param_groups)):
-            return (f"mode {mode!r} replays a CUDA graph, which keeps the float lr of "
-                    f"{_optimizer_name(self.optimizer)} it was captured with, so lr_schedule "
-                    "could not change it: use tandem.optim.SGD/Adam/AdamW, or give the "
-                    "optimizer lr=torch.tensor(lr, device='cuda') (with capturable=True), or "
-                    "mode 'pipelined'")
-        if mode in _GRAPHED and not _capturable(self.optimizer):
-            return (f"mode {mode!r} captures the training step into a CUDA graph, but "
-                    f"{_optimizer_name(self.optimizer)} keeps host-side state a graph would "
-                    "freeze: create it with capturable=True (torch.optim.Adam, AdamW), or use "
-                    "torch.optim.SGD or tandem.optim.SGD/Adam/AdamW, or mode 'pipelined'")
-        return None
+        """Why `mode` cannot run this trainer's optimizer and schedule, or None: the run
+        layer's rule (_C.mode_problem), given what only Python can tell of the optimizer."""
+        on_host = (self.lr_schedule is not None and not isinstance(self.optimizer, _TandemOptimizer)
+                   and not all(isinstance(g["lr"], torch.Tensor)
+                               for g in self.optimizer.param_groups))
+        return _C.mode_problem(
+            mode, run_folder=self.out is not None, cuda=self.device.type == "cuda",
+            capturable=_capturable(self.optimizer), lr_schedule_on_host=on_host,
+            optimizer=_optimizer_name(self.optimizer), capturable_advice=_CAPTURABLE_ADVICE,
+            lr_advice=_LR_ADVICE) or None
 
     def _check_mode(self, mode):
         problem = self._mode_problem(mode)
@@ -481,9 +477,9 @@ class Trainer(_TrialsThatTrain):
             return self.mode
         self._kept_decision()
         if self._trials is None:
-            if self.device.type != "cuda":
-                self._trials = dict(mode="serial", trials=[], seconds=0.0,
-                                    reason="serial on the CPU: no CUDA streams or graphs")
+            if self.device.type != "cuda":  # the run layer's rule: nothing to time there
+                self._trials = dict(**_C.mode_by_device(str(self.device)), trials=[],
+                                    seconds=0.0)
             else:
                 watched = _tensors_of([self.model, *[f for _, f in self._feeds]])
                 versions = [t._version for t in watched]

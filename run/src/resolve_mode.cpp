@@ -59,6 +59,26 @@ const Trial* find_trial(const std::vector<Trial>& trials, Mode mode) {
 
 }  // namespace
 
+std::string mode_problem(Mode mode, const ModeConstraints& c) {
+  const std::string name = to_string(mode);
+  if (mode == Mode::kGraphedK && c.run_folder)
+    return "mode 'graphed_k' replays K steps per graph, which would cut through a run folder's "
+           "per-step schedule, checkpoints and stops: use 'pipelined+graphed' or 'graphed'";
+  if (!captures_graphs(mode)) return "";
+  if (c.cuda && c.lr_schedule_on_host)
+    return "mode '" + name + "' replays a CUDA graph, which keeps the float lr of " + c.optimizer +
+           " it was captured with, so the lr schedule could not change it: " +
+           (c.lr_advice.empty() ? "use tandem::optim::Sgd, Adam or AdamW" : c.lr_advice) +
+           ", or mode 'pipelined'";
+  if (!c.capturable)
+    return "mode '" + name + "' captures the training step into a CUDA graph, but " + c.optimizer +
+           " keeps host-side state a graph would freeze: " +
+           (c.capturable_advice.empty() ? "use tandem::optim::Sgd, Adam or AdamW"
+                                        : c.capturable_advice) +
+           ", or mode 'pipelined'";
+  return "";
+}
+
 const std::vector<Mode>& trial_order() {
   static const std::vector<Mode> order{Mode::kPipelinedGraphed, Mode::kGraphed, Mode::kGraphedK,
                                        Mode::kSerial, Mode::kPipelined};

@@ -159,5 +159,38 @@ TEST(ResolveModeTest, GraphedKIsTimedOnlyBesideAShortGraphedStep) {
   EXPECT_EQ(needs_no_trial(Mode::kGraphedK, {ok("graphed", 250.0)}, true, 0.01), "");
 }
 
+// The one rule of which modes a job allows: a run folder rules out graphed_k alone; a graph
+// needs an optimizer without host-side state, and under a schedule on CUDA one that reads its
+// lr from the device; the front end's advice ends the message.
+TEST(ModeProblemTest, ARunFolderRulesOutGraphedKAlone) {
+  ModeConstraints folder;
+  folder.run_folder = true;
+  for (const Mode m : workload_modes())
+    EXPECT_EQ(mode_problem(m, folder).empty(), m != Mode::kGraphedK) << to_string(m);
+  EXPECT_NE(mode_problem(Mode::kGraphedK, folder).find("run folder"), std::string::npos);
+  EXPECT_EQ(mode_problem(Mode::kGraphedK, ModeConstraints{}), "");
+}
+
+TEST(ModeProblemTest, AGraphNeedsACapturableOptimizerAndUnderAScheduleAnLrOnTheDevice) {
+  ModeConstraints c;
+  c.capturable = false;
+  c.optimizer = "Adam";
+  c.capturable_advice = "make it capturable";
+  for (const Mode m : workload_modes()) {
+    const std::string why = mode_problem(m, c);
+    EXPECT_EQ(why.empty(), !captures_graphs(m)) << to_string(m);
+    if (!why.empty()) {
+      EXPECT_NE(why.find("Adam keeps host-side state"), std::string::npos) << why;
+      EXPECT_NE(why.find("make it capturable, or mode 'pipelined'"), std::string::npos) << why;
+    }
+  }
+  ModeConstraints schedule;
+  schedule.lr_schedule_on_host = true;
+  EXPECT_EQ(mode_problem(Mode::kGraphed, schedule), "");  // no graph replays off CUDA
+  schedule.cuda = true;
+  EXPECT_NE(mode_problem(Mode::kGraphed, schedule).find("float lr"), std::string::npos);
+  EXPECT_EQ(mode_problem(Mode::kPipelined, schedule), "");
+}
+
 }  // namespace
 }  // namespace tandem::run

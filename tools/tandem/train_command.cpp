@@ -49,13 +49,16 @@ std::vector<std::string> model_choices() {
   return names;
 }
 
-// The modes the Trainer runs: every workload mode but graphed_k (its K steps per graph replay
-// would cut through the Trainer's per-step schedule, checkpoints and progress), and auto, which
-// train resolves by device (run::resolve_mode_by_device).
+// The modes the Trainer runs: every workload mode a run folder allows (run::mode_problem:
+// graphed_k's K steps per replay would cut through its per-step schedule, checkpoints and
+// progress; tandem's optimizers are capturable and read their lr from the device), and auto,
+// which train resolves by device (run::resolve_mode_by_device).
 std::vector<run::RunMode> train_modes() {
+  run::ModeConstraints run_folder;
+  run_folder.run_folder = true;
   std::vector<run::RunMode> modes;
   for (const Mode m : workload_modes())
-    if (m != Mode::kGraphedK) modes.push_back(m);
+    if (run::mode_problem(m, run_folder).empty()) modes.push_back(m);
   modes.push_back(std::nullopt);  // auto
   return modes;
 }

@@ -33,6 +33,29 @@ struct ModeDecision {
 ModeDecision choose_mode(const std::vector<Trial>& trials, double margin = 0.015,
                          double min_margin = 0.005);
 
+/// What a front end knows of a job, before anything runs, that rules modes out.
+struct ModeConstraints {
+  /// The run keeps a per-step schedule, checkpoints and stops (a run folder: `tandem train`,
+  /// tandem.Trainer(out=...)): graphed_k's K steps per replay would cut through them.
+  bool run_folder = false;
+  /// The job runs on CUDA: a graph that keeps a float lr is a problem only where graphs run.
+  bool cuda = false;
+  /// The optimizer's step keeps no host-side state a CUDA graph would freeze.
+  bool capturable = true;
+  /// An lr schedule sets the learning rate between steps, and the optimizer reads it from host
+  /// memory (a float lr, baked into a captured step) rather than from the device.
+  bool lr_schedule_on_host = false;
+  std::string optimizer = "the optimizer";  ///< its name, for the messages
+  /// What the front end's user can do about each (the messages end with it), e.g. which of
+  /// its optimizers are capturable; empty: the C++ API's advice.
+  std::string capturable_advice, lr_advice;
+};
+
+/// Why `mode` cannot run a job with these constraints ("" when it can) — the one rule of which
+/// modes a job allows, asked by every front end (`tandem train`'s modes, tandem.Trainer's
+/// explicit mode and mode auto's candidates; the Runner refuses the same at its start).
+std::string mode_problem(Mode mode, const ModeConstraints& constraints);
+
 /// The order auto times modes in: pipelined+graphed, graphed, graphed_k, serial, pipelined. The
 /// graphed modes come first because what they measure decides whether the others need a trial
 /// at all (needs_no_trial); pipelined+graphed first because, where a step has stages to overlap
