@@ -1,5 +1,5 @@
 // augmented_classifier: a workload of your own handed to the run layer and the front ends that
-// the CLI uses (tandem::run, tandem::bench). A small CNN trains on images that tandem's
+// the CLI uses (tandem::run). A small CNN trains on images that tandem's
 // augmentation stage crops, flips and normalizes on a lane of its own (one fused kernel on a
 // GPU). The workload is a WorkloadEntry, a factory the front ends call for a fresh instance per
 // run: bench (--mode MODE), auto's trials (--mode auto), a sweep (--sweep: MODE at batch B and 2B
@@ -20,7 +20,7 @@
 
 #include "tandem/augment.h"
 #include "tandem/run/resolve_mode.h"
-#include "tandem/sweep.h"
+#include "tandem/run/sweep.h"
 
 namespace nn = torch::nn;
 constexpr int64_t kClasses = 10, kSourceSize = 40, kImageSize = 32;
@@ -127,14 +127,14 @@ int main(int argc, char** argv) try {
   if (!std::isfinite(result.losses.back())) throw tandem::Error("the last loss is not finite");
 
   if (sweep) {  // run_sweep adds serial, the baseline of the speedups, at each batch size
-    tandem::SweepOptions s;
+    tandem::run::SweepOptions s;
     s.modes = {tandem::run::mode_name(options.mode)};
     s.batch_sizes = {*options.batch_size, 2 * *options.batch_size};
     s.base = options;
     s.base.trace_path.clear();
-    const std::vector<tandem::SweepRow> rows = tandem::run_sweep(s);
-    std::cout << "\n" << tandem::sweep_table(rows);
-    for (const tandem::SweepRow& r : rows)
+    const std::vector<tandem::run::SweepRow> rows = tandem::run::run_sweep(s);
+    std::cout << "\n" << tandem::run::sweep_table(rows);
+    for (const tandem::run::SweepRow& r : rows)
       if (!r.error.empty()) throw tandem::Error(r.mode + " failed: " + r.error);
   }
   return 0;

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "augment_bench.h"
 #include "cli_util.h"
 #include "data_parallel.h"
-#include "tandem/augment_bench.h"
 #include "tandem/detail/lane.h"
 #include "tandem/distributed/launch_env.h"
 #include "tandem/error.h"
@@ -26,7 +26,7 @@
 #include "tandem/mode.h"
 #include "tandem/run/resolve_mode.h"
 #include "tandem/run/run_workload.h"
-#include "tandem/sweep.h"
+#include "tandem/run/sweep.h"
 #include "tandem/workloads/registry.h"
 #ifdef TANDEM_HAVE_IMAGES
 #include "data_bench.h"
@@ -302,7 +302,7 @@ int run_bench_command(tandem::run::RunRequest options, const std::string& json_p
   }
 }
 
-int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
+int run_sweep_command(tandem::run::SweepOptions options, const std::string& csv_path,
                       const std::string& json_path, const std::string& svg_path) {
   // The rows' modes ("all" among them) are checked by run_sweep; any valid mode resolves the rest.
   options.base.mode = std::nullopt;                   // auto
@@ -318,18 +318,18 @@ int run_sweep_command(tandem::SweepOptions options, const std::string& csv_path,
                                    : std::string())
             << "\n"
             << std::flush;
-  const auto rows = tandem::run_sweep(options, [](const tandem::SweepRow& r) {
+  const auto rows = tandem::run::run_sweep(options, [](const tandem::run::SweepRow& r) {
     std::cerr << "  done: " << r.mode << " at batch " << r.batch_size
               << (r.error.empty() ? "" : " (failed)") << "\n";
   });
-  std::cout << "\n" << tandem::sweep_table(rows) << std::flush;
-  write_output(csv, tandem::sweep_csv(rows), csv_path);
-  write_output(json, tandem::sweep_json(rows, options).dump(2) + "\n", json_path);
+  std::cout << "\n" << tandem::run::sweep_table(rows) << std::flush;
+  write_output(csv, tandem::run::sweep_csv(rows), csv_path);
+  write_output(json, tandem::run::sweep_json(rows, options).dump(2) + "\n", json_path);
   write_output(svg,
-               tandem::sweep_svg(rows, "tandem " + options.base.workload.name + " on " +
-                                           options.base.device + ": steps/s by batch size"),
+               tandem::run::sweep_svg(rows, "tandem " + options.base.workload.name + " on " +
+                                                options.base.device + ": steps/s by batch size"),
                svg_path);
-  tandem::check_some_point_ran(rows);  // after the files: they say why each point failed
+  tandem::run::check_some_point_ran(rows);  // after the files: they say why each point failed
   return 0;
 }
 
@@ -435,7 +435,7 @@ struct BenchCommand {
 };
 
 struct SweepCommand {
-  tandem::SweepOptions options;
+  tandem::run::SweepOptions options;
   std::string csv, json, svg;
   RunFlags flags;
   CLI::App* app = nullptr;

@@ -10,7 +10,7 @@
 
 #include "tandem/run/request.h"
 
-namespace tandem {
+namespace tandem::run {
 
 struct SweepOptions {
   std::vector<std::string> modes;    ///< mode names, may include "auto"; "all" or empty: every
@@ -66,4 +66,4 @@ nlohmann::json sweep_json(const std::vector<SweepRow>& rows, const SweepOptions&
 std::string sweep_svg(const std::vector<SweepRow>& rows, const std::string& title,
                       bool speedup = false);
 
-}  // namespace tandem
+}  // namespace tandem::run

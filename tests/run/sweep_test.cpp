@@ -1,6 +1,6 @@
 // Sweep outputs on given rows: CSV header and rows, table, JSON, and a well-formed SVG with one
 // series per mode.
-#include "tandem/sweep.h"
+#include "tandem/run/sweep.h"
 
 #include <gtest/gtest.h>
 
@@ -10,16 +10,15 @@
 #include "tandem/error.h"
 #include "tandem/workloads/registry.h"
 
-namespace tandem {
+namespace tandem::run {
 namespace {
 
 std::vector<SweepRow> sample_rows() {
   std::vector<SweepRow> rows;
   for (int64_t bs : {8, 32, 128}) {
-    SweepRow serial{"serial", bs, 300.0 / bs * 8, 300.0 * 8, 1.0, 0.8, 90.0, "", "", {},
-                    false, {}};
+    SweepRow serial{"serial", bs, 300.0 / bs * 8, 300.0 * 8, 1.0, 0.8, 90.0, "", "", {}, false, {}};
     SweepRow pipelined{"pipelined", bs, 360.0 / bs * 8, 360.0 * 8, 1.2, 0.97, std::nullopt, "",
-                       "",          {},          false,     {}};
+                       "",          {}, false,          {}};
     rows.push_back(serial);
     rows.push_back(pipelined);
   }
@@ -132,7 +131,7 @@ TEST(SweepTest, ASweepWhosePointsAllFailedIsAnErrorNamingTheFirst) {
     FAIL() << "a run's failure is not bad input";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("every point of the sweep failed (the first, serial at "
-                                          "batch 8: stage 'load' failed: b/fifo.jpg"),
+                                         "batch 8: stage 'load' failed: b/fifo.jpg"),
               std::string::npos)
         << e.what();
   }
@@ -179,4 +178,4 @@ TEST(SweepTest, SvgIsWellFormedWithOneSeriesPerMode) {
 }
 
 }  // namespace
-}  // namespace tandem
+}  // namespace tandem::run

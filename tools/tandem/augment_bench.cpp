@@ -1,5 +1,5 @@
 // The augmentation micro-benchmark.
-#include "tandem/augment_bench.h"
+#include "augment_bench.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "tandem/error.h"
-#include "tandem/sweep.h"
+#include "tandem/run/sweep.h"
 
 namespace tandem {
 
@@ -45,7 +45,7 @@ double time_ms(c10::Device device, int repeats, Fn fn) {
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   }
-  return median(samples).value_or(0.0);  // repeats > 0: never empty
+  return run::median(samples).value_or(0.0);  // repeats > 0: never empty
 }
 }  // namespace
 

@@ -1,5 +1,5 @@
 // The sweep runner and its four outputs.
-#include "tandem/sweep.h"
+#include "tandem/run/sweep.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,7 @@
 #include "tandem/mode.h"
 #include "tandem/run/resolve_mode.h"
 
-namespace tandem {
+namespace tandem::run {
 
 namespace {
 
@@ -204,11 +204,11 @@ void check_some_point_ran(const std::vector<SweepRow>& rows) {
   const auto failed = [](const SweepRow& r) { return !r.error.empty(); };
   if (rows.empty() || !std::all_of(rows.begin(), rows.end(), failed)) return;
   const SweepRow& first = rows.front();
-  const std::string what = detail::concat("every point of the sweep failed (the first, ",
-                                          first.mode, " at batch ", first.batch_size,
-                                          ": ", first.error, ")");
-  const bool refused = std::all_of(rows.begin(), rows.end(),
-                                   [](const SweepRow& r) { return r.refused; });
+  const std::string what =
+      detail::concat("every point of the sweep failed (the first, ", first.mode, " at batch ",
+                     first.batch_size, ": ", first.error, ")");
+  const bool refused =
+      std::all_of(rows.begin(), rows.end(), [](const SweepRow& r) { return r.refused; });
   if (refused) throw InvalidArgument(what);
   throw Error(what);
 }
@@ -335,4 +335,4 @@ std::string sweep_svg(const std::vector<SweepRow>& rows, const std::string& titl
   return os.str();
 }
 
-}  // namespace tandem
+}  // namespace tandem::run
