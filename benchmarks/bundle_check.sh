@@ -5,7 +5,8 @@
 # where packed or built), profile (the ResNet step's kernels,
 # profile_resnet.sh), train (`tandem train`'s evaluations from a generated photo folder: the
 # first beside the later ones), gputest (the gpu-labelled tests), probe (cuDNN's fused graphs,
-# benchmarks/lab/cudnn_fusion_probe.sh). JSON into OUT; the whole logs
+# benchmarks/lab/cudnn_fusion_probe.sh), resnet_ab (the ResNets' step, this build against
+# .ref/bundle-old's: benchmarks/resnet_ab_table.py). JSON into OUT; the whole logs
 # in OUT/bundle-logs.tar.gz.
 #
 #   bash benchmarks/bundle_check.sh OUT [PHASES (profile train gputest)]
@@ -132,6 +133,33 @@ gputest)
   grep -E 'tests passed|Failed|\*\*\*|Timeout|Not Run' "$LOGS/gputest.log" | tail -30 |
     tee -a "$LOGS/summary.log"
   grep -E 'Test +#' "$LOGS/gputest.log" >"$OUT/gputest.txt" ;;
+resnet_ab)
+  # The ResNets' training step (resident batches, bf16, channels-last, pipelined+graphed) on this
+  # build and on .ref/bundle-old's, alternating, ROUNDS times: img/s per model and build, and
+  # ResNet-50's against MLPerf's per-GPU rate for the card. env: RESNET_AB_MODELS (r50_full
+  # r18_full), BATCH (256), STEPS (100), ROUNDS (2).
+  [ -d .ref/bundle-old/build ] || { say "resnet_ab: skipped (no .ref/bundle-old/build)"; continue; }
+  say "resnet_ab: ${RESNET_AB_MODELS:=r50_full r18_full}, this build against .ref/bundle-old's"
+  for round in $(seq "${ROUNDS:-2}"); do
+    for which in new old; do
+      libs="" cli=build/tandem
+      if [ "$which" = old ]; then
+        libs=$(printf '%s:' "$PWD"/.ref/bundle-old/build{,/models,/data,/distributed})
+        cli=.ref/bundle-old/build/tandem
+      fi
+      for model in $RESNET_AB_MODELS; do
+        [ "$(left)" -gt 30 ] || break 3
+        LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:-}" timeout $(($(left) - 10)) "$cli" bench \
+          --workload images --param source=resident --param model="$model" \
+          --param precision=bf16 --param layout=channels_last --batch-size "${BATCH:-256}" \
+          --mode pipelined+graphed --steps "${STEPS:-100}" \
+          --json "$LOGS/resnet-$model-$which-$round.json" \
+          >"$LOGS/resnet-$model-$which-$round.txt" 2>&1
+        say "resnet_ab: $model $which round $round: exit $?"
+      done
+    done
+  done
+  python3 benchmarks/resnet_ab_table.py "$LOGS" "$OUT/resnet-ab.json" | tee -a "$LOGS/summary.log" ;;
 probe)
   # Which of cuDNN's fused convolution + batch-norm graphs run here, and their time beside the
   # plain convolutions (built on this machine's side: cudnn_fusion_probe.sh build).
@@ -140,7 +168,7 @@ probe)
   timeout $(($(left) - 5)) bash benchmarks/lab/cudnn_fusion_probe.sh run "$OUT" \
     >"$LOGS/probe.log" 2>&1
   say "probe: exit $?"; tail -40 "$LOGS/probe.log" | tee -a "$LOGS/summary.log" ;;
-*) say "no phase '$phase' (packages, wallclock, profile, train, gputest, probe)" ;;
+*) say "no phase '$phase' (packages, wallclock, profile, train, gputest, probe, resnet_ab)" ;;
 esac
 done
 
