@@ -258,19 +258,26 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
   }
 };
 
-at::Tensor run(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn, const at::Tensor& residual,
-               bool relu, const char* what) {
+// The arguments every form checks: bn's affine map and running statistics (and, for batch
+// statistics, a momentum and a batch with a variance), x's shape, the residual's.
+void check_arguments(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
+                     const at::Tensor& residual, bool batch_statistics, const char* what) {
   TANDEM_CHECK_ARG(
-      bn.options.affine() && bn.options.track_running_stats() && bn.options.momentum().has_value(),
-      what,
-      " needs a batch norm with an affine map, running statistics and a "
-      "momentum");
+      bn.options.affine() && bn.options.track_running_stats() &&
+          (!batch_statistics || bn.options.momentum().has_value()),
+      what, " needs a batch norm with an affine map",
+      batch_statistics ? ", running statistics and a momentum" : " and running statistics");
   TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == bn.options.num_features(), what, ": expected (N, ",
                    bn.options.num_features(), ", H, W), got ", x.sizes());
-  TANDEM_CHECK_ARG(x.numel() > x.size(1), what,
+  TANDEM_CHECK_ARG(!batch_statistics || x.numel() > x.size(1), what,
                    ": a batch of one value per channel has no variance");
   TANDEM_CHECK_ARG(!residual.defined() || residual.sizes() == x.sizes(), what, ": the residual is ",
                    residual.sizes(), ", expected ", x.sizes());
+}
+
+at::Tensor run(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn, const at::Tensor& residual,
+               bool relu, const char* what) {
+  check_arguments(x, bn, residual, true, what);
   // An autograd function's tensor arguments must be defined: no residual is an empty tensor.
   return BatchNormRelu::apply(x, bn.weight, bn.bias,
                               residual.defined() ? residual : at::empty({0}, x.options()), &bn,
@@ -290,15 +297,7 @@ at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn)
 
 at::Tensor batch_norm_relu_eval(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
                                 const at::Tensor& residual, bool relu) {
-  TANDEM_CHECK_ARG(bn.options.affine() && bn.options.track_running_stats(),
-                   "batch_norm_relu_eval needs a batch norm with an affine map and running "
-                   "statistics");
-  TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == bn.options.num_features(),
-                   "batch_norm_relu_eval: expected (N, ", bn.options.num_features(),
-                   ", H, W), got ", x.sizes());
-  TANDEM_CHECK_ARG(!residual.defined() || residual.sizes() == x.sizes(),
-                   "batch_norm_relu_eval: the residual is ", residual.sizes(), ", expected ",
-                   x.sizes());
+  check_arguments(x, bn, residual, false, "batch_norm_relu_eval");
   TANDEM_CHECK_ARG(!(at::GradMode::is_enabled() &&
                      (x.requires_grad() || (residual.defined() && residual.requires_grad()))),
                    "batch_norm_relu_eval is not differentiable: call it without gradients "

@@ -192,16 +192,23 @@ void set_ruled_out(run::RunRequest& r, const py::dict& ruled_out) {
 
 }  // namespace
 
+WorkloadEntry workload_entry(const RunConfig& c, const std::shared_ptr<PythonCalls>& calls,
+                             const LrApplier& apply_lr) {
+  WorkloadEntry e;
+  e.name = c.name;
+  e.description = "a tandem.Trainer's modules";
+  e.gpu_batch_size = e.cpu_batch_size = 1;  // resident data: the batches' own size counts
+  e.make = [c, calls, apply_lr](const WorkloadOptions& o) {
+    return make_workload(c, o, calls, apply_lr);
+  };
+  return e;
+}
+
 run::RunRequest resolved_request(const RunConfig& c) {
   run::RunRequest r = c.request;
-  // The run layer's one resolve(): a workload entry for the Trainer's modules (resolve checks
-  // that one is there and takes the batch size from the request, which trainer.py always sets).
-  r.workload.name = c.name;
-  r.workload.description = "a tandem.Trainer's modules";
-  r.workload.gpu_batch_size = r.workload.cpu_batch_size = 1;
-  r.workload.make = [](const WorkloadOptions&) -> Workload {
-    throw InvalidArgument("a resolved request of a tandem.Trainer is not run by itself");
-  };
+  // The run layer's one resolve() over the Trainer's entry (resolve builds nothing; it takes
+  // the batch size from the request, which trainer.py always sets).
+  r.workload = workload_entry(c, std::make_shared<PythonCalls>(), std::make_shared<PyRef>());
   return run::resolve(std::move(r));
 }
 

@@ -64,6 +64,11 @@ using LrApplier = std::shared_ptr<PyRef>;
 Workload make_workload(const RunConfig& c, const WorkloadOptions& o,
                        const std::shared_ptr<PythonCalls>& calls, const LrApplier& apply_lr);
 
+/// The run layer's entry for the Trainer's modules: its factory makes a Workload of them
+/// (make_workload) with `calls` and `apply_lr`.
+WorkloadEntry workload_entry(const RunConfig& c, const std::shared_ptr<PythonCalls>& calls,
+                             const LrApplier& apply_lr);
+
 /// A function of tandem/_state.py, which knows torch.optim's param groups and the state_dicts
 /// (call with the GIL).
 py::object state_py(const char* name);

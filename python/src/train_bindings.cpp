@@ -98,11 +98,8 @@ py::dict result_to_python(const train::TrainResult& r, const train::EpochsReport
 run::RunReport run_report(const RunConfig& c, const train::TrainResult& r,
                           const run::GpuMonitor& monitor) {
   run::RunReport report;
-  report.request = c.request;  // every field given by trainer.py (no resolve: no entry's factory)
-  report.request.workload.name = c.name;
-  report.request.workload.description = "a tandem.Trainer's modules";
+  report.request = c.request;  // resolved (FitSession::fit): the entry's name, the device's
   const c10::Device device = parse_device(report.request.device);
-  report.request.device = device.str();
   report.losses = r.losses;
   report.timing = r.timing;
   report.notes = r.notes;

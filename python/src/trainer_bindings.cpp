@@ -28,18 +28,6 @@ namespace py = pybind11;
 namespace tandem::python {
 namespace {
 
-WorkloadEntry entry_for(const RunConfig& c, const std::shared_ptr<PythonCalls>& calls,
-                        const LrApplier& apply_lr) {
-  WorkloadEntry e;
-  e.name = c.name;
-  e.description = "a tandem.Trainer's modules";
-  e.gpu_batch_size = e.cpu_batch_size = 1;  // resident data: the batches' own size counts
-  e.make = [c, calls, apply_lr](const WorkloadOptions& o) {
-    return make_workload(c, o, calls, apply_lr);
-  };
-  return e;
-}
-
 /// One run of a tandem.Trainer's config: a request whose workload is the Trainer's modules, its
 /// hooks, and the run's Python calls and cancel flag, which outlive the request's copies.
 struct PreparedRun {
@@ -58,7 +46,7 @@ struct PreparedRun {
       run::apply_data_parallel(c.request, hooks, job);
     }
     const auto apply_lr = std::make_shared<PyRef>();
-    c.request.workload = entry_for(c, calls, apply_lr);
+    c.request.workload = workload_entry(c, calls, apply_lr);
     hooks.cancel = &cancel;
     if (c.lr_schedule)  // on the train lane, before the step: set_lr is ordered before it
       hooks.before_train_step = [calls = calls, apply_lr](int64_t step) {

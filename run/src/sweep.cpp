@@ -67,9 +67,9 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
       if (std::find(modes.begin(), modes.end(), mode) == modes.end()) modes.push_back(mode);
   TANDEM_CHECK_ARG(!options.batch_sizes.empty(), "a sweep needs at least one batch size");
   for (const auto& m : modes) {
-    run::RunRequest probe = options.base;
-    probe.mode = run::parse_run_mode(m);  // throws naming a bad mode before anything runs
-    run::resolve(probe);
+    RunRequest probe = options.base;
+    probe.mode = parse_run_mode(m);  // throws naming a bad mode before anything runs
+    resolve(probe);
   }
   for (int64_t bs : options.batch_sizes)
     TANDEM_CHECK_ARG(bs > 0, "batch size ", bs, " is not valid: expected a positive number");
@@ -93,18 +93,18 @@ std::vector<SweepRow> run_sweep(const SweepOptions& options,
       for (size_t m = 0; m < modes.size(); ++m) {
         Runs& run = runs[m];
         if (!run.error.empty()) continue;  // a point that failed once is reported as failed
-        run::RunRequest o = options.base;
-        o.mode = run::parse_run_mode(modes[m]);
+        RunRequest o = options.base;
+        o.mode = parse_run_mode(modes[m]);
         o.batch_size = bs;
         o.progress = false;
         try {
-          run::RunReport r;
+          RunReport r;
           if (!o.mode) {  // auto
-            run::AutoReport a = run::run_auto(o);
+            AutoReport a = run_auto(o);
             run.picks.push_back(a.resolution.decision.mode);
             r = std::move(a.report);
           } else {
-            r = run::run_workload(o);
+            r = run_workload(o);
           }
           run.rates.push_back(r.steps_per_s);
           if (r.floor_ms > 0) run.floors.push_back(r.floor_ms);

@@ -15,7 +15,7 @@ namespace tandem::run {
 struct SweepOptions {
   std::vector<std::string> modes;    ///< mode names, may include "auto"; "all" or empty: every
   std::vector<int64_t> batch_sizes;  ///< at least one, each > 0
-  run::RunRequest base;              ///< workload, device, steps, warm-up, workers, seed, ...
+  RunRequest base;                   ///< workload, device, steps, warm-up, workers, seed, ...
   /// Runs of every point, each on a fresh instance, the modes of a batch size taking turns
   /// (round 1: every mode, round 2: every mode, ...); a point reports the median. Some modes'
   /// rates differ by 15% between instances (seg's eager pipelined mode at batch 8 on the H200),
