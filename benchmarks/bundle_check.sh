@@ -6,14 +6,17 @@
 # profile_resnet.sh), train (`tandem train`'s evaluations from a generated photo folder: the
 # first beside the later ones), gputest (the gpu-labelled tests), probe (cuDNN's fused graphs,
 # benchmarks/lab/cudnn_fusion_probe.sh), resnet_ab (the ResNets' step, this build against
-# .ref/bundle-old's: benchmarks/resnet_ab_table.py). JSON into OUT; the whole logs
-# in OUT/bundle-logs.tar.gz.
+# .ref/bundle-old's: benchmarks/resnet_ab_table.py), sanitize (compute-sanitizer's memcheck,
+# racecheck and synccheck over the GPU tests SANITIZE_FILTER names). JSON into OUT; the whole
+# logs in OUT/bundle-logs.tar.gz.
 #
 #   bash benchmarks/bundle_check.sh OUT [PHASES (profile train gputest)]
 #   env: DEADLINE_S (560: the call's seconds the phases share), GPUTEST_REGEX (ctest -R),
 #        GPUTEST_S (the gpu tests' seconds at most, e.g. while the packages build),
 #        WALLCLOCK_ARGS (wallclock.py's; default the frozen ResNet-50 and ResNet-18 at bs 32,
-#        300-step first fits), TRAIN_EAGER_LOADING (train: see there)
+#        300-step first fits), TRAIN_EAGER_LOADING (train: see there), SANITIZE_FILTER
+#        (sanitize: a GoogleTest filter over the models' tests; default the batch-norm and max-pool
+#        kernels', without the whole-ResNet ones: cuDNN's own kernels are not ours to check)
 set -uo pipefail
 OUT=${1:?usage: benchmarks/bundle_check.sh OUT [profile train gputest]}
 shift
@@ -168,7 +171,20 @@ probe)
   timeout $(($(left) - 5)) bash benchmarks/lab/cudnn_fusion_probe.sh run "$OUT" \
     >"$LOGS/probe.log" 2>&1
   say "probe: exit $?"; tail -40 "$LOGS/probe.log" | tee -a "$LOGS/summary.log" ;;
-*) say "no phase '$phase' (packages, wallclock, profile, train, gputest, probe, resnet_ab)" ;;
+sanitize)
+  # The kernels' tests under each of compute-sanitizer's tools: memcheck (out-of-bounds and
+  # misaligned accesses), racecheck (shared-memory hazards), synccheck (barriers).
+  for tool in memcheck racecheck synccheck; do
+    [ "$(left)" -gt 40 ] || { say "sanitize: $tool skipped ($(left) s left)"; continue; }
+    timeout $(($(left) - 10)) compute-sanitizer --tool "$tool" --print-limit 20 \
+      build/tests/models/tandem_models_tests \
+      --gtest_filter="${SANITIZE_FILTER:-BatchNormReluGpuTest.*:MaxPoolGpuTest.*:-*AResNet*}" \
+      >"$LOGS/sanitize-$tool.log" 2>&1
+    say "sanitize: $tool exit $?"
+    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$LOGS/sanitize-$tool.log" |
+      tail -5 | tee -a "$LOGS/summary.log"
+  done ;;
+*) say "no phase '$phase' (packages, wallclock, profile, train, gputest, probe, resnet_ab, sanitize)" ;;
 esac
 done
 
