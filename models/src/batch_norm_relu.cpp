@@ -146,11 +146,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rows_forward(
 }
 
 // The backward on the channels-last kernels. `mask` undefined: no ReLU.
-variable_list rows_backward(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& mask,
-                            const at::Tensor& weight, const at::Tensor& mean,
-                            const at::Tensor& invstd, bool need_x, bool need_w, bool need_b,
-                            bool need_residual) {
+// `grad_y2` (may be undefined): the gradient of y's second use (batch_norm_relu_twice), summed
+// with grad_y in the sums' pass.
+variable_list rows_backward(const at::Tensor& grad_y, const at::Tensor& grad_y2,
+                            const at::Tensor& x, const at::Tensor& mask, const at::Tensor& weight,
+                            const at::Tensor& mean, const at::Tensor& invstd, bool need_x,
+                            bool need_w, bool need_b, bool need_residual) {
   const at::Tensor g = grad_y.to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor g2 = grad_y2.defined()
+                            ? grad_y2.to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast)
+                            : at::Tensor();
+  const at::Tensor g_sum =
+      g2.defined() ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast) : at::Tensor();
   const BnRows rows = rows_of(x);
   const int splits = bn_row_splits(rows);
   const at::TensorOptions floats = x.options().dtype(at::kFloat);
@@ -175,16 +182,27 @@ variable_list rows_backward(const at::Tensor& grad_y, const at::Tensor& x, const
                need_b ? db.mutable_data_ptr<float>() : nullptr,
                need_x ? dx.mutable_data_ptr() : nullptr,
                need_residual ? dres.mutable_data_ptr() : nullptr};
+  if (g2.defined()) {
+    b.grad2 = g2.const_data_ptr();
+    b.grad_sum = g_sum.mutable_data_ptr();
+  }
   launch_bn_backward(b, stream_of(x));
   return {dx, dw, db, dres};
 }
 
+// y, or with `twice` y and a view of it (one storage): a value used twice whose two gradients
+// reach the backward apart (batch_norm_relu_twice).
+variable_list outputs(const at::Tensor& y, bool twice) {
+  if (!twice) return {y};
+  return {y, y.view_as(y)};
+}
+
 class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, const at::Tensor& residual_or_empty,
-                            torch::nn::BatchNorm2dImpl* bn, double momentum, double eps,
-                            bool relu) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, const at::Tensor& residual_or_empty,
+                               torch::nn::BatchNorm2dImpl* bn, double momentum, double eps,
+                               bool relu, bool twice) {
     const int64_t n = x.numel() / x.size(1);
     const at::Tensor residual = residual_or_empty.numel() > 0 ? residual_or_empty : at::Tensor();
     ctx->saved_data["n"] = n;
@@ -196,7 +214,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       ctx->save_for_backward(
           {x, weight, mean, invstd, relu && !mask.defined() ? y : at::Tensor(), mask});
       ctx->saved_data["rows"] = true;
-      return y;
+      return outputs(y, twice);
     }
     auto [mean, invstd] = batch_stats(x, eps);
     update_running(x, mean, invstd, *bn, momentum, eps, n);
@@ -205,10 +223,15 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     at::Tensor y = apply_relu(x, scale, shift, residual, relu);
     ctx->save_for_backward({x, weight, mean, invstd, relu ? y : at::Tensor(), at::Tensor()});
     ctx->saved_data["rows"] = false;
-    return y;
+    return outputs(y, twice);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // y's two uses (twice): their gradients, either of which may be undefined (a use that led
+    // nowhere); summed in the channels-last sums' pass, else here.
+    at::Tensor second = grads.size() > 1 ? grads[1] : at::Tensor();
+    if (!grads[0].defined()) std::swap(grads[0], second);
+    if (!grads[0].defined()) return variable_list(9);  // neither use reached the loss
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3],
                      &y = saved[4], &mask = saved[5];
@@ -218,17 +241,18 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
                need_b = ctx->needs_input_grad(2);
     const at::Tensor none;
     if (ctx->saved_data["rows"].toBool() && !y.defined()) {
-      variable_list g = rows_backward(grads[0], x, mask, weight, mean, invstd, need_x, need_w,
-                                      need_b, residual && ctx->needs_input_grad(3));
-      return {g[0], g[1], g[2], g[3], none, none, none, none};
+      variable_list g = rows_backward(grads[0], second, x, mask, weight, mean, invstd, need_x,
+                                      need_w, need_b, residual && ctx->needs_input_grad(3));
+      return {g[0], g[1], g[2], g[3], none, none, none, none, none};
     }
+    if (second.defined()) grads[0] = grads[0] + second;
     // The ReLU's mask first: the batch norm's backward sees the gradient of its output.
     const at::Tensor g = (y.defined() ? at::threshold_backward(grads[0], y, 0) : grads[0])
                              .contiguous(x.suggest_memory_format());
     if (ctx->saved_data["rows"].toBool()) {  // y as the mask: the masked gradient, no ReLU left
-      variable_list r =
-          rows_backward(g, x, at::Tensor(), weight, mean, invstd, need_x, need_w, need_b, false);
-      return {r[0], r[1], r[2], residual ? g : none, none, none, none, none};
+      variable_list r = rows_backward(g, at::Tensor(), x, at::Tensor(), weight, mean, invstd,
+                                      need_x, need_w, need_b, false);
+      return {r[0], r[1], r[2], residual ? g : none, none, none, none, none, none};
     }
     at::Tensor dx, dw, db;
     if (kernel_dtype_on_cuda(x)) {
@@ -254,7 +278,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       if (need_w) dw = (sum_dy_xmu * invstd).to(weight.scalar_type());
       if (need_b) db = sum_dy.to(weight.scalar_type());
     }
-    return {dx, dw, db, residual ? g : none, none, none, none, none};
+    return {dx, dw, db, residual ? g : none, none, none, none, none, none};
   }
 };
 
@@ -275,24 +299,31 @@ void check_arguments(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
                    residual.sizes(), ", expected ", x.sizes());
 }
 
-at::Tensor run(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn, const at::Tensor& residual,
-               bool relu, const char* what) {
+variable_list run(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn, const at::Tensor& residual,
+                  bool relu, bool twice, const char* what) {
   check_arguments(x, bn, residual, true, what);
   // An autograd function's tensor arguments must be defined: no residual is an empty tensor.
   return BatchNormRelu::apply(x, bn.weight, bn.bias,
                               residual.defined() ? residual : at::empty({0}, x.options()), &bn,
-                              *bn.options.momentum(), bn.options.eps(), relu);
+                              *bn.options.momentum(), bn.options.eps(), relu, twice);
 }
 
 }  // namespace
 
 at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
                            const at::Tensor& residual) {
-  return run(x, bn, residual, true, "batch_norm_relu");
+  return run(x, bn, residual, true, false, "batch_norm_relu")[0];
+}
+
+std::pair<at::Tensor, at::Tensor> batch_norm_relu_twice(const at::Tensor& x,
+                                                        torch::nn::BatchNorm2dImpl& bn,
+                                                        const at::Tensor& residual) {
+  variable_list y = run(x, bn, residual, true, true, "batch_norm_relu_twice");
+  return {y[0], y[1]};
 }
 
 at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn) {
-  return run(x, bn, at::Tensor(), false, "batch_norm_train");
+  return run(x, bn, at::Tensor(), false, false, "batch_norm_train")[0];
 }
 
 at::Tensor batch_norm_relu_eval(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,

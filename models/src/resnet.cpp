@@ -7,6 +7,7 @@
 #include <torch/nn/init.h>
 
 #include <sstream>
+#include <utility>
 
 #include "tandem/error.h"
 #include "tandem/models/batch_norm_relu.h"
@@ -95,6 +96,43 @@ torch::Tensor fused_identity(BnPath path, const torch::nn::Sequential& downsampl
   auto bn = downsample->ptr(1)->as<torch::nn::BatchNorm2dImpl>();
   return path == BnPath::kTraining ? batch_norm_train(conv->forward(x), *bn)
                                    : batch_norm_relu_eval(conv->forward(x), *bn, {}, false);
+}
+
+// A block training on the fused kernels, its input given twice (`x` for conv1, `identity` for
+// the residual path: the same values, the previous op's two outputs) and its output returned
+// twice (batch_norm_relu_twice): the next block's two uses of it send their gradients back
+// apart, and the backward of its last batch norm sums them in its first pass.
+using TensorPair = std::pair<torch::Tensor, torch::Tensor>;
+
+TensorPair fused_block_twice(BasicBlockImpl& b, const torch::Tensor& x,
+                             const torch::Tensor& identity) {
+  const torch::Tensor out = batch_norm_relu(b.conv1(x), *b.bn1);
+  return batch_norm_relu_twice(b.conv2(out), *b.bn2,
+                               fused_identity(BnPath::kTraining, b.downsample, identity));
+}
+
+TensorPair fused_block_twice(BottleneckImpl& b, const torch::Tensor& x,
+                             const torch::Tensor& identity) {
+  torch::Tensor out = batch_norm_relu(b.conv1(x), *b.bn1);
+  out = batch_norm_relu(b.conv2(out), *b.bn2);
+  return batch_norm_relu_twice(b.conv3(out), *b.bn3,
+                               fused_identity(BnPath::kTraining, b.downsample, identity));
+}
+
+// One block of a layer in training on a GPU: fused and given its input twice where its batch
+// norms are fused, else its own forward (whose output serves both uses).
+TensorPair block_twice(const std::shared_ptr<torch::nn::Module>& block, const TensorPair& in) {
+  torch::Tensor y;
+  if (auto* basic = block->as<BasicBlockImpl>()) {
+    if (basic->fused_batch_norm) return fused_block_twice(*basic, in.first, in.second);
+    y = basic->forward(in.first);
+  } else {
+    auto* bottleneck = block->as<BottleneckImpl>();
+    TANDEM_CHECK_ARG(bottleneck != nullptr, "ResNet: a layer holds a block of another kind");
+    if (bottleneck->fused_batch_norm) return fused_block_twice(*bottleneck, in.first, in.second);
+    y = bottleneck->forward(in.first);
+  }
+  return {y, y};
 }
 }  // namespace
 
@@ -193,8 +231,18 @@ torch::nn::Sequential ResNetImpl::make_layer(ResNetBlock block, int64_t planes, 
 torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
   TANDEM_CHECK_ARG(x.dim() == 4 && x.size(1) == 3, "ResNet: expected input (B, 3, H, W), got ",
                    x.sizes());
+  const BnPath path = bn_path(fused_batch_norm_, is_training(), x);
+  if (path == BnPath::kTraining) {
+    // Each block's output goes to the next block twice (batch_norm_relu_twice); the stem's max
+    // pool's once, its two uses' gradients added by autograd.
+    const torch::Tensor stem = max_pool_3x3_stride2(batch_norm_relu(conv1(x), *bn1));
+    TensorPair y{stem, stem};
+    for (const auto* layer : {&layer1, &layer2, &layer3, &layer4})
+      for (const auto& block : (*layer)->children()) y = block_twice(block, y);
+    return y.first;
+  }
   torch::Tensor y;
-  if (const BnPath path = bn_path(fused_batch_norm_, is_training(), x); path != BnPath::kModules)
+  if (path == BnPath::kEval)
     y = max_pool_3x3_stride2(bn_relu(path, conv1(x), *bn1));
   else
     y = F::max_pool2d(bn1(conv1(x)).relu_(), F::MaxPool2dFuncOptions(3).stride(2).padding(1));

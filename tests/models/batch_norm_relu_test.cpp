@@ -116,6 +116,63 @@ TEST(BatchNormReluTest, RejectsWhatItCannotRun) {
   EXPECT_THROW(batch_norm_relu(torch::randn({2, 4, 3, 3}), *plain), InvalidArgument);
 }
 
+// batch_norm_relu_twice: the same values twice, one storage, and a backward that takes the two
+// uses' gradients apart and gives what batch_norm_relu's gives for their sum — the same bits, as
+// the sum is rounded once either way (the channels-last kernels sum them in their first pass;
+// other paths add them first). One use without a gradient is the single op's backward.
+void expect_twice_matches_the_sum(c10::Device device, at::ScalarType dtype, bool channels_last) {
+  SCOPED_TRACE(std::string(c10::toString(dtype)) + (channels_last ? " channels_last" : ""));
+  const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  torch::manual_seed(15);
+  const at::TensorOptions o = at::TensorOptions().device(device).dtype(dtype);
+  const at::Tensor x0 = (torch::randn({4, 16, 5, 6}, o) * 2 + 0.5).contiguous(fmt);
+  const at::Tensor r0 = torch::randn({4, 16, 5, 6}, o).contiguous(fmt);
+  const at::Tensor g1 = torch::randn({4, 16, 5, 6}, o).contiguous(fmt);
+  const at::Tensor g2 = torch::randn({4, 16, 5, 6}, o).contiguous(fmt);
+  auto run = [&](bool twice, bool second_used) {
+    torch::nn::BatchNorm2d bn(16);
+    bn->to(device, dtype == at::kDouble ? at::kDouble : at::kFloat);
+    const at::Tensor x = x0.clone().requires_grad_();
+    const at::Tensor r = r0.clone().requires_grad_();
+    if (twice) {
+      auto [a, b] = batch_norm_relu_twice(x, *bn, r);
+      EXPECT_TRUE(at::equal(a, b));
+      EXPECT_EQ(a.data_ptr(), b.data_ptr());  // one storage
+      if (second_used)
+        torch::autograd::backward({a, b}, {g1, g2});
+      else
+        a.backward(g1);
+    } else {
+      batch_norm_relu(x, *bn, r).backward(second_used ? g1 + g2 : g1);
+    }
+    return std::vector<at::Tensor>{x.grad(),
+                                   r.grad(),
+                                   bn->weight.grad(),
+                                   bn->bias.grad(),
+                                   bn->running_mean.clone(),
+                                   bn->running_var.clone()};
+  };
+  for (const bool second_used : {true, false}) {
+    const auto twice = run(true, second_used), once = run(false, second_used);
+    for (size_t i = 0; i < twice.size(); ++i)
+      EXPECT_TRUE(at::equal(twice[i], once[i]))
+          << "output " << i << (second_used ? "" : ", one use");
+  }
+}
+
+TEST(BatchNormReluTest, TheTwiceFormsBackwardIsTheSingleOnesOnTheSumInDoubleOnTheCpu) {
+  expect_twice_matches_the_sum(c10::Device(c10::kCPU), at::kDouble, false);
+  expect_twice_matches_the_sum(c10::Device(c10::kCPU), at::kDouble, true);
+}
+
+TEST(BatchNormReluGpuTest, TheTwiceFormsBackwardIsTheSingleOnesOnTheSumBitForBit) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  for (const at::ScalarType t : {at::kFloat, at::kBFloat16}) {
+    expect_twice_matches_the_sum(c10::Device(c10::kCUDA, 0), t, true);   // the kernels' sum
+    expect_twice_matches_the_sum(c10::Device(c10::kCUDA, 0), t, false);  // NCHW: added first
+  }
+}
+
 // Eval mode's running statistics applied as one pass: bn(x) (+ residual) (ReLU) in eval mode
 // and without gradients, against BatchNorm2d's eval forward, add and ReLU in float64; on the GPU
 // the apply kernel (float32 tight, bf16 within its one rounding), both layouts.

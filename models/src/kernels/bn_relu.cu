@@ -347,12 +347,15 @@ __global__ void stats_finalize(BnStats a, int channels, int splits) {
   if (a.num_batches && c == 0) *a.num_batches += 1;
 }
 
-// Sums of the masked gradient and of it times (x - mean): [split][2][C].
-template <typename T, int kVec, bool kMask>
+// Sums of the masked gradient and of it times (x - mean): [split][2][C]. kTwoGrads: the gradient
+// is grad + grad2, rounded once to T (as autograd's add of the two would), written to grad_sum.
+template <typename T, int kVec, bool kMask, bool kTwoGrads>
 __global__ void __launch_bounds__(256) backward_partials(BnBackward a, Grid g) {
   __shared__ float sh_dy[256 * 8], sh_dyx[256 * 8];
   const T* x = static_cast<const T*>(a.in.x);
   const T* dy = static_cast<const T*>(a.grad);
+  const T* dy2 = static_cast<const T*>(a.grad2);
+  T* dy_sum = static_cast<T*>(a.grad_sum);
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * g.tx + tx;
   const int group = blockIdx.x * g.tx + tx;
   const int64_t step = static_cast<int64_t>(g.splits) * g.ty;
@@ -374,6 +377,13 @@ __global__ void __launch_bounds__(256) backward_partials(BnBackward a, Grid g) {
           pg[j] = reinterpret_cast<const Pack<T, kVec>*>(dy)[v];
           px[j] = reinterpret_cast<const Pack<T, kVec>*>(x)[v];
           bits[j] = kMask ? a.mask[v] : 0xffu;
+          if (kTwoGrads) {
+            const Pack<T, kVec> second = reinterpret_cast<const Pack<T, kVec>*>(dy2)[v];
+#pragma unroll
+            for (int k = 0; k < kVec; ++k)
+              pg[j].v[k] = from_float<T>(to_float(pg[j].v[k]) + to_float(second.v[k]));
+            reinterpret_cast<Pack<T, kVec>*>(dy_sum)[v] = pg[j];
+          }
         }
       }
 #pragma unroll
@@ -512,16 +522,23 @@ void launch_elementwise(const BnBackward& a, cudaStream_t stream) {
 }
 
 template <typename T, bool kMask>
-void launch_backward_typed(const BnBackward& a, cudaStream_t stream) {
+void launch_backward_typed(const BnBackward& two, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  auto* partials = backward_partials<T, kVec, kMask>;
-  const Grid g = grid_for(a.in, partials, a.splits);
-  const int channels = static_cast<int>(a.in.channels);
-  partials<<<dim3(g.gx, g.splits), dim3(g.tx, g.ty), 0, stream>>>(a, g);
+  auto* partials = two.grad2 ? backward_partials<T, kVec, kMask, true>
+                             : backward_partials<T, kVec, kMask, false>;
+  // The single-gradient kernel's grid for both: the same splits, so the sums combine in the same
+  // order and give the same bits as that kernel's on the summed gradient (at most the
+  // workspace's splits).
+  const Grid g = grid_for(two.in, backward_partials<T, kVec, kMask, false>, two.splits);
+  const int channels = static_cast<int>(two.in.channels);
+  partials<<<dim3(g.gx, g.splits), dim3(g.tx, g.ty), 0, stream>>>(two, g);
   TANDEM_CUDA_CHECK(cudaGetLastError());
   backward_finalize<<<(channels + kFinalizeChannels - 1) / kFinalizeChannels,
-                      dim3(kFinalizeChannels, kFinalizeLanes), 0, stream>>>(a, channels, g.splits);
+                      dim3(kFinalizeChannels, kFinalizeLanes), 0, stream>>>(two, channels,
+                                                                            g.splits);
   TANDEM_CUDA_CHECK(cudaGetLastError());
+  BnBackward a = two;  // the pass writing dL/dx reads the one gradient: grad, or the sum
+  if (two.grad2) a.grad = two.grad_sum;
   if (a.grad_x && a.grad_residual)
     launch_elementwise<T, kMask, true, true>(a, stream);
   else if (a.grad_x)
@@ -579,8 +596,11 @@ void launch_bn_stats(const BnStats& a, cudaStream_t stream) {
 
 void launch_bn_backward(const BnBackward& a, cudaStream_t stream) {
   check_rows(a.in);
-  TANDEM_CHECK_ARG(aligned16(a.grad) && aligned16(a.grad_x) && aligned16(a.grad_residual),
+  TANDEM_CHECK_ARG(aligned16(a.grad) && aligned16(a.grad_x) && aligned16(a.grad_residual) &&
+                       aligned16(a.grad2) && aligned16(a.grad_sum),
                    "the channels-last batch-norm backward needs 16-byte aligned gradients");
+  TANDEM_CHECK_ARG(!a.grad2 == !a.grad_sum,
+                   "the batch-norm backward's second gradient needs grad_sum, and only it");
   auto typed = [&](auto tag) {
     using T = decltype(tag);
     if (a.mask)

@@ -15,6 +15,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/batchnorm.h>
 
+#include <utility>
+
 namespace tandem::models {
 
 /// relu(bn(x) + residual) (residual undefined: relu(bn(x))) for a 4-D x in training mode: batch
@@ -27,6 +29,17 @@ namespace tandem::models {
 /// with bn's C.
 at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
                            const at::Tensor& residual = at::Tensor());
+
+/// batch_norm_relu's output returned twice — the same values, one storage (the second a view of
+/// the first) — for an output used twice: a ResNet block's output is the next block's first
+/// convolution's input and its residual. Autograd would add the two uses' gradients in a pass
+/// of their own; here they reach this op's backward apart, and on the channels-last kernels its
+/// first pass sums them (rounded once, as that add would) while it reads them for the batch
+/// norm's sums: the add's pass and one read of its result are saved. Neither output may be
+/// modified in place.
+std::pair<at::Tensor, at::Tensor> batch_norm_relu_twice(const at::Tensor& x,
+                                                        torch::nn::BatchNorm2dImpl& bn,
+                                                        const at::Tensor& residual = at::Tensor());
 
 /// bn(x) in training mode through the same kernels, with no ReLU (a ResNet's downsample): the
 /// statistics and the backward of batch_norm_relu, the same checks.
