@@ -120,9 +120,15 @@ for held in ("split", "folder"):
     evals = [e for e in evals if "eval_images_per_s" in e]
     rates = [e["eval_images_per_s"] for e in evals]
     later = rates[1:]
+    report = os.path.join(logs, f"train-{held}-{which}.json")
+    setup = json.load(open(report)).get("setup") if os.path.exists(report) else None
     rows.append({"held_out": held, "build": which, "eval_images_per_s": rates, "epochs": evals,
-                 "first_over_later": rates[0] / (sum(later) / len(later)) if later else None})
-    print(held, which, "eval img/s:", [round(r) for r in rates])
+                 "first_over_later": rates[0] / (sum(later) / len(later)) if later else None,
+                 "epoch_images_per_s": [e.get("epoch_images_per_s") for e in evals],
+                 "setup": setup})
+    print(held, which, "eval img/s:", [round(r) for r in rates],
+          "epoch img/s:", [round(e.get("epoch_images_per_s") or 0) for e in evals],
+          "setup:", setup)
 json.dump({"card": os.popen("nvidia-smi --query-gpu=name --format=csv,noheader").read().strip(),
            "rows": rows}, open(out, "w"), indent=1)
 EOF

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -212,6 +213,43 @@ TEST(TrainerTest, EveryEvaluationRunsOnOneThread) {
   EXPECT_EQ((*threads)[2], (*threads)[0]);
   EXPECT_NE((*threads)[0], std::this_thread::get_id());
   EXPECT_TRUE(r.epochs.back().metrics.count("accuracy"));
+}
+
+// A job's evaluation is rehearsed once, during the first epoch of a Trainer's first run and
+// before its first evaluation, on the thread that evaluates; its seconds are reported, and the
+// run's losses do not change.
+TEST(TrainerTest, TheEvaluationIsPreparedOnceDuringTheFirstEpochOnItsThread) {
+  Fixture f;
+  struct Seen {
+    std::vector<std::thread::id> eval_threads;
+    std::vector<size_t> evaluations_before_prepare;
+    std::thread::id prepare_thread;
+  };
+  auto seen = std::make_shared<Seen>();
+  TrainJob job = make_classifier(small_job(f.data));
+  ASSERT_FALSE(job.prepare_evaluation);  // on the CPU there are no kernels to load
+  const auto evaluate = job.evaluate;
+  job.evaluate = [evaluate, seen](const Lane& lane) {
+    seen->eval_threads.push_back(std::this_thread::get_id());
+    return evaluate(lane);
+  };
+  job.prepare_evaluation = [seen](const Lane&) {
+    seen->evaluations_before_prepare.push_back(seen->eval_threads.size());
+    seen->prepare_thread = std::this_thread::get_id();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  };
+  Trainer trainer(job, options(f.tmp.path() + "/run", Mode::kPipelined, 3));
+  const TrainResult r = trainer.run();
+  ASSERT_EQ(seen->evaluations_before_prepare, std::vector<size_t>{0});
+  ASSERT_EQ(seen->eval_threads.size(), 3u);
+  EXPECT_EQ(seen->prepare_thread, seen->eval_threads[0]);
+  EXPECT_GE(r.evaluation_prepare_seconds, 0.02);
+
+  TrainJob plain = make_classifier(small_job(f.data));
+  const TrainResult without =
+      Trainer(plain, options(f.tmp.path() + "/plain", Mode::kPipelined, 3)).run();
+  EXPECT_EQ(without.evaluation_prepare_seconds, 0);
+  EXPECT_EQ(r.losses, without.losses);
 }
 
 // bf16 autocast is entered inside each stage's function (autocast is thread-local), so it holds
@@ -642,19 +680,27 @@ void use_small_resnet(ClassifierOptions& c) {
   c.channels_last = true;
 }
 
+// A small ResNet-18 job over `n` generated photos of about h x w, `val_split` of them held out,
+// two loader workers, seed 5.
+ClassifierOptions small_photo_job(const TempDir& tmp, int n, int64_t h, int64_t w, double val_split,
+                                  int64_t batch_size, c10::Device device) {
+  ClassifierOptions c;
+  c.data = write_two_class_jpegs(tmp, n, h, w);
+  use_small_resnet(c);
+  c.val_split = val_split;
+  c.batch_size = batch_size;
+  c.workers = 2;
+  c.seed = 5;
+  c.device = device;
+  return c;
+}
+
 // The evaluation decodes only each photo's center crop (with --crop region, the default) and
 // scores as it does from whole images at Resize's scale: the same weights, the same photos, the
 // same labels, within the two decodes' rounding.
 TEST(ClassifierTest, CenterCropRegionsEvaluateAsWholeImages) {
   TempDir tmp;
-  ClassifierOptions c;
-  c.data = write_two_class_jpegs(tmp, 24, 300, 400);
-  use_small_resnet(c);
-  c.val_split = 0.5;
-  c.batch_size = 4;
-  c.workers = 2;
-  c.seed = 5;
-  c.device = c10::Device(c10::kCPU);
+  ClassifierOptions c = small_photo_job(tmp, 24, 300, 400, 0.5, 4, c10::Device(c10::kCPU));
   const Lane lane = Lane::create("eval", c.device);
   TrainJob job = make_classifier(c);
   ASSERT_TRUE(job.report);  // (the workers keep samples from the job's start: decoded ahead)
@@ -760,15 +806,8 @@ TEST(ClassifierGpuTest, AShortLastBatchEvaluatesAsOnTheCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   use_deterministic_gpu_algorithms();
   TempDir tmp;
-  ClassifierOptions c;
-  c.data = write_two_class_jpegs(tmp, 24, 120, 160);
-  use_small_resnet(c);
+  ClassifierOptions c = small_photo_job(tmp, 24, 120, 160, 0.5, 8, c10::Device(c10::kCPU));
   c.channels_last = false;
-  c.val_split = 0.5;
-  c.batch_size = 8;
-  c.workers = 2;
-  c.seed = 5;
-  c.device = c10::Device(c10::kCPU);
   const TrainJob cpu_job = make_classifier(c);
   c.weights = tmp.path() + "/weights.safetensors";  // the CPU job's weights, for both
   models::save_safetensors(c.weights, models::state_dict(*cpu_job.model));
@@ -783,6 +822,34 @@ TEST(ClassifierGpuTest, AShortLastBatchEvaluatesAsOnTheCpu) {
     EXPECT_NEAR(e->metrics.at("val_loss"), cpu.metrics.at("val_loss"),
                 1e-3 * cpu.metrics.at("val_loss"));
   }
+}
+
+// On CUDA the folder classifier rehearses its evaluation during the first epoch (its kernels
+// load while the first steps run): in pipelined+graphed mode, with and without the rehearsal,
+// the run's losses and every evaluation's metrics are the same to the bit.
+TEST(ClassifierGpuTest, ThePreparedEvaluationLeavesTheRunAsItWas) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  use_deterministic_gpu_algorithms();
+  TempDir tmp;
+  const ClassifierOptions c = small_photo_job(tmp, 64, 40, 48, 0.25, 8, c10::Device(c10::kCUDA, 0));
+  auto opts = [&](const std::string& dir) {
+    TrainOptions o = options(dir, Mode::kPipelinedGraphed, 2);
+    o.batch_size = c.batch_size;
+    return o;
+  };
+  TrainJob job = make_classifier(c);
+  ASSERT_TRUE(job.prepare_evaluation);
+  const TrainResult with = Trainer(job, opts(tmp.path() + "/with")).run();
+  TrainJob plain = make_classifier(c);
+  plain.prepare_evaluation = nullptr;
+  const TrainResult without = Trainer(plain, opts(tmp.path() + "/without")).run();
+  EXPECT_GT(with.evaluation_prepare_seconds, 0);
+  EXPECT_EQ(without.evaluation_prepare_seconds, 0);
+  EXPECT_EQ(with.losses, without.losses);
+  ASSERT_EQ(with.epochs.size(), without.epochs.size());
+  for (size_t e = 0; e < with.epochs.size(); ++e)
+    EXPECT_EQ(with.epochs[e].metrics, without.epochs[e].metrics) << "epoch " << e;
+  at::globalContext().setDeterministicAlgorithms(false, false);
 }
 
 // decode auto with a given share on a GPU with JPEG engines: half of each batch decoded by the

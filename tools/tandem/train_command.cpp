@@ -410,6 +410,8 @@ void TrainCommand::write_json(const std::string& command_line, const train::Trai
   j["images_per_s"] = train_rate.value;
   if (eval_ips > 0) j["eval_images_per_s"] = eval_ips;
   j["setup"] = train::to_json(r.setup);  // seconds besides the steps: the run's start, captures
+  // and the evaluation's kernels run once during the first epoch
+  if (tj.prepare_evaluation) j["setup"]["evaluation_prepare_s"] = r.evaluation_prepare_seconds;
   j["images_per_s_note"] = train_rate.first_left_out ? "mean over this run's epochs after the first"
                                                      : "mean over this run's epochs";
   // The headline metric: accuracy for a classifier, mIoU for a segmenter.

@@ -364,7 +364,9 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
   e.workers = o.workers;
   e.worker_nice = o.worker_nice;
   e.seed = o.seed;
-  job.evaluate = folder_evaluation(std::move(e));
+  FolderEvaluation evaluation = folder_evaluation(std::move(e));
+  job.evaluate = std::move(evaluation.evaluate);
+  job.prepare_evaluation = std::move(evaluation.prepare);
   if (sets.kept) job.report = [kept = sets.kept] { return kept_samples_note(*kept); };
 }
 

@@ -69,6 +69,24 @@ class Scoring {
   /// Forwards the batch still waiting on its engine crops, if any.
   void finish() { forward_waiting({}); }
 
+  /// The pass's kernels once, on stand-ins: one black 16 x 16 image's box drawn and cropped,
+  /// then forwarded and scored as a short last batch (padded to the batch size: the shapes the
+  /// training tuned). Counts into this Scoring, which the caller drops.
+  void rehearse() {
+    const auto on_device = [&](at::ScalarType t) {
+      return at::TensorOptions().dtype(t).device(s_.device);
+    };
+    const int64_t side = 16, channels = static_cast<int64_t>(s_.spec.mean.size());
+    const at::Tensor sizes =
+        at::tensor({side, side, channels}, at::TensorOptions().dtype(at::kLong)).view({1, 3});
+    const at::Tensor sizes_here = sizes.to(s_.device);
+    const at::Tensor boxes = draw_crop_boxes(s_.spec, sizes_here, gen_);
+    const at::Tensor x =
+        layout(resized_crop(at::zeros({side * side * channels}, on_device(at::kByte)),
+                            at::zeros({1}, on_device(at::kLong)), sizes_here, boxes, s_.spec));
+    forward({x, at::zeros({1}, on_device(at::kLong))});
+  }
+
   Evaluation result() const {
     return Evaluation(accuracy_metrics(correct_.item<int64_t>(), loss_.item<double>(), seen_),
                       seen_);
@@ -165,7 +183,7 @@ struct DropPending {
 
 }  // namespace
 
-std::function<Evaluation(const Lane& lane)> folder_evaluation(FolderEvaluationSetup setup) {
+FolderEvaluation folder_evaluation(FolderEvaluationSetup setup) {
   const at::Generator gen = seeded_generator(setup.device, setup.seed);  // draws no randomness
   auto passes =
       std::make_shared<EvalPasses>(setup.data, setup.batch_size, setup.workers, setup.worker_nice);
@@ -176,7 +194,8 @@ std::function<Evaluation(const Lane& lane)> folder_evaluation(FolderEvaluationSe
     ahead =
         std::make_shared<EngineCropsAhead>(setup.spec, setup.split, setup.device, setup.batch_size);
   auto s = std::make_shared<const FolderEvaluationSetup>(std::move(setup));
-  return [s, gen, passes, ahead](const Lane& lane) {
+  FolderEvaluation e;
+  e.evaluate = [s, gen, passes, ahead](const Lane& lane) {
     at::NoGradGuard no_grad;
     s->model->eval();
     EnginesOn engines_on(s->split.share.get(), s->engine_share.get());
@@ -189,6 +208,18 @@ std::function<Evaluation(const Lane& lane)> folder_evaluation(FolderEvaluationSe
     if (!s->folded) s->model->train();
     return scoring.result();
   };
+  if (!s->device.is_cuda()) return e;
+  e.prepare = [s](const Lane& lane) {
+    at::NoGradGuard no_grad;
+    s->model->eval();
+    // A generator of its own: the box of the eval transform draws nothing random, but the draw
+    // advances its generator's offset, and the evaluations' generator stays untouched.
+    const at::Generator gen = seeded_generator(s->device, s->seed);
+    Scoring scoring(*s, nullptr, gen, lane);
+    scoring.rehearse();
+    if (!s->folded) s->model->train();
+  };
+  return e;
 }
 
 }  // namespace tandem::train::detail

@@ -40,8 +40,17 @@ struct FolderEvaluationSetup {
   uint64_t seed = 0;
 };
 
-/// The job's evaluate function: one pass over `setup.data` per call, on the calling lane, the
-/// model in eval mode meanwhile (train mode after, unless its backbone is frozen).
-std::function<Evaluation(const Lane& lane)> folder_evaluation(FolderEvaluationSetup setup);
+/// The job's evaluation (TrainJob::evaluate and ::prepare_evaluation).
+struct FolderEvaluation {
+  /// One pass over `setup.data` per call, on the calling lane, the model in eval mode
+  /// meanwhile (train mode after, unless its backbone is frozen).
+  std::function<Evaluation(const Lane& lane)> evaluate;
+  /// On CUDA, the pass's kernels once: a stand-in image through the crop and a short batch of
+  /// zeros, padded to the batch size, through the forward and the scoring, nothing kept; empty
+  /// on the CPU (no kernels to load).
+  std::function<void(const Lane& lane)> prepare;
+};
+
+FolderEvaluation folder_evaluation(FolderEvaluationSetup setup);
 
 }  // namespace tandem::train::detail

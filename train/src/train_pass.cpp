@@ -151,7 +151,8 @@ struct Trainer::Pass {
   /// Why a non-finite loss may have come: the starting weights when one of them is not finite
   /// (the learning rate is then not the cause to suggest), else the learning rate.
   std::string likely_cause() const;
-  /// The Runner's hook: after step `item` of this pass has been queued on the train stage.
+  /// The Runner's hook: on the train stage's thread as it starts step `item` of this pass, the
+  /// steps before it queued.
   void after_step(int64_t item);
   /// Reads the losses of steps done (synchronizes the current stream: call under the train
   /// lane) and stops the run at the first non-finite one — on every rank: in a data-parallel
@@ -169,6 +170,9 @@ struct Trainer::Pass {
   void end_epoch(int64_t g);
   /// The job's evaluation on the evaluation thread, the training's loaders paused meanwhile.
   Evaluation evaluate();
+  /// TrainJob::prepare_evaluation on the evaluation thread, once a Trainer, its time left out of
+  /// the epoch's.
+  void prepare_evaluation();
   /// Starts the steady-rate window of the current epoch at global step g.
   void mark_steady(int64_t g);
   /// A stop requested, and whether to report progress now: alone, at every step; data parallel,
@@ -378,8 +382,23 @@ Evaluation Trainer::Pass::evaluate() {
     ~Resume() { r.pause_loading(false); }
   } resume{runner};
   const Lane& lane = *train_lane;
+  t.evaluation_prepared_ = true;  // what a rehearsal would load, this loads
   // Every evaluation on one thread (why: evaluation_thread.h).
   return detail::on_evaluation_thread<Evaluation>(lane, [&] { return t.job_.evaluate(lane); });
+}
+
+void Trainer::Pass::prepare_evaluation() {
+  t.evaluation_prepared_ = true;
+  const auto t0 = Clock::now();
+  const Lane& lane = *train_lane;
+  detail::on_evaluation_thread<int>(lane, [&] {
+    t.job_.prepare_evaluation(lane);
+    return 0;
+  });
+  const double seconds = seconds_since(t0);
+  result.evaluation_prepare_seconds += seconds;
+  epoch_eval_excluded += seconds;
+  if (steady_marked) steady_excluded += seconds;
 }
 
 void Trainer::Pass::end_epoch(int64_t g) {
@@ -472,6 +491,11 @@ void Trainer::Pass::report_progress(int64_t item, int64_t g) {
 void Trainer::Pass::after_step(int64_t item) {
   const int64_t g = start + item;
   LaneGuard guard(*train_lane, "between steps");
+  // Once the first step is queued (the hook comes before step `item`'s work): the evaluation's
+  // kernels load while that step runs on the device. An evaluation due first needs none.
+  if (item >= 1 && lead && t.job_.evaluate && t.job_.prepare_evaluation &&
+      !t.evaluation_prepared_ && !(t.keeps_epochs_ && g % spe == 0))
+    prepare_evaluation();
   if (t.keeps_epochs_) {
     if (item > 0 && g % spe == 0)
       end_epoch(g);

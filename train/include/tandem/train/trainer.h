@@ -83,6 +83,13 @@ struct TrainJob {
   /// returns its metrics (the first is the headline: accuracy), and how many samples it scored.
   /// May synchronize. Empty: none.
   std::function<Evaluation(const Lane& lane)> evaluate;
+  /// Runs the evaluation's code once on stand-in data (zeros at the batch size), scoring
+  /// nothing, on `lane` between two steps of a Trainer's first run, on the thread that
+  /// evaluates: CUDA loads a kernel at its first launch, which made the first evaluation several
+  /// times slower than the later ones; done while the first steps run on the device, the loading
+  /// overlaps them. Must leave every weight, statistic, generator and metric as it found them.
+  /// Empty: none.
+  std::function<void(const Lane& lane)> prepare_evaluation;
   /// What must match for a resume (model, data, batch size, optimizer...): a checkpoint made
   /// under another configuration is refused, naming both. Its "data" and "val", when they name
   /// folders, are identified by content (fingerprint_data, checkpoint.h), not by the path: the
@@ -203,6 +210,9 @@ struct TrainResult {
   StageTiming timing;  ///< per stage, over this run's steps (TrainOptions::device_timing_every)
   /// What the run paid besides its steps: the Runner's start and its graphs' captures.
   RunSetup setup;
+  /// Host seconds of TrainJob::prepare_evaluation in this run (during its first epoch, left out
+  /// of that epoch's training time); 0 when it did not run.
+  double evaluation_prepare_seconds = 0;
 };
 
 /// The setup as reports give it: {"prepare_s", "capture_s", "graphs", "graphs_kept"}.
@@ -272,6 +282,7 @@ class Trainer {
   std::vector<at::Tensor> resume_rng_;  // generator states to restore, in Runner order
   at::Tensor resume_default_rng_;       // the device's default generator
   std::unique_ptr<Runner> runner_;      // kept from one run() to the next
+  bool evaluation_prepared_ = false;    // TrainJob::prepare_evaluation ran (once a Trainer)
 };
 
 /// Installs SIGINT and SIGTERM handlers that store the signal in `flag` (the first one; a
