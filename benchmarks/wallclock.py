@@ -44,7 +44,8 @@ Each row's process gets an empty TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR a
 TANDEM_MODE_CACHE inside it) of its own under --cache-dir, so compilation and mode auto start
 cold; --warm-process adds, after each tandem
 row, a second process on the same cache folder (impl suffixed "-warm"): the start of a user's
-second run. Writes {device, date, command, rows: [{impl, job, batch_size, first_call_s,
+second run (warm_starts: each such pair's first call and its fixed cost, cold over warm).
+Writes {device, date, command, rows: [{impl, job, batch_size, first_call_s,
 per_call_s, steady_images_per_s, wall_images_per_s, steps, first_fixed_s, mode, trials_s,
 error, ...}]}, rewritten after every row so a run cut short keeps the rows it finished; a row
 that fails is a row with its error.
@@ -228,6 +229,32 @@ def run_rows(plan, run_one, out, command, extra=None, on_row=None):
             on_row(row)
         write_result(out, rows, command, extra)
     return rows
+
+
+def warm_starts(rows):
+    """Each "-warm" row beside the row whose cache folder it reused (the same impl, job and batch
+    size without the suffix): the first call's wall clock and its fixed cost (first_fixed_s:
+    what the first call costs beyond its steps — mode auto's trials, compilation, capture), cold
+    over warm. A pair with a missing or failed side has None ratios."""
+    pairs = []
+    for r in rows:
+        if not r["impl"].endswith(WARM):
+            continue
+        cold = next((c for c in rows if c["impl"] == r["impl"][:-len(WARM)]
+                     and c["job"] == r["job"] and c["batch_size"] == r["batch_size"]), None)
+
+        def ratio(key):
+            a, b = (cold or {}).get(key), r.get(key)
+            return round(a / b, 3) if a and b and b > 0 else None
+
+        pairs.append(dict(impl=r["impl"][:-len(WARM)], job=r["job"], batch_size=r["batch_size"],
+                          cold_first_call_s=(cold or {}).get("first_call_s"),
+                          warm_first_call_s=r.get("first_call_s"),
+                          cold_first_fixed_s=(cold or {}).get("first_fixed_s"),
+                          warm_first_fixed_s=r.get("first_fixed_s"),
+                          first_call_cold_over_warm=ratio("first_call_s"),
+                          first_fixed_cold_over_warm=ratio("first_fixed_s")))
+    return pairs
 
 
 def fmt(v, width, digits=0):
@@ -479,6 +506,17 @@ def main(argv=None):
     rows = run_rows(plan, lambda planned: run_process(a, planned), a.out, command, meta, on_row)
     print()
     print(table(rows))
+    warm = warm_starts(rows)
+    if warm:  # the second process of a job against its first, on the same cache folder
+        meta["warm_starts"] = warm
+        write_result(a.out, rows, command, meta)
+        print("\nwarm start (a second process on the first one's cache folder), cold / warm:")
+        for w in warm:
+            print(f"  {w['job']:16s} {w['batch_size']:4d} {w['impl']:20s} first call "
+                  f"{fmt(w['cold_first_call_s'], 7, 2)} / {fmt(w['warm_first_call_s'], 7, 2)} s "
+                  f"({fmt(w['first_call_cold_over_warm'], 5, 2)}x), its fixed cost "
+                  f"{fmt(w['cold_first_fixed_s'], 7, 2)} / {fmt(w['warm_first_fixed_s'], 7, 2)} s "
+                  f"({fmt(w['first_fixed_cold_over_warm'], 5, 2)}x)")
     print(f"wrote {a.out}")
 
 

@@ -143,6 +143,22 @@ def test_each_row_has_a_fresh_cache_folder_and_a_warm_row_shares_its_first(tmp_p
     assert plain[0]["package"] is None
 
 
+def test_a_warm_row_is_set_against_the_row_whose_cache_it_reused():
+    rows = [wallclock.blank_row("tandem-py", "r18_full", 32, first_call_s=8.0, first_fixed_s=6.0),
+            wallclock.blank_row("tandem-py-warm", "r18_full", 32, first_call_s=4.0,
+                                first_fixed_s=2.0),
+            wallclock.blank_row("tandem-py-warm", "r50_frozen_head", 256, first_call_s=3.0),
+            wallclock.blank_row("eager", "r18_full", 32, first_call_s=5.0)]
+    pairs = wallclock.warm_starts(rows)
+    assert [(p["impl"], p["job"]) for p in pairs] == [("tandem-py", "r18_full"),
+                                                      ("tandem-py", "r50_frozen_head")]
+    assert pairs[0]["first_call_cold_over_warm"] == 2.0
+    assert pairs[0]["first_fixed_cold_over_warm"] == 3.0
+    # no cold row for it: no ratio, the warm numbers kept
+    assert pairs[1]["first_call_cold_over_warm"] is None
+    assert pairs[1]["warm_first_call_s"] == 3.0
+
+
 def test_an_old_package_runs_each_tandem_row_before_this_one(tmp_path):
     plan = wallclock.plan_rows([("r18_full", 32)], ["eager", "tandem-py"], str(tmp_path),
                                warm=True, old_package="/old/py")
