@@ -7,8 +7,9 @@
 # first beside the later ones), gputest (the gpu-labelled tests), probe (cuDNN's fused graphs,
 # benchmarks/lab/cudnn_fusion_probe.sh), resnet_ab (the ResNets' step, this build against
 # .ref/bundle-old's: benchmarks/resnet_ab_table.py), sanitize (compute-sanitizer's memcheck,
-# racecheck and synccheck over the GPU tests SANITIZE_FILTER names). JSON into OUT; the whole
-# logs in OUT/bundle-logs.tar.gz.
+# racecheck and synccheck over the GPU tests SANITIZE_FILTER names), ncu (each launch of the
+# ResNet step's own kernels under Nsight Compute: time, bytes, grid). JSON and CSV into OUT; the
+# whole logs in OUT/bundle-logs.tar.gz.
 #
 #   bash benchmarks/bundle_check.sh OUT [PHASES (profile train gputest)]
 #   env: DEADLINE_S (560: the call's seconds the phases share), GPUTEST_REGEX (ctest -R),
@@ -177,6 +178,23 @@ probe)
   timeout $(($(left) - 5)) bash benchmarks/lab/cudnn_fusion_probe.sh run "$OUT" \
     >"$LOGS/probe.log" 2>&1
   say "probe: exit $?"; tail -40 "$LOGS/probe.log" | tee -a "$LOGS/summary.log" ;;
+ncu)
+  # Each launch of the ResNet step's own kernels under Nsight Compute: its time, the bytes it
+  # moved to and from memory and its grid, per call (one eager step after one warm-up step, so
+  # every convolution shape appears once): which calls fall short of the memory's bandwidth.
+  # env: NCU_MODELS (r50_full r18_full), NCU_KERNELS (a regex over kernel names).
+  for model in ${NCU_MODELS:-r50_full r18_full}; do
+    [ "$(left)" -gt 60 ] || { say "ncu: $model skipped ($(left) s left)"; continue; }
+    timeout $(($(left) - 10)) ncu --kernel-name \
+      "regex:${NCU_KERNELS:-stats_|backward_|bn_apply|max_pool|AddPadding|elementwise_kernel}" \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+      --csv --page raw build/tandem bench --workload images --param source=resident \
+      --param model="$model" --param precision=bf16 --param layout=channels_last \
+      --batch-size 256 --mode serial --steps 1 --warmup 1 \
+      >"$OUT/ncu-$model.csv" 2>"$LOGS/ncu-$model.log"
+    say "ncu: $model exit $?, $(grep -c '"' "$OUT/ncu-$model.csv") rows"
+    tail -3 "$LOGS/ncu-$model.log" | tee -a "$LOGS/summary.log"
+  done ;;
 sanitize)
   # The kernels' tests under each of compute-sanitizer's tools: memcheck (out-of-bounds and
   # misaligned accesses), racecheck (shared-memory hazards), synccheck (barriers).
@@ -190,7 +208,7 @@ sanitize)
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$LOGS/sanitize-$tool.log" |
       tail -5 | tee -a "$LOGS/summary.log"
   done ;;
-*) say "no phase '$phase' (packages, wallclock, profile, train, gputest, probe, resnet_ab, sanitize)" ;;
+*) say "no phase '$phase' (packages, wallclock, profile, train, gputest, probe, resnet_ab, sanitize, ncu)" ;;
 esac
 done
 
