@@ -17,7 +17,7 @@ modes_in_help() {
   "$tandem" "$1" --help | awk -v flag="$2" '
     $1 == flag { inside = 1; next }
     inside && $1 ~ /^-/ { exit }
-    inside && /^ +[a-z][a-z0-9_+]*  +[^ ]/ { print $1 }'
+    inside && /^ +[a-z][a-z0-9_+-]*  +[^ ]/ { print $1 }'
 }
 
 # A tiny IDX folder (256 random 28x28 images, label 1) written with the shell alone.
@@ -72,9 +72,15 @@ for sub in $subcommands; do
   echo "$sub $flag: $(echo $modes | tr '\n' ' ')"
 done
 if "$tandem" --help | grep -q "^  train"; then
-  want="serial pipelined graphed pipelined+graphed auto"
+  want="serial pipelined graphed pipelined+graphed by-device"
   got=$(modes_in_help train --mode | paste -sd' ')
   if [ "$got" = "$want" ]; then pass; else fail "train --mode lists '$got', want '$want'"; fi
+  # auto is the trials' name (bench, the Python Trainer): train refuses it, saying what to use.
+  "$tandem" train --mode auto ${other_bad[train]} >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  if [ $rc -eq 2 ] && grep -qF "mode 'auto' (timed trials of the modes" "$tmp/err" &&
+     grep -qF "by-device (the default)" "$tmp/err"; then pass
+  else fail "tandem train --mode auto -> exit $rc:"; cat "$tmp/err"; fi
 fi
 
 if ! "$tandem" --help | grep -q "^  train"; then
@@ -152,7 +158,7 @@ done <<EOF
 --seed|abc|abc
 --seed|-1|expected an integer >= 0
 --ignore-index|abc|abc
---mode|graphed_k|expected serial, pipelined, graphed, pipelined+graphed or auto
+--mode|graphed_k|expected serial, pipelined, graphed, pipelined+graphed or by-device
 --mode|pipelined_graphed|expected serial
 --model|nope|fcn_resnet50
 --optimizer|sgdw|sgdw

@@ -51,16 +51,38 @@ std::vector<std::string> model_choices() {
 
 // The modes the Trainer runs: every workload mode a run folder allows (run::mode_problem:
 // graphed_k's K steps per replay would cut through its per-step schedule, checkpoints and
-// progress; tandem's optimizers are capturable and read their lr from the device), and auto,
-// which train resolves by device (run::resolve_mode_by_device).
+// progress; tandem's optimizers are capturable and read their lr from the device).
 std::vector<run::RunMode> train_modes() {
   run::ModeConstraints run_folder;
   run_folder.run_folder = true;
   std::vector<run::RunMode> modes;
   for (const Mode m : workload_modes())
     if (run::mode_problem(m, run_folder).empty()) modes.push_back(m);
-  modes.push_back(std::nullopt);  // auto
   return modes;
+}
+
+// tandem train's default: the mode by the device (run::resolve_mode_by_device), a behaviour
+// with a name of its own. "auto" is the timed trials tandem bench and the Python Trainer run,
+// which a run of epochs in one mode does not pay for: the device settles the choice.
+constexpr const char* kByDevice = "by-device";
+
+// --mode's check: a mode of train_modes() or by-device; auto refused with why.
+CLI::Validator train_mode_validator() {
+  std::vector<std::string> names = cli::mode_names(train_modes());
+  names.emplace_back(kByDevice);
+  const CLI::Validator named = cli::choice_validator("mode", names);
+  const std::string expected = join_choices(names);
+  return CLI::Validator(
+      [named, expected](std::string& value) {
+        if (value == "auto")
+          return "mode 'auto' (timed trials of the modes: tandem bench's and the Python "
+                 "Trainer's) is not one of tandem train's, whose epochs run one mode: " +
+                 std::string(kByDevice) + " (the default) picks it from the device; expected " +
+                 expected;
+        std::string v = value;
+        return named(v);
+      },
+      "");
 }
 
 // The smallest --image-size: the ResNets' output stride. A smaller square reaches layer4 (and
@@ -139,10 +161,13 @@ CLI::App* TrainCommand::add(CLI::App& app) {
     return std::string(
         to_string(run::resolve_mode_by_device(std::nullopt, c10::Device(type)).mode));
   };
-  const std::string auto_help =
+  const std::string by_device_help =
       by_device(c10::kCUDA) + " on a GPU, " + by_device(c10::kCPU) + " on the CPU";
-  c->add_option("--mode", mode, "how steps run:" + cli::mode_help(train_modes(), auto_help))
-      ->check(cli::mode_validator(train_modes()))
+  char by_device_line[256];
+  std::snprintf(by_device_line, sizeof by_device_line, "\n  %-18s %s", kByDevice,
+                by_device_help.c_str());
+  c->add_option("--mode", mode, "how steps run:" + cli::mode_help(train_modes()) + by_device_line)
+      ->check(train_mode_validator())
       ->capture_default_str();
   c->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   c->add_option("--workers", workers, run::kLoaderWorkersHelp);
@@ -450,7 +475,8 @@ int TrainCommand::run(const std::string& command_line) {
   }
   const c10::Device dev = group ? group->device() : parse_device(device);
   const bool seg = settle_job(dev);
-  const run::RunMode parsed = run::parse_run_mode(mode);  // one of train_modes(): --mode's check
+  // One of train_modes() or by-device: --mode's check.
+  const run::RunMode parsed = mode == kByDevice ? std::nullopt : run::parse_run_mode(mode);
   const Mode m = run::resolve_mode_by_device(parsed, dev).mode;
   set_numerics(dev, deterministic, tf32);
   // Before the data and the model are built: every thread waits as asked from its first call.

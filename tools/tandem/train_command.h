@@ -19,7 +19,7 @@ struct TrainCommand {
   train::ClassifierOptions job;
   std::string precision = "fp32";
   std::string device = "auto";
-  std::string mode = "auto";
+  std::string mode = "by-device";
   std::string freeze;  // "backbone" or empty
   std::string schedule = "cosine";
   std::string crop = "region";     // ImageFolder training: region or whole
