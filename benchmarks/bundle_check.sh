@@ -8,8 +8,9 @@
 # benchmarks/lab/cudnn_fusion_probe.sh), resnet_ab (the ResNets' step, this build against
 # .ref/bundle-old's: benchmarks/resnet_ab_table.py), sanitize (compute-sanitizer's memcheck,
 # racecheck and synccheck over the GPU tests SANITIZE_FILTER names), ncu (each launch of the
-# ResNet step's own kernels under Nsight Compute: time, bytes, grid). JSON and CSV into OUT; the
-# whole logs in OUT/bundle-logs.tar.gz.
+# ResNet step's own kernels under Nsight Compute: time, bytes, grid), mlperf_resident and
+# mlperf_photos (the ResNets against MLPerf's per-GPU rate: mlperf.json). JSON and CSV into OUT;
+# the whole logs in OUT/bundle-logs.tar.gz.
 #
 #   bash benchmarks/bundle_check.sh OUT [PHASES (profile train gputest)]
 #   env: DEADLINE_S (560: the call's seconds the phases share), GPUTEST_REGEX (ctest -R),
@@ -178,6 +179,45 @@ probe)
   timeout $(($(left) - 5)) bash benchmarks/lab/cudnn_fusion_probe.sh run "$OUT" \
     >"$LOGS/probe.log" 2>&1
   say "probe: exit $?"; tail -40 "$LOGS/probe.log" | tee -a "$LOGS/summary.log" ;;
+mlperf_resident|mlperf_photos)
+  # The ResNets against MLPerf's per-GPU rate (benchmarks/mlperf_table.py: mlperf.json, from
+  # whichever of the two phases ran). mlperf_resident: compile_bench.py on resident batches,
+  # tandem's C++ step, torch.compile and eager, bf16, channels-last, bs 256. mlperf_photos: from
+  # generated photo folders (MLPERF_SIDES, default "320-640 1000-2000"; MLPERF_COUNT photos),
+  # tandem's loader and step (`tandem bench --param source=files --param decode=auto`) and
+  # torchvision's loop (train_bench.py). env: MLPERF_MODELS (r50_full r18_full).
+  models=${MLPERF_MODELS:-r50_full r18_full}
+  if [ "$phase" = mlperf_resident ]; then
+    [ "$(left)" -gt 120 ] || { say "mlperf_resident: skipped ($(left) s left)"; continue; }
+    say "mlperf_resident: $models, tandem-cpp, torch.compile, eager"
+    timeout $(($(left) - 10)) python3 benchmarks/compile_bench.py --jobs "${models// /,}" \
+      --bs 256 --impls tandem-cpp,compile,eager --mode pipelined+graphed --steps 60 --warmup 15 \
+      --tandem-cli build/tandem --timeout 240 --out "$LOGS/mlperf-resident.json" \
+      >"$LOGS/mlperf-resident.log" 2>&1
+    say "mlperf_resident: exit $?"
+  else
+    for sides in ${MLPERF_SIDES:-320-640 1000-2000}; do
+      [ "$(left)" -gt 90 ] || { say "mlperf_photos: $sides skipped ($(left) s left)"; continue; }
+      folder=/tmp/tandem-mlperf-$sides
+      [ -d "$folder" ] || python3 scripts/make_image_folder.py "$folder" \
+        --count "${MLPERF_COUNT:-3000}" --classes 10 --min-side "${sides%-*}" \
+        --max-side "${sides#*-}" >>"$LOGS/make-folder.log" 2>&1
+      for model in $models; do
+        timeout $(($(left) - 10)) build/tandem bench --workload images --data "$folder" \
+          --param source=files --param decode=auto --param model="$model" \
+          --param precision=bf16 --param layout=channels_last --batch-size 256 \
+          --mode pipelined+graphed --steps 60 --warmup 10 --workers 15 --no-gpu-monitor \
+          --json "$LOGS/mlperf-files-$sides-$model.json" >"$LOGS/mlperf-files-$sides-$model.txt" 2>&1
+        say "mlperf_photos: $sides $model tandem: exit $?"
+      done
+      timeout $(($(left) - 10)) python3 benchmarks/train_bench.py --jobs "${models// /,}" \
+        --data "$folder" --precision bf16 --channels-last --batch-sizes 256 --steps 30 \
+        --workers 15 --out "$LOGS/mlperf-python-$sides.json" >"$LOGS/mlperf-python-$sides.log" 2>&1
+      say "mlperf_photos: $sides torchvision's loop: exit $?"
+    done
+  fi
+  python3 benchmarks/mlperf_table.py "$LOGS" "$OUT/mlperf.json" \
+    --command "bash benchmarks/bundle_check.sh OUT $PHASES" | tee -a "$LOGS/summary.log" ;;
 ncu)
   # Each launch of the ResNet step's own kernels under Nsight Compute: its time, the bytes it
   # moved to and from memory and its grid, per call (one eager step after one warm-up step, so
@@ -208,7 +248,7 @@ sanitize)
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "$LOGS/sanitize-$tool.log" |
       tail -5 | tee -a "$LOGS/summary.log"
   done ;;
-*) say "no phase '$phase' (packages, wallclock, profile, train, gputest, probe, resnet_ab, sanitize, ncu)" ;;
+*) say "no phase '$phase' (packages, wallclock, profile, train, gputest, probe, resnet_ab, sanitize, ncu, mlperf_resident, mlperf_photos)" ;;
 esac
 done
 
