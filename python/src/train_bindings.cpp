@@ -86,6 +86,8 @@ py::dict result_to_python(const train::TrainResult& r, const train::EpochsReport
   out["skipped"] = skipped;
   out["images_per_s"] = report.images_per_s.value;
   out["eval_images_per_s"] = report.eval_images_per_s.value;
+  out["first_epoch_images_per_s"] = report.first_epoch_images_per_s;
+  out["first_eval_images_per_s"] = report.first_eval_images_per_s;
   out["table"] = report.text;
   out["setup"] = to_python(train::to_json(r.setup));
   return out;

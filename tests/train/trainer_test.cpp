@@ -27,6 +27,7 @@
 #include "tandem/optim.h"
 #include "tandem/train/checkpoint.h"
 #include "tandem/train/classifier.h"
+#include "tandem/train/report.h"
 #include "train_fixtures.h"
 
 namespace tandem::train {
@@ -250,6 +251,42 @@ TEST(TrainerTest, TheEvaluationIsPreparedOnceDuringTheFirstEpochOnItsThread) {
       Trainer(plain, options(f.tmp.path() + "/plain", Mode::kPipelined, 3)).run();
   EXPECT_EQ(without.evaluation_prepare_seconds, 0);
   EXPECT_EQ(r.losses, without.losses);
+}
+
+// The report gives what a run paid apart from its steady rates: the seconds before its first
+// step (and the evaluation's rehearsal), then its first epoch's wall-clock rate and its first
+// evaluation's; a resumed run's first is its own first epoch, not the checkpoint's.
+TEST(TrainerTest, TheReportGivesTheSetupAndTheFirstEpochApart) {
+  TrainResult r;
+  for (int i = 1; i <= 2; ++i) {
+    EpochRecord e;
+    e.epoch = i;
+    e.step = 6 * i;
+    e.images_per_s = i == 1 ? 100 : 110;
+    e.epoch_images_per_s = i == 1 ? 50 : 105;
+    e.eval_images_per_s = i == 1 ? 30 : 200;
+    r.epochs.push_back(e);
+  }
+  r.setup.prepare_seconds = 1.5;
+  r.setup.capture_seconds = 0.25;
+  r.evaluation_prepare_seconds = 0.04;
+  const EpochsReport report = describe_epochs(r, 6);
+  EXPECT_EQ(report.first_epoch_images_per_s, 50);
+  EXPECT_EQ(report.first_eval_images_per_s, 30);
+  EXPECT_EQ(report.images_per_s.value, 110);  // the steady mean leaves the first out
+  EXPECT_NE(report.text.find("setup      1.50 s before the first step, captures 0.25 s, the "
+                             "evaluation's kernels 0.04 s\n"),
+            std::string::npos)
+      << report.text;
+  EXPECT_NE(report.text.find("first      epoch 50 img/s from its first step, its evaluation 30 "
+                             "img/s\n"),
+            std::string::npos)
+      << report.text;
+
+  r.resumed_from = 6;  // the second epoch is this run's only one
+  const EpochsReport resumed = describe_epochs(r, 6);
+  EXPECT_EQ(resumed.first_epoch_images_per_s, 105);
+  EXPECT_EQ(resumed.text.find("first      epoch"), std::string::npos) << resumed.text;
 }
 
 // bf16 autocast is entered inside each stage's function (autocast is thread-local), so it holds

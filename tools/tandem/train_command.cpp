@@ -434,6 +434,11 @@ void TrainCommand::write_json(const std::string& command_line, const train::Trai
   j["cuda_wait"] = cuda_wait;
   j["images_per_s"] = train_rate.value;
   if (eval_ips > 0) j["eval_images_per_s"] = eval_ips;
+  // The first epoch by the wall clock from its first step, and its evaluation: apart from the
+  // steady means above, which leave them out.
+  j["first_epoch_images_per_s"] = report.first_epoch_images_per_s;
+  if (report.first_eval_images_per_s > 0)
+    j["first_eval_images_per_s"] = report.first_eval_images_per_s;
   j["setup"] = train::to_json(r.setup);  // seconds besides the steps: the run's start, captures
   // and the evaluation's kernels run once during the first epoch
   if (tj.prepare_evaluation) j["setup"]["evaluation_prepare_s"] = r.evaluation_prepare_seconds;

@@ -89,6 +89,7 @@ EpochsReport describe_epochs(const TrainResult& r, int64_t spe) {
   t += format(" %12s %12s %10s\n", "img/s", "eval img/s", "seconds");
   std::vector<double> run_ips;       // this run's epochs' img/s (not a resumed run's earlier)
   std::vector<double> run_eval_ips;  // and their evaluations' img/s, where measured
+  double first_epoch_ips = 0, first_eval_ips = 0;  // this run's first epoch's
   for (const auto& e : r.epochs) {
     t += format("%6lld %12.4f", static_cast<long long>(e.epoch), e.train_loss);
     for (const auto& k : metric_names) {
@@ -103,11 +104,17 @@ EpochsReport describe_epochs(const TrainResult& r, int64_t spe) {
     t += e.eval_images_per_s > 0 ? format(" %12.0f", e.eval_images_per_s) : format(" %12s", "-");
     t += format(" %10.1f\n", e.train_seconds + e.eval_seconds);
     if (e.step - spe >= std::max<int64_t>(r.resumed_from, 0)) {
+      if (run_ips.empty()) {
+        first_epoch_ips = e.epoch_images_per_s;
+        first_eval_ips = e.eval_images_per_s;
+      }
       run_ips.push_back(e.images_per_s);
       if (e.eval_images_per_s > 0) run_eval_ips.push_back(e.eval_images_per_s);
     }
   }
   EpochsReport out;
+  out.first_epoch_images_per_s = first_epoch_ips;
+  out.first_eval_images_per_s = first_eval_ips;
   out.images_per_s = steady_mean(run_ips);
   out.eval_images_per_s = steady_mean(run_eval_ips);
   if (!run_ips.empty())
@@ -117,6 +124,20 @@ EpochsReport describe_epochs(const TrainResult& r, int64_t spe) {
     t += format(
         "evaluation %.0f img/s (mean over %s)\n", out.eval_images_per_s.value,
         out.eval_images_per_s.first_left_out ? "the evaluations after the first" : "the run");
+  // What a run pays besides its steady steps, apart: before its first step, then in its first
+  // epoch (the steady rates above leave both out).
+  if (!run_ips.empty()) {
+    t += format("setup      %.2f s before the first step, captures %.2f s", r.setup.prepare_seconds,
+                r.setup.capture_seconds);
+    if (r.evaluation_prepare_seconds > 0)
+      t += format(", the evaluation's kernels %.2f s", r.evaluation_prepare_seconds);
+    t += "\n";
+  }
+  if (run_ips.size() >= 2) {
+    t += format("first      epoch %.0f img/s from its first step", first_epoch_ips);
+    if (first_eval_ips > 0) t += format(", its evaluation %.0f img/s", first_eval_ips);
+    t += "\n";
+  }
   for (const auto& note : r.notes) t += "note: " + note + "\n";
   if (!r.skipped.empty()) {
     t += format("skipped %zu bad samples:\n", r.skipped.size());

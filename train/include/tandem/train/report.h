@@ -39,11 +39,14 @@ struct SteadyMean {
 SteadyMean steady_mean(const std::vector<double>& rates);
 
 /// The table of every epoch in `result` (a resumed run's earlier ones included), then the
-/// steady training and evaluation rates of this run's epochs, its notes and the samples it
-/// skipped.
+/// steady training and evaluation rates of this run's epochs, what it paid before its first
+/// step and its first epoch's rates apart, its notes and the samples it skipped.
 struct EpochsReport {
   std::string text;
   SteadyMean images_per_s, eval_images_per_s;  ///< over this run's epochs (not a resume's earlier)
+  /// This run's first epoch by the wall clock from its first step (warm-up, captures and cuDNN's
+  /// tuning in it), and its evaluation's rate; 0 where there is none.
+  double first_epoch_images_per_s = 0, first_eval_images_per_s = 0;
 };
 EpochsReport describe_epochs(const TrainResult& result, int64_t steps_per_epoch);
 
