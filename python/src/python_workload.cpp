@@ -164,6 +164,20 @@ void set_data(RunConfig& c, const py::object& data) {
   }
 }
 
+// What set_data took, back: the batches (dicts of the same tensors), the dataset, or None.
+py::object data_of(const RunConfig& c) {
+  if (c.dataset) return py::cast(PyDataset{c.dataset});
+  if (c.resident.empty()) return py::none();
+  py::list out;
+  for (const Batch& b : c.resident) {
+    py::dict batch;
+    for (const auto& [name, tensor] : b.tensors())
+      batch[py::str(name)] = py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor));
+    out.append(batch);
+  }
+  return out;
+}
+
 void set_augment(RunConfig& c, const py::object& spec) {
   if (spec.is_none()) {
     c.augment.reset();
@@ -260,9 +274,8 @@ void bind_run_config(py::module_& m) {
           [](RunConfig& c, py::object f) { c.instance = hold(std::move(f)); },
           "copies -> (feeds, model, loss_fn, optimizer, capturable, optimizer name, apply_lr)")
       .def_readwrite("copy", &RunConfig::copy)
-      .def_property(
-          "data", [](const RunConfig&) { return py::none(); }, &set_data,
-          "a list of batches (dicts of tensors) or a tandem dataset (write-only)")
+      .def_property("data", &data_of, &set_data,
+                    "a list of batches (dicts of tensors) or a tandem dataset; None: none set")
       .def_readwrite("shuffle", &RunConfig::shuffle)
       .def_readwrite("drop_last", &RunConfig::drop_last)
       .def_readwrite("input", &RunConfig::input)

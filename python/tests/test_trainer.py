@@ -653,6 +653,20 @@ def test_a_trainer_and_the_cli_resolve_a_job_to_the_same_request(tmp_path):
         config.resolved_request()
 
 
+def test_a_run_config_gives_back_the_data_it_holds():
+    # The typed config reads back what it was given: the same batches' tensors, or the dataset;
+    # None before any.
+    config = tandem._C.RunConfig()
+    assert config.data is None
+    batches = [{"x": torch.randn(4, 3), "y": torch.arange(4)} for _ in range(2)]
+    config.data = batches
+    back = config.data
+    assert len(back) == 2 and set(back[1]) == {"x", "y"}
+    assert back[1]["x"].data_ptr() == batches[1]["x"].data_ptr()  # the same tensor, not a copy
+    config.data = []
+    assert config.data is None
+
+
 def test_auto_trials_leave_out_the_modes_the_trainer_rules_out():
     # The run layer's trials, which choose_mode runs on CUDA, here on the CPU: a mode the
     # optimizer or schedule cannot take is not tried, its row says why, the pick is another.
