@@ -28,6 +28,9 @@ inline PyRef hold(py::object object) {
     delete p;
   });
 }
+/// hold(), with None as no object (an empty PyRef), and back: an optional Python argument.
+inline PyRef hold_unless_none(const py::object& o) { return o.is_none() ? PyRef() : hold(o); }
+inline py::object held_or_none(const PyRef& r) { return r ? *r : py::none(); }
 
 /// "<what> raised <Type>: <message>", the first line of `e`'s text: how the runner and the
 /// loader name a Python exception in their one-line errors.

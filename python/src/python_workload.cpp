@@ -270,7 +270,7 @@ void bind_run_config(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("name", &RunConfig::name)
       .def_property(
-          "instance", [](const RunConfig& c) { return c.instance ? *c.instance : py::none(); },
+          "instance", [](const RunConfig& c) { return held_or_none(c.instance); },
           [](RunConfig& c, py::object f) { c.instance = hold(std::move(f)); },
           "copies -> (feeds, model, loss_fn, optimizer, capturable, optimizer name, apply_lr)")
       .def_readwrite("copy", &RunConfig::copy)

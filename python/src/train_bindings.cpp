@@ -123,9 +123,6 @@ struct LoopConfig {
   PyRef lr_schedule;  // step -> lr, or none
 };
 
-PyRef hold_unless_none(const py::object& o) { return o.is_none() ? PyRef() : hold(o); }
-py::object held_or_none(const PyRef& r) { return r ? *r : py::none(); }
-
 /// The Trainer's modules as the loop's job (the weights' state_dict only for a run folder).
 train::TrainJob python_job(const RunConfig& c, const LoopConfig& t, bool folder,
                            const std::shared_ptr<PythonCalls>& calls) {

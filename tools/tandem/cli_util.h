@@ -71,18 +71,18 @@ inline std::vector<std::string> mode_names(const std::vector<run::RunMode>& mode
   return names;
 }
 
-/// "\n  serial             every stage ..." lines for `modes`: the help text's list. A command
-/// that resolves auto its own way (train: by device, no trials) gives `auto_description`.
-inline std::string mode_help(const std::vector<run::RunMode>& modes,
-                             const std::string& auto_description = {}) {
+/// "\n  serial             every stage ...": one line of a mode list in a help text.
+inline std::string mode_help_line(const std::string& name, const std::string& what) {
+  char line[256];
+  std::snprintf(line, sizeof line, "\n  %-18s %s", name.c_str(), what.c_str());
+  return line;
+}
+
+/// The help text's list of `modes`, a mode_help_line each.
+inline std::string mode_help(const std::vector<run::RunMode>& modes) {
   std::string out;
-  for (const run::RunMode& m : modes) {
-    const std::string what =
-        !m && !auto_description.empty() ? auto_description : run::describe_mode(m);
-    char line[256];
-    std::snprintf(line, sizeof line, "\n  %-18s %s", run::mode_name(m).c_str(), what.c_str());
-    out += line;
-  }
+  for (const run::RunMode& m : modes)
+    out += mode_help_line(run::mode_name(m), run::describe_mode(m));
   return out;
 }
 

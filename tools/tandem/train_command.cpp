@@ -163,10 +163,9 @@ CLI::App* TrainCommand::add(CLI::App& app) {
   };
   const std::string by_device_help =
       by_device(c10::kCUDA) + " on a GPU, " + by_device(c10::kCPU) + " on the CPU";
-  char by_device_line[256];
-  std::snprintf(by_device_line, sizeof by_device_line, "\n  %-18s %s", kByDevice,
-                by_device_help.c_str());
-  c->add_option("--mode", mode, "how steps run:" + cli::mode_help(train_modes()) + by_device_line)
+  c->add_option("--mode", mode,
+                "how steps run:" + cli::mode_help(train_modes()) +
+                    cli::mode_help_line(kByDevice, by_device_help))
       ->check(train_mode_validator())
       ->capture_default_str();
   c->add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();

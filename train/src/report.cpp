@@ -89,7 +89,7 @@ EpochsReport describe_epochs(const TrainResult& r, int64_t spe) {
   t += format(" %12s %12s %10s\n", "img/s", "eval img/s", "seconds");
   std::vector<double> run_ips;       // this run's epochs' img/s (not a resumed run's earlier)
   std::vector<double> run_eval_ips;  // and their evaluations' img/s, where measured
-  double first_epoch_ips = 0, first_eval_ips = 0;  // this run's first epoch's
+  EpochsReport out;
   for (const auto& e : r.epochs) {
     t += format("%6lld %12.4f", static_cast<long long>(e.epoch), e.train_loss);
     for (const auto& k : metric_names) {
@@ -104,17 +104,14 @@ EpochsReport describe_epochs(const TrainResult& r, int64_t spe) {
     t += e.eval_images_per_s > 0 ? format(" %12.0f", e.eval_images_per_s) : format(" %12s", "-");
     t += format(" %10.1f\n", e.train_seconds + e.eval_seconds);
     if (e.step - spe >= std::max<int64_t>(r.resumed_from, 0)) {
-      if (run_ips.empty()) {
-        first_epoch_ips = e.epoch_images_per_s;
-        first_eval_ips = e.eval_images_per_s;
+      if (run_ips.empty()) {  // this run's first epoch
+        out.first_epoch_images_per_s = e.epoch_images_per_s;
+        out.first_eval_images_per_s = e.eval_images_per_s;
       }
       run_ips.push_back(e.images_per_s);
       if (e.eval_images_per_s > 0) run_eval_ips.push_back(e.eval_images_per_s);
     }
   }
-  EpochsReport out;
-  out.first_epoch_images_per_s = first_epoch_ips;
-  out.first_eval_images_per_s = first_eval_ips;
   out.images_per_s = steady_mean(run_ips);
   out.eval_images_per_s = steady_mean(run_eval_ips);
   if (!run_ips.empty())
@@ -134,8 +131,9 @@ EpochsReport describe_epochs(const TrainResult& r, int64_t spe) {
     t += "\n";
   }
   if (run_ips.size() >= 2) {
-    t += format("first      epoch %.0f img/s from its first step", first_epoch_ips);
-    if (first_eval_ips > 0) t += format(", its evaluation %.0f img/s", first_eval_ips);
+    t += format("first      epoch %.0f img/s from its first step", out.first_epoch_images_per_s);
+    if (out.first_eval_images_per_s > 0)
+      t += format(", its evaluation %.0f img/s", out.first_eval_images_per_s);
     t += "\n";
   }
   for (const auto& note : r.notes) t += "note: " + note + "\n";
