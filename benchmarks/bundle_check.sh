@@ -30,6 +30,15 @@ START=$(date +%s)
 LOGS=$(mktemp -d)
 say() { echo "== +$(($(date +%s) - START))s $*" | tee -a "$LOGS/summary.log"; }
 left() { echo $((${DEADLINE_S:-560} - ($(date +%s) - START))); }
+# Build $1 (new: this bundle's; old, old-eager: .ref/bundle-old's) as $cli, and in $libs the
+# older build's libraries, to go before the bundle's in LD_LIBRARY_PATH (empty for new).
+use_build() {
+  libs="" cli=build/tandem
+  if [ "${1#old}" != "$1" ]; then
+    libs=$(printf '%s:' "$PWD"/.ref/bundle-old/build{,/models,/data,/distributed})
+    cli=.ref/bundle-old/build/tandem
+  fi
+}
 
 # shellcheck source=scripts/gpu-bundle.sh
 source scripts/gpu-bundle.sh env >"$LOGS/bundle-env.log" 2>&1
@@ -97,9 +106,8 @@ train)
     runs=("${builds[@]}")
     [ "$held" = split ] && [ "${TRAIN_EAGER_LOADING:-0}" = 1 ] && runs+=("${builds[-1]}-eager")
     for which in "${runs[@]}"; do
-      libs="" loading=${CUDA_MODULE_LOADING:-LAZY}
-      [ "${which#old}" != "$which" ] && libs=$(printf '%s:' "$PWD"/.ref/bundle-old/build{,/models,/data,/distributed})
-      cli=build/tandem; [ "${which#old}" != "$which" ] && cli=.ref/bundle-old/build/tandem
+      use_build "$which"
+      loading=${CUDA_MODULE_LOADING:-LAZY}
       [ "${which%-eager}" != "$which" ] && loading=EAGER
       CUDA_MODULE_LOADING=$loading LD_LIBRARY_PATH="$libs$LD_LIBRARY_PATH" timeout $(($(left) - 5)) "$cli" train \
         --data "$folder" "${val[@]}" --model resnet18 --precision bf16 --channels-last \
@@ -153,11 +161,7 @@ resnet_ab)
   say "resnet_ab: ${RESNET_AB_MODELS:=r50_full r18_full}, this build against .ref/bundle-old's"
   for round in $(seq "${ROUNDS:-2}"); do
     for which in new old; do
-      libs="" cli=build/tandem
-      if [ "$which" = old ]; then
-        libs=$(printf '%s:' "$PWD"/.ref/bundle-old/build{,/models,/data,/distributed})
-        cli=.ref/bundle-old/build/tandem
-      fi
+      use_build "$which"
       for model in $RESNET_AB_MODELS; do
         [ "$(left)" -gt 30 ] || break 3
         LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:-}" timeout $(($(left) - 10)) "$cli" bench \

@@ -241,16 +241,16 @@ def warm_starts(rows):
         if not r["impl"].endswith(WARM):
             continue
         cold = next((c for c in rows if c["impl"] == r["impl"][:-len(WARM)]
-                     and c["job"] == r["job"] and c["batch_size"] == r["batch_size"]), None)
+                     and c["job"] == r["job"] and c["batch_size"] == r["batch_size"]), {})
 
         def ratio(key):
-            a, b = (cold or {}).get(key), r.get(key)
+            a, b = cold.get(key), r.get(key)
             return round(a / b, 3) if a and b and b > 0 else None
 
         pairs.append(dict(impl=r["impl"][:-len(WARM)], job=r["job"], batch_size=r["batch_size"],
-                          cold_first_call_s=(cold or {}).get("first_call_s"),
+                          cold_first_call_s=cold.get("first_call_s"),
                           warm_first_call_s=r.get("first_call_s"),
-                          cold_first_fixed_s=(cold or {}).get("first_fixed_s"),
+                          cold_first_fixed_s=cold.get("first_fixed_s"),
                           warm_first_fixed_s=r.get("first_fixed_s"),
                           first_call_cold_over_warm=ratio("first_call_s"),
                           first_fixed_cold_over_warm=ratio("first_fixed_s")))
