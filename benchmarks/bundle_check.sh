@@ -40,6 +40,23 @@ use_build() {
   fi
 }
 
+# A tree's sources, as one checksum: what decides whether a package built earlier is its.
+sources_stamp() {
+  (cd "$1" && find python src include models data distributed train run tools CMakeLists.txt \
+     cmake -type f ! -name '*.pyc' 2>/dev/null | LC_ALL=C sort | xargs md5sum | md5sum | cut -c1-32)
+}
+# The packages phase's builds awaited (once): PACKAGE_NEW and PACKAGE_OLD where they built.
+await_packages() {
+  if [ -n "${new_pid:-}" ]; then
+    wait "$new_pid" && PACKAGE_NEW=/tmp/bundle-pkg-new
+    say "packages: this tree's exit $?"; new_pid=""
+  fi
+  if [ -n "${old_pid:-}" ]; then
+    wait "$old_pid" && PACKAGE_OLD=/tmp/bundle-pkg-old
+    say "packages: .ref/old's exit $?"; old_pid=""
+  fi
+}
+
 # shellcheck source=scripts/gpu-bundle.sh
 source scripts/gpu-bundle.sh env >"$LOGS/bundle-env.log" 2>&1
 cat "$LOGS/bundle-env.log" | tee -a "$LOGS/summary.log"
@@ -53,29 +70,29 @@ for phase in $PHASES; do
 case $phase in
 packages)
   # The Python packages built here, where the bundled one is for another Python: this tree's
-  # and, where carried, .ref/old's (a `git archive` of the older tree), side by side.
-  say "packages: building this tree's$([ -d .ref/old ] && echo " and .ref/old's")"
+  # and, where carried, .ref/old's (a `git archive` of the older tree), side by side, in the
+  # background (the phases after it run meanwhile; wallclock and the timed phases wait for
+  # them). A package this tree's sources built in an earlier call on the same warm machine is
+  # kept (its stamp: the sources' checksum).
   pip_build() {
+    if [ -f "$2/.sources" ] && [ "$(cat "$2/.sources")" = "$(sources_stamp "$1")" ]; then
+      echo "kept from an earlier call" >"$LOGS/pip-$(basename "$2").log"; return 0
+    fi
     rm -rf "$2" && python3 -m pip install -q --no-build-isolation --no-deps --target "$2" \
-      "$1/python" -C "build-dir=$2-build" >"$LOGS/pip-$(basename "$2").log" 2>&1
+      "$1/python" -C "build-dir=$2-build" >"$LOGS/pip-$(basename "$2").log" 2>&1 &&
+      sources_stamp "$1" >"$2/.sources"
   }
-  # In the background: the phases after it run meanwhile; wallclock waits for them.
+  say "packages: building this tree's$([ -d .ref/old ] && echo " and .ref/old's")"
   pip_build . /tmp/bundle-pkg-new & new_pid=$!
   [ -d .ref/old ] && { pip_build .ref/old /tmp/bundle-pkg-old & old_pid=$!; } ;;
 wallclock)
-  if [ -n "${new_pid:-}" ]; then
-    wait "$new_pid" && export PYTHONPATH=/tmp/bundle-pkg-new TANDEM_BUNDLE_PYTHON=1
-    say "packages: this tree's exit $?"
-  fi
-  if [ -n "${old_pid:-}" ]; then
-    wait "$old_pid" && OLD_PACKAGE=/tmp/bundle-pkg-old
-    say "packages: .ref/old's exit $?"
-  fi
+  await_packages
+  [ -n "${PACKAGE_NEW:-}" ] && export PYTHONPATH=$PACKAGE_NEW TANDEM_BUNDLE_PYTHON=1
   if [ "$TANDEM_BUNDLE_PYTHON" != 1 ]; then
     say "wallclock: skipped (no package for this Python: the packages phase builds one)"; continue
   fi
   old=(); [ -d .ref/bundle/python-old ] && old=(--old-package .ref/bundle/python-old)
-  [ -n "${OLD_PACKAGE:-}" ] && old=(--old-package "$OLD_PACKAGE")
+  [ -n "${PACKAGE_OLD:-}" ] && old=(--old-package "$PACKAGE_OLD")
   say "wallclock: ${WALLCLOCK_ARGS:=--cells r50_frozen_head:256,r18_full:32 --impls eager,tandem-py --fit-steps-first 300 --n 50}"
   # shellcheck disable=SC2086
   timeout $(($(left) - 5)) python3 benchmarks/wallclock.py "${old[@]}" $WALLCLOCK_ARGS \
@@ -83,11 +100,13 @@ wallclock)
   say "wallclock: exit $?"
   tail -12 "$LOGS/wallclock.log" | tee -a "$LOGS/summary.log" ;;
 profile)
+  await_packages  # no build beside a timed phase
   say "profile: ResNet-50 and ResNet-18 steps, kernel by kernel"
   timeout $(($(left) - 10)) bash benchmarks/profile_resnet.sh "$OUT" build r50_full r18_full \
     2>&1 | tee -a "$LOGS/summary.log"
   mv "$OUT"/kernels-*.txt "$LOGS/" 2>/dev/null ;;
 train)
+  await_packages  # no build beside a timed phase
   [ "$(left)" -gt 120 ] || { say "train: skipped ($(left) s left)"; continue; }
   say "train: photos 320-640 px, ResNet-18, the first evaluation beside the later ones"
   folder=/tmp/tandem-photos-bundle
@@ -153,6 +172,7 @@ gputest)
     tee -a "$LOGS/summary.log"
   grep -E 'Test +#' "$LOGS/gputest.log" >"$OUT/gputest.txt" ;;
 resnet_ab)
+  await_packages  # no build beside a timed phase
   # The ResNets' training step (resident batches, bf16, channels-last, pipelined+graphed) on this
   # build and on .ref/bundle-old's, alternating, ROUNDS times: img/s per model and build, and
   # ResNet-50's against MLPerf's per-GPU rate for the card. env: RESNET_AB_MODELS (r50_full
@@ -184,6 +204,7 @@ probe)
     >"$LOGS/probe.log" 2>&1
   say "probe: exit $?"; tail -40 "$LOGS/probe.log" | tee -a "$LOGS/summary.log" ;;
 mlperf_resident|mlperf_photos)
+  await_packages  # no build beside a timed phase
   # The ResNets against MLPerf's per-GPU rate (benchmarks/mlperf_table.py: mlperf.json, from
   # whichever of the two phases ran). mlperf_resident: compile_bench.py on resident batches,
   # tandem's C++ step, torch.compile and eager, bf16, channels-last, bs 256. mlperf_photos: from
@@ -223,6 +244,7 @@ mlperf_resident|mlperf_photos)
   python3 benchmarks/mlperf_table.py "$LOGS" "$OUT/mlperf.json" \
     --command "bash benchmarks/bundle_check.sh OUT $PHASES" | tee -a "$LOGS/summary.log" ;;
 ncu)
+  await_packages  # no build beside a timed phase
   # Each launch of the ResNet step's own kernels under Nsight Compute: its time, the bytes it
   # moved to and from memory and its grid, per call (one eager step after one warm-up step, so
   # every convolution shape appears once): which calls fall short of the memory's bandwidth.
