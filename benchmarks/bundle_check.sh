@@ -210,13 +210,15 @@ mlperf_resident|mlperf_photos)
   # tandem's C++ step, torch.compile and eager, bf16, channels-last, bs 256. mlperf_photos: from
   # generated photo folders (MLPERF_SIDES, default "320-640 1000-2000"; MLPERF_COUNT photos),
   # tandem's loader and step (`tandem bench --param source=files --param decode=auto`) and
-  # torchvision's loop (train_bench.py). env: MLPERF_MODELS (r50_full r18_full).
+  # torchvision's loop (train_bench.py). env: MLPERF_MODELS (r50_full r18_full), MLPERF_BS (the
+  # resident rows' batch sizes, comma-separated: 256).
   models=${MLPERF_MODELS:-r50_full r18_full}
   if [ "$phase" = mlperf_resident ]; then
     [ "$(left)" -gt 120 ] || { say "mlperf_resident: skipped ($(left) s left)"; continue; }
     say "mlperf_resident: $models, tandem-cpp, torch.compile, eager"
     timeout $(($(left) - 10)) python3 benchmarks/compile_bench.py --jobs "${models// /,}" \
-      --bs 256 --impls tandem-cpp,compile,eager --mode pipelined+graphed --steps 60 --warmup 15 \
+      --bs "${MLPERF_BS:-256}" --impls tandem-cpp,compile,eager --mode pipelined+graphed \
+      --steps 60 --warmup 15 \
       --tandem-cli build/tandem --timeout 240 --out "$LOGS/mlperf-resident.json" \
       >"$LOGS/mlperf-resident.log" 2>&1
     say "mlperf_resident: exit $?"
