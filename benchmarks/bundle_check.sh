@@ -175,22 +175,29 @@ resnet_ab)
   await_packages  # no build beside a timed phase
   # The ResNets' training step (resident batches, bf16, channels-last, pipelined+graphed) on this
   # build and on .ref/bundle-old's, alternating, ROUNDS times: img/s per model and build, and
-  # ResNet-50's against MLPerf's per-GPU rate for the card. env: RESNET_AB_MODELS (r50_full
-  # r18_full), BATCH (256), STEPS (100), ROUNDS (2).
+  # ResNet-50's against MLPerf's per-GPU rate for the card; each process's wall seconds beside
+  # (its start, cuDNN's tuning and the capture are in them). env: RESNET_AB_MODELS (r50_full
+  # r18_full), BATCH (256), STEPS (100), ROUNDS (2), RESNET_AB_TUNED (bench flags: a third
+  # variant, this build with them, e.g. "--cudnn-benchmark-limit 0").
   [ -d .ref/bundle-old/build ] || { say "resnet_ab: skipped (no .ref/bundle-old/build)"; continue; }
   say "resnet_ab: ${RESNET_AB_MODELS:=r50_full r18_full}, this build against .ref/bundle-old's"
   for round in $(seq "${ROUNDS:-2}"); do
-    for which in new old; do
+    for which in new old ${RESNET_AB_TUNED:+tuned}; do
       use_build "$which"
+      extra=(); [ "$which" = tuned ] && read -ra extra <<<"$RESNET_AB_TUNED"
       for model in $RESNET_AB_MODELS; do
         [ "$(left)" -gt 30 ] || break 3
+        started=$(date +%s.%N)
         LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:-}" timeout $(($(left) - 10)) "$cli" bench \
           --workload images --param source=resident --param model="$model" \
           --param precision=bf16 --param layout=channels_last --batch-size "${BATCH:-256}" \
-          --mode pipelined+graphed --steps "${STEPS:-100}" \
+          --mode pipelined+graphed --steps "${STEPS:-100}" "${extra[@]}" \
           --json "$LOGS/resnet-$model-$which-$round.json" \
           >"$LOGS/resnet-$model-$which-$round.txt" 2>&1
-        say "resnet_ab: $model $which round $round: exit $?"
+        status=$?
+        awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {print b - a}' \
+          >"$LOGS/resnet-$model-$which-$round.wall"
+        say "resnet_ab: $model $which round $round: exit $status"
       done
     done
   done

@@ -108,6 +108,7 @@ expect_fail 2 "parameter 'augment' is not valid: expected KEY=VALUE" -- bench --
 expect_fail 2 "worker count 100000 is not valid: expected 1 to 1024 loader worker threads" -- bench --workers 100000 --device cpu
 expect_fail 2 "exceeds half of this machine's memory" -- bench --device cpu --batch-size 100000000 --workers 1 --steps 1 --warmup 0
 expect_fail 2 "batch size 0 is not valid" -- bench --batch-size 0
+expect_fail 2 "cuDNN benchmark limit -1 is not valid: expected 0 (every algorithm) or a positive count" -- bench --device cpu --cudnn-benchmark-limit -1
 # An allocation LibTorch cannot make (the loss log of 10^12 steps: 4 TB) is one line naming the
 # flags, not the allocator's. Where the kernel overcommits always, the allocation would succeed.
 if [ "$(cat /proc/sys/vm/overcommit_memory 2>/dev/null)" != 1 ]; then
@@ -135,7 +136,7 @@ expect_fail 2 "--svg path '/nonexistent-dir/s.svg' cannot be written" -- sweep -
 expect_fail 2 "sampling 'texture' is not valid: expected auto, gather or staged" -- augment-bench --device cpu --batch-sizes 1 --sampling auto,texture
 
 if "$tandem" bench --help >"$tmp/help" 2>&1 &&
-   for flag in --workload --scenario --param --mode --batch-size --steps --warmup --workers --seed --device --json --trace --kernels --kernel-trace --cudnn-benchmark --train-priority --input-priority --cuda-wait graphed_k pipelined+graphed augment=gpu; do
+   for flag in --workload --scenario --param --mode --batch-size --steps --warmup --workers --seed --device --json --trace --kernels --kernel-trace --cudnn-benchmark --cudnn-benchmark-limit --train-priority --input-priority --cuda-wait graphed_k pipelined+graphed augment=gpu; do
      grep -qF -- "$flag" "$tmp/help" || exit 1
    done; then
   passed=$((passed + 1))

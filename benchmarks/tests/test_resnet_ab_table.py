@@ -33,6 +33,20 @@ def test_each_builds_best_round_and_resnet50_against_mlperf(tmp_path):
     assert fractions[("r18_full", "new", 1)] is None  # MLPerf's rate is ResNet-50's
 
 
+def test_a_tuned_variant_against_the_new_build_and_each_builds_process_seconds(tmp_path):
+    write(tmp_path, "resnet-r50_full-new-1.json", 6000.0)
+    write(tmp_path, "resnet-r50_full-old-1.json", 5900.0)
+    write(tmp_path, "resnet-r50_full-tuned-1.json", 6300.0)
+    write(tmp_path, "resnet-r50_full-tuned-2.json", 6100.0)
+    (tmp_path / "resnet-r50_full-tuned-1.wall").write_text("31.5\n")
+    (tmp_path / "resnet-r50_full-tuned-2.wall").write_text("29.0\n")
+    (tmp_path / "resnet-r50_full-new-1.wall").write_text("not seconds")
+    s = resnet_ab_table.table(str(tmp_path), "NVIDIA H200")["summary"]["r50_full"]
+    assert s["tuned"] == 6300.0 and abs(s["tuned_over_new"] - 1.05) < 1e-12
+    assert s["tuned_wall_s"] == 31.5  # the upper median of two
+    assert s["new_wall_s"] is None and s["old_wall_s"] is None
+
+
 def test_an_unknown_card_has_no_mlperf_fraction(tmp_path):
     write(tmp_path, "resnet-r50_full-new-1.json", 6000.0)
     t = resnet_ab_table.table(str(tmp_path), "")

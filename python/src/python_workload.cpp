@@ -247,6 +247,7 @@ void bind_run_config(py::module_& m) {
       .def_readwrite("warmup", &RunRequest::warmup)
       .def_readwrite("workers", &RunRequest::workers)
       .def_readwrite("cudnn_benchmark", &RunRequest::cudnn_benchmark)
+      .def_readwrite("cudnn_benchmark_limit", &RunRequest::cudnn_benchmark_limit)
       .def_readwrite("train_priority", &RunRequest::train_priority)
       .def_readwrite("input_priority", &RunRequest::input_priority)
       .def_readwrite("cuda_wait", &RunRequest::cuda_wait)

@@ -118,6 +118,7 @@ nlohmann::json to_json(const RunReport& r) {
           {"workers", o.workers.value_or(0)},
           {"seed", o.seed},
           {"cudnn_benchmark", o.cudnn_benchmark.value_or(false)},
+          {"cudnn_benchmark_limit", at::globalContext().benchmarkLimitCuDNN()},
           {"train_priority", o.train_priority},
           {"input_priority", o.input_priority},
           {"cuda_wait", o.cuda_wait},

@@ -67,6 +67,9 @@ RunRequest resolve(RunRequest o) {
   o.warmup = o.warmup.value_or(d.warmup);
   o.workers = o.workers.value_or(default_loader_workers(device));
   o.cudnn_benchmark = o.cudnn_benchmark.value_or(device.is_cuda());
+  TANDEM_CHECK_ARG(o.cudnn_benchmark_limit.value_or(0) >= 0, "cuDNN benchmark limit ",
+                   o.cudnn_benchmark_limit.value_or(0),
+                   " is not valid: expected 0 (every algorithm) or a positive count");
   parse_lane_priority(o.train_priority, "train");
   parse_lane_priority(o.input_priority, "input");
   parse_cuda_wait(o.cuda_wait);
@@ -131,7 +134,9 @@ std::string describe_request(const RunRequest& o) {
      << " warm-up\n"
      << "workers    " << o.workers.value_or(0) << "\n"
      << "seed       " << o.seed << "\n"
-     << "cudnn      benchmark " << (o.cudnn_benchmark.value_or(false) ? "on" : "off") << "\n"
+     << "cudnn      benchmark " << (o.cudnn_benchmark.value_or(false) ? "on" : "off")
+     << (o.cudnn_benchmark_limit ? ", limit " + std::to_string(*o.cudnn_benchmark_limit) : "")
+     << "\n"
      << "train lane priority " << o.train_priority << "\n"
      << "input lanes priority " << o.input_priority << "\n"
      << "CUDA waits " << o.cuda_wait << "\n"

@@ -33,6 +33,8 @@ RunReport run_workload(const RunRequest& unresolved, const RunHooks& hooks) {
   result.request = request;
 
   at::globalContext().setBenchmarkCuDNN(*request.cudnn_benchmark);
+  if (request.cudnn_benchmark_limit)
+    at::globalContext().setBenchmarkLimitCuDNN(*request.cudnn_benchmark_limit);
   // Before anything is built: the engines' and the stages' threads wait as asked from their
   // first call. "auto" leaves CUDA's setting (and anything the caller set) as it is.
   if (request.cuda_wait != "auto") set_cuda_wait(device, parse_cuda_wait(request.cuda_wait));

@@ -103,6 +103,7 @@ struct RunFlags {
   int64_t batch_size = 0, steps = 0, warmup = 0;
   int workers = 0;
   bool cudnn_benchmark = false;
+  int cudnn_benchmark_limit = 0;
   std::string workload = "seg";
   std::vector<std::string> params;
   std::string decode;  // --decode: workload images' decode parameter
@@ -129,7 +130,8 @@ struct RunFlags {
     const auto it = merged.find("decode");
     return it != merged.end() && (it->second == "gpu" || it->second == "auto");
   }
-  CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *batch_size_opt = nullptr;
+  CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *cudnn_limit_opt,
+      *batch_size_opt = nullptr;
 
   void add(CLI::App* app, tandem::run::RunRequest& options) {
     app->add_option("--workload,--scenario", workload,
@@ -159,6 +161,11 @@ struct RunFlags {
     app->add_option("--device", options.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
     cudnn_opt = app->add_flag("--cudnn-benchmark,!--no-cudnn-benchmark", cudnn_benchmark,
                               "let cuDNN autotune convolution algorithms [default: on with CUDA]");
+    cudnn_limit_opt =
+        app->add_option("--cudnn-benchmark-limit", cudnn_benchmark_limit,
+                        "how many of cuDNN's highest-ranked algorithms the autotuning times for "
+                        "each convolution: 0 for every one (faster plans for some shapes, longer "
+                        "first steps) [default: PyTorch's, 10]");
     app->add_option("--train-priority", options.train_priority,
                     "stream priority of the training lane: high or normal")
         ->capture_default_str();
@@ -188,6 +195,7 @@ struct RunFlags {
     if (warmup_opt->count()) options.warmup = warmup;
     if (workers_opt->count()) options.workers = workers;
     if (cudnn_opt->count()) options.cudnn_benchmark = cudnn_benchmark;
+    if (cudnn_limit_opt->count()) options.cudnn_benchmark_limit = cudnn_benchmark_limit;
   }
 };
 

@@ -57,6 +57,11 @@ struct RunRequest {
   /// Let cuDNN time its algorithms on the first steps and keep the fastest (PyTorch's
   /// cudnn.benchmark). Default: on with CUDA. Tests that need bitwise repeatability turn it off.
   std::optional<bool> cudnn_benchmark;
+  /// With cudnn_benchmark: how many of the algorithms cuDNN's heuristics rank highest it times
+  /// for each convolution (PyTorch's cudnn.benchmark_limit; 0: every one it offers). Unset: the
+  /// process's setting as it is (ATen's default is 10). More finds faster plans for some shapes
+  /// and makes the first steps longer.
+  std::optional<int> cudnn_benchmark_limit;
   /// Priority of the training lane: "high" (default) or "normal".
   std::string train_priority = "high";
   /// Priority of the feed stages' lanes (decode, augment; not the load's copy lane): "normal"
