@@ -1,9 +1,9 @@
 """The ResNets' training step, one build against another, from the `tandem bench --json` files
 benchmarks/bundle_check.sh's resnet_ab phase writes (resnet-MODEL-new|old|tuned-ROUND.json in
 LOGS, each process's wall seconds beside in .wall): each run's img/s, the best of each build's
-rounds, new over old (and tuned over new), the median process's wall seconds, and ResNet-50's rate against
-NVIDIA's MLPerf Training v4.0 per-GPU rate for the card (about 7,160 img/s an H100, 7,950 an
-H200).
+rounds, new over old (and tuned over new), the median process's wall seconds, and ResNet-50's
+rate against NVIDIA's MLPerf Training v4.0 per-GPU rate for the card (about 7,160 img/s an H100,
+7,950 an H200).
 
     python3 benchmarks/resnet_ab_table.py LOGS OUT.json [--card NAME]
 """
