@@ -68,7 +68,8 @@ struct SgdOptions {
 /// d = nesterov ? d + momentum * buf : buf; finally p -= lr * d, with lr read from the device
 /// tensor lr(). The whole update, momentum and weight decay included, is one call of LibTorch's
 /// fused SGD kernel (`at::_fused_sgd_`, multi-tensor, lr taken as a device tensor) when the
-/// parameters share one floating dtype and each gradient is laid out like its parameter;
+/// parameters share one floating dtype and each gradient is laid out like its parameter (strides
+/// of size-1 dimensions aside);
 /// otherwise the same update runs op by op (a few ops per parameter, then two multi-tensor ops).
 /// Runs on the current stream, no host sync; capture-safe once every momentum buffer exists
 /// (after one eager step: warm-up). Parameters must share one device (the lr tensor's).
@@ -92,6 +93,10 @@ class Sgd : public Optimizer {
   void set_lr(double lr) override;
   double learning_rate() const override;
   const at::Tensor& lr() const { return lr_; }  ///< 0-dim float32 on the params' device
+  /// Whether the last step() ran as the fused kernel (false: op by op — mixed dtypes, a
+  /// gradient laid out unlike its parameter, or `fused` off): a slow optimizer step's first
+  /// suspect.
+  bool fused_last_step() const { return fused_last_step_; }
   /// "lr", then "momentum_buffer.<i>" for each parameter i that has one (after its first step).
   std::vector<std::pair<std::string, at::Tensor>> state() const override;
   /// Creates the momentum buffers it names: a resumed step continues the momentum.
@@ -102,6 +107,7 @@ class Sgd : public Optimizer {
   SgdOptions options_;  // options_.lr is the initial learning rate; lr_ holds the current one
   at::Tensor lr_;       // () float32 on the params' device
   std::vector<at::Tensor> momentum_buffers_;  // undefined until a parameter's first step
+  bool fused_last_step_ = false;
 };
 
 struct AdamOptions {
@@ -152,12 +158,15 @@ class Adam : public Optimizer {
   std::vector<std::pair<std::string, at::Tensor>> state() const override;
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) override;
   const at::Tensor& steps() const { return step_; }  ///< 0-dim float32: steps taken
+  /// Whether the last step() ran as the fused kernel (see Sgd::fused_last_step).
+  bool fused_last_step() const { return fused_last_step_; }
 
  private:
   std::vector<at::Tensor> params_;
   AdamOptions options_;
   at::Tensor lr_, step_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  bool fused_last_step_ = false;
 };
 
 /// AdamW: Adam with decoupled weight decay (default 1e-2, as torch.optim.AdamW).

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 
 #include "graph.h"
 #include "tandem/error.h"
@@ -119,6 +120,61 @@ TEST(SgdTest, MixedDtypesTakeTheOpByOpPathAndStillMatchTorchSgd) {
   }
 }
 
+// A gradient whose strides differ from its parameter's only where the size is 1 keeps the
+// update on the fused kernel, with the op-by-op path's values; mixed dtypes do not. The case of
+// a 1x1 convolution in channels-last order: its weight [O, I, 1, 1] counts as channels-last with
+// contiguous strides (I, 1, 1, 1), and cuDNN's weight gradient comes allocated channels-last,
+// strides (I, 1, I, I): the same memory order.
+TEST(SgdTest, AGradientDifferingOnlyInSizeOneStridesStaysFused) {
+  for (const bool adam : {false, true}) {
+    SCOPED_TRACE(adam ? "Adam" : "Sgd");
+    at::manual_seed(3);
+    const at::Tensor w = at::randn({4, 3, 1, 1}), b = at::randn({4});
+    const at::Tensor gw =
+        at::empty({4, 3, 1, 1}, at::TensorOptions().memory_format(at::MemoryFormat::ChannelsLast))
+            .copy_(at::randn({4, 3, 1, 1}));
+    const at::Tensor gb = at::randn({4});
+    ASSERT_NE(gw.strides(), w.strides());
+    std::vector<std::vector<at::Tensor>> runs;
+    std::vector<bool> fused;
+    for (const bool use_fused : {true, false}) {
+      std::vector<at::Tensor> ps{w.clone().set_requires_grad(true),
+                                 b.clone().set_requires_grad(true)};
+      ASSERT_EQ(ps[0].strides(), w.strides());
+      std::unique_ptr<optim::Optimizer> opt;
+      if (adam) {
+        optim::AdamOptions o;
+        o.fused = use_fused;
+        opt = std::make_unique<optim::Adam>(ps, o);
+      } else {
+        optim::SgdOptions o{0.05, 0.9};
+        o.fused = use_fused;
+        opt = std::make_unique<optim::Sgd>(ps, o);
+      }
+      for (int step = 0; step < 3; ++step) {
+        ps[0].mutable_grad() = gw * (step + 1);
+        ps[1].mutable_grad() = gb * (step + 1);
+        ASSERT_NE(ps[0].grad().strides(), ps[0].strides());
+        opt->step();
+      }
+      fused.push_back(adam ? static_cast<optim::Adam&>(*opt).fused_last_step()
+                           : static_cast<optim::Sgd&>(*opt).fused_last_step());
+      runs.push_back(ps);
+    }
+    EXPECT_TRUE(fused[0]);
+    EXPECT_FALSE(fused[1]);  // fused off: op by op
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_TRUE(at::allclose(runs[0][i], runs[1][i], 1e-6, 1e-6)) << "parameter " << i;
+  }
+  // Mixed dtypes: op by op.
+  std::vector<at::Tensor> mixed{at::randn({3}).set_requires_grad(true),
+                                at::randn({3}, at::kDouble).set_requires_grad(true)};
+  optim::Sgd sgd(mixed, 0.1);
+  for (auto& p : mixed) p.mutable_grad() = at::ones_like(p);
+  sgd.step();
+  EXPECT_FALSE(sgd.fused_last_step());
+}
+
 TEST(SgdTest, ZeroGradClearsAndStepSkipsParametersWithoutGrad) {
   at::Tensor a = at::ones({3}).set_requires_grad(true);
   at::Tensor b = at::ones({3}).set_requires_grad(true);
@@ -173,10 +229,9 @@ TEST(OptimizerTest, LearningRateReadsWhatTheNextStepApplies) {
   EXPECT_FLOAT_EQ(adam.learning_rate(), 3e-4f);
   adam.set_lr(0.5);
   EXPECT_DOUBLE_EQ(adam.learning_rate(), 0.5);
-  optim::LibTorchOptimizer theirs(
-      std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{p},
-                                          torch::optim::SGDOptions(0.125)),
-      "torch::optim::SGD");
+  optim::LibTorchOptimizer theirs(std::make_shared<torch::optim::SGD>(
+                                      std::vector<at::Tensor>{p}, torch::optim::SGDOptions(0.125)),
+                                  "torch::optim::SGD");
   EXPECT_DOUBLE_EQ(theirs.learning_rate(), 0.125);
 }
 
