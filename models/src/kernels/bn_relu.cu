@@ -172,6 +172,7 @@ constexpr int kRowsInFlight = 4;  // loads a thread issues before it sums them
 // each combining every kFinalizeLanes-th split, several loads in flight (a chain of one load a
 // step, at the memory's latency, took 25 us a call with 8 lanes, measured).
 constexpr int kFinalizeChannels = 8, kFinalizeLanes = 32;
+static_assert((kFinalizeLanes & (kFinalizeLanes - 1)) == 0, "the finalize's lane tree halves");
 
 // The block shape of the channels-last kernels: tx threads across a row's vectors, ty down its
 // rows, gx blocks across the vectors, splits blocks down the rows.
@@ -355,9 +356,18 @@ __global__ void stats_finalize(BnStats a, int channels, int splits) {
   sh[1][lane][threadIdx.x] = mean;
   sh[2][lane][threadIdx.x] = m2;
   __syncthreads();
+  // The lanes combined in a tree, as the partials' rows (31 dependent combines on lane 0 before).
+  for (int half = kFinalizeLanes / 2; half > 0; half /= 2) {
+    if (lane < half) {
+      combine(n, mean, m2, sh[0][lane + half][threadIdx.x], sh[1][lane + half][threadIdx.x],
+              sh[2][lane + half][threadIdx.x]);
+      sh[0][lane][threadIdx.x] = n;
+      sh[1][lane][threadIdx.x] = mean;
+      sh[2][lane][threadIdx.x] = m2;
+    }
+    __syncthreads();
+  }
   if (lane != 0 || c >= channels) return;
-  for (int l = 1; l < kFinalizeLanes; ++l)
-    combine(n, mean, m2, sh[0][l][threadIdx.x], sh[1][l][threadIdx.x], sh[2][l][threadIdx.x]);
   const float var = m2 / n;
   const float invstd = rsqrtf(var + a.eps);
   const float scale = a.weight[c] * invstd;
@@ -471,11 +481,16 @@ __global__ void backward_finalize(BnBackward a, int channels, int splits) {
   sh[0][lane][threadIdx.x] = sum_dy;
   sh[1][lane][threadIdx.x] = sum_dyx;
   __syncthreads();
-  if (lane != 0 || c >= channels) return;
-  for (int l = 1; l < kFinalizeLanes; ++l) {
-    sum_dy += sh[0][l][threadIdx.x];
-    sum_dyx += sh[1][l][threadIdx.x];
+  for (int half = kFinalizeLanes / 2; half > 0; half /= 2) {  // a tree, as stats_finalize
+    if (lane < half) {
+      sum_dy += sh[0][lane + half][threadIdx.x];
+      sum_dyx += sh[1][lane + half][threadIdx.x];
+      sh[0][lane][threadIdx.x] = sum_dy;
+      sh[1][lane][threadIdx.x] = sum_dyx;
+    }
+    __syncthreads();
   }
+  if (lane != 0 || c >= channels) return;
   const float invstd = a.invstd[c];
   if (a.grad_weight) a.grad_weight[c] = sum_dyx * invstd;
   if (a.grad_bias) a.grad_bias[c] = sum_dy;
