@@ -98,24 +98,29 @@ torch::Tensor fused_identity(BnPath path, const torch::nn::Sequential& downsampl
                                    : batch_norm_relu_eval(conv->forward(x), *bn, {}, false);
 }
 
+// The fused path of a block up to its last batch norm: every batch norm but the last with its
+// ReLU, then the last convolution's output (the last batch norm's input), which forward and
+// block_twice finish with the identity path their own way.
+torch::Tensor last_bn_input(BnPath path, BasicBlockImpl& b, const torch::Tensor& x) {
+  return b.conv2(bn_relu(path, b.conv1(x), *b.bn1));
+}
+
+torch::Tensor last_bn_input(BnPath path, BottleneckImpl& b, const torch::Tensor& x) {
+  const torch::Tensor out = bn_relu(path, b.conv1(x), *b.bn1);
+  return b.conv3(bn_relu(path, b.conv2(out), *b.bn2));
+}
+
 // A block training on the fused kernels, its input given twice (`x` for conv1, `identity` for
 // the residual path: the same values, the previous op's two outputs) and its output returned
 // twice (batch_norm_relu_twice): the next block's two uses of it send their gradients back
 // apart, and the backward of its last batch norm sums them in its first pass.
 using TensorPair = std::pair<torch::Tensor, torch::Tensor>;
 
-TensorPair fused_block_twice(BasicBlockImpl& b, const torch::Tensor& x,
+template <typename Block>
+TensorPair fused_block_twice(Block& b, torch::nn::BatchNorm2dImpl& last_bn, const torch::Tensor& x,
                              const torch::Tensor& identity) {
-  const torch::Tensor out = batch_norm_relu(b.conv1(x), *b.bn1);
-  return batch_norm_relu_twice(b.conv2(out), *b.bn2,
-                               fused_identity(BnPath::kTraining, b.downsample, identity));
-}
-
-TensorPair fused_block_twice(BottleneckImpl& b, const torch::Tensor& x,
-                             const torch::Tensor& identity) {
-  torch::Tensor out = batch_norm_relu(b.conv1(x), *b.bn1);
-  out = batch_norm_relu(b.conv2(out), *b.bn2);
-  return batch_norm_relu_twice(b.conv3(out), *b.bn3,
+  const torch::Tensor last_input = last_bn_input(BnPath::kTraining, b, x);
+  return batch_norm_relu_twice(last_input, last_bn,
                                fused_identity(BnPath::kTraining, b.downsample, identity));
 }
 
@@ -124,12 +129,13 @@ TensorPair fused_block_twice(BottleneckImpl& b, const torch::Tensor& x,
 TensorPair block_twice(const std::shared_ptr<torch::nn::Module>& block, const TensorPair& in) {
   torch::Tensor y;
   if (auto* basic = block->as<BasicBlockImpl>()) {
-    if (basic->fused_batch_norm) return fused_block_twice(*basic, in.first, in.second);
+    if (basic->fused_batch_norm) return fused_block_twice(*basic, *basic->bn2, in.first, in.second);
     y = basic->forward(in.first);
   } else {
     auto* bottleneck = block->as<BottleneckImpl>();
     TANDEM_CHECK_ARG(bottleneck != nullptr, "ResNet: a layer holds a block of another kind");
-    if (bottleneck->fused_batch_norm) return fused_block_twice(*bottleneck, in.first, in.second);
+    if (bottleneck->fused_batch_norm)
+      return fused_block_twice(*bottleneck, *bottleneck->bn3, in.first, in.second);
     y = bottleneck->forward(in.first);
   }
   return {y, y};
@@ -138,8 +144,8 @@ TensorPair block_twice(const std::shared_ptr<torch::nn::Module>& block, const Te
 
 torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
   if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules) {
-    const torch::Tensor out = bn_relu(path, conv1(x), *bn1);
-    return bn_relu(path, conv2(out), *bn2, fused_identity(path, downsample, x));
+    const torch::Tensor last_input = last_bn_input(path, *this, x);
+    return bn_relu(path, last_input, *bn2, fused_identity(path, downsample, x));
   }
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out));
@@ -163,9 +169,8 @@ BottleneckImpl::BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride)
 
 torch::Tensor BottleneckImpl::forward(const torch::Tensor& x) {
   if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules) {
-    torch::Tensor out = bn_relu(path, conv1(x), *bn1);
-    out = bn_relu(path, conv2(out), *bn2);
-    return bn_relu(path, conv3(out), *bn3, fused_identity(path, downsample, x));
+    const torch::Tensor last_input = last_bn_input(path, *this, x);
+    return bn_relu(path, last_input, *bn3, fused_identity(path, downsample, x));
   }
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out)).relu_();
