@@ -230,12 +230,20 @@ Grid grid_for(const BnRows& t, Kernel kernel, int capacity) {
                   capacity);
 }
 
-// The first level of a tree over `rows` rows: the largest power of two below `rows` (each row
-// r < half takes in row r + half where that exists; then half / 2, ...), 0 for one row.
-__device__ __forceinline__ int top_half(int rows) {
+// The parts of a block's `rows` rows of threads combined in a tree: at each level, row r < half
+// takes in row r + half where that exists (`take_in(half)`, called on the taking thread where
+// `active`), half the largest power of two below `rows`, then half / 2, ..., each level behind
+// a barrier that every thread of the block reaches. log2(rows) dependent steps where one row
+// taking in the others in sequence took rows - 1.
+template <typename TakeIn>
+__device__ __forceinline__ void combine_rows_in_tree(int rows, int row, bool active,
+                                                     TakeIn take_in) {
   int half = 1;
   while (half * 2 < rows) half *= 2;
-  return rows > 1 ? half : 0;
+  for (half = rows > 1 ? half : 0; half > 0; half /= 2) {
+    if (active && row < half && row + half < rows) take_in(half);
+    __syncthreads();
+  }
 }
 
 // Chan's combination of (count, mean, M2) with another part.
@@ -297,26 +305,23 @@ __global__ void __launch_bounds__(256) stats_partials(BnRows t, Grid g, float* p
   }
   sh_n[tid] = nf;
   __syncthreads();
-  // The block's rows combined in a tree (tree_levels): a row of threads sequentially combining
+  // The block's rows combined in a tree (combine_rows_in_tree): a row of threads sequentially combining
   // the others' parts took ~25 us a call at 64 channels (31 dependent combines of 8 channels on
   // 8 threads), as long as the loads of a 100 MB activation.
-  for (int half = top_half(g.ty); half > 0; half /= 2) {
-    if (ty < half && ty + half < g.ty && group < g.groups) {
-      const int o = (ty + half) * g.tx + tx;
-      const float nb = sh_n[o];
-      float n_here = 0.f;
+  combine_rows_in_tree(g.ty, ty, group < g.groups, [&](int half) {
+    const int o = (ty + half) * g.tx + tx;
+    const float nb = sh_n[o];
+    float n_here = 0.f;
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        float cn = sh_n[tid], mean = sh_mean[tid * kVec + k], m2 = sh_m2[tid * kVec + k];
-        combine(cn, mean, m2, nb, sh_mean[o * kVec + k], sh_m2[o * kVec + k]);
-        sh_mean[tid * kVec + k] = mean;
-        sh_m2[tid * kVec + k] = m2;
-        n_here = cn;
-      }
-      sh_n[tid] = n_here;
+    for (int k = 0; k < kVec; ++k) {
+      float cn = sh_n[tid], mean = sh_mean[tid * kVec + k], m2 = sh_m2[tid * kVec + k];
+      combine(cn, mean, m2, nb, sh_mean[o * kVec + k], sh_m2[o * kVec + k]);
+      sh_mean[tid * kVec + k] = mean;
+      sh_m2[tid * kVec + k] = m2;
+      n_here = cn;
     }
-    __syncthreads();
-  }
+    sh_n[tid] = n_here;
+  });
   if (ty != 0 || group >= g.groups) return;
   const int channels = g.groups * kVec;
   float* out_mean = partials + static_cast<int64_t>(blockIdx.y) * 2 * channels;
@@ -357,16 +362,13 @@ __global__ void stats_finalize(BnStats a, int channels, int splits) {
   sh[2][lane][threadIdx.x] = m2;
   __syncthreads();
   // The lanes combined in a tree, as the partials' rows (31 dependent combines on lane 0 before).
-  for (int half = kFinalizeLanes / 2; half > 0; half /= 2) {
-    if (lane < half) {
-      combine(n, mean, m2, sh[0][lane + half][threadIdx.x], sh[1][lane + half][threadIdx.x],
-              sh[2][lane + half][threadIdx.x]);
-      sh[0][lane][threadIdx.x] = n;
-      sh[1][lane][threadIdx.x] = mean;
-      sh[2][lane][threadIdx.x] = m2;
-    }
-    __syncthreads();
-  }
+  combine_rows_in_tree(kFinalizeLanes, lane, true, [&](int half) {
+    combine(n, mean, m2, sh[0][lane + half][threadIdx.x], sh[1][lane + half][threadIdx.x],
+            sh[2][lane + half][threadIdx.x]);
+    sh[0][lane][threadIdx.x] = n;
+    sh[1][lane][threadIdx.x] = mean;
+    sh[2][lane][threadIdx.x] = m2;
+  });
   if (lane != 0 || c >= channels) return;
   const float var = m2 / n;
   const float invstd = rsqrtf(var + a.eps);
@@ -442,17 +444,14 @@ __global__ void __launch_bounds__(256) backward_partials(BnBackward a, Grid g) {
   }
   __syncthreads();
   // The block's rows summed in a tree, as stats_partials combines them.
-  for (int half = top_half(g.ty); half > 0; half /= 2) {
-    if (ty < half && ty + half < g.ty && group < g.groups) {
-      const int o = (ty + half) * g.tx + tx;
+  combine_rows_in_tree(g.ty, ty, group < g.groups, [&](int half) {
+    const int o = (ty + half) * g.tx + tx;
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        sh_dy[tid * kVec + k] += sh_dy[o * kVec + k];
-        sh_dyx[tid * kVec + k] += sh_dyx[o * kVec + k];
-      }
+    for (int k = 0; k < kVec; ++k) {
+      sh_dy[tid * kVec + k] += sh_dy[o * kVec + k];
+      sh_dyx[tid * kVec + k] += sh_dyx[o * kVec + k];
     }
-    __syncthreads();
-  }
+  });
   if (ty != 0 || group >= g.groups) return;
   const int channels = g.groups * kVec;
   float* out_dy = a.partials + static_cast<int64_t>(blockIdx.y) * 2 * channels;
@@ -481,15 +480,12 @@ __global__ void backward_finalize(BnBackward a, int channels, int splits) {
   sh[0][lane][threadIdx.x] = sum_dy;
   sh[1][lane][threadIdx.x] = sum_dyx;
   __syncthreads();
-  for (int half = kFinalizeLanes / 2; half > 0; half /= 2) {  // a tree, as stats_finalize
-    if (lane < half) {
-      sum_dy += sh[0][lane + half][threadIdx.x];
-      sum_dyx += sh[1][lane + half][threadIdx.x];
-      sh[0][lane][threadIdx.x] = sum_dy;
-      sh[1][lane][threadIdx.x] = sum_dyx;
-    }
-    __syncthreads();
-  }
+  combine_rows_in_tree(kFinalizeLanes, lane, true, [&](int half) {
+    sum_dy += sh[0][lane + half][threadIdx.x];
+    sum_dyx += sh[1][lane + half][threadIdx.x];
+    sh[0][lane][threadIdx.x] = sum_dy;
+    sh[1][lane][threadIdx.x] = sum_dyx;
+  });
   if (lane != 0 || c >= channels) return;
   const float invstd = a.invstd[c];
   if (a.grad_weight) a.grad_weight[c] = sum_dyx * invstd;
