@@ -77,9 +77,8 @@ class Scoring {
       return at::TensorOptions().dtype(t).device(s_.device);
     };
     const int64_t side = 16, channels = static_cast<int64_t>(s_.spec.mean.size());
-    const at::Tensor sizes =
-        at::tensor({side, side, channels}, at::TensorOptions().dtype(at::kLong)).view({1, 3});
-    const at::Tensor sizes_here = sizes.to(s_.device);
+    const at::Tensor sizes_here =
+        at::tensor({side, side, channels}, on_device(at::kLong)).view({1, 3});
     const at::Tensor boxes = draw_crop_boxes(s_.spec, sizes_here, gen_);
     const at::Tensor x =
         layout(resized_crop(at::zeros({side * side * channels}, on_device(at::kByte)),
@@ -214,8 +213,8 @@ FolderEvaluation folder_evaluation(FolderEvaluationSetup setup) {
     s->model->eval();
     // A generator of its own: the box of the eval transform draws nothing random, but the draw
     // advances its generator's offset, and the evaluations' generator stays untouched.
-    const at::Generator gen = seeded_generator(s->device, s->seed);
-    Scoring scoring(*s, nullptr, gen, lane);
+    const at::Generator stand_in_gen = seeded_generator(s->device, s->seed);
+    Scoring scoring(*s, nullptr, stand_in_gen, lane);
     scoring.rehearse();
     if (!s->folded) s->model->train();
   };
