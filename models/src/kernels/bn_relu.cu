@@ -305,9 +305,9 @@ __global__ void __launch_bounds__(256) stats_partials(BnRows t, Grid g, float* p
   }
   sh_n[tid] = nf;
   __syncthreads();
-  // The block's rows combined in a tree (combine_rows_in_tree): a row of threads sequentially combining
-  // the others' parts took ~25 us a call at 64 channels (31 dependent combines of 8 channels on
-  // 8 threads), as long as the loads of a 100 MB activation.
+  // The block's rows combined in a tree (combine_rows_in_tree): a row of threads combining the
+  // others' parts in sequence took ~25 us a call at 64 channels (31 dependent combines of 8
+  // channels on 8 threads), as long as the loads of a 100 MB activation.
   combine_rows_in_tree(g.ty, ty, group < g.groups, [&](int half) {
     const int o = (ty + half) * g.tx + tx;
     const float nb = sh_n[o];
