@@ -144,6 +144,7 @@ TEST(TrainerResumeTest, AnImageFolderRunResumedMidEpochDrawsTheSameCrops) {
     c.model = "resnet18";
     c.image_size = 32;
     c.batch_size = 8;
+    c.workers = 2;  // as options()'s
     c.seed = 5;
     c.crop_regions = true;
     return make_classifier(c);
@@ -516,7 +517,8 @@ TEST(DataFingerprintTest, AnIdxFileIsItsContentGzippedOrNot) {
   // 4-bit noise: gzip's levels 1 and 9 compress it to different bytes.
   std::vector<uint8_t> pixels(1 << 16);
   uint32_t state = 12345;
-  for (uint8_t& p : pixels) p = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 28);
+  for (uint8_t& p : pixels)
+    p = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 28);
   data::testing::put(tmp, "idx/train-images-idx3-ubyte", pixels);
   auto run = [](const std::string& command) {
     ASSERT_EQ(std::system(command.c_str()), 0) << command;

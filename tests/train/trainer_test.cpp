@@ -586,7 +586,35 @@ ClassifierOptions pairs_job(TempDir& tmp, int count) {
   c.image_size = 64;
   c.val_split = 0.25;
   c.batch_size = 8;
+  c.workers = 2;  // as options()'s
   return c;
+}
+
+TEST(TrainerTest, RefusesAJobBuiltForAnotherBatchSizeOrWorkerCount) {
+  Fixture f;
+  ClassifierOptions c = small_job(f.data);  // batch size 16, 2 workers
+  TrainOptions o = options("", Mode::kSerial, 1);
+  o.batch_size = 32;
+  try {
+    Trainer(make_classifier(c), o);
+    ADD_FAILURE() << "a job built for batch size 16 ran at 32";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("was built for batch size 16 and 2 loader workers "
+                                         "(ClassifierOptions), the run asks 32 and 2 "
+                                         "(TrainOptions): expected the same in both"),
+              std::string::npos)
+        << e.what();
+  }
+  o.batch_size = 16;
+  o.workers = 3;
+  EXPECT_THROW(Trainer(make_classifier(c), o), InvalidArgument);
+  o.workers = 2;
+  EXPECT_NO_THROW(Trainer(make_classifier(c), o));
+  TrainJob by_hand = make_classifier(c);  // a job with no loaders of its own: no check
+  by_hand.built_for_batch_size = 0;
+  by_hand.built_for_workers = 0;
+  o.batch_size = 32;
+  EXPECT_NO_THROW(Trainer(std::move(by_hand), o));
 }
 
 TEST(SegmenterTest, LearnsTheHalvesAndReportsMiou) {
@@ -667,6 +695,7 @@ TEST(FashionMnistTest, OneEpochOnASubsetReaches80Percent) {
   c.subset = 12000;
   c.val_subset = 2000;
   c.batch_size = 64;
+  c.workers = 2;  // as options()'s
   TrainOptions o = options(tmp.path() + "/run", Mode::kSerial, 1);
   o.batch_size = 64;
   o.schedule = optim::linear_warmup(20, optim::cosine(2e-3, 12000 / 64 - 20));

@@ -398,6 +398,8 @@ TrainJob make_classifier(const ClassifierOptions& o) {
   TANDEM_CHECK_ARG(lr > 0, "learning rate ", lr, " is not valid: expected > 0");
 
   TrainJob job;
+  job.built_for_batch_size = o.batch_size;
+  job.built_for_workers = o.workers;
   job.config = common_config(o, model_name, lr, wd);
   job.config.update(
       {{"freeze_backbone", o.freeze_backbone}, {"channels_last", o.channels_last && !idx}});

@@ -155,6 +155,8 @@ TrainJob make_segmenter(const ClassifierOptions& o) {
   const auto [train_data, val_data] = pair_sets(o, po);
 
   TrainJob job;
+  job.built_for_batch_size = o.batch_size;
+  job.built_for_workers = o.workers;
   job.config = common_config(o, model_name, lr, wd);
   job.config.update({{"classes", o.classes},
                      {"ignore_index", ignore},

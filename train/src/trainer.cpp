@@ -119,6 +119,18 @@ extern "C" void on_stop_signal(int sig) {
   }
 }
 
+/// A job whose loaders and evaluation were built for another batch size or worker count than
+/// the run's would evaluate (and feed the engines) at those: refused, naming both.
+void check_built_for(const TrainJob& job, const TrainOptions& o) {
+  const bool batch_differs =
+      job.built_for_batch_size > 0 && job.built_for_batch_size != o.batch_size;
+  const bool workers_differ = job.built_for_workers > 0 && job.built_for_workers != o.workers;
+  TANDEM_CHECK_ARG(!batch_differs && !workers_differ, "train job '", job.name,
+                   "' was built for batch size ", job.built_for_batch_size, " and ",
+                   job.built_for_workers, " loader workers (ClassifierOptions), the run asks ",
+                   o.batch_size, " and ", o.workers, " (TrainOptions): expected the same in both");
+}
+
 /// Names the first option not valid (InvalidArgument), or one a run folder's run cannot take
 /// (steps, a first step) or one without a folder cannot (resume, checkpoints).
 void check_options(const TrainOptions& o) {
@@ -163,6 +175,7 @@ Trainer::Trainer(TrainJob job, TrainOptions options)
   const TrainOptions& o = options_;
   const bool folder = !o.out_dir.empty();
   check_options(o);
+  check_built_for(job_, o);
   keeps_epochs_ = folder || static_cast<bool>(job_.evaluate);
   if (!job_.weights && (folder || job_.model)) {
     TANDEM_CHECK_ARG(job_.model, "train job '", job_.name, "' has no model to save");

@@ -71,8 +71,10 @@ struct ClassifierOptions {
   /// ResNets: weights and inputs channels-last (models::to_channels_last): tensor-core
   /// convolutions without layout transposes. The saved weights are the same either way.
   bool channels_last = false;
-  int64_t batch_size = 64;
-  int workers = 4;  ///< evaluation loader's workers (ImageFolder)
+  /// The run's (TrainOptions'): the evaluation's batches and loader, the engines' feed. The
+  /// Trainer refuses a job built for another batch size or worker count than its options'.
+  int64_t batch_size = kDefaultBatchSize;
+  int workers = kDefaultLoaderWorkers;
   /// The nice value of the training's and the evaluation's loader workers, 0 to kMaxNice
   /// (LoaderOptions::worker_nice): above 0 the run's own threads (the JPEG engines' feed, the
   /// step's launches) get a core first when the workers fill every core. 0: the process's.

@@ -68,6 +68,11 @@ struct ModelWeights {
   explicit operator bool() const { return state_dict && load_state_dict; }
 };
 
+/// A run's batch size and loader worker count where nothing sets them: TrainOptions' and the
+/// job builders' (ClassifierOptions), one default for both.
+inline constexpr int64_t kDefaultBatchSize = 64;
+inline constexpr int kDefaultLoaderWorkers = 4;
+
 /// What a Trainer trains: built by make_classifier (classifier.h), or by hand.
 struct TrainJob {
   std::string name;  ///< for reports: "small_cnn on fashion-mnist"
@@ -90,6 +95,11 @@ struct TrainJob {
   /// overlaps them. Must leave every weight, statistic, generator and metric as it found them.
   /// Empty: none.
   std::function<void(const Lane& lane)> prepare_evaluation;
+  /// The batch size and worker count the job's own loaders and evaluation were built for
+  /// (make_classifier, make_segmenter: ClassifierOptions'); a Trainer refuses options that ask
+  /// others, naming both. 0: the job has none of its own (a job built by hand).
+  int64_t built_for_batch_size = 0;
+  int built_for_workers = 0;
   /// What must match for a resume (model, data, batch size, optimizer...): a checkpoint made
   /// under another configuration is refused, naming both. Its "data" and "val", when they name
   /// folders, are identified by content (fingerprint_data, checkpoint.h), not by the path: the
@@ -109,9 +119,9 @@ struct TrainOptions {
   /// The run's length in steps instead of epochs (0: `epochs` epochs). Only without a run
   /// folder, whose runs train whole epochs (its records, checkpoints and resume count them).
   int64_t steps = 0;
-  int64_t batch_size = 64;
+  int64_t batch_size = kDefaultBatchSize;
   Mode mode = Mode::kPipelinedGraphed;  ///< auto is a front end's to resolve
-  int workers = 4;
+  int workers = kDefaultLoaderWorkers;
   uint64_t seed = 0;
   bool skip_bad = false;
   /// The learning rate of each global step (optim.h's schedules); empty: the optimizer's own.
