@@ -672,6 +672,7 @@ TEST(SegmenterGpuTest, CapturesItsStagesAndTrains) {
 TEST(SegmenterTest, NeedsTheClassCount) {
   TempDir tmp;
   ClassifierOptions c;
+  c.workers = 2;  // as options()'s: a Trainer refuses a job built for another
   c.data = write_pairs(tmp, 2);
   try {
     make_classifier(c);
@@ -838,6 +839,7 @@ TEST_P(TrainerGpuTest, ResumeInPipelinedGraphedRepeatsTheLosses) {
   use_deterministic_gpu_algorithms();
   TempDir tmp;
   ClassifierOptions c;
+  c.workers = 2;  // as options()'s: a Trainer refuses a job built for another
   c.device = c10::Device(c10::kCUDA, 0);
   c.batch_size = 16;
   c.seed = 5;
@@ -930,6 +932,7 @@ TEST(TrainerSplitGpuTest, ASplitDecodeResumesExactlyAndEvaluatesAsOnTheCpu) {
   use_deterministic_gpu_algorithms();
   TempDir tmp;
   ClassifierOptions c;
+  c.workers = 2;  // as options()'s: a Trainer refuses a job built for another
   c.device = c10::Device(c10::kCUDA, 0);
   c.data = write_two_class_jpegs(tmp, 80, 120, 160);
   use_small_resnet(c);
