@@ -1,9 +1,11 @@
 // Reads and checks torchrun's environment contract (launch_env.h).
 #include "tandem/distributed/launch_env.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 namespace tandem::distributed {
 
@@ -89,6 +91,14 @@ std::optional<LaunchEnv> launch_env_from_environment() {
                             std::string(agent) == "1");
   e.restart = integer("TORCHELASTIC_RESTART_COUNT", 0, "a restart count, >= 0");
   return e;
+}
+
+int default_loader_workers(const c10::Device& device, int most) {
+  if (!device.is_cuda()) return 2;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const std::optional<LaunchEnv> env = launch_env_from_environment();
+  const int local_ranks = env ? std::max(1, env->local_world_size) : 1;
+  return std::max(1, std::min(most, (cores - 1) / local_ranks));
 }
 
 }  // namespace tandem::distributed

@@ -1,10 +1,8 @@
 // A run's request: its defaults, its checks, and the core's options it becomes.
 #include "tandem/run/request.h"
 
-#include <algorithm>
 #include <optional>
 #include <sstream>
-#include <thread>
 
 #include "tandem/cuda_wait.h"
 #include "tandem/distributed/launch_env.h"
@@ -44,14 +42,6 @@ RunMode parse_run_mode(const std::string& name) {
   std::vector<std::string> names;
   for (const RunMode& m : run_modes()) names.push_back(mode_name(m));
   throw InvalidArgument("mode '" + name + "' is not valid: expected " + join_choices(names));
-}
-
-int default_loader_workers(const c10::Device& device, int most) {
-  if (!device.is_cuda()) return 2;
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const std::optional<distributed::LaunchEnv> env = distributed::launch_env_from_environment();
-  const int local_ranks = env ? std::max(1, env->local_world_size) : 1;
-  return std::max(1, std::min(most, (cores - 1) / local_ranks));
 }
 
 RunRequest resolve(RunRequest o) {

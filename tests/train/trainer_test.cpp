@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tandem/data/nvjpeg_decoder.h"
+#include "tandem/distributed/launch_env.h"
 #include "tandem/error.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/optim.h"
@@ -615,6 +616,21 @@ TEST(TrainerTest, RefusesAJobBuiltForAnotherBatchSizeOrWorkerCount) {
   by_hand.built_for_workers = 0;
   o.batch_size = 32;
   EXPECT_NO_THROW(Trainer(std::move(by_hand), o));
+}
+
+TEST(TrainerTest, LoaderWorkersDefaultToEveryFrontEndsRule) {
+  EXPECT_EQ(TrainOptions{}.workers, 0);  // 0: the rule, resolved for the job's device
+  EXPECT_EQ(ClassifierOptions{}.workers, 0);
+  Fixture f;
+  ClassifierOptions c = small_job(f.data);
+  c.workers = 0;
+  const TrainJob job = make_classifier(c);
+  EXPECT_EQ(job.built_for_workers, distributed::default_loader_workers(c.device));
+  TrainOptions o = options("", Mode::kSerial, 1);
+  o.workers = 0;
+  EXPECT_NO_THROW(Trainer(job, o));  // the same rule on both sides: the job is the run's
+  o.workers = -1;
+  EXPECT_THROW(Trainer(job, o), InvalidArgument);
 }
 
 TEST(SegmenterTest, LearnsTheHalvesAndReportsMiou) {

@@ -372,7 +372,8 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
 
 }  // namespace
 
-TrainJob make_classifier(const ClassifierOptions& o) {
+TrainJob make_classifier(const ClassifierOptions& given) {
+  const ClassifierOptions o = with_loader_workers(given);
   TANDEM_CHECK_ARG(!o.data.empty(),
                    "no training data: expected --data DIR (IDX files or an "
                    "ImageFolder)");

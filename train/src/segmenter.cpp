@@ -129,7 +129,8 @@ std::function<Evaluation(const Lane&)> segmentation_evaluation(
 
 }  // namespace
 
-TrainJob make_segmenter(const ClassifierOptions& o) {
+TrainJob make_segmenter(const ClassifierOptions& given) {
+  const ClassifierOptions o = with_loader_workers(given);
   TANDEM_CHECK_ARG(o.classes >= 1, "segmentation data ", o.data,
                    ": give the class count, --classes N (mask ids 0 .. N-1; --ignore-index ",
                    o.ignore_index, " is skipped)");

@@ -10,6 +10,7 @@
 
 #include "posix_fs.h"
 #include "tandem/distributed/data_parallel.h"
+#include "tandem/distributed/launch_env.h"
 #include "tandem/distributed/process_group.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/train/checkpoint.h"
@@ -119,6 +120,15 @@ extern "C" void on_stop_signal(int sig) {
   }
 }
 
+/// The options with their loader worker count resolved: 0 is every front end's rule for the
+/// job's device (distributed::default_loader_workers).
+TrainOptions with_loader_workers(TrainOptions o, const TrainJob& job) {
+  TANDEM_CHECK_ARG(o.workers >= 0, "worker count ", o.workers,
+                   " is not valid: expected >= 1 loader threads (0: by device)");
+  if (o.workers == 0) o.workers = distributed::default_loader_workers(job.workload.device);
+  return o;
+}
+
 /// A job whose loaders and evaluation were built for another batch size or worker count than
 /// the run's would evaluate (and feed the engines) at those: refused, naming both.
 void check_built_for(const TrainJob& job, const TrainOptions& o) {
@@ -171,7 +181,7 @@ void install_stop_handlers(std::atomic<int>* flag) {
 }
 
 Trainer::Trainer(TrainJob job, TrainOptions options)
-    : job_(std::move(job)), options_(std::move(options)) {
+    : job_(std::move(job)), options_(with_loader_workers(std::move(options), job_)) {
   const TrainOptions& o = options_;
   const bool folder = !o.out_dir.empty();
   check_options(o);
@@ -343,7 +353,8 @@ void Trainer::load_checkpoint(const Checkpoint& c, const std::string& folder) {
   carried_.images = e.at("images").get<int64_t>();
 }
 
-void Trainer::set_next_run(TrainOptions options) {
+void Trainer::set_next_run(TrainOptions given) {
+  TrainOptions options = with_loader_workers(std::move(given), job_);
   const TrainOptions& now = options_;
   TANDEM_CHECK_ARG(now.out_dir.empty() && options.out_dir.empty(),
                    "a run folder's run is one run: expected runs without a run folder");

@@ -4,6 +4,8 @@
 // torchrun's agent already hosts the rendezvous store.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <optional>
 #include <string>
 
@@ -42,6 +44,16 @@ struct LaunchEnv {
 /// RANK outside [0, WORLD_SIZE), LOCAL_RANK outside [0, LOCAL_WORLD_SIZE), a port outside
 /// 1..65535.
 std::optional<LaunchEnv> launch_env_from_environment();
+
+/// Loader threads for a process training on `device` when the user gives no count — the one
+/// rule of every front end (`tandem bench`, `tandem train`, `tandem data-bench`,
+/// tandem.Trainer, tandem::train's Trainer and jobs): on a GPU the machine's cores less one (at
+/// most `most`), shared by the LOCAL_WORLD_SIZE ranks of this machine when a launch describes
+/// them (two ranks on 16 cores: 7 each, not 15 each fighting for the same cores); 2 on the CPU.
+/// Why so many on a GPU: a loader that decodes photos is bound by its cores (ResNet-50 from
+/// 1000–2000 px JPEGs on 15 cores), and idle workers cost nothing. Here because the launch is
+/// what divides the cores, and both the run layer and the train layer see this library.
+int default_loader_workers(const c10::Device& device, int most = 15);
 
 /// "[rank 1] " for rank 1 of a job of more than one rank, else "": the prefix of a rank's log and
 /// error lines, so a job's output says which rank spoke.

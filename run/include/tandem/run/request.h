@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/distributed/launch_env.h"
 #include "tandem/mode.h"
 #include "tandem/runner.h"
 #include "tandem/workload.h"
@@ -130,14 +131,9 @@ struct RunDefaults {
 constexpr RunDefaults kGpuRunDefaults{100, 10};
 constexpr RunDefaults kCpuRunDefaults{4, 1};
 
-/// Loader threads for a process training on `device` when the user gives no count — the one
-/// rule of every front end (`tandem bench`, `tandem train`, `tandem data-bench`,
-/// tandem.Trainer): on a GPU the
-/// machine's cores less one (at most `most`), shared by the LOCAL_WORLD_SIZE ranks of this
-/// machine when a launch describes them (two ranks on 16 cores: 7 each, not 15 each fighting for
-/// the same cores); 2 on the CPU. Why so many on a GPU: a loader that decodes photos is bound by
-/// its cores (ResNet-50 from 1000–2000 px JPEGs on 15 cores), and idle workers cost nothing.
-int default_loader_workers(const c10::Device& device, int most = 15);
+/// Loader threads for a process training on `device` when the user gives no count: the one rule
+/// of every front end (distributed/launch_env.h, where the launch's local ranks are known).
+using distributed::default_loader_workers;
 
 /// default_loader_workers in a --workers option's help, for every command that takes one.
 inline constexpr const char* kLoaderWorkersHelp =

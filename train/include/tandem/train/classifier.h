@@ -74,7 +74,7 @@ struct ClassifierOptions {
   /// The run's (TrainOptions'): the evaluation's batches and loader, the engines' feed. The
   /// Trainer refuses a job built for another batch size or worker count than its options'.
   int64_t batch_size = kDefaultBatchSize;
-  int workers = kDefaultLoaderWorkers;
+  int workers = 0;  ///< 0: distributed::default_loader_workers for `device`, as TrainOptions' own
   /// The nice value of the training's and the evaluation's loader workers, 0 to kMaxNice
   /// (LoaderOptions::worker_nice): above 0 the run's own threads (the JPEG engines' feed, the
   /// step's launches) get a core first when the workers fill every core. 0: the process's.

@@ -68,10 +68,10 @@ struct ModelWeights {
   explicit operator bool() const { return state_dict && load_state_dict; }
 };
 
-/// A run's batch size and loader worker count where nothing sets them: TrainOptions' and the
-/// job builders' (ClassifierOptions), one default for both.
+/// A run's batch size where nothing sets it: TrainOptions' and the job builders'
+/// (ClassifierOptions), one default for both. Their loader workers default to 0: every front
+/// end's rule for the job's device (distributed::default_loader_workers).
 inline constexpr int64_t kDefaultBatchSize = 64;
-inline constexpr int kDefaultLoaderWorkers = 4;
 
 /// What a Trainer trains: built by make_classifier (classifier.h), or by hand.
 struct TrainJob {
@@ -121,7 +121,9 @@ struct TrainOptions {
   int64_t steps = 0;
   int64_t batch_size = kDefaultBatchSize;
   Mode mode = Mode::kPipelinedGraphed;  ///< auto is a front end's to resolve
-  int workers = kDefaultLoaderWorkers;
+  /// Loader threads; 0: distributed::default_loader_workers for the job's device (the CLI's and
+  /// tandem.Trainer's rule).
+  int workers = 0;
   uint64_t seed = 0;
   bool skip_bad = false;
   /// The learning rate of each global step (optim.h's schedules); empty: the optimizer's own.
