@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "loader_workers.h"
 #include "tandem/detail/batch.h"
 #include "tandem/detail/lane.h"
-#include "tandem/distributed/launch_env.h"
 #include "tandem/error.h"
 #include "tandem/loader.h"
 #include "tandem/models/safetensors.h"
@@ -30,9 +30,7 @@ namespace tandem::train::detail {
 // The options with their loader worker count resolved: 0 is every front end's rule for the
 // device (as a Trainer resolves its TrainOptions').
 inline ClassifierOptions with_loader_workers(ClassifierOptions o) {
-  TANDEM_CHECK_ARG(o.workers >= 0, "worker count ", o.workers,
-                   " is not valid: expected >= 1 loader threads (0: by device)");
-  if (o.workers == 0) o.workers = distributed::default_loader_workers(o.device);
+  o.workers = loader_workers(o.workers, o.device);
   return o;
 }
 

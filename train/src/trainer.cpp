@@ -8,9 +8,9 @@
 #include <optional>
 #include <utility>
 
+#include "loader_workers.h"
 #include "posix_fs.h"
 #include "tandem/distributed/data_parallel.h"
-#include "tandem/distributed/launch_env.h"
 #include "tandem/distributed/process_group.h"
 #include "tandem/models/safetensors.h"
 #include "tandem/train/checkpoint.h"
@@ -123,9 +123,7 @@ extern "C" void on_stop_signal(int sig) {
 /// The options with their loader worker count resolved: 0 is every front end's rule for the
 /// job's device (distributed::default_loader_workers).
 TrainOptions with_loader_workers(TrainOptions o, const TrainJob& job) {
-  TANDEM_CHECK_ARG(o.workers >= 0, "worker count ", o.workers,
-                   " is not valid: expected >= 1 loader threads (0: by device)");
-  if (o.workers == 0) o.workers = distributed::default_loader_workers(job.workload.device);
+  o.workers = loader_workers(o.workers, job.workload.device);
   return o;
 }
 
