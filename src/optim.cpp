@@ -199,7 +199,10 @@ void Adam::step() {
     exp_avg.push_back(exp_avg_[i]);
     exp_avg_sq.push_back(exp_avg_sq_[i]);
   }
-  if (params.empty()) return;
+  if (params.empty()) {  // nothing to update, nothing op by op: as Sgd's empty lists
+    fused_last_step_ = true;
+    return;
+  }
   const double b1 = options_.beta1, b2 = options_.beta2, wd = options_.weight_decay;
   fused_last_step_ = options_.fused && fused_kernel_takes(params, {&grads, &exp_avg, &exp_avg_sq});
   if (fused_last_step_) {

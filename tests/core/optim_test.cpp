@@ -166,6 +166,14 @@ TEST(SgdTest, AGradientDifferingOnlyInSizeOneStridesStaysFused) {
     for (size_t i = 0; i < 2; ++i)
       EXPECT_TRUE(at::allclose(runs[0][i], runs[1][i], 1e-6, 1e-6)) << "parameter " << i;
   }
+  // A step with no gradient at all updates nothing, op by op or otherwise (not the last step's
+  // answer kept), for Adam as for Sgd.
+  std::vector<at::Tensor> none{at::randn({2}).set_requires_grad(true)};
+  optim::AdamOptions off;
+  off.fused = false;
+  optim::Adam idle(none, off);
+  idle.step();
+  EXPECT_TRUE(idle.fused_last_step());
   // Mixed dtypes: op by op.
   std::vector<at::Tensor> mixed{at::randn({3}).set_requires_grad(true),
                                 at::randn({3}, at::kDouble).set_requires_grad(true)};
