@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "tandem/detail/laid_out_like.h"
 #include "tandem/error.h"
 
 namespace tandem::optim {
@@ -52,6 +53,7 @@ void Sgd::set_lr(double lr) {
 double Sgd::learning_rate() const { return lr_.item<double>(); }
 
 namespace {
+using tandem::detail::laid_out_like;
 
 // The parameters one step updates with one call, their gradients and (with momentum) their
 // momentum buffers, index-aligned.
@@ -82,21 +84,6 @@ bool fused_kernel_takes(const std::vector<at::Tensor>& params,
       if (!list->empty() && !like_p((*list)[i])) return false;
   }
   return true;
-}
-
-// `grad` as a view laid out like its parameter where the two differ only in the strides of
-// size-1 dimensions, which address nothing: autograd accepts such a gradient as laid out like
-// the parameter (a 1x1 convolution's [O, I, 1, 1] weight in channels-last order, strides (I, 1,
-// I, I), gets a contiguous gradient, (I, 1, 1, 1)), and the fused kernels compare every stride,
-// so one such gradient sent a ResNet's whole update op by op (322 launches a ResNet-50 step,
-// 0.5 ms, measured). Else `grad` itself.
-at::Tensor laid_out_like(const at::Tensor& grad, const at::Tensor& param) {
-  if (grad.sizes() != param.sizes() || grad.strides() == param.strides() ||
-      grad.layout() != at::kStrided)
-    return grad;
-  for (int64_t d = 0; d < grad.dim(); ++d)
-    if (grad.size(d) != 1 && grad.stride(d) != param.stride(d)) return grad;
-  return grad.as_strided(param.sizes(), param.strides(), grad.storage_offset());
 }
 
 // One SGD update of the lists, p -= lr * d, with lr read from the device tensor `lr` (a host lr

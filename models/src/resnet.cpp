@@ -2,15 +2,22 @@
 // children under the same names, in the same registration order, and the same initialization.
 #include "tandem/models/resnet.h"
 
+#include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/conv2d.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
 #include <torch/nn/init.h>
 
 #include <sstream>
+#include <unordered_map>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include "tandem/error.h"
 #include "tandem/models/batch_norm_relu.h"
+#include "tandem/models/cast_together.h"
 #include "tandem/models/max_pool.h"
 
 namespace tandem::models {
@@ -87,27 +94,90 @@ torch::Tensor bn_relu(BnPath path, const torch::Tensor& x, torch::nn::BatchNorm2
                                    : batch_norm_relu_eval(x, bn, residual);
 }
 
+// The convolution weights a fused training forward runs with. Under autocast to a lower
+// precision every convolution's float32 weight is cast ahead, a layer's at a time
+// (cast_together: one launch a layer, and one for its gradients back, where autocast launches
+// two a convolution); else, and for a convolution not cast, the module's own forward.
+class ConvWeights {
+ public:
+  // The modules' own weights.
+  ConvWeights() = default;
+
+  // Casts for `net`'s convolutions where autocast would cast them (on CUDA to a dtype other than
+  // float32, with gradients recorded): the stem's and each layer's in groups, so a layer's
+  // weight gradients are ready when that layer's backward ends.
+  static ConvWeights for_autocast(ResNetImpl& net) {
+    ConvWeights w;
+    if (!at::autocast::is_autocast_enabled(at::kCUDA) || !at::GradMode::is_enabled()) return w;
+    const at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    if (dtype == at::kFloat || !net.conv1->weight.is_cuda()) return w;
+    w.cast_group(std::vector<torch::nn::Conv2dImpl*>{net.conv1.get()}, dtype);
+    for (const auto* layer : {&net.layer1, &net.layer2, &net.layer3, &net.layer4}) {
+      std::vector<torch::nn::Conv2dImpl*> convs;
+      for (const auto& module : (*layer)->modules(/*include_self=*/false))
+        if (auto* conv = module->as<torch::nn::Conv2dImpl>()) convs.push_back(conv);
+      w.cast_group(convs, dtype);
+    }
+    return w;
+  }
+
+  // conv(x) with its cast weight where there is one: the op the module's forward runs, on the
+  // weight autocast would have cast.
+  torch::Tensor conv(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) const {
+    const auto found = cast_.find(&conv);
+    if (found == cast_.end()) return conv.forward(x);
+    const auto& o = conv.options;
+    return at::conv2d(x, found->second, conv.bias, o.stride(),
+                      *std::get_if<torch::ExpandingArray<2>>(&o.padding()), o.dilation(),
+                      o.groups());
+  }
+
+ private:
+  // A float32 CUDA weight with zero padding given as numbers (every ResNet convolution's).
+  static bool castable(const torch::nn::Conv2dImpl& conv) {
+    return conv.weight.scalar_type() == at::kFloat && conv.weight.is_cuda() &&
+           std::holds_alternative<torch::enumtype::kZeros>(conv.options.padding_mode()) &&
+           std::holds_alternative<torch::ExpandingArray<2>>(conv.options.padding());
+  }
+
+  void cast_group(const std::vector<torch::nn::Conv2dImpl*>& convs, at::ScalarType dtype) {
+    std::vector<torch::nn::Conv2dImpl*> taken;
+    std::vector<torch::Tensor> weights;
+    for (auto* conv : convs) {
+      if (!castable(*conv)) continue;
+      taken.push_back(conv);
+      weights.push_back(conv->weight);
+    }
+    const std::vector<torch::Tensor> cast = cast_together(weights, dtype);
+    for (size_t i = 0; i < taken.size(); ++i) cast_[taken[i]] = cast[i];
+  }
+
+  std::unordered_map<const torch::nn::Conv2dImpl*, torch::Tensor> cast_;
+};
+
 // The identity path of a fused block: x, or the downsample's conv and its batch norm through
 // the fused kernels (no ReLU).
 torch::Tensor fused_identity(BnPath path, const torch::nn::Sequential& downsample,
-                             const torch::Tensor& x) {
+                             const torch::Tensor& x, const ConvWeights& w = {}) {
   if (!downsample) return x;
   auto conv = downsample->ptr(0)->as<torch::nn::Conv2dImpl>();
   auto bn = downsample->ptr(1)->as<torch::nn::BatchNorm2dImpl>();
-  return path == BnPath::kTraining ? batch_norm_train(conv->forward(x), *bn)
+  return path == BnPath::kTraining ? batch_norm_train(w.conv(*conv, x), *bn)
                                    : batch_norm_relu_eval(conv->forward(x), *bn, {}, false);
 }
 
 // The fused path of a block up to its last batch norm: every batch norm but the last with its
 // ReLU, then the last convolution's output (the last batch norm's input), which forward and
 // block_twice finish with the identity path their own way.
-torch::Tensor last_bn_input(BnPath path, BasicBlockImpl& b, const torch::Tensor& x) {
-  return b.conv2(bn_relu(path, b.conv1(x), *b.bn1));
+torch::Tensor last_bn_input(BnPath path, BasicBlockImpl& b, const torch::Tensor& x,
+                            const ConvWeights& w = {}) {
+  return w.conv(*b.conv2, bn_relu(path, w.conv(*b.conv1, x), *b.bn1));
 }
 
-torch::Tensor last_bn_input(BnPath path, BottleneckImpl& b, const torch::Tensor& x) {
-  const torch::Tensor out = bn_relu(path, b.conv1(x), *b.bn1);
-  return b.conv3(bn_relu(path, b.conv2(out), *b.bn2));
+torch::Tensor last_bn_input(BnPath path, BottleneckImpl& b, const torch::Tensor& x,
+                            const ConvWeights& w = {}) {
+  const torch::Tensor out = bn_relu(path, w.conv(*b.conv1, x), *b.bn1);
+  return w.conv(*b.conv3, bn_relu(path, w.conv(*b.conv2, out), *b.bn2));
 }
 
 // A block training on the fused kernels, its input given twice (`x` for conv1, `identity` for
@@ -118,24 +188,26 @@ using TensorPair = std::pair<torch::Tensor, torch::Tensor>;
 
 template <typename Block>
 TensorPair fused_block_twice(Block& b, torch::nn::BatchNorm2dImpl& last_bn, const torch::Tensor& x,
-                             const torch::Tensor& identity) {
-  const torch::Tensor last_input = last_bn_input(BnPath::kTraining, b, x);
+                             const torch::Tensor& identity, const ConvWeights& w) {
+  const torch::Tensor last_input = last_bn_input(BnPath::kTraining, b, x, w);
   return batch_norm_relu_twice(last_input, last_bn,
-                               fused_identity(BnPath::kTraining, b.downsample, identity));
+                               fused_identity(BnPath::kTraining, b.downsample, identity, w));
 }
 
 // One block of a layer in training on a GPU: fused and given its input twice where its batch
 // norms are fused, else its own forward (whose output serves both uses).
-TensorPair block_twice(const std::shared_ptr<torch::nn::Module>& block, const TensorPair& in) {
+TensorPair block_twice(const std::shared_ptr<torch::nn::Module>& block, const TensorPair& in,
+                       const ConvWeights& w) {
   torch::Tensor y;
   if (auto* basic = block->as<BasicBlockImpl>()) {
-    if (basic->fused_batch_norm) return fused_block_twice(*basic, *basic->bn2, in.first, in.second);
+    if (basic->fused_batch_norm)
+      return fused_block_twice(*basic, *basic->bn2, in.first, in.second, w);
     y = basic->forward(in.first);
   } else {
     auto* bottleneck = block->as<BottleneckImpl>();
     TANDEM_CHECK_ARG(bottleneck != nullptr, "ResNet: a layer holds a block of another kind");
     if (bottleneck->fused_batch_norm)
-      return fused_block_twice(*bottleneck, *bottleneck->bn3, in.first, in.second);
+      return fused_block_twice(*bottleneck, *bottleneck->bn3, in.first, in.second, w);
     y = bottleneck->forward(in.first);
   }
   return {y, y};
@@ -188,6 +260,7 @@ ResNetImpl::ResNetImpl(ResNetBlock block, std::array<int64_t, 4> blocks, ResNetO
   const int64_t expansion =
       block == ResNetBlock::kBasic ? BasicBlockImpl::kExpansion : BottleneckImpl::kExpansion;
   fused_batch_norm_ = options.fused_batch_norm;
+  cast_weights_together_ = options.cast_weights_together;
 
   conv1 = register_module(
       "conv1",
@@ -240,10 +313,11 @@ torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
   if (path == BnPath::kTraining) {
     // Each block's output goes to the next block twice (batch_norm_relu_twice); the stem's max
     // pool's once, its two uses' gradients added by autograd.
-    const torch::Tensor stem = max_pool_3x3_stride2(batch_norm_relu(conv1(x), *bn1));
+    const ConvWeights w = cast_weights_together_ ? ConvWeights::for_autocast(*this) : ConvWeights();
+    const torch::Tensor stem = max_pool_3x3_stride2(batch_norm_relu(w.conv(*conv1, x), *bn1));
     TensorPair y{stem, stem};
     for (const auto* layer : {&layer1, &layer2, &layer3, &layer4})
-      for (const auto& block : (*layer)->children()) y = block_twice(block, y);
+      for (const auto& block : (*layer)->children()) y = block_twice(block, y, w);
     return y.first;
   }
   torch::Tensor y;

@@ -307,6 +307,9 @@ TEST(ImagesWorkloadTest, BadSettingsAreNamed) {
   o = options_for(dir, "r50_frozen_head", 2);
   o.params["backbone"] = "compiled";
   EXPECT_NE(message(o).find("compiled"), std::string::npos) << message(o);
+  o = options_for(dir, "r18_full", 2);
+  o.params["weight_casts"] = "fp8";
+  EXPECT_NE(message(o).find("weight_casts='fp8'"), std::string::npos) << message(o);
   for (const std::string nice : {"-1", "20", "low"}) {
     o = options_for(dir, "r18_full", 2);
     o.params["worker_nice"] = nice;

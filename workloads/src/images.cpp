@@ -43,6 +43,11 @@ const std::vector<WorkloadParam>& images_params() {
        "norm with the ReLU and residual add after it, and the stem's max pool) or module "
        "(LibTorch's BatchNorm2d, add, ReLU and max pool one after another)",
        {"fused", "module"}},
+      {"weight_casts",
+       "with bn=fused and precision=bf16: together (every convolution's weight cast to bf16 a "
+       "layer at a time, one launch a layer and one for its gradients) or autocast (autocast's "
+       "own casts, two launches a convolution); the same values",
+       {"together", "autocast"}},
       {"classes", "classes of resident data (default 10; 1000 as ImageNet's head)", {}},
       {"source",
        "files (the --data folder, decoded by the loader's workers) or resident (one batch "
@@ -151,6 +156,8 @@ ImagesOptions parse(const WorkloadOptions& o) {
                                    : ImagesModel::kR50FrozenHead;
   io.folded_backbone = param_or_default(o.params, images_params(), "backbone") == "folded";
   io.fused_batch_norm = param_or_default(o.params, images_params(), "bn") == "fused";
+  io.cast_weights_together =
+      param_or_default(o.params, images_params(), "weight_casts") == "together";
   io.classes = int_param(o, "classes", 2, 100000, io.classes);
   io.from_files = param_or_default(o.params, images_params(), "source") == "files";
   io.crop_regions = param_or_default(o.params, images_params(), "crop") == "region";
@@ -321,7 +328,7 @@ void set_trained_resnet(ImagesWorkload& out, const ImagesOptions& io, c10::Devic
                         int64_t classes) {
   Workload& w = out.workload;
   const bool r50 = io.model == ImagesModel::kR50Full;
-  const models::ResNetOptions ro{classes, io.fused_batch_norm};
+  const models::ResNetOptions ro{classes, io.fused_batch_norm, io.cast_weights_together};
   models::ResNet net = r50 ? models::resnet50(ro) : models::resnet18(ro);
   net->to(device);
   if (io.channels_last) models::to_channels_last(*net);

@@ -36,8 +36,28 @@ using kernels::to_float;
 // relu that keeps NaN, as torch.relu (clamp_min) does.
 __device__ __forceinline__ float relu_keep_nan(float t) { return t < 0.f ? 0.f : t; }
 
-// kVec elements a thread, all of one channel run: channels-last vectors cover channels
-// c0 .. c0 + kVec - 1; NCHW vectors one channel.
+// One vector's apply: scale and shift per element, the residual, the ReLU, rounded to T; with
+// kMask, bit k of the returned mask says element k's rounded output is positive (as
+// threshold_backward on y would see it). The NCHW and the channels-last kernels both apply
+// through this, so both give the same bits.
+template <typename T, int kVec, bool kResidual, bool kRelu, bool kMask>
+__device__ __forceinline__ unsigned apply_vector(const Pack<T, kVec>& xv, const Pack<T, kVec>& rv,
+                                                 const float (&scale)[kVec],
+                                                 const float (&shift)[kVec], Pack<T, kVec>& out) {
+  unsigned bits = 0;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    float t = to_float(xv.v[k]) * scale[k] + shift[k];
+    if (kResidual) t += to_float(rv.v[k]);
+    if (kRelu) t = relu_keep_nan(t);
+    out.v[k] = from_float<T>(t);
+    if (kMask) bits |= (to_float(out.v[k]) > 0.f ? 1u : 0u) << k;
+  }
+  return bits;
+}
+
+// NCHW with H*W a multiple of kVec: every vector lies in one channel. (Channels-last vectors go
+// to bn_apply_rows, below.)
 template <typename T, int kVec, bool kResidual, bool kRelu, bool kMask>
 __global__ void bn_apply_relu_vec(BnApplyRelu a) {
   const T* x = static_cast<const T*>(a.x);
@@ -46,36 +66,18 @@ __global__ void bn_apply_relu_vec(BnApplyRelu a) {
   const int64_t vectors = a.numel / kVec;
   for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vectors;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = v * kVec;
+    const int64_t c = (v * kVec / a.spatial) % a.channels;
+    float scale[kVec], shift[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      scale[k] = a.scale[c];
+      shift[k] = a.shift[c];
+    }
     const Pack<T, kVec> xv = reinterpret_cast<const Pack<T, kVec>*>(x)[v];
     Pack<T, kVec> rv;
     if (kResidual) rv = reinterpret_cast<const Pack<T, kVec>*>(r)[v];
     Pack<T, kVec> out;
-    unsigned bits = 0;
-    if (a.channels_last) {
-      const int64_t c0 = i % a.channels;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        float t = to_float(xv.v[k]) * a.scale[c0 + k] + a.shift[c0 + k];
-        if (kResidual) t += to_float(rv.v[k]);
-        if (kRelu) t = relu_keep_nan(t);
-        out.v[k] = from_float<T>(t);
-        // Of the rounded value, as threshold_backward on y would see it.
-        if (kMask) bits |= (to_float(out.v[k]) > 0.f ? 1u : 0u) << k;
-      }
-    } else {
-      const int64_t c = (i / a.spatial) % a.channels;
-      const float s = a.scale[c], b = a.shift[c];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        float t = to_float(xv.v[k]) * s + b;
-        if (kResidual) t += to_float(rv.v[k]);
-        if (kRelu) t = relu_keep_nan(t);
-        out.v[k] = from_float<T>(t);
-        // Of the rounded value, as threshold_backward on y would see it.
-        if (kMask) bits |= (to_float(out.v[k]) > 0.f ? 1u : 0u) << k;
-      }
-    }
+    const unsigned bits = apply_vector<T, kVec, kResidual, kRelu, kMask>(xv, rv, scale, shift, out);
     reinterpret_cast<Pack<T, kVec>*>(y)[v] = out;
     if (kMask) a.mask[v] = static_cast<uint8_t>(bits);
   }
@@ -568,7 +570,7 @@ void launch_elementwise(const BnBackward& a, cudaStream_t stream) {
 
 // The channels-last apply laid out as backward_elementwise: a thread owns one vector of
 // channels, its scales and shifts in registers (loaded once), and walks rows, kElementwiseRows
-// in flight. The flat grid-stride form (bn_apply_relu_vec, still NCHW's) found each vector's
+// in flight. The flat grid-stride form (bn_apply_relu_vec, now NCHW's only) found each vector's
 // channel with a 64-bit division and loaded its 16 constants again for every vector: 2.1 TB/s on
 // the block outputs and 0.9-1.6 TB/s on the small activations, measured. The same arithmetic,
 // so the same bits.
@@ -606,16 +608,8 @@ __global__ void __launch_bounds__(256) bn_apply_rows(BnApplyRelu a, Grid g) {
       if (row >= rows) break;
       const int64_t v = row * g.groups + group;
       Pack<T, kVec> out;
-      unsigned bits = 0;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        float t = to_float(px[j].v[k]) * scale[k] + shift[k];
-        if (kResidual) t += to_float(pr[j].v[k]);
-        if (kRelu) t = relu_keep_nan(t);
-        out.v[k] = from_float<T>(t);
-        // Of the rounded value, as threshold_backward on y would see it.
-        if (kMask) bits |= (to_float(out.v[k]) > 0.f ? 1u : 0u) << k;
-      }
+      const unsigned bits =
+          apply_vector<T, kVec, kResidual, kRelu, kMask>(px[j], pr[j], scale, shift, out);
       reinterpret_cast<Pack<T, kVec>*>(y)[v] = out;
       if (kMask) a.mask[v] = static_cast<uint8_t>(bits);
     }

@@ -27,6 +27,12 @@ struct ResNetOptions {
   /// statistics. false: LibTorch's BatchNorm2d, add, ReLU and max pool one after another.
   /// Same parameters, buffers and state_dict.
   bool fused_batch_norm = true;
+  /// With fused_batch_norm, training on a GPU under autocast to a lower precision: every
+  /// convolution's float32 weight cast a layer at a time (cast_together.h: one launch a layer
+  /// and one for its gradients back) instead of autocast's two launches a convolution. The same
+  /// values; a layer's weight gradients arrive together when its backward ends. false:
+  /// autocast's own casts.
+  bool cast_weights_together = true;
 };
 
 /// The residual block of ResNet-18/34: two 3x3 convs, `expansion` 1. Children, in torchvision's
@@ -105,6 +111,7 @@ class ResNetImpl : public torch::nn::Module {
   int64_t inplanes_ = 64;  // channels into the next layer, as torchvision's self.inplanes
   int64_t feature_dim_ = 0;
   bool fused_batch_norm_ = true;
+  bool cast_weights_together_ = true;
 };
 TORCH_MODULE(ResNet);
 

@@ -46,6 +46,9 @@ struct ImagesOptions {
   /// r18_full, r50_full: batch norm fused with its ReLU and residual add in training on a GPU
   /// (models::ResNetOptions::fused_batch_norm).
   bool fused_batch_norm = true;
+  /// r18_full, r50_full under bf16 with fused batch norm: the convolutions' weights cast a layer
+  /// at a time (models::ResNetOptions::cast_weights_together).
+  bool cast_weights_together = true;
   int64_t classes = 10;  ///< the head's outputs for resident data (a folder has its own)
 };
 
