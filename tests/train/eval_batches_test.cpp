@@ -162,6 +162,71 @@ TEST(EvalBatchesTest, AShortBatchIsPaddedWithZerosToTheBatchSize) {
   EXPECT_EQ(padded_to_the_batch_size(masks, 4, true).size(0), 4);
 }
 
+// CountedImages whose sample `bad` fails to load, as a corrupt photo does.
+class CountedImagesWithABadOne : public CountedImages {
+ public:
+  CountedImagesWithABadOne(int64_t n, int64_t bad) : CountedImages(n), bad_(bad) {}
+  void get_sample(int64_t index, std::vector<at::Tensor>& out) const override {
+    if (index == bad_) throw std::runtime_error("sample " + std::to_string(index) + " is corrupt");
+    CountedImages::get_sample(index, out);
+  }
+
+ private:
+  int64_t bad_;
+};
+
+int64_t total_reads(const CountedImages& d) {
+  int64_t n = 0;
+  for (const auto& r : d.reads) n += r.load();
+  return n;
+}
+
+// The warmer reads every sample from its first on into the kept samples, each once, none
+// before it; a sample that fails is left unkept (the evaluation meets it again); a later pass
+// copies what it kept.
+TEST(KeptSamplesWarmerTest, ReadsEverySampleFromItsFirstOnceAndKeepsThem) {
+  const auto base = std::make_shared<CountedImagesWithABadOne>(40, 25);
+  const auto kept = std::make_shared<detail::KeptSamples>(base, int64_t{1} << 30);
+  {
+    detail::KeptSamplesWarmer warmer(kept, 10, 3);
+    // Bounded wait for its threads (a scheduling allowance, not a measure).
+    for (int i = 0; i < 1000 && total_reads(*base) < 29; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 100 && warmer.read() < 29; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(warmer.read(), 29) << "30 samples from the 10th, one of them failing";
+  }
+  for (int64_t i = 0; i < 40; ++i)
+    EXPECT_EQ(base->reads[static_cast<size_t>(i)].load(), i < 10 || i == 25 ? 0 : 1) << i;
+  EXPECT_EQ(kept->kept_samples(), 29);
+  std::vector<at::Tensor> out{at::Tensor(), at::empty({}, at::kLong)};
+  kept->get_sample(30, out);  // copied from what the warmer kept: no read
+  EXPECT_EQ(base->reads[30].load(), 1);
+  EXPECT_TRUE(out[0].equal(at::full({1, 3}, 30, at::kByte)));
+  EXPECT_EQ(out[1].item<int64_t>(), 300);
+}
+
+// The warmer stops where the budget is full (nothing decoded to be dropped beyond a sample a
+// thread) and when it is destroyed mid-way (its threads joined).
+TEST(KeptSamplesWarmerTest, StopsAtTheBudgetAndOnDestruction) {
+  const auto base = std::make_shared<CountedImages>(100);
+  // Samples of 3 to 9 image bytes and 8 label bytes; a budget of 5 typical ones.
+  const auto kept = std::make_shared<detail::KeptSamples>(base, 5 * (6 + 8));
+  {
+    detail::KeptSamplesWarmer warmer(kept, 0, 2);
+    for (int i = 0; i < 1000 && total_reads(*base) < 3; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_LE(kept->kept_bytes(), kept->budget_bytes());
+  EXPECT_GE(kept->kept_samples(), 3);
+  EXPECT_LE(total_reads(*base), kept->kept_samples() + 2) << "a read past the budget a thread";
+  const auto many = std::make_shared<CountedImages>(1000000);
+  const auto all = std::make_shared<detail::KeptSamples>(many, int64_t{1} << 30);
+  { detail::KeptSamplesWarmer warmer(all, 0, 2); }  // destroyed at once: joins
+  EXPECT_LT(total_reads(*many), 1000000);
+}
+
 // Kept samples: the first evaluation reads every sample, later ones only those past the budget,
 // and every evaluation sees the same batches (the fixed-size fields kept apart from the slots
 // the loader reuses).

@@ -807,6 +807,32 @@ TEST(ClassifierTest, CenterCropRegionsEvaluateAsWholeImages) {
               0.002 * whole.metrics.at("val_loss"));
 }
 
+// A held-out set larger than the evaluation's ring (512 samples decoded ahead): the samples past
+// it are read into the kept samples while the run trains (the note says how many), and the
+// evaluation scores as one that keeps nothing and decodes every photo itself.
+TEST(ClassifierTest, HeldOutSamplesPastTheRingAreReadWhileTheRunTrains) {
+  TempDir tmp;
+  ClassifierOptions c = small_photo_job(tmp, 1080, 40, 48, 0.5, 4, c10::Device(c10::kCPU));
+  const Lane lane = Lane::create("eval", c.device);
+  TrainJob job = make_classifier(c);
+  ASSERT_TRUE(job.report);
+  // Bounded wait for the evaluation's workers and the warmer (an allowance, not a measure).
+  std::string note;
+  for (int i = 0; i < 1000; ++i) {
+    note = job.report();
+    if (note.find("540 of 540") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_NE(note.find("540 of 540 held-out samples kept"), std::string::npos) << note;
+  EXPECT_NE(note.find("28 of them read while the training ran"), std::string::npos) << note;
+  const Evaluation kept = job.evaluate(lane);
+  c.eval_cache_bytes = 0;  // nothing kept or read ahead: every photo decoded by the evaluation
+  const Evaluation decoded = make_classifier(c).evaluate(lane);
+  EXPECT_EQ(kept.samples, 540);
+  EXPECT_EQ(kept.metrics.at("accuracy"), decoded.metrics.at("accuracy"));
+  EXPECT_EQ(kept.metrics.at("val_loss"), decoded.metrics.at("val_loss"));
+}
+
 // Job `c` in pipelined+graphed, 8 steps uninterrupted (in dir/a, into *a), then stopped after
 // step 5 and resumed (dir/b, the resumed part into *resumed): the resumed steps' losses are the
 // uninterrupted run's within 1e-6.

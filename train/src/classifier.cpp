@@ -171,15 +171,20 @@ struct FolderSets {
   std::shared_ptr<const KeptSamples> kept;    // val's kept samples, or null (no budget)
 };
 
-// The run's note on the evaluation's kept samples: how many of the held-out set, their bytes.
-std::string kept_samples_note(const KeptSamples& kept) {
+// The run's note on the evaluation's kept samples: how many of the held-out set, their bytes,
+// and how many of them were read ahead while the training ran (`warmer`, where there is one).
+std::string kept_samples_note(const KeptSamples& kept, const KeptSamplesWarmer* warmer) {
   if (kept.kept_samples() == 0) return "";  // no evaluation ran, or nothing fit
+  const std::string ahead =
+      warmer && warmer->read() > 0
+          ? ", " + std::to_string(warmer->read()) + " of them read while the training ran"
+          : "";
   return "evaluation: " + std::to_string(kept.kept_samples()) + " of " +
          std::to_string(kept.size()) +
          " held-out samples kept in host memory after their first decode (" +
          format_bytes(static_cast<double>(kept.kept_bytes())) + " of a " +
-         format_bytes(static_cast<double>(kept.budget_bytes())) +
-         " budget); later evaluations copy them" +
+         format_bytes(static_cast<double>(kept.budget_bytes())) + " budget" + ahead +
+         "); later evaluations copy them" +
          (kept.kept_samples() < kept.size() ? " and decode the rest" : "");
 }
 
@@ -367,7 +372,18 @@ void build_image_folder_job(const ClassifierOptions& o, const std::string& model
   FolderEvaluation evaluation = folder_evaluation(std::move(e));
   job.evaluate = std::move(evaluation.evaluate);
   job.prepare_evaluation = std::move(evaluation.prepare);
-  if (sets.kept) job.report = [kept = sets.kept] { return kept_samples_note(*kept); };
+  // The held-out samples past the ring, read into the kept samples while the training runs,
+  // where the whole set is kept on the workers alone (the same pixels whoever decodes them).
+  std::shared_ptr<KeptSamplesWarmer> warmer;
+  if (sets.kept && !sets.eval_split.share) {
+    const int64_t n = sets.kept->size();
+    const int64_t ahead =
+        eval_ring_slots(n, o.batch_size, o.workers) * eval_part_size(o.batch_size, o.workers);
+    if (ahead < n)
+      warmer = std::make_shared<KeptSamplesWarmer>(sets.kept, ahead, std::max(1, o.workers / 2));
+  }
+  if (sets.kept)
+    job.report = [kept = sets.kept, warmer] { return kept_samples_note(*kept, warmer.get()); };
 }
 
 }  // namespace
