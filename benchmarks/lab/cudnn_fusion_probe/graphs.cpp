@@ -292,6 +292,7 @@ Builder make_wgrad_builder(const ConvShape& s, const Buffers& b, bool with_prolo
     return [&s, &b, with_prologue](int variant, std::string& vname, BuiltGraph& out) -> bool {
         fe::DataType_t sb_type = fe::DataType_t::BFLOAT16;
         fe::DataType_t inter = fe::DataType_t::FLOAT;
+        g_io = fe::DataType_t::BFLOAT16;
         if (with_prologue) {
             if (variant == 0) {
                 vname = "scale/bias bf16, intermediates fp32";
@@ -301,6 +302,12 @@ Builder make_wgrad_builder(const ConvShape& s, const Buffers& b, bool with_prolo
             } else if (variant == 2) {
                 vname = "scale/bias fp32, intermediates fp32";
                 sb_type = fe::DataType_t::FLOAT;
+            } else if (variant == 3) {
+                // Whether the weight gradient can take the batch norm's output from its prologue
+                // in fp16 (the type of the specialized engines that run the other fp16 patterns):
+                // if it can, the forward need not write the inner batch norms' outputs at all.
+                vname = "fp16 activations, scale/bias fp16";
+                g_io = sb_type = fe::DataType_t::HALF;
             } else {
                 return false;
             }
@@ -322,7 +329,7 @@ Builder make_wgrad_builder(const ConvShape& s, const Buffers& b, bool with_prolo
                          .set_dilation({1, 1});
         auto DW = g->conv_wgrad(DY, conv_in, wgrad);
         DW->set_output(true)
-            .set_data_type(fe::DataType_t::BFLOAT16)
+            .set_data_type(g_io)
             .set_dim({s.k, s.c, s.r, s.s})
             .set_stride(nhwc_stride(s.c, s.r, s.s));
         out.bindings.push_back({DW, b.wt[1]});
