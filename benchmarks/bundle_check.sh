@@ -261,7 +261,7 @@ ncu)
   for model in ${NCU_MODELS:-r50_full r18_full}; do
     [ "$(left)" -gt 60 ] || { say "ncu: $model skipped ($(left) s left)"; continue; }
     timeout $(($(left) - 10)) ncu --kernel-name \
-      "regex:${NCU_KERNELS:-stats_|backward_|bn_apply|max_pool|AddPadding|elementwise_kernel}" \
+      "regex:${NCU_KERNELS:-stats_|backward_|bn_apply|max_pool|AddPadding|elementwise_kernel|multi_tensor}" \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,dram__throughput.avg.pct_of_peak_sustained_elapsed \
       --csv --page raw build/tandem bench --workload images --param source=resident \
       --param model="$model" --param precision=bf16 --param layout=channels_last \
