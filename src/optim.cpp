@@ -10,6 +10,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -90,16 +91,24 @@ bool fused_kernel_takes(const std::vector<at::Tensor>& params,
 // would be baked into a captured graph). `first_step`: the buffers were just made and are set
 // to d, not decayed.
 // Returns whether it ran as the fused kernel (none: true).
-bool sgd_update(const SgdLists& l, const SgdOptions& o, const at::Tensor& lr, bool first_step) {
+// `found_inf` (defined): the update is skipped on the device where it is nonzero.
+bool sgd_update(const SgdLists& l, const SgdOptions& o, const at::Tensor& lr, bool first_step,
+                const at::Tensor& found_inf) {
   if (l.params.empty()) return true;
   if (o.fused && fused_kernel_takes(l.params, {&l.grads, &l.buffers})) {
     // One multi-tensor kernel for the whole update (weight decay, momentum, nesterov, p -= lr*d),
-    // reading lr from device memory.
+    // reading lr from device memory; with found_inf it returns early where that is set.
     at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay, o.momentum, lr, o.dampening,
-                    o.nesterov, /*maximize=*/false, first_step);
+                    o.nesterov, /*maximize=*/false, first_step, /*grad_scale=*/std::nullopt,
+                    found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt);
     return true;
   }
-  // Mixed dtypes or layouts: the same update, op by op.
+  // Mixed dtypes or layouts: the same update, op by op. With found_inf, every write selects the
+  // old value where it is set (a where, not a multiply: an overflowed update is inf or NaN).
+  const at::Tensor skip = found_inf.defined() ? found_inf.gt(0).squeeze() : at::Tensor();
+  auto unless_skipped = [&](const at::Tensor& now, const at::Tensor& updated) {
+    return skip.defined() ? at::where(skip, now, updated) : updated;
+  };
   std::vector<at::Tensor> updates;
   updates.reserve(l.params.size());
   for (size_t i = 0; i < l.params.size(); ++i) {
@@ -107,13 +116,11 @@ bool sgd_update(const SgdLists& l, const SgdOptions& o, const at::Tensor& lr, bo
     if (o.weight_decay != 0) d = d.add(l.params[i], o.weight_decay);
     if (o.momentum != 0) {
       const at::Tensor& buf = l.buffers[i];
-      if (first_step)
-        buf.copy_(d);
-      else
-        buf.mul_(o.momentum).add_(d, 1 - o.dampening);
-      d = o.nesterov ? d.add(buf, o.momentum) : buf;
+      const at::Tensor next = first_step ? d : buf.mul(o.momentum).add_(d, 1 - o.dampening);
+      buf.copy_(unless_skipped(buf, next));
+      d = o.nesterov ? d.add(next, o.momentum) : next;
     }
-    updates.push_back(std::move(d));
+    updates.push_back(skip.defined() ? at::where(skip, at::zeros_like(d), d) : std::move(d));
   }
   // No multi-tensor op takes a device scalar as alpha: d * lr into fresh tensors (gradients and
   // buffers must not change), then p -= that.
@@ -134,14 +141,17 @@ void Sgd::step() {
     if (!p.grad().defined()) continue;
     at::Tensor& buf = momentum_buffers_[i];
     const bool new_buffer = momentum && !buf.defined();
-    if (new_buffer) buf = at::empty_like(p);  // a first step writes it without reading it
+    // A first step writes it without reading it, unless that step may be skipped: then the
+    // next step reads it (zeros: see skip_steps_where).
+    if (new_buffer) buf = found_inf_.defined() ? at::zeros_like(p) : at::empty_like(p);
     SgdLists& l = new_buffer ? first : later;
     l.params.push_back(p);
     l.grads.push_back(laid_out_like(p.grad(), p));
     if (momentum) l.buffers.push_back(buf);
   }
-  const bool first_fused = sgd_update(first, options_, lr_, /*first_step=*/true);
-  fused_last_step_ = sgd_update(later, options_, lr_, /*first_step=*/false) && first_fused;
+  const bool first_fused = sgd_update(first, options_, lr_, /*first_step=*/true, found_inf_);
+  fused_last_step_ =
+      sgd_update(later, options_, lr_, /*first_step=*/false, found_inf_) && first_fused;
 }
 
 Adam::Adam(std::vector<at::Tensor> params, AdamOptions options)
@@ -177,7 +187,10 @@ double Adam::learning_rate() const { return lr_.item<double>(); }
 
 void Adam::step() {
   at::NoGradGuard no_grad;
-  step_.add_(1);
+  if (found_inf_.defined())
+    step_.add_(1 - found_inf_.squeeze());  // a skipped step does not count
+  else
+    step_.add_(1);
   std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].grad().defined()) continue;
@@ -196,12 +209,15 @@ void Adam::step() {
     // One multi-tensor kernel for the whole update, reading lr and the step count from device
     // memory (every parameter shares the one step count: the kernel only reads it).
     const std::vector<at::Tensor> steps(params.size(), step_);
+    const std::optional<at::Tensor> found =
+        found_inf_.defined() ? std::optional<at::Tensor>(found_inf_) : std::nullopt;
     if (options_.decoupled_weight_decay)
       at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, {}, steps, lr_, b1, b2, wd,
-                        options_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                        options_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                        /*grad_scale=*/std::nullopt, found);
     else
       at::_fused_adam_(params, grads, exp_avg, exp_avg_sq, {}, steps, lr_, b1, b2, wd, options_.eps,
-                       /*amsgrad=*/false, /*maximize=*/false);
+                       /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, found);
     return;
   }
   // The reference: the same update op by op. Everything that depends on the step count is a
@@ -209,8 +225,13 @@ void Adam::step() {
   const at::Tensor bias_correction1 = 1 - at::pow(b1, step_);
   const at::Tensor bias_correction2_sqrt = (1 - at::pow(b2, step_)).sqrt();
   const at::Tensor step_size = lr_ / bias_correction1;
+  // With found_inf the same ops run on copies, and each write selects the old value where it is
+  // set (a where, not a multiply: an overflowed update is inf or NaN).
+  const at::Tensor skip = found_inf_.defined() ? found_inf_.gt(0).squeeze() : at::Tensor();
   for (size_t i = 0; i < params.size(); ++i) {
-    at::Tensor& p = params[i];
+    at::Tensor p = skip.defined() ? params[i].clone() : params[i];
+    at::Tensor m = skip.defined() ? exp_avg[i].clone() : exp_avg[i];
+    at::Tensor v = skip.defined() ? exp_avg_sq[i].clone() : exp_avg_sq[i];
     at::Tensor grad = grads[i];
     if (wd != 0) {
       if (options_.decoupled_weight_decay)
@@ -218,10 +239,14 @@ void Adam::step() {
       else
         grad = grad.add(p, wd);
     }
-    exp_avg[i].mul_(b1).add_(grad, 1 - b1);
-    exp_avg_sq[i].mul_(b2).addcmul_(grad, grad, 1 - b2);
-    const at::Tensor denom = (exp_avg_sq[i].sqrt() / bias_correction2_sqrt).add_(options_.eps);
-    p.sub_(exp_avg[i] / denom * step_size);
+    m.mul_(b1).add_(grad, 1 - b1);
+    v.mul_(b2).addcmul_(grad, grad, 1 - b2);
+    const at::Tensor denom = (v.sqrt() / bias_correction2_sqrt).add_(options_.eps);
+    p.sub_(m / denom * step_size);
+    if (!skip.defined()) continue;
+    params[i].copy_(at::where(skip, params[i], p));
+    exp_avg[i].copy_(at::where(skip, exp_avg[i], m));
+    exp_avg_sq[i].copy_(at::where(skip, exp_avg_sq[i], v));
   }
 }
 
@@ -298,6 +323,34 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, at::Tensor>>
   TANDEM_CHECK_ARG(false, name(),
                    " cannot be restored from a checkpoint: expected "
                    "tandem::optim::Sgd, Adam or AdamW");
+}
+
+void Optimizer::skip_steps_where(const at::Tensor&) {
+  TANDEM_CHECK_ARG(false, name(),
+                   " cannot skip a step on the device (loss scaling): expected "
+                   "tandem::optim::Sgd, Adam or AdamW");
+}
+
+namespace {
+// `found_inf` checked as one float on the parameters' device.
+at::Tensor checked_found_inf(const at::Tensor& found_inf, const std::vector<at::Tensor>& params,
+                             const std::string& who) {
+  TANDEM_CHECK_ARG(
+      found_inf.defined() && found_inf.numel() == 1 && found_inf.scalar_type() == at::kFloat, who,
+      ": the skip flag must be one float32 (LossScale::found_inf())");
+  TANDEM_CHECK_ARG(params.empty() || found_inf.device() == params[0].device(), who,
+                   ": the skip flag is on ", found_inf.device(), ", the parameters on ",
+                   params[0].device(), ": expected one device");
+  return found_inf;
+}
+}  // namespace
+
+void Sgd::skip_steps_where(const at::Tensor& found_inf) {
+  found_inf_ = checked_found_inf(found_inf, params_, name());
+}
+
+void Adam::skip_steps_where(const at::Tensor& found_inf) {
+  found_inf_ = checked_found_inf(found_inf, params_, name());
 }
 
 namespace {

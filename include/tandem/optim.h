@@ -50,6 +50,12 @@ class Optimizer {
   /// Checks everything first: InvalidArgument listing every unexpected name, missing name and
   /// shape that differs; nothing is copied then.
   virtual void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
+  /// From now on, each step() leaves the parameters and the optimizer's state as they were where
+  /// `found_inf` (one float on the parameters' device: LossScale::found_inf()) is nonzero when
+  /// the step runs — decided on the device, so a captured step skips exactly the replays whose
+  /// gradients overflowed. The default throws InvalidArgument: the optimizer cannot skip on the
+  /// device.
+  virtual void skip_steps_where(const at::Tensor& found_inf);
 };
 
 struct SgdOptions {
@@ -101,11 +107,17 @@ class Sgd : public Optimizer {
   std::vector<std::pair<std::string, at::Tensor>> state() const override;
   /// Creates the momentum buffers it names: a resumed step continues the momentum.
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) override;
+  /// Optimizer::skip_steps_where. A momentum buffer is then made as zeros: where a parameter's
+  /// first step is skipped, its next one starts the momentum from (1 - dampening) * d instead of
+  /// d — the same for the default dampening 0 (torch's GradScaler does not call a skipped step at
+  /// all, so its next step is the first).
+  void skip_steps_where(const at::Tensor& found_inf) override;
 
  private:
   std::vector<at::Tensor> params_;
-  SgdOptions options_;  // options_.lr is the initial learning rate; lr_ holds the current one
-  at::Tensor lr_;       // () float32 on the params' device
+  SgdOptions options_;    // options_.lr is the initial learning rate; lr_ holds the current one
+  at::Tensor found_inf_;  // undefined: no step is skipped
+  at::Tensor lr_;         // () float32 on the params' device
   std::vector<at::Tensor> momentum_buffers_;  // undefined until a parameter's first step
   bool fused_last_step_ = false;
 };
@@ -160,11 +172,14 @@ class Adam : public Optimizer {
   const at::Tensor& steps() const { return step_; }  ///< 0-dim float32: steps taken
   /// Whether the last step() ran as the fused kernel (see Sgd::fused_last_step).
   bool fused_last_step() const { return fused_last_step_; }
+  /// Optimizer::skip_steps_where: a skipped step does not count in steps() either.
+  void skip_steps_where(const at::Tensor& found_inf) override;
 
  private:
   std::vector<at::Tensor> params_;
   AdamOptions options_;
   at::Tensor lr_, step_;
+  at::Tensor found_inf_;  // undefined: no step is skipped
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   bool fused_last_step_ = false;
 };

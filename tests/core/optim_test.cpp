@@ -11,7 +11,10 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "graph.h"
 #include "tandem/error.h"
@@ -374,6 +377,88 @@ TEST(AdamTest, SetLrChangesLaterSteps) {
   compare_with_torch(ours, theirs, pr, 5);
   EXPECT_FLOAT_EQ(ours.lr().item<float>(), 0.05f);
   EXPECT_FLOAT_EQ(ours.steps().item<float>(), 8.f);
+}
+
+// Steps `ours` (told to skip where a flag is set) on the problem's first copy over `skipped`'s
+// steps — an overflowed gradient (inf in one element) where the step is skipped — and
+// `reference` (no flag) on the second copy over only the steps not skipped, each at the same
+// phase: the same parameters after every step, within `tol`.
+void expect_skipped_steps_leave_no_trace(optim::Optimizer& ours, optim::Optimizer& reference,
+                                         Problem& pr, const std::vector<bool>& skipped,
+                                         double tol) {
+  const at::Tensor found_inf = at::zeros({1});
+  ours.skip_steps_where(found_inf);
+  for (size_t step = 0; step < skipped.size(); ++step) {
+    const at::Tensor phase = at::full({}, static_cast<double>(step) * 0.3);
+    ours.zero_grad();
+    Problem::loss(pr.ours, phase).backward();
+    if (skipped[step]) {
+      at::NoGradGuard no_grad;
+      pr.ours[1].mutable_grad()[3] = std::numeric_limits<float>::infinity();
+    }
+    found_inf.fill_(skipped[step] ? 1.0 : 0.0);
+    ours.step();
+    if (!skipped[step]) {
+      reference.zero_grad();
+      Problem::loss(pr.theirs, phase).backward();
+      reference.step();
+    }
+    expect_close(pr.ours, pr.theirs, static_cast<int>(step), tol);
+  }
+}
+
+TEST(SgdTest, AStepSkippedWhereTheFlagIsSetLeavesNoTrace) {
+  // A skipped first step included (its momentum buffers start at zero: the same next step for
+  // dampening 0).
+  const std::vector<bool> skipped{true, false, true, false, false, true, false};
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "op by op");
+    Problem pr;
+    optim::SgdOptions o;
+    o.lr = 0.05;
+    o.momentum = 0.9;
+    o.weight_decay = 0.01;
+    o.fused = fused;
+    optim::Sgd ours(pr.ours, o), reference(pr.theirs, o);
+    expect_skipped_steps_leave_no_trace(ours, reference, pr, skipped, 1e-6);
+    EXPECT_EQ(ours.fused_last_step(), fused);
+  }
+}
+
+TEST(AdamTest, AStepSkippedWhereTheFlagIsSetLeavesNoTraceNorCounts) {
+  const std::vector<bool> skipped{false, true, true, false, false, true, false};
+  for (const bool decoupled : {false, true}) {
+    for (const bool fused : {true, false}) {
+      SCOPED_TRACE(std::string(decoupled ? "AdamW" : "Adam") + (fused ? ", fused" : ", op by op"));
+      Problem pr;
+      optim::AdamOptions o;
+      o.lr = 0.01;
+      o.weight_decay = 0.05;
+      o.decoupled_weight_decay = decoupled;
+      o.fused = fused;
+      optim::Adam ours(pr.ours, o), reference(pr.theirs, o);
+      expect_skipped_steps_leave_no_trace(ours, reference, pr, skipped, 1e-6);
+      EXPECT_EQ(ours.steps().item<float>(), 4.f) << "the steps not skipped";
+    }
+  }
+}
+
+TEST(OptimizerTest, TheSkipFlagIsOneFloatOnTheParametersDevice) {
+  Problem pr;
+  optim::Sgd sgd(pr.ours, 0.1);
+  EXPECT_THROW(sgd.skip_steps_where(at::zeros({2})), InvalidArgument);
+  EXPECT_THROW(sgd.skip_steps_where(at::zeros({1}, at::kInt)), InvalidArgument);
+  EXPECT_NO_THROW(sgd.skip_steps_where(at::zeros({1})));
+  optim::LibTorchOptimizer torch_sgd(
+      std::make_shared<torch::optim::SGD>(pr.theirs, torch::optim::SGDOptions(0.1)),
+      "torch::optim::SGD");
+  try {
+    torch_sgd.skip_steps_where(at::zeros({1}));
+    ADD_FAILURE() << "LibTorch's optimizers cannot skip on the device";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot skip a step on the device"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(AdamTest, RejectsBadOptions) {
