@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+
 #include "tandem/error.h"
 
 namespace tandem {
@@ -48,6 +50,23 @@ double LossScale::scale() const { return scale_.item<double>(); }
 
 std::vector<std::pair<std::string, at::Tensor>> LossScale::state() const {
   return {{"scale", scale_}, {"growth_tracker", growth_tracker_}};
+}
+
+void LossScale::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  const std::vector<std::pair<std::string, at::Tensor>> mine = this->state();
+  TANDEM_CHECK_ARG(state.size() == mine.size(), "loss scale: a saved state of ", state.size(),
+                   " entries: expected scale and growth_tracker");
+  for (const auto& [name, own] : mine) {
+    const auto it = std::find_if(state.begin(), state.end(),
+                                 [&name = name](const auto& e) { return e.first == name; });
+    TANDEM_CHECK_ARG(it != state.end(), "loss scale: the saved state has no ", name);
+    TANDEM_CHECK_ARG(it->second.numel() == own.numel(), "loss scale: the saved ", name, " has ",
+                     it->second.numel(), " elements: expected ", own.numel());
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, own] : mine)
+    for (const auto& [saved_name, saved] : state)
+      if (saved_name == name) own.copy_(saved.reshape(own.sizes()));
 }
 
 }  // namespace tandem

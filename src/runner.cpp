@@ -485,7 +485,9 @@ Unit train_unit(const TrainStage& train, const std::unique_ptr<LossLog>* log) {
   const auto optimizer = train.optimizer;
   const std::string train_name = train.name;
   const std::shared_ptr<GradientSync> sync = train.gradient_sync;
-  t.work = [log, loss_fn, optimizer, train_name, sync](const Tensors& in) {
+  const std::shared_ptr<LossScale> scale = train.loss_scale;
+  if (scale) optimizer->skip_steps_where(scale->found_inf());  // names an optimizer that cannot
+  t.work = [log, loss_fn, optimizer, train_name, sync, scale](const Tensors& in) {
     optimizer->zero_grad();  // set to none: backward writes fresh gradients (see GraphedStep)
     at::Tensor loss;
     {
@@ -498,9 +500,11 @@ Unit train_unit(const TrainStage& train, const std::unique_ptr<LossLog>* log) {
         loss.defined() ? "a loss that is not one element requiring grad" : "an undefined loss",
         ": expected the scalar loss of the forward pass");
     if (sync) sync->before_backward();
-    loss.backward();
+    (scale ? scale->scaled(loss) : loss).backward();
     if (sync) sync->after_backward();
+    if (scale) scale->unscale(optimizer->parameters());
     optimizer->step();
+    if (scale) scale->update();
     (*log)->record(loss.scalar_type() == at::kFloat ? loss.detach() : loss.detach().to(at::kFloat));
     return Tensors{};
   };

@@ -46,6 +46,9 @@ class LossScale {
   double scale() const;
   /// "scale", "growth_tracker": what a checkpoint keeps.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
+  /// Copies `state`, named as state() names it, in (current stream): a resumed run continues
+  /// the scale. InvalidArgument naming a missing, unknown or misshapen entry; nothing copied then.
+  void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
 
  private:
   LossScaleOptions options_;

@@ -30,6 +30,7 @@
 #include "tandem/detail/batch.h"
 #include "tandem/detail/gradient_sync.h"
 #include "tandem/loader.h"
+#include "tandem/loss_scale.h"
 #include "tandem/optim.h"
 
 namespace tandem {
@@ -91,6 +92,12 @@ struct TrainStage {
   /// (distributed::GradientBuckets, distributed/include/tandem/distributed/data_parallel.h); empty
   /// for one process.
   std::shared_ptr<GradientSync> gradient_sync;
+  /// fp16 training: the loss multiplied by the scale before backward, the gradients divided by
+  /// it (and checked for inf/NaN) after backward and the gradient sync, the optimizer's step
+  /// skipped on the device where they overflowed (optim::Optimizer::skip_steps_where: tandem's
+  /// Sgd / Adam / AdamW), the scale updated after it. The recorded loss is the unscaled one.
+  /// Empty: no scaling.
+  std::shared_ptr<LossScale> loss_scale;
 };
 
 /// Where the batches come from.

@@ -17,6 +17,7 @@
 #include <future>
 #include <stdexcept>
 
+#include "tandem/detail/autocast.h"
 #include "tandem/error.h"
 #include "tandem/torch_optimizer.h"
 #include "test_support.h"
@@ -55,6 +56,20 @@ struct Toy {
   Workload workload;
   torch::nn::Linear backbone{nullptr}, head{nullptr};
 };
+
+/// The toy's head trained in fp16 (autocast) with `scale` as its loss scale (none: unscaled).
+Toy in_fp16(Toy t, std::shared_ptr<LossScale> scale) {
+  const c10::Device device = t.workload.device;
+  auto head = t.head.ptr();
+  t.workload.train.loss = [head, device](const Tensors& in) {
+    AutocastScope autocast(device, Precision::kFp16);
+    return at::cross_entropy_loss(head->forward(in[0]).to(at::kFloat), in[1], {},
+                                  at::Reduction::None)
+        .mean();
+  };
+  t.workload.train.loss_scale = std::move(scale);
+  return t;
+}
 
 enum class Opt { kTandemSgd, kLibTorchSgd, kAdamW };
 
@@ -170,6 +185,53 @@ TEST(RunnerTest, AdamWTrainsAlikeInEveryMode) {
   const Trained serial = train(make_toy(kCpu, Opt::kAdamW), Mode::kSerial, 8);
   for (const Mode mode : workload_modes())
     expect_same(serial, train(make_toy(kCpu, Opt::kAdamW), mode, 8), to_string(mode));
+}
+
+// fp16 with a dynamic loss scale: every mode gives serial's losses and weights; a scale of 1
+// changes nothing against the unscaled fp16 run (the same bits); steps whose gradients overflow
+// are skipped (a scale far beyond fp16's range: no step applies, the scale backs off at each).
+TEST(RunnerTest, Fp16WithALossScaleTrainsAlikeInEveryModeAndSkipsOverflowedSteps) {
+  testing::use_deterministic_algorithms();
+  auto scaled = [](Opt opt, LossScaleOptions o = {}) {
+    return in_fp16(make_toy(kCpu, opt), std::make_shared<LossScale>(kCpu, o));
+  };
+  for (const Opt opt : {Opt::kTandemSgd, Opt::kAdamW}) {
+    const Trained serial = train(scaled(opt), Mode::kSerial, 10);
+    for (float l : serial.losses) ASSERT_TRUE(std::isfinite(l));
+    EXPECT_LT(serial.losses.back(), serial.losses.front());  // it learns
+    for (const Mode mode : workload_modes())
+      expect_same(serial, train(scaled(opt), mode, 10), to_string(mode));
+
+    LossScaleOptions one;
+    one.init_scale = 1;
+    expect_same(train(in_fp16(make_toy(kCpu, opt), nullptr), Mode::kSerial, 10),
+                train(scaled(opt, one), Mode::kSerial, 10), "a loss scale of 1");
+  }
+  LossScaleOptions huge;
+  huge.init_scale = 1e30;  // float32 still, but every fp16 gradient overflows
+  Toy toy = scaled(Opt::kTandemSgd, huge);
+  const auto scale = toy.workload.train.loss_scale;
+  std::vector<at::Tensor> before;
+  for (const auto& p : toy.head->parameters()) before.push_back(p.detach().clone());
+  const Trained skipped = train(toy, Mode::kPipelined, 6);
+  for (size_t i = 0; i < before.size(); ++i)
+    EXPECT_TRUE(skipped.weights[i].equal(before[i])) << "head parameter " << i << " moved";
+  EXPECT_EQ(scale->scale(), static_cast<double>(static_cast<float>(1e30)) / 64)
+      << "backed off once a step";
+}
+
+TEST(RunnerTest, ALossScaleNeedsAnOptimizerThatSkipsOnTheDevice) {
+  Toy toy = in_fp16(make_toy(kCpu, Opt::kLibTorchSgd), std::make_shared<LossScale>(kCpu));
+  try {
+    RunOptions o;
+    o.mode = Mode::kSerial;
+    Runner runner(toy.workload, o);
+    ADD_FAILURE() << "a LibTorch optimizer cannot skip an overflowed step on the device";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("torch::optim::SGD cannot skip a step on the device"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(RunnerTest, ALibTorchOptimizerRunsEagerModesAndIsRefusedByGraphedOnes) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -101,12 +102,16 @@ TEST(ImagesWorkloadTest, EveryModeComputesSerialsLossesOnTheCpu) {
   }
 }
 
-// Every mode's losses on the GPU against serial, for these decode settings.
-void expect_every_mode_computes_serials_losses(const std::vector<std::string>& decodes) {
+// Every mode's losses on the GPU against serial, for these decode settings (and these models,
+// with `extra` parameters).
+void expect_every_mode_computes_serials_losses(
+    const std::vector<std::string>& decodes,
+    const std::vector<std::string>& models = {"r18_full", "r50_frozen_head"},
+    const std::map<std::string, std::string>& extra = {}) {
   tandem::testing::use_deterministic_algorithms();
   TempDir dir;
   write_shapes_folder(dir, 6, 5, /*jpeg_only=*/true);  // nvJPEG reads JPEGs
-  for (const std::string model : {"r18_full", "r50_frozen_head"})
+  for (const std::string& model : models)
     for (const std::string& decode : decodes) {
       SCOPED_TRACE(model + " decode=" + decode);
       std::vector<float> serial;
@@ -122,6 +127,7 @@ void expect_every_mode_computes_serials_losses(const std::vector<std::string>& d
         if (decode == "split") o.params["engine_share"] = "0.5";
         // The split's workers below the engines' feed in priority: the same losses.
         if (decode == "split") o.params["worker_nice"] = "5";
+        for (const auto& [key, value] : extra) o.params[key] = value;
         o.device = c10::Device(c10::kCUDA, 0);
         const ImagesWorkload w = make_images(o);
         // 4 batches an epoch; 12 steps: warm-up, capture and replays across three epochs.
@@ -148,6 +154,15 @@ void expect_every_mode_computes_serials_losses(const std::vector<std::string>& d
 TEST(ImagesWorkloadGpuTest, EveryModeComputesSerialsLosses) {
   TANDEM_SKIP_WITHOUT_CUDA();
   expect_every_mode_computes_serials_losses({"cpu", "region", "split", "gpu"});
+}
+
+// fp16 with its loss scale, channels-last (tandem's batch-norm kernels in fp16, the weights cast
+// together to fp16, the optimizer skipping overflowed steps on the device): every mode against
+// serial, the first steps' overflows included.
+TEST(ImagesWorkloadGpuTest, Fp16WithItsLossScaleComputesSerialsLossesInEveryMode) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  expect_every_mode_computes_serials_losses({"region"}, {"r18_full"},
+                                            {{"precision", "fp16"}, {"layout", "channels_last"}});
 }
 
 // The same through nvJPEG's hardware engines (which the pipeline uses only when asked): they

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -295,24 +296,36 @@ TEST(TrainerTest, TheReportGivesTheSetupAndTheFirstEpochApart) {
 // fp32's), stays finite, and the run learns; the weights stay fp32.
 class Bf16Test : public ::testing::TestWithParam<Mode> {};
 
-TEST_P(Bf16Test, TrainsInEveryMode) {
+// small_job in fp32 and in `low` precision in `mode`: the low run's loss computed in it (not
+// silently in fp32), close to fp32's, finite, learning; its weights fp32; a loss scale where
+// the precision needs one.
+void expect_trains_in(Precision low, Mode mode) {
   Fixture f;
   ClassifierOptions c = small_job(f.data);
-  TrainOptions o = options(f.tmp.path() + "/fp32", GetParam(), 2);
+  TrainOptions o = options(f.tmp.path() + "/fp32", mode, 2);
   o.schedule = optim::constant_lr(3e-3);
   const TrainResult fp32 = Trainer(make_classifier(c), o).run();
-  c.precision = Precision::kBf16;
-  o.out_dir = f.tmp.path() + "/bf16";
-  const TrainResult bf16 = Trainer(make_classifier(c), o).run();
-  ASSERT_EQ(bf16.losses.size(), fp32.losses.size());
-  EXPECT_NE(bf16.losses[0], fp32.losses[0]);  // computed in bf16, not silently in fp32
-  EXPECT_NEAR(bf16.losses[0], fp32.losses[0], 0.05);
-  for (float l : bf16.losses) EXPECT_TRUE(std::isfinite(l));
-  EXPECT_LT(bf16.epochs.back().train_loss, bf16.epochs.front().train_loss);
-  for (const auto& [name, t] : models::load_safetensors(bf16.weights))
+  c.precision = low;
+  o.out_dir = f.tmp.path() + "/" + to_string(low);
+  TrainJob job = make_classifier(c);
+  EXPECT_EQ(job.workload.train.loss_scale != nullptr, needs_loss_scale(low));
+  const TrainResult run = Trainer(std::move(job), o).run();
+  ASSERT_EQ(run.losses.size(), fp32.losses.size());
+  EXPECT_NE(run.losses[0], fp32.losses[0]);  // computed in low precision
+  EXPECT_NEAR(run.losses[0], fp32.losses[0], 0.05);
+  for (float l : run.losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_LT(run.epochs.back().train_loss, run.epochs.front().train_loss);
+  for (const auto& [name, t] : models::load_safetensors(run.weights))
     if (t.is_floating_point()) {
       EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
     }
+}
+
+TEST_P(Bf16Test, TrainsInEveryMode) { expect_trains_in(Precision::kBf16, GetParam()); }
+
+// The same in fp16, with its loss scale.
+TEST_P(Bf16Test, Fp16WithItsLossScaleTrainsInEveryMode) {
+  expect_trains_in(Precision::kFp16, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, Bf16Test,
@@ -868,6 +881,43 @@ void run_and_resume(const ClassifierOptions& c, const std::string& dir, TrainRes
         << "step " << stopped_at + static_cast<int64_t>(i);
 }
 
+// The resume tests' job on `device`: 16 a batch, seed 5, two workers (as options()'s: a Trainer
+// refuses a job built for another).
+ClassifierOptions resumable_job(c10::Device device) {
+  ClassifierOptions c;
+  c.workers = 2;
+  c.device = device;
+  c.batch_size = 16;
+  c.seed = 5;
+  return c;
+}
+
+// 64 training and 32 test IDX images of 4 classes in tmp/idx, for job `c`.
+void use_small_idx(const TempDir& tmp, ClassifierOptions& c) {
+  c.data = tmp.path() + "/idx";
+  write_idx(c.data, "train", 64, 4, 1);
+  write_idx(c.data, "t10k", 32, 4, 2);
+}
+
+// fp16: the checkpoint keeps the loss scale beside the optimizer's state, and a run stopped
+// mid-epoch and resumed gives the uninterrupted run's losses.
+TEST(TrainerTest, AnFp16RunResumesWithItsLossScale) {
+  TempDir tmp;
+  ClassifierOptions c = resumable_job(c10::Device(c10::kCPU));
+  c.precision = Precision::kFp16;
+  use_small_idx(tmp, c);
+  TrainResult a, resumed;
+  run_and_resume(c, tmp.path(), &a, &resumed);
+  if (HasFatalFailure()) return;
+  const std::optional<std::string> latest =
+      CheckpointStore(tmp.path() + "/b/checkpoints", 3).latest();
+  ASSERT_TRUE(latest.has_value());
+  std::vector<std::string> names;
+  for (const auto& [name, t] : CheckpointStore::load(*latest).optimizer) names.push_back(name);
+  EXPECT_NE(std::find(names.begin(), names.end(), "loss_scale.scale"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "loss_scale.growth_tracker"), names.end());
+}
+
 // On the GPU, in pipelined+graphed mode with deterministic algorithms: stopping mid-epoch and
 // resuming gives the uninterrupted run's losses within 1e-6. The IDX job draws only
 // dropout (the device's default generator, inside the captured train step); the ImageFolder job
@@ -880,18 +930,12 @@ TEST_P(TrainerGpuTest, ResumeInPipelinedGraphedRepeatsTheLosses) {
   const bool folder = GetParam();
   use_deterministic_gpu_algorithms();
   TempDir tmp;
-  ClassifierOptions c;
-  c.workers = 2;  // as options()'s: a Trainer refuses a job built for another
-  c.device = c10::Device(c10::kCUDA, 0);
-  c.batch_size = 16;
-  c.seed = 5;
+  ClassifierOptions c = resumable_job(c10::Device(c10::kCUDA, 0));
   if (folder) {
     c.data = write_two_class_jpegs(tmp, 64, 40, 48);
     use_small_resnet(c);
   } else {
-    c.data = tmp.path() + "/idx";
-    write_idx(c.data, "train", 64, 4, 1);
-    write_idx(c.data, "t10k", 32, 4, 2);
+    use_small_idx(tmp, c);
   }
   TrainResult a, b2;
   run_and_resume(c, tmp.path(), &a, &b2);

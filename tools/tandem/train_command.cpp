@@ -154,8 +154,9 @@ CLI::App* TrainCommand::add(CLI::App& app) {
                 "[default: a third of --epochs]");
   c->add_option("--gamma", gamma, "--schedule step: the decay factor")->capture_default_str();
   c->add_option("--precision", precision,
-                "fp32, or bf16 (autocast in every mode, fp32 master weights)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+                "fp32, bf16 (autocast in every mode, fp32 master weights) or fp16 (the same with "
+                "a dynamic loss scale)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   const auto by_device = [](c10::DeviceType type) {
     return std::string(

@@ -440,6 +440,7 @@ TrainJob make_classifier(const ClassifierOptions& given) {
   else
     w.train.optimizer =
         std::make_shared<optim::Sgd>(params, optim::SgdOptions{lr, o.momentum, 0, false, wd});
+  if (needs_loss_scale(o.precision)) w.train.loss_scale = std::make_shared<LossScale>(o.device);
   return job;
 }
 

@@ -212,6 +212,7 @@ TrainJob make_segmenter(const ClassifierOptions& given) {
   else
     w.train.optimizer =
         std::make_shared<optim::Sgd>(params, optim::SgdOptions{lr, o.momentum, 0, false, wd});
+  if (needs_loss_scale(precision)) w.train.loss_scale = std::make_shared<LossScale>(device);
 
   if (val_data) {
     SegmentationEval e;

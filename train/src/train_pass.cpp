@@ -342,6 +342,11 @@ void Trainer::Pass::checkpoint(int64_t g) {
   c.step = g;
   c.model = t.job_.weights.state_dict();
   c.optimizer = optimizer->state();
+  // The loss scale's state rides with the optimizer's, prefixed (fp16: a resumed run continues
+  // the scale instead of overflowing its way down from the initial one again).
+  if (const auto& scale = t.job_.workload.train.loss_scale)
+    for (const auto& [name, tensor] : scale->state())
+      c.optimizer.emplace_back(std::string(kLossScalePrefix) + name, tensor);
   std::vector<at::Tensor> states = runner.generator_states_before(g - start);
   states.push_back(default_generator(device).get_state());
   // Data parallel: every rank's states, gathered to rank 0, which alone writes.

@@ -310,7 +310,16 @@ void Trainer::load_checkpoint(const Checkpoint& c, const std::string& folder) {
                    " has epochs of ", st.value("steps_per_epoch", spe), " steps, this run ", spe,
                    ": expected the same training set and batch size");
   job_.weights.load_state_dict(c.model);
-  job_.workload.train.optimizer->load_state(c.optimizer);
+  {  // the loss scale's entries (kLossScalePrefix) apart from the optimizer's
+    std::vector<std::pair<std::string, at::Tensor>> optimizer, scale;
+    for (const auto& [name, tensor] : c.optimizer) {
+      const bool scales = name.rfind(kLossScalePrefix, 0) == 0;
+      (scales ? scale : optimizer)
+          .emplace_back(scales ? name.substr(std::string(kLossScalePrefix).size()) : name, tensor);
+    }
+    job_.workload.train.optimizer->load_state(optimizer);
+    if (const auto& loss_scale = job_.workload.train.loss_scale) loss_scale->load_state(scale);
+  }
   if (job_.load_state && st.contains("job_state")) job_.load_state(st["job_state"]);
   // Generator states: "generator.<i>" and "default", each prefixed "rank<r>." in a data
   // parallel run (every rank draws its own augmentation).

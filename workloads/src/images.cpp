@@ -78,8 +78,9 @@ const std::vector<WorkloadParam>& images_params() {
       {"size", "the side of the square crop the model sees (default 224)", {}},
       {"lr", "SGD's learning rate (momentum 0.9; default 0.1)", {}},
       {"precision",
-       "fp32, or bf16 (the forward passes under bf16 autocast, fp32 master weights)",
-       {"fp32", "bf16"}},
+       "fp32, bf16 (the forward passes under bf16 autocast, fp32 master weights) or fp16 (under "
+       "fp16 autocast, with a dynamic loss scale)",
+       {"fp32", "bf16", "fp16"}},
       {"layout",
        "nchw, or channels_last (weights and inputs NHWC: tensor-core convolutions without "
        "transposes, as tandem train does on a GPU)",
@@ -341,6 +342,7 @@ void set_trained_resnet(ImagesWorkload& out, const ImagesOptions& io, c10::Devic
   };
   w.train.optimizer =
       std::make_shared<optim::Sgd>(net->parameters(), optim::SgdOptions{io.lr, io.momentum});
+  if (needs_loss_scale(io.precision)) w.train.loss_scale = std::make_shared<LossScale>(device);
   w.train.what = r50 ? "ResNet-50 forward, cross-entropy" : "ResNet-18 forward, cross-entropy";
   out.logits = [n](const at::Tensor& x) {
     at::NoGradGuard no_grad;

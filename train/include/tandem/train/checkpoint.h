@@ -14,13 +14,18 @@
 
 namespace tandem::train {
 
+/// The prefix of a loss scale's entries in Checkpoint::optimizer.
+inline constexpr const char* kLossScalePrefix = "loss_scale.";
+
 /// One checkpoint as it is saved and loaded: three tensor files and the run's state.
 struct Checkpoint {
-  int64_t step = 0;                ///< training steps done (the global step to resume at)
-  models::NamedTensors model;      ///< the model's state_dict
-  models::NamedTensors optimizer;  ///< Optimizer::state()
-  models::NamedTensors rng;        ///< generator states, "generator.<i>", "default"
-  nlohmann::json state;            ///< epoch, config, metrics so far (trainer.h)
+  int64_t step = 0;            ///< training steps done (the global step to resume at)
+  models::NamedTensors model;  ///< the model's state_dict
+  /// Optimizer::state(), then, for a run with a loss scale, LossScale::state() with each name
+  /// prefixed kLossScalePrefix.
+  models::NamedTensors optimizer;
+  models::NamedTensors rng;  ///< generator states, "generator.<i>", "default"
+  nlohmann::json state;      ///< epoch, config, metrics so far (trainer.h)
 };
 
 /// The state.json format save() writes. 1 (no "format" key): before the data fingerprints, the
