@@ -4,8 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include <algorithm>
-
+#include "tandem/detail/saved_state.h"
 #include "tandem/error.h"
 
 namespace tandem {
@@ -53,20 +52,9 @@ std::vector<std::pair<std::string, at::Tensor>> LossScale::state() const {
 }
 
 void LossScale::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
-  const std::vector<std::pair<std::string, at::Tensor>> mine = this->state();
-  TANDEM_CHECK_ARG(state.size() == mine.size(), "loss scale: a saved state of ", state.size(),
-                   " entries: expected scale and growth_tracker");
-  for (const auto& [name, own] : mine) {
-    const auto it = std::find_if(state.begin(), state.end(),
-                                 [&name = name](const auto& e) { return e.first == name; });
-    TANDEM_CHECK_ARG(it != state.end(), "loss scale: the saved state has no ", name);
-    TANDEM_CHECK_ARG(it->second.numel() == own.numel(), "loss scale: the saved ", name, " has ",
-                     it->second.numel(), " elements: expected ", own.numel());
-  }
-  at::NoGradGuard no_grad;
-  for (const auto& [name, own] : mine)
-    for (const auto& [saved_name, saved] : state)
-      if (saved_name == name) own.copy_(saved.reshape(own.sizes()));
+  const auto mine = this->state();
+  detail::copy_saved_state("loss scale", state, {mine.begin(), mine.end()},
+                           [](const std::string&) { return false; });
 }
 
 }  // namespace tandem

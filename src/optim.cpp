@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "tandem/detail/laid_out_like.h"
+#include "tandem/detail/saved_state.h"
 #include "tandem/error.h"
 
 namespace tandem::optim {
@@ -87,6 +88,11 @@ bool fused_kernel_takes(const std::vector<at::Tensor>& params,
   return true;
 }
 
+// `found_inf` as the fused kernels take it: none where it is undefined (no step is skipped).
+std::optional<at::Tensor> skip_flag(const at::Tensor& found_inf) {
+  return found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
+}
+
 // One SGD update of the lists, p -= lr * d, with lr read from the device tensor `lr` (a host lr
 // would be baked into a captured graph). `first_step`: the buffers were just made and are set
 // to d, not decayed.
@@ -100,7 +106,7 @@ bool sgd_update(const SgdLists& l, const SgdOptions& o, const at::Tensor& lr, bo
     // reading lr from device memory; with found_inf it returns early where that is set.
     at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay, o.momentum, lr, o.dampening,
                     o.nesterov, /*maximize=*/false, first_step, /*grad_scale=*/std::nullopt,
-                    found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt);
+                    skip_flag(found_inf));
     return true;
   }
   // Mixed dtypes or layouts: the same update, op by op. With found_inf, every write selects the
@@ -120,7 +126,7 @@ bool sgd_update(const SgdLists& l, const SgdOptions& o, const at::Tensor& lr, bo
       buf.copy_(unless_skipped(buf, next));
       d = o.nesterov ? d.add(next, o.momentum) : next;
     }
-    updates.push_back(skip.defined() ? at::where(skip, at::zeros_like(d), d) : std::move(d));
+    updates.push_back(skip.defined() ? unless_skipped(at::zeros_like(d), d) : std::move(d));
   }
   // No multi-tensor op takes a device scalar as alpha: d * lr into fresh tensors (gradients and
   // buffers must not change), then p -= that.
@@ -209,8 +215,7 @@ void Adam::step() {
     // One multi-tensor kernel for the whole update, reading lr and the step count from device
     // memory (every parameter shares the one step count: the kernel only reads it).
     const std::vector<at::Tensor> steps(params.size(), step_);
-    const std::optional<at::Tensor> found =
-        found_inf_.defined() ? std::optional<at::Tensor>(found_inf_) : std::nullopt;
+    const std::optional<at::Tensor> found = skip_flag(found_inf_);
     if (options_.decoupled_weight_decay)
       at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, {}, steps, lr_, b1, b2, wd,
                         options_.eps, /*amsgrad=*/false, /*maximize=*/false,
@@ -353,46 +358,6 @@ void Adam::skip_steps_where(const at::Tensor& found_inf) {
   found_inf_ = checked_found_inf(found_inf, params_, name());
 }
 
-namespace {
-
-// Checks a saved state against the names and shapes an optimizer expects (`expected`: name ->
-// the tensor it goes into; `optional` names may be absent) and copies it in. Every problem is
-// listed; nothing is copied unless there is none.
-void copy_state(const std::string& who,
-                const std::vector<std::pair<std::string, at::Tensor>>& state,
-                const std::map<std::string, at::Tensor>& expected,
-                const std::function<bool(const std::string&)>& optional) {
-  std::vector<std::string> problems;
-  std::map<std::string, const at::Tensor*> given;
-  for (const auto& [name, t] : state) {
-    const auto it = expected.find(name);
-    if (it == expected.end()) {
-      problems.push_back("unexpected '" + name + "'");
-      continue;
-    }
-    if (!t.defined() || t.sizes() != it->second.sizes()) {
-      problems.push_back("'" + name + "' has shape " +
-                         (t.defined() ? c10::str(t.sizes()) : std::string("undefined")) +
-                         ", expected " + c10::str(it->second.sizes()));
-      continue;
-    }
-    given[name] = &t;
-  }
-  for (const auto& [name, t] : expected)
-    if (!given.count(name) && !optional(name) &&
-        std::none_of(state.begin(), state.end(), [&](const auto& e) { return e.first == name; }))
-      problems.push_back("missing '" + name + "'");
-  if (!problems.empty()) {
-    std::string all;
-    for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
-    TANDEM_CHECK_ARG(false, who, ": the saved optimizer state does not fit: ", all);
-  }
-  at::NoGradGuard no_grad;
-  for (const auto& [name, t] : given) expected.at(name).copy_(*t);
-}
-
-}  // namespace
-
 std::vector<std::pair<std::string, at::Tensor>> Sgd::state() const {
   std::vector<std::pair<std::string, at::Tensor>> out{{"lr", lr_}};
   for (size_t i = 0; i < momentum_buffers_.size(); ++i)
@@ -410,8 +375,9 @@ void Sgd::load_state(const std::vector<std::pair<std::string, at::Tensor>>& stat
       if (!made[i].defined()) made[i] = at::zeros_like(params_[i]);
       expected["momentum_buffer." + std::to_string(i)] = made[i];
     }
-  copy_state(name(), state, expected,
-             [](const std::string& n) { return n.rfind("momentum_buffer.", 0) == 0; });
+  tandem::detail::copy_saved_state(name(), state, expected, [](const std::string& n) {
+    return n.rfind("momentum_buffer.", 0) == 0;
+  });
   for (size_t i = 0; i < made.size(); ++i) {
     const std::string key = "momentum_buffer." + std::to_string(i);
     const bool named =
@@ -432,7 +398,8 @@ std::vector<std::pair<std::string, at::Tensor>> Adam::state() const {
 void Adam::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
   std::map<std::string, at::Tensor> expected;
   for (const auto& [name, t] : this->state()) expected[name] = t;
-  copy_state(name(), state, expected, [](const std::string&) { return false; });
+  tandem::detail::copy_saved_state(name(), state, expected,
+                                   [](const std::string&) { return false; });
 }
 
 }  // namespace tandem::optim

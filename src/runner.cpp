@@ -487,7 +487,10 @@ Unit train_unit(const TrainStage& train, const std::unique_ptr<LossLog>* log) {
   const std::shared_ptr<GradientSync> sync = train.gradient_sync;
   const std::shared_ptr<LossScale> scale = train.loss_scale;
   if (scale) optimizer->skip_steps_where(scale->found_inf());  // names an optimizer that cannot
-  t.work = [log, loss_fn, optimizer, train_name, sync, scale](const Tensors& in) {
+  // The parameters whose gradients the scale unscales: the optimizer's, fixed once it is made.
+  const std::vector<at::Tensor> scaled =
+      scale ? optimizer->parameters() : std::vector<at::Tensor>{};
+  t.work = [log, loss_fn, optimizer, train_name, sync, scale, scaled](const Tensors& in) {
     optimizer->zero_grad();  // set to none: backward writes fresh gradients (see GraphedStep)
     at::Tensor loss;
     {
@@ -502,7 +505,7 @@ Unit train_unit(const TrainStage& train, const std::unique_ptr<LossLog>* log) {
     if (sync) sync->before_backward();
     (scale ? scale->scaled(loss) : loss).backward();
     if (sync) sync->after_backward();
-    if (scale) scale->unscale(optimizer->parameters());
+    if (scale) scale->unscale(scaled);
     optimizer->step();
     if (scale) scale->update();
     (*log)->record(loss.scalar_type() == at::kFloat ? loss.detach() : loss.detach().to(at::kFloat));

@@ -47,7 +47,8 @@ class LossScale {
   /// "scale", "growth_tracker": what a checkpoint keeps.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   /// Copies `state`, named as state() names it, in (current stream): a resumed run continues
-  /// the scale. InvalidArgument naming a missing, unknown or misshapen entry; nothing copied then.
+  /// the scale. InvalidArgument listing every missing, unknown or misshapen entry (as the
+  /// optimizers' load_state); nothing copied then.
   void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
 
  private:

@@ -78,6 +78,30 @@ TEST(LossScaleGpuTest, ScalesUnscalesChecksAndUpdatesAsGradScaler) {
   expect_scaling_on(c10::Device(c10::kCUDA, 0));
 }
 
+// A saved state goes into another loss scale (a resumed run continues the scale); one that
+// does not fit is refused naming each problem, and nothing is copied.
+TEST(LossScaleTest, ASavedStateLoadsAndOneThatDoesNotFitIsNamed) {
+  const c10::Device cpu(c10::kCPU);
+  LossScaleOptions o;
+  o.init_scale = 8;
+  LossScale saved(cpu, o);
+  saved.unscale({with_grad(at::full({2}, std::numeric_limits<double>::infinity()))});
+  saved.update();  // backed off: 4
+  LossScale resumed(cpu);
+  resumed.load_state(saved.state());
+  EXPECT_EQ(resumed.scale(), 4.0);
+  try {
+    resumed.load_state({{"scale", at::ones({2})}, {"growth", at::zeros({1}, at::kInt)}});
+    ADD_FAILURE() << "a state that does not fit was taken";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'scale' has shape [2], expected [1]"), std::string::npos) << what;
+    EXPECT_NE(what.find("unexpected 'growth'"), std::string::npos) << what;
+    EXPECT_NE(what.find("missing 'growth_tracker'"), std::string::npos) << what;
+  }
+  EXPECT_EQ(resumed.scale(), 4.0) << "nothing copied from a state that does not fit";
+}
+
 TEST(LossScaleTest, BadOptionsAreNamed) {
   auto message = [](LossScaleOptions o) {
     try {

@@ -145,14 +145,17 @@ class KeptSamplesWarmer {
     (void)lower_this_thread_priority(kMaxNice);  // best effort: at worst it shares the cores
     const std::vector<FieldSpec> fields = kept_->fields();
     const int64_t typical = sample_bytes(fields);
+    // As the loader's workers hand them over: a fixed-size field's tensor to write into (one,
+    // reused: keeping a sample clones it), a variable-size one's undefined for the dataset to set.
     std::vector<at::Tensor> out(fields.size());
+    for (size_t f = 0; f < fields.size(); ++f)
+      if (!fields[f].variable_size) out[f] = at::empty(fields[f].shape, fields[f].dtype);
     while (!stop_) {
       if (kept_->kept_bytes() + typical > kept_->budget_bytes()) return;  // nothing more fits
       const int64_t index = next_.fetch_add(1);
       if (index >= kept_->size()) return;
-      for (size_t f = 0; f < fields.size(); ++f)  // as the loader's workers hand them over
-        out[f] =
-            fields[f].variable_size ? at::Tensor() : at::empty(fields[f].shape, fields[f].dtype);
+      for (size_t f = 0; f < fields.size(); ++f)
+        if (fields[f].variable_size) out[f] = at::Tensor();
       try {
         kept_->get_sample(index, out);
         read_.fetch_add(1);
