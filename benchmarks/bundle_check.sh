@@ -177,14 +177,17 @@ resnet_ab)
   # build and on .ref/bundle-old's, alternating, ROUNDS times: img/s per model and build, and
   # ResNet-50's against MLPerf's per-GPU rate for the card; each process's wall seconds beside
   # (its start, cuDNN's tuning and the capture are in them). env: RESNET_AB_MODELS (r50_full
-  # r18_full), BATCH (256), STEPS (100), ROUNDS (2), RESNET_AB_TUNED (bench flags: a third
-  # variant, this build with them, e.g. "--cudnn-benchmark-limit 0").
+  # r18_full), BATCH (256), STEPS (100), ROUNDS (2), RESNET_AB_TUNED and RESNET_AB_TUNED2 (bench
+  # flags: a third and fourth variant, this build with them, e.g. "--cudnn-benchmark-limit 0";
+  # a later --param wins).
   [ -d .ref/bundle-old/build ] || { say "resnet_ab: skipped (no .ref/bundle-old/build)"; continue; }
   say "resnet_ab: ${RESNET_AB_MODELS:=r50_full r18_full}, this build against .ref/bundle-old's"
   for round in $(seq "${ROUNDS:-2}"); do
-    for which in new old ${RESNET_AB_TUNED:+tuned}; do
+    for which in new old ${RESNET_AB_TUNED:+tuned} ${RESNET_AB_TUNED2:+tuned2}; do
       use_build "$which"
-      extra=(); [ "$which" = tuned ] && read -ra extra <<<"$RESNET_AB_TUNED"
+      extra=()
+      [ "$which" = tuned ] && read -ra extra <<<"$RESNET_AB_TUNED"
+      [ "$which" = tuned2 ] && read -ra extra <<<"$RESNET_AB_TUNED2"
       for model in $RESNET_AB_MODELS; do
         [ "$(left)" -gt 30 ] || break 3
         started=$(date +%s.%N)

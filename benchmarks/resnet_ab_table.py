@@ -1,7 +1,7 @@
 """The ResNets' training step, one build against another, from the `tandem bench --json` files
-benchmarks/bundle_check.sh's resnet_ab phase writes (resnet-MODEL-new|old|tuned-ROUND.json in
+benchmarks/bundle_check.sh's resnet_ab phase writes (resnet-MODEL-new|old|tuned|tuned2-ROUND.json in
 LOGS, each process's wall seconds beside in .wall): each run's img/s, the best of each build's
-rounds, new over old (and tuned over new), the median process's wall seconds, and ResNet-50's
+rounds, new over old (and each tuned variant over new), the median process's wall seconds, and ResNet-50's
 rate against NVIDIA's MLPerf Training v4.0 per-GPU rate for the card (about 7,160 img/s an H100,
 7,950 an H200).
 
@@ -16,8 +16,8 @@ import subprocess
 
 # MLPerf Training v4.0, NVIDIA's ResNet-50 submissions, images per second per GPU.
 MLPERF_IMAGES_PER_S = {"H100": 7160, "H200": 7950}
-FILE = re.compile(r"resnet-(?P<model>.+)-(?P<build>new|old|tuned)-(?P<round>\d+)\.json$")
-BUILDS = ("new", "old", "tuned")  # tuned: the new build with RESNET_AB_TUNED's flags
+FILE = re.compile(r"resnet-(?P<model>.+)-(?P<build>new|old|tuned2|tuned)-(?P<round>\d+)\.json$")
+BUILDS = ("new", "old", "tuned", "tuned2")  # the new build with RESNET_AB_TUNED(2)'s flags
 
 
 def card_name() -> str:
@@ -62,9 +62,10 @@ def table(logs: str, card: str) -> dict:
                 for b in ran}
         s = dict(new=best.get("new", 0.0), old=best.get("old", 0.0))
         s["new_over_old"] = s["new"] / s["old"] if s["old"] else None
-        if "tuned" in best:
-            s["tuned"] = best["tuned"]
-            s["tuned_over_new"] = best["tuned"] / s["new"] if s["new"] else None
+        for variant in ("tuned", "tuned2"):
+            if variant in best:
+                s[variant] = best[variant]
+                s[f"{variant}_over_new"] = best[variant] / s["new"] if s["new"] else None
         for b in ran:  # the median process's wall seconds, each build's
             walls = sorted(r["wall_s"] for r in rows
                            if r["model"] == model and r["build"] == b and r["wall_s"] is not None)
@@ -86,9 +87,10 @@ def main():
     for model, s in t["summary"].items():
         ratio = f"{s['new_over_old']:.3f}" if s["new_over_old"] else "-"
         line = f"resnet_ab {model}: new {s['new']:.0f} img/s, old {s['old']:.0f}, new/old {ratio}"
-        if "tuned" in s:
-            tuned = f"{s['tuned_over_new']:.3f}" if s["tuned_over_new"] else "-"
-            line += f", tuned {s['tuned']:.0f} (tuned/new {tuned})"
+        for variant in ("tuned", "tuned2"):
+            if variant in s:
+                ratio = f"{s[f'{variant}_over_new']:.3f}" if s[f"{variant}_over_new"] else "-"
+                line += f", {variant} {s[variant]:.0f} ({variant}/new {ratio})"
         walls = ", ".join(f"{b} {s[f'{b}_wall_s']:.1f} s" for b in BUILDS
                           if s.get(f"{b}_wall_s") is not None)
         print(line + (f"; process wall: {walls}" if walls else ""))

@@ -77,6 +77,14 @@ else
     "$PY" -m pip install -q "nvidia-nvjpeg==13.0.*" >&2 ||
       say "warning: could not install nvidia-nvjpeg; the GPU JPEG decoder will be compiled out"
   fi
+  # cuDNN's C++ frontend (header-only; its wheel's include/ folder) for the models' fused
+  # convolution + batch-norm graphs. --no-deps: only the headers are used, not its Python
+  # side. Optional: without it those graphs are compiled out and the unfused kernels run.
+  if ! "$PY" -m pip show -q nvidia-cudnn-frontend >/dev/null 2>&1; then
+    say "installing nvidia-cudnn-frontend==1.32.0 into the venv (cuDNN's graph API headers)"
+    "$PY" -m pip install -q --no-deps "nvidia-cudnn-frontend==1.32.0" >&2 ||
+      say "warning: could not install nvidia-cudnn-frontend; the fused cuDNN graphs will be compiled out"
+  fi
   # The Python package (python/): scikit-build-core builds it, pytest tests it.
   if ! py_has "$PY" scikit_build_core pytest; then
     say "installing scikit-build-core and pytest into the venv (the Python package's build, tests)"

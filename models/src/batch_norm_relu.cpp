@@ -107,18 +107,21 @@ at::Tensor apply_relu(const at::Tensor& x, const at::Tensor& scale, const at::Te
 
 // The forward on the channels-last kernels: statistics and running statistics (two small
 // kernels), then the apply writing y and, under a ReLU, its mask. Returns y, mean, invstd, mask.
+// `sums` (may be undefined): x's Σx and Σx² per channel, given (conv2d_with_stats): the
+// statistics' pass over x is skipped.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rows_forward(
-    const at::Tensor& x, const at::Tensor& residual, torch::nn::BatchNorm2dImpl& bn,
-    double momentum, double eps, bool relu) {
+    const at::Tensor& x, const at::Tensor& residual, const at::Tensor& sums,
+    torch::nn::BatchNorm2dImpl& bn, double momentum, double eps, bool relu) {
   const BnRows rows = rows_of(x);
   const int splits = bn_row_splits(rows);
   const at::TensorOptions floats = x.options().dtype(at::kFloat);
-  const at::Tensor partials = at::empty({bn_partials_floats(rows, splits)}, floats);
+  const at::Tensor partials =
+      sums.defined() ? at::Tensor() : at::empty({bn_partials_floats(rows, splits)}, floats);
   const at::Tensor stats = at::empty({4, x.size(1)}, floats);  // mean, invstd, scale, shift
   const cudaStream_t stream = stream_of(x);
   BnStats s{rows,
             splits,
-            partials.mutable_data_ptr<float>(),
+            sums.defined() ? nullptr : partials.mutable_data_ptr<float>(),
             bn.weight.const_data_ptr<float>(),
             bn.bias.const_data_ptr<float>(),
             bn.running_mean.mutable_data_ptr<float>(),
@@ -129,7 +132,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rows_forward(
             stats[0].mutable_data_ptr<float>(),
             stats[1].mutable_data_ptr<float>(),
             stats[2].mutable_data_ptr<float>(),
-            stats[3].mutable_data_ptr<float>()};
+            stats[3].mutable_data_ptr<float>(),
+            sums.defined() ? sums.const_data_ptr<float>() : nullptr};
   launch_bn_stats(s, stream);
   const at::Tensor rc =
       residual.defined() ? residual.to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast)
@@ -201,14 +205,15 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, const at::Tensor& residual_or_empty,
-                               torch::nn::BatchNorm2dImpl* bn, double momentum, double eps,
-                               bool relu, bool twice) {
+                               const at::Tensor& sums_or_empty, torch::nn::BatchNorm2dImpl* bn,
+                               double momentum, double eps, bool relu, bool twice) {
     const int64_t n = x.numel() / x.size(1);
     const at::Tensor residual = residual_or_empty.numel() > 0 ? residual_or_empty : at::Tensor();
+    const at::Tensor sums = sums_or_empty.numel() > 0 ? sums_or_empty : at::Tensor();
     ctx->saved_data["n"] = n;
     ctx->saved_data["residual"] = residual.defined();
     if (rows_path(x, *bn)) {
-      auto [y, mean, invstd, mask] = rows_forward(x, residual, *bn, momentum, eps, relu);
+      auto [y, mean, invstd, mask] = rows_forward(x, residual, sums, *bn, momentum, eps, relu);
       // With a mask the backward needs neither y nor a pass over it; without one (no ReLU, or
       // rows the apply could not vectorize) y is the mask.
       ctx->save_for_backward(
@@ -231,7 +236,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     // nowhere); summed in the channels-last sums' pass, else here.
     at::Tensor second = grads.size() > 1 ? grads[1] : at::Tensor();
     if (!grads[0].defined()) std::swap(grads[0], second);
-    if (!grads[0].defined()) return variable_list(9);  // neither use reached the loss
+    if (!grads[0].defined()) return variable_list(10);  // neither use reached the loss
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3],
                      &y = saved[4], &mask = saved[5];
@@ -243,7 +248,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     if (ctx->saved_data["rows"].toBool() && !y.defined()) {
       variable_list g = rows_backward(grads[0], second, x, mask, weight, mean, invstd, need_x,
                                       need_w, need_b, residual && ctx->needs_input_grad(3));
-      return {g[0], g[1], g[2], g[3], none, none, none, none, none};
+      return {g[0], g[1], g[2], g[3], none, none, none, none, none, none};
     }
     if (second.defined()) grads[0] = grads[0] + second;
     // The ReLU's mask first: the batch norm's backward sees the gradient of its output.
@@ -252,7 +257,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     if (ctx->saved_data["rows"].toBool()) {  // y as the mask: the masked gradient, no ReLU left
       variable_list r = rows_backward(g, at::Tensor(), x, at::Tensor(), weight, mean, invstd,
                                       need_x, need_w, need_b, false);
-      return {r[0], r[1], r[2], residual ? g : none, none, none, none, none, none};
+      return {r[0], r[1], r[2], residual ? g : none, none, none, none, none, none, none};
     }
     at::Tensor dx, dw, db;
     if (kernel_dtype_on_cuda(x)) {
@@ -278,14 +283,15 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       if (need_w) dw = (sum_dy_xmu * invstd).to(weight.scalar_type());
       if (need_b) db = sum_dy.to(weight.scalar_type());
     }
-    return {dx, dw, db, residual ? g : none, none, none, none, none, none};
+    return {dx, dw, db, residual ? g : none, none, none, none, none, none, none};
   }
 };
 
 // The arguments every form checks: bn's affine map and running statistics (and, for batch
 // statistics, a momentum and a batch with a variance), x's shape, the residual's.
 void check_arguments(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
-                     const at::Tensor& residual, bool batch_statistics, const char* what) {
+                     const at::Tensor& residual, bool batch_statistics, const char* what,
+                     const at::Tensor& sums = at::Tensor()) {
   TANDEM_CHECK_ARG(
       bn.options.affine() && bn.options.track_running_stats() &&
           (!batch_statistics || bn.options.momentum().has_value()),
@@ -297,33 +303,43 @@ void check_arguments(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,
                    ": a batch of one value per channel has no variance");
   TANDEM_CHECK_ARG(!residual.defined() || residual.sizes() == x.sizes(), what, ": the residual is ",
                    residual.sizes(), ", expected ", x.sizes());
+  TANDEM_CHECK_ARG(
+      !sums.defined() ||
+          (sums.dim() == 2 && sums.size(0) == 2 && sums.size(1) == x.size(1) &&
+           sums.scalar_type() == at::kFloat && sums.is_contiguous() && sums.device() == x.device()),
+      what, ": the sums must be (2, ", x.size(1), ") float32 on ", x.device(), ", got ",
+      sums.sizes(), " ", sums.scalar_type(), " on ", sums.device());
 }
 
 variable_list run(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn, const at::Tensor& residual,
-                  bool relu, bool twice, const char* what) {
-  check_arguments(x, bn, residual, true, what);
-  // An autograd function's tensor arguments must be defined: no residual is an empty tensor.
+                  const at::Tensor& sums, bool relu, bool twice, const char* what) {
+  check_arguments(x, bn, residual, true, what, sums);
+  // An autograd function's tensor arguments must be defined: no residual (no sums) is an empty
+  // tensor.
   return BatchNormRelu::apply(x, bn.weight, bn.bias,
-                              residual.defined() ? residual : at::empty({0}, x.options()), &bn,
+                              residual.defined() ? residual : at::empty({0}, x.options()),
+                              sums.defined() ? sums : at::empty({0}, x.options()), &bn,
                               *bn.options.momentum(), bn.options.eps(), relu, twice);
 }
 
 }  // namespace
 
 at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
-                           const at::Tensor& residual) {
-  return run(x, bn, residual, true, false, "batch_norm_relu")[0];
+                           const at::Tensor& residual, const at::Tensor& sums) {
+  return run(x, bn, residual, sums, true, false, "batch_norm_relu")[0];
 }
 
 std::pair<at::Tensor, at::Tensor> batch_norm_relu_twice(const at::Tensor& x,
                                                         torch::nn::BatchNorm2dImpl& bn,
-                                                        const at::Tensor& residual) {
-  variable_list y = run(x, bn, residual, true, true, "batch_norm_relu_twice");
+                                                        const at::Tensor& residual,
+                                                        const at::Tensor& sums) {
+  variable_list y = run(x, bn, residual, sums, true, true, "batch_norm_relu_twice");
   return {y[0], y[1]};
 }
 
-at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn) {
-  return run(x, bn, at::Tensor(), false, false, "batch_norm_train")[0];
+at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
+                            const at::Tensor& sums) {
+  return run(x, bn, at::Tensor(), sums, false, false, "batch_norm_train")[0];
 }
 
 at::Tensor batch_norm_relu_eval(const at::Tensor& x, const torch::nn::BatchNorm2dImpl& bn,

@@ -18,6 +18,7 @@
 #include "tandem/error.h"
 #include "tandem/models/batch_norm_relu.h"
 #include "tandem/models/cast_together.h"
+#include "tandem/models/conv_with_stats.h"
 #include "tandem/models/max_pool.h"
 
 namespace tandem::models {
@@ -88,10 +89,10 @@ BnPath bn_path(bool wanted, bool training, const torch::Tensor& x) {
   return at::GradMode::is_enabled() ? BnPath::kModules : BnPath::kEval;
 }
 
-torch::Tensor bn_relu(BnPath path, const torch::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
+torch::Tensor bn_relu(BnPath path, const ConvAndSums& x, torch::nn::BatchNorm2dImpl& bn,
                       const torch::Tensor& residual = {}) {
-  return path == BnPath::kTraining ? batch_norm_relu(x, bn, residual)
-                                   : batch_norm_relu_eval(x, bn, residual);
+  return path == BnPath::kTraining ? batch_norm_relu(x.y, bn, residual, x.sums)
+                                   : batch_norm_relu_eval(x.y, bn, residual);
 }
 
 // The convolution weights a fused training forward runs with. Under autocast to a lower
@@ -106,8 +107,10 @@ class ConvWeights {
   // Casts for `net`'s convolutions where autocast would cast them (on CUDA to a dtype other than
   // float32, with gradients recorded): the stem's and each layer's in groups, so a layer's
   // weight gradients are ready when that layer's backward ends.
-  static ConvWeights for_autocast(ResNetImpl& net) {
+  // `stats`: the convolutions before a batch norm give its sums too (conv_and_sums).
+  static ConvWeights for_autocast(ResNetImpl& net, bool stats) {
     ConvWeights w;
+    w.stats_ = stats;
     if (!at::autocast::is_autocast_enabled(at::kCUDA) || !at::GradMode::is_enabled()) return w;
     const at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCUDA);
     if (dtype == at::kFloat || !net.conv1->weight.is_cuda()) return w;
@@ -132,6 +135,19 @@ class ConvWeights {
                       o.groups());
   }
 
+  // conv(x) and, where asked for and one cuDNN graph gives them (conv2d_with_stats), its
+  // output's per-channel sums for the batch norm that follows; else no sums.
+  ConvAndSums conv_and_sums(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) const {
+    const auto found = cast_.find(&conv);
+    const auto& o = conv.options;
+    const auto& dilation = *o.dilation();
+    if (!stats_ || found == cast_.end() || conv.bias.defined() || dilation[0] != 1 ||
+        dilation[1] != 1 || o.groups() != 1)
+      return {this->conv(conv, x), {}};
+    return conv2d_with_stats(x, found->second, o.stride(),
+                             *std::get_if<torch::ExpandingArray<2>>(&o.padding()));
+  }
+
  private:
   // A float32 CUDA weight with zero padding given as numbers (every ResNet convolution's).
   static bool castable(const torch::nn::Conv2dImpl& conv) {
@@ -153,6 +169,7 @@ class ConvWeights {
   }
 
   std::unordered_map<const torch::nn::Conv2dImpl*, torch::Tensor> cast_;
+  bool stats_ = false;
 };
 
 // The identity path of a fused block: x, or the downsample's conv and its batch norm through
@@ -162,22 +179,24 @@ torch::Tensor fused_identity(BnPath path, const torch::nn::Sequential& downsampl
   if (!downsample) return x;
   auto conv = downsample->ptr(0)->as<torch::nn::Conv2dImpl>();
   auto bn = downsample->ptr(1)->as<torch::nn::BatchNorm2dImpl>();
-  return path == BnPath::kTraining ? batch_norm_train(w.conv(*conv, x), *bn)
-                                   : batch_norm_relu_eval(conv->forward(x), *bn, {}, false);
+  if (path != BnPath::kTraining) return batch_norm_relu_eval(conv->forward(x), *bn, {}, false);
+  const ConvAndSums y = w.conv_and_sums(*conv, x);
+  return batch_norm_train(y.y, *bn, y.sums);
 }
 
 // The fused path of a block up to its last batch norm: every batch norm but the last with its
-// ReLU, then the last convolution's output (the last batch norm's input), which forward and
-// block_twice finish with the identity path their own way.
-torch::Tensor last_bn_input(BnPath path, BasicBlockImpl& b, const torch::Tensor& x,
-                            const ConvWeights& w = {}) {
-  return w.conv(*b.conv2, bn_relu(path, w.conv(*b.conv1, x), *b.bn1));
+// ReLU, then the last convolution's output (the last batch norm's input, with its sums where the
+// convolution gave them), which forward and block_twice finish with the identity path their
+// own way.
+ConvAndSums last_bn_input(BnPath path, BasicBlockImpl& b, const torch::Tensor& x,
+                          const ConvWeights& w = {}) {
+  return w.conv_and_sums(*b.conv2, bn_relu(path, w.conv_and_sums(*b.conv1, x), *b.bn1));
 }
 
-torch::Tensor last_bn_input(BnPath path, BottleneckImpl& b, const torch::Tensor& x,
-                            const ConvWeights& w = {}) {
-  const torch::Tensor out = bn_relu(path, w.conv(*b.conv1, x), *b.bn1);
-  return w.conv(*b.conv3, bn_relu(path, w.conv(*b.conv2, out), *b.bn2));
+ConvAndSums last_bn_input(BnPath path, BottleneckImpl& b, const torch::Tensor& x,
+                          const ConvWeights& w = {}) {
+  const torch::Tensor out = bn_relu(path, w.conv_and_sums(*b.conv1, x), *b.bn1);
+  return w.conv_and_sums(*b.conv3, bn_relu(path, w.conv_and_sums(*b.conv2, out), *b.bn2));
 }
 
 // A block training on the fused kernels, its input given twice (`x` for conv1, `identity` for
@@ -189,9 +208,10 @@ using TensorPair = std::pair<torch::Tensor, torch::Tensor>;
 template <typename Block>
 TensorPair fused_block_twice(Block& b, torch::nn::BatchNorm2dImpl& last_bn, const torch::Tensor& x,
                              const torch::Tensor& identity, const ConvWeights& w) {
-  const torch::Tensor last_input = last_bn_input(BnPath::kTraining, b, x, w);
-  return batch_norm_relu_twice(last_input, last_bn,
-                               fused_identity(BnPath::kTraining, b.downsample, identity, w));
+  const ConvAndSums last_input = last_bn_input(BnPath::kTraining, b, x, w);
+  return batch_norm_relu_twice(last_input.y, last_bn,
+                               fused_identity(BnPath::kTraining, b.downsample, identity, w),
+                               last_input.sums);
 }
 
 // One block of a layer in training on a GPU: fused and given its input twice where its batch
@@ -216,7 +236,7 @@ TensorPair block_twice(const std::shared_ptr<torch::nn::Module>& block, const Te
 
 torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
   if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules) {
-    const torch::Tensor last_input = last_bn_input(path, *this, x);
+    const ConvAndSums last_input = last_bn_input(path, *this, x);
     return bn_relu(path, last_input, *bn2, fused_identity(path, downsample, x));
   }
   auto out = bn1(conv1(x)).relu_();
@@ -241,7 +261,7 @@ BottleneckImpl::BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride)
 
 torch::Tensor BottleneckImpl::forward(const torch::Tensor& x) {
   if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules) {
-    const torch::Tensor last_input = last_bn_input(path, *this, x);
+    const ConvAndSums last_input = last_bn_input(path, *this, x);
     return bn_relu(path, last_input, *bn3, fused_identity(path, downsample, x));
   }
   auto out = bn1(conv1(x)).relu_();
@@ -261,6 +281,7 @@ ResNetImpl::ResNetImpl(ResNetBlock block, std::array<int64_t, 4> blocks, ResNetO
       block == ResNetBlock::kBasic ? BasicBlockImpl::kExpansion : BottleneckImpl::kExpansion;
   fused_batch_norm_ = options.fused_batch_norm;
   cast_weights_together_ = options.cast_weights_together;
+  stats_in_convolutions_ = options.stats_in_convolutions;
 
   conv1 = register_module(
       "conv1",
@@ -313,8 +334,11 @@ torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
   if (path == BnPath::kTraining) {
     // Each block's output goes to the next block twice (batch_norm_relu_twice); the stem's max
     // pool's once, its two uses' gradients added by autograd.
-    const ConvWeights w = cast_weights_together_ ? ConvWeights::for_autocast(*this) : ConvWeights();
-    const torch::Tensor stem = max_pool_3x3_stride2(batch_norm_relu(w.conv(*conv1, x), *bn1));
+    const ConvWeights w = cast_weights_together_
+                              ? ConvWeights::for_autocast(*this, stats_in_convolutions_)
+                              : ConvWeights();
+    const torch::Tensor stem =
+        max_pool_3x3_stride2(bn_relu(path, w.conv_and_sums(*conv1, x), *bn1));
     TensorPair y{stem, stem};
     for (const auto* layer : {&layer1, &layer2, &layer3, &layer4})
       for (const auto& block : (*layer)->children()) y = block_twice(block, y, w);
@@ -322,7 +346,7 @@ torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
   }
   torch::Tensor y;
   if (path == BnPath::kEval)
-    y = max_pool_3x3_stride2(bn_relu(path, conv1(x), *bn1));
+    y = max_pool_3x3_stride2(bn_relu(path, {conv1(x), {}}, *bn1));
   else
     y = F::max_pool2d(bn1(conv1(x)).relu_(), F::MaxPool2dFuncOptions(3).stride(2).padding(1));
   return layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));

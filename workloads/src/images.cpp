@@ -48,6 +48,12 @@ const std::vector<WorkloadParam>& images_params() {
        "layer at a time, one launch a layer and one for its gradients) or autocast (autocast's "
        "own casts, two launches a convolution); the same values",
        {"together", "autocast"}},
+      {"bn_stats",
+       "with bn=fused, weight_casts=together and precision=fp16: conv (each convolution before "
+       "a batch norm gives its output's sums from its own epilogue, one cuDNN graph, and the "
+       "batch norm does not read the activation for its statistics; where cuDNN has no such "
+       "graph the convolution runs plain) or pass (the batch norm's own pass over its input)",
+       {"pass", "conv"}},
       {"classes", "classes of resident data (default 10; 1000 as ImageNet's head)", {}},
       {"source",
        "files (the --data folder, decoded by the loader's workers) or resident (one batch "
@@ -159,6 +165,7 @@ ImagesOptions parse(const WorkloadOptions& o) {
   io.fused_batch_norm = param_or_default(o.params, images_params(), "bn") == "fused";
   io.cast_weights_together =
       param_or_default(o.params, images_params(), "weight_casts") == "together";
+  io.stats_in_convolutions = param_or_default(o.params, images_params(), "bn_stats") == "conv";
   io.classes = int_param(o, "classes", 2, 100000, io.classes);
   io.from_files = param_or_default(o.params, images_params(), "source") == "files";
   io.crop_regions = param_or_default(o.params, images_params(), "crop") == "region";
@@ -329,7 +336,8 @@ void set_trained_resnet(ImagesWorkload& out, const ImagesOptions& io, c10::Devic
                         int64_t classes) {
   Workload& w = out.workload;
   const bool r50 = io.model == ImagesModel::kR50Full;
-  const models::ResNetOptions ro{classes, io.fused_batch_norm, io.cast_weights_together};
+  const models::ResNetOptions ro{classes, io.fused_batch_norm, io.cast_weights_together,
+                                 io.stats_in_convolutions};
   models::ResNet net = r50 ? models::resnet50(ro) : models::resnet18(ro);
   net->to(device);
   if (io.channels_last) models::to_channels_last(*net);

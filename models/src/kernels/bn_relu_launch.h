@@ -74,11 +74,16 @@ struct BnStats {
   float* invstd;
   float* scale;  // weight * invstd
   float* shift;  // bias - mean * scale
+  /// If set: (2, C) float32, Σx and Σx² over the rows, already computed (a convolution's
+  /// epilogue: conv2d_with_stats). The finalize takes the statistics from them and nothing
+  /// reads x; partials and splits are unused.
+  const float* sums = nullptr;
 };
 
 /// Batch mean and 1/sqrt(biased variance + eps) per channel (shifted sums per thread, Chan's
 /// combination across threads and splits), then the scale and shift for the apply and the
-/// running-statistics update: two kernels on `stream`.
+/// running-statistics update: two kernels on `stream` (one, the finalize, where args.sums are
+/// given).
 void launch_bn_stats(const BnStats& args, cudaStream_t stream);
 
 struct BnBackward {

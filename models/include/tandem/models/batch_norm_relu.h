@@ -27,8 +27,15 @@ namespace tandem::models {
 /// rounding step. Runs on the current stream; capture-safe. Throws InvalidArgument for a bn
 /// without an affine map, running statistics or a momentum, or an x that is not (N, C, H, W)
 /// with bn's C.
+///
+/// `sums` (optional): x's per-channel Σx and Σx², (2, C) float32 on x's device, as
+/// conv2d_with_stats gives them from the convolution that produced x. On the channels-last
+/// kernels the statistics are then finalized from them and x is not read for them (the mean
+/// and variance from plain float32 sums, as cuDNN's fused graphs give them); elsewhere they are
+/// ignored and x is read as without them.
 at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
-                           const at::Tensor& residual = at::Tensor());
+                           const at::Tensor& residual = at::Tensor(),
+                           const at::Tensor& sums = at::Tensor());
 
 /// batch_norm_relu's output returned twice — the same values, one storage (the second a view of
 /// the first) — for an output used twice: a ResNet block's output is the next block's first
@@ -39,11 +46,13 @@ at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
 /// modified in place.
 std::pair<at::Tensor, at::Tensor> batch_norm_relu_twice(const at::Tensor& x,
                                                         torch::nn::BatchNorm2dImpl& bn,
-                                                        const at::Tensor& residual = at::Tensor());
+                                                        const at::Tensor& residual = at::Tensor(),
+                                                        const at::Tensor& sums = at::Tensor());
 
 /// bn(x) in training mode through the same kernels, with no ReLU (a ResNet's downsample): the
-/// statistics and the backward of batch_norm_relu, the same checks.
-at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn);
+/// statistics and the backward of batch_norm_relu, the same checks and `sums`.
+at::Tensor batch_norm_train(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
+                            const at::Tensor& sums = at::Tensor());
 
 /// Eval mode's relu(bn(x) + residual) (residual undefined: none; relu false: no ReLU) with bn's
 /// running statistics, as one pass through batch_norm_relu's apply kernel where it takes x

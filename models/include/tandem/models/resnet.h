@@ -33,6 +33,12 @@ struct ResNetOptions {
   /// values; a layer's weight gradients arrive together when its backward ends. false:
   /// autocast's own casts.
   bool cast_weights_together = true;
+  /// With fused_batch_norm and cast_weights_together, training on a GPU under autocast to half:
+  /// each convolution before a batch norm also gives its output's per-channel sums from its own
+  /// epilogue (conv_with_stats.h: one cuDNN graph), and the batch norm finalizes them instead of
+  /// reading the activation for its statistics. Where cuDNN has no such graph (bf16 on Hopper,
+  /// say) the convolutions run as without it. false: the batch norms read their inputs.
+  bool stats_in_convolutions = false;
 };
 
 /// The residual block of ResNet-18/34: two 3x3 convs, `expansion` 1. Children, in torchvision's
@@ -112,6 +118,7 @@ class ResNetImpl : public torch::nn::Module {
   int64_t feature_dim_ = 0;
   bool fused_batch_norm_ = true;
   bool cast_weights_together_ = true;
+  bool stats_in_convolutions_ = false;
 };
 TORCH_MODULE(ResNet);
 

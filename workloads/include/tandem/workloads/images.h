@@ -49,6 +49,9 @@ struct ImagesOptions {
   /// r18_full, r50_full under bf16 with fused batch norm: the convolutions' weights cast a layer
   /// at a time (models::ResNetOptions::cast_weights_together).
   bool cast_weights_together = true;
+  /// r18_full, r50_full under fp16 with the casts together: the batch norms' sums from the
+  /// convolutions' epilogues (models::ResNetOptions::stats_in_convolutions).
+  bool stats_in_convolutions = false;
   int64_t classes = 10;  ///< the head's outputs for resident data (a folder has its own)
 };
 

@@ -1,0 +1,32 @@
+// A convolution that also gives the per-channel sum and sum of squares of its output — what
+// the training-mode batch norm after it needs — from the convolution's own epilogue, where
+// cuDNN's graph API has an engine for it (half, channels-last: the "genstats" fusion NVIDIA's
+// ResNet-50 trains with). The batch norm then finalizes those sums instead of reading the whole
+// activation again (batch_norm_relu's `sums`). Elsewhere it is the plain convolution and no sums,
+// and the batch norm reads its input as before.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+namespace tandem::models {
+
+struct ConvAndSums {
+  at::Tensor y;     ///< conv2d(x, weight): differentiable in x and weight
+  at::Tensor sums;  ///< (2, K) float32: Σy and Σy² per channel over N·H·W; undefined if not fused
+};
+
+/// conv2d(x, weight, no bias, stride, padding) for a 4-D x and (K, C, R, S) weight (dilation 1,
+/// one group), with its output's sums where one cuDNN graph computes both: CUDA half tensors in
+/// channels-last order, cuDNN enabled, deterministic algorithms not requested, and an engine for
+/// the shape on this GPU (a shape without one is said once on stderr and runs unfused from then
+/// on). The sums are not differentiable: a batch norm's backward accounts for its statistics
+/// itself. The gradients are LibTorch's convolution backward's. Runs on the current stream;
+/// capture-safe once a shape has run eagerly (its graph is built on first use).
+ConvAndSums conv2d_with_stats(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
+                              at::IntArrayRef padding);
+
+/// Whether this build has cuDNN's graph API (conv2d_with_stats never fuses without it).
+bool conv_with_stats_compiled();
+
+}  // namespace tandem::models

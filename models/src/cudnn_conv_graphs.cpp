@@ -1,0 +1,210 @@
+// cuDNN's fused convolution graphs through NVIDIA's C++ frontend (see cudnn_conv_graphs.h). The
+// frontend is used in its dynamic-loading mode: it finds cuDNN's backend functions in the
+// libcudnn.so.9 LibTorch loaded, so nothing here links cuDNN and the graphs run on the same
+// cuDNN as LibTorch's own convolutions. Compiled with hidden visibility (models/CMakeLists.txt):
+// LibTorch carries a frontend of its own, and its inline functions must not stand in for these.
+#include "cudnn_conv_graphs.h"
+
+#if defined(TANDEM_HAVE_CUDNN_FRONTEND)
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cudnn/Handle.h>
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+// The frontend's dynamic-loading mode reads cuDNN's functions through this handle.
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+
+namespace tandem::models::detail {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// The library LibTorch loaded (it links libcudnn.so.9), else whichever the loader finds. Null if
+// neither: no graphs then.
+void* cudnn_library() {
+  static void* handle = [] {
+    void* h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD);
+    if (h == nullptr) h = dlopen("libcudnn.so.9", RTLD_NOW);
+    fe::cudnn_dlhandle = h;
+    return h;
+  }();
+  return handle;
+}
+
+// Tensor ids in the graphs' variant packs.
+enum Uid : int64_t { kX = 1, kW, kY, kSum, kSquares };
+
+// One shape's graph: built (or refused) once, then executed.
+struct ConvStatsGraph {
+  std::shared_ptr<fe::graph::Graph> graph;  // null where cuDNN had no engine
+  int64_t workspace = 0;
+  std::string why_not;
+  // execute() fills the graph's own variant-pack buffers: one thread at a time (lanes on
+  // several threads may share a shape).
+  std::mutex running;
+};
+
+std::string describe(fe::error_t e, const char* stage) {
+  return std::string(stage) + ": " + e.get_message();
+}
+
+// x's and w's sizes and strides as the graph takes them (LibTorch's channels-last strides are
+// the frontend's NHWC strides over N, C, H, W dims).
+std::vector<int64_t> vec(at::IntArrayRef a) { return {a.begin(), a.end()}; }
+
+std::shared_ptr<ConvStatsGraph> build(const at::Tensor& x, const at::Tensor& w,
+                                      at::IntArrayRef stride, at::IntArrayRef padding,
+                                      at::IntArrayRef y_sizes, at::IntArrayRef y_strides) {
+  auto built = std::make_shared<ConvStatsGraph>();
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto X = g->tensor(fe::graph::Tensor_attributes()
+                         .set_name("x")
+                         .set_uid(kX)
+                         .set_dim(vec(x.sizes()))
+                         .set_stride(vec(x.strides()))
+                         .set_data_type(fe::DataType_t::HALF));
+  auto W = g->tensor(fe::graph::Tensor_attributes()
+                         .set_name("w")
+                         .set_uid(kW)
+                         .set_dim(vec(w.sizes()))
+                         .set_stride(vec(w.strides()))
+                         .set_data_type(fe::DataType_t::HALF));
+  auto Y = g->conv_fprop(X, W,
+                         fe::graph::Conv_fprop_attributes()
+                             .set_name("conv")
+                             .set_padding(vec(padding))
+                             .set_stride(vec(stride))
+                             .set_dilation({1, 1}));
+  Y->set_output(true)
+      .set_uid(kY)
+      .set_dim(vec(y_sizes))
+      .set_stride(vec(y_strides))
+      .set_data_type(fe::DataType_t::HALF);
+  auto [S, SQ] = g->genstats(Y, fe::graph::Genstats_attributes().set_name("stats"));
+  const int64_t k = y_sizes[1];
+  for (auto& [t, uid] : {std::pair{S, kSum}, std::pair{SQ, kSquares}})
+    t->set_output(true)
+        .set_uid(uid)
+        .set_dim({1, k, 1, 1})
+        .set_stride({k, 1, k, k})
+        .set_data_type(fe::DataType_t::FLOAT);
+
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  fe::error_t e = g->validate();
+  if (e.is_bad()) return built->why_not = describe(e, "validate"), built;
+  e = g->build_operation_graph(handle);
+  if (e.is_bad()) return built->why_not = describe(e, "build_operation_graph"), built;
+  e = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  if (e.is_bad()) return built->why_not = describe(e, "create_execution_plans"), built;
+  e = g->check_support();
+  if (e.is_bad()) return built->why_not = describe(e, "check_support"), built;
+  e = g->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+  if (e.is_bad()) return built->why_not = describe(e, "build_plans"), built;
+  e = g->get_workspace_size(built->workspace);
+  if (e.is_bad()) return built->why_not = describe(e, "get_workspace_size"), built;
+  built->graph = std::move(g);
+  return built;
+}
+
+std::string key_of(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride,
+                   at::IntArrayRef padding) {
+  std::ostringstream key;
+  key << x.get_device() << '|' << x.sizes() << x.strides() << '|' << w.sizes() << w.strides() << '|'
+      << stride << padding;
+  return key.str();
+}
+
+}  // namespace
+
+bool cudnn_graphs_compiled() { return true; }
+
+bool cudnn_conv_with_stats(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
+                           at::IntArrayRef padding, at::Tensor& y, at::Tensor& sums,
+                           std::string& why) {
+  why.clear();
+  if (cudnn_library() == nullptr) {
+    static std::once_flag said;
+    std::call_once(said, [&] { why = "libcudnn.so.9 could not be loaded"; });
+    return false;
+  }
+  // The output's sizes, as the convolution gives them.
+  const int64_t n = x.size(0), k = weight.size(0);
+  const int64_t h = (x.size(2) + 2 * padding[0] - weight.size(2)) / stride[0] + 1;
+  const int64_t wd = (x.size(3) + 2 * padding[1] - weight.size(3)) / stride[1] + 1;
+  at::Tensor out =
+      at::empty({n, k, h, wd}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::shared_ptr<ConvStatsGraph>> graphs;
+  std::shared_ptr<ConvStatsGraph> entry;
+  {
+    const std::string key = key_of(x, weight, stride, padding);
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = graphs.find(key);
+    if (found == graphs.end()) {
+      found =
+          graphs.emplace(key, build(x, weight, stride, padding, out.sizes(), out.strides())).first;
+      why = found->second->why_not;  // said once, where the shape was first seen
+    }
+    entry = found->second;
+  }
+  if (!entry->graph) return false;
+
+  at::Tensor stats = at::empty({2, k}, x.options().dtype(at::kFloat));
+  at::Tensor workspace =
+      at::empty({std::max<int64_t>(entry->workspace, 1)}, x.options().dtype(at::kByte));
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  // Through the frontend's shim: cuDNN's functions are found in the loaded library, not linked.
+  TORCH_CHECK(
+      fe::detail::set_stream(handle, at::cuda::getCurrentCUDAStream(x.get_device()).stream()) ==
+          CUDNN_STATUS_SUCCESS,
+      "cudnnSetStream failed");
+  std::unordered_map<int64_t, void*> pack = {{kX, const_cast<void*>(x.const_data_ptr())},
+                                             {kW, const_cast<void*>(weight.const_data_ptr())},
+                                             {kY, out.mutable_data_ptr()},
+                                             {kSum, stats[0].mutable_data_ptr()},
+                                             {kSquares, stats[1].mutable_data_ptr()}};
+  fe::error_t e;
+  {
+    std::lock_guard<std::mutex> lock(entry->running);
+    e = entry->graph->execute(handle, pack, workspace.mutable_data_ptr());
+  }
+  TORCH_CHECK(e.is_good(),
+              "cuDNN's convolution + statistics graph failed to run: ", e.get_message());
+  y = std::move(out);
+  sums = std::move(stats);
+  return true;
+}
+
+}  // namespace tandem::models::detail
+
+#else  // no cuDNN frontend in this build
+
+namespace tandem::models::detail {
+
+bool cudnn_graphs_compiled() { return false; }
+
+bool cudnn_conv_with_stats(const at::Tensor&, const at::Tensor&, at::IntArrayRef, at::IntArrayRef,
+                           at::Tensor&, at::Tensor&, std::string& why) {
+  why.clear();
+  return false;
+}
+
+}  // namespace tandem::models::detail
+
+#endif
