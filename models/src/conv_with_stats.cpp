@@ -29,13 +29,15 @@ bool fusable(const at::Tensor& x, const at::Tensor& w) {
 class ConvWithStats : public torch::autograd::Function<ConvWithStats> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               std::vector<int64_t> stride, std::vector<int64_t> padding) {
+                               std::vector<int64_t> stride, std::vector<int64_t> padding,
+                               bool input_nonnegative) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
     at::Tensor y, sums;
     std::string why;
-    if (!detail::cudnn_conv_with_stats(x, weight, stride, padding, y, sums, why)) {
+    if (!detail::cudnn_conv_with_stats(x, weight, stride, padding, input_nonnegative, y, sums,
+                                       why)) {
       if (!why.empty())  // the shape's first time
         std::cerr << "conv2d_with_stats: cuDNN has no convolution + statistics graph for a "
                   << weight.sizes() << " convolution of " << x.sizes() << " here (" << why
@@ -50,20 +52,20 @@ class ConvWithStats : public torch::autograd::Function<ConvWithStats> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grads[0].defined()) return variable_list(5);
     const std::vector<int64_t> stride = ctx->saved_data["stride"].toIntVector(),
                                padding = ctx->saved_data["padding"].toIntVector();
     auto [dx, dw, unused] = at::convolution_backward(
         grads[0].contiguous(x.suggest_memory_format()), x, weight, std::nullopt, stride, padding,
         {1, 1}, false, {0, 0}, 1, {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
-    return {dx, dw, at::Tensor(), at::Tensor()};
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 ConvAndSums conv2d_with_stats(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
-                              at::IntArrayRef padding) {
+                              at::IntArrayRef padding, bool input_nonnegative) {
   TANDEM_CHECK_ARG(x.dim() == 4 && weight.dim() == 4 && x.size(1) == weight.size(1),
                    "conv2d_with_stats: expected x (N, C, H, W) and weight (K, C, R, S), got ",
                    x.sizes(), " and ", weight.sizes());
@@ -73,7 +75,8 @@ ConvAndSums conv2d_with_stats(const at::Tensor& x, const at::Tensor& weight, at:
   // Off the fused path, LibTorch's convolution as the caller would call it (under autocast it
   // casts x; the op below saves its inputs as given, so it takes only what it can run itself).
   if (!fusable(x, weight)) return {at::conv2d(x, weight, {}, stride, padding), at::Tensor()};
-  variable_list out = ConvWithStats::apply(x, weight, stride.vec(), padding.vec());
+  variable_list out =
+      ConvWithStats::apply(x, weight, stride.vec(), padding.vec(), input_nonnegative);
   return {out[0], out[1].numel() > 0 ? out[1] : at::Tensor()};
 }
 

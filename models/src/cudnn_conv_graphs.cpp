@@ -44,13 +44,20 @@ void* cudnn_library() {
 }
 
 // Tensor ids in the graphs' variant packs.
-enum Uid : int64_t { kX = 1, kW, kY, kSum, kSquares };
+enum Uid : int64_t { kX = 1, kW, kY, kSum, kSquares, kScale, kBias };
+
+// The graph's forms, tried in order until cuDNN has an engine for one: the convolution alone
+// before its statistics; then with an identity prologue (x * 1 + 0, and that followed by a
+// ReLU where x is known to be non-negative), the forms of NVIDIA's fused ResNet-50, whose
+// specialized engines may take a shape the plain form is refused for. The values are the same.
+enum class Prologue { kNone, kScaleBias, kScaleBiasRelu };
 
 // One shape's graph: built (or refused) once, then executed.
 struct ConvStatsGraph {
   std::shared_ptr<fe::graph::Graph> graph;  // null where cuDNN had no engine
   int64_t workspace = 0;
   std::string why_not;
+  at::Tensor ones, zeros;  // the identity prologue's scale and bias, (C,) half
   // execute() fills the graph's own variant-pack buffers: one thread at a time (lanes on
   // several threads may share a shape).
   std::mutex running;
@@ -64,10 +71,18 @@ std::string describe(fe::error_t e, const char* stage) {
 // the frontend's NHWC strides over N, C, H, W dims).
 std::vector<int64_t> vec(at::IntArrayRef a) { return {a.begin(), a.end()}; }
 
-std::shared_ptr<ConvStatsGraph> build(const at::Tensor& x, const at::Tensor& w,
-                                      at::IntArrayRef stride, at::IntArrayRef padding,
-                                      at::IntArrayRef y_sizes, at::IntArrayRef y_strides) {
-  auto built = std::make_shared<ConvStatsGraph>();
+fe::graph::Pointwise_attributes pointwise(fe::PointwiseMode_t mode, const char* name) {
+  return fe::graph::Pointwise_attributes().set_name(name).set_mode(mode).set_compute_data_type(
+      fe::DataType_t::FLOAT);
+}
+
+// The graph in one form, as far as a plan cuDNN built for it; its failure's stage and message
+// in `why` where there is none.
+std::shared_ptr<fe::graph::Graph> build_form(const at::Tensor& x, const at::Tensor& w,
+                                             at::IntArrayRef stride, at::IntArrayRef padding,
+                                             at::IntArrayRef y_sizes, at::IntArrayRef y_strides,
+                                             Prologue prologue, int64_t& workspace,
+                                             std::string& why) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -84,7 +99,25 @@ std::shared_ptr<ConvStatsGraph> build(const at::Tensor& x, const at::Tensor& w,
                          .set_dim(vec(w.sizes()))
                          .set_stride(vec(w.strides()))
                          .set_data_type(fe::DataType_t::HALF));
-  auto Y = g->conv_fprop(X, W,
+  auto conv_input = X;
+  if (prologue != Prologue::kNone) {
+    const int64_t c = x.size(1);
+    auto per_channel = [&](const char* name, Uid uid) {
+      return g->tensor(fe::graph::Tensor_attributes()
+                           .set_name(name)
+                           .set_uid(uid)
+                           .set_dim({1, c, 1, 1})
+                           .set_stride({c, 1, c, c})
+                           .set_data_type(fe::DataType_t::HALF));
+    };
+    auto scaled =
+        g->pointwise(X, per_channel("scale", kScale), pointwise(fe::PointwiseMode_t::MUL, "scale"));
+    conv_input = g->pointwise(scaled, per_channel("bias", kBias),
+                              pointwise(fe::PointwiseMode_t::ADD, "bias"));
+    if (prologue == Prologue::kScaleBiasRelu)
+      conv_input = g->pointwise(conv_input, pointwise(fe::PointwiseMode_t::RELU_FWD, "relu"));
+  }
+  auto Y = g->conv_fprop(conv_input, W,
                          fe::graph::Conv_fprop_attributes()
                              .set_name("conv")
                              .set_padding(vec(padding))
@@ -105,25 +138,54 @@ std::shared_ptr<ConvStatsGraph> build(const at::Tensor& x, const at::Tensor& w,
         .set_data_type(fe::DataType_t::FLOAT);
 
   cudnnHandle_t handle = at::native::getCudnnHandle();
+  auto failed = [&](fe::error_t e, const char* stage) {
+    why = describe(std::move(e), stage);
+    return nullptr;
+  };
   fe::error_t e = g->validate();
-  if (e.is_bad()) return built->why_not = describe(e, "validate"), built;
+  if (e.is_bad()) return failed(e, "validate");
   e = g->build_operation_graph(handle);
-  if (e.is_bad()) return built->why_not = describe(e, "build_operation_graph"), built;
+  if (e.is_bad()) return failed(e, "build_operation_graph");
   e = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
-  if (e.is_bad()) return built->why_not = describe(e, "create_execution_plans"), built;
+  if (e.is_bad()) return failed(e, "create_execution_plans");
   e = g->check_support();
-  if (e.is_bad()) return built->why_not = describe(e, "check_support"), built;
+  if (e.is_bad()) return failed(e, "check_support");
   e = g->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
-  if (e.is_bad()) return built->why_not = describe(e, "build_plans"), built;
-  e = g->get_workspace_size(built->workspace);
-  if (e.is_bad()) return built->why_not = describe(e, "get_workspace_size"), built;
-  built->graph = std::move(g);
+  if (e.is_bad()) return failed(e, "build_plans");
+  e = g->get_workspace_size(workspace);
+  if (e.is_bad()) return failed(e, "get_workspace_size");
+  return g;
+}
+
+std::shared_ptr<ConvStatsGraph> build(const at::Tensor& x, const at::Tensor& w,
+                                      at::IntArrayRef stride, at::IntArrayRef padding,
+                                      at::IntArrayRef y_sizes, at::IntArrayRef y_strides,
+                                      bool input_nonnegative) {
+  auto built = std::make_shared<ConvStatsGraph>();
+  std::vector<Prologue> forms{Prologue::kNone, Prologue::kScaleBias};
+  if (input_nonnegative) forms.push_back(Prologue::kScaleBiasRelu);
+  for (const Prologue form : forms) {
+    std::string why;
+    built->graph =
+        build_form(x, w, stride, padding, y_sizes, y_strides, form, built->workspace, why);
+    if (built->graph) {
+      if (form != Prologue::kNone) {
+        built->ones = at::ones({x.size(1)}, x.options());
+        built->zeros = at::zeros({x.size(1)}, x.options());
+      }
+      return built;
+    }
+    static const char* const kNames[] = {"plain", "with x*1+0", "with relu(x*1+0)"};
+    built->why_not += (built->why_not.empty() ? "" : "; ") +
+                      std::string(kNames[static_cast<int>(form)]) + ": " + why;
+  }
   return built;
 }
 
 std::string key_of(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride,
-                   at::IntArrayRef padding) {
+                   at::IntArrayRef padding, bool input_nonnegative) {
   std::ostringstream key;
+  key << input_nonnegative << '|';
   key << x.get_device() << '|' << x.sizes() << x.strides() << '|' << w.sizes() << w.strides() << '|'
       << stride << padding;
   return key.str();
@@ -134,8 +196,8 @@ std::string key_of(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef str
 bool cudnn_graphs_compiled() { return true; }
 
 bool cudnn_conv_with_stats(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
-                           at::IntArrayRef padding, at::Tensor& y, at::Tensor& sums,
-                           std::string& why) {
+                           at::IntArrayRef padding, bool input_nonnegative, at::Tensor& y,
+                           at::Tensor& sums, std::string& why) {
   why.clear();
   if (cudnn_library() == nullptr) {
     static std::once_flag said;
@@ -153,12 +215,14 @@ bool cudnn_conv_with_stats(const at::Tensor& x, const at::Tensor& weight, at::In
   static std::unordered_map<std::string, std::shared_ptr<ConvStatsGraph>> graphs;
   std::shared_ptr<ConvStatsGraph> entry;
   {
-    const std::string key = key_of(x, weight, stride, padding);
+    const std::string key = key_of(x, weight, stride, padding, input_nonnegative);
     std::lock_guard<std::mutex> lock(mutex);
     auto found = graphs.find(key);
     if (found == graphs.end()) {
-      found =
-          graphs.emplace(key, build(x, weight, stride, padding, out.sizes(), out.strides())).first;
+      found = graphs
+                  .emplace(key, build(x, weight, stride, padding, out.sizes(), out.strides(),
+                                      input_nonnegative))
+                  .first;
       why = found->second->why_not;  // said once, where the shape was first seen
     }
     entry = found->second;
@@ -179,6 +243,10 @@ bool cudnn_conv_with_stats(const at::Tensor& x, const at::Tensor& weight, at::In
                                              {kY, out.mutable_data_ptr()},
                                              {kSum, stats[0].mutable_data_ptr()},
                                              {kSquares, stats[1].mutable_data_ptr()}};
+  if (entry->ones.defined()) {
+    pack[kScale] = entry->ones.mutable_data_ptr();
+    pack[kBias] = entry->zeros.mutable_data_ptr();
+  }
   fe::error_t e;
   {
     std::lock_guard<std::mutex> lock(entry->running);
@@ -200,7 +268,7 @@ namespace tandem::models::detail {
 bool cudnn_graphs_compiled() { return false; }
 
 bool cudnn_conv_with_stats(const at::Tensor&, const at::Tensor&, at::IntArrayRef, at::IntArrayRef,
-                           at::Tensor&, at::Tensor&, std::string& why) {
+                           bool, at::Tensor&, at::Tensor&, std::string& why) {
   why.clear();
   return false;
 }

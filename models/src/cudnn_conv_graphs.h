@@ -18,11 +18,13 @@ bool cudnn_graphs_compiled();
 /// and sum of squares of its output, computed in the convolution's epilogue (cuDNN's "genstats"),
 /// as one graph on the current stream with LibTorch's cuDNN handle and a workspace from its
 /// caching allocator (capture-safe once the shape's graph is built). x and weight: CUDA, half,
-/// channels-last. Returns false, writing nothing, where there is no such graph for this shape on
-/// this GPU (`why` then says why, the first time for the shape; empty after); else y (N, K, H',
-/// W') channels-last half and sums (2, K) float32: row 0 Σy, row 1 Σy² over N·H'·W'.
+/// channels-last; `input_nonnegative`: x is a ReLU's output, so a form with a ReLU before the
+/// convolution may stand in where cuDNN has no engine for the plain one. Returns false, writing
+/// nothing, where there is no such graph for this shape on this GPU (`why` then says why, the
+/// first time for the shape; empty after); else y (N, K, H', W') channels-last half and sums
+/// (2, K) float32: row 0 Σy, row 1 Σy² over N·H'·W'.
 bool cudnn_conv_with_stats(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
-                           at::IntArrayRef padding, at::Tensor& y, at::Tensor& sums,
-                           std::string& why);
+                           at::IntArrayRef padding, bool input_nonnegative, at::Tensor& y,
+                           at::Tensor& sums, std::string& why);
 
 }  // namespace tandem::models::detail

@@ -136,8 +136,10 @@ class ConvWeights {
   }
 
   // conv(x) and, where asked for and one cuDNN graph gives them (conv2d_with_stats), its
-  // output's per-channel sums for the batch norm that follows; else no sums.
-  ConvAndSums conv_and_sums(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) const {
+  // output's per-channel sums for the batch norm that follows; else no sums. Every ResNet
+  // convolution's input but the stem's is a ReLU's output.
+  ConvAndSums conv_and_sums(torch::nn::Conv2dImpl& conv, const torch::Tensor& x,
+                            bool input_nonnegative = true) const {
     const auto found = cast_.find(&conv);
     const auto& o = conv.options;
     const auto& dilation = *o.dilation();
@@ -145,7 +147,8 @@ class ConvWeights {
         dilation[1] != 1 || o.groups() != 1)
       return {this->conv(conv, x), {}};
     return conv2d_with_stats(x, found->second, o.stride(),
-                             *std::get_if<torch::ExpandingArray<2>>(&o.padding()));
+                             *std::get_if<torch::ExpandingArray<2>>(&o.padding()),
+                             input_nonnegative);
   }
 
  private:
@@ -337,8 +340,8 @@ torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
     const ConvWeights w = cast_weights_together_
                               ? ConvWeights::for_autocast(*this, stats_in_convolutions_)
                               : ConvWeights();
-    const torch::Tensor stem =
-        max_pool_3x3_stride2(bn_relu(path, w.conv_and_sums(*conv1, x), *bn1));
+    const torch::Tensor stem = max_pool_3x3_stride2(
+        bn_relu(path, w.conv_and_sums(*conv1, x, /*input_nonnegative=*/false), *bn1));
     TensorPair y{stem, stem};
     for (const auto* layer : {&layer1, &layer2, &layer3, &layer4})
       for (const auto& block : (*layer)->children()) y = block_twice(block, y, w);

@@ -94,10 +94,10 @@ TEST(ConvWithStatsGpuTest, TheOutputIsTheConvolutionsAndTheSumsAreItsEveryRun) {
                              .to(cuda, at::kHalf)
                              .contiguous(cl);
     const int64_t pad = s.kernel / 2;
-    const ConvAndSums a = conv2d_with_stats(x, w, {s.stride, s.stride}, {pad, pad});
+    const ConvAndSums a = conv2d_with_stats(x, w, {s.stride, s.stride}, {pad, pad}, true);
     // The caching allocator hands the second call the first's freed sums: sums that were added
     // to what their buffer held would show here.
-    const ConvAndSums b = conv2d_with_stats(x, w, {s.stride, s.stride}, {pad, pad});
+    const ConvAndSums b = conv2d_with_stats(x, w, {s.stride, s.stride}, {pad, pad}, true);
     ASSERT_TRUE(a.sums.defined()) << "not fused: cuDNN had no graph for the shape (see stderr)";
     EXPECT_TRUE(a.y.is_contiguous(cl));
     EXPECT_EQ(a.sums.sizes(), (std::vector<int64_t>{2, s.k}));
@@ -123,7 +123,7 @@ TEST(ConvWithStatsGpuTest, TheGradientsAreLibTorchsConvolutionBackwards) {
       torch::rand({8, 32, 14, 14}).to(cuda, at::kHalf).contiguous(cl).requires_grad_();
   const at::Tensor w =
       (torch::randn({32, 32, 3, 3}) * 0.08).to(cuda, at::kHalf).contiguous(cl).requires_grad_();
-  const ConvAndSums out = conv2d_with_stats(x, w, {2, 2}, {1, 1});
+  const ConvAndSums out = conv2d_with_stats(x, w, {2, 2}, {1, 1}, true);
   EXPECT_TRUE(out.sums.defined());
   EXPECT_FALSE(out.sums.requires_grad());
   const at::Tensor xr = x.detach().clone().requires_grad_(),

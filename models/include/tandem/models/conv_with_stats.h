@@ -23,8 +23,11 @@ struct ConvAndSums {
 /// on). The sums are not differentiable: a batch norm's backward accounts for its statistics
 /// itself. The gradients are LibTorch's convolution backward's. Runs on the current stream;
 /// capture-safe once a shape has run eagerly (its graph is built on first use).
+/// `input_nonnegative`: x is a ReLU's output (every ResNet convolution's but the stem's), which
+/// lets a form of the graph with a ReLU before the convolution stand in where cuDNN has an
+/// engine only for that form; the values are the same. Not checked: a false claim changes y.
 ConvAndSums conv2d_with_stats(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
-                              at::IntArrayRef padding);
+                              at::IntArrayRef padding, bool input_nonnegative = false);
 
 /// Whether this build has cuDNN's graph API (conv2d_with_stats never fuses without it).
 bool conv_with_stats_compiled();
