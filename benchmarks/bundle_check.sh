@@ -4,7 +4,8 @@
 # .ref/old's, built there), wallclock (benchmarks/wallclock.py, the package against the older one
 # where packed or built), profile (the ResNet step's kernels,
 # profile_resnet.sh), train (`tandem train`'s evaluations from a generated photo folder: the
-# first beside the later ones), gputest (the gpu-labelled tests), probe (cuDNN's fused graphs,
+# first beside the later ones), precision (`tandem train`'s accuracy and rate in bf16 and fp16
+# from a generated folder), gputest (the gpu-labelled tests), probe (cuDNN's fused graphs,
 # benchmarks/lab/cudnn_fusion_probe.sh), resnet_ab (the ResNets' step, this build against
 # .ref/bundle-old's: benchmarks/resnet_ab_table.py), sanitize (compute-sanitizer's memcheck,
 # racecheck and synccheck over the GPU tests SANITIZE_FILTER names), ncu (each launch of the
@@ -205,6 +206,46 @@ resnet_ab)
     done
   done
   python3 benchmarks/resnet_ab_table.py "$LOGS" "$OUT/resnet-ab.json" | tee -a "$LOGS/summary.log" ;;
+precision)
+  await_packages  # no build beside a timed phase
+  # `tandem train` from the generated photo folder (a tenth held out), ResNet-18, in each of
+  # TRAIN_PRECISIONS (bf16 fp16) and seeds 1 and 2: the held-out accuracy and loss after
+  # PRECISION_EPOCHS (12) epochs, and the training rate, each precision beside the others.
+  folder=/tmp/tandem-photos-bundle
+  [ -d "$folder" ] || python3 scripts/make_image_folder.py "$folder" --count 3000 --classes 10 \
+    >"$LOGS/make-folder.log" 2>&1
+  for precision in ${TRAIN_PRECISIONS:-bf16 fp16}; do
+    for seed in 1 2; do
+      [ "$(left)" -gt 40 ] || break 2
+      timeout $(($(left) - 5)) build/tandem train --data "$folder" --val-split 0.1 \
+        --model resnet18 --precision "$precision" --channels-last --batch-size 256 \
+        --optimizer sgd --lr 0.1 --epochs "${PRECISION_EPOCHS:-12}" --workers 15 --quiet \
+        --seed "$seed" --out "$LOGS/precision-$precision-$seed" \
+        >"$LOGS/precision-$precision-$seed.log" 2>&1
+      say "precision $precision seed $seed: exit $?"
+    done
+  done
+  python3 - "$LOGS" "$OUT/precision.json" <<'EOF' | tee -a "$LOGS/summary.log"
+import glob, json, os, sys
+logs, out = sys.argv[1:]
+rows = []
+for path in sorted(glob.glob(os.path.join(logs, "precision-*-*", "metrics.jsonl"))):
+    _, precision, seed = os.path.basename(os.path.dirname(path)).split("-")
+    evals = [json.loads(l) for l in open(path) if l.strip()]
+    evals = [e for e in evals if "accuracy" in e]
+    if not evals:
+        continue
+    last = evals[-1]
+    rows.append({"precision": precision, "seed": int(seed), "accuracy": last["accuracy"],
+                 "val_loss": last.get("val_loss"), "train_loss": last.get("train_loss"),
+                 "epoch_images_per_s": [e.get("epoch_images_per_s") for e in evals],
+                 "accuracy_by_epoch": [e["accuracy"] for e in evals]})
+    print("precision", precision, "seed", seed, "accuracy", last["accuracy"],
+          "val_loss", round(last.get("val_loss") or 0, 4),
+          "last epoch img/s", round(evals[-1].get("epoch_images_per_s") or 0))
+json.dump({"rows": rows}, open(out, "w"), indent=1)
+EOF
+  ;;
 probe)
   # Which of cuDNN's fused convolution + batch-norm graphs run here, and their time beside the
   # plain convolutions (built on this machine's side: cudnn_fusion_probe.sh build).

@@ -53,7 +53,7 @@ const std::vector<WorkloadParam>& images_params() {
        "a batch norm gives its output's sums from its own epilogue, one cuDNN graph, and the "
        "batch norm does not read the activation for its statistics; where cuDNN has no such "
        "graph the convolution runs plain) or pass (the batch norm's own pass over its input)",
-       {"pass", "conv"}},
+       {"conv", "pass"}},
       {"classes", "classes of resident data (default 10; 1000 as ImageNet's head)", {}},
       {"source",
        "files (the --data folder, decoded by the loader's workers) or resident (one batch "

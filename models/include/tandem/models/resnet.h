@@ -38,7 +38,7 @@ struct ResNetOptions {
   /// epilogue (conv_with_stats.h: one cuDNN graph), and the batch norm finalizes them instead of
   /// reading the activation for its statistics. Where cuDNN has no such graph (bf16 on Hopper,
   /// say) the convolutions run as without it. false: the batch norms read their inputs.
-  bool stats_in_convolutions = false;
+  bool stats_in_convolutions = true;
 };
 
 /// The residual block of ResNet-18/34: two 3x3 convs, `expansion` 1. Children, in torchvision's
@@ -118,7 +118,7 @@ class ResNetImpl : public torch::nn::Module {
   int64_t feature_dim_ = 0;
   bool fused_batch_norm_ = true;
   bool cast_weights_together_ = true;
-  bool stats_in_convolutions_ = false;
+  bool stats_in_convolutions_ = true;
 };
 TORCH_MODULE(ResNet);
 

@@ -51,7 +51,7 @@ struct ImagesOptions {
   bool cast_weights_together = true;
   /// r18_full, r50_full under fp16 with the casts together: the batch norms' sums from the
   /// convolutions' epilogues (models::ResNetOptions::stats_in_convolutions).
-  bool stats_in_convolutions = false;
+  bool stats_in_convolutions = true;
   int64_t classes = 10;  ///< the head's outputs for resident data (a folder has its own)
 };
 
