@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,7 +86,7 @@ const ConvShape kConvShapes[] = {{64, 16, 14, 1, 1},
                                  {32, 32, 14, 3, 2},
                                  {64, 128, 14, 1, 2}};
 
-TEST(ConvWithStatsGpuTest, TheOutputIsTheConvolutionsAndTheSumsAreItsEveryRun) {
+TEST(ConvWithStatsGpuTest, TheOutputIsTheConvolutionsAndTheSumsAreItsOutputsEveryRun) {
   TANDEM_SKIP_WITHOUT_CUDA();
   ASSERT_TRUE(conv_with_stats_compiled()) << "this build has no cuDNN frontend";
   const c10::Device cuda(c10::kCUDA, 0);
@@ -101,10 +102,15 @@ TEST(ConvWithStatsGpuTest, TheOutputIsTheConvolutionsAndTheSumsAreItsEveryRun) {
                              .to(cuda, at::kHalf)
                              .contiguous(cl);
     const int64_t pad = s.kernel / 2;
-    const ConvAndSums a = conv2d_with_stats(x, w, {s.stride, s.stride}, {pad, pad}, true);
-    // The caching allocator hands the second call the first's freed sums: sums that were added
-    // to what their buffer held would show here.
-    const ConvAndSums b = conv2d_with_stats(x, w, {s.stride, s.stride}, {pad, pad}, true);
+    // Each call's sums land in a block the caching allocator hands on from a freed tensor of
+    // NaN: sums added to what their buffer held, rather than written, would be NaN.
+    auto run = [&] {
+      (void)at::full({2, s.k}, std::numeric_limits<float>::quiet_NaN(),
+                     x.options().dtype(at::kFloat));
+      return conv2d_with_stats(x, w, {s.stride, s.stride}, {pad, pad}, true);
+    };
+    const ConvAndSums a = run();
+    const ConvAndSums b = run();
     ASSERT_TRUE(a.sums.defined()) << "not fused: cuDNN had no graph for the shape (see stderr)";
     EXPECT_TRUE(a.y.is_contiguous(cl));
     EXPECT_EQ(a.sums.sizes(), (std::vector<int64_t>{2, s.k}));
@@ -114,10 +120,14 @@ TEST(ConvWithStatsGpuTest, TheOutputIsTheConvolutionsAndTheSumsAreItsEveryRun) {
     // after their rounding to half: within half's rounding, averaged over the rows.
     const at::Tensor y64 = a.y.to(at::kDouble);
     const at::Tensor sum = y64.sum({0, 2, 3}), squares = y64.square().sum({0, 2, 3});
-    EXPECT_LT(relative_gap(a.sums[0], sum), 1e-3);
-    EXPECT_LT(relative_gap(a.sums[1], squares), 1e-3);
+    for (const ConvAndSums* r : {&a, &b}) {
+      EXPECT_LT(relative_gap(r->sums[0], sum), 1e-3);
+      EXPECT_LT(relative_gap(r->sums[1], squares), 1e-3);
+    }
     EXPECT_TRUE(at::equal(a.y, b.y));
-    EXPECT_TRUE(at::equal(a.sums, b.sums)) << "the sums differ between two runs";
+    // The epilogue's reduction order varies between runs on some shapes (not bit for bit): the
+    // same sums within float32's rounding of them.
+    EXPECT_LT(relative_gap(a.sums, b.sums), 1e-5) << "the sums of two runs";
   }
 }
 
@@ -179,7 +189,8 @@ struct HalfStep {
 
 // One half-precision training step of a channels-last ResNet (the net's factory), from the same
 // weights and data, with its batch norms' sums from the convolutions or read by the batch norms.
-HalfStep half_resnet_step(ResNet (*make)(ResNetOptions), bool stats_in_convolutions) {
+HalfStep half_resnet_step(ResNet (*make)(ResNetOptions), bool stats_in_convolutions,
+                          Precision precision = Precision::kFp16) {
   const c10::Device cuda(c10::kCUDA, 0);
   torch::manual_seed(12);
   ResNetOptions options;
@@ -194,7 +205,7 @@ HalfStep half_resnet_step(ResNet (*make)(ResNetOptions), bool stats_in_convoluti
   net->train();
   HalfStep r;
   {
-    AutocastScope autocast(cuda, Precision::kFp16);
+    AutocastScope autocast(cuda, precision);
     r.loss = at::cross_entropy_loss(net->forward(x).to(at::kFloat), labels);
   }
   // Scaled as a half-precision run scales its loss, so the gradients stay clear of half's
@@ -205,15 +216,24 @@ HalfStep half_resnet_step(ResNet (*make)(ResNetOptions), bool stats_in_convoluti
   return r;
 }
 
-// Within half's rounding: the two differ only in how each batch norm's statistics are summed.
+// Half precision's step with the sums from the convolutions is as near the float32 step as the
+// one whose batch norms read their inputs: half's rounding, not the sums, decides the distance
+// (a wrong statistic would put it far beyond).
 void expect_steps_match(ResNet (*make)(ResNetOptions), const char* name) {
   SCOPED_TRACE(name);
+  at::globalContext().setAllowTF32CuDNN(false);  // the float32 reference without TF32
+  const HalfStep exact = half_resnet_step(make, false, Precision::kFp32);
+  at::globalContext().setAllowTF32CuDNN(true);
   const HalfStep fused = half_resnet_step(make, true), read = half_resnet_step(make, false);
   EXPECT_LT(relative_gap(fused.loss, read.loss), 1e-2);
   ASSERT_EQ(fused.grads.size(), read.grads.size());
-  for (size_t i = 0; i < fused.grads.size(); ++i)
-    EXPECT_LT(norm_gap(fused.grads[i].second, read.grads[i].second), 5e-2)
-        << "gradient of " << fused.grads[i].first;
+  for (size_t i = 0; i < fused.grads.size(); ++i) {
+    const double fused_gap = norm_gap(fused.grads[i].second, exact.grads[i].second);
+    const double read_gap = norm_gap(read.grads[i].second, exact.grads[i].second);
+    EXPECT_LT(fused_gap, 1.5 * read_gap + 1e-3)
+        << "gradient of " << fused.grads[i].first << ": " << fused_gap << " from float32's, "
+        << read_gap << " reading the inputs";
+  }
   for (size_t i = 0; i < fused.buffers.size(); ++i)
     EXPECT_LT(relative_gap(fused.buffers[i].second, read.buffers[i].second), 1e-2)
         << fused.buffers[i].first;
