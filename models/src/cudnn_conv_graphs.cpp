@@ -149,9 +149,9 @@ std::shared_ptr<fe::graph::Graph> build_form(const at::Tensor& x, const at::Tens
   e = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
   if (e.is_bad()) return failed(e, "create_execution_plans");
   // No engine cuDNN notes as nondeterministic. The genstats engines Hopper runs carry no such
-  // note and still reduce in an order that varies on some shapes (the sums of two runs differ
-  // in float32's last bits): conv2d_with_stats is off where deterministic algorithms are
-  // requested.
+  // note and still reduce in an order that varies on some shapes (the sums of two runs are not
+  // the same bits; measured on an H100 and an H200): conv2d_with_stats is off where
+  // deterministic algorithms are requested.
   g->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
   e = g->check_support();
   if (e.is_bad()) return failed(e, "check_support");

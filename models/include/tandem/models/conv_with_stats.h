@@ -19,11 +19,11 @@ struct ConvAndSums {
 /// conv2d(x, weight, no bias, stride, padding) for a 4-D x and (K, C, R, S) weight (dilation 1,
 /// one group), with its output's sums where one cuDNN graph computes both: CUDA half tensors in
 /// channels-last order, cuDNN enabled, deterministic algorithms not requested (the epilogue's
-/// reduction order varies between runs on some shapes: the sums agree to float32's last bits,
-/// not bit for bit), and an engine for the shape on this GPU (a shape without one is said once on
-/// stderr and runs unfused from then on). The sums are not differentiable: a batch norm's backward accounts for its statistics
-/// itself. The gradients are LibTorch's convolution backward's. Runs on the current stream;
-/// capture-safe once a shape has run eagerly (its graph is built on first use).
+/// reduction order varies between runs on some shapes: the sums are not the same bits every
+/// run), and an engine for the shape on this GPU (a shape without one is said once on stderr and
+/// runs unfused from then on). The sums are not differentiable: a batch norm's backward accounts
+/// for its statistics itself. The gradients are LibTorch's convolution backward's. Runs on the
+/// current stream; capture-safe once a shape has run eagerly (its graph is built on first use).
 /// `input_nonnegative`: x is a ReLU's output (every ResNet convolution's but the stem's), which
 /// lets a form of the graph with a ReLU before the convolution stand in where cuDNN has an
 /// engine only for that form; the values are the same. Not checked: a false claim changes y.
