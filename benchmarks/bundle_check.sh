@@ -41,6 +41,14 @@ use_build() {
   fi
 }
 
+# The generated photo folder the train and precision phases train from (3,000 photos of 10
+# classes, 320-640 px), made once a machine.
+photo_folder=/tmp/tandem-photos-bundle
+make_photo_folder() {
+  [ -d "$photo_folder" ] || python3 scripts/make_image_folder.py "$photo_folder" --count 3000 \
+    --classes 10 >"$LOGS/make-folder.log" 2>&1
+}
+
 # A tree's sources, as one checksum: what decides whether a package built earlier is its.
 sources_stamp() {
   (cd "$1" && find python src include models data distributed train run tools CMakeLists.txt \
@@ -110,9 +118,8 @@ train)
   await_packages  # no build beside a timed phase
   [ "$(left)" -gt 120 ] || { say "train: skipped ($(left) s left)"; continue; }
   say "train: photos 320-640 px, ResNet-18, the first evaluation beside the later ones"
-  folder=/tmp/tandem-photos-bundle
-  [ -d "$folder" ] || python3 scripts/make_image_folder.py "$folder" --count 3000 --classes 10 \
-    >"$LOGS/make-folder.log" 2>&1
+  make_photo_folder
+  folder=$photo_folder
   [ -d "$folder-val" ] || python3 scripts/make_image_folder.py "$folder-val" --count 2000 \
     --classes 10 --seed 1 >>"$LOGS/make-folder.log" 2>&1
   # The tree's build, and where packed (.ref/bundle-old: an older build's libraries, found
@@ -211,9 +218,8 @@ precision)
   # `tandem train` from the generated photo folder (a tenth held out), ResNet-18, in each of
   # TRAIN_PRECISIONS (bf16 fp16) and seeds 1 and 2: the held-out accuracy and loss after
   # PRECISION_EPOCHS (12) epochs, and the training rate, each precision beside the others.
-  folder=/tmp/tandem-photos-bundle
-  [ -d "$folder" ] || python3 scripts/make_image_folder.py "$folder" --count 3000 --classes 10 \
-    >"$LOGS/make-folder.log" 2>&1
+  make_photo_folder
+  folder=$photo_folder
   for precision in ${TRAIN_PRECISIONS:-bf16 fp16}; do
     for seed in 1 2; do
       [ "$(left)" -gt 40 ] || break 2

@@ -10,6 +10,8 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cudnn/Handle.h>
+#include <ATen/native/ConvUtils.h>
+#include <c10/core/MemoryFormat.h>
 #include <cudnn_frontend.h>
 #include <dlfcn.h>
 
@@ -71,6 +73,17 @@ std::string describe(fe::error_t e, const char* stage) {
 // the frontend's NHWC strides over N, C, H, W dims).
 std::vector<int64_t> vec(at::IntArrayRef a) { return {a.begin(), a.end()}; }
 
+// An input of the graph laid out as the tensor it will be given.
+std::shared_ptr<fe::graph::Tensor_attributes> input_like(fe::graph::Graph& g, const char* name,
+                                                         Uid uid, const at::Tensor& t) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim(vec(t.sizes()))
+                      .set_stride(vec(t.strides()))
+                      .set_data_type(fe::DataType_t::HALF));
+}
+
 fe::graph::Pointwise_attributes pointwise(fe::PointwiseMode_t mode, const char* name) {
   return fe::graph::Pointwise_attributes().set_name(name).set_mode(mode).set_compute_data_type(
       fe::DataType_t::FLOAT);
@@ -87,18 +100,8 @@ std::shared_ptr<fe::graph::Graph> build_form(const at::Tensor& x, const at::Tens
   g->set_io_data_type(fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto X = g->tensor(fe::graph::Tensor_attributes()
-                         .set_name("x")
-                         .set_uid(kX)
-                         .set_dim(vec(x.sizes()))
-                         .set_stride(vec(x.strides()))
-                         .set_data_type(fe::DataType_t::HALF));
-  auto W = g->tensor(fe::graph::Tensor_attributes()
-                         .set_name("w")
-                         .set_uid(kW)
-                         .set_dim(vec(w.sizes()))
-                         .set_stride(vec(w.strides()))
-                         .set_data_type(fe::DataType_t::HALF));
+  auto X = input_like(*g, "x", kX, x);
+  auto W = input_like(*g, "w", kW, w);
   auto conv_input = X;
   if (prologue != Prologue::kNone) {
     const int64_t c = x.size(1);
@@ -190,9 +193,8 @@ std::shared_ptr<ConvStatsGraph> build(const at::Tensor& x, const at::Tensor& w,
 std::string key_of(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride,
                    at::IntArrayRef padding, bool input_nonnegative) {
   std::ostringstream key;
-  key << input_nonnegative << '|';
-  key << x.get_device() << '|' << x.sizes() << x.strides() << '|' << w.sizes() << w.strides() << '|'
-      << stride << padding;
+  key << input_nonnegative << '|' << x.get_device() << '|' << x.sizes() << x.strides() << '|'
+      << w.sizes() << w.strides() << '|' << stride << padding;
   return key.str();
 }
 
@@ -209,12 +211,10 @@ bool cudnn_conv_with_stats(const at::Tensor& x, const at::Tensor& weight, at::In
     std::call_once(said, [&] { why = "libcudnn.so.9 could not be loaded"; });
     return false;
   }
-  // The output's sizes, as the convolution gives them.
-  const int64_t n = x.size(0), k = weight.size(0);
-  const int64_t h = (x.size(2) + 2 * padding[0] - weight.size(2)) / stride[0] + 1;
-  const int64_t wd = (x.size(3) + 2 * padding[1] - weight.size(3)) / stride[1] + 1;
-  at::Tensor out =
-      at::empty({n, k, h, wd}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  // The output as the convolution gives it, channels-last.
+  const std::vector<int64_t> y_sizes =
+      at::native::conv_output_size(x.sizes(), weight.sizes(), padding, stride, {1, 1});
+  const std::vector<int64_t> y_strides = c10::get_channels_last_strides_2d(y_sizes);
 
   static std::mutex mutex;
   static std::unordered_map<std::string, std::shared_ptr<ConvStatsGraph>> graphs;
@@ -225,8 +225,8 @@ bool cudnn_conv_with_stats(const at::Tensor& x, const at::Tensor& weight, at::In
     auto found = graphs.find(key);
     if (found == graphs.end()) {
       found = graphs
-                  .emplace(key, build(x, weight, stride, padding, out.sizes(), out.strides(),
-                                      input_nonnegative))
+                  .emplace(key,
+                           build(x, weight, stride, padding, y_sizes, y_strides, input_nonnegative))
                   .first;
       why = found->second->why_not;  // said once, where the shape was first seen
     }
@@ -234,7 +234,8 @@ bool cudnn_conv_with_stats(const at::Tensor& x, const at::Tensor& weight, at::In
   }
   if (!entry->graph) return false;
 
-  at::Tensor stats = at::empty({2, k}, x.options().dtype(at::kFloat));
+  at::Tensor out = at::empty(y_sizes, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  at::Tensor stats = at::empty({2, weight.size(0)}, x.options().dtype(at::kFloat));
   at::Tensor workspace =
       at::empty({std::max<int64_t>(entry->workspace, 1)}, x.options().dtype(at::kByte));
   cudnnHandle_t handle = at::native::getCudnnHandle();

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <string>
 
+#include "resnet_step.h"
 #include "tandem/detail/autocast.h"
 #include "tandem/error.h"
 #include "tandem/models/resnet.h"
@@ -19,10 +20,7 @@
 namespace tandem::models {
 namespace {
 
-double max_relative(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor fa = a.to(at::kDouble).cpu(), fb = b.to(at::kDouble).cpu();
-  return (fa - fb).abs().max().item<double>() / std::max(fb.abs().max().item<double>(), 1e-12);
-}
+using test_steps::max_relative;
 
 struct Case {
   int64_t n, c, h, w;
@@ -291,36 +289,17 @@ TEST(BatchNormReluGpuTest, RepeatsBitForBit) {
 // batch norm's backward cancels most of the gradient, so one rounding step moves what is left by
 // tens of percent in either version (a layer-4 weight gradient differed by 0.65 of its largest
 // value in a try).
-struct StepResult {
-  at::Tensor loss;
-  std::vector<std::pair<std::string, at::Tensor>> grads, buffers;
-};
-
-StepResult resnet_step(bool fused, bool bf16) {
-  const c10::Device cuda(c10::kCUDA, 0);
-  torch::manual_seed(12);  // the same weights and data for both versions
-  ResNet net = resnet18(ResNetOptions{10, fused});
-  const at::Tensor x = torch::randn({16, 3, 64, 64}).to(cuda);
-  const at::Tensor labels = torch::randint(0, 10, {16}, torch::kLong).to(cuda);
-  net->to(cuda);
-  to_channels_last(*net);
-  net->train();
-  StepResult r;
-  {
-    AutocastScope autocast(cuda, bf16 ? Precision::kBf16 : Precision::kFp32);
-    r.loss = at::cross_entropy_loss(
-        net->forward(x.contiguous(at::MemoryFormat::ChannelsLast)).to(at::kFloat), labels);
-  }
-  r.loss.backward();
-  for (const auto& p : net->named_parameters()) r.grads.emplace_back(p.key(), p.value().grad());
-  for (const auto& b : net->named_buffers()) r.buffers.emplace_back(b.key(), b.value());
-  return r;
+test_steps::ResNetStep resnet_step(bool fused, bool bf16) {
+  ResNetOptions options;
+  options.num_classes = 10;
+  options.fused_batch_norm = fused;
+  return test_steps::resnet_step(resnet18, options, bf16 ? Precision::kBf16 : Precision::kFp32);
 }
 
 TEST(BatchNormReluGpuTest, AResNetStepMatchesTheUnfusedOne) {
   TANDEM_SKIP_WITHOUT_CUDA();
   at::globalContext().setAllowTF32CuDNN(false);  // float32 convolutions, not TF32
-  const StepResult f = resnet_step(true, false), u = resnet_step(false, false);
+  const test_steps::ResNetStep f = resnet_step(true, false), u = resnet_step(false, false);
   at::globalContext().setAllowTF32CuDNN(true);
   EXPECT_LT(max_relative(f.loss, u.loss), 1e-5);
   ASSERT_EQ(f.grads.size(), u.grads.size());
@@ -331,7 +310,7 @@ TEST(BatchNormReluGpuTest, AResNetStepMatchesTheUnfusedOne) {
     EXPECT_LT(max_relative(f.buffers[i].second, u.buffers[i].second), 1e-5)
         << "float32 " << f.buffers[i].first;
 
-  const StepResult fb = resnet_step(true, true), ub = resnet_step(false, true);
+  const test_steps::ResNetStep fb = resnet_step(true, true), ub = resnet_step(false, true);
   EXPECT_LT(max_relative(fb.loss, ub.loss), 2e-2);
   for (size_t i = 0; i < fb.buffers.size(); ++i)
     EXPECT_LT(max_relative(fb.buffers[i].second, ub.buffers[i].second), 2e-2)

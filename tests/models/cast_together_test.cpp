@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "resnet_step.h"
 #include "tandem/detail/autocast.h"
 #include "tandem/models/resnet.h"
 #include "test_util.h"
@@ -74,47 +75,20 @@ TEST(CastTogetherGpuTest, EachTensorIsItsCastAndItsGradientComesBackInItsDtypeAn
   expect_casts_and_gradients(c10::Device(c10::kCUDA, 0));
 }
 
-struct Step {
-  at::Tensor loss;
-  std::vector<std::pair<std::string, at::Tensor>> grads, buffers;
-};
-
 // Two bf16 training steps of a channels-last ResNet-18 (the second reads weights the first's
 // update wrote), from the same weights and data.
-Step resnet_steps(bool cast_weights_together) {
-  const c10::Device cuda(c10::kCUDA, 0);
-  torch::manual_seed(12);
+test_steps::ResNetStep resnet_steps(bool cast_weights_together) {
   ResNetOptions options;
   options.num_classes = 10;
   options.cast_weights_together = cast_weights_together;
-  ResNet net = resnet18(options);
-  const at::Tensor x =
-      torch::randn({16, 3, 64, 64}).to(cuda).contiguous(at::MemoryFormat::ChannelsLast);
-  const at::Tensor labels = torch::randint(0, 10, {16}, torch::kLong).to(cuda);
-  net->to(cuda);
-  to_channels_last(*net);
-  net->train();
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  Step r;
-  for (int step = 0; step < 2; ++step) {
-    sgd.zero_grad();
-    {
-      AutocastScope autocast(cuda, Precision::kBf16);
-      r.loss = at::cross_entropy_loss(net->forward(x).to(at::kFloat), labels);
-    }
-    r.loss.backward();
-    if (step == 0) sgd.step();
-  }
-  for (const auto& p : net->named_parameters()) r.grads.emplace_back(p.key(), p.value().grad());
-  for (const auto& b : net->named_buffers()) r.buffers.emplace_back(b.key(), b.value());
-  return r;
+  return test_steps::resnet_step(resnet18, options, Precision::kBf16, /*steps=*/2);
 }
 
 TEST(CastTogetherGpuTest, AResNetStepIsAutocastsOwnBitForBit) {
   TANDEM_SKIP_WITHOUT_CUDA();
   at::globalContext().setDeterministicCuDNN(true);
   at::globalContext().setBenchmarkCuDNN(false);
-  const Step together = resnet_steps(true), autocast = resnet_steps(false);
+  const test_steps::ResNetStep together = resnet_steps(true), autocast = resnet_steps(false);
   at::globalContext().setDeterministicCuDNN(false);
   EXPECT_TRUE(at::equal(together.loss, autocast.loss))
       << together.loss.item<float>() << " against " << autocast.loss.item<float>();

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "resnet_step.h"
 #include "tandem/detail/autocast.h"
 #include "tandem/error.h"
 #include "tandem/models/batch_norm_relu.h"
@@ -23,10 +24,7 @@
 namespace tandem::models {
 namespace {
 
-double relative_gap(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor fa = a.to(at::kDouble).cpu(), fb = b.to(at::kDouble).cpu();
-  return (fa - fb).abs().max().item<double>() / std::max(fb.abs().max().item<double>(), 1e-12);
-}
+using test_steps::max_relative;
 
 // ||a - b|| / ||b||: a whole gradient's difference, where a few of its elements meet the
 // rounding of half's smallest values.
@@ -115,19 +113,19 @@ TEST(ConvWithStatsGpuTest, TheOutputIsTheConvolutionsAndTheSumsAreItsOutputsEver
     EXPECT_TRUE(a.y.is_contiguous(cl));
     EXPECT_EQ(a.sums.sizes(), (std::vector<int64_t>{2, s.k}));
     const at::Tensor ref = at::conv2d(x, w, {}, {s.stride, s.stride}, {pad, pad});
-    EXPECT_LT(relative_gap(a.y, ref), 5e-3);
+    EXPECT_LT(max_relative(a.y, ref), 5e-3);
     // The sums of the output as written (half) in float64; the epilogue sums values before or
     // after their rounding to half: within half's rounding, averaged over the rows.
     const at::Tensor y64 = a.y.to(at::kDouble);
     const at::Tensor sum = y64.sum({0, 2, 3}), squares = y64.square().sum({0, 2, 3});
     for (const ConvAndSums* r : {&a, &b}) {
-      EXPECT_LT(relative_gap(r->sums[0], sum), 1e-3);
-      EXPECT_LT(relative_gap(r->sums[1], squares), 1e-3);
+      EXPECT_LT(max_relative(r->sums[0], sum), 1e-3);
+      EXPECT_LT(max_relative(r->sums[1], squares), 1e-3);
     }
     EXPECT_TRUE(at::equal(a.y, b.y));
     // The epilogue's reduction order varies between runs on some shapes (not bit for bit): the
     // same sums within float32's rounding of them.
-    EXPECT_LT(relative_gap(a.sums, b.sums), 1e-5) << "the sums of two runs";
+    EXPECT_LT(max_relative(a.sums, b.sums), 1e-5) << "the sums of two runs";
   }
 }
 
@@ -149,8 +147,8 @@ TEST(ConvWithStatsGpuTest, TheGradientsAreLibTorchsConvolutionBackwards) {
   const at::Tensor dy = torch::randn(ref.sizes()).to(cuda, at::kHalf).contiguous(cl);
   out.y.backward(dy);
   ref.backward(dy);
-  EXPECT_LT(relative_gap(x.grad(), xr.grad()), 5e-3);
-  EXPECT_LT(relative_gap(w.grad(), wr.grad()), 5e-3);
+  EXPECT_LT(max_relative(x.grad(), xr.grad()), 5e-3);
+  EXPECT_LT(max_relative(w.grad(), wr.grad()), 5e-3);
 }
 
 // relu(bn(x)) from given sums against the same op reading x: the same output within half's
@@ -170,50 +168,28 @@ TEST(ConvWithStatsGpuTest, BatchNormReluFromGivenSumsIsTheOneReadingItsInput) {
   read->to(cuda);
   const at::Tensor xa = x0.clone().requires_grad_(), xb = x0.clone().requires_grad_();
   const at::Tensor ya = batch_norm_relu(xa, *given, {}, sums), yb = batch_norm_relu(xb, *read);
-  EXPECT_LT(relative_gap(ya, yb), 2e-3);
-  EXPECT_LT(relative_gap(given->running_mean, read->running_mean), 1e-4);
-  EXPECT_LT(relative_gap(given->running_var, read->running_var), 1e-4);
+  EXPECT_LT(max_relative(ya, yb), 2e-3);
+  EXPECT_LT(max_relative(given->running_mean, read->running_mean), 1e-4);
+  EXPECT_LT(max_relative(given->running_var, read->running_var), 1e-4);
   EXPECT_EQ(given->num_batches_tracked.item<int64_t>(), 1);
   const at::Tensor dy = torch::randn(x0.sizes()).to(cuda, at::kHalf).contiguous(cl);
   ya.backward(dy);
   yb.backward(dy);
-  EXPECT_LT(relative_gap(xa.grad(), xb.grad()), 1e-2);
-  EXPECT_LT(relative_gap(given->weight.grad(), read->weight.grad()), 1e-2);
-  EXPECT_LT(relative_gap(given->bias.grad(), read->bias.grad()), 1e-3);
+  EXPECT_LT(max_relative(xa.grad(), xb.grad()), 1e-2);
+  EXPECT_LT(max_relative(given->weight.grad(), read->weight.grad()), 1e-2);
+  EXPECT_LT(max_relative(given->bias.grad(), read->bias.grad()), 1e-3);
 }
 
-struct HalfStep {
-  at::Tensor loss;
-  std::vector<std::pair<std::string, at::Tensor>> grads, buffers;
-};
-
-// One half-precision training step of a channels-last ResNet (the net's factory), from the same
-// weights and data, with its batch norms' sums from the convolutions or read by the batch norms.
-HalfStep half_resnet_step(ResNet (*make)(ResNetOptions), bool stats_in_convolutions,
-                          Precision precision = Precision::kFp16) {
-  const c10::Device cuda(c10::kCUDA, 0);
-  torch::manual_seed(12);
+// One training step of a channels-last ResNet (the net's factory) under `precision`, from the
+// same weights and data, with its batch norms' sums from the convolutions or read by the batch
+// norms. Its loss scaled as a half-precision run scales it, so the gradients stay clear of
+// half's underflow (their comparison is of the sums, not of flushed values).
+test_steps::ResNetStep resnet_step(ResNet (*make)(ResNetOptions), bool stats_in_convolutions,
+                                   Precision precision = Precision::kFp16) {
   ResNetOptions options;
   options.num_classes = 10;
   options.stats_in_convolutions = stats_in_convolutions;
-  ResNet net = make(options);
-  const at::Tensor x =
-      torch::randn({16, 3, 64, 64}).to(cuda).contiguous(at::MemoryFormat::ChannelsLast);
-  const at::Tensor labels = torch::randint(0, 10, {16}, torch::kLong).to(cuda);
-  net->to(cuda);
-  to_channels_last(*net);
-  net->train();
-  HalfStep r;
-  {
-    AutocastScope autocast(cuda, precision);
-    r.loss = at::cross_entropy_loss(net->forward(x).to(at::kFloat), labels);
-  }
-  // Scaled as a half-precision run scales its loss, so the gradients stay clear of half's
-  // underflow (their comparison is of the sums, not of flushed values).
-  (r.loss * 1024).backward();
-  for (const auto& p : net->named_parameters()) r.grads.emplace_back(p.key(), p.value().grad());
-  for (const auto& b : net->named_buffers()) r.buffers.emplace_back(b.key(), b.value());
-  return r;
+  return test_steps::resnet_step(make, options, precision, /*steps=*/1, /*loss_scale=*/1024);
 }
 
 // Half precision's step with the sums from the convolutions is as near the float32 step as the
@@ -222,10 +198,10 @@ HalfStep half_resnet_step(ResNet (*make)(ResNetOptions), bool stats_in_convoluti
 void expect_steps_match(ResNet (*make)(ResNetOptions), const char* name) {
   SCOPED_TRACE(name);
   at::globalContext().setAllowTF32CuDNN(false);  // the float32 reference without TF32
-  const HalfStep exact = half_resnet_step(make, false, Precision::kFp32);
+  const test_steps::ResNetStep exact = resnet_step(make, false, Precision::kFp32);
   at::globalContext().setAllowTF32CuDNN(true);
-  const HalfStep fused = half_resnet_step(make, true), read = half_resnet_step(make, false);
-  EXPECT_LT(relative_gap(fused.loss, read.loss), 1e-2);
+  const test_steps::ResNetStep fused = resnet_step(make, true), read = resnet_step(make, false);
+  EXPECT_LT(max_relative(fused.loss, read.loss), 1e-2);
   ASSERT_EQ(fused.grads.size(), read.grads.size());
   for (size_t i = 0; i < fused.grads.size(); ++i) {
     const double fused_gap = norm_gap(fused.grads[i].second, exact.grads[i].second);
@@ -235,7 +211,7 @@ void expect_steps_match(ResNet (*make)(ResNetOptions), const char* name) {
         << read_gap << " reading the inputs";
   }
   for (size_t i = 0; i < fused.buffers.size(); ++i)
-    EXPECT_LT(relative_gap(fused.buffers[i].second, read.buffers[i].second), 1e-2)
+    EXPECT_LT(max_relative(fused.buffers[i].second, read.buffers[i].second), 1e-2)
         << fused.buffers[i].first;
 }
 
