@@ -187,21 +187,25 @@ resnet_ab)
   # (its start, cuDNN's tuning and the capture are in them). env: RESNET_AB_MODELS (r50_full
   # r18_full), BATCH (256), STEPS (100), ROUNDS (2), RESNET_AB_TUNED and RESNET_AB_TUNED2 (bench
   # flags: a third and fourth variant, this build with them, e.g. "--cudnn-benchmark-limit 0";
-  # a later --param wins).
+  # a later --param wins; a variant's --batch-size replaces BATCH), RESNET_AB_FLAGS (bench flags
+  # every variant takes, before its own, e.g. "--param precision=fp16").
   [ -d .ref/bundle-old/build ] || { say "resnet_ab: skipped (no .ref/bundle-old/build)"; continue; }
   say "resnet_ab: ${RESNET_AB_MODELS:=r50_full r18_full}, this build against .ref/bundle-old's"
   for round in $(seq "${ROUNDS:-2}"); do
     for which in new old ${RESNET_AB_TUNED:+tuned} ${RESNET_AB_TUNED2:+tuned2}; do
       use_build "$which"
       extra=()
-      [ "$which" = tuned ] && read -ra extra <<<"$RESNET_AB_TUNED"
-      [ "$which" = tuned2 ] && read -ra extra <<<"$RESNET_AB_TUNED2"
+      read -ra extra <<<"${RESNET_AB_FLAGS:-}"
+      [ "$which" = tuned ] && read -ra extra <<<"${RESNET_AB_FLAGS:-} $RESNET_AB_TUNED"
+      [ "$which" = tuned2 ] && read -ra extra <<<"${RESNET_AB_FLAGS:-} $RESNET_AB_TUNED2"
+      batch=(--batch-size "${BATCH:-256}")  # a variant's own --batch-size replaces it
+      [[ " ${extra[*]} " == *" --batch-size "* ]] && batch=()
       for model in $RESNET_AB_MODELS; do
         [ "$(left)" -gt 30 ] || break 3
         started=$(date +%s.%N)
         LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:-}" timeout $(($(left) - 10)) "$cli" bench \
           --workload images --param source=resident --param model="$model" \
-          --param precision=bf16 --param layout=channels_last --batch-size "${BATCH:-256}" \
+          --param precision=bf16 --param layout=channels_last "${batch[@]}" \
           --mode pipelined+graphed --steps "${STEPS:-100}" "${extra[@]}" \
           --json "$LOGS/resnet-$model-$which-$round.json" \
           >"$LOGS/resnet-$model-$which-$round.txt" 2>&1
@@ -268,13 +272,17 @@ mlperf_resident|mlperf_photos)
   # generated photo folders (MLPERF_SIDES, default "320-640 1000-2000"; MLPERF_COUNT photos),
   # tandem's loader and step (`tandem bench --param source=files --param decode=auto`) and
   # torchvision's loop (train_bench.py). env: MLPERF_MODELS (r50_full r18_full), MLPERF_BS (the
-  # resident rows' batch sizes, comma-separated: 256).
+  # resident rows' batch sizes, comma-separated: 256), MLPERF_PRECISION (bf16; fp16 or
+  # "bf16,fp16": the resident rows' autocast, fp16 with torch's GradScaler in the plain loops),
+  # MLPERF_IMPLS (tandem-cpp,compile,eager); tandem's photo rows run MLPERF_PRECISION's last.
   models=${MLPERF_MODELS:-r50_full r18_full}
+  : "${MLPERF_PRECISION:=bf16}"
   if [ "$phase" = mlperf_resident ]; then
     [ "$(left)" -gt 120 ] || { say "mlperf_resident: skipped ($(left) s left)"; continue; }
     say "mlperf_resident: $models, tandem-cpp, torch.compile, eager"
     timeout $(($(left) - 10)) python3 benchmarks/compile_bench.py --jobs "${models// /,}" \
-      --bs "${MLPERF_BS:-256}" --impls tandem-cpp,compile,eager --mode pipelined+graphed \
+      --bs "${MLPERF_BS:-256}" --impls "${MLPERF_IMPLS:-tandem-cpp,compile,eager}" \
+      --precision "${MLPERF_PRECISION:-bf16}" --mode pipelined+graphed \
       --steps 60 --warmup 15 \
       --tandem-cli build/tandem --timeout 240 --out "$LOGS/mlperf-resident.json" \
       >"$LOGS/mlperf-resident.log" 2>&1
@@ -289,7 +297,7 @@ mlperf_resident|mlperf_photos)
       for model in $models; do
         timeout $(($(left) - 10)) build/tandem bench --workload images --data "$folder" \
           --param source=files --param decode=auto --param model="$model" \
-          --param precision=bf16 --param layout=channels_last --batch-size 256 \
+          --param precision="${MLPERF_PRECISION##*,}" --param layout=channels_last --batch-size 256 \
           --mode pipelined+graphed --steps 60 --warmup 10 --workers 15 --no-gpu-monitor \
           --json "$LOGS/mlperf-files-$sides-$model.json" >"$LOGS/mlperf-files-$sides-$model.txt" 2>&1
         say "mlperf_photos: $sides $model tandem: exit $?"
@@ -307,14 +315,15 @@ ncu)
   # Each launch of the ResNet step's own kernels under Nsight Compute: its time, the bytes it
   # moved to and from memory and its grid, per call (one eager step after one warm-up step, so
   # every convolution shape appears once): which calls fall short of the memory's bandwidth.
-  # env: NCU_MODELS (r50_full r18_full), NCU_KERNELS (a regex over kernel names).
+  # env: NCU_MODELS (r50_full r18_full), NCU_KERNELS (a regex over kernel names), PRECISION
+  # (bf16; also the profile phase's).
   for model in ${NCU_MODELS:-r50_full r18_full}; do
     [ "$(left)" -gt 60 ] || { say "ncu: $model skipped ($(left) s left)"; continue; }
     timeout $(($(left) - 10)) ncu --kernel-name \
       "regex:${NCU_KERNELS:-stats_|backward_|bn_apply|max_pool|AddPadding|elementwise_kernel|multi_tensor}" \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,dram__throughput.avg.pct_of_peak_sustained_elapsed \
       --csv --page raw build/tandem bench --workload images --param source=resident \
-      --param model="$model" --param precision=bf16 --param layout=channels_last \
+      --param model="$model" --param precision="${PRECISION:-bf16}" --param layout=channels_last \
       --batch-size 256 --mode serial --steps 1 --warmup 1 \
       >"$OUT/ncu-$model.csv" 2>"$LOGS/ncu-$model.log"
     say "ncu: $model exit $?, $(grep -c '"' "$OUT/ncu-$model.csv") rows"

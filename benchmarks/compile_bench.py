@@ -66,12 +66,14 @@ def log(*a):
 
 
 # ---- one row (in a process of its own) --------------------------------------------------------
-def build(job, bs, batches, torch, device):
-    """(feed or None, model, loss_fn, optimizer, data [(x, y)]) for a job: bf16 autocast inside
-    the modules' forward, channels_last weights and inputs."""
+def build(job, bs, batches, torch, device, precision="bf16"):
+    """(feed or None, model, loss_fn, optimizer, data [(x, y)]) for a job: `precision`'s autocast
+    (bf16 or fp16) inside the modules' forward, channels_last weights and inputs."""
     import torchvision
     cl = torch.channels_last
     torch.manual_seed(0)
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
     class Bf16(torch.nn.Module):  # what a user writes to train under autocast in any loop
         def __init__(self, net):
@@ -79,7 +81,7 @@ def build(job, bs, batches, torch, device):
             self.net = net
 
         def forward(self, x):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast("cuda", dtype=dtype):
                 return self.net(x)
 
     size = 224
@@ -105,8 +107,9 @@ def build(job, bs, batches, torch, device):
     return feed, model, torch.nn.CrossEntropyLoss(), optimizer, data
 
 
-def plain_loop(impl, feed, model, loss_fn, optimizer, data, torch):
-    """step(i) of the plain loop for eager / compile / compile_ro."""
+def plain_loop(impl, feed, model, loss_fn, optimizer, data, torch, precision="bf16"):
+    """step(i) of the plain loop for eager / compile / compile_ro; in fp16 with torch's
+    GradScaler, as its recipe for half precision has it."""
     def forward_loss(x, y):
         if feed is not None:
             with torch.no_grad():
@@ -128,11 +131,18 @@ def plain_loop(impl, feed, model, loss_fn, optimizer, data, torch):
     elif impl == "compile_ro":
         forward_loss = torch.compile(forward_loss, mode="reduce-overhead")
 
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
     def step(i):
         x, y = data[i % len(data)]
         loss = forward_loss(x, y)
-        loss.backward()
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         optimizer.zero_grad(set_to_none=True)
         return loss
     return step
@@ -160,7 +170,7 @@ def frozen_backbone(impl, feed, example, torch):
 
 def run_cpp_row(a):
     """A tandem-cpp row: the CLI's bench of the same job on one resident batch, in --mode."""
-    row = dict(impl=a.impl, job=a.job, batch_size=a.bs, precision="bf16",
+    row = dict(impl=a.impl, job=a.job, batch_size=a.bs, precision=a.precision,
                layout="channels_last", images_per_s=None, error=None)
     if a.job not in CPP_JOBS:
         row["error"] = f"tandem-cpp has no {a.job} (its jobs: {', '.join(CPP_JOBS)})"
@@ -173,7 +183,7 @@ def run_cpp_row(a):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         cmd = [cli, "bench", "--workload", "images", "--param", f"model={a.job}",
-               "--param", "source=resident", "--param", "precision=bf16",
+               "--param", "source=resident", "--param", f"precision={a.precision}",
                "--param", "layout=channels_last", "--param", "classes=1000",
                "--param", "lr=0.01", "--batch-size", str(a.bs), "--mode", a.mode,
                "--steps", str(a.steps), "--warmup", str(a.warmup)]
@@ -213,9 +223,14 @@ def run_row(a):
     import torch
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
-    feed, model, loss_fn, optimizer, data = build(a.job, a.bs, a.batches, torch, device)
-    row = dict(impl=a.impl, job=a.job, batch_size=a.bs, precision="bf16",
+    row = dict(impl=a.impl, job=a.job, batch_size=a.bs, precision=a.precision,
                layout="channels_last", images_per_s=None, error=None)
+    if a.precision != "bf16" and a.impl not in ("eager", "compile", "compile_ro"):
+        row["error"] = (f"{a.impl} rows run bf16 only "
+                        "(fp16: eager, compile, compile_ro, tandem-cpp)")
+        return row
+    feed, model, loss_fn, optimizer, data = build(a.job, a.bs, a.batches, torch, device,
+                                                  a.precision)
     profile_rows = None
     t_setup = time.perf_counter()
     if a.impl.startswith("tandem-py"):
@@ -237,7 +252,7 @@ def run_row(a):
             row["trials"] = {t["mode"]: round(t["steps_per_s"] * a.bs) if t["steps_per_s"]
                              else t.get("error") for t in trainer.trials["trials"]}
     else:
-        step = plain_loop(a.impl, feed, model, loss_fn, optimizer, data, torch)
+        step = plain_loop(a.impl, feed, model, loss_fn, optimizer, data, torch, a.precision)
         for i in range(a.warmup):
             step(i)
         torch.cuda.synchronize()
@@ -304,6 +319,9 @@ def main():
     p.add_argument("--profile", default="",
                    help="JOB:BS:IMPL[,IMPL...], several separated by ';': also list those "
                         f"rows' GPU kernels over {PROFILE_STEPS} steps (in the rows)")
+    p.add_argument("--precision", default="bf16",
+                   help="bf16 or fp16 (autocast; fp16 with torch's GradScaler in the plain "
+                        "loops, tandem's loss scale in tandem-cpp), comma-separated for both")
     p.add_argument("--timeout", type=int, default=600, help="seconds per row")
     p.add_argument("--tandem-cli", default=os.environ.get("TANDEM_CLI"),
                    help="the tandem executable, for tandem-cpp rows [env TANDEM_CLI]")
@@ -319,7 +337,7 @@ def main():
             row = run_row(a)
         except Exception as e:  # noqa: BLE001 - an error is a row of the table
             traceback.print_exc()
-            row = dict(impl=a.impl, job=a.job, batch_size=a.bs, precision="bf16",
+            row = dict(impl=a.impl, job=a.job, batch_size=a.bs, precision=a.precision,
                        layout="channels_last", images_per_s=None,
                        error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
         print("ROW " + json.dumps(row), flush=True)
@@ -344,50 +362,54 @@ def main():
             json.dump(result, f, indent=1)
     for job in a.jobs.split(","):
         for bs in (int(b) for b in a.bs.split(",")):
-            for impl in a.impls.split(","):
-                if impl in FROZEN_IMPLS and job != "r50_frozen_head":
-                    continue
-                prof = (job, bs, impl) in profiled_rows
-                cmd = [sys.executable, __file__, "--row", "--job", job, "--bs", str(bs),
-                       "--impl", impl, "--steps", str(a.steps), "--warmup", str(a.warmup),
-                       "--batches", str(a.batches), "--mode", a.mode,
-                       "--profile", "1" if prof else "0"]
-                if a.tandem_cli:
-                    cmd += ["--tandem-cli", a.tandem_cli]
-                t0 = time.perf_counter()
-                try:
-                    out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-                    lines = [l for l in out.stdout.splitlines() if l.startswith("ROW ")]
-                    row = json.loads(lines[-1][4:]) if lines else dict(
-                        impl=impl, job=job, batch_size=bs, images_per_s=None,
-                        error=f"exit {out.returncode}: {out.stderr.strip().splitlines()[-1:]}")
-                    if row.get("error"):
-                        log(out.stderr[-3000:])
-                except subprocess.TimeoutExpired:
-                    row = dict(impl=impl, job=job, batch_size=bs, images_per_s=None,
-                               error=f"timed out after {a.timeout} s")
-                row.setdefault("precision", "bf16")
-                row.setdefault("layout", "channels_last")
-                row["wall_s"] = round(time.perf_counter() - t0, 1)
-                ips = row.get("images_per_s")
-                log(f"{job:16s} bs {bs:4d} {impl:19s} "
-                    + (f"{ips:9.0f} img/s" if ips else f"ERROR {row.get('error')}")
-                    + f"  ({row['wall_s']} s{', ' + row['mode'] if row.get('mode') else ''})")
-                rows.append(row)
-                write()
+            for precision in a.precision.split(","):
+                for impl in a.impls.split(","):
+                    if impl in FROZEN_IMPLS and job != "r50_frozen_head":
+                        continue
+                    prof = (job, bs, impl) in profiled_rows
+                    cmd = [sys.executable, __file__, "--row", "--job", job, "--bs", str(bs),
+                           "--impl", impl, "--steps", str(a.steps), "--warmup", str(a.warmup),
+                           "--batches", str(a.batches), "--mode", a.mode,
+                           "--profile", "1" if prof else "0", "--precision", precision]
+                    if a.tandem_cli:
+                        cmd += ["--tandem-cli", a.tandem_cli]
+                    t0 = time.perf_counter()
+                    try:
+                        out = subprocess.run(cmd, capture_output=True, text=True,
+                                             timeout=a.timeout)
+                        lines = [l for l in out.stdout.splitlines() if l.startswith("ROW ")]
+                        row = json.loads(lines[-1][4:]) if lines else dict(
+                            impl=impl, job=job, batch_size=bs, images_per_s=None,
+                            error=f"exit {out.returncode}: {out.stderr.strip().splitlines()[-1:]}")
+                        if row.get("error"):
+                            log(out.stderr[-3000:])
+                    except subprocess.TimeoutExpired:
+                        row = dict(impl=impl, job=job, batch_size=bs, images_per_s=None,
+                                   error=f"timed out after {a.timeout} s")
+                    row.setdefault("precision", precision)
+                    row.setdefault("layout", "channels_last")
+                    row["wall_s"] = round(time.perf_counter() - t0, 1)
+                    ips = row.get("images_per_s")
+                    log(f"{job:16s} bs {bs:4d} {precision} {impl:19s} "
+                        + (f"{ips:9.0f} img/s" if ips else f"ERROR {row.get('error')}")
+                        + f"  ({row['wall_s']} s{', ' + row['mode'] if row.get('mode') else ''})")
+                    rows.append(row)
+                    write()
     write()
     # The table: each job and batch size, every impl's rate and its ratio to compile.
     print(f"\n{'job':16s} {'bs':>4s} " + " ".join(f"{i:>19s}" for i in a.impls.split(",")))
     for job in a.jobs.split(","):
         for bs in (int(b) for b in a.bs.split(",")):
-            cells = {r["impl"]: r.get("images_per_s") for r in rows
-                     if r["job"] == job and r["batch_size"] == bs}
-            ref = cells.get("compile")
-            line = f"{job:16s} {bs:4d} "
-            for impl in a.impls.split(","):
-                v = cells.get(impl)
-                line += f"{'error' if not v else f'{v:.0f}' + (f' ({v / ref:.2f}x)' if ref else ''):>19s} "
-            print(line)
+            for precision in a.precision.split(","):
+                cells = {r["impl"]: r.get("images_per_s") for r in rows if r["job"] == job
+                         and r["batch_size"] == bs and r["precision"] == precision}
+                ref = cells.get("compile")
+                line = f"{job:16s} {bs:4d} {precision} "
+                for impl in a.impls.split(","):
+                    v = cells.get(impl)
+                    cell = "error" if not v else f"{v:.0f}" + (f" ({v / ref:.2f}x)" if ref else "")
+                    line += f"{cell:>19s} "
+                print(line)
     print(f"wrote {a.out}")
 
 

@@ -11,8 +11,8 @@ phase writes them into LOGS):
     mlperf-python-SIDES.json      train_bench.py on that folder: torchvision's loop (DataLoader,
                                   pinned memory, bf16 autocast, channels_last)
 
-Rows {impl, job, batch_size, source: resident|photos-320-640|photos-1000-2000, images_per_s,
-mlperf_fraction (ResNet-50 only: over 7,160 img/s on an H100, 7,950 on an H200), of_resident
+Rows {impl, job, batch_size, precision (bf16, fp16), source: resident|photos-320-640|
+photos-1000-2000, images_per_s, mlperf_fraction (ResNet-50 only: over 7,160 img/s on an H100, 7,950 on an H200), of_resident
 (photo rows: over the same impl's resident rate where it has one, tandem's for torchvision's
 loop), error}. A new run is appended to an existing OUT (--append), its rows tagged with the
 run's number, so runs of several calls sit in one file and are compared within a run only.
@@ -38,8 +38,9 @@ def load(path):
         return json.load(f)
 
 
-def row(impl, job, batch_size, source, rate, mlperf, error=None):
-    return dict(impl=impl, job=job, batch_size=batch_size, source=source, images_per_s=rate,
+def row(impl, job, batch_size, source, rate, mlperf, error=None, precision="bf16"):
+    return dict(impl=impl, job=job, batch_size=batch_size, precision=precision, source=source,
+                images_per_s=rate,
                 mlperf_fraction=rate / mlperf if rate and mlperf and job == "r50_full" else None,
                 of_resident=None, error=error)
 
@@ -51,14 +52,16 @@ def rows_of(logs, mlperf):
     if os.path.exists(resident):
         for r in load(resident).get("rows", []):
             rows.append(row(IMPL_NAMES.get(r["impl"], r["impl"]), r["job"], r["batch_size"],
-                            "resident", r.get("images_per_s"), mlperf, r.get("error")))
+                            "resident", r.get("images_per_s"), mlperf, r.get("error"),
+                            r.get("precision", "bf16")))
     for path in sorted(glob.glob(os.path.join(logs, "mlperf-files-*.json"))):
         m = FILES.search(os.path.basename(path))
         if not m:
             continue
         j = load(path)
         rows.append(row("tandem-cpp", m["model"], j.get("batch_size"), f"photos-{m['sides']}",
-                        j.get("samples_per_s"), mlperf))
+                        j.get("samples_per_s"), mlperf,
+                        precision=j.get("params", {}).get("precision", "bf16")))
     for path in sorted(glob.glob(os.path.join(logs, "mlperf-python-*.json"))):
         m = PYTHON.search(os.path.basename(path))
         if not m:
@@ -73,7 +76,8 @@ def rows_of(logs, mlperf):
         base_impl = "tandem-cpp" if r["impl"] == "torchvision-loop" else r["impl"]
         base = next((b["images_per_s"] for b in rows if b["source"] == "resident"
                      and b["impl"] == base_impl and b["job"] == r["job"]
-                     and b["batch_size"] == r["batch_size"] and b["images_per_s"]), None)
+                     and b["batch_size"] == r["batch_size"] and b["precision"] == r["precision"]
+                     and b["images_per_s"]), None)
         r["of_resident"] = r["images_per_s"] / base if base else None
     return rows
 
@@ -81,7 +85,7 @@ def rows_of(logs, mlperf):
 def table(logs, card, command, existing=None):
     """The result document: `existing`'s runs and rows (if any), then this run's."""
     doc = existing or dict(
-        what="ResNet-50 and ResNet-18, bf16, channels-last, bs 256, against NVIDIA's MLPerf "
+        what="ResNet-50 and ResNet-18, bf16 or fp16, channels-last, against NVIDIA's MLPerf "
              "Training v4.0 per-GPU rate (ResNet-50: 7,160 img/s an H100, 7,950 an H200): "
              "tandem's C++ step, torch.compile and eager on resident batches; tandem's loader "
              "and step and torchvision's loop from generated photo folders. Compare rows of one "
@@ -97,12 +101,14 @@ def table(logs, card, command, existing=None):
 
 def lines(doc):
     run = doc["runs"][-1]["run"]
-    out = [f"{'impl':18s} {'job':9s} {'source':17s} {'img/s':>8s} {'of MLPerf':>9s} "
+    out = [f"{'impl':18s} {'job':9s} {'bs':>4s} {'prec':4s} {'source':17s} {'img/s':>8s} "
+           f"{'of MLPerf':>9s} "
            f"{'of resident':>11s}"]
     for r in (r for r in doc["rows"] if r["run"] == run):
         def f(v, spec):
             return format(v, spec) if v is not None else "-"
-        out.append(f"{r['impl']:18s} {r['job']:9s} {r['source']:17s} "
+        out.append(f"{r['impl']:18s} {r['job']:9s} {r['batch_size'] or 0:4d} "
+                   f"{r.get('precision', 'bf16'):4s} {r['source']:17s} "
                    f"{f(r['images_per_s'], '8.0f'):>8s} {f(r['mlperf_fraction'], '.3f'):>9s} "
                    f"{f(r['of_resident'], '.3f'):>11s}" + (f"  {r['error']}" if r["error"] else ""))
     return "\n".join(out)

@@ -5,7 +5,7 @@
 # per model into OUT.
 #
 #   bash benchmarks/profile_resnet.sh OUT [BUILD_DIR (build-gpu)] [MODELS (r50_full r18_full)]
-#   env: BATCH (256), STEPS (60), KERNEL_STEPS (10)
+#   env: BATCH (256), STEPS (60), KERNEL_STEPS (10), PRECISION (bf16; fp16: with its loss scale)
 set -uo pipefail
 OUT=${1:?usage: benchmarks/profile_resnet.sh OUT [BUILD_DIR] [MODELS...]}
 BUILD=${2:-build-gpu}
@@ -14,8 +14,8 @@ MODELS=${*:-r50_full r18_full}
 mkdir -p "$OUT"
 for model in $MODELS; do
   "$BUILD/tandem" bench --workload images --param source=resident --param model="$model" \
-    --param precision=bf16 --param layout=channels_last --batch-size "${BATCH:-256}" \
+    --param precision="${PRECISION:-bf16}" --param layout=channels_last --batch-size "${BATCH:-256}" \
     --mode pipelined+graphed --steps "${STEPS:-60}" --kernels "${KERNEL_STEPS:-10}" \
-    --json "$OUT/kernels-$model.json" > "$OUT/kernels-$model.txt" 2>&1
-  echo "[profile] $model: exit $? ($(grep -m1 -iE 'img/s|images/s' "$OUT/kernels-$model.txt"))"
+    --json "$OUT/kernels-$model${PRECISION:+-$PRECISION}.json" > "$OUT/kernels-$model${PRECISION:+-$PRECISION}.txt" 2>&1
+  echo "[profile] $model: exit $? ($(grep -m1 -iE 'img/s|images/s' "$OUT/kernels-$model${PRECISION:+-$PRECISION}.txt"))"
 done

@@ -50,7 +50,9 @@ void expect_casts_and_gradients(c10::Device device) {
     EXPECT_EQ(w[i].grad().scalar_type(), at::kFloat) << i;
     EXPECT_TRUE(at::equal(w[i].grad(), grads[i].to(at::kFloat))) << i;  // bf16 to float: exact
     for (int64_t d = 0; d < w[i].dim(); ++d)
-      if (w[i].size(d) != 1) EXPECT_EQ(w[i].grad().stride(d), w[i].stride(d)) << i << " dim " << d;
+      if (w[i].size(d) != 1) {
+        EXPECT_EQ(w[i].grad().stride(d), w[i].stride(d)) << i << " dim " << d;
+      }
   }
   EXPECT_FALSE(w[2].grad().defined());
 }

@@ -403,6 +403,10 @@ __global__ void stats_finalize(BnStats a, int channels, int splits) {
 // is grad + grad2, rounded once to T (as autograd's add of the two would), written to grad_sum.
 template <typename T, int kVec, bool kMask, bool kTwoGrads>
 __global__ void __launch_bounds__(256) backward_partials(BnBackward a, Grid g) {
+  // Two gradients: two rows in flight (six loads), not four (twelve took 98-116 registers a
+  // thread, two blocks a multiprocessor where the grid counts on the single gradient's three).
+  // The rows are summed in the same order either way.
+  constexpr int kRows = kTwoGrads ? 2 : kRowsInFlight;
   __shared__ float sh_dy[256 * 8], sh_dyx[256 * 8];
   const T* x = static_cast<const T*>(a.in.x);
   const T* dy = static_cast<const T*>(a.grad);
@@ -418,28 +422,37 @@ __global__ void __launch_bounds__(256) backward_partials(BnBackward a, Grid g) {
   if (group < g.groups) {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) mean[k] = a.mean[group * kVec + k];
-    for (int64_t r = first; r < a.in.rows; r += kRowsInFlight * step) {
-      Pack<T, kVec> pg[kRowsInFlight], px[kRowsInFlight];
-      unsigned bits[kRowsInFlight];
+    for (int64_t r = first; r < a.in.rows; r += kRows * step) {
+      // Every row's loads issued before the first store: the store of the summed gradient may
+      // alias the inputs as far as the compiler knows, so a store between them kept the next
+      // row's loads behind it (2.8 TB/s on an H200 where the elementwise pass over the same
+      // bytes ran at 3.75, measured).
+      Pack<T, kVec> pg[kRows], px[kRows], p2[kTwoGrads ? kRows : 1];
+      unsigned bits[kRows];
 #pragma unroll
-      for (int j = 0; j < kRowsInFlight; ++j) {
+      for (int j = 0; j < kRows; ++j) {
         const int64_t row = r + j * step;
         if (row < a.in.rows) {
           const int64_t v = row * g.groups + group;
           pg[j] = reinterpret_cast<const Pack<T, kVec>*>(dy)[v];
           px[j] = reinterpret_cast<const Pack<T, kVec>*>(x)[v];
           bits[j] = kMask ? a.mask[v] : 0xffu;
-          if (kTwoGrads) {
-            const Pack<T, kVec> second = reinterpret_cast<const Pack<T, kVec>*>(dy2)[v];
+          if (kTwoGrads) p2[j] = reinterpret_cast<const Pack<T, kVec>*>(dy2)[v];
+        }
+      }
+      if (kTwoGrads) {
 #pragma unroll
-            for (int k = 0; k < kVec; ++k)
-              pg[j].v[k] = from_float<T>(to_float(pg[j].v[k]) + to_float(second.v[k]));
-            reinterpret_cast<Pack<T, kVec>*>(dy_sum)[v] = pg[j];
-          }
+        for (int j = 0; j < kRows; ++j) {
+          const int64_t row = r + j * step;
+          if (row >= a.in.rows) break;
+#pragma unroll
+          for (int k = 0; k < kVec; ++k)
+            pg[j].v[k] = from_float<T>(to_float(pg[j].v[k]) + to_float(p2[j].v[k]));
+          reinterpret_cast<Pack<T, kVec>*>(dy_sum)[row * g.groups + group] = pg[j];
         }
       }
 #pragma unroll
-      for (int j = 0; j < kRowsInFlight; ++j) {
+      for (int j = 0; j < kRows; ++j) {
         if (r + j * step >= a.in.rows) break;
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
@@ -655,10 +668,18 @@ void launch_backward_typed(const BnBackward& two, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   auto* partials = two.grad2 ? backward_partials<T, kVec, kMask, true>
                              : backward_partials<T, kVec, kMask, false>;
-  // The single-gradient kernel's grid for both: the same splits, so the sums combine in the same
-  // order and give the same bits as that kernel's on the summed gradient (at most the
-  // workspace's splits).
-  const Grid g = grid_for(two.in, backward_partials<T, kVec, kMask, false>, two.splits);
+  // One grid for both kernels: the same splits, so the sums combine in the same order and give
+  // the same bits as the single gradient's kernel on the summed gradient (at most the
+  // workspace's splits). Sized by the kernel of the two that fewer blocks of fit a
+  // multiprocessor: a grid of the other's wave ran the two-gradient kernel in one and a half.
+  const Grid shape = grid_for(two.in, 1, two.splits);
+  const int threads = shape.tx * shape.ty;
+  const int per_sm = std::min(
+      resident_blocks(reinterpret_cast<const void*>(backward_partials<T, kVec, kMask, false>),
+                      threads),
+      resident_blocks(reinterpret_cast<const void*>(backward_partials<T, kVec, kMask, true>),
+                      threads));
+  const Grid g = grid_for(two.in, per_sm, two.splits);
   const int channels = static_cast<int>(two.in.channels);
   partials<<<dim3(g.gx, g.splits), dim3(g.tx, g.ty), 0, stream>>>(two, g);
   TANDEM_CUDA_CHECK(cudaGetLastError());
