@@ -169,8 +169,10 @@ variable_list rows_backward(const at::Tensor& grad_y, const at::Tensor& grad_y2,
   const at::Tensor coefficients = at::empty({3 * x.size(1)}, floats);
   at::Tensor dx =
       need_x ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast) : at::Tensor();
-  at::Tensor dres =
-      need_residual ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast) : at::Tensor();
+  // With two gradients the sums' pass writes their masked sum: the residual's gradient itself.
+  at::Tensor dres = g_sum.defined() || !need_residual
+                        ? (need_residual ? g_sum : at::Tensor())
+                        : at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
   at::Tensor dw = need_w ? at::empty_like(weight) : at::Tensor();
   at::Tensor db = need_b ? at::empty_like(weight) : at::Tensor();
   BnBackward b{rows,
@@ -185,7 +187,7 @@ variable_list rows_backward(const at::Tensor& grad_y, const at::Tensor& grad_y2,
                need_w ? dw.mutable_data_ptr<float>() : nullptr,
                need_b ? db.mutable_data_ptr<float>() : nullptr,
                need_x ? dx.mutable_data_ptr() : nullptr,
-               need_residual ? dres.mutable_data_ptr() : nullptr};
+               need_residual && !g_sum.defined() ? dres.mutable_data_ptr() : nullptr};
   if (g2.defined()) {
     b.grad2 = g2.const_data_ptr();
     b.grad_sum = g_sum.mutable_data_ptr();

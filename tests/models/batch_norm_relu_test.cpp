@@ -127,10 +127,13 @@ void expect_twice_matches_the_sum(c10::Device device, at::ScalarType dtype, bool
   const at::Tensor r0 = torch::randn({4, 16, 5, 6}, o).contiguous(fmt);
   const at::Tensor g1 = torch::randn({4, 16, 5, 6}, o).contiguous(fmt);
   const at::Tensor g2 = torch::randn({4, 16, 5, 6}, o).contiguous(fmt);
-  auto run = [&](bool twice, bool second_used) {
+  // x_grad false: only the residual's gradient wanted of the activations (the kernels then
+  // write no dL/dx; with two gradients the residual's is their masked sum as the sums' pass
+  // wrote it).
+  auto run = [&](bool twice, bool second_used, bool x_grad) {
     torch::nn::BatchNorm2d bn(16);
     bn->to(device, dtype == at::kDouble ? at::kDouble : at::kFloat);
-    const at::Tensor x = x0.clone().requires_grad_();
+    const at::Tensor x = x0.clone().requires_grad_(x_grad);
     const at::Tensor r = r0.clone().requires_grad_();
     if (twice) {
       auto [a, b] = batch_norm_relu_twice(x, *bn, r);
@@ -143,18 +146,20 @@ void expect_twice_matches_the_sum(c10::Device device, at::ScalarType dtype, bool
     } else {
       batch_norm_relu(x, *bn, r).backward(second_used ? g1 + g2 : g1);
     }
-    return std::vector<at::Tensor>{x.grad(),
+    return std::vector<at::Tensor>{x_grad ? x.grad() : at::zeros({1}),
                                    r.grad(),
                                    bn->weight.grad(),
                                    bn->bias.grad(),
                                    bn->running_mean.clone(),
                                    bn->running_var.clone()};
   };
-  for (const bool second_used : {true, false}) {
-    const auto twice = run(true, second_used), once = run(false, second_used);
-    for (size_t i = 0; i < twice.size(); ++i)
-      EXPECT_TRUE(at::equal(twice[i], once[i]))
-          << "output " << i << (second_used ? "" : ", one use");
+  for (const bool x_grad : {true, false}) {
+    for (const bool second_used : {true, false}) {
+      const auto twice = run(true, second_used, x_grad), once = run(false, second_used, x_grad);
+      for (size_t i = 0; i < twice.size(); ++i)
+        EXPECT_TRUE(at::equal(twice[i], once[i]))
+            << "output " << i << (second_used ? "" : ", one use") << (x_grad ? "" : ", no dL/dx");
+    }
   }
 }
 
@@ -165,7 +170,7 @@ TEST(BatchNormReluTest, TheTwiceFormsBackwardIsTheSingleOnesOnTheSumInDoubleOnTh
 
 TEST(BatchNormReluGpuTest, TheTwiceFormsBackwardIsTheSingleOnesOnTheSumBitForBit) {
   TANDEM_SKIP_WITHOUT_CUDA();
-  for (const at::ScalarType t : {at::kFloat, at::kBFloat16}) {
+  for (const at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf}) {
     expect_twice_matches_the_sum(c10::Device(c10::kCUDA, 0), t, true);   // the kernels' sum
     expect_twice_matches_the_sum(c10::Device(c10::kCUDA, 0), t, false);  // NCHW: added first
   }

@@ -400,7 +400,8 @@ __global__ void stats_finalize(BnStats a, int channels, int splits) {
 }
 
 // Sums of the masked gradient and of it times (x - mean): [split][2][C]. kTwoGrads: the gradient
-// is grad + grad2, rounded once to T (as autograd's add of the two would), written to grad_sum.
+// is grad + grad2, rounded once to T (as autograd's add of the two would), written masked to
+// grad_sum: the residual's gradient, and what the pass writing dL/dx reads.
 template <typename T, int kVec, bool kMask, bool kTwoGrads>
 __global__ void __launch_bounds__(256) backward_partials(BnBackward a, Grid g) {
   // Two gradients: two rows in flight (six loads), not four (twelve took 98-116 registers a
@@ -447,7 +448,9 @@ __global__ void __launch_bounds__(256) backward_partials(BnBackward a, Grid g) {
           if (row >= a.in.rows) break;
 #pragma unroll
           for (int k = 0; k < kVec; ++k)
-            pg[j].v[k] = from_float<T>(to_float(pg[j].v[k]) + to_float(p2[j].v[k]));
+            pg[j].v[k] = (bits[j] >> k) & 1u
+                             ? from_float<T>(to_float(pg[j].v[k]) + to_float(p2[j].v[k]))
+                             : from_float<T>(0.f);
           reinterpret_cast<Pack<T, kVec>*>(dy_sum)[row * g.groups + group] = pg[j];
         }
       }
@@ -687,14 +690,20 @@ void launch_backward_typed(const BnBackward& two, cudaStream_t stream) {
                       dim3(kFinalizeChannels, kFinalizeLanes), 0, stream>>>(two, channels,
                                                                             g.splits);
   TANDEM_CUDA_CHECK(cudaGetLastError());
-  BnBackward a = two;  // the pass writing dL/dx reads the one gradient: grad, or the sum
-  if (two.grad2) a.grad = two.grad_sum;
-  if (a.grad_x && a.grad_residual)
-    launch_elementwise<T, kMask, true, true>(a, stream);
-  else if (a.grad_x)
-    launch_elementwise<T, kMask, true, false>(a, stream);
-  else if (a.grad_residual)
-    launch_elementwise<T, kMask, false, true>(a, stream);
+  if (two.grad2) {
+    // The pass writing dL/dx reads the masked sum, and writes no residual's gradient: the sum is
+    // it (one write of the activation saved).
+    BnBackward a = two;
+    a.grad = two.grad_sum;
+    a.mask = nullptr;
+    if (a.grad_x) launch_elementwise<T, false, true, false>(a, stream);
+  } else if (two.grad_x && two.grad_residual) {
+    launch_elementwise<T, kMask, true, true>(two, stream);
+  } else if (two.grad_x) {
+    launch_elementwise<T, kMask, true, false>(two, stream);
+  } else if (two.grad_residual) {
+    launch_elementwise<T, kMask, false, true>(two, stream);
+  }
   TANDEM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -757,6 +766,9 @@ void launch_bn_backward(const BnBackward& a, cudaStream_t stream) {
                    "the channels-last batch-norm backward needs 16-byte aligned gradients");
   TANDEM_CHECK_ARG(!a.grad2 == !a.grad_sum,
                    "the batch-norm backward's second gradient needs grad_sum, and only it");
+  TANDEM_CHECK_ARG(!a.grad2 || !a.grad_residual,
+                   "the batch-norm backward's masked sum of two gradients is the residual's "
+                   "gradient: give grad_sum, not grad_residual");
   auto typed = [&](auto tag) {
     using T = decltype(tag);
     if (a.mask)

@@ -102,17 +102,19 @@ struct BnBackward {
   void* grad_x;         // laid out and typed as x
   void* grad_residual;  // the masked dL/dy (the residual's gradient), laid out and typed as x
   /// y used twice (batch_norm_relu_twice): the second use's dL/dy, laid out and typed as x, or
-  /// null. The sums' pass reads both, writes grad + grad2 (rounded once, as autograd's add
-  /// would) to grad_sum, and the pass writing dL/dx reads that: the add's pass and one read of
-  /// its result saved.
+  /// null. The sums' pass reads both and writes their sum (rounded once, as autograd's add
+  /// would), masked, to grad_sum, and the pass writing dL/dx reads that: the add's pass and one
+  /// read of its result saved. grad_sum is then the residual's gradient too: grad_residual must
+  /// be null (that pass writes it only from a single gradient).
   const void* grad2 = nullptr;
   void* grad_sum = nullptr;
 };
 
 /// The batch norm's (and ReLU's) backward in three kernels on `stream`: per-channel sums of the
-/// masked gradient (grad, or grad + grad2 written to grad_sum) and of it times (x - mean), their
-/// combination into the weight and bias gradients and the input gradient's coefficients, and one
-/// pass writing dL/dx (and the masked gradient for the residual).
+/// masked gradient (grad, or grad + grad2, masked, written to grad_sum) and of it times
+/// (x - mean), their combination into the weight and bias gradients and the input gradient's
+/// coefficients, and one pass writing dL/dx (and, from a single gradient, the masked gradient
+/// for the residual).
 void launch_bn_backward(const BnBackward& args, cudaStream_t stream);
 
 }  // namespace tandem::models
