@@ -42,8 +42,9 @@ at::Tensor batch_norm_relu(const at::Tensor& x, torch::nn::BatchNorm2dImpl& bn,
 /// convolution's input and its residual. Autograd would add the two uses' gradients in a pass
 /// of their own; here they reach this op's backward apart, and on the channels-last kernels its
 /// first pass sums them (rounded once, as that add would) while it reads them for the batch
-/// norm's sums: the add's pass and one read of its result are saved. Neither output may be
-/// modified in place.
+/// norm's sums, and writes the sum masked by the ReLU — the residual's gradient itself, which
+/// the pass writing dL/dx then need not write: the add's pass, one read of its result and one
+/// write are saved. Neither output may be modified in place.
 std::pair<at::Tensor, at::Tensor> batch_norm_relu_twice(const at::Tensor& x,
                                                         torch::nn::BatchNorm2dImpl& bn,
                                                         const at::Tensor& residual = at::Tensor(),
