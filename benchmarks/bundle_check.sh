@@ -194,10 +194,10 @@ resnet_ab)
   for round in $(seq "${ROUNDS:-2}"); do
     for which in new old ${RESNET_AB_TUNED:+tuned} ${RESNET_AB_TUNED2:+tuned2}; do
       use_build "$which"
-      extra=()
-      read -ra extra <<<"${RESNET_AB_FLAGS:-}"
-      [ "$which" = tuned ] && read -ra extra <<<"${RESNET_AB_FLAGS:-} $RESNET_AB_TUNED"
-      [ "$which" = tuned2 ] && read -ra extra <<<"${RESNET_AB_FLAGS:-} $RESNET_AB_TUNED2"
+      own=""
+      [ "$which" = tuned ] && own=$RESNET_AB_TUNED
+      [ "$which" = tuned2 ] && own=$RESNET_AB_TUNED2
+      read -ra extra <<<"${RESNET_AB_FLAGS:-} $own"
       batch=(--batch-size "${BATCH:-256}")  # a variant's own --batch-size replaces it
       [[ " ${extra[*]} " == *" --batch-size "* ]] && batch=()
       for model in $RESNET_AB_MODELS; do
@@ -282,7 +282,7 @@ mlperf_resident|mlperf_photos)
     say "mlperf_resident: $models, tandem-cpp, torch.compile, eager"
     timeout $(($(left) - 10)) python3 benchmarks/compile_bench.py --jobs "${models// /,}" \
       --bs "${MLPERF_BS:-256}" --impls "${MLPERF_IMPLS:-tandem-cpp,compile,eager}" \
-      --precision "${MLPERF_PRECISION:-bf16}" --mode pipelined+graphed \
+      --precision "$MLPERF_PRECISION" --mode pipelined+graphed \
       --steps 60 --warmup 15 \
       --tandem-cli build/tandem --timeout 240 --out "$LOGS/mlperf-resident.json" \
       >"$LOGS/mlperf-resident.log" 2>&1

@@ -75,7 +75,7 @@ def build(job, bs, batches, torch, device, precision="bf16"):
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
-    class Bf16(torch.nn.Module):  # what a user writes to train under autocast in any loop
+    class Autocast(torch.nn.Module):  # what a user writes to train under autocast in any loop
         def __init__(self, net):
             super().__init__()
             self.net = net
@@ -90,14 +90,14 @@ def build(job, bs, batches, torch, device, precision="bf16"):
                 "vit_b16_full": torchvision.models.vit_b_16,
                 "mnv3_full": torchvision.models.mobilenet_v3_large}[job]
         net = ctor(num_classes=1000).to(device, memory_format=cl)
-        feed, model, params = None, Bf16(net).train(), net.parameters()
+        feed, model, params = None, Autocast(net).train(), net.parameters()
     elif job == "r50_frozen_head":
         backbone = torchvision.models.resnet50()
         backbone.fc = torch.nn.Identity()
         backbone = backbone.to(device, memory_format=cl).eval().requires_grad_(False)
-        feed = Bf16(backbone)
+        feed = Autocast(backbone)
         head = torch.nn.Linear(2048, 1000).to(device)
-        model, params = Bf16(head).train(), head.parameters()
+        model, params = Autocast(head).train(), head.parameters()
     else:
         raise ValueError(f"job {job!r} is not known: expected one of {', '.join(JOBS)}")
     g = torch.Generator(device).manual_seed(1)

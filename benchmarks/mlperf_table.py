@@ -12,9 +12,10 @@ phase writes them into LOGS):
                                   pinned memory, bf16 autocast, channels_last)
 
 Rows {impl, job, batch_size, precision (bf16, fp16), source: resident|photos-320-640|
-photos-1000-2000, images_per_s, mlperf_fraction (ResNet-50 only: over 7,160 img/s on an H100, 7,950 on an H200), of_resident
-(photo rows: over the same impl's resident rate where it has one, tandem's for torchvision's
-loop), error}. A new run is appended to an existing OUT (--append), its rows tagged with the
+photos-1000-2000, images_per_s, mlperf_fraction (ResNet-50 only: over 7,160 img/s on an H100, 7,950
+on an H200), of_resident (photo rows: over the same impl's resident rate in the same precision where
+it has one; torchvision's loop, bf16, over tandem's resident rate in the precision tandem's photo
+rows ran), error}. A new run is appended to an existing OUT (--append), its rows tagged with the
 run's number, so runs of several calls sit in one file and are compared within a run only.
 
     python3 benchmarks/mlperf_table.py LOGS OUT.json [--append] [--card NAME] [--command TEXT]
@@ -73,10 +74,15 @@ def rows_of(logs, mlperf):
         if r["source"] == "resident" or not r["images_per_s"]:
             continue
         # torchvision's loop against tandem's resident step: what a user's model could run at
-        base_impl = "tandem-cpp" if r["impl"] == "torchvision-loop" else r["impl"]
+        base_impl, precision = r["impl"], r["precision"]
+        if r["impl"] == "torchvision-loop":
+            base_impl = "tandem-cpp"
+            precision = next((t["precision"] for t in rows if t["impl"] == "tandem-cpp"
+                              and t["source"] == r["source"] and t["job"] == r["job"]),
+                             precision)
         base = next((b["images_per_s"] for b in rows if b["source"] == "resident"
                      and b["impl"] == base_impl and b["job"] == r["job"]
-                     and b["batch_size"] == r["batch_size"] and b["precision"] == r["precision"]
+                     and b["batch_size"] == r["batch_size"] and b["precision"] == precision
                      and b["images_per_s"]), None)
         r["of_resident"] = r["images_per_s"] / base if base else None
     return rows

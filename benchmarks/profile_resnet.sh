@@ -12,10 +12,13 @@ BUILD=${2:-build-gpu}
 shift $(($# < 2 ? $# : 2))
 MODELS=${*:-r50_full r18_full}
 mkdir -p "$OUT"
+suffix=${PRECISION:+-$PRECISION}  # the files of an fp16 profile apart from bf16's
 for model in $MODELS; do
   "$BUILD/tandem" bench --workload images --param source=resident --param model="$model" \
-    --param precision="${PRECISION:-bf16}" --param layout=channels_last --batch-size "${BATCH:-256}" \
+    --param precision="${PRECISION:-bf16}" --param layout=channels_last \
+    --batch-size "${BATCH:-256}" \
     --mode pipelined+graphed --steps "${STEPS:-60}" --kernels "${KERNEL_STEPS:-10}" \
-    --json "$OUT/kernels-$model${PRECISION:+-$PRECISION}.json" > "$OUT/kernels-$model${PRECISION:+-$PRECISION}.txt" 2>&1
-  echo "[profile] $model: exit $? ($(grep -m1 -iE 'img/s|images/s' "$OUT/kernels-$model${PRECISION:+-$PRECISION}.txt"))"
+    --json "$OUT/kernels-$model$suffix.json" > "$OUT/kernels-$model$suffix.txt" 2>&1
+  echo "[profile] $model: exit $? \
+($(grep -m1 -iE 'img/s|images/s' "$OUT/kernels-$model$suffix.txt"))"
 done

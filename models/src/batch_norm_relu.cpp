@@ -170,9 +170,9 @@ variable_list rows_backward(const at::Tensor& grad_y, const at::Tensor& grad_y2,
   at::Tensor dx =
       need_x ? at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast) : at::Tensor();
   // With two gradients the sums' pass writes their masked sum: the residual's gradient itself.
-  at::Tensor dres = g_sum.defined() || !need_residual
-                        ? (need_residual ? g_sum : at::Tensor())
-                        : at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+  at::Tensor dres;
+  if (need_residual)
+    dres = g_sum.defined() ? g_sum : at::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
   at::Tensor dw = need_w ? at::empty_like(weight) : at::Tensor();
   at::Tensor db = need_b ? at::empty_like(weight) : at::Tensor();
   BnBackward b{rows,

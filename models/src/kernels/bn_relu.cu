@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -225,11 +226,19 @@ Grid grid_for(const BnRows& t, int per_sm, int capacity) {
   return g;
 }
 
+// One grid for every kernel of `kernels` (a shape they share): a wave of the one of them that
+// fewest blocks of fit a multiprocessor.
+Grid grid_for(const BnRows& t, std::initializer_list<const void*> kernels, int capacity) {
+  const Grid shape = grid_for(t, 1, capacity);
+  int per_sm = std::numeric_limits<int>::max();
+  for (const void* kernel : kernels)
+    per_sm = std::min(per_sm, resident_blocks(kernel, shape.tx * shape.ty));
+  return grid_for(t, per_sm, capacity);
+}
+
 template <typename Kernel>
 Grid grid_for(const BnRows& t, Kernel kernel, int capacity) {
-  const Grid shape = grid_for(t, 1, capacity);
-  return grid_for(t, resident_blocks(reinterpret_cast<const void*>(kernel), shape.tx * shape.ty),
-                  capacity);
+  return grid_for(t, {reinterpret_cast<const void*>(kernel)}, capacity);
 }
 
 // The parts of a block's `rows` rows of threads combined in a tree: at each level, row r < half
@@ -675,14 +684,10 @@ void launch_backward_typed(const BnBackward& two, cudaStream_t stream) {
   // the same bits as the single gradient's kernel on the summed gradient (at most the
   // workspace's splits). Sized by the kernel of the two that fewer blocks of fit a
   // multiprocessor: a grid of the other's wave ran the two-gradient kernel in one and a half.
-  const Grid shape = grid_for(two.in, 1, two.splits);
-  const int threads = shape.tx * shape.ty;
-  const int per_sm = std::min(
-      resident_blocks(reinterpret_cast<const void*>(backward_partials<T, kVec, kMask, false>),
-                      threads),
-      resident_blocks(reinterpret_cast<const void*>(backward_partials<T, kVec, kMask, true>),
-                      threads));
-  const Grid g = grid_for(two.in, per_sm, two.splits);
+  const Grid g = grid_for(two.in,
+                          {reinterpret_cast<const void*>(backward_partials<T, kVec, kMask, false>),
+                           reinterpret_cast<const void*>(backward_partials<T, kVec, kMask, true>)},
+                          two.splits);
   const int channels = static_cast<int>(two.in.channels);
   partials<<<dim3(g.gx, g.splits), dim3(g.tx, g.ty), 0, stream>>>(two, g);
   TANDEM_CUDA_CHECK(cudaGetLastError());
