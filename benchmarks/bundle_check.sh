@@ -220,7 +220,7 @@ resnet_ab)
 precision)
   await_packages  # no build beside a timed phase
   # `tandem train` from the generated photo folder (a tenth held out), ResNet-18, in each of
-  # TRAIN_PRECISIONS (bf16 fp16) and seeds 1 and 2: the held-out accuracy and loss after
+  # TRAIN_PRECISIONS (bf16 fp16) and --seed 1 and 2: the held-out accuracy and loss after
   # PRECISION_EPOCHS (12) epochs, and the training rate, each precision beside the others.
   make_photo_folder
   folder=$photo_folder
