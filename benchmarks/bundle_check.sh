@@ -7,7 +7,8 @@
 # first beside the later ones), precision (`tandem train`'s accuracy and rate in bf16 and fp16
 # from a generated folder), gputest (the gpu-labelled tests), probe (cuDNN's fused graphs,
 # benchmarks/lab/cudnn_fusion_probe.sh), resnet_ab (the ResNets' step, this build against
-# .ref/bundle-old's: benchmarks/resnet_ab_table.py), sanitize (compute-sanitizer's memcheck,
+# .ref/bundle-old's: benchmarks/resnet_ab_table.py), scenario_ab (the seg and cls workloads'
+# steps, the same two builds), sanitize (compute-sanitizer's memcheck,
 # racecheck and synccheck over the GPU tests SANITIZE_FILTER names), ncu (each launch of the
 # ResNet step's own kernels under Nsight Compute: time, bytes, grid), mlperf_resident and
 # mlperf_photos (the ResNets against MLPerf's per-GPU rate: mlperf.json). JSON and CSV into OUT;
@@ -217,6 +218,35 @@ resnet_ab)
     done
   done
   python3 benchmarks/resnet_ab_table.py "$LOGS" "$OUT/resnet-ab.json" | tee -a "$LOGS/summary.log" ;;
+scenario_ab)
+  await_packages  # no build beside a timed phase
+  # The reference workloads' steps (`tandem bench --scenario`) on this build and on
+  # .ref/bundle-old's, alternating which goes first, ROUNDS times; the table is resnet_ab's
+  # (each cell a "model" there). env: SCENARIO_AB_CELLS (JOB:BS:MODE ..., default the seg and cls
+  # cells every kernel change is held to), ROUNDS (2), STEPS (100).
+  [ -d .ref/bundle-old/build ] || { say "scenario_ab: skipped (no .ref/bundle-old/build)"; continue; }
+  cells=${SCENARIO_AB_CELLS:-seg:8:pipelined+graphed seg:32:pipelined+graphed cls:32:pipelined+graphed cls:128:pipelined}
+  say "scenario_ab: $cells, this build against .ref/bundle-old's"
+  mkdir -p "$LOGS/scenario"
+  for round in $(seq "${ROUNDS:-2}"); do
+    order="old new"; [ $((round % 2)) = 0 ] && order="new old"
+    for cell in $cells; do
+      IFS=: read -r job bs mode <<<"$cell"
+      for which in $order; do
+        [ "$(left)" -gt 30 ] || break 3
+        use_build "$which"
+        name="$job$bs${mode//+/_}"
+        LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:-}" timeout $(($(left) - 10)) "$cli" bench \
+          --scenario "$job" --mode "$mode" --batch-size "$bs" --steps "${STEPS:-100}" \
+          --warmup 10 --workers 8 --no-gpu-monitor \
+          --json "$LOGS/scenario/resnet-$name-$which-$round.json" \
+          >"$LOGS/scenario/resnet-$name-$which-$round.txt" 2>&1
+        say "scenario_ab: $cell $which round $round: exit $?"
+      done
+    done
+  done
+  python3 benchmarks/resnet_ab_table.py "$LOGS/scenario" "$OUT/scenario-ab.json" |
+    tee -a "$LOGS/summary.log" ;;
 precision)
   await_packages  # no build beside a timed phase
   # `tandem train` from the generated photo folder (a tenth held out), ResNet-18, in each of
