@@ -33,18 +33,6 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-// The library LibTorch loaded (it links libcudnn.so.9), else whichever the loader finds. Null if
-// neither: no graphs then.
-void* cudnn_library() {
-  static void* handle = [] {
-    void* h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD);
-    if (h == nullptr) h = dlopen("libcudnn.so.9", RTLD_NOW);
-    fe::cudnn_dlhandle = h;
-    return h;
-  }();
-  return handle;
-}
-
 // Tensor ids in the graphs' variant packs.
 enum Uid : int64_t { kX = 1, kW, kY, kSum, kSquares, kScale, kBias };
 
@@ -199,6 +187,18 @@ std::string key_of(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef str
 }
 
 }  // namespace
+
+// The library LibTorch loaded (it links libcudnn.so.9), else whichever the loader finds. Null if
+// neither: no graphs then.
+void* cudnn_library() {
+  static void* handle = [] {
+    void* h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD);
+    if (h == nullptr) h = dlopen("libcudnn.so.9", RTLD_NOW);
+    cudnn_frontend::cudnn_dlhandle = h;
+    return h;
+  }();
+  return handle;
+}
 
 bool cudnn_graphs_compiled() { return true; }
 

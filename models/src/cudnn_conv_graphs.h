@@ -14,6 +14,11 @@ namespace tandem::models::detail {
 /// Whether this build has cuDNN's graph API compiled in (the frontend's headers were found).
 bool cudnn_graphs_compiled();
 
+/// libcudnn.so.9 as LibTorch loaded it (the frontend's dynamic-loading mode reads cuDNN's
+/// functions through it), loaded on first use; null where it cannot be (no graphs then). Only in
+/// builds with the frontend.
+void* cudnn_library();
+
 /// The convolution conv2d(x, weight) (no bias, dilation 1, one group) and the per-channel sum
 /// and sum of squares of its output, computed in the convolution's epilogue (cuDNN's "genstats"),
 /// as one graph on the current stream with LibTorch's cuDNN handle and a workspace from its

@@ -19,6 +19,7 @@ void bind_python_dataset(py::module_& m);  // python_dataset.cpp
 void bind_optim(py::module_& m);           // optim_bindings.cpp
 void bind_trainer(py::module_& m);         // trainer_bindings.cpp
 void bind_job(py::module_& m);             // job_bindings.cpp
+void bind_conv(py::module_& m);            // conv_bindings.cpp
 #ifdef TANDEM_PY_HAVE_TRAIN
 void bind_train(py::module_& m);  // train_bindings.cpp
 #endif
@@ -43,6 +44,7 @@ PYBIND11_MODULE(_C, m) {
   tandem::python::bind_run_config(m);
   bind_trainer(m);
   bind_job(m);
+  bind_conv(m);
 #ifdef TANDEM_PY_HAVE_TRAIN
   bind_train(m);
 #endif

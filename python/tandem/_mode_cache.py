@@ -36,12 +36,18 @@ def folder() -> Optional[str]:
     return os.path.join(base, "tandem", "modes")
 
 
+def _class_name(m) -> str:
+    """A module's class as the user made it (not the stand-in a fit swaps in for a while)."""
+    cls = getattr(type(m), "stands_for", type(m))
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _describe_callable(fn):
     """A callable's identity across processes: a module's structure, a function's name and
     code."""
     if isinstance(fn, torch.nn.Module):
         return dict(
-            modules=[f"{type(m).__module__}.{type(m).__qualname__}" for m in fn.modules()],
+            modules=[_class_name(m) for m in fn.modules()],
             training=[m.training for m in fn.modules()],
             params=[(n, list(p.shape), str(p.dtype), p.requires_grad)
                     for n, p in fn.named_parameters()],

@@ -54,7 +54,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _C, distributed
+from . import _C, _conv_plans, distributed
 from ._checks import rank_shard, whole
 from ._compile import _compiled_step, _is_compiled, _prime_dynamo
 from ._fit_result import FitResult
@@ -487,9 +487,10 @@ class Trainer(_TrialsThatTrain):
                 # are not tried (their reason is their trial's error); under a launch each rank
                 # times the modes alone, then every rank takes rank 0's pick.
                 ruled_out = {m: p for m in MODES[1:] if (p := self._mode_problem(m))}
-                self._trials = _C.trials(self._config(
-                    "serial", steps, 5, copies=True, gpu_monitor=False,
-                    data_parallel=self._joined(), ruled_out=ruled_out))
+                with self._tuned_convolutions():
+                    self._trials = _C.trials(self._config(
+                        "serial", steps, 5, copies=True, gpu_monitor=False,
+                        data_parallel=self._joined(), ruled_out=ruled_out))
                 if [t._version for t in watched] != versions:
                     raise RuntimeError(
                         "mode auto's trials changed your modules' tensors: a model or feed "
@@ -579,8 +580,18 @@ class Trainer(_TrialsThatTrain):
                                "layer's libpng or zlib was missing where it was built): fit "
                                "cannot run; install libpng and zlib's development files and "
                                "build it again")
-        with _sigterm_stops_the_fit():
-            return self._fit(steps, epochs, resume, progress, trace)
+        with _sigterm_stops_the_fit(), self._tuned_convolutions() as plans:
+            result = self._fit(steps, epochs, resume, progress, trace)
+        if result.setup is not None:
+            result.setup["conv_plans"] = plans
+        return result
+
+    def _tuned_convolutions(self):
+        """The fit's torch.nn.Conv2d modules on cuDNN plans timed once and kept across
+        processes (tandem/_conv_plans.py), where that applies."""
+        return _conv_plans.in_use(
+            [self.model, self.loss_fn, *(f for _, f in self._feeds)],
+            _conv_plans.applies(self.device, self._compile is not None, self.cudnn_benchmark))
 
     def _fit(self, steps, epochs, resume, progress, trace) -> FitResult:
         if self.out is not None:
@@ -717,6 +728,7 @@ class Trainer(_TrialsThatTrain):
         if mode not in MODES or mode == "auto":
             raise ValueError(f"mode {mode!r} is not valid: expected one of {', '.join(MODES[1:])}")
         self._check_mode(mode)
-        report = _C.run(self._config(mode, steps, warmup, copies=True, progress=False,
-                                     trace=trace, data_parallel=self._joined()))
+        with self._tuned_convolutions():
+            report = _C.run(self._config(mode, steps, warmup, copies=True, progress=False,
+                                         trace=trace, data_parallel=self._joined()))
         return self._result(report, mode)

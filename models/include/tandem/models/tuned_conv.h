@@ -1,0 +1,53 @@
+// A 2-D convolution whose cuDNN plans are timed once per shape in a process — shared by all its
+// threads — and kept in a file for the next process, which rebuilds them without timing.
+// LibTorch's convolution with cudnn.benchmark times the same candidates but keeps its picks per
+// thread and per process: every new training thread and every new process pays the tuning
+// again (seconds on a ResNet's first step).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <string>
+
+namespace tandem::models {
+
+/// at::conv2d(x, weight, bias, stride, padding, dilation, groups) — the same values, gradients
+/// and autocast — through cuDNN's graph API with a timed plan where it applies: CUDA tensors of
+/// half or bfloat16 (after autocast's cast), 4-D, one group, cuDNN enabled with its benchmark
+/// mode on (torch.backends.cudnn.benchmark; benchmark_limit bounds the candidates timed, as it
+/// does LibTorch's), deterministic algorithms not requested, and a plan for the shape. Elsewhere
+/// it is at::conv2d. A shape's first call times its candidates on the current stream (it waits
+/// for the stream); under CUDA graph capture an unseen shape takes cuDNN's first choice untimed.
+/// The output is channels-last where x or weight is, as LibTorch's.
+at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                        int64_t groups);
+
+/// What the process's convolution plans cost and where they came from: timed here (and the
+/// seconds that took), rebuilt from a plans file, picked untimed under capture, or refused by
+/// cuDNN (those shapes run at::conv2d). One per pass and shape (forward, input and weight
+/// gradient).
+struct ConvPlansSummary {
+  int64_t tuned = 0, from_file = 0, untimed = 0, refused = 0;
+  double tuning_seconds = 0.0;
+};
+ConvPlansSummary conv_plans_summary();
+
+/// Reads the plans a save_conv_plans wrote: each shape met later rebuilds its kept plan instead
+/// of timing (a kept plan this cuDNN does not rebuild is timed again, with a note on stderr).
+/// Returns how many it read. A missing file reads 0 with an empty `note`; a file that does not
+/// parse, or was written by another cuDNN or layout, reads 0 and `note` says why — it is never
+/// trusted in part. Picks timed in this process win over the file's.
+int64_t load_conv_plans(const std::string& path, std::string& note);
+
+/// Writes every plan timed or read in this process to `path` (its folders made), atomically: a
+/// temporary file beside it renamed over it. False with `error` where it cannot.
+bool save_conv_plans(const std::string& path, std::string& error);
+
+/// Forgets every plan and pick: the next call of each shape times it again (or rebuilds it from
+/// a file read after).
+void clear_conv_plans();
+
+}  // namespace tandem::models

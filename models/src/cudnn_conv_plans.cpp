@@ -1,0 +1,473 @@
+// A convolution's passes as cuDNN graphs with plans timed once a shape and kept (see
+// cudnn_conv_plans.h). Why not LibTorch's convolution with cudnn.benchmark: ATen times the same
+// candidates, but keeps what it picked per thread (its plan cache is thread_local and not
+// exported), so every thread that runs a shape times it again and every process starts from
+// nothing. Here one table serves every thread, and a pick is an (engine, knobs) pair cuDNN can
+// rebuild a plan from in a later process without timing anything. Like cudnn_conv_graphs.cpp
+// (whose loaded libcudnn this uses), compiled with hidden visibility beside LibTorch's own
+// frontend.
+#include "cudnn_conv_plans.h"
+
+#if defined(TANDEM_HAVE_CUDNN_FRONTEND)
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cudnn/Handle.h>
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/util/Exception.h>
+#include <cudnn_frontend.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "cudnn_conv_graphs.h"
+#include "posix_fs.h"
+
+namespace tandem::models::detail {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+enum Uid : int64_t { kA = 1, kB, kOut };
+
+// The plans file's layout; a file of another layout is ignored.
+constexpr int kFileFormat = 1;
+// Candidates timed a shape where torch.backends.cudnn.benchmark_limit is 0 ("all"): cuDNN's
+// ranked list runs to dozens, and its tail is rarely the fastest.
+constexpr int64_t kAllCandidates = 64;
+// A candidate asking for more scratch than this is not timed (ATen tries to allocate and skips
+// what does not fit; a bound keeps the tuning from evicting the caching allocator's blocks).
+constexpr int64_t kMaxWorkspaceBytes = int64_t{1} << 30;
+constexpr int kTimedRuns = 3;
+
+struct Choice {
+  int64_t engine = 0;
+  std::vector<std::pair<int64_t, int64_t>> knobs;  // (KnobType_t, value)
+  double microseconds = 0.0;                       // as timed when it was picked
+};
+
+// One shape's graph with the plan it runs (index into the graph's plans).
+struct PassPlan {
+  std::shared_ptr<fe::graph::Graph> graph;  // null where cuDNN has no plan for the shape
+  int64_t index = -1;
+  int64_t workspace = 0;
+  std::string why_not;
+};
+
+struct Table {
+  std::mutex mutex;
+  std::unordered_map<std::string, std::shared_ptr<PassPlan>> plans;  // by device and shape
+  std::map<std::string, Choice> choices;  // timed here or loaded: what a save writes
+  PlanCounts counts;
+};
+
+Table& table() {
+  static auto* t = new Table;  // never destroyed: threads may convolve during exit
+  return *t;
+}
+
+std::vector<int64_t> vec(at::IntArrayRef a) { return {a.begin(), a.end()}; }
+
+fe::DataType_t data_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+}
+
+std::string device_key(int device) {
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(device);
+  return std::string(p->name) + " sm" + std::to_string(p->major * 10 + p->minor);
+}
+
+// What decides a pass's plan: the pass, dtype, every tensor's sizes and strides, the geometry.
+std::string shape_key(ConvPass pass, const at::Tensor& a, const at::Tensor& b,
+                      const at::Tensor& out, const ConvGeometry& g) {
+  static const char* const kPass[] = {"fprop", "dgrad", "wgrad"};
+  std::ostringstream k;
+  k << kPass[static_cast<int>(pass)] << ' ' << a.scalar_type() << ' ' << a.sizes() << a.strides()
+    << ' ' << b.sizes() << b.strides() << ' ' << out.sizes() << out.strides() << " s"
+    << g.stride << " p" << g.padding << " d" << g.dilation;
+  return k.str();
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
+                                                    const at::Tensor& t) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim(vec(t.sizes()))
+                      .set_stride(vec(t.strides()))
+                      .set_data_type(data_type(t)));
+}
+
+// The pass's operation graph, built as far as its engines' list.
+std::shared_ptr<fe::graph::Graph> operation_graph(ConvPass pass, const at::Tensor& a,
+                                                  const at::Tensor& b, const at::Tensor& out,
+                                                  const ConvGeometry& geo, cudnnHandle_t handle,
+                                                  std::string& why) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(data_type(a))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  std::shared_ptr<fe::graph::Tensor_attributes> result;
+  switch (pass) {
+    case ConvPass::kForward:
+      result = g->conv_fprop(input(*g, "x", kA, a), input(*g, "w", kB, b),
+                             fe::graph::Conv_fprop_attributes()
+                                 .set_name("fprop")
+                                 .set_padding(vec(geo.padding))
+                                 .set_stride(vec(geo.stride))
+                                 .set_dilation(vec(geo.dilation)));
+      break;
+    case ConvPass::kInputGrad:
+      result = g->conv_dgrad(input(*g, "dy", kA, a), input(*g, "w", kB, b),
+                             fe::graph::Conv_dgrad_attributes()
+                                 .set_name("dgrad")
+                                 .set_padding(vec(geo.padding))
+                                 .set_stride(vec(geo.stride))
+                                 .set_dilation(vec(geo.dilation)));
+      break;
+    case ConvPass::kWeightGrad:
+      result = g->conv_wgrad(input(*g, "dy", kA, a), input(*g, "x", kB, b),
+                             fe::graph::Conv_wgrad_attributes()
+                                 .set_name("wgrad")
+                                 .set_padding(vec(geo.padding))
+                                 .set_stride(vec(geo.stride))
+                                 .set_dilation(vec(geo.dilation)));
+      break;
+  }
+  result->set_output(true)
+      .set_uid(kOut)
+      .set_dim(vec(out.sizes()))
+      .set_stride(vec(out.strides()))
+      .set_data_type(data_type(out));
+  fe::error_t e = g->validate();
+  if (e.is_good()) e = g->build_operation_graph(handle);
+  if (e.is_bad()) {
+    why = e.get_message();
+    return nullptr;
+  }
+  return g;
+}
+
+// A plan rebuilt from a kept choice: index 0 of a graph holding that plan alone; false (and why)
+// where this cuDNN no longer builds it.
+bool rebuild(fe::graph::Graph& g, const Choice& c, std::string& why) {
+  std::unordered_map<fe::KnobType_t, int64_t> knobs;
+  for (const auto& [type, value] : c.knobs) knobs[static_cast<fe::KnobType_t>(type)] = value;
+  fe::error_t e = g.create_execution_plan(c.engine, knobs);
+  if (e.is_good()) e = g.check_support();
+  if (e.is_good()) e = g.build_plan_at_index(0);
+  if (e.is_bad()) why = e.get_message();
+  return e.is_good();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Times the candidates built in `g` on the pass's own tensors and returns the fastest's index
+// (-1 where none ran). The stream is synchronized once a candidate; the last candidate's output
+// is overwritten by the caller's run of the pick.
+int64_t fastest(fe::graph::Graph& g, const std::vector<int64_t>& candidates,
+                std::unordered_map<int64_t, void*>& pack, cudnnHandle_t handle,
+                const at::Tensor& like, double& best_us) {
+  std::vector<std::pair<int64_t, int64_t>> sized;  // (workspace, index)
+  for (int64_t i : candidates) {
+    int64_t bytes = 0;
+    if (g.get_workspace_size_plan_at_index(i, bytes).is_good() && bytes <= kMaxWorkspaceBytes)
+      sized.emplace_back(bytes, i);
+  }
+  std::sort(sized.begin(), sized.end());
+  at::Tensor workspace;
+  while (!sized.empty()) {  // the most any candidate asks for, else drop the greediest
+    try {
+      workspace = at::empty({std::max<int64_t>(sized.back().first, 1)}, like.options().dtype(at::kByte));
+      break;
+    } catch (const c10::OutOfMemoryError&) {
+      sized.pop_back();
+    }
+  }
+  const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream(like.get_device());
+  int64_t best = -1;
+  best_us = 0.0;
+  for (const auto& [bytes, i] : sized) {
+    if (g.execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(), i).is_bad()) continue;
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    start.record(stream);
+    bool ran = true;
+    for (int r = 0; r < kTimedRuns && ran; ++r)
+      ran = g.execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(), i).is_good();
+    stop.record(stream);
+    stop.synchronize();
+    if (!ran) continue;
+    const double us = 1000.0 * start.elapsed_time(stop) / kTimedRuns;
+    if (best < 0 || us < best_us) best = i, best_us = us;
+  }
+  return best;
+}
+
+// The shape's plan: rebuilt from a kept choice, or timed among cuDNN's candidates (while
+// capturing, cuDNN's first choice untimed: nothing may synchronize then).
+std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at::Tensor& b,
+                                   at::Tensor& out, const ConvGeometry& geo,
+                                   const std::string& key, cudnnHandle_t handle, Table& t) {
+  auto plan = std::make_shared<PassPlan>();
+  const auto started = std::chrono::steady_clock::now();
+  plan->graph = operation_graph(pass, a, b, out, geo, handle, plan->why_not);
+  if (!plan->graph) return plan;
+  fe::graph::Graph& g = *plan->graph;
+
+  if (auto kept = t.choices.find(key); kept != t.choices.end()) {
+    std::string why;
+    if (rebuild(g, kept->second, why)) {
+      if (g.get_workspace_size_plan_at_index(0, plan->workspace).is_good()) {
+        plan->index = 0;
+        ++t.counts.from_file;
+        return plan;
+      }
+      why = "its workspace size was not given";
+    }
+    std::fprintf(stderr,
+                 "tandem: a kept cuDNN plan for the convolution %s was not rebuilt (%s): timing "
+                 "the candidates again\n",
+                 key.c_str(), why.c_str());
+    t.choices.erase(kept);
+    plan->graph = operation_graph(pass, a, b, out, geo, handle, plan->why_not);
+    if (!plan->graph) return plan;
+  }
+  fe::graph::Graph& fresh = *plan->graph;
+  fe::error_t e = fresh.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  // As ATen's candidates: none that converts its inputs to a narrower type.
+  if (e.is_good()) fresh.deselect_numeric_notes({fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+  if (e.is_good()) e = fresh.check_support();
+  if (e.is_bad()) {
+    plan->why_not = e.get_message();
+    plan->graph.reset();
+    return plan;
+  }
+  const bool capturing =
+      c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  const int limit = at::globalContext().benchmarkLimitCuDNN();
+  const int64_t wanted = capturing ? 1 : (limit > 0 ? limit : kAllCandidates);
+  std::vector<int64_t> built;
+  for (int64_t i = 0; i < fresh.get_execution_plan_count() &&
+                      static_cast<int64_t>(built.size()) < wanted;
+       ++i)
+    if (fresh.build_plan_at_index(i).is_good()) built.push_back(i);
+  if (built.empty()) {
+    plan->why_not = "no candidate plan built";
+    plan->graph.reset();
+    return plan;
+  }
+  if (capturing) {  // untimed, not kept: a later process times it
+    plan->index = built.front();
+    ++t.counts.untimed;
+  } else {
+    std::unordered_map<int64_t, void*> pack = {{kA, const_cast<void*>(a.const_data_ptr())},
+                                               {kB, const_cast<void*>(b.const_data_ptr())},
+                                               {kOut, out.mutable_data_ptr()}};
+    double us = 0.0;
+    plan->index = fastest(fresh, built, pack, handle, a, us);
+    if (plan->index < 0) {
+      plan->why_not = "no candidate plan ran";
+      plan->graph.reset();
+      return plan;
+    }
+    Choice c;
+    std::unordered_map<fe::KnobType_t, int64_t> knobs;
+    if (fresh.get_engine_and_knobs_at_index(plan->index, c.engine, knobs).is_good()) {
+      for (const auto& [type, value] : knobs) c.knobs.emplace_back(static_cast<int64_t>(type), value);
+      std::sort(c.knobs.begin(), c.knobs.end());
+      c.microseconds = us;
+      t.choices[key] = std::move(c);
+    }
+    ++t.counts.tuned;
+    t.counts.tuning_seconds += seconds_since(started);
+  }
+  if (fresh.get_workspace_size_plan_at_index(plan->index, plan->workspace).is_bad()) {
+    plan->why_not = "the picked plan's workspace size was not given";
+    plan->graph.reset();
+  }
+  return plan;
+}
+
+}  // namespace
+
+bool cudnn_conv_pass(ConvPass pass, const at::Tensor& a, const at::Tensor& b, at::Tensor& out,
+                     const ConvGeometry& geometry, std::string& why) {
+  why.clear();
+  if (cudnn_library() == nullptr) {
+    static std::once_flag said;
+    std::call_once(said, [&] { why = "libcudnn.so.9 could not be loaded"; });
+    return false;
+  }
+  const int device = a.get_device();
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  // Through the frontend's shim: cuDNN's functions are found in the loaded library, not linked.
+  TORCH_CHECK(fe::detail::set_stream(handle, at::cuda::getCurrentCUDAStream(device).stream()) ==
+                  CUDNN_STATUS_SUCCESS,
+              "cudnnSetStream failed");
+  const std::string key = device_key(device) + " | " + shape_key(pass, a, b, out, geometry);
+  Table& t = table();
+  std::shared_ptr<PassPlan> plan;
+  {
+    // One thread times a shape while the others wait: timings taken side by side would be
+    // each other's noise.
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto found = t.plans.find(key);
+    if (found == t.plans.end()) {
+      found = t.plans.emplace(key, plan_for(pass, a, b, out, geometry, key, handle, t)).first;
+      if (!found->second->graph) {
+        ++t.counts.refused;
+        why = found->second->why_not;  // said once, where the shape was first seen
+      }
+    }
+    plan = found->second;
+  }
+  if (!plan->graph) return false;
+  at::Tensor workspace =
+      at::empty({std::max<int64_t>(plan->workspace, 1)}, a.options().dtype(at::kByte));
+  std::unordered_map<int64_t, void*> pack = {{kA, const_cast<void*>(a.const_data_ptr())},
+                                             {kB, const_cast<void*>(b.const_data_ptr())},
+                                             {kOut, out.mutable_data_ptr()}};
+  // Thread-safe in the frontend: the variant pack is built on the caller's stack.
+  fe::error_t e =
+      plan->graph->execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(), plan->index);
+  TORCH_CHECK(e.is_good(), "cuDNN's convolution plan failed to run: ", e.get_message());
+  return true;
+}
+
+PlanCounts plan_counts() {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return t.counts;
+}
+
+void clear_plans() {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.plans.clear();
+  t.choices.clear();
+  t.counts = PlanCounts{};
+}
+
+// The file: {"format", "cudnn" (cuDNN's version), "frontend", "plans": {key: {"engine",
+// "knobs": [[type, value]...], "us"}}}. Keys name the GPU, so one file serves several.
+int64_t load_plan_choices(const std::string& path, std::string& note) {
+  note.clear();
+  if (!fs::exists(path)) return 0;
+  std::string why;
+  const auto bytes = fs::read_file(path, &why);
+  if (!bytes) {
+    note = path + " could not be read (" + why + ")";
+    return 0;
+  }
+  if (cudnn_library() == nullptr) {
+    note = "libcudnn.so.9 could not be loaded";
+    return 0;
+  }
+  std::map<std::string, Choice> read;
+  try {
+    const auto j = nlohmann::json::parse(bytes->begin(), bytes->end());
+    if (j.at("format").get<int>() != kFileFormat) {
+      note = path + " is of another layout (format " + j.at("format").dump() + "): ignored";
+      return 0;
+    }
+    const int64_t cudnn = static_cast<int64_t>(fe::detail::get_backend_version());
+    if (j.at("cudnn").get<int64_t>() != cudnn || j.at("frontend").get<int64_t>() != CUDNN_FRONTEND_VERSION) {
+      note = path + " was written with cuDNN " + j.at("cudnn").dump() + " and frontend " +
+             j.at("frontend").dump() + " (this process has " + std::to_string(cudnn) + " and " +
+             std::to_string(CUDNN_FRONTEND_VERSION) + "): ignored";
+      return 0;
+    }
+    for (const auto& [key, v] : j.at("plans").items()) {
+      Choice c;
+      c.engine = v.at("engine").get<int64_t>();
+      for (const auto& kv : v.at("knobs"))
+        c.knobs.emplace_back(kv.at(0).get<int64_t>(), kv.at(1).get<int64_t>());
+      c.microseconds = v.value("us", 0.0);
+      read.emplace(key, std::move(c));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    note = path + " is not a plans file tandem wrote (" + e.what() + "): ignored";
+    return 0;
+  }
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  for (auto& [key, c] : read) t.choices.emplace(key, std::move(c));  // this process's picks win
+  return static_cast<int64_t>(read.size());
+}
+
+bool save_plan_choices(const std::string& path, std::string& error) {
+  if (cudnn_library() == nullptr) {
+    error = "libcudnn.so.9 could not be loaded";
+    return false;
+  }
+  nlohmann::json j = {{"format", kFileFormat},
+                      {"cudnn", static_cast<int64_t>(fe::detail::get_backend_version())},
+                      {"frontend", CUDNN_FRONTEND_VERSION},
+                      {"plans", nlohmann::json::object()}};
+  {
+    Table& t = table();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    for (const auto& [key, c] : t.choices)
+      j["plans"][key] = {{"engine", c.engine}, {"knobs", c.knobs}, {"us", c.microseconds}};
+  }
+  // Written beside and renamed over: a reader sees the old file or the new one, never half.
+  const std::string text = j.dump(1);
+  const std::string temporary = path + ".tmp" + std::to_string(::getpid());
+  try {
+    fs::make_dirs(fs::parent_of(path));
+  } catch (const std::exception& e) {
+    error = e.what();
+    return false;
+  }
+  std::FILE* f = std::fopen(temporary.c_str(), "wb");
+  if (f == nullptr) {
+    error = "cannot write " + temporary + ": " + fs::errno_text(errno);
+    return false;
+  }
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !written || std::rename(temporary.c_str(), path.c_str()) != 0) {
+    error = "cannot write " + path + ": " + fs::errno_text(errno);
+    std::remove(temporary.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace tandem::models::detail
+
+#else  // no cuDNN frontend in this build: no plans, LibTorch's convolution everywhere
+
+namespace tandem::models::detail {
+
+bool cudnn_conv_pass(ConvPass, const at::Tensor&, const at::Tensor&, at::Tensor&,
+                     const ConvGeometry&, std::string& why) {
+  why.clear();
+  return false;
+}
+PlanCounts plan_counts() { return {}; }
+int64_t load_plan_choices(const std::string&, std::string& note) {
+  note = "this build has no cuDNN graphs";
+  return 0;
+}
+bool save_plan_choices(const std::string&, std::string& error) {
+  error = "this build has no cuDNN graphs";
+  return false;
+}
+void clear_plans() {}
+
+}  // namespace tandem::models::detail
+
+#endif

@@ -1,0 +1,43 @@
+// A convolution's three passes (forward, input gradient, weight gradient) as cuDNN graphs whose
+// plan is chosen once per shape by timing cuDNN's candidates, shared by every thread of the
+// process and kept across processes as (engine, knobs) choices in a file. The only file that
+// includes the frontend for this is cudnn_conv_plans.cpp; tuned_conv.cpp is the autograd op.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <string>
+
+namespace tandem::models::detail {
+
+enum class ConvPass { kForward, kInputGrad, kWeightGrad };
+
+struct ConvGeometry {
+  at::IntArrayRef stride, padding, dilation;
+};
+
+/// Runs one pass into `out` (allocated by the caller: the pass's output sizes and strides):
+/// kForward out = conv(a = x, b = w); kInputGrad out = dx from (a = dy, b = w); kWeightGrad
+/// out = dw from (a = dy, b = x). All CUDA, one dtype (half or bfloat16), 16-byte aligned, one
+/// group. The shape's plan is timed on first use (the current stream synchronized) unless a
+/// choice for it was loaded, or the stream is capturing (then cuDNN's heuristic choice, not
+/// kept). Returns false, writing nothing, where cuDNN has no plan for the shape (`why` says why
+/// the first time; empty after).
+bool cudnn_conv_pass(ConvPass pass, const at::Tensor& a, const at::Tensor& b, at::Tensor& out,
+                     const ConvGeometry& geometry, std::string& why);
+
+/// What the process's plans cost and came from (see tuned_conv.h's ConvPlansSummary).
+struct PlanCounts {
+  int64_t tuned = 0, from_file = 0, untimed = 0, refused = 0;
+  double tuning_seconds = 0.0;
+};
+PlanCounts plan_counts();
+
+/// The plans file (tuned_conv.h's load_conv_plans / save_conv_plans / clear_conv_plans).
+int64_t load_plan_choices(const std::string& path, std::string& note);
+bool save_plan_choices(const std::string& path, std::string& error);
+void clear_plans();
+
+}  // namespace tandem::models::detail

@@ -1,0 +1,169 @@
+// tuned_conv2d: the autograd op over cudnn_conv_plans.cpp's passes, LibTorch's convolution
+// where they do not apply. See tuned_conv.h.
+#include "tandem/models/tuned_conv.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/native/ConvUtils.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/autograd.h>
+
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cudnn_conv_graphs.h"
+#include "cudnn_conv_plans.h"
+#include "tandem/error.h"
+
+namespace tandem::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool aligned(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+}
+
+// Whether the cuDNN passes may run these (already autocast) operands at all.
+bool applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, int64_t groups) {
+  const auto type = x.scalar_type();
+  return x.is_cuda() && x.dim() == 4 && w.dim() == 4 && groups == 1 &&
+         (type == at::kHalf || type == at::kBFloat16) && w.scalar_type() == type &&
+         w.device() == x.device() && (!bias.defined() || bias.scalar_type() == type) &&
+         at::globalContext().userEnabledCuDNN() && at::globalContext().benchmarkCuDNN() &&
+         !at::globalContext().deterministicAlgorithms() && detail::cudnn_graphs_compiled();
+}
+
+// LibTorch's layout choice for a cuDNN convolution: channels-last where either operand is.
+at::MemoryFormat layout_of(const at::Tensor& x, const at::Tensor& w) {
+  return x.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+                 w.suggest_memory_format() == at::MemoryFormat::ChannelsLast
+             ? at::MemoryFormat::ChannelsLast
+             : at::MemoryFormat::Contiguous;
+}
+
+// One pass into a new tensor of `sizes` in `layout`; undefined where cuDNN has no plan (the
+// shape's first time said once on stderr).
+at::Tensor pass(detail::ConvPass which, const at::Tensor& a, const at::Tensor& b,
+                at::IntArrayRef sizes, at::MemoryFormat layout, const detail::ConvGeometry& geo) {
+  at::Tensor out = at::empty(sizes, a.options().memory_format(layout));
+  if (!aligned(a) || !aligned(b)) return {};
+  std::string why;
+  if (detail::cudnn_conv_pass(which, a, b, out, geo, why)) return out;
+  if (!why.empty())
+    std::cerr << "tuned_conv2d: cuDNN has no plan for a " << b.sizes() << " convolution pass of "
+              << a.sizes() << " here (" << why << "); LibTorch's convolution runs it\n";
+  return {};
+}
+
+struct Geometry {
+  std::vector<int64_t> stride, padding, dilation;
+  detail::ConvGeometry view() const { return {stride, padding, dilation}; }
+};
+
+at::Tensor forward_pass(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                        const Geometry& g) {
+  const at::MemoryFormat layout = layout_of(x, w);
+  const at::Tensor xc = x.contiguous(layout), wc = w.contiguous(layout);
+  const std::vector<int64_t> y_sizes =
+      at::native::conv_output_size(xc.sizes(), wc.sizes(), g.padding, g.stride, g.dilation);
+  at::Tensor y = pass(detail::ConvPass::kForward, xc, wc, y_sizes, layout, g.view());
+  if (!y.defined()) return at::conv2d(x, w, bias, g.stride, g.padding, g.dilation, 1);
+  if (bias.defined()) y.add_(bias.reshape({1, -1, 1, 1}));  // as LibTorch adds it after cuDNN
+  return y;
+}
+
+class TunedConv : public torch::autograd::Function<TunedConv> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, Geometry geometry) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["stride"] = geometry.stride;
+    ctx->saved_data["padding"] = geometry.padding;
+    ctx->saved_data["dilation"] = geometry.dilation;
+    ctx->saved_data["bias"] = bias.defined();
+    return {forward_pass(x, weight, bias, geometry)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor& dy_in = grads[0];
+    if (!dy_in.defined()) return variable_list(4);
+    const Geometry g{ctx->saved_data["stride"].toIntVector(),
+                     ctx->saved_data["padding"].toIntVector(),
+                     ctx->saved_data["dilation"].toIntVector()};
+    const at::MemoryFormat layout = layout_of(x, w);
+    const at::Tensor dy = dy_in.contiguous(layout);
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0))
+      dx = pass(detail::ConvPass::kInputGrad, dy, w.contiguous(layout), x.sizes(), layout,
+                g.view());
+    if (ctx->needs_input_grad(1))
+      dw = pass(detail::ConvPass::kWeightGrad, dy, x.contiguous(layout), w.sizes(), layout,
+                g.view());
+    const bool want_dx = ctx->needs_input_grad(0) && !dx.defined(),
+               want_dw = ctx->needs_input_grad(1) && !dw.defined();
+    if (want_dx || want_dw) {  // what cuDNN's plans did not run: LibTorch's backward
+      auto [ldx, ldw, unused] = at::convolution_backward(
+          dy, x, w, std::nullopt, g.stride, g.padding, g.dilation, false, {0, 0}, 1,
+          {want_dx, want_dw, false});
+      if (want_dx) dx = ldx;
+      if (want_dw) dw = ldw;
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
+      db = dy.sum({0, 2, 3});
+    return {dx, dw, db, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                        int64_t groups) {
+  TANDEM_CHECK_ARG(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
+                   "tuned_conv2d: expected two strides, paddings and dilations, got ", stride,
+                   ", ", padding, " and ", dilation);
+  // Autocast's cast as at::conv2d's would be (one of its lower-precision ops): cached for
+  // weights, differentiable back to the float32 parameters.
+  at::Tensor xa = x, wa = weight, ba = bias;
+  if (x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA)) {
+    const at::ScalarType type = at::autocast::get_autocast_dtype(at::kCUDA);
+    xa = at::autocast::cached_cast(type, x, at::kCUDA);
+    wa = at::autocast::cached_cast(type, weight, at::kCUDA);
+    if (bias.defined()) ba = at::autocast::cached_cast(type, bias, at::kCUDA);
+  }
+  if (!applies(xa, wa, ba, groups)) return at::conv2d(x, weight, bias, stride, padding, dilation, groups);
+  TANDEM_CHECK_ARG(xa.size(1) == wa.size(1),
+                   "tuned_conv2d: x has ", xa.size(1), " channels, the weight expects ",
+                   wa.size(1), " (x ", xa.sizes(), ", weight ", wa.sizes(), ")");
+  // The operands are cast: nothing inside casts again.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  Geometry g{stride.vec(), padding.vec(), dilation.vec()};
+  if (!at::GradMode::is_enabled() ||
+      !(xa.requires_grad() || wa.requires_grad() || (ba.defined() && ba.requires_grad())))
+    return forward_pass(xa, wa, ba, g);
+  return TunedConv::apply(xa, wa, ba, std::move(g))[0];
+}
+
+ConvPlansSummary conv_plans_summary() {
+  const detail::PlanCounts c = detail::plan_counts();
+  return {c.tuned, c.from_file, c.untimed, c.refused, c.tuning_seconds};
+}
+
+int64_t load_conv_plans(const std::string& path, std::string& note) {
+  return detail::load_plan_choices(path, note);
+}
+
+bool save_conv_plans(const std::string& path, std::string& error) {
+  return detail::save_plan_choices(path, error);
+}
+
+void clear_conv_plans() { detail::clear_plans(); }
+
+}  // namespace tandem::models

@@ -1,0 +1,54 @@
+// tandem._C's convolution with kept cuDNN plans (tandem/models/tuned_conv.h): what
+// tandem.Trainer's convolutions run (tandem/_conv_plans.py), and its plans file.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/models/tuned_conv.h"
+
+namespace py = pybind11;
+
+void bind_conv(py::module_& m) {
+  m.def(
+      "tuned_conv2d",
+      [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+         std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
+         int64_t groups) {
+        return tandem::models::tuned_conv2d(x, weight, bias.value_or(at::Tensor()), stride,
+                                            padding, dilation, groups);
+      },
+      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("groups"),
+      "torch.nn.functional.conv2d's values and gradients with cuDNN plans timed once a shape in "
+      "the process (all threads) and kept in the plans file; F.conv2d where it does not apply");
+  m.def("conv_plans_summary", [] {
+    const auto s = tandem::models::conv_plans_summary();
+    py::dict d;
+    d["tuned"] = s.tuned;
+    d["from_file"] = s.from_file;
+    d["untimed"] = s.untimed;
+    d["refused"] = s.refused;
+    d["tuning_s"] = s.tuning_seconds;
+    return d;
+  });
+  m.def(
+      "load_conv_plans",
+      [](const std::string& path) {
+        std::string note;
+        const int64_t n = tandem::models::load_conv_plans(path, note);
+        return py::make_tuple(n, note);
+      },
+      py::arg("path"), "(plans read, a note where the file was ignored)");
+  m.def(
+      "save_conv_plans",
+      [](const std::string& path) {
+        std::string error;
+        if (!tandem::models::save_conv_plans(path, error)) throw std::runtime_error(error);
+      },
+      py::arg("path"));
+  m.def("clear_conv_plans", &tandem::models::clear_conv_plans);
+}

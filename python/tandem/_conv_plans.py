@@ -1,0 +1,115 @@
+"""The Trainer's convolutions on cuDNN plans timed once and kept (tandem._C.tuned_conv2d).
+
+PyTorch's cudnn.benchmark times each convolution shape's cuDNN candidates on the thread that runs
+it, keeps the pick for that thread alone and forgets it with the process: a training step's
+first call pays seconds of timing in every process and again on every thread a mode runs its
+stages on. While a fit runs, the Trainer's ``torch.nn.Conv2d`` modules (exactly that class:
+subclasses keep their own forward) run ``tuned_conv2d``: the same values, gradients and autocast,
+each shape's plans timed once for the process and written to a plans file beside mode auto's
+decisions, from which a later process rebuilds them without timing. Their class is restored
+when the fit returns.
+
+Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``compile=``
+(torch.compile chooses its own kernels), half or bfloat16 operands after autocast, one group;
+everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
+plans are still shared by the process's threads); a plans file that cannot be trusted is
+ignored with a warning; ``TANDEM_TUNED_CONV=0`` leaves the convolutions to PyTorch.
+"""
+import contextlib
+import os
+import threading
+import warnings
+from typing import Iterable, Optional
+
+import torch
+
+from . import _C, _mode_cache
+
+FILE_NAME = "cudnn-plans.json"
+
+
+class TunedConv2d(torch.nn.Conv2d):
+    """A torch.nn.Conv2d whose convolution runs tandem._C.tuned_conv2d (see the module's
+    docstring); the same parameters, state_dict and repr."""
+
+    # What it stands for where a module's structure is described (mode auto's kept decisions).
+    stands_for = torch.nn.Conv2d
+
+    def _conv_forward(self, input, weight, bias):
+        if (self.padding_mode == "zeros" and not isinstance(self.padding, str)
+                and input.is_cuda and input.dim() == 4):
+            return _C.tuned_conv2d(input, weight, bias, self.stride, self.padding,
+                                   self.dilation, self.groups)
+        return super()._conv_forward(input, weight, bias)
+
+
+_lock = threading.Lock()
+_loaded = set()  # the plans files read in this process
+
+
+def plans_path() -> Optional[str]:
+    """The plans file, or None where the cache is off."""
+    folder = _mode_cache.folder()
+    return None if folder is None else os.path.join(folder, FILE_NAME)
+
+
+def _load_once(path: str):
+    with _lock:
+        if path in _loaded:
+            return
+        _loaded.add(path)
+    _, note = _C.load_conv_plans(path)
+    if note:
+        warnings.warn(f"tandem: the convolution plans file was not used: {note}", stacklevel=3)
+
+
+def _save(path: str):
+    try:
+        _C.save_conv_plans(path)
+    except RuntimeError as e:
+        warnings.warn(f"tandem: the convolution plans could not be kept: {e}", stacklevel=3)
+
+
+def applies(device: torch.device, compiled: bool, cudnn_benchmark: Optional[bool]) -> bool:
+    return (device.type == "cuda" and not compiled and cudnn_benchmark is not False
+            and hasattr(_C, "tuned_conv2d") and os.environ.get("TANDEM_TUNED_CONV", "1") != "0")
+
+
+_depth = threading.local()
+
+
+@contextlib.contextmanager
+def in_use(modules: Iterable, on: bool):
+    """While the block runs, the plain torch.nn.Conv2d modules under `modules` are TunedConv2d
+    (when `on`); the plans file is read first (once a process) and written after when this block
+    timed new plans. Yields a dict that holds, after the block, what the plans cost in it."""
+    summary = {}
+    if not on or getattr(_depth, "n", 0) > 0:  # nested: the outer block swaps and saves
+        yield summary
+        return
+    path = plans_path()
+    if path is not None:
+        _load_once(path)
+    swapped = []
+    seen = set()
+    for root in modules:
+        if not isinstance(root, torch.nn.Module):
+            continue
+        for m in root.modules():
+            if type(m) is torch.nn.Conv2d and id(m) not in seen:
+                seen.add(id(m))
+                m.__class__ = TunedConv2d
+                swapped.append(m)
+    before = _C.conv_plans_summary()
+    _depth.n = 1
+    try:
+        yield summary
+    finally:
+        _depth.n = 0
+        for m in swapped:
+            m.__class__ = torch.nn.Conv2d
+        after = _C.conv_plans_summary()
+        summary.update({k: after[k] - before[k] for k in after})
+        summary["convolutions"] = len(swapped)
+        if path is not None and after["tuned"] > before["tuned"]:
+            _save(path)

@@ -1,0 +1,245 @@
+// tuned_conv2d: off its cuDNN path it is LibTorch's convolution; on a GPU its values and
+// gradients are LibTorch's in half and bfloat16, channels-last and not, with bias, stride and
+// dilation, under autocast too; a shape is timed once for every thread of the process; kept
+// plans come back from a file without timing; under capture an unseen shape runs untimed; a
+// plans file that cannot be trusted is ignored with a note naming it.
+#include "tandem/models/tuned_conv.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "resnet_step.h"
+#include "tandem/error.h"
+#include "tandem/models/conv_with_stats.h"
+#include "test_util.h"
+
+namespace tandem::models {
+namespace tuned_conv_test {
+
+using test_steps::max_relative;
+
+std::string temporary_path(const char* name) {
+  return "/tmp/tandem-tuned-conv-" + std::to_string(::getpid()) + "-" + name;
+}
+
+struct Shape {
+  int64_t n, c, k, size, kernel, stride, padding, dilation;
+  bool bias;
+};
+// A ResNet's kinds of convolution, small: the stem's 7x7, a 1x1, a 3x3, a strided 3x3, a
+// strided 1x1 with a bias, a dilated 3x3.
+const Shape kShapes[] = {{4, 3, 16, 32, 7, 2, 3, 1, false},  {4, 32, 64, 14, 1, 1, 0, 1, false},
+                         {4, 32, 32, 14, 3, 1, 1, 1, false}, {4, 32, 32, 14, 3, 2, 1, 1, false},
+                         {4, 64, 32, 14, 1, 2, 0, 1, true},  {4, 16, 16, 14, 3, 1, 2, 2, false}};
+
+struct Result {
+  at::Tensor y, dx, dw, db;
+};
+
+Result run(bool tuned, const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& b0,
+           const Shape& s, const at::Tensor& dy) {
+  const at::Tensor x = x0.detach().clone().requires_grad_(),
+                   w = w0.detach().clone().requires_grad_();
+  const at::Tensor b = b0.defined() ? b0.detach().clone().requires_grad_() : at::Tensor();
+  const std::vector<int64_t> st{s.stride, s.stride}, pad{s.padding, s.padding},
+      dil{s.dilation, s.dilation};
+  const at::Tensor y = tuned ? tuned_conv2d(x, w, b, st, pad, dil, 1)
+                             : at::conv2d(x, w, b, st, pad, dil, 1);
+  y.backward(dy.defined() ? dy : torch::ones_like(y));
+  return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : at::Tensor()};
+}
+
+TEST(TunedConvTest, OnTheCpuItIsLibTorchsConvolution) {
+  torch::manual_seed(1);
+  const Shape s{2, 4, 6, 9, 3, 2, 1, 2, true};
+  const at::Tensor x = torch::randn({2, 4, 9, 9}), w = torch::randn({6, 4, 3, 3}),
+                   b = torch::randn({6});
+  const Result got = run(true, x, w, b, s, {}), want = run(false, x, w, b, s, {});
+  EXPECT_TRUE(at::equal(got.y, want.y));
+  EXPECT_TRUE(at::allclose(got.dx, want.dx));
+  EXPECT_TRUE(at::allclose(got.dw, want.dw));
+  EXPECT_TRUE(at::allclose(got.db, want.db));
+  // Groups, which the cuDNN path never takes, anywhere.
+  const at::Tensor wg = torch::randn({6, 2, 3, 3});
+  EXPECT_TRUE(at::equal(tuned_conv2d(x, wg, {}, {1, 1}, {1, 1}, {1, 1}, 2),
+                        at::conv2d(x, wg, {}, {1, 1}, {1, 1}, {1, 1}, 2)));
+}
+
+TEST(TunedConvTest, BadGeometryIsNamed) {
+  const at::Tensor x = torch::randn({2, 4, 9, 9}), w = torch::randn({6, 4, 3, 3});
+  try {
+    tuned_conv2d(x, w, {}, {1}, {1, 1}, {1, 1}, 1);
+    FAIL() << "one stride for two dimensions was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("two strides"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TunedConvTest, APlansFileThatCannotBeTrustedIsIgnoredWithANote) {
+  if (!conv_with_stats_compiled()) GTEST_SKIP() << "this build has no cuDNN graphs";
+  std::string note;
+  EXPECT_EQ(load_conv_plans(temporary_path("absent.json"), note), 0);
+  EXPECT_TRUE(note.empty()) << note;
+
+  const std::string path = temporary_path("plans.json");
+  for (const char* text : {"not json at all", "{\"format\": 1}", "{\"format\": 99, \"cudnn\": 1}",
+                           "{\"format\": 1, \"cudnn\": 1, \"frontend\": 1, \"plans\": {}}"}) {
+    std::ofstream(path) << text;
+    EXPECT_EQ(load_conv_plans(path, note), 0) << text;
+    EXPECT_NE(note.find(path), std::string::npos) << text << ": " << note;
+  }
+  // What this process writes, it reads back (no plans here yet: nothing timed on the CPU).
+  clear_conv_plans();
+  std::string error;
+  ASSERT_TRUE(save_conv_plans(path, error)) << error;
+  EXPECT_EQ(load_conv_plans(path, note), 0);
+  EXPECT_TRUE(note.empty()) << note;
+  std::remove(path.c_str());
+
+  EXPECT_FALSE(save_conv_plans("/proc/tandem-cannot-write-here/plans.json", error));
+  EXPECT_FALSE(error.empty());
+}
+
+// Each shape in half and bfloat16, channels-last and not: LibTorch's values and gradients
+// within the dtype's rounding (the plans differ from LibTorch's picks, so not the same bits).
+TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  torch::manual_seed(2);
+  for (const auto type : {at::kHalf, at::kBFloat16})
+    for (const auto layout : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous})
+      for (const Shape& s : kShapes) {
+        SCOPED_TRACE(::testing::Message() << c10::toString(type) << " " << layout << " c" << s.c
+                                        << " k" << s.k << " " << s.kernel << "x" << s.kernel
+                                        << " stride " << s.stride << " dilation " << s.dilation);
+        const at::Tensor x =
+            torch::randn({s.n, s.c, s.size, s.size}).to(cuda, type).contiguous(layout);
+        const at::Tensor w = (torch::randn({s.k, s.c, s.kernel, s.kernel}) * 0.1)
+                                 .to(cuda, type)
+                                 .contiguous(layout);
+        const at::Tensor b = s.bias ? torch::randn({s.k}).to(cuda, type) : at::Tensor();
+        const Result want = run(false, x, w, b, s, {});
+        const at::Tensor dy = torch::randn(want.y.sizes()).to(cuda, type).contiguous(layout);
+        const Result ref = run(false, x, w, b, s, dy), got = run(true, x, w, b, s, dy);
+        const double tol = type == at::kHalf ? 5e-3 : 3e-2;
+        EXPECT_EQ(got.y.scalar_type(), type);
+        EXPECT_EQ(got.y.sizes(), ref.y.sizes());
+        EXPECT_EQ(got.y.is_contiguous(at::MemoryFormat::ChannelsLast),
+                  ref.y.is_contiguous(at::MemoryFormat::ChannelsLast));
+        EXPECT_LT(max_relative(got.y, ref.y), tol);
+        EXPECT_LT(max_relative(got.dx, ref.dx), tol);
+        EXPECT_LT(max_relative(got.dw, ref.dw), tol);
+        if (s.bias) EXPECT_LT(max_relative(got.db, ref.db), tol);
+      }
+  const ConvPlansSummary summary = conv_plans_summary();
+  EXPECT_GT(summary.tuned, 0);
+  EXPECT_GT(summary.tuning_seconds, 0.0);
+}
+
+// float32 operands under autocast: cast as LibTorch's convolution casts them, its output
+// bfloat16, the weight's gradient back in float32.
+TEST(TunedConvGpuTest, AutocastCastsAsLibTorchsConvolutionDoes) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  torch::manual_seed(3);
+  const Shape s = kShapes[2];
+  const at::Tensor x = torch::randn({s.n, s.c, s.size, s.size}, cuda)
+                           .contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor w = torch::randn({s.k, s.c, 3, 3}, cuda) * 0.1;
+  Result got, want;
+  {
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    got = run(true, x, w, {}, s, {});
+    want = run(false, x, w, {}, s, {});
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+  }
+  EXPECT_EQ(got.y.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(got.dw.scalar_type(), at::kFloat);
+  EXPECT_EQ(got.dx.scalar_type(), at::kFloat);
+  EXPECT_LT(max_relative(got.y, want.y), 3e-2);
+  EXPECT_LT(max_relative(got.dw, want.dw), 3e-2);
+}
+
+// Timed once for the process whichever thread runs the shape first; after a save and a clear
+// (a later process, as far as the plans know), a load brings every plan back untimed.
+TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  clear_conv_plans();
+  const Shape s{8, 48, 48, 12, 3, 1, 1, 1, false};
+  const at::Tensor x = torch::randn({s.n, s.c, s.size, s.size})
+                           .to(cuda, at::kHalf)
+                           .contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor w = (torch::randn({s.k, s.c, 3, 3}) * 0.1)
+                           .to(cuda, at::kHalf)
+                           .contiguous(at::MemoryFormat::ChannelsLast);
+  const Result first = run(true, x, w, {}, s, {});
+  EXPECT_EQ(conv_plans_summary().tuned, 3);  // forward, input and weight gradient
+  std::thread other([&] {
+    c10::cuda::CUDAGuard device(cuda);
+    run(true, x, w, {}, s, {});
+  });
+  other.join();
+  EXPECT_EQ(conv_plans_summary().tuned, 3) << "another thread timed the shape again";
+
+  const std::string path = temporary_path("kept.json");
+  std::string error, note;
+  ASSERT_TRUE(save_conv_plans(path, error)) << error;
+  clear_conv_plans();
+  EXPECT_EQ(load_conv_plans(path, note), 3);
+  EXPECT_TRUE(note.empty()) << note;
+  const Result again = run(true, x, w, {}, s, {});
+  const ConvPlansSummary after = conv_plans_summary();
+  EXPECT_EQ(after.tuned, 0);
+  EXPECT_EQ(after.from_file, 3);
+  EXPECT_LT(max_relative(again.y, first.y), 1e-3);
+  EXPECT_LT(max_relative(again.dw, first.dw), 5e-3);
+  std::remove(path.c_str());
+}
+
+// Under capture nothing may wait for the stream: an unseen shape takes cuDNN's first choice
+// untimed, and the replayed graph computes the convolution.
+TEST(TunedConvGpuTest, UnderCaptureAnUnseenShapeRunsUntimed) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  clear_conv_plans();
+  torch::manual_seed(4);
+  const at::Tensor x = torch::randn({4, 24, 10, 10})
+                           .to(cuda, at::kHalf)
+                           .contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor w = (torch::randn({40, 24, 3, 3}) * 0.1)
+                           .to(cuda, at::kHalf)
+                           .contiguous(at::MemoryFormat::ChannelsLast);
+  at::Tensor y;
+  at::cuda::CUDAGraph graph;
+  {
+    const at::cuda::CUDAStream side = at::cuda::getStreamFromPool(false, 0);
+    at::cuda::getCurrentCUDAStream(0).synchronize();  // x and w made there
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    graph.capture_begin();
+    y = tuned_conv2d(x, w, {}, {1, 1}, {1, 1}, {1, 1}, 1);
+    graph.capture_end();
+  }
+  graph.replay();
+  at::cuda::getCurrentCUDAStream(0).synchronize();
+  const ConvPlansSummary summary = conv_plans_summary();
+  EXPECT_EQ(summary.untimed, 1);
+  EXPECT_EQ(summary.tuned, 0);
+  EXPECT_LT(max_relative(y, at::conv2d(x, w, {}, {1, 1}, {1, 1})), 5e-3);
+}
+
+}  // namespace tuned_conv_test
+}  // namespace tandem::models
