@@ -157,24 +157,25 @@ def parse_impls(text):
     return impls
 
 
-def plan_rows(cells, impls, cache_root, warm=False, old_package=None):
-    """Every row to run, in order: {impl, base, job, bs, cache_dir, package}. Each row gets a
-    fresh empty cache folder under cache_root; with `warm`, each tandem row is followed by its
-    "-warm" row on the same folder; with `old_package`, each tandem row is preceded by the same
-    row on that package (impl suffixed OLD), for an A/B in one call."""
+def plan_rows(cells, impls, cache_root, warm=False, old_package=None, old_env=None):
+    """Every row to run, in order: {impl, base, job, bs, cache_dir, package, env}. Each row gets
+    a fresh empty cache folder under cache_root; with `warm`, each tandem row is followed by its
+    "-warm" row on the same folder; with `old_package` or `old_env` (environment settings), each
+    tandem row is preceded by the same row on that package and/or with those settings (impl
+    suffixed OLD), for an A/B in one call."""
     rows = []
     for job, bs in cells:
         for impl in impls:
-            variants = [(impl, None)]
-            if old_package and impl in TANDEM_IMPLS:
-                variants.insert(0, (impl + OLD, old_package))
-            for name, package in variants:
+            variants = [(impl, None, {})]
+            if (old_package or old_env) and impl in TANDEM_IMPLS:
+                variants.insert(0, (impl + OLD, old_package, dict(old_env or {})))
+            for name, package, env in variants:
                 cache = tempfile.mkdtemp(prefix=f"{job}-{bs}-{name}-", dir=cache_root)
                 rows.append(dict(impl=name, base=impl, job=job, bs=bs, cache_dir=cache,
-                                 package=package))
+                                 package=package, env=env))
                 if warm and impl in TANDEM_IMPLS:
                     rows.append(dict(impl=name + WARM, base=impl, job=job, bs=bs,
-                                     cache_dir=cache, package=package))
+                                     cache_dir=cache, package=package, env=env))
     return rows
 
 
@@ -408,6 +409,10 @@ def parser():
     p.add_argument("--old-package", default=None, metavar="DIR",
                    help="another tandem package (a folder holding tandem/): each tandem row also "
                         f"runs on it first, as impl{OLD} (an A/B in one call)")
+    p.add_argument("--old-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment setting of the old rows (repeatable); without "
+                        f"--old-package, each tandem row also runs on this package with it, as "
+                        f"impl{OLD} (e.g. TANDEM_TUNED_CONV=0)")
     p.add_argument("--out", default="wallclock.json")
     p.add_argument("--row", action="store_true", help=argparse.SUPPRESS)  # one row, JSON on stdout
     p.add_argument("--job", help=argparse.SUPPRESS)
@@ -427,6 +432,7 @@ def run_process(a, planned):
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=planned["cache_dir"],
                TRITON_CACHE_DIR=os.path.join(planned["cache_dir"], "triton"),
                TANDEM_MODE_CACHE=os.path.join(planned["cache_dir"], "tandem-modes"))
+    env.update(planned.get("env") or {})
     if planned.get("package"):  # the A/B's old tandem in place of this one's
         env["PYTHONPATH"] = os.pathsep.join([planned["package"]] + [
             p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -473,7 +479,14 @@ def main(argv=None):
         cache_root = a.cache_dir
     else:
         cache_root = tempfile.mkdtemp(prefix="wallclock-cache-")
-    plan = plan_rows(cells, impls, cache_root, warm=a.warm_process, old_package=a.old_package)
+    old_env = {}
+    for setting in a.old_env:
+        name, eq, value = setting.partition("=")
+        if not eq or not name:
+            p.error(f"--old-env {setting!r}: expected NAME=VALUE")
+        old_env[name] = value
+    plan = plan_rows(cells, impls, cache_root, warm=a.warm_process, old_package=a.old_package,
+                     old_env=old_env)
     m = a.fit_steps_first or a.n
     command = "python3 benchmarks/wallclock.py " + shlex.join(sys.argv[1:] if argv is None
                                                               else argv)

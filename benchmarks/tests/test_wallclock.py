@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = HERE.parent
 sys.path.insert(0, str(BENCHMARKS))
@@ -170,6 +172,24 @@ def test_an_old_package_runs_each_tandem_row_before_this_one(tmp_path):
     assert by["tandem-py"]["package"] is None and by["eager"]["package"] is None
     assert by["tandem-py@old-warm"]["cache_dir"] == by["tandem-py@old"]["cache_dir"]
     assert by["tandem-py@old"]["cache_dir"] != by["tandem-py"]["cache_dir"]
+
+
+def test_old_env_runs_each_tandem_row_first_on_this_package_with_the_settings(tmp_path):
+    plan = wallclock.plan_rows([("r18_full", 32)], ["eager", "tandem-py"], str(tmp_path),
+                               warm=True, old_env={"TANDEM_TUNED_CONV": "0"})
+    assert [r["impl"] for r in plan] == ["eager", "tandem-py@old", "tandem-py@old-warm",
+                                         "tandem-py", "tandem-py-warm"]
+    by = {r["impl"]: r for r in plan}
+    assert by["tandem-py@old"]["package"] is None
+    assert by["tandem-py@old-warm"]["env"] == {"TANDEM_TUNED_CONV": "0"}
+    assert by["tandem-py"]["env"] == {} and by["eager"]["env"] == {}
+
+
+def test_a_malformed_old_env_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        wallclock.main(["--old-env", "TANDEM_TUNED_CONV", "--out", "/dev/null"])
+    assert e.value.code == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
 
 
 def test_a_row_process_output_is_its_row_line_or_an_error():

@@ -94,8 +94,8 @@ std::string shape_key(ConvPass pass, const at::Tensor& a, const at::Tensor& b,
   static const char* const kPass[] = {"fprop", "dgrad", "wgrad"};
   std::ostringstream k;
   k << kPass[static_cast<int>(pass)] << ' ' << a.scalar_type() << ' ' << a.sizes() << a.strides()
-    << ' ' << b.sizes() << b.strides() << ' ' << out.sizes() << out.strides() << " s"
-    << g.stride << " p" << g.padding << " d" << g.dilation;
+    << ' ' << b.sizes() << b.strides() << ' ' << out.sizes() << out.strides() << " s" << g.stride
+    << " p" << g.padding << " d" << g.dilation;
   return k.str();
 }
 
@@ -191,7 +191,8 @@ int64_t fastest(fe::graph::Graph& g, const std::vector<int64_t>& candidates,
   at::Tensor workspace;
   while (!sized.empty()) {  // the most any candidate asks for, else drop the greediest
     try {
-      workspace = at::empty({std::max<int64_t>(sized.back().first, 1)}, like.options().dtype(at::kByte));
+      workspace =
+          at::empty({std::max<int64_t>(sized.back().first, 1)}, like.options().dtype(at::kByte));
       break;
     } catch (const c10::OutOfMemoryError&) {
       sized.pop_back();
@@ -219,8 +220,8 @@ int64_t fastest(fe::graph::Graph& g, const std::vector<int64_t>& candidates,
 // The shape's plan: rebuilt from a kept choice, or timed among cuDNN's candidates (while
 // capturing, cuDNN's first choice untimed: nothing may synchronize then).
 std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at::Tensor& b,
-                                   at::Tensor& out, const ConvGeometry& geo,
-                                   const std::string& key, cudnnHandle_t handle, Table& t) {
+                                   at::Tensor& out, const ConvGeometry& geo, const std::string& key,
+                                   cudnnHandle_t handle, Table& t) {
   auto plan = std::make_shared<PassPlan>();
   const auto started = std::chrono::steady_clock::now();
   plan->graph = operation_graph(pass, a, b, out, geo, handle, plan->why_not);
@@ -260,9 +261,8 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
   const int limit = at::globalContext().benchmarkLimitCuDNN();
   const int64_t wanted = capturing ? 1 : (limit > 0 ? limit : kAllCandidates);
   std::vector<int64_t> built;
-  for (int64_t i = 0; i < fresh.get_execution_plan_count() &&
-                      static_cast<int64_t>(built.size()) < wanted;
-       ++i)
+  for (int64_t i = 0;
+       i < fresh.get_execution_plan_count() && static_cast<int64_t>(built.size()) < wanted; ++i)
     if (fresh.build_plan_at_index(i).is_good()) built.push_back(i);
   if (built.empty()) {
     plan->why_not = "no candidate plan built";
@@ -286,7 +286,8 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
     Choice c;
     std::unordered_map<fe::KnobType_t, int64_t> knobs;
     if (fresh.get_engine_and_knobs_at_index(plan->index, c.engine, knobs).is_good()) {
-      for (const auto& [type, value] : knobs) c.knobs.emplace_back(static_cast<int64_t>(type), value);
+      for (const auto& [type, value] : knobs)
+        c.knobs.emplace_back(static_cast<int64_t>(type), value);
       std::sort(c.knobs.begin(), c.knobs.end());
       c.microseconds = us;
       t.choices[key] = std::move(c);
@@ -384,7 +385,8 @@ int64_t load_plan_choices(const std::string& path, std::string& note) {
       return 0;
     }
     const int64_t cudnn = static_cast<int64_t>(fe::detail::get_backend_version());
-    if (j.at("cudnn").get<int64_t>() != cudnn || j.at("frontend").get<int64_t>() != CUDNN_FRONTEND_VERSION) {
+    if (j.at("cudnn").get<int64_t>() != cudnn ||
+        j.at("frontend").get<int64_t>() != CUDNN_FRONTEND_VERSION) {
       note = path + " was written with cuDNN " + j.at("cudnn").dump() + " and frontend " +
              j.at("frontend").dump() + " (this process has " + std::to_string(cudnn) + " and " +
              std::to_string(CUDNN_FRONTEND_VERSION) + "): ignored";

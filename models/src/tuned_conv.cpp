@@ -101,22 +101,21 @@ class TunedConv : public torch::autograd::Function<TunedConv> {
     const at::Tensor dy = dy_in.contiguous(layout);
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0))
-      dx = pass(detail::ConvPass::kInputGrad, dy, w.contiguous(layout), x.sizes(), layout,
-                g.view());
+      dx =
+          pass(detail::ConvPass::kInputGrad, dy, w.contiguous(layout), x.sizes(), layout, g.view());
     if (ctx->needs_input_grad(1))
       dw = pass(detail::ConvPass::kWeightGrad, dy, x.contiguous(layout), w.sizes(), layout,
                 g.view());
     const bool want_dx = ctx->needs_input_grad(0) && !dx.defined(),
                want_dw = ctx->needs_input_grad(1) && !dw.defined();
     if (want_dx || want_dw) {  // what cuDNN's plans did not run: LibTorch's backward
-      auto [ldx, ldw, unused] = at::convolution_backward(
-          dy, x, w, std::nullopt, g.stride, g.padding, g.dilation, false, {0, 0}, 1,
-          {want_dx, want_dw, false});
+      auto [ldx, ldw, unused] =
+          at::convolution_backward(dy, x, w, std::nullopt, g.stride, g.padding, g.dilation, false,
+                                   {0, 0}, 1, {want_dx, want_dw, false});
       if (want_dx) dx = ldx;
       if (want_dw) dw = ldw;
     }
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
-      db = dy.sum({0, 2, 3});
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum({0, 2, 3});
     return {dx, dw, db, at::Tensor()};
   }
 };
@@ -127,8 +126,8 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
                         at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                         int64_t groups) {
   TANDEM_CHECK_ARG(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
-                   "tuned_conv2d: expected two strides, paddings and dilations, got ", stride,
-                   ", ", padding, " and ", dilation);
+                   "tuned_conv2d: expected two strides, paddings and dilations, got ", stride, ", ",
+                   padding, " and ", dilation);
   // Autocast's cast as at::conv2d's would be (one of its lower-precision ops): cached for
   // weights, differentiable back to the float32 parameters.
   at::Tensor xa = x, wa = weight, ba = bias;
@@ -138,10 +137,11 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
     wa = at::autocast::cached_cast(type, weight, at::kCUDA);
     if (bias.defined()) ba = at::autocast::cached_cast(type, bias, at::kCUDA);
   }
-  if (!applies(xa, wa, ba, groups)) return at::conv2d(x, weight, bias, stride, padding, dilation, groups);
-  TANDEM_CHECK_ARG(xa.size(1) == wa.size(1),
-                   "tuned_conv2d: x has ", xa.size(1), " channels, the weight expects ",
-                   wa.size(1), " (x ", xa.sizes(), ", weight ", wa.sizes(), ")");
+  if (!applies(xa, wa, ba, groups))
+    return at::conv2d(x, weight, bias, stride, padding, dilation, groups);
+  TANDEM_CHECK_ARG(xa.size(1) == wa.size(1), "tuned_conv2d: x has ", xa.size(1),
+                   " channels, the weight expects ", wa.size(1), " (x ", xa.sizes(), ", weight ",
+                   wa.sizes(), ")");
   // The operands are cast: nothing inside casts again.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   Geometry g{stride.vec(), padding.vec(), dilation.vec()};

@@ -18,8 +18,8 @@ void bind_conv(py::module_& m) {
       [](const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
          std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
          int64_t groups) {
-        return tandem::models::tuned_conv2d(x, weight, bias.value_or(at::Tensor()), stride,
-                                            padding, dilation, groups);
+        return tandem::models::tuned_conv2d(x, weight, bias.value_or(at::Tensor()), stride, padding,
+                                            dilation, groups);
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
       py::arg("dilation"), py::arg("groups"),

@@ -371,7 +371,8 @@ def test_arguments_of_the_wrong_type_are_refused_by_name():
 def test_a_fit_says_what_it_paid_besides_its_steps():
     t, _, _ = trainer("cpu", "auto")
     first = t.fit(steps=3, progress=False)
-    assert set(first.setup) == {"trials_s", "prepare_s", "capture_s", "graphs", "graphs_kept"}
+    assert set(first.setup) == {"trials_s", "prepare_s", "capture_s", "graphs", "graphs_kept",
+                                "conv_plans"}
     assert first.setup["prepare_s"] > 0 and first.setup["trials_s"] >= 0
     assert first.setup["graphs"] == 0 and first.setup["capture_s"] == 0  # the CPU: no graphs
     later = t.fit(steps=3, progress=False)

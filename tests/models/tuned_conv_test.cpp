@@ -54,8 +54,8 @@ Result run(bool tuned, const at::Tensor& x0, const at::Tensor& w0, const at::Ten
   const at::Tensor b = b0.defined() ? b0.detach().clone().requires_grad_() : at::Tensor();
   const std::vector<int64_t> st{s.stride, s.stride}, pad{s.padding, s.padding},
       dil{s.dilation, s.dilation};
-  const at::Tensor y = tuned ? tuned_conv2d(x, w, b, st, pad, dil, 1)
-                             : at::conv2d(x, w, b, st, pad, dil, 1);
+  const at::Tensor y =
+      tuned ? tuned_conv2d(x, w, b, st, pad, dil, 1) : at::conv2d(x, w, b, st, pad, dil, 1);
   y.backward(dy.defined() ? dy : torch::ones_like(y));
   return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : at::Tensor()};
 }
@@ -121,13 +121,12 @@ TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
     for (const auto layout : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous})
       for (const Shape& s : kShapes) {
         SCOPED_TRACE(::testing::Message() << c10::toString(type) << " " << layout << " c" << s.c
-                                        << " k" << s.k << " " << s.kernel << "x" << s.kernel
-                                        << " stride " << s.stride << " dilation " << s.dilation);
+                                          << " k" << s.k << " " << s.kernel << "x" << s.kernel
+                                          << " stride " << s.stride << " dilation " << s.dilation);
         const at::Tensor x =
             torch::randn({s.n, s.c, s.size, s.size}).to(cuda, type).contiguous(layout);
-        const at::Tensor w = (torch::randn({s.k, s.c, s.kernel, s.kernel}) * 0.1)
-                                 .to(cuda, type)
-                                 .contiguous(layout);
+        const at::Tensor w =
+            (torch::randn({s.k, s.c, s.kernel, s.kernel}) * 0.1).to(cuda, type).contiguous(layout);
         const at::Tensor b = s.bias ? torch::randn({s.k}).to(cuda, type) : at::Tensor();
         const Result want = run(false, x, w, b, s, {});
         const at::Tensor dy = torch::randn(want.y.sizes()).to(cuda, type).contiguous(layout);
@@ -154,8 +153,8 @@ TEST(TunedConvGpuTest, AutocastCastsAsLibTorchsConvolutionDoes) {
   const c10::Device cuda(c10::kCUDA, 0);
   torch::manual_seed(3);
   const Shape s = kShapes[2];
-  const at::Tensor x = torch::randn({s.n, s.c, s.size, s.size}, cuda)
-                           .contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor x =
+      torch::randn({s.n, s.c, s.size, s.size}, cuda).contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor w = torch::randn({s.k, s.c, 3, 3}, cuda) * 0.1;
   Result got, want;
   {
@@ -217,9 +216,8 @@ TEST(TunedConvGpuTest, UnderCaptureAnUnseenShapeRunsUntimed) {
   const c10::Device cuda(c10::kCUDA, 0);
   clear_conv_plans();
   torch::manual_seed(4);
-  const at::Tensor x = torch::randn({4, 24, 10, 10})
-                           .to(cuda, at::kHalf)
-                           .contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor x =
+      torch::randn({4, 24, 10, 10}).to(cuda, at::kHalf).contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor w = (torch::randn({40, 24, 3, 3}) * 0.1)
                            .to(cuda, at::kHalf)
                            .contiguous(at::MemoryFormat::ChannelsLast);

@@ -1,0 +1,114 @@
+"""The Trainer's convolutions on kept cuDNN plans (tandem/_conv_plans.py): a fit swaps exactly
+the plain torch.nn.Conv2d modules for the stand-in and puts them back, the stand-in computes the
+same as Conv2d, mode auto's kept decisions see Conv2d, and on CUDA a fit times its shapes once,
+writes the plans file, and a later Trainer of the process rebuilds them from it untimed."""
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tandem
+from tandem import _C, _conv_plans, _mode_cache
+
+CUDA = torch.cuda.is_available()
+
+
+class OwnConv(nn.Conv2d):  # a subclass keeps its own forward: never swapped
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), OwnConv(8, 8, 1),
+                         nn.Conv2d(8, 8, 3, padding="same", padding_mode="reflect"))
+
+
+def test_in_use_swaps_the_plain_conv2d_modules_and_puts_them_back():
+    m = model()
+    x = torch.randn(2, 3, 10, 10)
+    want = m(x)
+    with _conv_plans.in_use([m, m], True) as summary:  # a module reached twice: swapped once
+        kinds = [type(c) for c in m]
+        got = m(x)
+    assert kinds == [_conv_plans.TunedConv2d, nn.ReLU, OwnConv, _conv_plans.TunedConv2d]
+    assert [type(c) for c in m] == [nn.Conv2d, nn.ReLU, OwnConv, nn.Conv2d]
+    assert summary["convolutions"] == 2
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with _conv_plans.in_use([m], False):
+        assert type(m[0]) is nn.Conv2d
+
+
+def test_in_use_puts_them_back_after_an_exception():
+    m = model()
+    with pytest.raises(RuntimeError, match="boom"):
+        with _conv_plans.in_use([m], True):
+            raise RuntimeError("boom")
+    assert type(m[0]) is nn.Conv2d and type(m[3]) is nn.Conv2d
+
+
+def test_the_kept_decisions_key_sees_conv2d_through_the_stand_in():
+    m = model()
+    before = _mode_cache._describe_callable(m)
+    with _conv_plans.in_use([m], True):
+        during = _mode_cache._describe_callable(m)
+    assert during == before
+    assert "torch.nn.modules.conv.Conv2d" in before["modules"]
+
+
+def test_it_applies_on_cuda_with_cudnn_benchmark_and_no_compile(monkeypatch):
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert _conv_plans.applies(cuda, False, None)
+    assert not _conv_plans.applies(cpu, False, None)
+    assert not _conv_plans.applies(cuda, True, None)
+    assert not _conv_plans.applies(cuda, False, False)
+    monkeypatch.setenv("TANDEM_TUNED_CONV", "0")
+    assert not _conv_plans.applies(cuda, False, None)
+
+
+class Bf16Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                                 nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.ReLU(),
+                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return self.net(x)
+
+
+def bf16_trainer():
+    torch.manual_seed(0)
+    net = Bf16Net().cuda().to(memory_format=torch.channels_last)
+    data = [dict(image=torch.randn(8, 3, 16, 16, device="cuda"),
+                 label=torch.randint(0, 4, (8,), device="cuda")) for _ in range(3)]
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    return tandem.Trainer(net, nn.CrossEntropyLoss(), opt, data, mode="graphed")
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device")
+def test_a_fit_times_its_shapes_once_and_a_later_trainer_rebuilds_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
+    monkeypatch.setattr(_conv_plans, "_loaded", set())
+    _C.clear_conv_plans()
+    first = bf16_trainer().fit(steps=6, progress=False)
+    plans = first.setup["conv_plans"]
+    assert plans["tuned"] >= 4  # two convolutions' forward and weight gradient, at least
+    assert plans["convolutions"] == 2
+    assert os.path.isfile(tmp_path / _conv_plans.FILE_NAME)
+
+    _C.clear_conv_plans()  # as a new process finds them
+    monkeypatch.setattr(_conv_plans, "_loaded", set())
+    second = bf16_trainer().fit(steps=6, progress=False)
+    assert second.setup["conv_plans"]["tuned"] == 0
+    assert second.setup["conv_plans"]["from_file"] == plans["tuned"]
+    torch.testing.assert_close(torch.tensor(second.losses), torch.tensor(first.losses),
+                               rtol=2e-2, atol=2e-2)
+
+    monkeypatch.setenv("TANDEM_TUNED_CONV", "0")  # LibTorch's convolutions: the same losses
+    plain = bf16_trainer().fit(steps=6, progress=False)
+    assert plain.setup["conv_plans"] == {}
+    torch.testing.assert_close(torch.tensor(plain.losses), torch.tensor(first.losses),
+                               rtol=2e-2, atol=2e-2)
