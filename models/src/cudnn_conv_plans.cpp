@@ -69,7 +69,7 @@ struct Table {
   std::mutex mutex;
   std::unordered_map<std::string, std::shared_ptr<PassPlan>> plans;  // by device and shape
   std::map<std::string, Choice> choices;  // timed here or loaded: what a save writes
-  PlanCounts counts;
+  ConvPlansSummary counts;
 };
 
 Table& table() {
@@ -118,31 +118,27 @@ std::shared_ptr<fe::graph::Graph> operation_graph(ConvPass pass, const at::Tenso
   g->set_io_data_type(data_type(a))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
+  // The three passes' attributes differ in type only.
+  auto geometry = [&](auto attributes, const char* name) {
+    attributes.set_name(name)
+        .set_padding(vec(geo.padding))
+        .set_stride(vec(geo.stride))
+        .set_dilation(vec(geo.dilation));
+    return attributes;
+  };
   std::shared_ptr<fe::graph::Tensor_attributes> result;
   switch (pass) {
     case ConvPass::kForward:
       result = g->conv_fprop(input(*g, "x", kA, a), input(*g, "w", kB, b),
-                             fe::graph::Conv_fprop_attributes()
-                                 .set_name("fprop")
-                                 .set_padding(vec(geo.padding))
-                                 .set_stride(vec(geo.stride))
-                                 .set_dilation(vec(geo.dilation)));
+                             geometry(fe::graph::Conv_fprop_attributes(), "fprop"));
       break;
     case ConvPass::kInputGrad:
       result = g->conv_dgrad(input(*g, "dy", kA, a), input(*g, "w", kB, b),
-                             fe::graph::Conv_dgrad_attributes()
-                                 .set_name("dgrad")
-                                 .set_padding(vec(geo.padding))
-                                 .set_stride(vec(geo.stride))
-                                 .set_dilation(vec(geo.dilation)));
+                             geometry(fe::graph::Conv_dgrad_attributes(), "dgrad"));
       break;
     case ConvPass::kWeightGrad:
       result = g->conv_wgrad(input(*g, "dy", kA, a), input(*g, "x", kB, b),
-                             fe::graph::Conv_wgrad_attributes()
-                                 .set_name("wgrad")
-                                 .set_padding(vec(geo.padding))
-                                 .set_stride(vec(geo.stride))
-                                 .set_dilation(vec(geo.dilation)));
+                             geometry(fe::graph::Conv_wgrad_attributes(), "wgrad"));
       break;
   }
   result->set_output(true)
@@ -348,7 +344,7 @@ bool cudnn_conv_pass(ConvPass pass, const at::Tensor& a, const at::Tensor& b, at
   return true;
 }
 
-PlanCounts plan_counts() {
+ConvPlansSummary plan_counts() {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mutex);
   return t.counts;
@@ -359,7 +355,7 @@ void clear_plans() {
   std::lock_guard<std::mutex> lock(t.mutex);
   t.plans.clear();
   t.choices.clear();
-  t.counts = PlanCounts{};
+  t.counts = ConvPlansSummary{};
 }
 
 // The file: {"format", "cudnn" (cuDNN's version), "frontend", "plans": {key: {"engine",
@@ -459,7 +455,7 @@ bool cudnn_conv_pass(ConvPass, const at::Tensor&, const at::Tensor&, at::Tensor&
   why.clear();
   return false;
 }
-PlanCounts plan_counts() { return {}; }
+ConvPlansSummary plan_counts() { return {}; }
 int64_t load_plan_choices(const std::string&, std::string& note) {
   note = "this build has no cuDNN graphs";
   return 0;

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tandem/models/tuned_conv.h"
+
 namespace tandem::models::detail {
 
 enum class ConvPass { kForward, kInputGrad, kWeightGrad };
@@ -28,12 +30,8 @@ struct ConvGeometry {
 bool cudnn_conv_pass(ConvPass pass, const at::Tensor& a, const at::Tensor& b, at::Tensor& out,
                      const ConvGeometry& geometry, std::string& why);
 
-/// What the process's plans cost and came from (see tuned_conv.h's ConvPlansSummary).
-struct PlanCounts {
-  int64_t tuned = 0, from_file = 0, untimed = 0, refused = 0;
-  double tuning_seconds = 0.0;
-};
-PlanCounts plan_counts();
+/// What the process's plans cost and came from.
+ConvPlansSummary plan_counts();
 
 /// The plans file (tuned_conv.h's load_conv_plans / save_conv_plans / clear_conv_plans).
 int64_t load_plan_choices(const std::string& path, std::string& note);

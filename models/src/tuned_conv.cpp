@@ -151,10 +151,7 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
   return TunedConv::apply(xa, wa, ba, std::move(g))[0];
 }
 
-ConvPlansSummary conv_plans_summary() {
-  const detail::PlanCounts c = detail::plan_counts();
-  return {c.tuned, c.from_file, c.untimed, c.refused, c.tuning_seconds};
-}
+ConvPlansSummary conv_plans_summary() { return detail::plan_counts(); }
 
 int64_t load_conv_plans(const std::string& path, std::string& note) {
   return detail::load_plan_choices(path, note);
