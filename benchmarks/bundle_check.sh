@@ -88,8 +88,13 @@ packages)
     if [ -f "$2/.sources" ] && [ "$(cat "$2/.sources")" = "$(sources_stamp "$1")" ]; then
       echo "kept from an earlier call" >"$LOGS/pip-$(basename "$2").log"; return 0
     fi
+    # The machine's python has no cuDNN frontend wheel: its headers carried in .ref/cudnn-frontend
+    # (a copy of the wheel's include/), else the package's cuDNN graphs are compiled out.
+    local frontend=()
+    [ -f .ref/cudnn-frontend/include/cudnn_frontend.h ] &&
+      frontend=(-C "cmake.define.CUDNN_FRONTEND_INCLUDE_DIR=$PWD/.ref/cudnn-frontend/include")
     rm -rf "$2" && python3 -m pip install -q --no-build-isolation --no-deps --target "$2" \
-      "$1/python" -C "build-dir=$2-build" >"$LOGS/pip-$(basename "$2").log" 2>&1 &&
+      "$1/python" -C "build-dir=$2-build" "${frontend[@]}" >"$LOGS/pip-$(basename "$2").log" 2>&1 &&
       sources_stamp "$1" >"$2/.sources"
   }
   say "packages: building this tree's$([ -d .ref/old ] && echo " and .ref/old's")"

@@ -155,16 +155,35 @@ std::shared_ptr<fe::graph::Graph> operation_graph(ConvPass pass, const at::Tenso
   return g;
 }
 
-// A plan rebuilt from a kept choice: index 0 of a graph holding that plan alone; false (and why)
-// where this cuDNN no longer builds it.
-bool rebuild(fe::graph::Graph& g, const Choice& c, std::string& why) {
+// The engine and knobs of cuDNN's candidate `i`, as kept (knobs sorted by type).
+bool choice_at(fe::graph::Graph& g, int64_t i, Choice& c) {
   std::unordered_map<fe::KnobType_t, int64_t> knobs;
-  for (const auto& [type, value] : c.knobs) knobs[static_cast<fe::KnobType_t>(type)] = value;
-  fe::error_t e = g.create_execution_plan(c.engine, knobs);
-  if (e.is_good()) e = g.check_support();
-  if (e.is_good()) e = g.build_plan_at_index(0);
-  if (e.is_bad()) why = e.get_message();
-  return e.is_good();
+  if (g.get_engine_and_knobs_at_index(i, c.engine, knobs).is_bad()) return false;
+  c.knobs.clear();
+  for (const auto& [type, value] : knobs) c.knobs.emplace_back(static_cast<int64_t>(type), value);
+  std::sort(c.knobs.begin(), c.knobs.end());
+  return true;
+}
+
+// A kept choice found again among cuDNN's candidates (listing them costs no plan build) and its
+// plan built: its index, or -1 (and why) where this cuDNN no longer lists or builds it. Not
+// create_execution_plan(engine, knobs): some knob types cuDNN reports do not convert back.
+int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why) {
+  fe::error_t e = g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  if (e.is_bad()) {
+    why = e.get_message();
+    return -1;
+  }
+  Choice c;
+  for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+    if (!choice_at(g, i, c) || c.engine != kept.engine || c.knobs != kept.knobs) continue;
+    e = g.build_plan_at_index(i);
+    if (e.is_good()) return i;
+    why = e.get_message();
+    return -1;
+  }
+  why = "cuDNN no longer lists it for the shape";
+  return -1;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -226,9 +245,9 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
 
   if (auto kept = t.choices.find(key); kept != t.choices.end()) {
     std::string why;
-    if (rebuild(g, kept->second, why)) {
-      if (g.get_workspace_size_plan_at_index(0, plan->workspace).is_good()) {
-        plan->index = 0;
+    if (const int64_t i = rebuild(g, kept->second, why); i >= 0) {
+      if (g.get_workspace_size_plan_at_index(i, plan->workspace).is_good()) {
+        plan->index = i;
         ++t.counts.from_file;
         return plan;
       }
@@ -279,12 +298,7 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
       plan->graph.reset();
       return plan;
     }
-    Choice c;
-    std::unordered_map<fe::KnobType_t, int64_t> knobs;
-    if (fresh.get_engine_and_knobs_at_index(plan->index, c.engine, knobs).is_good()) {
-      for (const auto& [type, value] : knobs)
-        c.knobs.emplace_back(static_cast<int64_t>(type), value);
-      std::sort(c.knobs.begin(), c.knobs.end());
+    if (Choice c; choice_at(fresh, plan->index, c)) {
       c.microseconds = us;
       t.choices[key] = std::move(c);
     }

@@ -85,8 +85,9 @@ class TunedConv : public torch::autograd::Function<TunedConv> {
     ctx->saved_data["stride"] = geometry.stride;
     ctx->saved_data["padding"] = geometry.padding;
     ctx->saved_data["dilation"] = geometry.dilation;
-    ctx->saved_data["bias"] = bias.defined();
-    return {forward_pass(x, weight, bias, geometry)};
+    const bool has_bias = bias.numel() > 0;
+    ctx->saved_data["bias"] = has_bias;
+    return {forward_pass(x, weight, has_bias ? bias : at::Tensor(), geometry)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -148,7 +149,10 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
   if (!at::GradMode::is_enabled() ||
       !(xa.requires_grad() || wa.requires_grad() || (ba.defined() && ba.requires_grad())))
     return forward_pass(xa, wa, ba, g);
-  return TunedConv::apply(xa, wa, ba, std::move(g))[0];
+  // LibTorch's C++ autograd functions take no undefined tensor (each input's device is read):
+  // no bias is an empty one, which backward gives no gradient.
+  return TunedConv::apply(xa, wa, ba.defined() ? ba : at::empty({0}, xa.options()),
+                          std::move(g))[0];
 }
 
 ConvPlansSummary conv_plans_summary() { return detail::plan_counts(); }

@@ -1,4 +1,5 @@
-"""The Trainer's convolutions on cuDNN plans timed once and kept (tandem._C.tuned_conv2d).
+"""The Trainer's convolutions on cuDNN plans timed once and kept (tandem._C.tuned_conv2d), with
+``TANDEM_TUNED_CONV=1`` (off by default until its timings on a GPU say it should be on).
 
 PyTorch's cudnn.benchmark times each convolution shape's cuDNN candidates on the thread that runs
 it, keeps the pick for that thread alone and forgets it with the process: a training step's
@@ -13,7 +14,7 @@ Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``
 (torch.compile chooses its own kernels), half or bfloat16 operands after autocast, one group;
 everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
 plans are still shared by the process's threads); a plans file that cannot be trusted is
-ignored with a warning; ``TANDEM_TUNED_CONV=0`` leaves the convolutions to PyTorch.
+ignored with a warning.
 """
 import contextlib
 import os
@@ -72,7 +73,7 @@ def _save(path: str):
 
 def applies(device: torch.device, compiled: bool, cudnn_benchmark: Optional[bool]) -> bool:
     return (device.type == "cuda" and not compiled and cudnn_benchmark is not False
-            and hasattr(_C, "tuned_conv2d") and os.environ.get("TANDEM_TUNED_CONV", "1") != "0")
+            and hasattr(_C, "tuned_conv2d") and os.environ.get("TANDEM_TUNED_CONV", "0") == "1")
 
 
 _depth = threading.local()

@@ -57,8 +57,11 @@ def test_the_kept_decisions_key_sees_conv2d_through_the_stand_in():
     assert "torch.nn.modules.conv.Conv2d" in before["modules"]
 
 
-def test_it_applies_on_cuda_with_cudnn_benchmark_and_no_compile(monkeypatch):
+def test_it_applies_when_asked_on_cuda_with_cudnn_benchmark_and_no_compile(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.delenv("TANDEM_TUNED_CONV", raising=False)
+    assert not _conv_plans.applies(cuda, False, None)  # opt-in
+    monkeypatch.setenv("TANDEM_TUNED_CONV", "1")
     assert _conv_plans.applies(cuda, False, None)
     assert not _conv_plans.applies(cpu, False, None)
     assert not _conv_plans.applies(cuda, True, None)
@@ -91,6 +94,7 @@ def bf16_trainer():
 @pytest.mark.skipif(not CUDA, reason="no CUDA device")
 def test_a_fit_times_its_shapes_once_and_a_later_trainer_rebuilds_them(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
+    monkeypatch.setenv("TANDEM_TUNED_CONV", "1")
     monkeypatch.setattr(_conv_plans, "_loaded", set())
     _C.clear_conv_plans()
     first = bf16_trainer().fit(steps=6, progress=False)

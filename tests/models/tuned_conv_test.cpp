@@ -5,6 +5,7 @@
 // plans file that cannot be trusted is ignored with a note naming it.
 #include "tandem/models/tuned_conv.h"
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -32,6 +33,13 @@ using test_steps::max_relative;
 std::string temporary_path(const char* name) {
   return "/tmp/tandem-tuned-conv-" + std::to_string(::getpid()) + "-" + name;
 }
+
+// cuDNN's benchmark mode, on which the tuned path depends (off by default in C++), for a test.
+struct BenchmarkModeOn {
+  const bool was = at::globalContext().benchmarkCuDNN();
+  BenchmarkModeOn() { at::globalContext().setBenchmarkCuDNN(true); }
+  ~BenchmarkModeOn() { at::globalContext().setBenchmarkCuDNN(was); }
+};
 
 struct Shape {
   int64_t n, c, k, size, kernel, stride, padding, dilation;
@@ -115,6 +123,7 @@ TEST(TunedConvTest, APlansFileThatCannotBeTrustedIsIgnoredWithANote) {
 // within the dtype's rounding (the plans differ from LibTorch's picks, so not the same bits).
 TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
   TANDEM_SKIP_WITHOUT_CUDA();
+  const BenchmarkModeOn benchmark;
   const c10::Device cuda(c10::kCUDA, 0);
   torch::manual_seed(2);
   for (const auto type : {at::kHalf, at::kBFloat16})
@@ -144,12 +153,23 @@ TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
   const ConvPlansSummary summary = conv_plans_summary();
   EXPECT_GT(summary.tuned, 0);
   EXPECT_GT(summary.tuning_seconds, 0.0);
+
+  // With cuDNN's benchmark mode off it is LibTorch's convolution: nothing timed.
+  at::globalContext().setBenchmarkCuDNN(false);
+  const Shape& s = kShapes[1];
+  const at::Tensor x = torch::randn({s.n, s.c, 9, 9}).to(cuda, at::kHalf);
+  const at::Tensor w = torch::randn({s.k, s.c, 1, 1}).to(cuda, at::kHalf);
+  const std::vector<int64_t> one{1, 1}, zero{0, 0};
+  EXPECT_TRUE(at::equal(tuned_conv2d(x, w, {}, one, zero, one, 1),
+                        at::conv2d(x, w, {}, one, zero, one, 1)));
+  EXPECT_EQ(conv_plans_summary().tuned, summary.tuned);
 }
 
 // float32 operands under autocast: cast as LibTorch's convolution casts them, its output
 // bfloat16, the weight's gradient back in float32.
 TEST(TunedConvGpuTest, AutocastCastsAsLibTorchsConvolutionDoes) {
   TANDEM_SKIP_WITHOUT_CUDA();
+  const BenchmarkModeOn benchmark;
   const c10::Device cuda(c10::kCUDA, 0);
   torch::manual_seed(3);
   const Shape s = kShapes[2];
@@ -176,6 +196,7 @@ TEST(TunedConvGpuTest, AutocastCastsAsLibTorchsConvolutionDoes) {
 // (a later process, as far as the plans know), a load brings every plan back untimed.
 TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
   TANDEM_SKIP_WITHOUT_CUDA();
+  const BenchmarkModeOn benchmark;
   const c10::Device cuda(c10::kCUDA, 0);
   clear_conv_plans();
   const Shape s{8, 48, 48, 12, 3, 1, 1, 1, false};
@@ -213,6 +234,7 @@ TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
 // untimed, and the replayed graph computes the convolution.
 TEST(TunedConvGpuTest, UnderCaptureAnUnseenShapeRunsUntimed) {
   TANDEM_SKIP_WITHOUT_CUDA();
+  const BenchmarkModeOn benchmark;
   const c10::Device cuda(c10::kCUDA, 0);
   clear_conv_plans();
   torch::manual_seed(4);
