@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,21 +131,22 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
                    "tuned_conv2d: expected two strides, paddings and dilations, got ", stride, ", ",
                    padding, " and ", dilation);
   // Autocast's cast as at::conv2d's would be (one of its lower-precision ops): cached for
-  // weights, differentiable back to the float32 parameters.
+  // weights, differentiable back to the float32 parameters. The operands cast, nothing after
+  // casts again (autocast's own conv2d is these casts and then the convolution without it).
   at::Tensor xa = x, wa = weight, ba = bias;
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> cast;
   if (x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA)) {
     const at::ScalarType type = at::autocast::get_autocast_dtype(at::kCUDA);
     xa = at::autocast::cached_cast(type, x, at::kCUDA);
     wa = at::autocast::cached_cast(type, weight, at::kCUDA);
     if (bias.defined()) ba = at::autocast::cached_cast(type, bias, at::kCUDA);
+    cast.emplace(c10::autocast_dispatch_keyset);
   }
   if (!applies(xa, wa, ba, groups))
-    return at::conv2d(x, weight, bias, stride, padding, dilation, groups);
+    return at::conv2d(xa, wa, ba, stride, padding, dilation, groups);
   TANDEM_CHECK_ARG(xa.size(1) == wa.size(1), "tuned_conv2d: x has ", xa.size(1),
                    " channels, the weight expects ", wa.size(1), " (x ", xa.sizes(), ", weight ",
                    wa.sizes(), ")");
-  // The operands are cast: nothing inside casts again.
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   Geometry g{stride.vec(), padding.vec(), dilation.vec()};
   if (!at::GradMode::is_enabled() ||
       !(xa.requires_grad() || wa.requires_grad() || (ba.defined() && ba.requires_grad())))
