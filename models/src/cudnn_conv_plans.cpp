@@ -435,24 +435,13 @@ bool save_plan_choices(const std::string& path, std::string& error) {
     for (const auto& [key, c] : t.choices)
       j["plans"][key] = {{"engine", c.engine}, {"knobs", c.knobs}, {"us", c.microseconds}};
   }
-  // Written beside and renamed over: a reader sees the old file or the new one, never half.
-  const std::string text = j.dump(1);
-  const std::string temporary = path + ".tmp" + std::to_string(::getpid());
+  // The temporary named by the process: two processes of one job (ranks on one machine) may
+  // save at once.
   try {
     fs::make_dirs(fs::parent_of(path));
+    fs::write_file_atomic(path, j.dump(1), path + ".tmp" + std::to_string(::getpid()));
   } catch (const std::exception& e) {
     error = e.what();
-    return false;
-  }
-  std::FILE* f = std::fopen(temporary.c_str(), "wb");
-  if (f == nullptr) {
-    error = "cannot write " + temporary + ": " + fs::errno_text(errno);
-    return false;
-  }
-  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !written || std::rename(temporary.c_str(), path.c_str()) != 0) {
-    error = "cannot write " + path + ": " + fs::errno_text(errno);
-    std::remove(temporary.c_str());
     return false;
   }
   return true;

@@ -51,8 +51,8 @@ at::MemoryFormat layout_of(const at::Tensor& x, const at::Tensor& w) {
 // shape's first time said once on stderr).
 at::Tensor pass(detail::ConvPass which, const at::Tensor& a, const at::Tensor& b,
                 at::IntArrayRef sizes, at::MemoryFormat layout, const detail::ConvGeometry& geo) {
-  at::Tensor out = at::empty(sizes, a.options().memory_format(layout));
   if (!aligned(a) || !aligned(b)) return {};
+  at::Tensor out = at::empty(sizes, a.options().memory_format(layout));
   std::string why;
   if (detail::cudnn_conv_pass(which, a, b, out, geo, why)) return out;
   if (!why.empty())
@@ -86,9 +86,7 @@ class TunedConv : public torch::autograd::Function<TunedConv> {
     ctx->saved_data["stride"] = geometry.stride;
     ctx->saved_data["padding"] = geometry.padding;
     ctx->saved_data["dilation"] = geometry.dilation;
-    const bool has_bias = bias.numel() > 0;
-    ctx->saved_data["bias"] = has_bias;
-    return {forward_pass(x, weight, has_bias ? bias : at::Tensor(), geometry)};
+    return {forward_pass(x, weight, bias.numel() > 0 ? bias : at::Tensor(), geometry)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -117,7 +115,7 @@ class TunedConv : public torch::autograd::Function<TunedConv> {
       if (want_dx) dx = ldx;
       if (want_dw) dw = ldw;
     }
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum({0, 2, 3});
+    if (ctx->needs_input_grad(2)) db = dy.sum({0, 2, 3});  // never the empty stand-in's
     return {dx, dw, db, at::Tensor()};
   }
 };

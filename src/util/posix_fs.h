@@ -168,6 +168,42 @@ inline void fsync_path(const std::string& path) {
   if (rc != 0) throw Error("cannot flush " + path + " to disk: " + errno_text(saved));
 }
 
+/// Writes `text` to `path` atomically: to `temporary` beside it, flushed to disk, renamed over
+/// `path`, the folder flushed. A reader sees the old file or the new one, never half; on failure
+/// the temporary is removed and `path` stays as it was. Throws tandem::Error naming the file.
+inline void write_file_atomic(const std::string& path, const std::string& text,
+                              const std::string& temporary) {
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot write " + temporary + ": " + errno_text(errno));
+  size_t done = 0;
+  int failed = 0;
+  while (done < text.size() && failed == 0) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      failed = errno;
+    else
+      done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0 && failed == 0) failed = errno;
+  if (failed != 0) {
+    ::unlink(temporary.c_str());
+    throw Error("cannot write " + temporary + ": " + errno_text(failed));
+  }
+  try {
+    fsync_path(temporary);
+  } catch (...) {
+    ::unlink(temporary.c_str());
+    throw;
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(temporary.c_str());
+    throw Error("cannot rename " + temporary + " to " + path + ": " + errno_text(e));
+  }
+  fsync_path(parent_of(path));
+}
+
 /// rm -r of the folder `path`, silently: what cannot be removed stays, and a `path` that is not
 /// a folder is left as it is. A symlink inside is removed, never followed.
 inline void remove_tree(const std::string& path) {

@@ -133,30 +133,7 @@ constexpr const char* kTensorFiles[] = {"model.safetensors", "optimizer.safetens
 void make_dirs(const std::string& path) { fs::make_dirs(path); }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error("cannot write " + tmp + ": " + reason());
-    out << text;
-    out.flush();
-    if (!out) {
-      const std::string why = reason();
-      ::unlink(tmp.c_str());
-      throw Error("cannot write " + tmp + ": " + why);
-    }
-  }
-  try {
-    fsync_path(tmp);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = reason();
-    ::unlink(tmp.c_str());
-    throw Error("cannot rename " + tmp + " to " + path + ": " + why);
-  }
-  fsync_path(parent_of(path));
+  fs::write_file_atomic(path, text, path + ".tmp");
 }
 
 CheckpointStore::CheckpointStore(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
