@@ -7,7 +7,8 @@
 # first beside the later ones), precision (`tandem train`'s accuracy and rate in bf16 and fp16
 # from a generated folder), gputest (the gpu-labelled tests), probe (cuDNN's fused graphs,
 # benchmarks/lab/cudnn_fusion_probe.sh), resnet_ab (the ResNets' step, this build against
-# .ref/bundle-old's: benchmarks/resnet_ab_table.py), scenario_ab (the seg and cls workloads'
+# .ref/bundle-old's: benchmarks/resnet_ab_table.py), pytest (the Python tests PYTEST_FILES names,
+# on the package built here), scenario_ab (the seg and cls workloads'
 # steps, the same two builds), sanitize (compute-sanitizer's memcheck,
 # racecheck and synccheck over the GPU tests SANITIZE_FILTER names), ncu (each launch of the
 # ResNet step's own kernels under Nsight Compute: time, bytes, grid), mlperf_resident and
@@ -16,7 +17,8 @@
 #
 #   bash benchmarks/bundle_check.sh OUT [PHASES (profile train gputest)]
 #   env: DEADLINE_S (560: the call's seconds the phases share), GPUTEST_REGEX (ctest -R),
-#        GPUTEST_S (the gpu tests' seconds at most, e.g. while the packages build),
+#        GPUTEST_S (the gpu tests' seconds at most, e.g. while the packages build), PYTEST_FILES
+#        and PYTEST_S (pytest: the files, and its seconds at most),
 #        WALLCLOCK_ARGS (wallclock.py's; default the frozen ResNet-50 and ResNet-18 at bs 32,
 #        300-step first fits), TRAIN_EAGER_LOADING (train: see there), SANITIZE_FILTER
 #        (sanitize: a GoogleTest filter over the models' tests; default the batch-norm and max-pool
@@ -185,6 +187,18 @@ gputest)
   grep -E 'tests passed|Failed|\*\*\*|Timeout|Not Run' "$LOGS/gputest.log" | tail -30 |
     tee -a "$LOGS/summary.log"
   grep -E 'Test +#' "$LOGS/gputest.log" >"$OUT/gputest.txt" ;;
+pytest)
+  # The Python tests PYTEST_FILES names (default the convolution plans'), on the package the
+  # packages phase built here; pytest from .ref/pytest (`pip install --target .ref/pytest
+  # pytest` on this machine: the GPU machine has none and no network).
+  await_packages
+  [ -n "${PACKAGE_NEW:-}" ] || { say "pytest: skipped (no package built here)"; continue; }
+  say "pytest: ${PYTEST_FILES:=python/tests/test_conv_plans.py}"
+  # shellcheck disable=SC2086
+  PYTHONPATH=$PACKAGE_NEW:$PWD/.ref/pytest timeout $(($(left) < ${PYTEST_S:-100000} ? $(left) - 5 : ${PYTEST_S:-0})) \
+    python3 -m pytest -q -p no:cacheprovider $PYTEST_FILES >"$LOGS/pytest.log" 2>&1
+  say "pytest: exit $?"
+  grep -E 'passed|failed|Error|error' "$LOGS/pytest.log" | tail -15 | tee -a "$LOGS/summary.log" ;;
 resnet_ab)
   await_packages  # no build beside a timed phase
   # The ResNets' training step (resident batches, bf16, channels-last, pipelined+graphed) on this

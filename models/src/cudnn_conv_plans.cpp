@@ -249,6 +249,7 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
       if (g.get_workspace_size_plan_at_index(i, plan->workspace).is_good()) {
         plan->index = i;
         ++t.counts.from_file;
+        t.counts.rebuilding_seconds += seconds_since(started);
         return plan;
       }
       why = "its workspace size was not given";

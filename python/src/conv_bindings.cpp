@@ -33,6 +33,7 @@ void bind_conv(py::module_& m) {
     d["untimed"] = s.untimed;
     d["refused"] = s.refused;
     d["tuning_s"] = s.tuning_seconds;
+    d["rebuilding_s"] = s.rebuilding_seconds;
     return d;
   });
   m.def(

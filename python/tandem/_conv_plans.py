@@ -1,5 +1,5 @@
-"""The Trainer's convolutions on cuDNN plans timed once and kept (tandem._C.tuned_conv2d), with
-``TANDEM_TUNED_CONV=1`` (off by default until its timings on a GPU say it should be on).
+"""The Trainer's convolutions on cuDNN plans timed once and kept (tandem._C.tuned_conv2d); on by
+default, ``TANDEM_TUNED_CONV=0`` turns it off (LibTorch's convolutions and cudnn.benchmark).
 
 PyTorch's cudnn.benchmark times each convolution shape's cuDNN candidates on the thread that runs
 it, keeps the pick for that thread alone and forgets it with the process: a training step's
@@ -73,7 +73,7 @@ def _save(path: str):
 
 def applies(device: torch.device, compiled: bool, cudnn_benchmark: Optional[bool]) -> bool:
     return (device.type == "cuda" and not compiled and cudnn_benchmark is not False
-            and hasattr(_C, "tuned_conv2d") and os.environ.get("TANDEM_TUNED_CONV", "0") == "1")
+            and hasattr(_C, "tuned_conv2d") and os.environ.get("TANDEM_TUNED_CONV", "1") != "0")
 
 
 _depth = threading.local()

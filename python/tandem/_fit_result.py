@@ -23,8 +23,8 @@ class FitResult:
     # and pipeline), capture_s (their CUDA graphs recorded and instantiated), graphs (how many)
     # and graphs_kept (an earlier fit's, replayed from this one's first step); a fit's also
     # conv_plans (its convolutions' cuDNN plans: convolutions run on them, plans tuned and
-    # tuning_s spent timing them, from_file rebuilt from the plans file untimed; {} where they
-    # do not apply).
+    # tuning_s spent timing them, from_file rebuilt from the plans file untimed in rebuilding_s;
+    # {} where they do not apply).
     setup: Optional[dict] = None
     # A fit with a run folder: every epoch's record (metrics.jsonl's rows, a resumed run's
     # earlier ones included), the final weights' file and the newest checkpoint's folder.

@@ -569,11 +569,11 @@ class Trainer(_TrialsThatTrain):
         and capture anew; other Python state your modules read in a graphed mode was frozen
         at capture: call ``reset()`` after changing it. A fit that fails keeps nothing.
 
-        With ``TANDEM_TUNED_CONV=1`` in the environment, on CUDA without ``compile=``, the
-        fit's ``torch.nn.Conv2d`` modules run on cuDNN plans timed once a shape for the process
-        (all its threads) and kept beside the mode decisions for the next process, which
-        rebuilds them untimed; their class is put back when the fit returns.
-        ``result.setup["conv_plans"]`` counts them.
+        On CUDA without ``compile=``, the fit's ``torch.nn.Conv2d`` modules run on cuDNN plans
+        timed once a shape for the process (all its threads) and kept beside the mode
+        decisions for the next process, which rebuilds them untimed; their class is put back
+        when the fit returns. ``result.setup["conv_plans"]`` counts them;
+        ``TANDEM_TUNED_CONV=0`` in the environment leaves the convolutions to LibTorch.
 
         With a run folder (``out``): ``epochs`` is the run's length, ``resume=True`` continues
         the folder's run from its newest checkpoint (or starts it when it has none; a worker

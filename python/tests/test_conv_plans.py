@@ -57,10 +57,12 @@ def test_the_kept_decisions_key_sees_conv2d_through_the_stand_in():
     assert "torch.nn.modules.conv.Conv2d" in before["modules"]
 
 
-def test_it_applies_when_asked_on_cuda_with_cudnn_benchmark_and_no_compile(monkeypatch):
+def test_it_applies_on_cuda_with_cudnn_benchmark_and_no_compile_unless_turned_off(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("TANDEM_TUNED_CONV", raising=False)
-    assert not _conv_plans.applies(cuda, False, None)  # opt-in
+    assert _conv_plans.applies(cuda, False, None) == hasattr(_C, "tuned_conv2d")  # the default
+    if not hasattr(_C, "tuned_conv2d"):
+        return
     monkeypatch.setenv("TANDEM_TUNED_CONV", "1")
     assert _conv_plans.applies(cuda, False, None)
     assert not _conv_plans.applies(cpu, False, None)
@@ -82,13 +84,51 @@ class Bf16Net(nn.Module):
             return self.net(x)
 
 
-def bf16_trainer():
+class Bf16Encoder(nn.Module):
+    """A frozen stage before the model (a feed): its convolution runs on its own thread in the
+    pipelined modes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return torch.relu(self.conv(x))
+
+
+def bf16_trainer(mode="graphed", feed=False):
     torch.manual_seed(0)
     net = Bf16Net().cuda().to(memory_format=torch.channels_last)
+    encoder = Bf16Encoder().cuda().to(memory_format=torch.channels_last)
+    encoder.requires_grad_(False).eval()
     data = [dict(image=torch.randn(8, 3, 16, 16, device="cuda"),
                  label=torch.randint(0, 4, (8,), device="cuda")) for _ in range(3)]
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    return tandem.Trainer(net, nn.CrossEntropyLoss(), opt, data, mode="graphed")
+    return tandem.Trainer(net, nn.CrossEntropyLoss(), opt, data, mode=mode,
+                          feed=[encoder] if feed else ())
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["serial", "pipelined", "graphed", "pipelined+graphed"])
+def test_every_mode_computes_the_serial_loops_losses_on_tuned_convolutions(tmp_path, monkeypatch,
+                                                                           mode):
+    monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
+    monkeypatch.delenv("TANDEM_TUNED_CONV", raising=False)  # the default
+    _C.clear_conv_plans()
+    tuned = bf16_trainer(mode, feed=True).fit(steps=6, progress=False)
+    plans = tuned.setup["conv_plans"]
+    assert plans["convolutions"] == 3
+    # Each pass of a shape planned once for the process, whichever thread met it first: three
+    # forwards, two weight gradients and one input gradient at most. The 16-channel convolution's
+    # forward and weight gradient at least are cuDNN's (the 3-channel ones may be refused).
+    assert plans["tuned"] + plans["untimed"] + plans["refused"] <= 6
+    assert plans["tuned"] + plans["untimed"] >= 2
+    monkeypatch.setenv("TANDEM_TUNED_CONV", "0")  # the serial loop on LibTorch's convolutions
+    serial = bf16_trainer("serial", feed=True).fit(steps=6, progress=False)
+    assert serial.setup["conv_plans"] == {}
+    torch.testing.assert_close(torch.tensor(tuned.losses), torch.tensor(serial.losses),
+                               rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.skipif(not CUDA, reason="no CUDA device")
