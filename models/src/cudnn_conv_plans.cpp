@@ -165,11 +165,27 @@ bool choice_at(fe::graph::Graph& g, int64_t i, Choice& c) {
   return true;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// f(), its seconds added to `into`: where a plan's seconds went (the summary's parts).
+template <typename F>
+auto timed(double& into, F&& f) {
+  const auto started = std::chrono::steady_clock::now();
+  auto result = f();
+  into += seconds_since(started);
+  return result;
+}
+
 // A kept choice found again among cuDNN's candidates (listing them costs no plan build) and its
 // plan built: its index, or -1 (and why) where this cuDNN no longer lists or builds it. Not
 // create_execution_plan(engine, knobs): some knob types cuDNN reports do not convert back.
-int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why) {
-  fe::error_t e = g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why,
+                ConvPlansSummary& counts) {
+  fe::error_t e = timed(counts.listing_seconds, [&] {
+    return g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  });
   if (e.is_bad()) {
     why = e.get_message();
     return -1;
@@ -177,17 +193,13 @@ int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why) {
   Choice c;
   for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
     if (!choice_at(g, i, c) || c.engine != kept.engine || c.knobs != kept.knobs) continue;
-    e = g.build_plan_at_index(i);
+    e = timed(counts.building_seconds, [&] { return g.build_plan_at_index(i); });
     if (e.is_good()) return i;
     why = e.get_message();
     return -1;
   }
   why = "cuDNN no longer lists it for the shape";
   return -1;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 // Times the candidates built in `g` on the pass's own tensors and returns the fastest's index
@@ -239,13 +251,17 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
                                    cudnnHandle_t handle, Table& t) {
   auto plan = std::make_shared<PassPlan>();
   const auto started = std::chrono::steady_clock::now();
-  plan->graph = operation_graph(pass, a, b, out, geo, handle, plan->why_not);
+  const auto graph = [&] {
+    return timed(t.counts.listing_seconds,
+                 [&] { return operation_graph(pass, a, b, out, geo, handle, plan->why_not); });
+  };
+  plan->graph = graph();
   if (!plan->graph) return plan;
   fe::graph::Graph& g = *plan->graph;
 
   if (auto kept = t.choices.find(key); kept != t.choices.end()) {
     std::string why;
-    if (const int64_t i = rebuild(g, kept->second, why); i >= 0) {
+    if (const int64_t i = rebuild(g, kept->second, why, t.counts); i >= 0) {
       if (g.get_workspace_size_plan_at_index(i, plan->workspace).is_good()) {
         plan->index = i;
         ++t.counts.from_file;
@@ -259,14 +275,17 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
                  "the candidates again\n",
                  key.c_str(), why.c_str());
     t.choices.erase(kept);
-    plan->graph = operation_graph(pass, a, b, out, geo, handle, plan->why_not);
+    plan->graph = graph();
     if (!plan->graph) return plan;
   }
   fe::graph::Graph& fresh = *plan->graph;
-  fe::error_t e = fresh.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
-  // As ATen's candidates: none that converts its inputs to a narrower type.
-  if (e.is_good()) fresh.deselect_numeric_notes({fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
-  if (e.is_good()) e = fresh.check_support();
+  fe::error_t e = timed(t.counts.listing_seconds, [&] {
+    fe::error_t listed =
+        fresh.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+    // As ATen's candidates: none that converts its inputs to a narrower type.
+    if (listed.is_good()) fresh.deselect_numeric_notes({fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+    return listed.is_good() ? fresh.check_support() : listed;
+  });
   if (e.is_bad()) {
     plan->why_not = e.get_message();
     plan->graph.reset();
@@ -279,7 +298,8 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
   std::vector<int64_t> built;
   for (int64_t i = 0;
        i < fresh.get_execution_plan_count() && static_cast<int64_t>(built.size()) < wanted; ++i)
-    if (fresh.build_plan_at_index(i).is_good()) built.push_back(i);
+    if (timed(t.counts.building_seconds, [&] { return fresh.build_plan_at_index(i).is_good(); }))
+      built.push_back(i);
   if (built.empty()) {
     plan->why_not = "no candidate plan built";
     plan->graph.reset();

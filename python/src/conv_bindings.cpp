@@ -34,6 +34,8 @@ void bind_conv(py::module_& m) {
     d["refused"] = s.refused;
     d["tuning_s"] = s.tuning_seconds;
     d["rebuilding_s"] = s.rebuilding_seconds;
+    d["listing_s"] = s.listing_seconds;
+    d["building_s"] = s.building_seconds;
     return d;
   });
   m.def(

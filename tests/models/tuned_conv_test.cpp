@@ -209,7 +209,12 @@ TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
                            .to(cuda, at::kHalf)
                            .contiguous(at::MemoryFormat::ChannelsLast);
   const Result first = run(true, x, w, {}, s, {});
-  EXPECT_EQ(conv_plans_summary().tuned, 3);  // forward, input and weight gradient
+  const ConvPlansSummary timed = conv_plans_summary();
+  EXPECT_EQ(timed.tuned, 3);  // forward, input and weight gradient
+  // Where the tuning's seconds went, accounted: its graphs and lists, its plans built.
+  EXPECT_GT(timed.listing_seconds, 0.0);
+  EXPECT_GT(timed.building_seconds, 0.0);
+  EXPECT_LE(timed.listing_seconds + timed.building_seconds, timed.tuning_seconds);
   std::thread other([&] {
     c10::cuda::CUDAGuard device(cuda);
     run(true, x, w, {}, s, {});
@@ -227,6 +232,8 @@ TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
   const ConvPlansSummary after = conv_plans_summary();
   EXPECT_EQ(after.tuned, 0);
   EXPECT_EQ(after.from_file, 3);
+  EXPECT_GT(after.rebuilding_seconds, 0.0);
+  EXPECT_LE(after.listing_seconds + after.building_seconds, after.rebuilding_seconds);
   EXPECT_LT(max_relative(again.y, first.y), 1e-3);
   EXPECT_LT(max_relative(again.dw, first.dw), 5e-3);
   std::remove(path.c_str());

@@ -26,12 +26,15 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
                         int64_t groups);
 
 /// What the process's convolution plans cost and where they came from: timed here (and the
-/// seconds that took), rebuilt from a plans file (and the seconds that took: cuDNN's candidate
-/// list and the one plan's build), picked untimed under capture, or refused by cuDNN (those
-/// shapes run at::conv2d). One per pass and shape (forward, input and weight gradient).
+/// seconds that took), rebuilt from a plans file (and the seconds that took), picked untimed
+/// under capture, or refused by cuDNN (those shapes run at::conv2d). One per pass and shape
+/// (forward, input and weight gradient). Of all plans' seconds, `listing_seconds` went to their
+/// operation graphs and cuDNN's candidate lists and `building_seconds` to the plans built (a
+/// tuned shape's candidates, a rebuilt shape's one); the rest of tuning is timing them.
 struct ConvPlansSummary {
   int64_t tuned = 0, from_file = 0, untimed = 0, refused = 0;
   double tuning_seconds = 0.0, rebuilding_seconds = 0.0;
+  double listing_seconds = 0.0, building_seconds = 0.0;
 };
 ConvPlansSummary conv_plans_summary();
 
