@@ -179,26 +179,30 @@ auto timed(double& into, F&& f) {
 }
 
 // A kept choice found again among cuDNN's candidates (listing them costs no plan build) and its
-// plan built: its index, or -1 (and why) where this cuDNN no longer lists or builds it. Not
+// plan built: its index, or -1 (and why) where this cuDNN no longer lists or builds it. The
+// heuristics' own list first, where most picks come from, and the fallback list (every engine,
+// the longer query) only where the choice is not in it: the tuning listed both. Not
 // create_execution_plan(engine, knobs): some knob types cuDNN reports do not convert back.
 int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why,
                 ConvPlansSummary& counts) {
-  fe::error_t e = timed(counts.listing_seconds, [&] {
-    return g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
-  });
-  if (e.is_bad()) {
-    why = e.get_message();
-    return -1;
-  }
   Choice c;
-  for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
-    if (!choice_at(g, i, c) || c.engine != kept.engine || c.knobs != kept.knobs) continue;
-    e = timed(counts.building_seconds, [&] { return g.build_plan_at_index(i); });
-    if (e.is_good()) return i;
-    why = e.get_message();
-    return -1;
+  for (const fe::HeurMode_t mode : {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}) {
+    const int64_t listed_before = g.get_execution_plan_count();  // a list appends to the last
+    fe::error_t e = timed(counts.listing_seconds, [&] { return g.create_execution_plans({mode}); });
+    if (e.is_bad()) {  // the other list may still hold it
+      why = e.get_message();
+      continue;
+    }
+    why.clear();
+    for (int64_t i = listed_before; i < g.get_execution_plan_count(); ++i) {
+      if (!choice_at(g, i, c) || c.engine != kept.engine || c.knobs != kept.knobs) continue;
+      fe::error_t built = timed(counts.building_seconds, [&] { return g.build_plan_at_index(i); });
+      if (built.is_good()) return i;
+      why = built.get_message();
+      return -1;
+    }
   }
-  why = "cuDNN no longer lists it for the shape";
+  if (why.empty()) why = "cuDNN no longer lists it for the shape";
   return -1;
 }
 
