@@ -254,8 +254,26 @@ def warm_starts(rows):
                           cold_first_fixed_s=cold.get("first_fixed_s"),
                           warm_first_fixed_s=r.get("first_fixed_s"),
                           first_call_cold_over_warm=ratio("first_call_s"),
-                          first_fixed_cold_over_warm=ratio("first_fixed_s")))
+                          first_fixed_cold_over_warm=ratio("first_fixed_s"),
+                          cold_conv_plans=first_fit_conv_plans(cold),
+                          warm_conv_plans=first_fit_conv_plans(r)))
     return pairs
+
+
+def first_fit_conv_plans(row):
+    """The first fit's convolution plans (its setup's conv_plans: how many were timed or rebuilt
+    from the plans file and the seconds of each, by part), or None where it had none."""
+    fits = row.get("fits") or [{}]
+    return ((fits[0] or {}).get("setup") or {}).get("conv_plans") or None
+
+
+def conv_plans_line(plans):
+    """One process's convolution plans in a line: timed and rebuilt, their seconds by part."""
+    if not plans:
+        return "-"
+    return (f"{plans.get('tuned', 0)} timed in {plans.get('tuning_s', 0):.3f} s, "
+            f"{plans.get('from_file', 0)} rebuilt in {plans.get('rebuilding_s', 0):.3f} s "
+            f"(listing {plans.get('listing_s', 0):.3f}, building {plans.get('building_s', 0):.3f})")
 
 
 def fmt(v, width, digits=0):
@@ -530,6 +548,9 @@ def main(argv=None):
                   f"({fmt(w['first_call_cold_over_warm'], 5, 2)}x), its fixed cost "
                   f"{fmt(w['cold_first_fixed_s'], 7, 2)} / {fmt(w['warm_first_fixed_s'], 7, 2)} s "
                   f"({fmt(w['first_fixed_cold_over_warm'], 5, 2)}x)")
+            if w["cold_conv_plans"] or w["warm_conv_plans"]:
+                print(f"    convolution plans, cold: {conv_plans_line(w['cold_conv_plans'])}; "
+                      f"warm: {conv_plans_line(w['warm_conv_plans'])}")
     print(f"wrote {a.out}")
 
 

@@ -159,6 +159,23 @@ def test_a_warm_row_is_set_against_the_row_whose_cache_it_reused():
     # no cold row for it: no ratio, the warm numbers kept
     assert pairs[1]["first_call_cold_over_warm"] is None
     assert pairs[1]["warm_first_call_s"] == 3.0
+    assert pairs[0]["cold_conv_plans"] is None  # rows without fits: none
+
+
+def test_a_warm_pair_carries_each_first_fits_convolution_plans():
+    timed = dict(tuned=32, from_file=0, tuning_s=0.37, rebuilding_s=0.0, listing_s=0.1,
+                 building_s=0.2)
+    rebuilt = dict(tuned=0, from_file=32, tuning_s=0.0, rebuilding_s=0.2, listing_s=0.15,
+                   building_s=0.04)
+    rows = [wallclock.blank_row("tandem-py", "r18_full", 32, first_call_s=2.0,
+                                fits=[dict(setup=dict(conv_plans=timed))]),
+            wallclock.blank_row("tandem-py-warm", "r18_full", 32, first_call_s=1.0,
+                                fits=[dict(setup=dict(conv_plans=rebuilt)), dict(setup={})])]
+    (pair,) = wallclock.warm_starts(rows)
+    assert pair["cold_conv_plans"] == timed and pair["warm_conv_plans"] == rebuilt
+    line = wallclock.conv_plans_line(rebuilt)
+    assert "32 rebuilt in 0.200 s" in line and "listing 0.150" in line
+    assert wallclock.conv_plans_line(None) == "-"
 
 
 def test_an_old_package_runs_each_tandem_row_before_this_one(tmp_path):
