@@ -22,11 +22,12 @@ struct ConvGeometry {
 
 /// Runs one pass into `out` (allocated by the caller: the pass's output sizes and strides):
 /// kForward out = conv(a = x, b = w); kInputGrad out = dx from (a = dy, b = w); kWeightGrad
-/// out = dw from (a = dy, b = x). All CUDA, one dtype (half or bfloat16), 16-byte aligned, one
-/// group. The shape's plan is timed on first use (the current stream synchronized) unless a
-/// choice for it was loaded, or the stream is capturing (then cuDNN's heuristic choice, not
-/// kept). Returns false, writing nothing, where cuDNN has no plan for the shape (`why` says why
-/// the first time; empty after).
+/// out = dw from (a = dy, b = x). All CUDA, one dtype (half or bfloat16), 16-byte aligned;
+/// grouped where x's channels are a multiple of the weight's (cuDNN reads the count off them). The
+/// shape's plan is timed on first use (the current stream synchronized) unless a choice for it was
+/// loaded, or the stream is capturing (then cuDNN's heuristic choice, not kept). Returns false,
+/// writing nothing, where cuDNN has no plan for the shape (`why` says why the first time; empty
+/// after).
 bool cudnn_conv_pass(ConvPass pass, const at::Tensor& a, const at::Tensor& b, at::Tensor& out,
                      const ConvGeometry& geometry, std::string& why);
 

@@ -29,10 +29,12 @@ bool aligned(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
 }
 
-// Whether the cuDNN passes may run these (already autocast) operands at all.
+// Whether the cuDNN passes may run these (already autocast) operands at all. Groups are what
+// the channel counts say (cuDNN reads the group count off x's channels over the weight's).
 bool applies(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, int64_t groups) {
   const auto type = x.scalar_type();
-  return x.is_cuda() && x.dim() == 4 && w.dim() == 4 && groups == 1 &&
+  return x.is_cuda() && x.dim() == 4 && w.dim() == 4 && groups >= 1 &&
+         x.size(1) == w.size(1) * groups && w.size(0) % groups == 0 &&
          (type == at::kHalf || type == at::kBFloat16) && w.scalar_type() == type &&
          w.device() == x.device() && (!bias.defined() || bias.scalar_type() == type) &&
          at::globalContext().userEnabledCuDNN() && at::globalContext().benchmarkCuDNN() &&
@@ -63,6 +65,7 @@ at::Tensor pass(detail::ConvPass which, const at::Tensor& a, const at::Tensor& b
 
 struct Geometry {
   std::vector<int64_t> stride, padding, dilation;
+  int64_t groups = 1;
   detail::ConvGeometry view() const { return {stride, padding, dilation}; }
 };
 
@@ -73,7 +76,7 @@ at::Tensor forward_pass(const at::Tensor& x, const at::Tensor& w, const at::Tens
   const std::vector<int64_t> y_sizes =
       at::native::conv_output_size(xc.sizes(), wc.sizes(), g.padding, g.stride, g.dilation);
   at::Tensor y = pass(detail::ConvPass::kForward, xc, wc, y_sizes, layout, g.view());
-  if (!y.defined()) return at::conv2d(x, w, bias, g.stride, g.padding, g.dilation, 1);
+  if (!y.defined()) return at::conv2d(x, w, bias, g.stride, g.padding, g.dilation, g.groups);
   if (bias.defined()) y.add_(bias.reshape({1, -1, 1, 1}));  // as LibTorch adds it after cuDNN
   return y;
 }
@@ -86,6 +89,7 @@ class TunedConv : public torch::autograd::Function<TunedConv> {
     ctx->saved_data["stride"] = geometry.stride;
     ctx->saved_data["padding"] = geometry.padding;
     ctx->saved_data["dilation"] = geometry.dilation;
+    ctx->saved_data["groups"] = geometry.groups;
     return {forward_pass(x, weight, bias.numel() > 0 ? bias : at::Tensor(), geometry)};
   }
 
@@ -96,7 +100,7 @@ class TunedConv : public torch::autograd::Function<TunedConv> {
     if (!dy_in.defined()) return variable_list(4);
     const Geometry g{ctx->saved_data["stride"].toIntVector(),
                      ctx->saved_data["padding"].toIntVector(),
-                     ctx->saved_data["dilation"].toIntVector()};
+                     ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt()};
     const at::MemoryFormat layout = layout_of(x, w);
     const at::Tensor dy = dy_in.contiguous(layout);
     at::Tensor dx, dw, db;
@@ -111,7 +115,7 @@ class TunedConv : public torch::autograd::Function<TunedConv> {
     if (want_dx || want_dw) {  // what cuDNN's plans did not run: LibTorch's backward
       auto [ldx, ldw, unused] =
           at::convolution_backward(dy, x, w, std::nullopt, g.stride, g.padding, g.dilation, false,
-                                   {0, 0}, 1, {want_dx, want_dw, false});
+                                   {0, 0}, g.groups, {want_dx, want_dw, false});
       if (want_dx) dx = ldx;
       if (want_dw) dw = ldw;
     }
@@ -140,12 +144,10 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
     if (bias.defined()) ba = at::autocast::cached_cast(type, bias, at::kCUDA);
     cast.emplace(c10::autocast_dispatch_keyset);
   }
+  // What does not apply, mismatched channels included, is LibTorch's (and its error).
   if (!applies(xa, wa, ba, groups))
     return at::conv2d(xa, wa, ba, stride, padding, dilation, groups);
-  TANDEM_CHECK_ARG(xa.size(1) == wa.size(1), "tuned_conv2d: x has ", xa.size(1),
-                   " channels, the weight expects ", wa.size(1), " (x ", xa.sizes(), ", weight ",
-                   wa.sizes(), ")");
-  Geometry g{stride.vec(), padding.vec(), dilation.vec()};
+  Geometry g{stride.vec(), padding.vec(), dilation.vec(), groups};
   if (!at::GradMode::is_enabled() ||
       !(xa.requires_grad() || wa.requires_grad() || (ba.defined() && ba.requires_grad())))
     return forward_pass(xa, wa, ba, g);

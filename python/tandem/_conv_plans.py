@@ -11,8 +11,9 @@ decisions, from which a later process rebuilds them without timing. Their class 
 when the fit returns.
 
 Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``compile=``
-(torch.compile chooses its own kernels), half or bfloat16 operands after autocast, one group;
-everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
+(torch.compile chooses its own kernels), half or bfloat16 operands after autocast, one group
+(grouped and depthwise convolutions too with ``TANDEM_TUNED_CONV_GROUPS=1``, until their plans
+are measured against LibTorch's on a GPU); everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
 plans are still shared by the process's threads); a plans file that cannot be trusted is
 ignored with a warning.
 """
@@ -38,10 +39,14 @@ class TunedConv2d(torch.nn.Conv2d):
 
     def _conv_forward(self, input, weight, bias):
         if (self.padding_mode == "zeros" and not isinstance(self.padding, str)
-                and input.is_cuda and input.dim() == 4):
+                and input.is_cuda and input.dim() == 4 and (self.groups == 1 or _grouped())):
             return _C.tuned_conv2d(input, weight, bias, self.stride, self.padding,
                                    self.dilation, self.groups)
         return super()._conv_forward(input, weight, bias)
+
+
+def _grouped() -> bool:
+    return os.environ.get("TANDEM_TUNED_CONV_GROUPS", "0") == "1"
 
 
 _lock = threading.Lock()

@@ -158,3 +158,41 @@ def test_a_fit_times_its_shapes_once_and_a_later_trainer_rebuilds_them(tmp_path,
     assert plain.setup["conv_plans"] == {}
     torch.testing.assert_close(torch.tensor(plain.losses), torch.tensor(first.losses),
                                rtol=2e-2, atol=2e-2)
+
+
+class DepthwiseNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                                 nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(),
+                                 nn.Conv2d(16, 16, 1), nn.ReLU(),
+                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return self.net(x)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_depthwise_convolutions_take_plans_only_when_asked(tmp_path, monkeypatch):
+    def fit():
+        torch.manual_seed(0)
+        net = DepthwiseNet().cuda().to(memory_format=torch.channels_last)
+        data = [dict(image=torch.randn(8, 3, 16, 16, device="cuda"),
+                     label=torch.randint(0, 4, (8,), device="cuda")) for _ in range(3)]
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        return tandem.Trainer(net, nn.CrossEntropyLoss(), opt, data,
+                              mode="graphed").fit(steps=6, progress=False)
+
+    monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
+    monkeypatch.delenv("TANDEM_TUNED_CONV", raising=False)
+    monkeypatch.delenv("TANDEM_TUNED_CONV_GROUPS", raising=False)
+    _C.clear_conv_plans()
+    plain = fit()  # the depthwise convolution LibTorch's
+    monkeypatch.setenv("TANDEM_TUNED_CONV_GROUPS", "1")
+    _C.clear_conv_plans()
+    grouped = fit()
+    # Its forward, input and weight gradient planned besides the others' passes.
+    assert grouped.setup["conv_plans"]["tuned"] >= plain.setup["conv_plans"]["tuned"] + 3
+    torch.testing.assert_close(torch.tensor(grouped.losses), torch.tensor(plain.losses),
+                               rtol=2e-2, atol=2e-2)

@@ -44,12 +44,17 @@ struct BenchmarkModeOn {
 struct Shape {
   int64_t n, c, k, size, kernel, stride, padding, dilation;
   bool bias;
+  int64_t groups = 1;
 };
 // A ResNet's kinds of convolution, small: the stem's 7x7, a 1x1, a 3x3, a strided 3x3, a
-// strided 1x1 with a bias, a dilated 3x3.
-const Shape kShapes[] = {{4, 3, 16, 32, 7, 2, 3, 1, false},  {4, 32, 64, 14, 1, 1, 0, 1, false},
-                         {4, 32, 32, 14, 3, 1, 1, 1, false}, {4, 32, 32, 14, 3, 2, 1, 1, false},
-                         {4, 64, 32, 14, 1, 2, 0, 1, true},  {4, 16, 16, 14, 3, 1, 2, 2, false}};
+// strided 1x1 with a bias, a dilated 3x3; and a MobileNet's and a ResNeXt's: a depthwise 3x3, a
+// strided depthwise 5x5 with a bias, a 3x3 of 4 groups.
+const Shape kShapes[] = {
+    {4, 3, 16, 32, 7, 2, 3, 1, false},      {4, 32, 64, 14, 1, 1, 0, 1, false},
+    {4, 32, 32, 14, 3, 1, 1, 1, false},     {4, 32, 32, 14, 3, 2, 1, 1, false},
+    {4, 64, 32, 14, 1, 2, 0, 1, true},      {4, 16, 16, 14, 3, 1, 2, 2, false},
+    {4, 32, 32, 14, 3, 1, 1, 1, false, 32}, {4, 64, 64, 14, 5, 2, 2, 1, true, 64},
+    {4, 32, 64, 14, 3, 1, 1, 1, false, 4}};
 
 struct Result {
   at::Tensor y, dx, dw, db;
@@ -62,8 +67,8 @@ Result run(bool tuned, const at::Tensor& x0, const at::Tensor& w0, const at::Ten
   const at::Tensor b = b0.defined() ? b0.detach().clone().requires_grad_() : at::Tensor();
   const std::vector<int64_t> st{s.stride, s.stride}, pad{s.padding, s.padding},
       dil{s.dilation, s.dilation};
-  const at::Tensor y =
-      tuned ? tuned_conv2d(x, w, b, st, pad, dil, 1) : at::conv2d(x, w, b, st, pad, dil, 1);
+  const at::Tensor y = tuned ? tuned_conv2d(x, w, b, st, pad, dil, s.groups)
+                             : at::conv2d(x, w, b, st, pad, dil, s.groups);
   y.backward(dy.defined() ? dy : torch::ones_like(y));
   return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : at::Tensor()};
 }
@@ -78,10 +83,11 @@ TEST(TunedConvTest, OnTheCpuItIsLibTorchsConvolution) {
   EXPECT_TRUE(at::allclose(got.dx, want.dx));
   EXPECT_TRUE(at::allclose(got.dw, want.dw));
   EXPECT_TRUE(at::allclose(got.db, want.db));
-  // Groups, which the cuDNN path never takes, anywhere.
+  // Groups as LibTorch's, and channels that do not match as LibTorch refuses them.
   const at::Tensor wg = torch::randn({6, 2, 3, 3});
   EXPECT_TRUE(at::equal(tuned_conv2d(x, wg, {}, {1, 1}, {1, 1}, {1, 1}, 2),
                         at::conv2d(x, wg, {}, {1, 1}, {1, 1}, {1, 1}, 2)));
+  EXPECT_THROW(tuned_conv2d(x, wg, {}, {1, 1}, {1, 1}, {1, 1}, 3), c10::Error);
 }
 
 TEST(TunedConvTest, BadGeometryIsNamed) {
@@ -129,13 +135,15 @@ TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
   for (const auto type : {at::kHalf, at::kBFloat16})
     for (const auto layout : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous})
       for (const Shape& s : kShapes) {
-        SCOPED_TRACE(::testing::Message() << c10::toString(type) << " " << layout << " c" << s.c
-                                          << " k" << s.k << " " << s.kernel << "x" << s.kernel
-                                          << " stride " << s.stride << " dilation " << s.dilation);
+        SCOPED_TRACE(::testing::Message()
+                     << c10::toString(type) << " " << layout << " c" << s.c << " k" << s.k << " "
+                     << s.kernel << "x" << s.kernel << " stride " << s.stride << " dilation "
+                     << s.dilation << " groups " << s.groups);
         const at::Tensor x =
             torch::randn({s.n, s.c, s.size, s.size}).to(cuda, type).contiguous(layout);
-        const at::Tensor w =
-            (torch::randn({s.k, s.c, s.kernel, s.kernel}) * 0.1).to(cuda, type).contiguous(layout);
+        const at::Tensor w = (torch::randn({s.k, s.c / s.groups, s.kernel, s.kernel}) * 0.1)
+                                 .to(cuda, type)
+                                 .contiguous(layout);
         const at::Tensor b = s.bias ? torch::randn({s.k}).to(cuda, type) : at::Tensor();
         const Result want = run(false, x, w, b, s, {});
         const at::Tensor dy = torch::randn(want.y.sizes()).to(cuda, type).contiguous(layout);
@@ -234,14 +242,41 @@ TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
   EXPECT_EQ(after.from_file, 3);
   EXPECT_GT(after.rebuilding_seconds, 0.0);
   // What a shape's plans cost on this GPU, for the log (timings belong in benchmarks, not here).
-  std::printf("plans: 3 tuned in %.4f s (listing %.4f, building %.4f); 3 rebuilt in %.4f s "
-              "(listing %.4f, building %.4f)\n",
-              timed.tuning_seconds, timed.listing_seconds, timed.building_seconds,
-              after.rebuilding_seconds, after.listing_seconds, after.building_seconds);
+  std::printf(
+      "plans: 3 tuned in %.4f s (listing %.4f, building %.4f); 3 rebuilt in %.4f s "
+      "(listing %.4f, building %.4f)\n",
+      timed.tuning_seconds, timed.listing_seconds, timed.building_seconds, after.rebuilding_seconds,
+      after.listing_seconds, after.building_seconds);
   EXPECT_LE(after.listing_seconds + after.building_seconds, after.rebuilding_seconds);
   EXPECT_LT(max_relative(again.y, first.y), 1e-3);
   EXPECT_LT(max_relative(again.dw, first.dw), 5e-3);
   std::remove(path.c_str());
+}
+
+// Depthwise and grouped convolutions take cuDNN's plans too (not LibTorch's convolution behind
+// the same values): every pass of each shape planned, none refused.
+TEST(TunedConvGpuTest, DepthwiseAndGroupedConvolutionsGetPlans) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const BenchmarkModeOn benchmark;
+  const c10::Device cuda(c10::kCUDA, 0);
+  torch::manual_seed(5);
+  int64_t planned = 0;
+  for (const Shape& s : kShapes) {
+    if (s.groups == 1) continue;
+    clear_conv_plans();
+    const at::Tensor x = torch::randn({s.n, s.c, s.size, s.size})
+                             .to(cuda, at::kBFloat16)
+                             .contiguous(at::MemoryFormat::ChannelsLast);
+    const at::Tensor w = (torch::randn({s.k, s.c / s.groups, s.kernel, s.kernel}) * 0.1)
+                             .to(cuda, at::kBFloat16)
+                             .contiguous(at::MemoryFormat::ChannelsLast);
+    run(true, x, w, {}, s, {});
+    const ConvPlansSummary summary = conv_plans_summary();
+    EXPECT_EQ(summary.tuned, 3) << "groups " << s.groups << " c" << s.c;
+    EXPECT_EQ(summary.refused, 0) << "groups " << s.groups << " c" << s.c;
+    planned += summary.tuned;
+  }
+  EXPECT_GT(planned, 0);
 }
 
 // Under capture nothing may wait for the stream: an unseen shape takes cuDNN's first choice

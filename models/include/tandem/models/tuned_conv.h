@@ -15,7 +15,7 @@ namespace tandem::models {
 
 /// at::conv2d(x, weight, bias, stride, padding, dilation, groups) — the same values, gradients
 /// and autocast — through cuDNN's graph API with a timed plan where it applies: CUDA tensors of
-/// half or bfloat16 (after autocast's cast), 4-D, one group, cuDNN enabled with its benchmark
+/// half or bfloat16 (after autocast's cast), 4-D, grouped or not, cuDNN enabled with its benchmark
 /// mode on (torch.backends.cudnn.benchmark; benchmark_limit bounds the candidates timed, as it
 /// does LibTorch's), deterministic algorithms not requested, and a plan for the shape. Elsewhere
 /// it is at::conv2d. A shape's first call times its candidates on the current stream (it waits
