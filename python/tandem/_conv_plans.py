@@ -12,8 +12,8 @@ when the fit returns.
 
 Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``compile=``
 (torch.compile chooses its own kernels), half or bfloat16 operands after autocast, one group
-(grouped and depthwise convolutions too with ``TANDEM_TUNED_CONV_GROUPS=1``, until their plans
-are measured against LibTorch's on a GPU); everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
+(grouped and depthwise convolutions too with ``TANDEM_TUNED_CONV_GROUPS=1``: their values are
+tested on a GPU, their speed against LibTorch's depthwise kernels not yet measured); everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
 plans are still shared by the process's threads); a plans file that cannot be trusted is
 ignored with a warning.
 """
