@@ -13,9 +13,10 @@ when the fit returns.
 Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``compile=``
 (torch.compile chooses its own kernels), half or bfloat16 operands after autocast, one group
 (grouped and depthwise convolutions too with ``TANDEM_TUNED_CONV_GROUPS=1``: their values are
-tested on a GPU, their speed against LibTorch's depthwise kernels not yet measured); everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
-plans are still shared by the process's threads); a plans file that cannot be trusted is
-ignored with a warning.
+tested on a GPU, their speed against LibTorch's depthwise kernels not yet measured); everything
+else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the plans are
+still shared by the process's threads); a plans file that cannot be trusted is ignored with a
+warning.
 """
 import contextlib
 import os
@@ -36,17 +37,16 @@ class TunedConv2d(torch.nn.Conv2d):
 
     # What it stands for where a module's structure is described (mode auto's kept decisions).
     stands_for = torch.nn.Conv2d
+    # Whether grouped convolutions take the plans too: read from the environment as a fit
+    # swaps the modules in (in_use), not at every call.
+    grouped = False
 
     def _conv_forward(self, input, weight, bias):
         if (self.padding_mode == "zeros" and not isinstance(self.padding, str)
-                and input.is_cuda and input.dim() == 4 and (self.groups == 1 or _grouped())):
+                and input.is_cuda and input.dim() == 4 and (self.groups == 1 or self.grouped)):
             return _C.tuned_conv2d(input, weight, bias, self.stride, self.padding,
                                    self.dilation, self.groups)
         return super()._conv_forward(input, weight, bias)
-
-
-def _grouped() -> bool:
-    return os.environ.get("TANDEM_TUNED_CONV_GROUPS", "0") == "1"
 
 
 _lock = threading.Lock()
@@ -96,6 +96,7 @@ def in_use(modules: Iterable, on: bool):
     path = plans_path()
     if path is not None:
         _load_once(path)
+    TunedConv2d.grouped = os.environ.get("TANDEM_TUNED_CONV_GROUPS", "0") == "1"
     swapped = []
     seen = set()
     for root in modules:
