@@ -34,6 +34,11 @@ START=$(date +%s)
 LOGS=$(mktemp -d)
 say() { echo "== +$(($(date +%s) - START))s $*" | tee -a "$LOGS/summary.log"; }
 left() { echo $((${DEADLINE_S:-560} - ($(date +%s) - START))); }
+# A phase's seconds: what is left of the call less 5, or its own cap ($1) where set and smaller.
+within() {
+  local l; l=$(left)
+  if [ -n "${1:-}" ] && [ "$l" -ge "$1" ]; then echo "$1"; else echo $((l - 5)); fi
+}
 # Build $1 (new: this bundle's; old, old-eager: .ref/bundle-old's) as $cli, and in $libs the
 # older build's libraries, to go before the bundle's in LD_LIBRARY_PATH (empty for new).
 use_build() {
@@ -181,7 +186,7 @@ EOF
 gputest)
   [ "$(left)" -gt 60 ] || { say "gputest: skipped ($(left) s left)"; continue; }
   say "gputest: the gpu-labelled tests in $(left) s"
-  (cd build && timeout $(($(left) < ${GPUTEST_S:-100000} ? $(left) - 5 : ${GPUTEST_S:-0})) ctest -L gpu ${GPUTEST_REGEX:+-R "$GPUTEST_REGEX"} \
+  (cd build && timeout "$(within "${GPUTEST_S:-}")" ctest -L gpu ${GPUTEST_REGEX:+-R "$GPUTEST_REGEX"} \
      --timeout 200 --output-on-failure) >"$LOGS/gputest.log" 2>&1
   say "gputest: exit $?"
   grep -E 'tests passed|Failed|\*\*\*|Timeout|Not Run' "$LOGS/gputest.log" | tail -30 |
@@ -195,7 +200,7 @@ pytest)
   [ -n "${PACKAGE_NEW:-}" ] || { say "pytest: skipped (no package built here)"; continue; }
   say "pytest: ${PYTEST_FILES:=python/tests/test_conv_plans.py}"
   # shellcheck disable=SC2086
-  PYTHONPATH=$PACKAGE_NEW:$PWD/.ref/pytest timeout $(($(left) < ${PYTEST_S:-100000} ? $(left) - 5 : ${PYTEST_S:-0})) \
+  PYTHONPATH=$PACKAGE_NEW:$PWD/.ref/pytest timeout "$(within "${PYTEST_S:-}")" \
     python3 -m pytest -q -p no:cacheprovider $PYTEST_FILES >"$LOGS/pytest.log" 2>&1
   say "pytest: exit $?"
   grep -E 'passed|failed|Error|error' "$LOGS/pytest.log" | tail -15 | tee -a "$LOGS/summary.log" ;;
