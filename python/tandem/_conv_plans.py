@@ -12,9 +12,10 @@ when the fit returns.
 
 Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``compile=``
 (torch.compile chooses its own kernels), half or bfloat16 operands after autocast, one group
-(grouped and depthwise convolutions too with ``TANDEM_TUNED_CONV_GROUPS=1``: their values are
-tested on a GPU, their speed against LibTorch's depthwise kernels not yet measured); everything
-else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the plans are
+(grouped and depthwise convolutions too with ``TANDEM_TUNED_CONV_GROUPS=1``: their step runs at
+LibTorch's rate, but their fastest cuDNN engines compile at run time, seconds that a first fit
+pays beyond LibTorch's benchmark and a later process pays again: docs/notes/wall-clock.md);
+everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the plans are
 still shared by the process's threads); a plans file that cannot be trusted is ignored with a
 warning.
 """
