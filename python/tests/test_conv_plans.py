@@ -70,6 +70,33 @@ def test_it_applies_on_cuda_with_cudnn_benchmark_and_no_compile_unless_turned_of
     assert not _conv_plans.applies(cuda, False, False)
     monkeypatch.setenv("TANDEM_TUNED_CONV", "0")
     assert not _conv_plans.applies(cuda, False, None)
+    for off in ("off", "False", " no "):
+        monkeypatch.setenv("TANDEM_TUNED_CONV", off)
+        assert not _conv_plans.applies(cuda, False, None), off
+    monkeypatch.setenv("TANDEM_TUNED_CONV", "nope")
+    with pytest.warns(UserWarning, match="TANDEM_TUNED_CONV='nope' is not understood.*stays on"):
+        assert _conv_plans.applies(cuda, False, None)
+
+
+@pytest.mark.parametrize("value, grouped", [(None, False), ("1", True), ("true", True),
+                                            ("ON", True), ("0", False), ("off", False)])
+def test_grouped_convolutions_take_plans_as_the_setting_says(monkeypatch, tmp_path, value,
+                                                             grouped):
+    monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
+    if value is None:
+        monkeypatch.delenv("TANDEM_TUNED_CONV_GROUPS", raising=False)
+    else:
+        monkeypatch.setenv("TANDEM_TUNED_CONV_GROUPS", value)
+    with _conv_plans.in_use([model()], True):
+        assert _conv_plans.TunedConv2d.grouped is grouped
+
+
+def test_a_groups_setting_not_understood_warns_and_stays_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
+    monkeypatch.setenv("TANDEM_TUNED_CONV_GROUPS", "depthwise")
+    with pytest.warns(UserWarning, match="TANDEM_TUNED_CONV_GROUPS='depthwise'.*stays off"):
+        with _conv_plans.in_use([model()], True):
+            assert _conv_plans.TunedConv2d.grouped is False
 
 
 class Bf16Net(nn.Module):
