@@ -213,7 +213,9 @@ resnet_ab)
   # r18_full), BATCH (256), STEPS (100), ROUNDS (2), RESNET_AB_TUNED and RESNET_AB_TUNED2 (bench
   # flags: a third and fourth variant, this build with them, e.g. "--cudnn-benchmark-limit 0";
   # a later --param wins; a variant's --batch-size replaces BATCH), RESNET_AB_FLAGS (bench flags
-  # every variant takes, before its own, e.g. "--param precision=fp16").
+  # every variant takes, before its own, e.g. "--param precision=fp16"; with "--param
+  # source=files" and no --data, the step from the generated photo folder with its loader and
+  # crops: the photo path's A/B).
   [ -d .ref/bundle-old/build ] || { say "resnet_ab: skipped (no .ref/bundle-old/build)"; continue; }
   say "resnet_ab: ${RESNET_AB_MODELS:=r50_full r18_full}, this build against .ref/bundle-old's"
   for round in $(seq "${ROUNDS:-2}"); do
@@ -225,6 +227,10 @@ resnet_ab)
       read -ra extra <<<"${RESNET_AB_FLAGS:-} $own"
       batch=(--batch-size "${BATCH:-256}")  # a variant's own --batch-size replaces it
       [[ " ${extra[*]} " == *" --batch-size "* ]] && batch=()
+      if [[ " ${extra[*]} " == *" source=files "* && " ${extra[*]} " != *" --data "* ]]; then
+        make_photo_folder
+        extra+=(--data "$photo_folder" --workers 15)
+      fi
       for model in $RESNET_AB_MODELS; do
         [ "$(left)" -gt 30 ] || break 3
         started=$(date +%s.%N)
