@@ -15,9 +15,9 @@ Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``
 (grouped and depthwise convolutions too with ``TANDEM_TUNED_CONV_GROUPS=1``: their step runs at
 LibTorch's rate, but their fastest cuDNN engines compile at run time, seconds that a first fit
 pays beyond LibTorch's benchmark and a later process pays again: docs/notes/wall-clock.md);
-everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the plans are
-still shared by the process's threads); a plans file that cannot be trusted is ignored with a
-warning.
+everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
+plans are still shared by the process's threads); a plans file that cannot be trusted is ignored
+with a warning.
 """
 import contextlib
 import os
