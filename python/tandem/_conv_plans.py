@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import _C, _mode_cache
+from . import _C, _env, _mode_cache
 
 FILE_NAME = "cudnn-plans.json"
 
@@ -77,27 +77,9 @@ def _save(path: str):
         warnings.warn(f"tandem: the convolution plans could not be kept: {e}", stacklevel=3)
 
 
-_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
-
-
-def _switch(name: str, default: bool) -> bool:
-    """An on/off environment setting: 1/on/true/yes or 0/off/false/no (any case), unset or empty
-    the default; anything else the default with a warning that names it."""
-    value = os.environ.get(name, "").strip()
-    if value.lower() in _ON:
-        return True
-    if value.lower() in _OFF:
-        return False
-    if value:
-        warnings.warn(f"tandem: {name}={value!r} is not understood: expected 1, on, true or yes, "
-                      f"or 0, off, false or no; it stays {'on' if default else 'off'}",
-                      stacklevel=3)
-    return default
-
-
 def applies(device: torch.device, compiled: bool, cudnn_benchmark: Optional[bool]) -> bool:
     return (device.type == "cuda" and not compiled and cudnn_benchmark is not False
-            and hasattr(_C, "tuned_conv2d") and _switch("TANDEM_TUNED_CONV", True))
+            and hasattr(_C, "tuned_conv2d") and _env.switch("TANDEM_TUNED_CONV", True))
 
 
 _depth = threading.local()
@@ -115,7 +97,7 @@ def in_use(modules: Iterable, on: bool):
     path = plans_path()
     if path is not None:
         _load_once(path)
-    TunedConv2d.grouped = _switch("TANDEM_TUNED_CONV_GROUPS", False)
+    TunedConv2d.grouped = _env.switch("TANDEM_TUNED_CONV_GROUPS", False)
     swapped = []
     seen = set()
     for root in modules:

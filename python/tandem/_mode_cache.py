@@ -22,13 +22,15 @@ from typing import Optional
 
 import torch
 
+from . import _env
+
 VERSION = 1  # of the files' layout
 
 
 def folder() -> Optional[str]:
     """Where decisions are kept, or None when the cache is off."""
     value = os.environ.get("TANDEM_MODE_CACHE", "")
-    if value.lower() in ("off", "0", "false", "no"):
+    if value.lower() in _env.OFF:
         return None
     if value:
         return value
