@@ -50,11 +50,17 @@ constexpr int64_t kAllCandidates = 64;
 // what does not fit; a bound keeps the tuning from evicting the caching allocator's blocks).
 constexpr int64_t kMaxWorkspaceBytes = int64_t{1} << 30;
 constexpr int kTimedRuns = 3;
+// A picked plan's serialized form is kept where it is at most this long (precompiled engines'
+// are a few kilobytes; a plan carrying compiled code is rebuilt from its engine and knobs).
+constexpr size_t kMaxSerializedPlanBytes = size_t{64} << 10;
 
 struct Choice {
   int64_t engine = 0;
   std::vector<std::pair<int64_t, int64_t>> knobs;  // (KnobType_t, value)
   double microseconds = 0.0;                       // as timed when it was picked
+  // The plan as the frontend serializes it (Graph::serialize, without the graph's structure),
+  // null where it gave none: rebuilding from it needs no operation graph and no candidate list.
+  nlohmann::json serialized;
 };
 
 // One shape's graph with the plan it runs (index into the graph's plans).
@@ -183,6 +189,38 @@ auto timed(double& into, F&& f) {
 // heuristics' own list first, where most picks come from, and the fallback list (every engine,
 // the longer query) only where the choice is not in it: the tuning listed both. Not
 // create_execution_plan(engine, knobs): some knob types cuDNN reports do not convert back.
+// The kept plan deserialized into a graph of its own (index 0), or null where it has no
+// serialized form or this cuDNN does not take it back (the lists are asked then).
+std::shared_ptr<fe::graph::Graph> deserialized(const Choice& kept, cudnnHandle_t handle,
+                                               int64_t& workspace, ConvPlansSummary& counts) {
+  if (!kept.serialized.is_object()) return nullptr;
+  auto g = std::make_shared<fe::graph::Graph>();
+  const bool ok = timed(counts.building_seconds, [&] {
+    try {  // no warm-up run: the caller runs it
+      return g->deserialize(handle, kept.serialized, false, /*run_warmup=*/false).is_good() &&
+             g->get_execution_plan_count() == 1 &&
+             g->get_workspace_size_plan_at_index(0, workspace).is_good();
+    } catch (const std::exception&) {  // a malformed entry: json's exceptions
+      return false;
+    }
+  });
+  return ok ? g : nullptr;
+}
+
+// The plan at `index` serialized (its graph's candidate made that one: the frontend serializes
+// its candidate), or null where the frontend gives none or it is too long to keep.
+nlohmann::json serialized_plan(fe::graph::Graph& g, int64_t index) {
+  try {
+    std::vector<uint8_t> data;
+    if (g.build_plan_at_index(index).is_bad() || g.serialize(data, false).is_bad() ||
+        data.size() > kMaxSerializedPlanBytes)
+      return nullptr;
+    return nlohmann::json::from_ubjson(data);
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
 int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why,
                 ConvPlansSummary& counts) {
   Choice c;
@@ -259,11 +297,20 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
     return timed(t.counts.listing_seconds,
                  [&] { return operation_graph(pass, a, b, out, geo, handle, plan->why_not); });
   };
+  const auto kept = t.choices.find(key);
+  if (kept != t.choices.end()) {
+    if ((plan->graph = deserialized(kept->second, handle, plan->workspace, t.counts))) {
+      plan->index = 0;
+      ++t.counts.from_file;
+      t.counts.rebuilding_seconds += seconds_since(started);
+      return plan;
+    }
+  }
   plan->graph = graph();
   if (!plan->graph) return plan;
   fe::graph::Graph& g = *plan->graph;
 
-  if (auto kept = t.choices.find(key); kept != t.choices.end()) {
+  if (kept != t.choices.end()) {
     std::string why;
     if (const int64_t i = rebuild(g, kept->second, why, t.counts); i >= 0) {
       if (g.get_workspace_size_plan_at_index(i, plan->workspace).is_good()) {
@@ -325,6 +372,7 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
     }
     if (Choice c; choice_at(fresh, plan->index, c)) {
       c.microseconds = us;
+      c.serialized = serialized_plan(fresh, plan->index);
       t.choices[key] = std::move(c);
     }
     ++t.counts.tuned;
@@ -398,7 +446,8 @@ void clear_plans() {
 }
 
 // The file: {"format", "cudnn" (cuDNN's version), "frontend", "plans": {key: {"engine",
-// "knobs": [[type, value]...], "us"}}}. Keys name the GPU, so one file serves several.
+// "knobs": [[type, value]...], "us", "plan" (the serialized plan, where kept)}}}. Keys name the
+// GPU, so one file serves several.
 int64_t load_plan_choices(const std::string& path, std::string& note) {
   note.clear();
   if (!fs::exists(path)) return 0;
@@ -433,6 +482,8 @@ int64_t load_plan_choices(const std::string& path, std::string& note) {
       for (const auto& kv : v.at("knobs"))
         c.knobs.emplace_back(kv.at(0).get<int64_t>(), kv.at(1).get<int64_t>());
       c.microseconds = v.value("us", 0.0);
+      if (const auto found = v.find("plan"); found != v.end() && found->is_object())
+        c.serialized = *found;
       read.emplace(key, std::move(c));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -457,8 +508,10 @@ bool save_plan_choices(const std::string& path, std::string& error) {
   {
     Table& t = table();
     std::lock_guard<std::mutex> lock(t.mutex);
-    for (const auto& [key, c] : t.choices)
+    for (const auto& [key, c] : t.choices) {
       j["plans"][key] = {{"engine", c.engine}, {"knobs", c.knobs}, {"us", c.microseconds}};
+      if (c.serialized.is_object()) j["plans"][key]["plan"] = c.serialized;
+    }
   }
   // The temporary named by the process: two processes of one job (ranks on one machine) may
   // save at once.

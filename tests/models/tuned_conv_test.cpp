@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -250,6 +251,25 @@ TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
   EXPECT_LE(after.listing_seconds + after.building_seconds, after.rebuilding_seconds);
   EXPECT_LT(max_relative(again.y, first.y), 1e-3);
   EXPECT_LT(max_relative(again.dw, first.dw), 5e-3);
+  // Each came back from its serialized plan: no operation graph, no candidate list.
+  EXPECT_EQ(after.listing_seconds, 0.0);
+
+  // A serialized plan this cuDNN does not take back: the choice is found in its lists again.
+  {
+    std::ifstream in(path);
+    nlohmann::json j = nlohmann::json::parse(in);
+    for (auto& [key, v] : j.at("plans").items()) v["plan"] = {{"not", "a plan"}};
+    std::ofstream(path) << j.dump();
+  }
+  clear_conv_plans();
+  EXPECT_EQ(load_conv_plans(path, note), 3);
+  const Result listed = run(true, x, w, {}, s, {});
+  const ConvPlansSummary relisted = conv_plans_summary();
+  EXPECT_EQ(relisted.tuned, 0);
+  EXPECT_EQ(relisted.from_file, 3);
+  EXPECT_GT(relisted.listing_seconds, 0.0);
+  EXPECT_LT(max_relative(listed.y, first.y), 1e-3);
+  EXPECT_LT(max_relative(listed.dw, first.dw), 5e-3);
   std::remove(path.c_str());
 }
 
