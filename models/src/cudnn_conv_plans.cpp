@@ -50,16 +50,23 @@ constexpr int64_t kAllCandidates = 64;
 // what does not fit; a bound keeps the tuning from evicting the caching allocator's blocks).
 constexpr int64_t kMaxWorkspaceBytes = int64_t{1} << 30;
 constexpr int kTimedRuns = 3;
-// A picked plan's serialized form is kept where it is at most this long (precompiled engines'
-// are a few kilobytes; a plan carrying compiled code is rebuilt from its engine and knobs).
-constexpr size_t kMaxSerializedPlanBytes = size_t{64} << 10;
+// A candidate whose first timed run takes more than this many times the fastest's mean is not
+// run again: it cannot win, and at a large batch a slow candidate's runs take milliseconds each
+// (MobileNetV3-Large's depthwise passes at bs 256 spent ~11 s of a first fit timing).
+constexpr double kBehindTheFastest = 2.0;
+// A runtime-compiled plan's serialized form (its compiled code in it) is kept where it is at
+// most this long; a longer one is compiled again by a later process.
+constexpr size_t kMaxSerializedPlanBytes = size_t{8} << 20;
 
 struct Choice {
   int64_t engine = 0;
   std::vector<std::pair<int64_t, int64_t>> knobs;  // (KnobType_t, value)
   double microseconds = 0.0;                       // as timed when it was picked
-  // The plan as the frontend serializes it (Graph::serialize, without the graph's structure),
-  // null where it gave none: rebuilding from it needs no operation graph and no candidate list.
+  // A plan whose engine compiles its kernel at run time (NVRTC: 0.3-1 s a plan), as the
+  // frontend serializes it (Graph::serialize, without the graph's structure): its compiled code
+  // with it, so a later process deserializes it instead of compiling again. Null for the
+  // precompiled engines' plans: those rebuild from the lists as fast as they deserialize
+  // (3-10 ms a plan either way, measured), and the cold process would pay the serialization.
   nlohmann::json serialized;
 };
 
@@ -184,11 +191,6 @@ auto timed(double& into, F&& f) {
   return result;
 }
 
-// A kept choice found again among cuDNN's candidates (listing them costs no plan build) and its
-// plan built: its index, or -1 (and why) where this cuDNN no longer lists or builds it. The
-// heuristics' own list first, where most picks come from, and the fallback list (every engine,
-// the longer query) only where the choice is not in it: the tuning listed both. Not
-// create_execution_plan(engine, knobs): some knob types cuDNN reports do not convert back.
 // The kept plan deserialized into a graph of its own (index 0), or null where it has no
 // serialized form or this cuDNN does not take it back (the lists are asked then).
 std::shared_ptr<fe::graph::Graph> deserialized(const Choice& kept, cudnnHandle_t handle,
@@ -204,7 +206,17 @@ std::shared_ptr<fe::graph::Graph> deserialized(const Choice& kept, cudnnHandle_t
       return false;
     }
   });
-  return ok ? g : nullptr;
+  if (!ok) return nullptr;
+  ++counts.from_compiled;
+  return g;
+}
+
+// Whether the plan at `index` is of an engine that compiles its kernel at run time.
+bool runtime_compiled(const fe::graph::Graph& g, int64_t index) {
+  std::vector<fe::BehaviorNote_t> notes;
+  return g.get_behavior_notes_for_plan_at_index(index, notes).is_good() &&
+         std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) !=
+             notes.end();
 }
 
 // The plan at `index` serialized (its graph's candidate made that one: the frontend serializes
@@ -221,6 +233,11 @@ nlohmann::json serialized_plan(fe::graph::Graph& g, int64_t index) {
   }
 }
 
+// A kept choice found again among cuDNN's candidates (listing them costs no plan build) and its
+// plan built: its index, or -1 (and why) where this cuDNN no longer lists or builds it. The
+// heuristics' own list first, where most picks come from, and the fallback list (every engine,
+// the longer query) only where the choice is not in it: the tuning listed both. Not
+// create_execution_plan(engine, knobs): some knob types cuDNN reports do not convert back.
 int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why,
                 ConvPlansSummary& counts) {
   Choice c;
@@ -272,10 +289,15 @@ int64_t fastest(fe::graph::Graph& g, const std::vector<int64_t>& candidates,
   best_us = 0.0;
   for (const auto& [bytes, i] : sized) {
     if (g.execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(), i).is_bad()) continue;
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    at::cuda::CUDAEvent start(cudaEventDefault), first(cudaEventDefault), stop(cudaEventDefault);
     start.record(stream);
-    bool ran = true;
-    for (int r = 0; r < kTimedRuns && ran; ++r)
+    bool ran = g.execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(), i).is_good();
+    if (ran && best >= 0) {
+      first.record(stream);
+      first.synchronize();
+      if (1000.0 * start.elapsed_time(first) > kBehindTheFastest * best_us) continue;
+    }
+    for (int r = 1; r < kTimedRuns && ran; ++r)
       ran = g.execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(), i).is_good();
     stop.record(stream);
     stop.synchronize();
@@ -316,6 +338,7 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
       if (g.get_workspace_size_plan_at_index(i, plan->workspace).is_good()) {
         plan->index = i;
         ++t.counts.from_file;
+        t.counts.runtime_compiled += runtime_compiled(g, i);  // compiled again
         t.counts.rebuilding_seconds += seconds_since(started);
         return plan;
       }
@@ -359,6 +382,7 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
   if (capturing) {  // untimed, not kept: a later process times it
     plan->index = built.front();
     ++t.counts.untimed;
+    t.counts.runtime_compiled += runtime_compiled(fresh, plan->index);
   } else {
     std::unordered_map<int64_t, void*> pack = {{kA, const_cast<void*>(a.const_data_ptr())},
                                                {kB, const_cast<void*>(b.const_data_ptr())},
@@ -370,9 +394,11 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
       plan->graph.reset();
       return plan;
     }
+    const bool compiled = runtime_compiled(fresh, plan->index);
+    t.counts.runtime_compiled += compiled;
     if (Choice c; choice_at(fresh, plan->index, c)) {
       c.microseconds = us;
-      c.serialized = serialized_plan(fresh, plan->index);
+      if (compiled) c.serialized = serialized_plan(fresh, plan->index);
       t.choices[key] = std::move(c);
     }
     ++t.counts.tuned;
@@ -446,8 +472,8 @@ void clear_plans() {
 }
 
 // The file: {"format", "cudnn" (cuDNN's version), "frontend", "plans": {key: {"engine",
-// "knobs": [[type, value]...], "us", "plan" (the serialized plan, where kept)}}}. Keys name the
-// GPU, so one file serves several.
+// "knobs": [[type, value]...], "us", "plan" (a runtime-compiled plan serialized with its code,
+// where kept)}}}. Keys name the GPU, so one file serves several.
 int64_t load_plan_choices(const std::string& path, std::string& note) {
   note.clear();
   if (!fs::exists(path)) return 0;
