@@ -50,10 +50,13 @@ constexpr int64_t kAllCandidates = 64;
 // what does not fit; a bound keeps the tuning from evicting the caching allocator's blocks).
 constexpr int64_t kMaxWorkspaceBytes = int64_t{1} << 30;
 constexpr int kTimedRuns = 3;
-// A candidate whose first timed run takes more than this many times the fastest's mean is not
-// run again: it cannot win, and at a large batch a slow candidate's runs take milliseconds each
-// (MobileNetV3-Large's depthwise passes at bs 256 spent ~11 s of a first fit timing).
+// A candidate whose first timed run takes more than this many times the fastest's mean, and
+// this much longer besides, is not run again: it cannot win, and at a large batch a slow
+// candidate's runs take milliseconds each (MobileNetV3-Large's depthwise passes at bs 256 spent
+// ~11 s of a first fit timing). The slack: a lone run's time holds its launch, which the mean
+// of back-to-back runs hides, so a few-microsecond kernel is never dropped on one run.
 constexpr double kBehindTheFastest = 2.0;
+constexpr double kLoneRunSlackUs = 50.0;
 // A runtime-compiled plan's serialized form (its compiled code in it) is kept where it is at
 // most this long; a longer one is compiled again by a later process.
 constexpr size_t kMaxSerializedPlanBytes = size_t{8} << 20;
@@ -295,7 +298,8 @@ int64_t fastest(fe::graph::Graph& g, const std::vector<int64_t>& candidates,
     if (ran && best >= 0) {
       first.record(stream);
       first.synchronize();
-      if (1000.0 * start.elapsed_time(first) > kBehindTheFastest * best_us) continue;
+      const double first_us = 1000.0 * start.elapsed_time(first);
+      if (first_us > kBehindTheFastest * best_us + kLoneRunSlackUs) continue;
     }
     for (int r = 1; r < kTimedRuns && ran; ++r)
       ran = g.execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(), i).is_good();
