@@ -142,9 +142,10 @@ FeedStage given_crop_feed(const ResizedCropSpec& spec, bool channels_last, const
   f.lane = "augment";
   f.inputs = {field, offsets_field(field), sizes_field(field), boxes_field};
   f.outputs = {"x"};
-  f.fn = [spec, channels_last](const Tensors& in) {
-    at::Tensor x = resized_crop(in[0], in[1], in[2], in[3], spec);
-    return Tensors{channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
+  ResizedCropSpec laid_out = spec;
+  laid_out.channels_last = channels_last;
+  f.fn = [spec = laid_out](const Tensors& in) {
+    return Tensors{resized_crop(in[0], in[1], in[2], in[3], spec)};
   };
   f.what = spec.random ? "RandomResizedCrop (boxes from the loader) + flip + normalize"
                        : "Resize + CenterCrop (boxes from the loader) + normalize";
@@ -203,7 +204,12 @@ at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
                      " but offsets, sizes or boxes on ", t->device());
   crop_math::Normalization norm[kCropMaxChannels];
   for (int64_t c = 0; c < C; ++c) norm[c] = crop_math::normalization(spec.mean[c], spec.std[c]);
-  at::Tensor out = at::empty({B, C, spec.out_h, spec.out_w}, packed.options().dtype(at::kFloat));
+  at::Tensor out = at::empty(
+      {B, C, spec.out_h, spec.out_w},
+      packed.options()
+          .dtype(at::kFloat)
+          .memory_format(spec.channels_last && packed.is_cuda() ? at::MemoryFormat::ChannelsLast
+                                                                : at::MemoryFormat::Contiguous));
   const at::Tensor p = packed.contiguous(), o = offsets.contiguous(), s = sizes.contiguous(),
                    bx = boxes.contiguous();
   if (packed.is_cuda()) {
@@ -219,6 +225,7 @@ at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
     a.out_h = static_cast<int>(spec.out_h);
     a.out_w = static_cast<int>(spec.out_w);
     a.planar = spec.planar;
+    a.channels_last = spec.channels_last;
     for (int64_t c = 0; c < C; ++c) a.normalization[c] = norm[c];
     launch_resized_crop(a, c10::cuda::getCurrentCUDAStream(packed.device().index()).stream());
     return out;
@@ -238,7 +245,8 @@ at::Tensor resized_crop(const at::Tensor& packed, const at::Tensor& offsets,
                bxp + b * kCropBoxFields, spec, norm,
                out.data_ptr<float>() + b * C * spec.out_h * spec.out_w);
   });
-  return out;
+  // The reference writes planes; channels-last as the kernel's layout, the same values.
+  return spec.channels_last ? out.contiguous(at::MemoryFormat::ChannelsLast) : out;
 }
 
 FeedStage resized_crop_feed(const ResizedCropSpec& spec, at::Generator generator,
@@ -248,10 +256,11 @@ FeedStage resized_crop_feed(const ResizedCropSpec& spec, at::Generator generator
   f.lane = "augment";
   f.inputs = {field, offsets_field(field), sizes_field(field)};
   f.outputs = {"x"};
-  f.fn = [spec, generator, channels_last](const Tensors& in) {
+  ResizedCropSpec laid_out = spec;
+  laid_out.channels_last = channels_last;
+  f.fn = [spec = laid_out, generator](const Tensors& in) {
     const at::Tensor boxes = draw_crop_boxes(spec, in[2], generator);
-    at::Tensor x = resized_crop(in[0], in[1], in[2], boxes, spec);
-    return Tensors{channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
+    return Tensors{resized_crop(in[0], in[1], in[2], boxes, spec)};
   };
   f.what = spec.random ? "RandomResizedCrop + flip + normalize of the packed batch"
                        : "Resize + CenterCrop + normalize of the packed batch";

@@ -247,10 +247,12 @@ at::Tensor engine_crops(const ResizedCropSpec& spec, const EngineSplit& split,
   return x;
 }
 
-std::vector<FeedStage> engine_split_feeds(const ResizedCropSpec& spec, EngineSplit split,
+std::vector<FeedStage> engine_split_feeds(const ResizedCropSpec& given, EngineSplit split,
                                           c10::Device device, bool channels_last,
                                           int64_t batch_size) {
   TANDEM_CHECK_ARG(split.decoder && split.share, "engine_split_feeds: the split has no decoder");
+  ResizedCropSpec spec = given;  // both sides' crops written in the layout the model reads
+  spec.channels_last = channels_last;
   FeedStage e;
   e.name = "engines";
   e.lane = "engines";
@@ -259,8 +261,13 @@ std::vector<FeedStage> engine_split_feeds(const ResizedCropSpec& spec, EngineSpl
   e.fn = [spec, split, device, batch_size](const Tensors& in) {
     const SplitRows r = split_rows(in[0], in[1], in[2]);  // the jpeg fields stay on the host
     if (r.engines.empty())                                // the workers decoded the whole batch
-      return Tensors{at::empty({0, static_cast<int64_t>(spec.mean.size()), spec.out_h, spec.out_w},
-                               at::TensorOptions().dtype(at::kFloat).device(device))};
+      return Tensors{
+          at::empty({0, static_cast<int64_t>(spec.mean.size()), spec.out_h, spec.out_w},
+                    at::TensorOptions()
+                        .dtype(at::kFloat)
+                        .device(device)
+                        .memory_format(spec.channels_last ? at::MemoryFormat::ChannelsLast
+                                                          : at::MemoryFormat::Contiguous))};
     const at::Tensor rows = host_to_device(r.engines, device);
     return Tensors{engine_crops(spec, split, r.encoded, device, batch_size,
                                 in[3].index_select(0, rows), in[0])};
@@ -273,14 +280,16 @@ std::vector<FeedStage> engine_split_feeds(const ResizedCropSpec& spec, EngineSpl
   return {e, split_crops_feed(spec, channels_last)};
 }
 
-FeedStage split_crops_feed(const ResizedCropSpec& spec, bool channels_last) {
+FeedStage split_crops_feed(const ResizedCropSpec& given, bool channels_last) {
+  ResizedCropSpec spec = given;
+  spec.channels_last = channels_last;
   FeedStage f;
   f.name = "augment";
   f.lane = "augment";
   f.inputs = {"image",    offsets_field("image"), sizes_field("image"), sizes_field("jpeg"),
               "crop_box", kEngineCropsField};
   f.outputs = {"x"};
-  f.fn = [spec, channels_last](const Tensors& in) {
+  f.fn = [spec](const Tensors& in) {
     const at::Tensor& boxes = in[4];
     const at::Tensor& engine_x = in[5];
     const int64_t B = boxes.size(0);
@@ -288,10 +297,7 @@ FeedStage split_crops_feed(const ResizedCropSpec& spec, bool channels_last) {
     TORCH_CHECK(engine_x.size(0) == static_cast<int64_t>(r.engines.size()), "the engines' ",
                 engine_x.size(0), " crops do not match the batch's ", r.engines.size(),
                 " rows left to them");
-    if (r.cpu.empty()) {
-      return Tensors{channels_last ? engine_x.contiguous(at::MemoryFormat::ChannelsLast)
-                                   : engine_x};
-    }
+    if (r.cpu.empty()) return Tensors{engine_x};
     const c10::Device device = boxes.device();
     const at::Tensor cpu_rows = host_to_device(r.cpu, device);
     at::Tensor cpu_x =
@@ -299,11 +305,12 @@ FeedStage split_crops_feed(const ResizedCropSpec& spec, bool channels_last) {
                      boxes.index_select(0, cpu_rows), spec);
     at::Tensor x = cpu_x;
     if (!r.engines.empty()) {  // each side's crops into its rows of the batch
-      x = at::empty({B, cpu_x.size(1), cpu_x.size(2), cpu_x.size(3)}, cpu_x.options());
+      x = at::empty({B, cpu_x.size(1), cpu_x.size(2), cpu_x.size(3)},
+                    cpu_x.options().memory_format(cpu_x.suggest_memory_format()));
       x.index_copy_(0, cpu_rows, cpu_x);
       x.index_copy_(0, host_to_device(r.engines, device), engine_x);
     }
-    return Tensors{channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
+    return Tensors{x};
   };
   f.what =
       "RandomResizedCrop (boxes from the loader) + flip + normalize of the rows the workers "

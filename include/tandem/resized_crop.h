@@ -38,6 +38,9 @@ struct ResizedCropSpec {
   /// Each packed sample is (C, H, W) planar (nvJPEG's output) instead of (H, W, C) interleaved
   /// (the CPU decoders'); sizes stay (H, W, C) either way.
   bool planar = false;
+  /// The output laid out channels-last ((B, C, H, W) sizes, (B, H, W, C) in memory), written so
+  /// by the kernel instead of copied after: what a channels-last model reads.
+  bool channels_last = false;
 
   /// torchvision's ImageNet training transform at `size`: RandomResizedCrop + flip.
   static ResizedCropSpec train(int64_t size = 224);

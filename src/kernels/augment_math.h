@@ -12,8 +12,10 @@
 
 #ifdef __CUDACC__
 #define TANDEM_HD __host__ __device__ __forceinline__
+#define TANDEM_UNROLL _Pragma("unroll")
 #else
 #define TANDEM_HD inline
+#define TANDEM_UNROLL  // the host compiler's own choice (it does not know nvcc's pragma)
 #endif
 
 namespace tandem::augment_math {

@@ -20,7 +20,7 @@ __global__ void crop_draw_kernel(CropDrawLaunch d) {
 }
 
 // blockIdx.z: the sample; a 32 x 8 tile of output pixels per block, each thread all channels
-// (the axis windows are computed once per pixel).
+// (the axis windows once per pixel, each tap's weights once for all channels).
 __global__ void resized_crop_kernel(CropLaunch a) {
   namespace cm = crop_math;
   const int b = blockIdx.z;
@@ -31,9 +31,14 @@ __global__ void resized_crop_kernel(CropLaunch a) {
   const int h = static_cast<int>(a.sizes[b * 3]), w = static_cast<int>(a.sizes[b * 3 + 1]),
             c_in = static_cast<int>(a.sizes[b * 3 + 2]);
   const int64_t plane = static_cast<int64_t>(a.out_h) * a.out_w;
-  float* out = a.out + static_cast<int64_t>(b) * a.channels * plane + y * a.out_w + x;
+  const int64_t pixel = static_cast<int64_t>(y) * a.out_w + x;
+  // Channel c of this pixel at out[c * step]: planes (B, C, H, W), or a pixel's channels side by
+  // side (channels-last), so a warp writes one contiguous run.
+  float* out = a.out + static_cast<int64_t>(b) * a.channels * plane +
+               (a.channels_last ? pixel * a.channels : pixel);
+  const int64_t step = a.channels_last ? 1 : plane;
   if (c_in != a.channels) {
-    for (int c = 0; c < a.channels; ++c) out[c * plane] = NAN;
+    for (int c = 0; c < a.channels; ++c) out[c * step] = NAN;
     return;
   }
   const int xr = box[cm::kFlip] ? a.out_w - 1 - x : x;
@@ -43,10 +48,12 @@ __global__ void resized_crop_kernel(CropLaunch a) {
       cm::axis_window(box[cm::kOffsetX] + xr, box[cm::kWidth], box[cm::kResizedW], box[cm::kSubX]);
   const uint8_t* src = a.packed + a.offsets[b];
   const cm::Layout layout = cm::layout_of(a.planar, h, w, a.channels);
-  for (int c = 0; c < a.channels; ++c) {
-    const float v = cm::resample(src, layout, c, box[cm::kTop], box[cm::kLeft], rows, cols);
-    out[c * plane] = cm::normalize(v, a.normalization[c]);
-  }
+  float v[kCropMaxChannels];
+  cm::resample_channels<kCropMaxChannels>(src, layout, a.channels, box[cm::kTop], box[cm::kLeft],
+                                          rows, cols, v);
+#pragma unroll
+  for (int c = 0; c < kCropMaxChannels; ++c)
+    if (c < a.channels) out[c * step] = cm::normalize(v[c], a.normalization[c]);
 }
 
 }  // namespace

@@ -29,9 +29,10 @@ struct CropLaunch {
   const int64_t* offsets;  // (B,): where sample b starts in packed
   const int64_t* sizes;    // (B, 3)
   const int32_t* boxes;    // (B, kBoxFields)
-  float* out;              // (B, C, out_h, out_w)
+  float* out;              // (B, C, out_h, out_w), or (B, out_h, out_w, C) in memory
   int batch, channels, out_h, out_w;
-  bool planar;  // samples (C, H, W) instead of (H, W, C)
+  bool planar;         // samples (C, H, W) instead of (H, W, C)
+  bool channels_last;  // out laid out (B, out_h, out_w, C)
   crop_math::Normalization normalization[kCropMaxChannels];
 };
 

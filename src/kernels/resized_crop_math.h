@@ -204,4 +204,36 @@ TANDEM_HD float resample(const uint8_t* image, const Layout& l, int c, int top, 
   return to_pixel(acc);
 }
 
+/// resample() of channels 0 .. channels - 1 (at most kMax) into out[], each tap's weights
+/// computed once for all of them instead of once a channel: each channel's sum is resample()'s
+/// (the same fmadds in the same order), so the values are its values bit for bit.
+template <int kMax>
+TANDEM_HD void resample_channels(const uint8_t* image, const Layout& l, int channels, int top,
+                                 int left, const AxisWindow& rows, const AxisWindow& cols,
+                                 float* out) {
+  float acc[kMax];
+  TANDEM_UNROLL
+  for (int c = 0; c < kMax; ++c) acc[c] = 0.0f;
+  for (int ky = 0; ky < rows.count; ++ky) {
+    const uint8_t* line = image + (top + rows.first + ky) * l.row + (left + cols.first) * l.pixel;
+    float row[kMax];
+    TANDEM_UNROLL
+    for (int c = 0; c < kMax; ++c) row[c] = 0.0f;
+    for (int kx = 0; kx < cols.count; ++kx) {
+      const float w = weight(cols, kx);
+      const uint8_t* pixel = line + kx * l.pixel;
+      TANDEM_UNROLL
+      for (int c = 0; c < kMax; ++c)
+        if (c < channels) row[c] = fmadd(w, static_cast<float>(pixel[c * l.channel]), row[c]);
+    }
+    const float w = weight(rows, ky);
+    TANDEM_UNROLL
+    for (int c = 0; c < kMax; ++c)
+      if (c < channels) acc[c] = fmadd(w, row[c], acc[c]);
+  }
+  TANDEM_UNROLL
+  for (int c = 0; c < kMax; ++c)
+    if (c < channels) out[c] = to_pixel(acc[c]);
+}
+
 }  // namespace tandem::crop_math

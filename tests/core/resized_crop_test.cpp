@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "kernels/resized_crop_launch.h"
 #include "tandem/error.h"
 #include "test_util.h"
 
@@ -235,19 +237,75 @@ Packed assorted_batch(int n, uint64_t seed, bool planar = false) {
   return pack(imgs, planar);
 }
 
+TEST(ResizedCropTest, ChannelsLastIsTheSameValuesLaidOutChannelsLast) {
+  const Packed p = assorted_batch(6, 3);
+  ResizedCropSpec planes = ResizedCropSpec::train(48), last = planes;
+  last.channels_last = true;
+  const at::Tensor boxes = draw_crop_boxes(planes, p.sizes);
+  const at::Tensor a = resized_crop(p.packed, p.offsets, p.sizes, boxes, planes);
+  const at::Tensor b = resized_crop(p.packed, p.offsets, p.sizes, boxes, last);
+  EXPECT_TRUE(a.is_contiguous());
+  EXPECT_TRUE(b.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_EQ(b.sizes(), a.sizes());
+  EXPECT_TRUE(at::equal(a, b));
+}
+
+// The kernel's all-channels resample (each tap's weights once for every channel) is the
+// per-channel one, bit for bit: shrinking, enlarging and sub-pixel windows, both layouts, 1 to 4
+// channels.
+TEST(ResizedCropTest, AllChannelsAtOnceIsEachChannelsResampleToTheBit) {
+  namespace cm = crop_math;
+  at::manual_seed(9);
+  const int h = 37, w = 53;
+  int64_t compared = 0;
+  for (const int C : {1, 3, 4})
+    for (const bool planar : {false, true}) {
+      const at::Tensor image = at::randint(0, 256, {h * w * C}, at::kByte);
+      const uint8_t* src = image.const_data_ptr<uint8_t>();
+      const cm::Layout layout = cm::layout_of(planar, h, w, C);
+      // (source length, resized length, sub-pixel field) per axis: shrink, enlarge, equal.
+      struct Axis {
+        int in, out, sub;
+      };
+      for (const Axis ay : {Axis{30, 7, 0}, Axis{12, 29, 0}, Axis{20, 20, 3 + 8}})
+        for (const Axis ax : {Axis{45, 11, 5 + 16}, Axis{9, 31, 0}})
+          for (int y = 0; y < ay.out; y += 3)
+            for (int x = 0; x < ax.out; x += 2) {
+              const cm::AxisWindow rows = cm::axis_window(y, ay.in, ay.out, ay.sub),
+                                   cols = cm::axis_window(x, ax.in, ax.out, ax.sub);
+              float all[kCropMaxChannels];
+              cm::resample_channels<kCropMaxChannels>(src, layout, C, 2, 1, rows, cols, all);
+              for (int c = 0; c < C; ++c) {
+                const float one = cm::resample(src, layout, c, 2, 1, rows, cols);
+                ASSERT_EQ(std::memcmp(&one, &all[c], sizeof(float)), 0)
+                    << "channel " << c << " of " << C << (planar ? " planar" : "") << " at (" << y
+                    << ", " << x << "): " << one << " against " << all[c];
+                ++compared;
+              }
+            }
+    }
+  EXPECT_GT(compared, 0);
+}
+
 TEST(ResizedCropGpuTest, KernelMatchesTheCppReferenceToTheBit) {
   TANDEM_SKIP_WITHOUT_CUDA();
   ResizedCropSpec planar = ResizedCropSpec::train(96);
   planar.planar = true;
-  for (const ResizedCropSpec& s : {ResizedCropSpec::train(224), ResizedCropSpec::eval(224, 256),
-                                   ResizedCropSpec::train(64), planar}) {
+  ResizedCropSpec channels_last = ResizedCropSpec::train(224), planar_channels_last = planar;
+  channels_last.channels_last = planar_channels_last.channels_last = true;
+  for (const ResizedCropSpec& s :
+       {ResizedCropSpec::train(224), ResizedCropSpec::eval(224, 256), ResizedCropSpec::train(64),
+        planar, channels_last, planar_channels_last}) {
     const Packed p = assorted_batch(24, 10, s.planar);
     const at::Tensor sizes = p.sizes.cuda();
     const at::Tensor boxes = draw_crop_boxes(s, sizes);
-    const at::Tensor gpu = resized_crop(p.packed.cuda(), p.offsets.cuda(), sizes, boxes, s).cpu();
+    const at::Tensor on_gpu = resized_crop(p.packed.cuda(), p.offsets.cuda(), sizes, boxes, s);
+    const at::Tensor gpu = on_gpu.cpu();
     const at::Tensor cpu = resized_crop(p.packed, p.offsets, p.sizes, boxes.cpu(), s);
     EXPECT_TRUE(at::equal(gpu, cpu)) << "max diff " << (gpu - cpu).abs().max().item<float>()
                                      << " random " << s.random << " out " << s.out_h;
+    EXPECT_EQ(on_gpu.is_contiguous(at::MemoryFormat::ChannelsLast), s.channels_last)
+        << "the kernel writes the layout asked for";
   }
 }
 

@@ -242,6 +242,7 @@ std::vector<FeedStage> file_feeds(const ImageSource& src, const ImagesOptions& i
                                   int64_t batch_size) {
   const bool nhwc = io.channels_last;
   ResizedCropSpec spec = ResizedCropSpec::train(io.image_size);
+  spec.channels_last = nhwc;  // the crops written in the layout the model reads
   if (src.split.decoder) return data::engine_split_feeds(spec, src.split, device, nhwc, batch_size);
   if (!src.decoder)
     // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
@@ -256,15 +257,14 @@ std::vector<FeedStage> file_feeds(const ImageSource& src, const ImagesOptions& i
            "augment",
            {"jpeg", offsets_field("jpeg"), sizes_field("jpeg")},
            {"x"},
-           [spec, generator, decoder = src.decoder, device, nhwc](const Tensors& in) {
+           [spec, generator, decoder = src.decoder, device](const Tensors& in) {
              // Every row holds its file's bytes: all of them are the engines'.
              const data::DeviceDecoded d = data::decode_on_device(
                  *decoder, data::split_rows(in[0], in[1], in[2]).encoded, device, in[0]);
              const data::PackedImages& p = d.images;
              const at::Tensor& sizes = d.hwc_sizes;
              const at::Tensor boxes = draw_crop_boxes(spec, sizes, generator);
-             at::Tensor x = resized_crop(p.packed, p.offsets, sizes, boxes, spec);
-             return Tensors{nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x};
+             return Tensors{resized_crop(p.packed, p.offsets, sizes, boxes, spec)};
            },
            "nvJPEG decode, then RandomResizedCrop + flip + normalize",
            {generator},
