@@ -11,11 +11,11 @@ decisions, from which a later process rebuilds them without timing. Their class 
 when the fit returns.
 
 Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``compile=``
-(torch.compile chooses its own kernels), half or bfloat16 operands after autocast, one group
-(grouped and depthwise convolutions too with ``TANDEM_TUNED_CONV_GROUPS=1``: their step runs at
-LibTorch's rate, but their fastest cuDNN engines compile at run time, seconds that a first fit
-pays beyond LibTorch's benchmark and a later process pays again: docs/notes/wall-clock.md);
-everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
+(torch.compile chooses its own kernels), half or bfloat16 operands after autocast,
+grouped and depthwise convolutions too (``TANDEM_TUNED_CONV_GROUPS=0`` leaves those to LibTorch:
+their fastest cuDNN engines compile their kernels at run time, which a first fit pays once and
+the plans file keeps with the compiled code, so a later process restores them instead of
+compiling: docs/notes/wall-clock.md); everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
 plans are still shared by the process's threads); a plans file that cannot be trusted is ignored
 with a warning.
 """
@@ -97,7 +97,7 @@ def in_use(modules: Iterable, on: bool):
     path = plans_path()
     if path is not None:
         _load_once(path)
-    TunedConv2d.grouped = _env.switch("TANDEM_TUNED_CONV_GROUPS", False)
+    TunedConv2d.grouped = _env.switch("TANDEM_TUNED_CONV_GROUPS", True)
     swapped = []
     seen = set()
     for root in modules:

@@ -78,7 +78,7 @@ def test_it_applies_on_cuda_with_cudnn_benchmark_and_no_compile_unless_turned_of
         assert _conv_plans.applies(cuda, False, None)
 
 
-@pytest.mark.parametrize("value, grouped", [(None, False), ("1", True), ("true", True),
+@pytest.mark.parametrize("value, grouped", [(None, True), ("1", True), ("true", True),
                                             ("ON", True), ("0", False), ("off", False)])
 def test_grouped_convolutions_take_plans_as_the_setting_says(monkeypatch, tmp_path, value,
                                                              grouped):
@@ -91,12 +91,12 @@ def test_grouped_convolutions_take_plans_as_the_setting_says(monkeypatch, tmp_pa
         assert _conv_plans.TunedConv2d.grouped is grouped
 
 
-def test_a_groups_setting_not_understood_warns_and_stays_off(monkeypatch, tmp_path):
+def test_a_groups_setting_not_understood_warns_and_stays_on(monkeypatch, tmp_path):
     monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
     monkeypatch.setenv("TANDEM_TUNED_CONV_GROUPS", "depthwise")
-    with pytest.warns(UserWarning, match="TANDEM_TUNED_CONV_GROUPS='depthwise'.*stays off"):
+    with pytest.warns(UserWarning, match="TANDEM_TUNED_CONV_GROUPS='depthwise'.*stays on"):
         with _conv_plans.in_use([model()], True):
-            assert _conv_plans.TunedConv2d.grouped is False
+            assert _conv_plans.TunedConv2d.grouped is True
 
 
 class Bf16Net(nn.Module):
@@ -202,7 +202,7 @@ class DepthwiseNet(nn.Module):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_depthwise_convolutions_take_plans_only_when_asked(tmp_path, monkeypatch):
+def test_depthwise_convolutions_take_plans_unless_turned_off(tmp_path, monkeypatch):
     def fit():
         torch.manual_seed(0)
         net = DepthwiseNet().cuda().to(memory_format=torch.channels_last)
@@ -214,12 +214,12 @@ def test_depthwise_convolutions_take_plans_only_when_asked(tmp_path, monkeypatch
 
     monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
     monkeypatch.delenv("TANDEM_TUNED_CONV", raising=False)
-    monkeypatch.delenv("TANDEM_TUNED_CONV_GROUPS", raising=False)
+    monkeypatch.setenv("TANDEM_TUNED_CONV_GROUPS", "0")
     _C.clear_conv_plans()
     plain = fit()  # the depthwise convolution LibTorch's
-    monkeypatch.setenv("TANDEM_TUNED_CONV_GROUPS", "1")
+    monkeypatch.delenv("TANDEM_TUNED_CONV_GROUPS", raising=False)
     _C.clear_conv_plans()
-    grouped = fit()
+    grouped = fit()  # the default: on kept plans too
     # Its forward, input and weight gradient planned besides the others' passes.
     assert grouped.setup["conv_plans"]["tuned"] >= plain.setup["conv_plans"]["tuned"] + 3
     torch.testing.assert_close(torch.tensor(grouped.losses), torch.tensor(plain.losses),
