@@ -22,7 +22,8 @@
 #        WALLCLOCK_ARGS (wallclock.py's; default the frozen ResNet-50 and ResNet-18 at bs 32,
 #        300-step first fits), TRAIN_EAGER_LOADING (train: see there), SANITIZE_FILTER
 #        (sanitize: a GoogleTest filter over the models' tests; default the batch-norm and max-pool
-#        kernels', without the whole-ResNet ones: cuDNN's own kernels are not ours to check)
+#        kernels', without the whole-ResNet ones: cuDNN's own kernels are not ours to check),
+#        SANITIZE_BINARY (sanitize: another test binary, e.g. build/tests/tandem_core_tests)
 set -uo pipefail
 OUT=${1:?usage: benchmarks/bundle_check.sh OUT [profile train gputest]}
 shift
@@ -395,7 +396,7 @@ sanitize)
   for tool in memcheck racecheck synccheck; do
     [ "$(left)" -gt 40 ] || { say "sanitize: $tool skipped ($(left) s left)"; continue; }
     timeout $(($(left) - 10)) compute-sanitizer --tool "$tool" --print-limit 20 \
-      build/tests/models/tandem_models_tests \
+      "${SANITIZE_BINARY:-build/tests/models/tandem_models_tests}" \
       --gtest_filter="${SANITIZE_FILTER:-BatchNormReluGpuTest.*:MaxPoolGpuTest.*:-*AResNet*}" \
       >"$LOGS/sanitize-$tool.log" 2>&1
     say "sanitize: $tool exit $?"

@@ -275,7 +275,8 @@ def conv_plans_line(plans):
             f"{plans.get('from_file', 0)} rebuilt in {plans.get('rebuilding_s', 0):.3f} s "
             f"(listing {plans.get('listing_s', 0):.3f}, building {plans.get('building_s', 0):.3f}; "
             f"{plans.get('runtime_compiled', 0)} compiled here, "
-            f"{plans.get('from_compiled', 0)} restored compiled)")
+            f"{plans.get('from_compiled', 0)} restored compiled, "
+            f"{plans.get('configured', 0)} configured without the lists)")
 
 
 def fmt(v, width, digits=0):

@@ -236,13 +236,37 @@ nlohmann::json serialized_plan(fe::graph::Graph& g, int64_t index) {
   }
 }
 
-// A kept choice found again among cuDNN's candidates (listing them costs no plan build) and its
-// plan built: its index, or -1 (and why) where this cuDNN no longer lists or builds it. The
-// heuristics' own list first, where most picks come from, and the fallback list (every engine,
-// the longer query) only where the choice is not in it: the tuning listed both. Not
-// create_execution_plan(engine, knobs): some knob types cuDNN reports do not convert back.
+// The kept engine configured with its knobs directly (create_execution_plan: no heuristics
+// query, no candidate list) and its plan built: its index, or -1 where the frontend does not
+// take the knobs back (some knob types cuDNN reports do not convert), configures another
+// engine than the kept one or does not build it; the lists are asked then.
+int64_t configured(fe::graph::Graph& g, const Choice& kept, ConvPlansSummary& counts) {
+  std::unordered_map<fe::KnobType_t, int64_t> knobs;
+  for (const auto& [type, value] : kept.knobs) knobs[static_cast<fe::KnobType_t>(type)] = value;
+  const int64_t before = g.get_execution_plan_count();
+  fe::error_t e = timed(counts.listing_seconds,
+                        [&] { return g.create_execution_plan(kept.engine, knobs); });
+  const int64_t i = g.get_execution_plan_count() - 1;
+  Choice c;
+  if (e.is_bad() || i < before || !choice_at(g, i, c) || c.engine != kept.engine ||
+      c.knobs != kept.knobs)
+    return -1;
+  return timed(counts.building_seconds, [&] { return g.build_plan_at_index(i); }).is_good() ? i
+                                                                                         : -1;
+}
+
+// A kept choice found again: configured directly, else among cuDNN's candidates (listing them
+// costs no plan build), and its plan built: its index, or -1 (and why) where this cuDNN no
+// longer lists or builds it. The heuristics' own list first, where most picks come from, and
+// the fallback list (every engine, the longer query) only where the choice is not in it: the
+// tuning listed both.
 int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why,
-                ConvPlansSummary& counts) {
+                ConvPlansSummary& counts, bool& direct) {
+  direct = false;
+  if (const int64_t i = configured(g, kept, counts); i >= 0) {
+    direct = true;
+    return i;
+  }
   Choice c;
   for (const fe::HeurMode_t mode : {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}) {
     const int64_t listed_before = g.get_execution_plan_count();  // a list appends to the last
@@ -338,10 +362,12 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
 
   if (kept != t.choices.end()) {
     std::string why;
-    if (const int64_t i = rebuild(g, kept->second, why, t.counts); i >= 0) {
+    bool direct = false;
+    if (const int64_t i = rebuild(g, kept->second, why, t.counts, direct); i >= 0) {
       if (g.get_workspace_size_plan_at_index(i, plan->workspace).is_good()) {
         plan->index = i;
         ++t.counts.from_file;
+        t.counts.configured += direct;
         t.counts.runtime_compiled += runtime_compiled(g, i);  // compiled again
         t.counts.rebuilding_seconds += seconds_since(started);
         return plan;

@@ -34,6 +34,7 @@ void bind_conv(py::module_& m) {
     d["refused"] = s.refused;
     d["runtime_compiled"] = s.runtime_compiled;
     d["from_compiled"] = s.from_compiled;
+    d["configured"] = s.configured;
     d["tuning_s"] = s.tuning_seconds;
     d["rebuilding_s"] = s.rebuilding_seconds;
     d["listing_s"] = s.listing_seconds;

@@ -243,12 +243,14 @@ TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
   EXPECT_EQ(after.tuned, 0);
   EXPECT_EQ(after.from_file, 3);
   EXPECT_GT(after.rebuilding_seconds, 0.0);
+  EXPECT_GT(after.configured, 0) << "no kept engine was configured from its knobs: every "
+                                    "rebuild asked cuDNN's candidate lists";
   // What a shape's plans cost on this GPU, for the log (timings belong in benchmarks, not here).
   std::printf(
       "plans: 3 tuned in %.4f s (listing %.4f, building %.4f); 3 rebuilt in %.4f s "
-      "(listing %.4f, building %.4f)\n",
+      "(listing %.4f, building %.4f; %lld configured without the lists)\n",
       timed.tuning_seconds, timed.listing_seconds, timed.building_seconds, after.rebuilding_seconds,
-      after.listing_seconds, after.building_seconds);
+      after.listing_seconds, after.building_seconds, static_cast<long long>(after.configured));
   EXPECT_LE(after.listing_seconds + after.building_seconds, after.rebuilding_seconds);
   EXPECT_LT(max_relative(again.y, first.y), 1e-3);
   EXPECT_LT(max_relative(again.dw, first.dw), 5e-3);

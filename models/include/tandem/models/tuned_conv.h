@@ -33,10 +33,12 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
 /// tuned shape's candidates, a rebuilt shape's one); the rest of tuning is timing them.
 /// `runtime_compiled`: plans in use whose engine compiled its kernel in this process (NVRTC,
 /// 0.3-1 s each: cuDNN's fast engines for depthwise shapes are such); `from_compiled`: of
-/// `from_file`, those rebuilt from the compiled code the file kept, without compiling.
+/// `from_file`, those rebuilt from the compiled code the file kept, without compiling;
+/// `configured`: of `from_file`, those whose kept engine and knobs were configured directly,
+/// without cuDNN's candidate lists.
 struct ConvPlansSummary {
   int64_t tuned = 0, from_file = 0, untimed = 0, refused = 0;
-  int64_t runtime_compiled = 0, from_compiled = 0;
+  int64_t runtime_compiled = 0, from_compiled = 0, configured = 0;
   double tuning_seconds = 0.0, rebuilding_seconds = 0.0;
   double listing_seconds = 0.0, building_seconds = 0.0;
 };
