@@ -244,15 +244,16 @@ int64_t configured(fe::graph::Graph& g, const Choice& kept, ConvPlansSummary& co
   std::unordered_map<fe::KnobType_t, int64_t> knobs;
   for (const auto& [type, value] : kept.knobs) knobs[static_cast<fe::KnobType_t>(type)] = value;
   const int64_t before = g.get_execution_plan_count();
-  fe::error_t e = timed(counts.listing_seconds,
-                        [&] { return g.create_execution_plan(kept.engine, knobs); });
+  fe::error_t e =
+      timed(counts.listing_seconds, [&] { return g.create_execution_plan(kept.engine, knobs); });
   const int64_t i = g.get_execution_plan_count() - 1;
   Choice c;
   if (e.is_bad() || i < before || !choice_at(g, i, c) || c.engine != kept.engine ||
       c.knobs != kept.knobs)
     return -1;
-  return timed(counts.building_seconds, [&] { return g.build_plan_at_index(i); }).is_good() ? i
-                                                                                         : -1;
+  const bool built =
+      timed(counts.building_seconds, [&] { return g.build_plan_at_index(i); }).is_good();
+  return built ? i : -1;
 }
 
 // A kept choice found again: configured directly, else among cuDNN's candidates (listing them
@@ -260,8 +261,8 @@ int64_t configured(fe::graph::Graph& g, const Choice& kept, ConvPlansSummary& co
 // longer lists or builds it. The heuristics' own list first, where most picks come from, and
 // the fallback list (every engine, the longer query) only where the choice is not in it: the
 // tuning listed both.
-int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why,
-                ConvPlansSummary& counts, bool& direct) {
+int64_t rebuild(fe::graph::Graph& g, const Choice& kept, std::string& why, ConvPlansSummary& counts,
+                bool& direct) {
   direct = false;
   if (const int64_t i = configured(g, kept, counts); i >= 0) {
     direct = true;
