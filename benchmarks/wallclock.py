@@ -273,7 +273,8 @@ def conv_plans_line(plans):
         return "-"
     return (f"{plans.get('tuned', 0)} timed in {plans.get('tuning_s', 0):.3f} s, "
             f"{plans.get('from_file', 0)} rebuilt in {plans.get('rebuilding_s', 0):.3f} s "
-            f"(listing {plans.get('listing_s', 0):.3f}, building {plans.get('building_s', 0):.3f}; "
+            f"(listing {plans.get('listing_s', 0):.3f} of it graphs {plans.get('graph_s', 0):.3f}, "
+            f"building {plans.get('building_s', 0):.3f}; "
             f"{plans.get('runtime_compiled', 0)} compiled here, "
             f"{plans.get('from_compiled', 0)} restored compiled, "
             f"{plans.get('configured', 0)} configured without the lists)")

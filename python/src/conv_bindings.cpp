@@ -38,6 +38,7 @@ void bind_conv(py::module_& m) {
     d["tuning_s"] = s.tuning_seconds;
     d["rebuilding_s"] = s.rebuilding_seconds;
     d["listing_s"] = s.listing_seconds;
+    d["graph_s"] = s.graph_seconds;
     d["building_s"] = s.building_seconds;
     return d;
   });

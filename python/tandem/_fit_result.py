@@ -24,10 +24,11 @@ class FitResult:
     # and graphs_kept (an earlier fit's, replayed from this one's first step); a fit's also
     # conv_plans (its convolutions' cuDNN plans: convolutions run on them, plans tuned and
     # tuning_s spent timing them, from_file rebuilt from the plans file untimed in rebuilding_s;
-    # of both, listing_s on their graphs and cuDNN's candidate lists and building_s on plans
-    # built; runtime_compiled those whose engine compiled its kernel here, from_compiled those
-    # of from_file restored with their compiled code, configured those of from_file whose kept
-    # engine was configured without cuDNN's candidate lists; {} where they do not apply).
+    # of both, listing_s on their graphs (graph_s of it) and cuDNN's candidate lists and
+    # building_s on plans built; runtime_compiled those whose engine compiled its kernel here,
+    # from_compiled those of from_file restored with their compiled code, configured those of
+    # from_file whose kept engine was configured without cuDNN's candidate lists; {} where they
+    # do not apply).
     setup: Optional[dict] = None
     # A fit with a run folder: every epoch's record (metrics.jsonl's rows, a resumed run's
     # earlier ones included), the final weights' file and the newest checkpoint's folder.

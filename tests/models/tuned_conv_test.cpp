@@ -252,6 +252,8 @@ TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
       timed.tuning_seconds, timed.listing_seconds, timed.building_seconds, after.rebuilding_seconds,
       after.listing_seconds, after.building_seconds, static_cast<long long>(after.configured));
   EXPECT_LE(after.listing_seconds + after.building_seconds, after.rebuilding_seconds);
+  EXPECT_GT(after.graph_seconds, 0.0);  // the operation graphs, a part of the listing
+  EXPECT_LE(after.graph_seconds, after.listing_seconds);
   EXPECT_LT(max_relative(again.y, first.y), 1e-3);
   EXPECT_LT(max_relative(again.dw, first.dw), 5e-3);
   std::remove(path.c_str());

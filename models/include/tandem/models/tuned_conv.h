@@ -30,7 +30,9 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
 /// under capture, or refused by cuDNN (those shapes run at::conv2d). One per pass and shape
 /// (forward, input and weight gradient). Of all plans' seconds, `listing_seconds` went to their
 /// operation graphs and cuDNN's candidate lists and `building_seconds` to the plans built (a
-/// tuned shape's candidates, a rebuilt shape's one); the rest of tuning is timing them.
+/// tuned shape's candidates, a rebuilt shape's one); the rest of tuning is timing them. Of
+/// `listing_seconds`, `graph_seconds` went to the operation graphs alone (the rest: cuDNN's
+/// candidate lists, or a kept engine configured from its knobs).
 /// `runtime_compiled`: plans in use whose engine compiled its kernel in this process (NVRTC,
 /// 0.3-1 s each: cuDNN's fast engines for depthwise shapes are such); `from_compiled`: of
 /// `from_file`, those rebuilt from the compiled code the file kept, without compiling;
@@ -40,7 +42,7 @@ struct ConvPlansSummary {
   int64_t tuned = 0, from_file = 0, untimed = 0, refused = 0;
   int64_t runtime_compiled = 0, from_compiled = 0, configured = 0;
   double tuning_seconds = 0.0, rebuilding_seconds = 0.0;
-  double listing_seconds = 0.0, building_seconds = 0.0;
+  double listing_seconds = 0.0, building_seconds = 0.0, graph_seconds = 0.0;
 };
 ConvPlansSummary conv_plans_summary();
 
