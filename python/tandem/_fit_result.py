@@ -3,11 +3,16 @@ import dataclasses
 from typing import List, Optional
 
 
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" + ("" if n == 1 else "s")
+
+
 @dataclasses.dataclass
 class FitResult:
     """What a fit (or a benchmark) did. ``report`` is the CLI's JSON report (`tandem bench
     --json`): per-stage host and device times, the floor (the slowest stage) and efficiency,
-    GPU utilization, the runner's notes. ``print(result)`` shows the CLI's table."""
+    GPU utilization, the runner's notes. ``print(result)`` shows the CLI's table, mode auto's
+    pick and where the call's seconds beside its steps went (``setup``)."""
     losses: List[float]
     mode: str
     steps: int
@@ -44,4 +49,33 @@ class FitResult:
                                  "not timed") else "failed") for t in self.trials["trials"])
             text += f"\nauto: {self.trials['reason']}" + (f" (trials, steps/s: {rows})"
                                                           if rows else "")
-        return text
+        paid = self._setup_line()
+        return text + f"\nsetup: {paid}" if paid else text
+
+    def _setup_line(self) -> str:
+        """Where this call's seconds beside its steps went, in a line: the trials, the graphs'
+        capture and the convolutions' plans (empty where it paid none of them)."""
+        s = self.setup or {}
+        parts = []
+        if s.get("trials_s", 0) >= 0.005:
+            steps = s.get("trial_steps")  # a fit's trials on CUDA train: its own steps
+            parts.append(f"mode auto's trials {s['trials_s']:.2f} s"
+                         + (f" ({_count(steps, 'step')} of the fit's)" if steps else ""))
+        if s.get("graphs"):
+            captured = _count(s["graphs"], "graph")
+            parts.append(f"{captured} captured in {s.get('capture_s', 0):.2f} s")
+        elif s.get("graphs_kept"):
+            parts.append(f"{_count(s['graphs_kept'], 'kept graph')} replayed")
+        plans = s.get("conv_plans") or {}
+        if plans.get("tuned"):
+            compiled = plans.get("runtime_compiled", 0)
+            parts.append(f"{plans['tuned']} cuDNN convolution plans timed in "
+                         f"{plans.get('tuning_s', 0):.2f} s"
+                         + (f" ({compiled} compiled at run time)" if compiled else "")
+                         + ", kept for later processes")
+        if plans.get("from_file"):
+            restored = plans.get("from_compiled", 0)
+            parts.append(f"{plans['from_file']} kept plans rebuilt in "
+                         f"{plans.get('rebuilding_s', 0):.2f} s"
+                         + (f" ({restored} with their compiled code)" if restored else ""))
+        return "; ".join(parts)

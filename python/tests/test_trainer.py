@@ -244,6 +244,26 @@ def test_a_loss_without_target_the_report_and_a_trace(tmp_path):
     assert any(e.get("name") == "train" for e in events)  # the stage's intervals
 
 
+def test_the_printed_result_says_where_the_calls_setup_went():
+    from tandem._fit_result import FitResult
+
+    def result(setup):
+        return FitResult(losses=[1.0], mode="graphed", steps=1, seconds=1.0, steps_per_s=1.0,
+                         samples_per_s=8.0, report={}, table="TABLE", setup=setup)
+
+    first = str(result(dict(trials_s=1.5, trial_steps=12, graphs=2, capture_s=0.25,
+                            conv_plans=dict(tuned=131, tuning_s=16.3, runtime_compiled=36))))
+    assert first.startswith("TABLE\nsetup: ")
+    assert "mode auto's trials 1.50 s (12 steps of the fit's)" in first
+    assert "2 graphs captured in 0.25 s" in first
+    assert "131 cuDNN convolution plans timed in 16.30 s (36 compiled at run time)" in first
+    later = str(result(dict(trials_s=0.0, graphs=0, graphs_kept=1, conv_plans=dict(
+        tuned=0, from_file=131, rebuilding_s=0.94, from_compiled=36))))
+    assert "trials" not in later and "1 kept graph replayed" in later
+    assert "131 kept plans rebuilt in 0.94 s (36 with their compiled code)" in later
+    assert str(result(None)) == str(result(dict(trials_s=0.0, conv_plans={}))) == "TABLE"
+
+
 class Stream(torch.utils.data.IterableDataset):
     def __iter__(self):
         return iter([])
