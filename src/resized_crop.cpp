@@ -142,9 +142,7 @@ FeedStage given_crop_feed(const ResizedCropSpec& spec, bool channels_last, const
   f.lane = "augment";
   f.inputs = {field, offsets_field(field), sizes_field(field), boxes_field};
   f.outputs = {"x"};
-  ResizedCropSpec laid_out = spec;
-  laid_out.channels_last = channels_last;
-  f.fn = [spec = laid_out](const Tensors& in) {
+  f.fn = [spec = spec.laid_out(channels_last)](const Tensors& in) {
     return Tensors{resized_crop(in[0], in[1], in[2], in[3], spec)};
   };
   f.what = spec.random ? "RandomResizedCrop (boxes from the loader) + flip + normalize"
@@ -256,9 +254,7 @@ FeedStage resized_crop_feed(const ResizedCropSpec& spec, at::Generator generator
   f.lane = "augment";
   f.inputs = {field, offsets_field(field), sizes_field(field)};
   f.outputs = {"x"};
-  ResizedCropSpec laid_out = spec;
-  laid_out.channels_last = channels_last;
-  f.fn = [spec = laid_out, generator](const Tensors& in) {
+  f.fn = [spec = spec.laid_out(channels_last), generator](const Tensors& in) {
     const at::Tensor boxes = draw_crop_boxes(spec, in[2], generator);
     return Tensors{resized_crop(in[0], in[1], in[2], boxes, spec)};
   };

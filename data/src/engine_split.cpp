@@ -251,8 +251,8 @@ std::vector<FeedStage> engine_split_feeds(const ResizedCropSpec& given, EngineSp
                                           c10::Device device, bool channels_last,
                                           int64_t batch_size) {
   TANDEM_CHECK_ARG(split.decoder && split.share, "engine_split_feeds: the split has no decoder");
-  ResizedCropSpec spec = given;  // both sides' crops written in the layout the model reads
-  spec.channels_last = channels_last;
+  // Both sides' crops written in the layout the model reads.
+  const ResizedCropSpec spec = given.laid_out(channels_last);
   FeedStage e;
   e.name = "engines";
   e.lane = "engines";
@@ -281,8 +281,7 @@ std::vector<FeedStage> engine_split_feeds(const ResizedCropSpec& given, EngineSp
 }
 
 FeedStage split_crops_feed(const ResizedCropSpec& given, bool channels_last) {
-  ResizedCropSpec spec = given;
-  spec.channels_last = channels_last;
+  const ResizedCropSpec spec = given.laid_out(channels_last);
   FeedStage f;
   f.name = "augment";
   f.lane = "augment";

@@ -46,6 +46,12 @@ struct ResizedCropSpec {
   static ResizedCropSpec train(int64_t size = 224);
   /// Its evaluation transform: Resize(resize) + CenterCrop(size), no flip.
   static ResizedCropSpec eval(int64_t size = 224, int64_t resize = 256);
+  /// This spec with its output laid out channels-last or not (a feed's model's layout).
+  ResizedCropSpec laid_out(bool channels_last_output) const {
+    ResizedCropSpec s = *this;
+    s.channels_last = channels_last_output;
+    return s;
+  }
 
   /// Throws InvalidArgument naming the first bad value for images of `channels` channels.
   void validate(int64_t channels) const;

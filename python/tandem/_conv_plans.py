@@ -11,13 +11,13 @@ decisions, from which a later process rebuilds them without timing. Their class 
 when the fit returns.
 
 Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``compile=``
-(torch.compile chooses its own kernels), half or bfloat16 operands after autocast,
-grouped and depthwise convolutions too (``TANDEM_TUNED_CONV_GROUPS=0`` leaves those to LibTorch:
-their fastest cuDNN engines compile their kernels at run time, which a first fit pays once and
-the plans file keeps with the compiled code, so a later process restores them instead of
-compiling: docs/notes/wall-clock.md); everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps nothing across processes (the
-plans are still shared by the process's threads); a plans file that cannot be trusted is ignored
-with a warning.
+(torch.compile chooses its own kernels), half or bfloat16 operands after autocast, grouped and
+depthwise convolutions too (``TANDEM_TUNED_CONV_GROUPS=0`` leaves those to LibTorch: their
+fastest cuDNN engines compile their kernels at run time, which a first fit pays once and the
+plans file keeps with the compiled code, so a later process restores them instead of compiling:
+docs/notes/wall-clock.md); everything else is ``F.conv2d``. ``TANDEM_MODE_CACHE=off`` keeps
+nothing across processes (the plans are still shared by the process's threads); a plans file
+that cannot be trusted is ignored with a warning.
 """
 import contextlib
 import os

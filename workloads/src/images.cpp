@@ -241,8 +241,8 @@ std::vector<FeedStage> file_feeds(const ImageSource& src, const ImagesOptions& i
                                   c10::Device device, const at::Generator& generator,
                                   int64_t batch_size) {
   const bool nhwc = io.channels_last;
-  ResizedCropSpec spec = ResizedCropSpec::train(io.image_size);
-  spec.channels_last = nhwc;  // the crops written in the layout the model reads
+  // The crops written in the layout the model reads.
+  ResizedCropSpec spec = ResizedCropSpec::train(io.image_size).laid_out(nhwc);
   if (src.split.decoder) return data::engine_split_feeds(spec, src.split, device, nhwc, batch_size);
   if (!src.decoder)
     // Variable sizes: eager in every mode (a graph's shapes are fixed); one draw and one
