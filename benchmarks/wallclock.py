@@ -277,7 +277,8 @@ def conv_plans_line(plans):
             f"building {plans.get('building_s', 0):.3f}; "
             f"{plans.get('runtime_compiled', 0)} compiled here, "
             f"{plans.get('from_compiled', 0)} restored compiled, "
-            f"{plans.get('configured', 0)} configured without the lists)")
+            f"{plans.get('configured', 0)} configured without the lists, "
+            f"{plans.get('prebuilt', 0)} built ahead)")
 
 
 def fmt(v, width, digits=0):

@@ -16,18 +16,24 @@
 #include <ATen/cudnn/Handle.h>
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <cudnn_frontend.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -61,6 +67,16 @@ constexpr double kLoneRunSlackUs = 50.0;
 // most this long; a longer one is compiled again by a later process.
 constexpr size_t kMaxSerializedPlanBytes = size_t{8} << 20;
 
+// What decides a pass's plan, without its data: the pass, dtype, every operand's sizes and
+// strides, the geometry. Kept with a choice so a later process can build its plan before any
+// tensor of the shape exists (prebuild_plans).
+struct Operands {
+  ConvPass pass = ConvPass::kForward;
+  at::ScalarType dtype = at::kHalf;
+  std::vector<int64_t> a_sizes, a_strides, b_sizes, b_strides, out_sizes, out_strides;
+  std::vector<int64_t> stride, padding, dilation;
+};
+
 struct Choice {
   int64_t engine = 0;
   std::vector<std::pair<int64_t, int64_t>> knobs;  // (KnobType_t, value)
@@ -71,6 +87,8 @@ struct Choice {
   // precompiled engines' plans: those rebuild from the lists as fast as they deserialize
   // (3-10 ms a plan either way, measured), and the cold process would pay the serialization.
   nlohmann::json serialized;
+  std::optional<Operands> operands;  // absent in a file an older build wrote
+  std::set<std::string> jobs;        // the jobs (set_plans_job) whose convolutions used it
 };
 
 // One shape's graph with the plan it runs (index into the graph's plans).
@@ -79,6 +97,7 @@ struct PassPlan {
   int64_t index = -1;
   int64_t workspace = 0;
   std::string why_not;
+  std::string job_noted;  // the job last noted in its choice (the table's job, once per change)
 };
 
 struct Table {
@@ -86,6 +105,8 @@ struct Table {
   std::unordered_map<std::string, std::shared_ptr<PassPlan>> plans;  // by device and shape
   std::map<std::string, Choice> choices;  // timed here or loaded: what a save writes
   ConvPlansSummary counts;
+  std::string job;       // set_plans_job's: noted in the choices the next calls use
+  bool unsaved = false;  // choices or notes the file does not have yet
 };
 
 Table& table() {
@@ -95,8 +116,8 @@ Table& table() {
 
 std::vector<int64_t> vec(at::IntArrayRef a) { return {a.begin(), a.end()}; }
 
-fe::DataType_t data_type(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+fe::DataType_t data_type(at::ScalarType t) {
+  return t == at::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
 std::string device_key(int device) {
@@ -104,64 +125,121 @@ std::string device_key(int device) {
   return std::string(p->name) + " sm" + std::to_string(p->major * 10 + p->minor);
 }
 
-// What decides a pass's plan: the pass, dtype, every tensor's sizes and strides, the geometry.
-std::string shape_key(ConvPass pass, const at::Tensor& a, const at::Tensor& b,
-                      const at::Tensor& out, const ConvGeometry& g) {
+Operands operands_of(ConvPass pass, const at::Tensor& a, const at::Tensor& b, const at::Tensor& out,
+                     const ConvGeometry& g) {
+  return {pass,           a.scalar_type(),  vec(a.sizes()),   vec(a.strides()),
+          vec(b.sizes()), vec(b.strides()), vec(out.sizes()), vec(out.strides()),
+          vec(g.stride),  vec(g.padding),   vec(g.dilation)};
+}
+
+// A pass's key in the table and the file (after its device's), from what decides its plan:
+// a's, b's and out's sizes and strides, then the stride, padding and dilation, in that order.
+std::string shape_key(ConvPass pass, at::ScalarType dtype,
+                      const std::array<at::IntArrayRef, 9>& d) {
   static const char* const kPass[] = {"fprop", "dgrad", "wgrad"};
   std::ostringstream k;
-  k << kPass[static_cast<int>(pass)] << ' ' << a.scalar_type() << ' ' << a.sizes() << a.strides()
-    << ' ' << b.sizes() << b.strides() << ' ' << out.sizes() << out.strides() << " s" << g.stride
-    << " p" << g.padding << " d" << g.dilation;
+  k << kPass[static_cast<int>(pass)] << ' ' << dtype << ' ' << d[0] << d[1] << ' ' << d[2] << d[3]
+    << ' ' << d[4] << d[5] << " s" << d[6] << " p" << d[7] << " d" << d[8];
   return k.str();
 }
 
+// On every call: from the tensors as they are, no copy.
+std::string shape_key(ConvPass pass, const at::Tensor& a, const at::Tensor& b,
+                      const at::Tensor& out, const ConvGeometry& g) {
+  return shape_key(pass, a.scalar_type(),
+                   {a.sizes(), a.strides(), b.sizes(), b.strides(), out.sizes(), out.strides(),
+                    g.stride, g.padding, g.dilation});
+}
+
+std::string shape_key(const Operands& o) {
+  return shape_key(o.pass, o.dtype,
+                   {o.a_sizes, o.a_strides, o.b_sizes, o.b_strides, o.out_sizes, o.out_strides,
+                    o.stride, o.padding, o.dilation});
+}
+
+nlohmann::json to_json(const Operands& o) {
+  return {{"pass", static_cast<int>(o.pass)},
+          {"dtype", o.dtype == at::kBFloat16 ? "bfloat16" : "half"},
+          {"a", {o.a_sizes, o.a_strides}},
+          {"b", {o.b_sizes, o.b_strides}},
+          {"out", {o.out_sizes, o.out_strides}},
+          {"stride", o.stride},
+          {"padding", o.padding},
+          {"dilation", o.dilation}};
+}
+
+// The operands a file kept for `key`, or none where they are not there or do not make the key
+// (nlohmann's exceptions where malformed: the caller's catch).
+std::optional<Operands> operands_from(const nlohmann::json& j, const std::string& key) {
+  Operands o;
+  const int pass = j.at("pass").get<int>();
+  if (pass < 0 || pass > 2) return std::nullopt;
+  o.pass = static_cast<ConvPass>(pass);
+  o.dtype = j.at("dtype").get<std::string>() == "bfloat16" ? at::kBFloat16 : at::kHalf;
+  j.at("a").at(0).get_to(o.a_sizes);
+  j.at("a").at(1).get_to(o.a_strides);
+  j.at("b").at(0).get_to(o.b_sizes);
+  j.at("b").at(1).get_to(o.b_strides);
+  j.at("out").at(0).get_to(o.out_sizes);
+  j.at("out").at(1).get_to(o.out_strides);
+  j.at("stride").get_to(o.stride);
+  j.at("padding").get_to(o.padding);
+  j.at("dilation").get_to(o.dilation);
+  const size_t bar = key.find(" | ");
+  if (bar == std::string::npos || key.compare(bar + 3, std::string::npos, shape_key(o)) != 0)
+    return std::nullopt;
+  return o;
+}
+
 std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
-                                                    const at::Tensor& t) {
+                                                    const std::vector<int64_t>& sizes,
+                                                    const std::vector<int64_t>& strides,
+                                                    at::ScalarType dtype) {
   return g.tensor(fe::graph::Tensor_attributes()
                       .set_name(name)
                       .set_uid(uid)
-                      .set_dim(vec(t.sizes()))
-                      .set_stride(vec(t.strides()))
-                      .set_data_type(data_type(t)));
+                      .set_dim(sizes)
+                      .set_stride(strides)
+                      .set_data_type(data_type(dtype)));
 }
 
 // The pass's operation graph, built as far as its engines' list.
-std::shared_ptr<fe::graph::Graph> operation_graph(ConvPass pass, const at::Tensor& a,
-                                                  const at::Tensor& b, const at::Tensor& out,
-                                                  const ConvGeometry& geo, cudnnHandle_t handle,
+std::shared_ptr<fe::graph::Graph> operation_graph(const Operands& o, cudnnHandle_t handle,
                                                   std::string& why) {
   auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(data_type(a))
+  g->set_io_data_type(data_type(o.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   // The three passes' attributes differ in type only.
   auto geometry = [&](auto attributes, const char* name) {
-    attributes.set_name(name)
-        .set_padding(vec(geo.padding))
-        .set_stride(vec(geo.stride))
-        .set_dilation(vec(geo.dilation));
+    attributes.set_name(name).set_padding(o.padding).set_stride(o.stride).set_dilation(o.dilation);
     return attributes;
   };
   std::shared_ptr<fe::graph::Tensor_attributes> result;
-  switch (pass) {
+  const auto a = [&](const char* name) {
+    return input(*g, name, kA, o.a_sizes, o.a_strides, o.dtype);
+  };
+  const auto b = [&](const char* name) {
+    return input(*g, name, kB, o.b_sizes, o.b_strides, o.dtype);
+  };
+  switch (o.pass) {
     case ConvPass::kForward:
-      result = g->conv_fprop(input(*g, "x", kA, a), input(*g, "w", kB, b),
-                             geometry(fe::graph::Conv_fprop_attributes(), "fprop"));
+      result = g->conv_fprop(a("x"), b("w"), geometry(fe::graph::Conv_fprop_attributes(), "fprop"));
       break;
     case ConvPass::kInputGrad:
-      result = g->conv_dgrad(input(*g, "dy", kA, a), input(*g, "w", kB, b),
-                             geometry(fe::graph::Conv_dgrad_attributes(), "dgrad"));
+      result =
+          g->conv_dgrad(a("dy"), b("w"), geometry(fe::graph::Conv_dgrad_attributes(), "dgrad"));
       break;
     case ConvPass::kWeightGrad:
-      result = g->conv_wgrad(input(*g, "dy", kA, a), input(*g, "x", kB, b),
-                             geometry(fe::graph::Conv_wgrad_attributes(), "wgrad"));
+      result =
+          g->conv_wgrad(a("dy"), b("x"), geometry(fe::graph::Conv_wgrad_attributes(), "wgrad"));
       break;
   }
   result->set_output(true)
       .set_uid(kOut)
-      .set_dim(vec(out.sizes()))
-      .set_stride(vec(out.strides()))
-      .set_data_type(data_type(out));
+      .set_dim(o.out_sizes)
+      .set_stride(o.out_strides)
+      .set_data_type(data_type(o.dtype));
   fe::error_t e = g->validate();
   if (e.is_good()) e = g->build_operation_graph(handle);
   if (e.is_bad()) {
@@ -337,56 +415,68 @@ int64_t fastest(fe::graph::Graph& g, const std::vector<int64_t>& candidates,
   return best;
 }
 
+// The operation graph, its seconds counted as a part of the listing's.
+std::shared_ptr<fe::graph::Graph> timed_graph(const Operands& o, cudnnHandle_t handle,
+                                              std::string& why, ConvPlansSummary& counts) {
+  const double before = counts.graph_seconds;
+  auto g = timed(counts.graph_seconds, [&] { return operation_graph(o, handle, why); });
+  counts.listing_seconds += counts.graph_seconds - before;
+  return g;
+}
+
+// A kept choice's plan built again: deserialized with its compiled code, configured from its
+// engine and knobs, or found in cuDNN's lists; null (and why) where it does not come back. Its
+// parts' seconds and kinds counted into `counts` (from_file and the seconds of the whole are
+// the caller's).
+std::shared_ptr<PassPlan> kept_plan(const Operands& o, const Choice& kept, cudnnHandle_t handle,
+                                    ConvPlansSummary& counts, std::string& why) {
+  auto plan = std::make_shared<PassPlan>();
+  if ((plan->graph = deserialized(kept, handle, plan->workspace, counts))) {
+    plan->index = 0;
+    return plan;
+  }
+  if (!(plan->graph = timed_graph(o, handle, why, counts))) return nullptr;
+  fe::graph::Graph& g = *plan->graph;
+  bool direct = false;
+  const int64_t i = rebuild(g, kept, why, counts, direct);
+  if (i < 0) return nullptr;
+  if (g.get_workspace_size_plan_at_index(i, plan->workspace).is_bad()) {
+    why = "its workspace size was not given";
+    return nullptr;
+  }
+  plan->index = i;
+  counts.configured += direct;
+  counts.runtime_compiled += runtime_compiled(g, i);  // compiled again
+  return plan;
+}
+
 // The shape's plan: rebuilt from a kept choice, or timed among cuDNN's candidates (while
 // capturing, cuDNN's first choice untimed: nothing may synchronize then).
 std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at::Tensor& b,
                                    at::Tensor& out, const ConvGeometry& geo, const std::string& key,
                                    cudnnHandle_t handle, Table& t) {
-  auto plan = std::make_shared<PassPlan>();
   const auto started = std::chrono::steady_clock::now();
-  const auto graph = [&] {
-    const double before = t.counts.graph_seconds;
-    auto built = timed(t.counts.graph_seconds, [&] {
-      return operation_graph(pass, a, b, out, geo, handle, plan->why_not);
-    });
-    t.counts.listing_seconds += t.counts.graph_seconds - before;  // a part of the listing
-    return built;
-  };
-  const auto kept = t.choices.find(key);
-  if (kept != t.choices.end()) {
-    if ((plan->graph = deserialized(kept->second, handle, plan->workspace, t.counts))) {
-      plan->index = 0;
+  const Operands o = operands_of(pass, a, b, out, geo);
+  if (const auto kept = t.choices.find(key); kept != t.choices.end()) {
+    std::string why;
+    if (auto plan = kept_plan(o, kept->second, handle, t.counts, why)) {
       ++t.counts.from_file;
       t.counts.rebuilding_seconds += seconds_since(started);
-      return plan;
-    }
-  }
-  plan->graph = graph();
-  if (!plan->graph) return plan;
-  fe::graph::Graph& g = *plan->graph;
-
-  if (kept != t.choices.end()) {
-    std::string why;
-    bool direct = false;
-    if (const int64_t i = rebuild(g, kept->second, why, t.counts, direct); i >= 0) {
-      if (g.get_workspace_size_plan_at_index(i, plan->workspace).is_good()) {
-        plan->index = i;
-        ++t.counts.from_file;
-        t.counts.configured += direct;
-        t.counts.runtime_compiled += runtime_compiled(g, i);  // compiled again
-        t.counts.rebuilding_seconds += seconds_since(started);
-        return plan;
+      if (!kept->second.operands) {  // a file an older build wrote: keep them from now on
+        kept->second.operands = o;
+        t.unsaved = true;
       }
-      why = "its workspace size was not given";
+      return plan;
     }
     std::fprintf(stderr,
                  "tandem: a kept cuDNN plan for the convolution %s was not rebuilt (%s): timing "
                  "the candidates again\n",
                  key.c_str(), why.c_str());
     t.choices.erase(kept);
-    plan->graph = graph();
-    if (!plan->graph) return plan;
   }
+  auto plan = std::make_shared<PassPlan>();
+  plan->graph = timed_graph(o, handle, plan->why_not, t.counts);
+  if (!plan->graph) return plan;
   fe::graph::Graph& fresh = *plan->graph;
   fe::error_t e = timed(t.counts.listing_seconds, [&] {
     fe::error_t listed =
@@ -434,7 +524,9 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
     if (Choice c; choice_at(fresh, plan->index, c)) {
       c.microseconds = us;
       if (compiled) c.serialized = serialized_plan(fresh, plan->index);
+      c.operands = o;
       t.choices[key] = std::move(c);
+      t.unsaved = true;
     }
     ++t.counts.tuned;
     t.counts.tuning_seconds += seconds_since(started);
@@ -444,6 +536,15 @@ std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at:
     plan->graph.reset();
   }
   return plan;
+}
+
+// The table's job noted in `key`'s choice (where it has one), once per change of job: which
+// plans a job uses, for a later process to build ahead. Under the table's lock.
+void note_job(Table& t, const std::string& key, PassPlan& plan) {
+  plan.job_noted = t.job;
+  if (t.job.empty()) return;
+  const auto c = t.choices.find(key);
+  if (c != t.choices.end() && c->second.jobs.insert(t.job).second) t.unsaved = true;
 }
 
 }  // namespace
@@ -478,6 +579,7 @@ bool cudnn_conv_pass(ConvPass pass, const at::Tensor& a, const at::Tensor& b, at
       }
     }
     plan = found->second;
+    if (plan->job_noted != t.job) note_job(t, key, *plan);
   }
   if (!plan->graph) return false;
   at::Tensor workspace =
@@ -504,11 +606,81 @@ void clear_plans() {
   t.plans.clear();
   t.choices.clear();
   t.counts = ConvPlansSummary{};
+  t.unsaved = false;
+}
+
+void set_plans_job(const std::string& job) {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.job = job;
+}
+
+bool plans_unsaved() {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return t.unsaved;
+}
+
+int64_t prebuild_plans(const std::string& job, int threads) {
+  if (job.empty() || cudnn_library() == nullptr || !at::cuda::is_available()) return 0;
+  const auto started = std::chrono::steady_clock::now();
+  const int device = c10::cuda::current_device();
+  const std::string prefix = device_key(device) + " | ";
+  Table& t = table();
+  std::vector<std::pair<std::string, Choice>> wanted;  // copies: built outside the lock
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    for (const auto& [key, c] : t.choices)
+      if (c.operands && c.jobs.count(job) && key.compare(0, prefix.size(), prefix) == 0 &&
+          !t.plans.count(key))
+        wanted.emplace_back(key, c);
+  }
+  if (wanted.empty()) return 0;
+  std::vector<std::shared_ptr<PassPlan>> built(wanted.size());
+  std::vector<ConvPlansSummary> counts(std::clamp<size_t>(threads, 1, wanted.size()));
+  std::atomic<size_t> next{0};
+  // Each worker on a cuDNN handle of its own (ATen's pool gives one a thread): building plans
+  // on separate handles runs side by side, where one handle would serialize them.
+  const auto work = [&](ConvPlansSummary& mine) {
+    try {
+      c10::cuda::CUDAGuard guard(device);
+      cudnnHandle_t handle = at::native::getCudnnHandle();
+      for (size_t i; (i = next.fetch_add(1)) < wanted.size();) {
+        std::string why;  // a plan that does not come back is left to its first call
+        built[i] = kept_plan(*wanted[i].second.operands, wanted[i].second, handle, mine, why);
+      }
+    } catch (const std::exception&) {  // the rest are built where first used, as before
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t w = 1; w < counts.size(); ++w) pool.emplace_back(work, std::ref(counts[w]));
+  work(counts[0]);
+  for (auto& th : pool) th.join();
+
+  std::lock_guard<std::mutex> lock(t.mutex);
+  int64_t added = 0;
+  for (size_t i = 0; i < wanted.size(); ++i)
+    if (built[i] && t.plans.emplace(wanted[i].first, built[i]).second) ++added;
+  for (const ConvPlansSummary& c : counts) {
+    t.counts.configured += c.configured;
+    t.counts.from_compiled += c.from_compiled;
+    t.counts.runtime_compiled += c.runtime_compiled;
+    t.counts.listing_seconds += c.listing_seconds;
+    t.counts.graph_seconds += c.graph_seconds;
+    t.counts.building_seconds += c.building_seconds;
+  }
+  t.counts.from_file += added;
+  t.counts.prebuilt += added;
+  t.counts.rebuilding_seconds += seconds_since(started);
+  return added;
 }
 
 // The file: {"format", "cudnn" (cuDNN's version), "frontend", "plans": {key: {"engine",
 // "knobs": [[type, value]...], "us", "plan" (a runtime-compiled plan serialized with its code,
-// where kept)}}}. Keys name the GPU, so one file serves several.
+// where kept), "operands" (what makes the key: {"pass", "dtype", "a", "b", "out": [sizes,
+// strides], "stride", "padding", "dilation"}), "jobs" (the jobs that used it)}}}. Keys name the
+// GPU, so one file serves several. "operands" and "jobs" are absent from an older build's
+// file, whose plans are then built where first used.
 int64_t load_plan_choices(const std::string& path, std::string& note) {
   note.clear();
   if (!fs::exists(path)) return 0;
@@ -545,6 +717,10 @@ int64_t load_plan_choices(const std::string& path, std::string& note) {
       c.microseconds = v.value("us", 0.0);
       if (const auto found = v.find("plan"); found != v.end() && found->is_object())
         c.serialized = *found;
+      if (const auto found = v.find("operands"); found != v.end())
+        c.operands = operands_from(*found, key);
+      if (const auto found = v.find("jobs"); found != v.end())
+        c.jobs = found->get<std::set<std::string>>();
       read.emplace(key, std::move(c));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -553,7 +729,12 @@ int64_t load_plan_choices(const std::string& path, std::string& note) {
   }
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mutex);
-  for (auto& [key, c] : read) t.choices.emplace(key, std::move(c));  // this process's picks win
+  for (auto& [key, c] : read) {
+    auto [mine, added] = t.choices.emplace(key, c);
+    if (added) continue;  // this process's pick wins; the file's notes join it
+    mine->second.jobs.insert(c.jobs.begin(), c.jobs.end());
+    if (!mine->second.operands) mine->second.operands = c.operands;
+  }
   return static_cast<int64_t>(read.size());
 }
 
@@ -570,8 +751,11 @@ bool save_plan_choices(const std::string& path, std::string& error) {
     Table& t = table();
     std::lock_guard<std::mutex> lock(t.mutex);
     for (const auto& [key, c] : t.choices) {
-      j["plans"][key] = {{"engine", c.engine}, {"knobs", c.knobs}, {"us", c.microseconds}};
-      if (c.serialized.is_object()) j["plans"][key]["plan"] = c.serialized;
+      nlohmann::json& entry = j["plans"][key];
+      entry = {{"engine", c.engine}, {"knobs", c.knobs}, {"us", c.microseconds}};
+      if (c.serialized.is_object()) entry["plan"] = c.serialized;
+      if (c.operands) entry["operands"] = to_json(*c.operands);
+      if (!c.jobs.empty()) entry["jobs"] = c.jobs;
     }
   }
   // The temporary named by the process: two processes of one job (ranks on one machine) may
@@ -583,6 +767,9 @@ bool save_plan_choices(const std::string& path, std::string& error) {
     error = e.what();
     return false;
   }
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.unsaved = false;  // (a note made while writing is written next time)
   return true;
 }
 
@@ -607,6 +794,9 @@ bool save_plan_choices(const std::string&, std::string& error) {
   return false;
 }
 void clear_plans() {}
+void set_plans_job(const std::string&) {}
+bool plans_unsaved() { return false; }
+int64_t prebuild_plans(const std::string&, int) { return 0; }
 
 }  // namespace tandem::models::detail
 

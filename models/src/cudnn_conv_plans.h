@@ -38,5 +38,9 @@ ConvPlansSummary plan_counts();
 int64_t load_plan_choices(const std::string& path, std::string& note);
 bool save_plan_choices(const std::string& path, std::string& error);
 void clear_plans();
+/// tuned_conv.h's set_conv_plans_job, conv_plans_unsaved and prebuild_conv_plans.
+void set_plans_job(const std::string& job);
+bool plans_unsaved();
+int64_t prebuild_plans(const std::string& job, int threads);
 
 }  // namespace tandem::models::detail

@@ -169,4 +169,12 @@ bool save_conv_plans(const std::string& path, std::string& error) {
 
 void clear_conv_plans() { detail::clear_plans(); }
 
+void set_conv_plans_job(const std::string& job) { detail::set_plans_job(job); }
+
+int64_t prebuild_conv_plans(const std::string& job, int threads) {
+  return detail::prebuild_plans(job, threads);
+}
+
+bool conv_plans_unsaved() { return detail::plans_unsaved(); }
+
 }  // namespace tandem::models

@@ -35,6 +35,7 @@ void bind_conv(py::module_& m) {
     d["runtime_compiled"] = s.runtime_compiled;
     d["from_compiled"] = s.from_compiled;
     d["configured"] = s.configured;
+    d["prebuilt"] = s.prebuilt;
     d["tuning_s"] = s.tuning_seconds;
     d["rebuilding_s"] = s.rebuilding_seconds;
     d["listing_s"] = s.listing_seconds;
@@ -58,4 +59,15 @@ void bind_conv(py::module_& m) {
       },
       py::arg("path"));
   m.def("clear_conv_plans", &tandem::models::clear_conv_plans);
+  m.def("set_conv_plans_job", &tandem::models::set_conv_plans_job, py::arg("job"),
+        "names the job whose convolutions run next: the plans they use are noted as its");
+  m.def(
+      "prebuild_conv_plans",
+      [](const std::string& job, int threads) {
+        py::gil_scoped_release released;  // its threads take no Python
+        return tandem::models::prebuild_conv_plans(job, threads);
+      },
+      py::arg("job"), py::arg("threads"),
+      "builds the job's kept plans for the current GPU on `threads` threads; how many it built");
+  m.def("conv_plans_unsaved", &tandem::models::conv_plans_unsaved);
 }

@@ -7,8 +7,10 @@ first call pays seconds of timing in every process and again on every thread a m
 stages on. While a fit runs, the Trainer's ``torch.nn.Conv2d`` modules (exactly that class:
 subclasses keep their own forward) run ``tuned_conv2d``: the same values, gradients and autocast,
 each shape's plans timed once for the process and written to a plans file beside mode auto's
-decisions, from which a later process rebuilds them without timing. Their class is restored
-when the fit returns.
+decisions, from which a later process rebuilds them without timing — before the fit's first
+step, on several threads, the plans the file notes as used by the same convolutions (``job_of``;
+``TANDEM_CONV_PREBUILD=0``: each where first used instead). Their class is restored when the fit
+returns.
 
 Where it applies: CUDA, cuDNN's benchmark mode on (the Trainer's default), no ``compile=``
 (torch.compile chooses its own kernels), half or bfloat16 operands after autocast, grouped and
@@ -20,6 +22,7 @@ nothing across processes (the plans are still shared by the process's threads); 
 that cannot be trusted is ignored with a warning.
 """
 import contextlib
+import hashlib
 import os
 import threading
 import warnings
@@ -85,11 +88,32 @@ def applies(device: torch.device, compiled: bool, cudnn_benchmark: Optional[bool
 _depth = threading.local()
 
 
+def job_of(convolutions) -> str:
+    """What decides which plans a fit's convolutions meet, beside the batches' shapes (which the
+    plans' keys carry): each convolution's channels, kernel, stride, padding, dilation, groups
+    and bias, in order, as a short digest."""
+    parts = [f"{m.in_channels},{m.out_channels},{m.kernel_size},{m.stride},{m.padding},"
+             f"{m.dilation},{m.groups},{m.bias is not None}" for m in convolutions]
+    return hashlib.sha256(";".join(parts).encode()).hexdigest()[:16]
+
+
+def _threads() -> int:
+    """The threads a prebuild takes: the cores this process may run on, at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
 @contextlib.contextmanager
-def in_use(modules: Iterable, on: bool):
+def in_use(modules: Iterable, on: bool, device: Optional[torch.device] = None):
     """While the block runs, the plain torch.nn.Conv2d modules under `modules` are TunedConv2d
-    (when `on`); the plans file is read first (once a process) and written after when this block
-    timed new plans. Yields a dict that holds, after the block, what the plans cost in it."""
+    (when `on`); the plans file is read first (once a process), the plans it notes as these
+    convolutions' (job_of) built on several threads before the block on `device`'s GPU, unless
+    ``TANDEM_CONV_PREBUILD=0`` (else each where first used), and the file is written after where
+    the block timed new plans or used kept ones for another job. Yields a dict that holds, after
+    the block, what the plans cost in it."""
     summary = {}
     if not on or getattr(_depth, "n", 0) > 0:  # nested: the outer block swaps and saves
         yield summary
@@ -109,15 +133,22 @@ def in_use(modules: Iterable, on: bool):
                 m.__class__ = TunedConv2d
                 swapped.append(m)
     before = _C.conv_plans_summary()
+    job = job_of(swapped) if path is not None and swapped else ""
+    _C.set_conv_plans_job(job)
+    if (job and device is not None and device.type == "cuda"
+            and _env.switch("TANDEM_CONV_PREBUILD", True)):
+        with torch.cuda.device(device):
+            _C.prebuild_conv_plans(job, _threads())
     _depth.n = 1
     try:
         yield summary
     finally:
         _depth.n = 0
+        _C.set_conv_plans_job("")
         for m in swapped:
             m.__class__ = torch.nn.Conv2d
         after = _C.conv_plans_summary()
         summary.update({k: after[k] - before[k] for k in after})
         summary["convolutions"] = len(swapped)
-        if path is not None and after["tuned"] > before["tuned"]:
+        if path is not None and _C.conv_plans_unsaved():
             _save(path)

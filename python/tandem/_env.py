@@ -1,5 +1,6 @@
 """The words tandem's on/off environment settings read (TANDEM_TUNED_CONV, TANDEM_TUNED_CONV_GROUPS,
-and TANDEM_MODE_CACHE's "off"), in one place so every setting reads them alike."""
+TANDEM_CONV_PREBUILD and TANDEM_MODE_CACHE's "off"), in one place so every setting reads them
+alike."""
 import os
 import warnings
 

@@ -32,8 +32,8 @@ class FitResult:
     # of both, listing_s on their graphs (graph_s of it) and cuDNN's candidate lists and
     # building_s on plans built; runtime_compiled those whose engine compiled its kernel here,
     # from_compiled those of from_file restored with their compiled code, configured those of
-    # from_file whose kept engine was configured without cuDNN's candidate lists; {} where they
-    # do not apply).
+    # from_file whose kept engine was configured without cuDNN's candidate lists, prebuilt those
+    # of from_file built on several threads before the first step; {} where they do not apply).
     setup: Optional[dict] = None
     # A fit with a run folder: every epoch's record (metrics.jsonl's rows, a resumed run's
     # earlier ones included), the final weights' file and the newest checkpoint's folder.

@@ -597,7 +597,8 @@ class Trainer(_TrialsThatTrain):
         processes (tandem/_conv_plans.py), where that applies."""
         return _conv_plans.in_use(
             [self.model, self.loss_fn, *(f for _, f in self._feeds)],
-            _conv_plans.applies(self.device, self._compile is not None, self.cudnn_benchmark))
+            _conv_plans.applies(self.device, self._compile is not None, self.cudnn_benchmark),
+            self.device)
 
     def _fit(self, steps, epochs, resume, progress, trace) -> FitResult:
         if self.out is not None:

@@ -1,7 +1,8 @@
 """The Trainer's convolutions on kept cuDNN plans (tandem/_conv_plans.py): a fit swaps exactly
 the plain torch.nn.Conv2d modules for the stand-in and puts them back, the stand-in computes the
-same as Conv2d, mode auto's kept decisions see Conv2d, and on CUDA a fit times its shapes once,
-writes the plans file, and a later Trainer of the process rebuilds them from it untimed."""
+same as Conv2d, mode auto's kept decisions see Conv2d, a fit names its convolutions' job, and on
+CUDA a fit times its shapes once, writes the plans file, and a later Trainer of the process
+rebuilds them from it untimed, built ahead on threads."""
 import os
 
 import pytest
@@ -46,6 +47,31 @@ def test_in_use_puts_them_back_after_an_exception():
         with _conv_plans.in_use([m], True):
             raise RuntimeError("boom")
     assert type(m[0]) is nn.Conv2d and type(m[3]) is nn.Conv2d
+
+
+def test_the_job_is_the_convolutions_structure():
+    assert _conv_plans.job_of([m for m in model() if type(m) is nn.Conv2d]) == \
+        _conv_plans.job_of([m for m in model() if type(m) is nn.Conv2d])
+    other = model()
+    other[0].stride = (2, 2)
+    assert _conv_plans.job_of([other[0], other[3]]) != _conv_plans.job_of([model()[0], model()[3]])
+
+
+def test_in_use_names_its_job_while_the_block_runs_and_builds_ahead_only_on_cuda(
+        monkeypatch, tmp_path):
+    named, built = [], []
+    monkeypatch.setattr(_C, "set_conv_plans_job", named.append)
+    monkeypatch.setattr(_C, "prebuild_conv_plans", lambda job, threads: built.append(job) or 0)
+    monkeypatch.setenv("TANDEM_MODE_CACHE", str(tmp_path))
+    m = model()
+    with _conv_plans.in_use([m], True, torch.device("cpu")):
+        during = list(named)
+    assert during == [_conv_plans.job_of([m[0], m[3]])]
+    assert named[-1] == ""  # none after the block
+    assert built == []  # not a GPU: nothing to build
+    monkeypatch.setenv("TANDEM_MODE_CACHE", "off")  # no file: no job to note
+    with _conv_plans.in_use([m], True):
+        assert named[-1] == ""
 
 
 def test_the_kept_decisions_key_sees_conv2d_through_the_stand_in():
@@ -176,10 +202,20 @@ def test_a_fit_times_its_shapes_once_and_a_later_trainer_rebuilds_them(tmp_path,
     assert second.setup["conv_plans"]["tuned"] == 0
     assert second.setup["conv_plans"]["from_file"] == plans["tuned"]
     assert second.setup["conv_plans"]["rebuilding_s"] > 0  # accounted, beside the parts of it
+    # Built ahead on threads before the first step: the same convolutions' plans.
+    assert second.setup["conv_plans"]["prebuilt"] == plans["tuned"]
     assert {"listing_s", "building_s", "tuning_s", "runtime_compiled",
             "from_compiled", "configured", "graph_s"} <= set(second.setup["conv_plans"])
     torch.testing.assert_close(torch.tensor(second.losses), torch.tensor(first.losses),
                                rtol=2e-2, atol=2e-2)
+
+    _C.clear_conv_plans()
+    monkeypatch.setattr(_conv_plans, "_loaded", set())
+    monkeypatch.setenv("TANDEM_CONV_PREBUILD", "0")  # each where first used
+    third = bf16_trainer().fit(steps=6, progress=False)
+    assert third.setup["conv_plans"]["prebuilt"] == 0
+    assert third.setup["conv_plans"]["from_file"] == plans["tuned"]
+    monkeypatch.delenv("TANDEM_CONV_PREBUILD")
 
     monkeypatch.setenv("TANDEM_TUNED_CONV", "0")  # LibTorch's convolutions: the same losses
     plain = bf16_trainer().fit(steps=6, progress=False)

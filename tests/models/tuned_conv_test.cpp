@@ -1,9 +1,9 @@
 // tuned_conv2d: off its cuDNN path it is LibTorch's convolution; on a GPU its values and
 // gradients are LibTorch's in half and bfloat16, channels-last and not, with bias, stride and
 // dilation, under autocast too; a shape is timed once for every thread of the process; kept
-// plans come back from a file without timing, a runtime-compiled one without compiling; under
-// capture an unseen shape runs untimed; a plans file that cannot be trusted is ignored with a
-// note naming it.
+// plans come back from a file without timing, a runtime-compiled one without compiling, a job's
+// built ahead on threads; under capture an unseen shape runs untimed; a plans file that cannot
+// be trusted is ignored with a note naming it.
 #include "tandem/models/tuned_conv.h"
 
 #include <ATen/Context.h>
@@ -328,6 +328,88 @@ TEST(TunedConvGpuTest, RuntimeCompiledPlansComeBackWithTheirCode) {
   if (timed.runtime_compiled == 0)
     GTEST_SKIP() << "cuDNN picked no runtime-compiled plan for these shapes on this GPU: the "
                     "compiled code's way back went unexercised";
+}
+
+// The plans a job used come back built ahead on threads, before any call: each shape's first
+// call then builds nothing and computes the timed plans' values. Another job's plans are not
+// built; a file an older build wrote (no operands) leaves every plan to its first call, which
+// notes its operands for the next save.
+TEST(TunedConvGpuTest, AJobsKeptPlansAreBuiltAheadOnThreads) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const BenchmarkModeOn benchmark;
+  const c10::Device cuda(c10::kCUDA, 0);
+  torch::manual_seed(8);
+  clear_conv_plans();
+  const Shape shapes[] = {kShapes[1], kShapes[2], kShapes[3]};  // a 1x1, a 3x3, a strided 3x3
+  std::vector<at::Tensor> xs, ws;
+  std::vector<Result> first;
+  set_conv_plans_job("job a");
+  for (const Shape& s : shapes) {
+    xs.push_back(torch::randn({s.n, s.c, s.size, s.size})
+                     .to(cuda, at::kHalf)
+                     .contiguous(at::MemoryFormat::ChannelsLast));
+    ws.push_back((torch::randn({s.k, s.c, s.kernel, s.kernel}) * 0.1)
+                     .to(cuda, at::kHalf)
+                     .contiguous(at::MemoryFormat::ChannelsLast));
+    first.push_back(run(true, xs.back(), ws.back(), {}, s, {}));
+  }
+  set_conv_plans_job("");
+  const int64_t planned = conv_plans_summary().tuned;  // three passes a shape, where cuDNN has them
+  ASSERT_GT(planned, 0);
+  EXPECT_TRUE(conv_plans_unsaved());
+  const std::string path = temporary_path("jobs.json");
+  std::string error, note;
+  ASSERT_TRUE(save_conv_plans(path, error)) << error;
+  EXPECT_FALSE(conv_plans_unsaved());
+
+  clear_conv_plans();
+  EXPECT_EQ(load_conv_plans(path, note), planned);
+  EXPECT_EQ(prebuild_conv_plans("job b", 4), 0) << "another job's plans were built";
+  EXPECT_EQ(prebuild_conv_plans("job a", 4), planned);
+  EXPECT_EQ(prebuild_conv_plans("job a", 4), 0) << "built twice";
+  const ConvPlansSummary ahead = conv_plans_summary();
+  EXPECT_EQ(ahead.prebuilt, planned);
+  EXPECT_EQ(ahead.from_file, planned);
+  EXPECT_GT(ahead.rebuilding_seconds, 0.0);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Result r = run(true, xs[i], ws[i], {}, shapes[i], {});
+    EXPECT_LT(max_relative(r.y, first[i].y), 1e-3) << "shape " << i;
+    EXPECT_LT(max_relative(r.dw, first[i].dw), 5e-3) << "shape " << i;
+    EXPECT_LT(max_relative(r.dx, first[i].dx), 5e-3) << "shape " << i;
+  }
+  const ConvPlansSummary used = conv_plans_summary();
+  EXPECT_EQ(used.from_file, planned) << "a call built a plan the prebuild had built";
+  EXPECT_EQ(used.tuned, 0);
+  std::printf("%lld plans built ahead on 4 threads in %.4f s (configured %lld)\n",
+              static_cast<long long>(planned), ahead.rebuilding_seconds,
+              static_cast<long long>(ahead.configured));
+
+  {  // as an older build wrote it: no operands, no jobs
+    std::ifstream in(path);
+    nlohmann::json j = nlohmann::json::parse(in);
+    for (auto& [key, v] : j.at("plans").items()) {
+      ASSERT_TRUE(v.contains("operands")) << key;
+      ASSERT_EQ(v.at("jobs"), nlohmann::json::array({"job a"})) << key;
+      v.erase("operands");
+      v.erase("jobs");
+    }
+    std::ofstream(path) << j.dump();
+  }
+  clear_conv_plans();
+  EXPECT_EQ(load_conv_plans(path, note), planned);
+  EXPECT_EQ(prebuild_conv_plans("job a", 4), 0);
+  set_conv_plans_job("job a");
+  for (size_t i = 0; i < xs.size(); ++i) run(true, xs[i], ws[i], {}, shapes[i], {});
+  set_conv_plans_job("");
+  EXPECT_EQ(conv_plans_summary().from_file, planned);
+  EXPECT_TRUE(conv_plans_unsaved()) << "the operands and the job were not noted";
+  ASSERT_TRUE(save_conv_plans(path, error)) << error;
+  std::ifstream in(path);
+  for (const auto& [key, v] : nlohmann::json::parse(in).at("plans").items()) {
+    EXPECT_TRUE(v.contains("operands")) << key;
+    EXPECT_TRUE(v.contains("jobs")) << key;
+  }
+  std::remove(path.c_str());
 }
 
 // Depthwise and grouped convolutions take cuDNN's plans too (not LibTorch's convolution behind

@@ -37,10 +37,11 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
 /// 0.3-1 s each: cuDNN's fast engines for depthwise shapes are such); `from_compiled`: of
 /// `from_file`, those rebuilt from the compiled code the file kept, without compiling;
 /// `configured`: of `from_file`, those whose kept engine and knobs were configured directly,
-/// without cuDNN's candidate lists.
+/// without cuDNN's candidate lists; `prebuilt`: of `from_file`, those prebuild_conv_plans built
+/// ahead on its threads (its wall seconds in `rebuilding_seconds`).
 struct ConvPlansSummary {
   int64_t tuned = 0, from_file = 0, untimed = 0, refused = 0;
-  int64_t runtime_compiled = 0, from_compiled = 0, configured = 0;
+  int64_t runtime_compiled = 0, from_compiled = 0, configured = 0, prebuilt = 0;
   double tuning_seconds = 0.0, rebuilding_seconds = 0.0;
   double listing_seconds = 0.0, building_seconds = 0.0, graph_seconds = 0.0;
 };
@@ -60,5 +61,22 @@ bool save_conv_plans(const std::string& path, std::string& error);
 /// Forgets every plan and pick: the next call of each shape times it again (or rebuilds it from
 /// a file read after).
 void clear_conv_plans();
+
+/// Names the job whose convolutions run next (what decides which shapes they meet, e.g. a
+/// model's convolutions' structure; empty: none). Each plan a call then uses is noted in the
+/// plans file as the job's, so that a later process can build the job's plans before its first
+/// step (prebuild_conv_plans).
+void set_conv_plans_job(const std::string& job);
+
+/// Builds ahead every plan the file read (load_conv_plans) notes as `job`'s, for the current
+/// GPU, that this process has not built, on `threads` threads at once (each on a cuDNN handle of
+/// its own), and waits for them; their shapes' first calls then run at once. Returns how many it
+/// built; a plan that does not come back is left to its first call, as without this. Its threads
+/// build cuDNN plans, which may load kernels and allocate: call it where no CUDA graph is being
+/// captured in the process.
+int64_t prebuild_conv_plans(const std::string& job, int threads);
+
+/// Whether this process holds picks, or notes of jobs, that the plans file it last saved does not.
+bool conv_plans_unsaved();
 
 }  // namespace tandem::models
