@@ -74,8 +74,9 @@ class FitResult:
                          + (f" ({compiled} compiled at run time)" if compiled else "")
                          + ", kept for later processes")
         if plans.get("from_file"):
-            restored = plans.get("from_compiled", 0)
+            restored, ahead = plans.get("from_compiled", 0), plans.get("prebuilt", 0)
             parts.append(f"{plans['from_file']} kept plans rebuilt in "
                          f"{plans.get('rebuilding_s', 0):.2f} s"
-                         + (f" ({restored} with their compiled code)" if restored else ""))
+                         + (f" ({restored} with their compiled code)" if restored else "")
+                         + (f", {ahead} of them ahead on threads" if ahead else ""))
         return "; ".join(parts)

@@ -258,9 +258,10 @@ def test_the_printed_result_says_where_the_calls_setup_went():
     assert "2 graphs captured in 0.25 s" in first
     assert "131 cuDNN convolution plans timed in 16.30 s (36 compiled at run time)" in first
     later = str(result(dict(trials_s=0.0, graphs=0, graphs_kept=1, conv_plans=dict(
-        tuned=0, from_file=131, rebuilding_s=0.94, from_compiled=36))))
+        tuned=0, from_file=131, rebuilding_s=0.94, from_compiled=36, prebuilt=131))))
     assert "trials" not in later and "1 kept graph replayed" in later
-    assert "131 kept plans rebuilt in 0.94 s (36 with their compiled code)" in later
+    assert "131 kept plans rebuilt in 0.94 s (36 with their compiled code), 131 of them ahead " \
+        "on threads" in later
     assert str(result(None)) == str(result(dict(trials_s=0.0, conv_plans={}))) == "TABLE"
 
 
