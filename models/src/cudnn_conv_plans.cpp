@@ -450,6 +450,42 @@ std::shared_ptr<PassPlan> kept_plan(const Operands& o, const Choice& kept, cudnn
   return plan;
 }
 
+// Operands (with workspace) at most this large are run once where their plan is built ahead:
+// the run loads the plan's kernels (CUDA loads a kernel lazily, on its first launch: ~3 ms a
+// convolution, ~0.1 s of a small ResNet's first step) off the step's path. Larger ones are left
+// to load on their first call, where a step long enough to need them hides it, and where eight
+// threads' scratch would take gigabytes.
+constexpr int64_t kMaxRunOnceBytes = int64_t{256} << 20;
+
+// Runs a plan built ahead once on scratch operands of its shape (their values unused), on the
+// current stream, to load its kernels; skipped where they are larger than kMaxRunOnceBytes or
+// do not fit in memory.
+void run_once(const PassPlan& plan, const Operands& o, cudnnHandle_t handle, int device) {
+  const auto options = at::TensorOptions().device(at::kCUDA, device).dtype(o.dtype);
+  const auto bytes = [&](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+    int64_t last = 0;
+    for (size_t d = 0; d < sizes.size(); ++d) last += (sizes[d] - 1) * strides[d];
+    return (last + 1) * static_cast<int64_t>(c10::elementSize(o.dtype));
+  };
+  if (bytes(o.a_sizes, o.a_strides) + bytes(o.b_sizes, o.b_strides) +
+          bytes(o.out_sizes, o.out_strides) + plan.workspace >
+      kMaxRunOnceBytes)
+    return;
+  try {
+    at::Tensor a = at::empty_strided(o.a_sizes, o.a_strides, options);
+    at::Tensor b = at::empty_strided(o.b_sizes, o.b_strides, options);
+    at::Tensor out = at::empty_strided(o.out_sizes, o.out_strides, options);
+    at::Tensor workspace =
+        at::empty({std::max<int64_t>(plan.workspace, 1)}, options.dtype(at::kByte));
+    std::unordered_map<int64_t, void*> pack = {
+        {kA, a.mutable_data_ptr()}, {kB, b.mutable_data_ptr()}, {kOut, out.mutable_data_ptr()}};
+    // A run that fails here fails again at the shape's first call, which says why.
+    (void)plan.graph->execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(),
+                                            plan.index);
+  } catch (const c10::OutOfMemoryError&) {  // its kernels load on its first call instead
+  }
+}
+
 // The shape's plan: rebuilt from a kept choice, or timed among cuDNN's candidates (while
 // capturing, cuDNN's first choice untimed: nothing may synchronize then).
 std::shared_ptr<PassPlan> plan_for(ConvPass pass, const at::Tensor& a, const at::Tensor& b,
@@ -639,15 +675,22 @@ int64_t prebuild_plans(const std::string& job, int threads) {
   std::vector<std::shared_ptr<PassPlan>> built(wanted.size());
   std::vector<ConvPlansSummary> counts(std::clamp<size_t>(threads, 1, wanted.size()));
   std::atomic<size_t> next{0};
+  // The caller's stream: the warm-up runs' scratch memory, freed in its order, is the step's to
+  // reuse.
+  const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream(device);
   // Each worker on a cuDNN handle of its own (ATen's pool gives one a thread): building plans
   // on separate handles runs side by side, where one handle would serialize them.
   const auto work = [&](ConvPlansSummary& mine) {
     try {
-      c10::cuda::CUDAGuard guard(device);
+      c10::cuda::CUDAStreamGuard guard(stream);
       cudnnHandle_t handle = at::native::getCudnnHandle();
+      TORCH_CHECK(fe::detail::set_stream(handle, stream.stream()) == CUDNN_STATUS_SUCCESS,
+                  "cudnnSetStream failed");
       for (size_t i; (i = next.fetch_add(1)) < wanted.size();) {
         std::string why;  // a plan that does not come back is left to its first call
-        built[i] = kept_plan(*wanted[i].second.operands, wanted[i].second, handle, mine, why);
+        const Operands& o = *wanted[i].second.operands;
+        built[i] = kept_plan(o, wanted[i].second, handle, mine, why);
+        if (built[i]) run_once(*built[i], o, handle, device);
       }
     } catch (const std::exception&) {  // the rest are built where first used, as before
     }

@@ -70,10 +70,12 @@ void set_conv_plans_job(const std::string& job);
 
 /// Builds ahead every plan the file read (load_conv_plans) notes as `job`'s, for the current
 /// GPU, that this process has not built, on `threads` threads at once (each on a cuDNN handle of
-/// its own), and waits for them; their shapes' first calls then run at once. Returns how many it
+/// its own), and waits for them; their shapes' first calls then run at once. Each plan whose
+/// operands take at most 256 MiB is also run once on scratch memory, on the current stream, so
+/// that its kernels are loaded (CUDA loads a kernel on its first launch). Returns how many it
 /// built; a plan that does not come back is left to its first call, as without this. Its threads
-/// build cuDNN plans, which may load kernels and allocate: call it where no CUDA graph is being
-/// captured in the process.
+/// build and run cuDNN plans, which load kernels and allocate: call it where no CUDA graph is
+/// being captured in the process.
 int64_t prebuild_conv_plans(const std::string& job, int threads);
 
 /// Whether this process holds picks, or notes of jobs, that the plans file it last saved does not.
