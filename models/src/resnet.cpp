@@ -20,6 +20,7 @@
 #include "tandem/models/cast_together.h"
 #include "tandem/models/conv_with_stats.h"
 #include "tandem/models/max_pool.h"
+#include "tandem/models/tuned_conv.h"
 
 namespace tandem::models {
 namespace {
@@ -107,10 +108,12 @@ class ConvWeights {
   // Casts for `net`'s convolutions where autocast would cast them (on CUDA to a dtype other than
   // float32, with gradients recorded): the stem's and each layer's in groups, so a layer's
   // weight gradients are ready when that layer's backward ends.
-  // `stats`: the convolutions before a batch norm give its sums too (conv_and_sums).
-  static ConvWeights for_autocast(ResNetImpl& net, bool stats) {
+  // `stats`: the convolutions before a batch norm give its sums too (conv_and_sums); `plans`:
+  // the cast convolutions run on tuned_conv2d's kept plans.
+  static ConvWeights for_autocast(ResNetImpl& net, bool stats, bool plans) {
     ConvWeights w;
     w.stats_ = stats;
+    w.plans_ = plans;
     if (!at::autocast::is_autocast_enabled(at::kCUDA) || !at::GradMode::is_enabled()) return w;
     const at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCUDA);
     if (dtype == at::kFloat || !net.conv1->weight.is_cuda()) return w;
@@ -130,9 +133,11 @@ class ConvWeights {
     const auto found = cast_.find(&conv);
     if (found == cast_.end()) return conv.forward(x);
     const auto& o = conv.options;
-    return at::conv2d(x, found->second, conv.bias, o.stride(),
-                      *std::get_if<torch::ExpandingArray<2>>(&o.padding()), o.dilation(),
-                      o.groups());
+    const auto& padding = *std::get_if<torch::ExpandingArray<2>>(&o.padding());
+    if (plans_)
+      return tuned_conv2d(x, found->second, conv.bias, *o.stride(), *padding, *o.dilation(),
+                          o.groups());
+    return at::conv2d(x, found->second, conv.bias, o.stride(), padding, o.dilation(), o.groups());
   }
 
   // conv(x) and, where asked for and one cuDNN graph gives them (conv2d_with_stats), its
@@ -143,8 +148,9 @@ class ConvWeights {
     const auto found = cast_.find(&conv);
     const auto& o = conv.options;
     const auto& dilation = *o.dilation();
+    // cuDNN's statistics graphs are half's alone: with kept plans, other dtypes take them.
     if (!stats_ || found == cast_.end() || conv.bias.defined() || dilation[0] != 1 ||
-        dilation[1] != 1 || o.groups() != 1)
+        dilation[1] != 1 || o.groups() != 1 || (plans_ && found->second.scalar_type() != at::kHalf))
       return {this->conv(conv, x), {}};
     return conv2d_with_stats(x, found->second, o.stride(),
                              *std::get_if<torch::ExpandingArray<2>>(&o.padding()),
@@ -173,6 +179,7 @@ class ConvWeights {
 
   std::unordered_map<const torch::nn::Conv2dImpl*, torch::Tensor> cast_;
   bool stats_ = false;
+  bool plans_ = false;
 };
 
 // The identity path of a fused block: x, or the downsample's conv and its batch norm through
@@ -285,6 +292,7 @@ ResNetImpl::ResNetImpl(ResNetBlock block, std::array<int64_t, 4> blocks, ResNetO
   fused_batch_norm_ = options.fused_batch_norm;
   cast_weights_together_ = options.cast_weights_together;
   stats_in_convolutions_ = options.stats_in_convolutions;
+  kept_conv_plans_ = options.kept_conv_plans;
 
   conv1 = register_module(
       "conv1",
@@ -337,9 +345,10 @@ torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
   if (path == BnPath::kTraining) {
     // Each block's output goes to the next block twice (batch_norm_relu_twice); the stem's max
     // pool's once, its two uses' gradients added by autograd.
-    const ConvWeights w = cast_weights_together_
-                              ? ConvWeights::for_autocast(*this, stats_in_convolutions_)
-                              : ConvWeights();
+    const ConvWeights w =
+        cast_weights_together_
+            ? ConvWeights::for_autocast(*this, stats_in_convolutions_, kept_conv_plans_)
+            : ConvWeights();
     const torch::Tensor stem = max_pool_3x3_stride2(
         bn_relu(path, w.conv_and_sums(*conv1, x, /*input_nonnegative=*/false), *bn1));
     TensorPair y{stem, stem};

@@ -9,7 +9,10 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -21,6 +24,11 @@
 
 namespace tandem::models {
 namespace {
+
+std::string env_or_empty(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -176,5 +184,48 @@ int64_t prebuild_conv_plans(const std::string& job, int threads) {
 }
 
 bool conv_plans_unsaved() { return detail::plans_unsaved(); }
+
+std::string default_conv_plans_path() {
+  constexpr const char* kFile = "/cudnn-plans.json";
+  std::string folder = env_or_empty("TANDEM_MODE_CACHE");
+  std::string lowered = folder;
+  std::transform(lowered.begin(), lowered.end(), lowered.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  for (const char* off : {"0", "off", "false", "no"})
+    if (lowered == off) return "";
+  if (!folder.empty()) return folder + kFile;
+  std::string base = env_or_empty("XDG_CACHE_HOME");
+  if (base.empty()) {
+    const std::string home = env_or_empty("HOME");
+    if (home.empty()) return "";
+    base = home + "/.cache";
+  }
+  return base + "/tandem/modes" + kFile;
+}
+
+KeptConvPlans::KeptConvPlans(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) return;
+  std::string note;
+  load_conv_plans(path_, note);
+  if (!note.empty())
+    std::cerr << "tandem: the convolution plans file was not used: " << note << "\n";
+}
+
+KeptConvPlans::~KeptConvPlans() {
+  try {
+    save();
+  } catch (const std::exception& e) {  // a scope's end never throws
+    std::cerr << "tandem: the convolution plans could not be kept: " << e.what() << "\n";
+  }
+}
+
+void KeptConvPlans::save() {
+  if (path_.empty() || !conv_plans_unsaved()) return;
+  std::string error;
+  if (!save_conv_plans(path_, error)) {
+    std::cerr << "tandem: the convolution plans could not be kept: " << error << "\n";
+    path_.clear();  // said once
+  }
+}
 
 }  // namespace tandem::models

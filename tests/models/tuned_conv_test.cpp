@@ -16,8 +16,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -125,6 +128,63 @@ TEST(TunedConvTest, APlansFileThatCannotBeTrustedIsIgnoredWithANote) {
 
   EXPECT_FALSE(save_conv_plans("/proc/tandem-cannot-write-here/plans.json", error));
   EXPECT_FALSE(error.empty());
+}
+
+// One environment variable set (or unset, with nullptr) for a test, as it was after.
+struct EnvSet {
+  std::string name;
+  std::optional<std::string> was;
+  EnvSet(const char* n, const char* value) : name(n) {
+    if (const char* v = std::getenv(n)) was = v;
+    if (value)
+      ::setenv(n, value, 1);
+    else
+      ::unsetenv(n);
+  }
+  ~EnvSet() {
+    if (was)
+      ::setenv(name.c_str(), was->c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+};
+
+TEST(TunedConvTest, TheSharedPlansFileFollowsTheCacheSettings) {
+  const EnvSet xdg("XDG_CACHE_HOME", "/xdg"), home("HOME", "/home/someone");
+  {
+    const EnvSet cache("TANDEM_MODE_CACHE", nullptr);
+    EXPECT_EQ(default_conv_plans_path(), "/xdg/tandem/modes/cudnn-plans.json");
+    const EnvSet no_xdg("XDG_CACHE_HOME", nullptr);
+    EXPECT_EQ(default_conv_plans_path(), "/home/someone/.cache/tandem/modes/cudnn-plans.json");
+  }
+  {
+    const EnvSet cache("TANDEM_MODE_CACHE", "/kept/here");
+    EXPECT_EQ(default_conv_plans_path(), "/kept/here/cudnn-plans.json");
+  }
+  for (const char* off : {"0", "off", "OFF", "false", "no"}) {
+    const EnvSet cache("TANDEM_MODE_CACHE", off);
+    EXPECT_EQ(default_conv_plans_path(), "") << off;
+  }
+}
+
+// A scope's plans: a file that cannot be trusted is said, not fatal, and not overwritten where
+// the process has nothing new; an empty path keeps nothing.
+TEST(TunedConvTest, KeptPlansSayAnUntrustedFileAndWriteNothingNew) {
+  if (!conv_with_stats_compiled()) GTEST_SKIP() << "this build has no cuDNN graphs";
+  clear_conv_plans();
+  const std::string path = temporary_path("scope.json");
+  std::ofstream(path) << "not json at all";
+  ::testing::internal::CaptureStderr();
+  { const KeptConvPlans plans(path); }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("was not used"), std::string::npos) << said;
+  EXPECT_NE(said.find(path), std::string::npos) << said;
+  std::ifstream in(path);
+  const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "not json at all");
+  std::remove(path.c_str());
+  const KeptConvPlans none("");
+  EXPECT_EQ(none.path(), "");
 }
 
 // Each shape in half and bfloat16, channels-last and not: LibTorch's values and gradients
@@ -471,6 +531,55 @@ TEST(TunedConvGpuTest, UnderCaptureAnUnseenShapeRunsUntimed) {
   EXPECT_EQ(summary.untimed, 1);
   EXPECT_EQ(summary.tuned, 0);
   EXPECT_LT(max_relative(y, expected), 5e-3);
+}
+
+// The trained ResNets' convolutions on kept plans (ResNetOptions::kept_conv_plans, with
+// cuDNN's benchmark mode on): a ResNet-18's training step in bf16 is as near the float32 step
+// as at::conv2d's bf16 step is — loss, every gradient and running statistic. Not near each
+// other by a fixed bound: at initialization the batch norms' backward takes nearly equal
+// quantities apart, so bf16's rounding moves every layer's gradient ~15% (of its norm) whichever
+// kernels round it; a wrong plan's gradient would be as far as the gradient itself.
+TEST(TunedConvGpuTest, ATrainedResNetOnKeptPlansIsAsNearTheFloat32StepAsLibTorchs) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  if (!conv_with_stats_compiled()) GTEST_SKIP() << "this build has no cuDNN graphs";
+  const BenchmarkModeOn benchmark;
+  clear_conv_plans();
+  auto steps = [](bool plans, Precision precision) {
+    ResNetOptions options;
+    options.num_classes = 10;
+    options.kept_conv_plans = plans;
+    return test_steps::resnet_step(resnet18, options, precision);
+  };
+  const test_steps::ResNetStep kept = steps(true, Precision::kBf16);
+  const ConvPlansSummary used = conv_plans_summary();
+  EXPECT_GT(used.tuned, 0) << "the ResNet's convolutions took no kept plan";
+  const test_steps::ResNetStep libtorch = steps(false, Precision::kBf16);
+  EXPECT_EQ(conv_plans_summary().tuned, used.tuned) << "at::conv2d's step took kept plans";
+  at::globalContext().setAllowTF32CuDNN(false);  // float32 convolutions, not TF32
+  const test_steps::ResNetStep exact = steps(false, Precision::kFp32);
+  at::globalContext().setAllowTF32CuDNN(true);
+
+  // How far a from the float32 step's e, relative to e's norm.
+  const auto off = [](const at::Tensor& a, const at::Tensor& e) {
+    const at::Tensor ad = a.to(at::kDouble), ed = e.to(at::kDouble);
+    return (ad - ed).norm().item<double>() / std::max(ed.norm().item<double>(), 1e-12);
+  };
+  EXPECT_LT(off(kept.loss, exact.loss), 1.5 * off(libtorch.loss, exact.loss) + 2e-3);
+  ASSERT_EQ(kept.grads.size(), exact.grads.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < kept.grads.size(); ++i) {
+    ASSERT_TRUE(kept.grads[i].second.defined()) << kept.grads[i].first;
+    const double k = off(kept.grads[i].second, exact.grads[i].second),
+                 l = off(libtorch.grads[i].second, exact.grads[i].second);
+    EXPECT_LT(k, 1.5 * l + 0.02) << "bf16 gradient of " << kept.grads[i].first << ": kept plans "
+                                 << k << " from float32's, at::conv2d " << l;
+    worst = std::max(worst, k);
+  }
+  for (size_t i = 0; i < kept.buffers.size(); ++i)
+    EXPECT_LT(off(kept.buffers[i].second, exact.buffers[i].second),
+              1.5 * off(libtorch.buffers[i].second, exact.buffers[i].second) + 2e-3)
+        << "bf16 " << kept.buffers[i].first;
+  std::printf("kept plans' bf16 gradients: at most %.3f of their norm from float32's\n", worst);
 }
 
 }  // namespace tuned_conv_test

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "tandem/error.h"
 #include "tandem/hardware_queues.h"
 #include "tandem/mode.h"
+#include "tandem/models/tuned_conv.h"
 #include "tandem/run/resolve_mode.h"
 #include "tandem/run/run_workload.h"
 #include "tandem/run/sweep.h"
@@ -650,6 +652,15 @@ int main(int argc, char** argv) {
 #endif
     )
       tandem::ask_for_hardware_queues();
+    // The runs' convolution plans (the trained ResNets': tuned_conv.h) read from the plans file
+    // Python's Trainer shares, and written back where a run timed new ones, as this scope ends.
+    std::optional<tandem::models::KeptConvPlans> plans;
+    if (bench.app->parsed() || sweep.app->parsed()
+#ifdef TANDEM_HAVE_TRAIN
+        || train->parsed()
+#endif
+    )
+      plans.emplace();
     if (bench.app->parsed()) return bench.run(argc, argv);
     if (sweep.app->parsed()) return sweep.run();
     if (augment_bench.app->parsed()) return augment_bench.run();

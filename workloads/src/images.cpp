@@ -54,6 +54,12 @@ const std::vector<WorkloadParam>& images_params() {
        "batch norm does not read the activation for its statistics; where cuDNN has no such "
        "graph the convolution runs plain) or pass (the batch norm's own pass over its input)",
        {"conv", "pass"}},
+      {"convs",
+       "with bn=fused and weight_casts=together: libtorch (at::conv2d: cudnn.benchmark's pick, "
+       "timed again on every thread and in every process) or plans (each shape's cuDNN plan "
+       "timed once for the whole process, whichever threads run it, and kept in the plans file "
+       "for the next process)",
+       {"libtorch", "plans"}},
       {"classes", "classes of resident data (default 10; 1000 as ImageNet's head)", {}},
       {"source",
        "files (the --data folder, decoded by the loader's workers) or resident (one batch "
@@ -166,6 +172,7 @@ ImagesOptions parse(const WorkloadOptions& o) {
   io.cast_weights_together =
       param_or_default(o.params, images_params(), "weight_casts") == "together";
   io.stats_in_convolutions = param_or_default(o.params, images_params(), "bn_stats") == "conv";
+  io.kept_conv_plans = param_or_default(o.params, images_params(), "convs") == "plans";
   io.classes = int_param(o, "classes", 2, 100000, io.classes);
   io.from_files = param_or_default(o.params, images_params(), "source") == "files";
   io.crop_regions = param_or_default(o.params, images_params(), "crop") == "region";
@@ -337,7 +344,7 @@ void set_trained_resnet(ImagesWorkload& out, const ImagesOptions& io, c10::Devic
   Workload& w = out.workload;
   const bool r50 = io.model == ImagesModel::kR50Full;
   const models::ResNetOptions ro{classes, io.fused_batch_norm, io.cast_weights_together,
-                                 io.stats_in_convolutions};
+                                 io.stats_in_convolutions, io.kept_conv_plans};
   models::ResNet net = r50 ? models::resnet50(ro) : models::resnet18(ro);
   net->to(device);
   if (io.channels_last) models::to_channels_last(*net);

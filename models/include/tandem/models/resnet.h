@@ -39,6 +39,13 @@ struct ResNetOptions {
   /// reading the activation for its statistics. Where cuDNN has no such graph (bf16 on Hopper,
   /// say) the convolutions run as without it. false: the batch norms read their inputs.
   bool stats_in_convolutions = true;
+  /// With fused_batch_norm and cast_weights_together, training on a GPU under autocast with
+  /// cuDNN's benchmark mode on: the convolutions that do not give sums run on tuned_conv.h's
+  /// plans — timed once a shape for the whole process (at::conv2d's cudnn.benchmark times them
+  /// again on every thread that runs the net) and rebuilt from a plans file a KeptConvPlans
+  /// reads — instead of at::conv2d. The same values within the kernels' rounding. Off by
+  /// default until its step is held to the float32 step on a GPU (tuned_conv_test.cpp).
+  bool kept_conv_plans = false;
 };
 
 /// The residual block of ResNet-18/34: two 3x3 convs, `expansion` 1. Children, in torchvision's
@@ -119,6 +126,7 @@ class ResNetImpl : public torch::nn::Module {
   bool fused_batch_norm_ = true;
   bool cast_weights_together_ = true;
   bool stats_in_convolutions_ = true;
+  bool kept_conv_plans_ = false;
 };
 TORCH_MODULE(ResNet);
 

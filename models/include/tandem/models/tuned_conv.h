@@ -81,4 +81,31 @@ int64_t prebuild_conv_plans(const std::string& job, int threads);
 /// Whether this process holds picks, or notes of jobs, that the plans file it last saved does not.
 bool conv_plans_unsaved();
 
+/// The plans file tandem's front ends share (the CLI's runs and Python's tandem.Trainer):
+/// cudnn-plans.json in $TANDEM_MODE_CACHE where it names a folder, else in
+/// $XDG_CACHE_HOME/tandem/modes (~/.cache/tandem/modes without it); empty where
+/// TANDEM_MODE_CACHE is 0, off, false or no (nothing kept across processes).
+std::string default_conv_plans_path();
+
+/// A process's plans kept across processes for a scope: reads the plans file as it is made
+/// (load_conv_plans) and, as it ends, writes it where this process timed plans or noted jobs
+/// the file does not have (save_conv_plans). A file that cannot be trusted, or cannot be
+/// written, is said on stderr once, never fatal. An empty path keeps nothing.
+///
+///   int main() { tandem::models::KeptConvPlans plans; /* train */ }
+class KeptConvPlans {
+ public:
+  explicit KeptConvPlans(std::string path = default_conv_plans_path());
+  ~KeptConvPlans();
+  KeptConvPlans(const KeptConvPlans&) = delete;
+  KeptConvPlans& operator=(const KeptConvPlans&) = delete;
+
+  /// Writes the file now where there is anything new (also done as the scope ends).
+  void save();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 }  // namespace tandem::models

@@ -52,6 +52,8 @@ struct ImagesOptions {
   /// r18_full, r50_full under fp16 with the casts together: the batch norms' sums from the
   /// convolutions' epilogues (models::ResNetOptions::stats_in_convolutions).
   bool stats_in_convolutions = true;
+  /// The trained ResNets' convolutions on kept plans (models::ResNetOptions::kept_conv_plans).
+  bool kept_conv_plans = false;
   int64_t classes = 10;  ///< the head's outputs for resident data (a folder has its own)
 };
 
