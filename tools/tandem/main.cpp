@@ -132,6 +132,13 @@ struct RunFlags {
     const auto it = merged.find("decode");
     return it != merged.end() && (it->second == "gpu" || it->second == "auto");
   }
+  // Whether the run's convolutions take kept plans (workload images' convs=plans): only then is
+  // the plans file read, which Python's runtime-compiled plans can make megabytes long.
+  bool uses_conv_plans() const {
+    const auto merged = merged_params();
+    const auto it = merged.find("convs");
+    return it != merged.end() && it->second == "plans";
+  }
   CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *cudnn_limit_opt,
       *batch_size_opt = nullptr;
 
@@ -383,6 +390,7 @@ struct BenchCommand {
   CLI::App* app = nullptr;
 
   bool may_decode_on_engines() const { return flags.may_decode_on_engines(options); }
+  bool uses_conv_plans() const { return flags.uses_conv_plans(); }
 
   void add(CLI::App& parent) {
     app = parent.add_subcommand("bench",
@@ -451,6 +459,7 @@ struct SweepCommand {
   CLI::App* app = nullptr;
 
   bool may_decode_on_engines() const { return flags.may_decode_on_engines(options.base); }
+  bool uses_conv_plans() const { return flags.uses_conv_plans(); }
 
   void add(CLI::App& parent) {
     app = parent.add_subcommand("sweep",
@@ -652,14 +661,12 @@ int main(int argc, char** argv) {
 #endif
     )
       tandem::ask_for_hardware_queues();
-    // The runs' convolution plans (the trained ResNets': tuned_conv.h) read from the plans file
-    // Python's Trainer shares, and written back where a run timed new ones, as this scope ends.
+    // The runs' convolution plans (the trained ResNets' with convs=plans: tuned_conv.h) read
+    // from the plans file Python's Trainer shares, and written back where a run timed new ones,
+    // as this scope ends.
     std::optional<tandem::models::KeptConvPlans> plans;
-    if (bench.app->parsed() || sweep.app->parsed()
-#ifdef TANDEM_HAVE_TRAIN
-        || train->parsed()
-#endif
-    )
+    if ((bench.app->parsed() && bench.uses_conv_plans()) ||
+        (sweep.app->parsed() && sweep.uses_conv_plans()))
       plans.emplace();
     if (bench.app->parsed()) return bench.run(argc, argv);
     if (sweep.app->parsed()) return sweep.run();
