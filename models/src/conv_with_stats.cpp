@@ -18,14 +18,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-bool fusable(const at::Tensor& x, const at::Tensor& w) {
-  return x.is_cuda() && x.scalar_type() == at::kHalf && w.scalar_type() == at::kHalf &&
-         w.device() == x.device() && x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
-         w.is_contiguous(at::MemoryFormat::ChannelsLast) &&
-         at::globalContext().userEnabledCuDNN() && !at::globalContext().deterministicAlgorithms() &&
-         detail::cudnn_graphs_compiled();
-}
-
 class ConvWithStats : public torch::autograd::Function<ConvWithStats> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -74,12 +66,21 @@ ConvAndSums conv2d_with_stats(const at::Tensor& x, const at::Tensor& weight, at:
                    " and ", padding);
   // Off the fused path, LibTorch's convolution as the caller would call it (under autocast it
   // casts x; the op below saves its inputs as given, so it takes only what it can run itself).
-  if (!fusable(x, weight)) return {at::conv2d(x, weight, {}, stride, padding), at::Tensor()};
+  if (!conv2d_with_stats_applies(x, weight))
+    return {at::conv2d(x, weight, {}, stride, padding), at::Tensor()};
   variable_list out =
       ConvWithStats::apply(x, weight, stride.vec(), padding.vec(), input_nonnegative);
   return {out[0], out[1].numel() > 0 ? out[1] : at::Tensor()};
 }
 
 bool conv_with_stats_compiled() { return detail::cudnn_graphs_compiled(); }
+
+bool conv2d_with_stats_applies(const at::Tensor& x, const at::Tensor& w) {
+  return x.is_cuda() && x.scalar_type() == at::kHalf && w.scalar_type() == at::kHalf &&
+         w.device() == x.device() && x.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+         w.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+         at::globalContext().userEnabledCuDNN() && !at::globalContext().deterministicAlgorithms() &&
+         detail::cudnn_graphs_compiled();
+}
 
 }  // namespace tandem::models

@@ -480,8 +480,7 @@ void run_once(const PassPlan& plan, const Operands& o, cudnnHandle_t handle, int
     std::unordered_map<int64_t, void*> pack = {
         {kA, a.mutable_data_ptr()}, {kB, b.mutable_data_ptr()}, {kOut, out.mutable_data_ptr()}};
     // A run that fails here fails again at the shape's first call, which says why.
-    (void)plan.graph->execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(),
-                                            plan.index);
+    (void)plan.graph->execute_plan_at_index(handle, pack, workspace.mutable_data_ptr(), plan.index);
   } catch (const c10::OutOfMemoryError&) {  // its kernels load on its first call instead
   }
 }
@@ -678,8 +677,11 @@ int64_t prebuild_plans(const std::string& job, int threads) {
   // The caller's stream: the warm-up runs' scratch memory, freed in its order, is the step's to
   // reuse.
   const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream(device);
-  // Each worker on a cuDNN handle of its own (ATen's pool gives one a thread): building plans
-  // on separate handles runs side by side, where one handle would serialize them.
+  // Each worker on a cuDNN handle of its own (ATen's pool gives one a thread; a handle is not to
+  // be shared between threads). Measured on an H100, the workers do not build side by side:
+  // cuDNN's configuration of a plan and CUDA's loading of its kernels serialize whichever
+  // thread asks (8 threads' listing seconds summed to ten times one thread's); what the threads
+  // give is the kernels' loading overlapping the configuration (docs/notes/wall-clock.md).
   const auto work = [&](ConvPlansSummary& mine) {
     try {
       c10::cuda::CUDAStreamGuard guard(stream);
@@ -800,6 +802,7 @@ bool save_plan_choices(const std::string& path, std::string& error) {
       if (c.operands) entry["operands"] = to_json(*c.operands);
       if (!c.jobs.empty()) entry["jobs"] = c.jobs;
     }
+    t.unsaved = false;  // what this snapshot holds; a note made while writing sets it again
   }
   // The temporary named by the process: two processes of one job (ranks on one machine) may
   // save at once.
@@ -808,11 +811,11 @@ bool save_plan_choices(const std::string& path, std::string& error) {
     fs::write_file_atomic(path, j.dump(1), path + ".tmp" + std::to_string(::getpid()));
   } catch (const std::exception& e) {
     error = e.what();
+    Table& t = table();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.unsaved = true;  // not written: still the file's to take
     return false;
   }
-  Table& t = table();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  t.unsaved = false;  // (a note made while writing is written next time)
   return true;
 }
 

@@ -148,9 +148,10 @@ class ConvWeights {
     const auto found = cast_.find(&conv);
     const auto& o = conv.options;
     const auto& dilation = *o.dilation();
-    // cuDNN's statistics graphs are half's alone: with kept plans, other dtypes take them.
+    // Where the statistics graph does not apply, this->conv: the same at::conv2d
+    // conv2d_with_stats would fall back to, or the kept plans.
     if (!stats_ || found == cast_.end() || conv.bias.defined() || dilation[0] != 1 ||
-        dilation[1] != 1 || o.groups() != 1 || (plans_ && found->second.scalar_type() != at::kHalf))
+        dilation[1] != 1 || o.groups() != 1 || !conv2d_with_stats_applies(x, found->second))
       return {this->conv(conv, x), {}};
     return conv2d_with_stats(x, found->second, o.stride(),
                              *std::get_if<torch::ExpandingArray<2>>(&o.padding()),

@@ -33,4 +33,8 @@ ConvAndSums conv2d_with_stats(const at::Tensor& x, const at::Tensor& weight, at:
 /// Whether this build has cuDNN's graph API (conv2d_with_stats never fuses without it).
 bool conv_with_stats_compiled();
 
+/// Whether conv2d_with_stats tries its fused graph for these operands (dtypes, layout, device,
+/// cuDNN's settings, this build); where not, it is at::conv2d without sums.
+bool conv2d_with_stats_applies(const at::Tensor& x, const at::Tensor& weight);
+
 }  // namespace tandem::models
