@@ -98,12 +98,13 @@ def job_of(convolutions) -> str:
 
 
 def _threads() -> int:
-    """The threads a prebuild takes: the cores this process may run on, at most 8."""
+    """The threads a prebuild takes: ``TANDEM_CONV_PREBUILD_THREADS`` where set, else the cores
+    this process may run on, at most 8."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    return _env.count("TANDEM_CONV_PREBUILD_THREADS", max(1, min(8, cores)), high=64)
 
 
 @contextlib.contextmanager

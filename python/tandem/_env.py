@@ -1,6 +1,6 @@
 """The words tandem's on/off environment settings read (TANDEM_TUNED_CONV, TANDEM_TUNED_CONV_GROUPS,
-TANDEM_CONV_PREBUILD and TANDEM_MODE_CACHE's "off"), in one place so every setting reads them
-alike."""
+TANDEM_CONV_PREBUILD and TANDEM_MODE_CACHE's "off") and its counts (TANDEM_CONV_PREBUILD_THREADS),
+in one place so every setting reads them alike."""
 import os
 import warnings
 
@@ -22,3 +22,20 @@ def switch(name: str, default: bool) -> bool:
                       f"or 0, off, false or no; it stays {'on' if default else 'off'}",
                       stacklevel=3)
     return default
+
+
+def count(name: str, default: int, low: int = 1, high: int = 1024) -> int:
+    """A whole-number environment setting from `low` to `high`: unset or empty the default;
+    anything else the default with a warning that names it and what was expected."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = None
+    if n is None or not low <= n <= high:
+        warnings.warn(f"tandem: {name}={value!r} is not understood: expected a whole number from "
+                      f"{low} to {high}; it stays {default}", stacklevel=3)
+        return default
+    return n

@@ -74,6 +74,18 @@ def test_in_use_names_its_job_while_the_block_runs_and_builds_ahead_only_on_cuda
         assert named[-1] == ""
 
 
+def test_the_prebuild_takes_the_threads_the_setting_names(monkeypatch):
+    monkeypatch.delenv("TANDEM_CONV_PREBUILD_THREADS", raising=False)
+    default = _conv_plans._threads()
+    assert 1 <= default <= 8
+    monkeypatch.setenv("TANDEM_CONV_PREBUILD_THREADS", "3")
+    assert _conv_plans._threads() == 3
+    for bad in ("0", "many", "-2"):
+        monkeypatch.setenv("TANDEM_CONV_PREBUILD_THREADS", bad)
+        with pytest.warns(UserWarning, match=f"TANDEM_CONV_PREBUILD_THREADS={bad!r}.*whole number"):
+            assert _conv_plans._threads() == default
+
+
 def test_the_kept_decisions_key_sees_conv2d_through_the_stand_in():
     m = model()
     before = _mode_cache._describe_callable(m)
