@@ -132,12 +132,14 @@ struct RunFlags {
     const auto it = merged.find("decode");
     return it != merged.end() && (it->second == "gpu" || it->second == "auto");
   }
-  // Whether the run's convolutions take kept plans (workload images' convs=plans): only then is
-  // the plans file read, which Python's runtime-compiled plans can make megabytes long.
+  // Whether the run's convolutions take kept plans (workload images' convs=plans, its
+  // default): only then is the plans file read, which Python's runtime-compiled plans can make
+  // megabytes long.
   bool uses_conv_plans() const {
+    if (workload != "images") return false;
     const auto merged = merged_params();
     const auto it = merged.find("convs");
-    return it != merged.end() && it->second == "plans";
+    return it == merged.end() || it->second == "plans";
   }
   CLI::Option *steps_opt, *warmup_opt, *workers_opt, *cudnn_opt, *cudnn_limit_opt,
       *batch_size_opt = nullptr;
@@ -666,7 +668,11 @@ int main(int argc, char** argv) {
     // as this scope ends.
     std::optional<tandem::models::KeptConvPlans> plans;
     if ((bench.app->parsed() && bench.uses_conv_plans()) ||
-        (sweep.app->parsed() && sweep.uses_conv_plans()))
+        (sweep.app->parsed() && sweep.uses_conv_plans())
+#ifdef TANDEM_HAVE_TRAIN
+        || (train->parsed() && train_command.uses_conv_plans())
+#endif
+    )
       plans.emplace();
     if (bench.app->parsed()) return bench.run(argc, argv);
     if (sweep.app->parsed()) return sweep.run();

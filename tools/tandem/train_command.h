@@ -58,6 +58,9 @@ struct TrainCommand {
   /// Whether the run may decode JPEGs on the engines: an ImageFolder (not Fashion-MNIST's idx
   /// files, not image/mask pairs) with --decode auto.
   bool may_decode_on_engines() const;
+  /// Whether the run may train a ResNet, whose convolutions take kept plans (every model but
+  /// small_cnn; auto's pick for IDX files included, which reads the plans file for nothing).
+  bool uses_conv_plans() const { return job.model != "small_cnn"; }
   /// Runs it; returns the process exit code (130 / 143 after SIGINT / SIGTERM).
   int run(const std::string& command_line);
 

@@ -55,11 +55,11 @@ const std::vector<WorkloadParam>& images_params() {
        "graph the convolution runs plain) or pass (the batch norm's own pass over its input)",
        {"conv", "pass"}},
       {"convs",
-       "with bn=fused and weight_casts=together: libtorch (at::conv2d: cudnn.benchmark's pick, "
-       "timed again on every thread and in every process) or plans (each shape's cuDNN plan "
-       "timed once for the whole process, whichever threads run it, and kept in the plans file "
-       "for the next process)",
-       {"libtorch", "plans"}},
+       "with bn=fused and weight_casts=together: plans (each shape's cuDNN plan timed once for "
+       "the whole process, whichever threads run it, and kept in the plans file for the next "
+       "process) or libtorch (at::conv2d: cudnn.benchmark's pick, timed again on every thread "
+       "and in every process)",
+       {"plans", "libtorch"}},
       {"classes", "classes of resident data (default 10; 1000 as ImageNet's head)", {}},
       {"source",
        "files (the --data folder, decoded by the loader's workers) or resident (one batch "

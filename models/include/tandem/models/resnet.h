@@ -43,9 +43,9 @@ struct ResNetOptions {
   /// cuDNN's benchmark mode on: the convolutions that do not give sums run on tuned_conv.h's
   /// plans — timed once a shape for the whole process (at::conv2d's cudnn.benchmark times them
   /// again on every thread that runs the net) and rebuilt from a plans file a KeptConvPlans
-  /// reads — instead of at::conv2d. The same values within the kernels' rounding. Off by
-  /// default until its step is held to the float32 step on a GPU (tuned_conv_test.cpp).
-  bool kept_conv_plans = false;
+  /// reads — instead of at::conv2d. The same values within the kernels' rounding. false:
+  /// at::conv2d.
+  bool kept_conv_plans = true;
 };
 
 /// The residual block of ResNet-18/34: two 3x3 convs, `expansion` 1. Children, in torchvision's
@@ -126,7 +126,7 @@ class ResNetImpl : public torch::nn::Module {
   bool fused_batch_norm_ = true;
   bool cast_weights_together_ = true;
   bool stats_in_convolutions_ = true;
-  bool kept_conv_plans_ = false;
+  bool kept_conv_plans_ = true;
 };
 TORCH_MODULE(ResNet);
 

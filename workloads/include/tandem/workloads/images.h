@@ -53,7 +53,7 @@ struct ImagesOptions {
   /// convolutions' epilogues (models::ResNetOptions::stats_in_convolutions).
   bool stats_in_convolutions = true;
   /// The trained ResNets' convolutions on kept plans (models::ResNetOptions::kept_conv_plans).
-  bool kept_conv_plans = false;
+  bool kept_conv_plans = true;
   int64_t classes = 10;  ///< the head's outputs for resident data (a folder has its own)
 };
 
