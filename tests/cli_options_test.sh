@@ -197,13 +197,15 @@ fi
 
 # A --json inside a new --out (scripts/run.sh writes RUN_DIR/summary.json): the run makes the
 # folder, so the summary's folder need not exist beforehand. The summary names the loader's
-# threads, their nice value and how the run's threads wait for a GPU (nothing to set on the CPU).
+# threads, their nice value and how the run's threads wait for a GPU (nothing to set on the CPU),
+# and among its setup seconds the convolutions' kept plans (none on the CPU: null).
 if "$tandem" train --data "$idx" --out "$tmp/new-run" --device cpu --epochs 1 --workers 1 \
      --worker-nice 4 --cuda-wait block --json "$tmp/new-run/summary.json" >"$tmp/out" 2>"$tmp/err" &&
    grep -q '"batch_size": 128' "$tmp/new-run/summary.json" &&
    grep -q '"workers": 1' "$tmp/new-run/summary.json" &&
    grep -q '"worker_nice": 4' "$tmp/new-run/summary.json" &&
-   grep -q '"cuda_wait": "block"' "$tmp/new-run/summary.json"; then
+   grep -q '"cuda_wait": "block"' "$tmp/new-run/summary.json" &&
+   grep -q '"conv_plans": null' "$tmp/new-run/summary.json"; then
   pass
 else
   fail "train --json inside a new --out"; cat "$tmp/out" "$tmp/err"

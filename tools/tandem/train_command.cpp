@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "conv_plans_json.h"
 #include "data_parallel.h"
 #include "tandem/cuda_wait.h"
 #include "tandem/data/shrink.h"
@@ -443,6 +444,8 @@ void TrainCommand::write_json(const std::string& command_line, const train::Trai
   j["setup"] = train::to_json(r.setup);  // seconds besides the steps: the run's start, captures
   // and the evaluation's kernels run once during the first epoch
   if (tj.prepare_evaluation) j["setup"]["evaluation_prepare_s"] = r.evaluation_prepare_seconds;
+  // cuDNN's tuning of the convolutions' kept plans, and what the plans file saved (null: none)
+  j["setup"]["conv_plans"] = cli::conv_plans_json(models::conv_plans_summary());
   j["images_per_s_note"] = train_rate.first_left_out ? "mean over this run's epochs after the first"
                                                      : "mean over this run's epochs";
   // The headline metric: accuracy for a classifier, mIoU for a segmenter.
