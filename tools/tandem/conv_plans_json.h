@@ -12,14 +12,10 @@ namespace tandem::cli {
 /// "runtime_compiled"} of the process's plans so far; null where no convolution took a plan.
 inline nlohmann::json conv_plans_json(const models::ConvPlansSummary& s) {
   if (s.tuned + s.from_file + s.untimed + s.refused == 0) return nullptr;
-  return {{"tuned", s.tuned},
-          {"tuning_s", s.tuning_seconds},
-          {"from_file", s.from_file},
-          {"prebuilt", s.prebuilt},
-          {"rebuilding_s", s.rebuilding_seconds},
-          {"untimed", s.untimed},
-          {"refused", s.refused},
-          {"runtime_compiled", s.runtime_compiled}};
+  return {
+      {"tuned", s.tuned},       {"tuning_s", s.tuning_seconds},          {"from_file", s.from_file},
+      {"prebuilt", s.prebuilt}, {"rebuilding_s", s.rebuilding_seconds},  {"untimed", s.untimed},
+      {"refused", s.refused},   {"runtime_compiled", s.runtime_compiled}};
 }
 
 }  // namespace tandem::cli
