@@ -8,9 +8,11 @@
 
 #include <iostream>
 #include <string>
+#include <tuple>
 
 #include "cudnn_conv_graphs.h"
 #include "tandem/error.h"
+#include "tandem/models/tuned_conv.h"
 
 namespace tandem::models {
 namespace {
@@ -22,10 +24,11 @@ class ConvWithStats : public torch::autograd::Function<ConvWithStats> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                                std::vector<int64_t> stride, std::vector<int64_t> padding,
-                               bool input_nonnegative) {
+                               bool input_nonnegative, bool kept_plans) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
+    ctx->saved_data["kept_plans"] = kept_plans;
     at::Tensor y, sums;
     std::string why;
     if (!detail::cudnn_conv_with_stats(x, weight, stride, padding, input_nonnegative, y, sums,
@@ -44,20 +47,29 @@ class ConvWithStats : public torch::autograd::Function<ConvWithStats> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
-    if (!grads[0].defined()) return variable_list(5);
+    if (!grads[0].defined()) return variable_list(6);
     const std::vector<int64_t> stride = ctx->saved_data["stride"].toIntVector(),
                                padding = ctx->saved_data["padding"].toIntVector();
-    auto [dx, dw, unused] = at::convolution_backward(
-        grads[0].contiguous(x.suggest_memory_format()), x, weight, std::nullopt, stride, padding,
-        {1, 1}, false, {0, 0}, 1, {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
-    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor dy = grads[0].contiguous(x.suggest_memory_format());
+    at::Tensor dx, dw;
+    if (ctx->saved_data["kept_plans"].toBool()) {
+      std::tie(dx, dw) = tuned_conv2d_backward(dy, x, weight, stride, padding, {1, 1}, 1,
+                                               ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+    } else {
+      auto [ldx, ldw, unused] = at::convolution_backward(
+          dy, x, weight, std::nullopt, stride, padding, {1, 1}, false, {0, 0}, 1,
+          {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
+      dx = ldx;
+      dw = ldw;
+    }
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 ConvAndSums conv2d_with_stats(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
-                              at::IntArrayRef padding, bool input_nonnegative) {
+                              at::IntArrayRef padding, bool input_nonnegative, bool kept_plans) {
   TANDEM_CHECK_ARG(x.dim() == 4 && weight.dim() == 4 && x.size(1) == weight.size(1),
                    "conv2d_with_stats: expected x (N, C, H, W) and weight (K, C, R, S), got ",
                    x.sizes(), " and ", weight.sizes());
@@ -69,7 +81,7 @@ ConvAndSums conv2d_with_stats(const at::Tensor& x, const at::Tensor& weight, at:
   if (!conv2d_with_stats_applies(x, weight))
     return {at::conv2d(x, weight, {}, stride, padding), at::Tensor()};
   variable_list out =
-      ConvWithStats::apply(x, weight, stride.vec(), padding.vec(), input_nonnegative);
+      ConvWithStats::apply(x, weight, stride.vec(), padding.vec(), input_nonnegative, kept_plans);
   return {out[0], out[1].numel() > 0 ? out[1] : at::Tensor()};
 }
 

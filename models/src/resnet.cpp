@@ -155,7 +155,7 @@ class ConvWeights {
       return {this->conv(conv, x), {}};
     return conv2d_with_stats(x, found->second, o.stride(),
                              *std::get_if<torch::ExpandingArray<2>>(&o.padding()),
-                             input_nonnegative);
+                             input_nonnegative, /*kept_plans=*/plans_);
   }
 
  private:

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cudnn_conv_graphs.h"
@@ -89,6 +90,28 @@ at::Tensor forward_pass(const at::Tensor& x, const at::Tensor& w, const at::Tens
   return y;
 }
 
+// x's and w's gradients (as asked) for the output's gradient dy: the input- and weight-gradient
+// plans, LibTorch's backward for what they do not run.
+std::pair<at::Tensor, at::Tensor> backward_passes(const at::Tensor& dy, const at::Tensor& x,
+                                                  const at::Tensor& w, const Geometry& g,
+                                                  bool want_x, bool want_w) {
+  const at::MemoryFormat layout = layout_of(x, w);
+  at::Tensor dx, dw;
+  if (want_x)
+    dx = pass(detail::ConvPass::kInputGrad, dy, w.contiguous(layout), x.sizes(), layout, g.view());
+  if (want_w)
+    dw = pass(detail::ConvPass::kWeightGrad, dy, x.contiguous(layout), w.sizes(), layout, g.view());
+  const bool libtorch_x = want_x && !dx.defined(), libtorch_w = want_w && !dw.defined();
+  if (libtorch_x || libtorch_w) {
+    auto [ldx, ldw, unused] =
+        at::convolution_backward(dy, x, w, std::nullopt, g.stride, g.padding, g.dilation, false,
+                                 {0, 0}, g.groups, {libtorch_x, libtorch_w, false});
+    if (libtorch_x) dx = ldx;
+    if (libtorch_w) dw = ldw;
+  }
+  return {dx, dw};
+}
+
 class TunedConv : public torch::autograd::Function<TunedConv> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -109,24 +132,10 @@ class TunedConv : public torch::autograd::Function<TunedConv> {
     const Geometry g{ctx->saved_data["stride"].toIntVector(),
                      ctx->saved_data["padding"].toIntVector(),
                      ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt()};
-    const at::MemoryFormat layout = layout_of(x, w);
-    const at::Tensor dy = dy_in.contiguous(layout);
-    at::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0))
-      dx =
-          pass(detail::ConvPass::kInputGrad, dy, w.contiguous(layout), x.sizes(), layout, g.view());
-    if (ctx->needs_input_grad(1))
-      dw = pass(detail::ConvPass::kWeightGrad, dy, x.contiguous(layout), w.sizes(), layout,
-                g.view());
-    const bool want_dx = ctx->needs_input_grad(0) && !dx.defined(),
-               want_dw = ctx->needs_input_grad(1) && !dw.defined();
-    if (want_dx || want_dw) {  // what cuDNN's plans did not run: LibTorch's backward
-      auto [ldx, ldw, unused] =
-          at::convolution_backward(dy, x, w, std::nullopt, g.stride, g.padding, g.dilation, false,
-                                   {0, 0}, g.groups, {want_dx, want_dw, false});
-      if (want_dx) dx = ldx;
-      if (want_dw) dw = ldw;
-    }
+    const at::Tensor dy = dy_in.contiguous(layout_of(x, w));
+    auto [dx, dw] =
+        backward_passes(dy, x, w, g, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+    at::Tensor db;
     if (ctx->needs_input_grad(2)) db = dy.sum({0, 2, 3});  // never the empty stand-in's
     return {dx, dw, db, at::Tensor()};
   }
@@ -163,6 +172,26 @@ at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at:
   // no bias is an empty one, which backward gives no gradient.
   return TunedConv::apply(xa, wa, ba.defined() ? ba : at::empty({0}, xa.options()),
                           std::move(g))[0];
+}
+
+std::pair<at::Tensor, at::Tensor> tuned_conv2d_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                        const at::Tensor& weight,
+                                                        at::IntArrayRef stride,
+                                                        at::IntArrayRef padding,
+                                                        at::IntArrayRef dilation, int64_t groups,
+                                                        bool want_x, bool want_weight) {
+  TANDEM_CHECK_ARG(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
+                   "tuned_conv2d_backward: expected two strides, paddings and dilations, got ",
+                   stride, ", ", padding, " and ", dilation);
+  const Geometry g{stride.vec(), padding.vec(), dilation.vec(), groups};
+  const at::Tensor dyc = dy.contiguous(layout_of(x, weight));
+  if (!applies(x, weight, at::Tensor(), groups) || dyc.scalar_type() != x.scalar_type()) {
+    auto [dx, dw, unused] =
+        at::convolution_backward(dyc, x, weight, std::nullopt, g.stride, g.padding, g.dilation,
+                                 false, {0, 0}, groups, {want_x, want_weight, false});
+    return {dx, dw};
+  }
+  return backward_passes(dyc, x, weight, g, want_x, want_weight);
 }
 
 ConvPlansSummary conv_plans_summary() { return detail::plan_counts(); }

@@ -239,6 +239,39 @@ TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
 
 // float32 operands under autocast: cast as LibTorch's convolution casts them, its output
 // bfloat16, the weight's gradient back in float32.
+// The sums' graph with kept plans behind it: its gradients come from the input- and weight-
+// gradient plans (the process's plan count grows by them) and are LibTorch's backward's within
+// half's rounding, as without them.
+TEST(TunedConvGpuTest, TheSumsGraphsGradientsComeFromTheKeptPlans) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const BenchmarkModeOn benchmark;
+  const c10::Device cuda(c10::kCUDA, 0);
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  torch::manual_seed(16);
+  const at::Tensor x0 = torch::rand({8, 32, 14, 14}).to(cuda, at::kHalf).contiguous(cl);
+  const at::Tensor w0 = (torch::randn({48, 32, 3, 3}) * 0.08).to(cuda, at::kHalf).contiguous(cl);
+  const at::Tensor xr = x0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
+  const at::Tensor ref = at::conv2d(xr, wr, {}, {2, 2}, {1, 1});
+  const at::Tensor dy = torch::randn(ref.sizes()).to(cuda, at::kHalf).contiguous(cl);
+  ref.backward(dy);
+  clear_conv_plans();  // this shape's passes new to the table, however often the test runs
+  const auto planned = [] {
+    const ConvPlansSummary s = conv_plans_summary();
+    return s.tuned + s.from_file + s.untimed;
+  };
+  for (const bool kept : {false, true}) {
+    SCOPED_TRACE(kept ? "on kept plans" : "LibTorch's backward");
+    const at::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const ConvAndSums out = conv2d_with_stats(x, w, {2, 2}, {1, 1}, true, kept);
+    ASSERT_TRUE(out.sums.defined());
+    const int64_t before = planned();
+    out.y.backward(dy);
+    EXPECT_EQ(planned() - before, kept ? 2 : 0);  // the input- and the weight-gradient pass
+    EXPECT_LT(max_relative(x.grad(), xr.grad()), 5e-3);
+    EXPECT_LT(max_relative(w.grad(), wr.grad()), 5e-3);
+  }
+}
+
 TEST(TunedConvGpuTest, AutocastCastsAsLibTorchsConvolutionDoes) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const BenchmarkModeOn benchmark;

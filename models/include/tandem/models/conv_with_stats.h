@@ -22,13 +22,18 @@ struct ConvAndSums {
 /// reduction order varies between runs on some shapes: the sums are not the same bits every
 /// run), and an engine for the shape on this GPU (a shape without one is said once on stderr and
 /// runs unfused from then on). The sums are not differentiable: a batch norm's backward accounts
-/// for its statistics itself. The gradients are LibTorch's convolution backward's. Runs on the
-/// current stream; capture-safe once a shape has run eagerly (its graph is built on first use).
+/// for its statistics itself. The gradients are LibTorch's convolution backward's (or the kept
+/// plans', below). Runs on the current stream; capture-safe once a shape has run eagerly (its
+/// graph is built on first use).
 /// `input_nonnegative`: x is a ReLU's output (every ResNet convolution's but the stem's), which
 /// lets a form of the graph with a ReLU before the convolution stand in where cuDNN has an
 /// engine only for that form; the values are the same. Not checked: a false claim changes y.
+/// `kept_plans`: the fused graph's gradients run on tuned_conv2d's kept plans
+/// (tuned_conv2d_backward), timed once for the process, instead of LibTorch's backward, which
+/// times cuDNN's candidates again on every thread.
 ConvAndSums conv2d_with_stats(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
-                              at::IntArrayRef padding, bool input_nonnegative = false);
+                              at::IntArrayRef padding, bool input_nonnegative = false,
+                              bool kept_plans = false);
 
 /// Whether this build has cuDNN's graph API (conv2d_with_stats never fuses without it).
 bool conv_with_stats_compiled();

@@ -43,8 +43,9 @@ struct ResNetOptions {
   /// cuDNN's benchmark mode on: the convolutions that do not give sums run on tuned_conv.h's
   /// plans — timed once a shape for the whole process (at::conv2d's cudnn.benchmark times them
   /// again on every thread that runs the net) and rebuilt from a plans file a KeptConvPlans
-  /// reads — instead of at::conv2d. The same values within the kernels' rounding. false:
-  /// at::conv2d.
+  /// reads — instead of at::conv2d, and those that give sums take their gradients from the
+  /// same plans. The same values within the kernels' rounding. false: at::conv2d, and LibTorch's
+  /// convolution backward behind the sums' graph.
   bool kept_conv_plans = true;
 };
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace tandem::models {
 
@@ -24,6 +25,19 @@ namespace tandem::models {
 at::Tensor tuned_conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                         at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                         int64_t groups);
+
+/// The gradients of at::conv2d(x, weight, no bias, stride, padding, dilation, groups) in x and
+/// weight (those `want_x` and `want_weight` ask for; the other undefined) from the output's
+/// gradient dy: on the kept input- and weight-gradient plans where tuned_conv2d's apply (x and
+/// weight as its backward sees them: after autocast's cast), else LibTorch's
+/// convolution_backward. For an op of its own whose forward is such a convolution (e.g.
+/// conv2d_with_stats) and whose backward should not time cuDNN's candidates per thread.
+std::pair<at::Tensor, at::Tensor> tuned_conv2d_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                        const at::Tensor& weight,
+                                                        at::IntArrayRef stride,
+                                                        at::IntArrayRef padding,
+                                                        at::IntArrayRef dilation, int64_t groups,
+                                                        bool want_x, bool want_weight);
 
 /// What the process's convolution plans cost and where they came from: timed here (and the
 /// seconds that took), rebuilt from a plans file (and the seconds that took), picked untimed
