@@ -19,7 +19,7 @@
 
 #include "augment_bench.h"
 #include "cli_util.h"
-#include "conv_plans_json.h"
+#include "conv_plans_report.h"
 #include "data_parallel.h"
 #include "tandem/detail/lane.h"
 #include "tandem/distributed/launch_env.h"
@@ -286,8 +286,11 @@ int run_bench_resolved(const tandem::run::RunRequest& options, const tandem::run
     std::printf("\n%s\n", tandem::run::describe_data_parallel(block).c_str());
   }
   // What cuDNN's tuning cost this run, and what the plans file saved it (null: no kept plans).
-  out["conv_plans"] = tandem::cli::conv_plans_json(tandem::models::conv_plans_summary());
-  std::cout << "\n" << tandem::run::describe_report(result) << std::flush;
+  const tandem::models::ConvPlansSummary plans = tandem::models::conv_plans_summary();
+  out["conv_plans"] = tandem::cli::conv_plans_json(plans);
+  std::cout << "\n"
+            << tandem::run::describe_report(result) << tandem::cli::conv_plans_line(plans)
+            << std::flush;
   write_output(json, out.dump(2) + "\n", json_path);
   if (!options.trace_path.empty()) std::cout << "wrote " << options.trace_path << "\n";
   if (!options.kernel_trace_path.empty())

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cli_util.h"
-#include "conv_plans_json.h"
+#include "conv_plans_report.h"
 #include "data_parallel.h"
 #include "tandem/cuda_wait.h"
 #include "tandem/data/shrink.h"
@@ -565,7 +565,8 @@ int TrainCommand::run(const std::string& command_line) {
 
   // The table of every epoch so far (a resumed run's earlier ones included).
   const train::EpochsReport report = train::describe_epochs(r, spe);
-  std::printf("\n%s", report.text.c_str());
+  std::printf("\n%s%s", report.text.c_str(),
+              cli::conv_plans_line(models::conv_plans_summary()).c_str());
   if (!json.empty() && lead) write_json(command_line, tj, r, report, m, dev, world, seg);
   if (r.stopped_by_signal != 0) return report_stop(r, spe, lead);
   std::printf("weights    %s\n", r.weights.c_str());
