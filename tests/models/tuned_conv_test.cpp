@@ -237,8 +237,6 @@ TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
   EXPECT_EQ(conv_plans_summary().tuned, summary.tuned);
 }
 
-// float32 operands under autocast: cast as LibTorch's convolution casts them, its output
-// bfloat16, the weight's gradient back in float32.
 // The sums' graph with kept plans behind it: its gradients come from the input- and weight-
 // gradient plans (the process's plan count grows by them) and are LibTorch's backward's within
 // half's rounding, as without them.
@@ -272,6 +270,8 @@ TEST(TunedConvGpuTest, TheSumsGraphsGradientsComeFromTheKeptPlans) {
   }
 }
 
+// float32 operands under autocast: cast as LibTorch's convolution casts them, its output
+// bfloat16, the weight's gradient back in float32.
 TEST(TunedConvGpuTest, AutocastCastsAsLibTorchsConvolutionDoes) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const BenchmarkModeOn benchmark;
