@@ -20,9 +20,10 @@
 #        GPUTEST_S (the gpu tests' seconds at most, e.g. while the packages build), PYTEST_FILES
 #        and PYTEST_S (pytest: the files, and its seconds at most),
 #        WALLCLOCK_ARGS (wallclock.py's; default the frozen ResNet-50 and ResNet-18 at bs 32,
-#        300-step first fits), TRAIN_EAGER_LOADING (train: see there), SANITIZE_FILTER
-#        (sanitize: a GoogleTest filter over the models' tests; default the batch-norm and max-pool
-#        kernels', without the whole-ResNet ones: cuDNN's own kernels are not ours to check),
+#        300-step first fits), WALLCLOCK_ARGS2 (a second run's, into wallclock-2.json),
+#        TRAIN_EAGER_LOADING (train: see there), SANITIZE_FILTER (sanitize: a GoogleTest
+#        filter over the models' tests; default the batch-norm and max-pool kernels', without
+#        the whole-ResNet ones: cuDNN's own kernels are not ours to check),
 #        SANITIZE_BINARY (sanitize: another test binary, e.g. build/tests/tandem_core_tests)
 set -uo pipefail
 OUT=${1:?usage: benchmarks/bundle_check.sh OUT [profile train gputest]}
@@ -116,12 +117,19 @@ wallclock)
   fi
   old=(); [ -d .ref/bundle/python-old ] && old=(--old-package .ref/bundle/python-old)
   [ -n "${PACKAGE_OLD:-}" ] && old=(--old-package "$PACKAGE_OLD")
-  say "wallclock: ${WALLCLOCK_ARGS:=--cells r50_frozen_head:256,r18_full:32 --impls eager,tandem-py --fit-steps-first 300 --n 50}"
-  # shellcheck disable=SC2086
-  timeout $(($(left) - 5)) python3 benchmarks/wallclock.py "${old[@]}" $WALLCLOCK_ARGS \
-    --cache-dir /tmp/bundle-wallclock --out "$OUT/wallclock.json" >"$LOGS/wallclock.log" 2>&1
-  say "wallclock: exit $?"
-  tail -12 "$LOGS/wallclock.log" | tee -a "$LOGS/summary.log" ;;
+  : "${WALLCLOCK_ARGS:=--cells r50_frozen_head:256,r18_full:32 --impls eager,tandem-py --fit-steps-first 300 --n 50}"
+  # WALLCLOCK_ARGS2: a second run after the first (other cells or impls; wallclock-2.json).
+  run=1
+  for args in "$WALLCLOCK_ARGS" ${WALLCLOCK_ARGS2:+"$WALLCLOCK_ARGS2"}; do
+    name=wallclock$([ "$run" = 1 ] || echo "-$run")
+    say "wallclock ($name): $args"
+    # shellcheck disable=SC2086
+    timeout $(($(left) - 5)) python3 benchmarks/wallclock.py "${old[@]}" $args \
+      --cache-dir "/tmp/bundle-$name" --out "$OUT/$name.json" >"$LOGS/$name.log" 2>&1
+    say "wallclock ($name): exit $?"
+    tail -12 "$LOGS/$name.log" | tee -a "$LOGS/summary.log"
+    run=$((run + 1))
+  done ;;
 profile)
   await_packages  # no build beside a timed phase
   say "profile: ResNet-50 and ResNet-18 steps, kernel by kernel"
