@@ -105,6 +105,16 @@ class ConvWeights {
   // The modules' own weights.
   ConvWeights() = default;
 
+  // The modules' own weights on tuned_conv2d's kept plans where `plans` (autocast's cast made
+  // there): an evaluation's forward, which runs the shapes its training timed plans for, where
+  // the module's at::conv2d would time each of them again on the thread that evaluates.
+  static ConvWeights modules_on_plans(bool plans) {
+    ConvWeights w;
+    w.plans_ = plans;
+    w.modules_on_plans_ = plans;
+    return w;
+  }
+
   // Casts for `net`'s convolutions where autocast would cast them (on CUDA to a dtype other than
   // float32, with gradients recorded): the stem's and each layer's in groups, so a layer's
   // weight gradients are ready when that layer's backward ends.
@@ -131,8 +141,13 @@ class ConvWeights {
   // weight autocast would have cast.
   torch::Tensor conv(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) const {
     const auto found = cast_.find(&conv);
-    if (found == cast_.end()) return conv.forward(x);
     const auto& o = conv.options;
+    if (found == cast_.end()) {
+      if (!modules_on_plans_ || !plannable(conv)) return conv.forward(x);
+      return tuned_conv2d(x, conv.weight, conv.bias, *o.stride(),
+                          *std::get_if<torch::ExpandingArray<2>>(&o.padding()), *o.dilation(),
+                          o.groups());
+    }
     const auto& padding = *std::get_if<torch::ExpandingArray<2>>(&o.padding());
     if (plans_)
       return tuned_conv2d(x, found->second, conv.bias, *o.stride(), *padding, *o.dilation(),
@@ -159,11 +174,16 @@ class ConvWeights {
   }
 
  private:
-  // A float32 CUDA weight with zero padding given as numbers (every ResNet convolution's).
-  static bool castable(const torch::nn::Conv2dImpl& conv) {
-    return conv.weight.scalar_type() == at::kFloat && conv.weight.is_cuda() &&
+  // A CUDA weight with zero padding given as numbers (every ResNet convolution's).
+  static bool plannable(const torch::nn::Conv2dImpl& conv) {
+    return conv.weight.is_cuda() &&
            std::holds_alternative<torch::enumtype::kZeros>(conv.options.padding_mode()) &&
            std::holds_alternative<torch::ExpandingArray<2>>(conv.options.padding());
+  }
+
+  // The same, in float32: a weight autocast would cast.
+  static bool castable(const torch::nn::Conv2dImpl& conv) {
+    return conv.weight.scalar_type() == at::kFloat && plannable(conv);
   }
 
   void cast_group(const std::vector<torch::nn::Conv2dImpl*>& convs, at::ScalarType dtype) {
@@ -181,6 +201,7 @@ class ConvWeights {
   std::unordered_map<const torch::nn::Conv2dImpl*, torch::Tensor> cast_;
   bool stats_ = false;
   bool plans_ = false;
+  bool modules_on_plans_ = false;
 };
 
 // The identity path of a fused block: x, or the downsample's conv and its batch norm through
@@ -190,7 +211,7 @@ torch::Tensor fused_identity(BnPath path, const torch::nn::Sequential& downsampl
   if (!downsample) return x;
   auto conv = downsample->ptr(0)->as<torch::nn::Conv2dImpl>();
   auto bn = downsample->ptr(1)->as<torch::nn::BatchNorm2dImpl>();
-  if (path != BnPath::kTraining) return batch_norm_relu_eval(conv->forward(x), *bn, {}, false);
+  if (path != BnPath::kTraining) return batch_norm_relu_eval(w.conv(*conv, x), *bn, {}, false);
   const ConvAndSums y = w.conv_and_sums(*conv, x);
   return batch_norm_train(y.y, *bn, y.sums);
 }
@@ -208,6 +229,14 @@ ConvAndSums last_bn_input(BnPath path, BottleneckImpl& b, const torch::Tensor& x
                           const ConvWeights& w = {}) {
   const torch::Tensor out = bn_relu(path, w.conv_and_sums(*b.conv1, x), *b.bn1);
   return w.conv_and_sums(*b.conv3, bn_relu(path, w.conv_and_sums(*b.conv2, out), *b.bn2));
+}
+
+// A block on the fused kernels (training, or evaluating without gradients), its input once.
+template <typename Block>
+torch::Tensor fused_block(BnPath path, Block& b, torch::nn::BatchNorm2dImpl& last_bn,
+                          const torch::Tensor& x, const ConvWeights& w = {}) {
+  return bn_relu(path, last_bn_input(path, b, x, w), last_bn,
+                 fused_identity(path, b.downsample, x, w));
 }
 
 // A block training on the fused kernels, its input given twice (`x` for conv1, `identity` for
@@ -243,13 +272,25 @@ TensorPair block_twice(const std::shared_ptr<torch::nn::Module>& block, const Te
   }
   return {y, y};
 }
+
+// One block of a layer evaluating on a GPU without gradients: fused where its batch norms are,
+// its convolutions on `w`; else its own forward.
+torch::Tensor block_eval(const std::shared_ptr<torch::nn::Module>& block, const torch::Tensor& x,
+                         const ConvWeights& w) {
+  if (auto* basic = block->as<BasicBlockImpl>())
+    return basic->fused_batch_norm ? fused_block(BnPath::kEval, *basic, *basic->bn2, x, w)
+                                   : basic->forward(x);
+  auto* bottleneck = block->as<BottleneckImpl>();
+  TANDEM_CHECK_ARG(bottleneck != nullptr, "ResNet: a layer holds a block of another kind");
+  return bottleneck->fused_batch_norm
+             ? fused_block(BnPath::kEval, *bottleneck, *bottleneck->bn3, x, w)
+             : bottleneck->forward(x);
+}
 }  // namespace
 
 torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
-  if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules) {
-    const ConvAndSums last_input = last_bn_input(path, *this, x);
-    return bn_relu(path, last_input, *bn2, fused_identity(path, downsample, x));
-  }
+  if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules)
+    return fused_block(path, *this, *bn2, x);
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out));
   out += downsample ? downsample->forward(x) : x;
@@ -271,10 +312,8 @@ BottleneckImpl::BottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride)
 }
 
 torch::Tensor BottleneckImpl::forward(const torch::Tensor& x) {
-  if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules) {
-    const ConvAndSums last_input = last_bn_input(path, *this, x);
-    return bn_relu(path, last_input, *bn3, fused_identity(path, downsample, x));
-  }
+  if (const BnPath path = bn_path(fused_batch_norm, is_training(), x); path != BnPath::kModules)
+    return fused_block(path, *this, *bn3, x);
   auto out = bn1(conv1(x)).relu_();
   out = bn2(conv2(out)).relu_();
   out = bn3(conv3(out));
@@ -357,11 +396,15 @@ torch::Tensor ResNetImpl::feature_map(const torch::Tensor& x) {
       for (const auto& block : (*layer)->children()) y = block_twice(block, y, w);
     return y.first;
   }
-  torch::Tensor y;
-  if (path == BnPath::kEval)
-    y = max_pool_3x3_stride2(bn_relu(path, {conv1(x), {}}, *bn1));
-  else
-    y = F::max_pool2d(bn1(conv1(x)).relu_(), F::MaxPool2dFuncOptions(3).stride(2).padding(1));
+  if (path == BnPath::kEval) {
+    const ConvWeights w = ConvWeights::modules_on_plans(kept_conv_plans_);
+    torch::Tensor y = max_pool_3x3_stride2(bn_relu(path, {w.conv(*conv1, x), {}}, *bn1));
+    for (const auto* layer : {&layer1, &layer2, &layer3, &layer4})
+      for (const auto& block : (*layer)->children()) y = block_eval(block, y, w);
+    return y;
+  }
+  const torch::Tensor y =
+      F::max_pool2d(bn1(conv1(x)).relu_(), F::MaxPool2dFuncOptions(3).stride(2).padding(1));
   return layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));
 }
 

@@ -91,15 +91,15 @@ at::Tensor forward_pass(const at::Tensor& x, const at::Tensor& w, const at::Tens
 }
 
 // x's and w's gradients (as asked) for the output's gradient dy: the input- and weight-gradient
-// plans, LibTorch's backward for what they do not run.
+// plans (unless `on_plans` is false), LibTorch's backward for what they do not run.
 std::pair<at::Tensor, at::Tensor> backward_passes(const at::Tensor& dy, const at::Tensor& x,
                                                   const at::Tensor& w, const Geometry& g,
-                                                  bool want_x, bool want_w) {
+                                                  bool want_x, bool want_w, bool on_plans = true) {
   const at::MemoryFormat layout = layout_of(x, w);
   at::Tensor dx, dw;
-  if (want_x)
+  if (want_x && on_plans)
     dx = pass(detail::ConvPass::kInputGrad, dy, w.contiguous(layout), x.sizes(), layout, g.view());
-  if (want_w)
+  if (want_w && on_plans)
     dw = pass(detail::ConvPass::kWeightGrad, dy, x.contiguous(layout), w.sizes(), layout, g.view());
   const bool libtorch_x = want_x && !dx.defined(), libtorch_w = want_w && !dw.defined();
   if (libtorch_x || libtorch_w) {
@@ -185,13 +185,9 @@ std::pair<at::Tensor, at::Tensor> tuned_conv2d_backward(const at::Tensor& dy, co
                    stride, ", ", padding, " and ", dilation);
   const Geometry g{stride.vec(), padding.vec(), dilation.vec(), groups};
   const at::Tensor dyc = dy.contiguous(layout_of(x, weight));
-  if (!applies(x, weight, at::Tensor(), groups) || dyc.scalar_type() != x.scalar_type()) {
-    auto [dx, dw, unused] =
-        at::convolution_backward(dyc, x, weight, std::nullopt, g.stride, g.padding, g.dilation,
-                                 false, {0, 0}, groups, {want_x, want_weight, false});
-    return {dx, dw};
-  }
-  return backward_passes(dyc, x, weight, g, want_x, want_weight);
+  const bool on_plans =
+      applies(x, weight, at::Tensor(), groups) && dyc.scalar_type() == x.scalar_type();
+  return backward_passes(dyc, x, weight, g, want_x, want_weight, on_plans);
 }
 
 ConvPlansSummary conv_plans_summary() { return detail::plan_counts(); }

@@ -615,5 +615,56 @@ TEST(TunedConvGpuTest, ATrainedResNetOnKeptPlansIsAsNearTheFloat32StepAsLibTorch
   std::printf("kept plans' bf16 gradients: at most %.3f of their norm from float32's\n", worst);
 }
 
+TEST(TunedConvGpuTest, AnEvaluationRunsOnItsTrainingsPlans) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  if (!conv_with_stats_compiled()) GTEST_SKIP() << "this build has no cuDNN graphs";
+  const BenchmarkModeOn benchmark;
+  const c10::Device cuda(c10::kCUDA, 0);
+  torch::manual_seed(3);
+  const at::Tensor x =
+      torch::randn({8, 3, 64, 64}, cuda).contiguous(at::MemoryFormat::ChannelsLast);
+  auto net_with = [&](bool plans) {
+    torch::manual_seed(4);
+    ResNetOptions options;
+    options.num_classes = 10;
+    options.kept_conv_plans = plans;
+    ResNet net = resnet18(options);
+    net->to(cuda);
+    to_channels_last(*net);
+    return net;
+  };
+  auto evaluate = [&](ResNet& net) {
+    net->eval();
+    torch::NoGradGuard no_grad;
+    AutocastScope autocast(cuda, Precision::kBf16);
+    const at::Tensor logits = net->forward(x).to(at::kFloat);
+    net->train();
+    return logits;
+  };
+
+  // On its own, the evaluation's convolutions take plans (timed here: none kept yet).
+  clear_conv_plans();
+  ResNet kept = net_with(true);
+  const at::Tensor on_plans = evaluate(kept);
+  EXPECT_GT(conv_plans_summary().tuned, 0) << "the evaluation took no kept plan";
+
+  // After a training step of the same shapes it times nothing new: its plans are the step's.
+  clear_conv_plans();
+  {
+    AutocastScope autocast(cuda, Precision::kBf16);
+    kept->forward(x).to(at::kFloat).sum().backward();
+  }
+  const ConvPlansSummary trained = conv_plans_summary();
+  ASSERT_GT(trained.tuned, 0) << "the training step took no kept plan";
+  kept->zero_grad();
+  evaluate(kept);
+  EXPECT_EQ(conv_plans_summary().tuned, trained.tuned)
+      << "the evaluation timed plans its training step had timed";
+
+  // The same logits as at::conv2d's evaluation of the same weights, within bf16's rounding.
+  ResNet libtorch = net_with(false);
+  EXPECT_LT(max_relative(on_plans, evaluate(libtorch)), 5e-2);
+}
+
 }  // namespace tuned_conv_test
 }  // namespace tandem::models

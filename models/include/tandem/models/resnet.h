@@ -44,8 +44,10 @@ struct ResNetOptions {
   /// plans — timed once a shape for the whole process (at::conv2d's cudnn.benchmark times them
   /// again on every thread that runs the net) and rebuilt from a plans file a KeptConvPlans
   /// reads — instead of at::conv2d, and those that give sums take their gradients from the
-  /// same plans. The same values within the kernels' rounding. false: at::conv2d, and LibTorch's
-  /// convolution backward behind the sums' graph.
+  /// same plans. With fused_batch_norm, an evaluation (eval mode, no gradients, on a GPU) runs
+  /// its convolutions on the same plans: the shapes its training timed, not timed again on the
+  /// thread that evaluates. The same values within the kernels' rounding. false: at::conv2d,
+  /// and LibTorch's convolution backward behind the sums' graph.
   bool kept_conv_plans = true;
 };
 
