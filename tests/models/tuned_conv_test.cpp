@@ -2,8 +2,9 @@
 // gradients are LibTorch's in half and bfloat16, channels-last and not, with bias, stride and
 // dilation, under autocast too; a shape is timed once for every thread of the process; kept
 // plans come back from a file without timing, a runtime-compiled one without compiling, a job's
-// built ahead on threads; under capture an unseen shape runs untimed; a plans file that cannot
-// be trusted is ignored with a note naming it.
+// built ahead on threads; under capture an unseen shape runs untimed; a ResNet's evaluation
+// runs on the plans its training timed; a plans file that cannot be trusted is ignored with a
+// note naming it.
 #include "tandem/models/tuned_conv.h"
 
 #include <ATen/Context.h>
@@ -659,7 +660,7 @@ TEST(TunedConvGpuTest, AnEvaluationRunsOnItsTrainingsPlans) {
   kept->zero_grad();
   evaluate(kept);
   EXPECT_EQ(conv_plans_summary().tuned, trained.tuned)
-      << "the evaluation timed plans its training step had timed";
+      << "the evaluation timed shapes its training step had already timed";
 
   // The same logits as at::conv2d's evaluation of the same weights, within bf16's rounding.
   ResNet libtorch = net_with(false);
