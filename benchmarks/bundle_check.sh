@@ -11,7 +11,8 @@
 # on the package built here), scenario_ab (the seg and cls workloads'
 # steps, the same two builds), sanitize (compute-sanitizer's memcheck,
 # racecheck and synccheck over the GPU tests SANITIZE_FILTER names), ncu (each launch of the
-# ResNet step's own kernels under Nsight Compute: time, bytes, grid), mlperf_resident and
+# ResNet step's own kernels under Nsight Compute: time, bytes, grid), firststep (a first fit's
+# runtime calls, a first and a second process: lab/first_step_profile.py), mlperf_resident and
 # mlperf_photos (the ResNets against MLPerf's per-GPU rate: mlperf.json). JSON and CSV into OUT;
 # the whole logs in OUT/bundle-logs.tar.gz.
 #
@@ -130,6 +131,20 @@ wallclock)
     tail -12 "$LOGS/$name.log" | tee -a "$LOGS/summary.log"
     run=$((run + 1))
   done ;;
+firststep)
+  # A first fit's runtime calls under torch.profiler, in a first process and a second one on
+  # its kept plans (benchmarks/lab/first_step_profile.py; FIRSTSTEP_ARGS: e.g. --job, --bs).
+  await_packages
+  [ -n "${PACKAGE_NEW:-}" ] && export PYTHONPATH=$PACKAGE_NEW TANDEM_BUNDLE_PYTHON=1
+  rm -rf /tmp/bundle-firststep
+  for label in cold warm; do
+    # shellcheck disable=SC2086
+    TANDEM_MODE_CACHE=/tmp/bundle-firststep timeout $(($(left) - 5)) python3 \
+      benchmarks/lab/first_step_profile.py "$OUT" --label "$label" ${FIRSTSTEP_ARGS:-} \
+      >"$LOGS/firststep-$label.log" 2>&1
+    say "firststep ($label): exit $?"
+    tail -3 "$LOGS/firststep-$label.log" | tee -a "$LOGS/summary.log"
+  done ;;
 profile)
   await_packages  # no build beside a timed phase
   say "profile: ResNet-50 and ResNet-18 steps, kernel by kernel"
@@ -149,7 +164,10 @@ train)
   # TRAIN_EAGER_LOADING=1 adds a run of the older build (the split only) with every CUDA module
   # loaded at start (CUDA_MODULE_LOADING=EAGER): how much of a first evaluation is the lazy
   # loading of kernels the training never launched.
+  # TRAIN_BUILDS overrides the builds' order (e.g. "new new-again": this build twice, the second
+  # run on the plans file the first wrote); TRAIN_PRECISION the precision (bf16).
   builds=(new); [ -d .ref/bundle-old/build ] && builds=(new old)
+  [ -n "${TRAIN_BUILDS:-}" ] && read -r -a builds <<<"$TRAIN_BUILDS"
   for held in split folder; do
     if [ "$held" = split ]; then val=(--val-split 0.1); else val=(--val "$folder-val"); fi
     runs=("${builds[@]}")
@@ -159,8 +177,8 @@ train)
       loading=${CUDA_MODULE_LOADING:-LAZY}
       [ "${which%-eager}" != "$which" ] && loading=EAGER
       CUDA_MODULE_LOADING=$loading LD_LIBRARY_PATH="$libs$LD_LIBRARY_PATH" timeout $(($(left) - 5)) "$cli" train \
-        --data "$folder" "${val[@]}" --model resnet18 --precision bf16 --channels-last \
-        --batch-size 256 --optimizer sgd --lr 0.1 --epochs 4 --workers 15 --quiet \
+        --data "$folder" "${val[@]}" --model resnet18 --precision "${TRAIN_PRECISION:-bf16}" \
+        --channels-last --batch-size 256 --optimizer sgd --lr 0.1 --epochs 4 --workers 15 --quiet \
         --out "$LOGS/run-$held-$which" --json "$LOGS/train-$held-$which.json" \
         >"$LOGS/train-$held-$which.log" 2>&1
       say "train ($held, $which build): exit $?"
@@ -171,7 +189,8 @@ import json, os, sys
 logs, out = sys.argv[1:]
 rows = []
 for held in ("split", "folder"):
-  for which in ("new", "old", "new-eager", "old-eager"):
+  runs = sorted(d for d in os.listdir(logs) if d.startswith(f"run-{held}-"))
+  for which in (d[len(f"run-{held}-"):] for d in runs):
     path = os.path.join(logs, f"run-{held}-{which}", "metrics.jsonl")
     if not os.path.exists(path):
         continue

@@ -138,21 +138,18 @@ class ConvWeights {
   }
 
   // conv(x) with its cast weight where there is one: the op the module's forward runs, on the
-  // weight autocast would have cast.
+  // weight autocast would have cast; on the kept plans where asked for (a module's own weight
+  // only where modules_on_plans).
   torch::Tensor conv(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) const {
     const auto found = cast_.find(&conv);
+    const bool cast = found != cast_.end();
+    if (!cast && (!modules_on_plans_ || !plannable(conv))) return conv.forward(x);
+    const torch::Tensor& weight = cast ? found->second : conv.weight;
     const auto& o = conv.options;
-    if (found == cast_.end()) {
-      if (!modules_on_plans_ || !plannable(conv)) return conv.forward(x);
-      return tuned_conv2d(x, conv.weight, conv.bias, *o.stride(),
-                          *std::get_if<torch::ExpandingArray<2>>(&o.padding()), *o.dilation(),
-                          o.groups());
-    }
     const auto& padding = *std::get_if<torch::ExpandingArray<2>>(&o.padding());
     if (plans_)
-      return tuned_conv2d(x, found->second, conv.bias, *o.stride(), *padding, *o.dilation(),
-                          o.groups());
-    return at::conv2d(x, found->second, conv.bias, o.stride(), padding, o.dilation(), o.groups());
+      return tuned_conv2d(x, weight, conv.bias, *o.stride(), *padding, *o.dilation(), o.groups());
+    return at::conv2d(x, weight, conv.bias, o.stride(), padding, o.dilation(), o.groups());
   }
 
   // conv(x) and, where asked for and one cuDNN graph gives them (conv2d_with_stats), its
