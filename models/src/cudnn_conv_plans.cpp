@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "cudnn_conv_graphs.h"
+#include "kernel_warmup.h"
 #include "posix_fs.h"
 
 namespace tandem::models::detail {
@@ -656,7 +657,7 @@ bool plans_unsaved() {
   return t.unsaved;
 }
 
-int64_t prebuild_plans(const std::string& job, int threads) {
+int64_t prebuild_plans(const std::string& job, int threads, bool warm_kernels) {
   if (job.empty() || cudnn_library() == nullptr || !at::cuda::is_available()) return 0;
   const auto started = std::chrono::steady_clock::now();
   const int device = c10::cuda::current_device();
@@ -697,10 +698,25 @@ int64_t prebuild_plans(const std::string& job, int threads) {
     } catch (const std::exception&) {  // the rest are built where first used, as before
     }
   };
+  // The step's other kernels loaded meanwhile, on one more thread (kernel_warmup.cpp): in the
+  // plans' dtype, NHWC where their activations are.
+  double warmup_seconds = 0.0;
+  int64_t warmup_ops = 0;
+  std::thread warmup;
+  if (warm_kernels) {
+    const Operands& o = *wanted.front().second.operands;
+    const bool channels_last = o.a_strides.size() == 4 && o.a_sizes[1] > 1 && o.a_strides[1] == 1;
+    warmup = std::thread([&, dtype = o.dtype, channels_last] {
+      const auto began = std::chrono::steady_clock::now();
+      warmup_ops = warm_step_kernels(device, dtype, channels_last);
+      warmup_seconds = seconds_since(began);
+    });
+  }
   std::vector<std::thread> pool;
   for (size_t w = 1; w < counts.size(); ++w) pool.emplace_back(work, std::ref(counts[w]));
   work(counts[0]);
   for (auto& th : pool) th.join();
+  if (warmup.joinable()) warmup.join();
 
   std::lock_guard<std::mutex> lock(t.mutex);
   int64_t added = 0;
@@ -717,6 +733,8 @@ int64_t prebuild_plans(const std::string& job, int threads) {
   t.counts.from_file += added;
   t.counts.prebuilt += added;
   t.counts.rebuilding_seconds += seconds_since(started);
+  t.counts.warmup_seconds += warmup_seconds;
+  t.counts.warmup_ops += warmup_ops;
   return added;
 }
 
@@ -842,7 +860,7 @@ bool save_plan_choices(const std::string&, std::string& error) {
 void clear_plans() {}
 void set_plans_job(const std::string&) {}
 bool plans_unsaved() { return false; }
-int64_t prebuild_plans(const std::string&, int) { return 0; }
+int64_t prebuild_plans(const std::string&, int, bool) { return 0; }
 
 }  // namespace tandem::models::detail
 

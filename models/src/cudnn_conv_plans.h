@@ -41,6 +41,7 @@ void clear_plans();
 /// tuned_conv.h's set_conv_plans_job, conv_plans_unsaved and prebuild_conv_plans.
 void set_plans_job(const std::string& job);
 bool plans_unsaved();
-int64_t prebuild_plans(const std::string& job, int threads);
+/// `warm_kernels`: a thread beside the plans' runs warm_step_kernels (kernel_warmup.h).
+int64_t prebuild_plans(const std::string& job, int threads, bool warm_kernels);
 
 }  // namespace tandem::models::detail

@@ -31,6 +31,16 @@ std::string env_or_empty(const char* name) {
   return value == nullptr ? "" : value;
 }
 
+// Whether the variable says no: 0, off, false or no, in any case.
+bool env_says_off(const char* name) {
+  std::string value = env_or_empty(name);
+  std::transform(value.begin(), value.end(), value.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  for (const char* off : {"0", "off", "false", "no"})
+    if (value == off) return true;
+  return false;
+}
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -205,19 +215,15 @@ void clear_conv_plans() { detail::clear_plans(); }
 void set_conv_plans_job(const std::string& job) { detail::set_plans_job(job); }
 
 int64_t prebuild_conv_plans(const std::string& job, int threads) {
-  return detail::prebuild_plans(job, threads);
+  return detail::prebuild_plans(job, threads, !env_says_off("TANDEM_KERNEL_WARMUP"));
 }
 
 bool conv_plans_unsaved() { return detail::plans_unsaved(); }
 
 std::string default_conv_plans_path() {
   constexpr const char* kFile = "/cudnn-plans.json";
-  std::string folder = env_or_empty("TANDEM_MODE_CACHE");
-  std::string lowered = folder;
-  std::transform(lowered.begin(), lowered.end(), lowered.begin(),
-                 [](unsigned char c) { return std::tolower(c); });
-  for (const char* off : {"0", "off", "false", "no"})
-    if (lowered == off) return "";
+  if (env_says_off("TANDEM_MODE_CACHE")) return "";
+  const std::string folder = env_or_empty("TANDEM_MODE_CACHE");
   if (!folder.empty()) return folder + kFile;
   std::string base = env_or_empty("XDG_CACHE_HOME");
   if (base.empty()) {

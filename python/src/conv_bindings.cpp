@@ -41,6 +41,8 @@ void bind_conv(py::module_& m) {
     d["listing_s"] = s.listing_seconds;
     d["graph_s"] = s.graph_seconds;
     d["building_s"] = s.building_seconds;
+    d["warmup_ops"] = s.warmup_ops;
+    d["warmup_s"] = s.warmup_seconds;
     return d;
   });
   m.def(

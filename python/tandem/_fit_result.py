@@ -33,7 +33,9 @@ class FitResult:
     # building_s on plans built; runtime_compiled those whose engine compiled its kernel here,
     # from_compiled those of from_file restored with their compiled code, configured those of
     # from_file whose kept engine was configured without cuDNN's candidate lists, prebuilt those
-    # of from_file built on several threads before the first step; {} where they do not apply).
+    # of from_file built on several threads before the first step, warmup_ops and warmup_s what
+    # the thread beside them that loads the step's other kernels ran and took; {} where they do
+    # not apply).
     setup: Optional[dict] = None
     # A fit with a run folder: every epoch's record (metrics.jsonl's rows, a resumed run's
     # earlier ones included), the final weights' file and the newest checkpoint's folder.

@@ -216,6 +216,8 @@ def test_a_fit_times_its_shapes_once_and_a_later_trainer_rebuilds_them(tmp_path,
     assert second.setup["conv_plans"]["rebuilding_s"] > 0  # accounted, beside the parts of it
     # Built ahead on threads before the first step: the same convolutions' plans.
     assert second.setup["conv_plans"]["prebuilt"] == plans["tuned"]
+    # Beside them, the step's other kernels loaded (its ops all ran): the same losses after.
+    assert second.setup["conv_plans"]["warmup_ops"] > 0
     assert {"listing_s", "building_s", "tuning_s", "runtime_compiled",
             "from_compiled", "configured", "graph_s"} <= set(second.setup["conv_plans"])
     torch.testing.assert_close(torch.tensor(second.losses), torch.tensor(first.losses),
@@ -226,6 +228,7 @@ def test_a_fit_times_its_shapes_once_and_a_later_trainer_rebuilds_them(tmp_path,
     monkeypatch.setenv("TANDEM_CONV_PREBUILD", "0")  # each where first used
     third = bf16_trainer().fit(steps=6, progress=False)
     assert third.setup["conv_plans"]["prebuilt"] == 0
+    assert third.setup["conv_plans"]["warmup_ops"] == 0
     assert third.setup["conv_plans"]["from_file"] == plans["tuned"]
     monkeypatch.delenv("TANDEM_CONV_PREBUILD")
 

@@ -506,6 +506,59 @@ TEST(TunedConvGpuTest, AJobsKeptPlansAreBuiltAheadOnThreads) {
   std::remove(path.c_str());
 }
 
+// The prebuild's one more thread, which loads a training step's other kernels (batch norm,
+// pooling, cuBLAS, the loss, SGD's updates) while the plans build, finishes its ops before the
+// prebuild returns and leaves the run as it was: the process's random numbers the same as
+// without it; TANDEM_KERNEL_WARMUP=0 turns it off.
+TEST(TunedConvGpuTest, ThePrebuildLoadsTheStepsOtherKernelsAndLeavesTheRunAsItWas) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const BenchmarkModeOn benchmark;
+  const c10::Device cuda(c10::kCUDA, 0);
+  torch::manual_seed(9);
+  clear_conv_plans();
+  const Shape& s = kShapes[2];
+  const at::Tensor x = torch::randn({s.n, s.c, s.size, s.size})
+                           .to(cuda, at::kBFloat16)
+                           .contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor w = (torch::randn({s.k, s.c, s.kernel, s.kernel}) * 0.1)
+                           .to(cuda, at::kBFloat16)
+                           .contiguous(at::MemoryFormat::ChannelsLast);
+  set_conv_plans_job("job w");
+  run(true, x, w, {}, s, {});
+  set_conv_plans_job("");
+  const std::string path = temporary_path("warmup.json");
+  std::string error, note;
+  ASSERT_TRUE(save_conv_plans(path, error)) << error;
+  const int64_t planned = conv_plans_summary().tuned;
+  ASSERT_GT(planned, 0);
+
+  const auto prebuilt = [&](const char* warmup) {
+    const EnvSet set("TANDEM_KERNEL_WARMUP", warmup);
+    clear_conv_plans();
+    EXPECT_EQ(load_conv_plans(path, note), planned) << note;
+    const ConvPlansSummary before = conv_plans_summary();
+    torch::manual_seed(10);
+    EXPECT_EQ(prebuild_conv_plans("job w", 2), planned);
+    const at::Tensor drawn = torch::randn({64}, torch::TensorOptions().device(cuda));
+    ConvPlansSummary after = conv_plans_summary();
+    after.warmup_ops -= before.warmup_ops;
+    after.warmup_seconds -= before.warmup_seconds;
+    return std::make_pair(after, drawn.cpu());
+  };
+  const auto [on, drawn_on] = prebuilt(nullptr);
+  EXPECT_GT(on.warmup_ops, 0)
+      << "the step's other kernels were not run (or it stopped on an error)";
+  EXPECT_GT(on.warmup_seconds, 0.0);
+  const auto [off, drawn_off] = prebuilt("0");
+  EXPECT_EQ(off.warmup_ops, 0) << "TANDEM_KERNEL_WARMUP=0 ran it";
+  EXPECT_EQ(off.warmup_seconds, 0.0);
+  EXPECT_TRUE(torch::equal(drawn_on, drawn_off)) << "the prebuild drew random numbers";
+  std::printf("the step's other kernels: %lld ops in %.4f s beside %lld plans\n",
+              static_cast<long long>(on.warmup_ops), on.warmup_seconds,
+              static_cast<long long>(planned));
+  std::remove(path.c_str());
+}
+
 // Depthwise and grouped convolutions take cuDNN's plans too (not LibTorch's convolution behind
 // the same values): every pass of each shape planned, none refused.
 TEST(TunedConvGpuTest, DepthwiseAndGroupedConvolutionsGetPlans) {

@@ -52,12 +52,15 @@ std::pair<at::Tensor, at::Tensor> tuned_conv2d_backward(const at::Tensor& dy, co
 /// `from_file`, those rebuilt from the compiled code the file kept, without compiling;
 /// `configured`: of `from_file`, those whose kept engine and knobs were configured directly,
 /// without cuDNN's candidate lists; `prebuilt`: of `from_file`, those prebuild_conv_plans built
-/// ahead on its threads (its wall seconds in `rebuilding_seconds`).
+/// ahead on its threads (its wall seconds in `rebuilding_seconds`); `warmup_ops` and
+/// `warmup_seconds`: the ops its thread loading the step's other kernels ran beside them (0 where
+/// it stopped on an error) and the seconds that took.
 struct ConvPlansSummary {
   int64_t tuned = 0, from_file = 0, untimed = 0, refused = 0;
-  int64_t runtime_compiled = 0, from_compiled = 0, configured = 0, prebuilt = 0;
+  int64_t runtime_compiled = 0, from_compiled = 0, configured = 0, prebuilt = 0, warmup_ops = 0;
   double tuning_seconds = 0.0, rebuilding_seconds = 0.0;
   double listing_seconds = 0.0, building_seconds = 0.0, graph_seconds = 0.0;
+  double warmup_seconds = 0.0;
 };
 ConvPlansSummary conv_plans_summary();
 
@@ -89,7 +92,11 @@ void set_conv_plans_job(const std::string& job);
 /// that its kernels are loaded (CUDA loads a kernel on its first launch). Returns how many it
 /// built; a plan that does not come back is left to its first call, as without this. Its threads
 /// build and run cuDNN plans, which load kernels and allocate: call it where no CUDA graph is
-/// being captured in the process.
+/// being captured in the process. Beside them, unless TANDEM_KERNEL_WARMUP is 0, off, false or
+/// no, one more thread runs a training step's other common ops (batch norm, ReLU, pooling, a
+/// linear layer, cross-entropy, SGD's updates) once on tiny operands of the plans' dtype and
+/// layout, on a stream of its own, so that their kernels too are loaded before the step; it
+/// touches no tensor but its own and draws no random numbers.
 int64_t prebuild_conv_plans(const std::string& job, int threads);
 
 /// Whether this process holds picks, or notes of jobs, that the plans file it last saved does not.
