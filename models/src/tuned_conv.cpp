@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -31,13 +32,13 @@ std::string env_or_empty(const char* name) {
   return value == nullptr ? "" : value;
 }
 
-// Whether the variable says no: 0, off, false or no, in any case.
-bool env_says_off(const char* name) {
+// Whether the variable says one of `words` (lower case), in any case.
+bool env_says(const char* name, std::initializer_list<const char*> words) {
   std::string value = env_or_empty(name);
   std::transform(value.begin(), value.end(), value.begin(),
                  [](unsigned char c) { return std::tolower(c); });
-  for (const char* off : {"0", "off", "false", "no"})
-    if (value == off) return true;
+  for (const char* word : words)
+    if (value == word) return true;
   return false;
 }
 
@@ -215,14 +216,15 @@ void clear_conv_plans() { detail::clear_plans(); }
 void set_conv_plans_job(const std::string& job) { detail::set_plans_job(job); }
 
 int64_t prebuild_conv_plans(const std::string& job, int threads) {
-  return detail::prebuild_plans(job, threads, !env_says_off("TANDEM_KERNEL_WARMUP"));
+  return detail::prebuild_plans(job, threads,
+                                env_says("TANDEM_KERNEL_WARMUP", {"1", "on", "true", "yes"}));
 }
 
 bool conv_plans_unsaved() { return detail::plans_unsaved(); }
 
 std::string default_conv_plans_path() {
   constexpr const char* kFile = "/cudnn-plans.json";
-  if (env_says_off("TANDEM_MODE_CACHE")) return "";
+  if (env_says("TANDEM_MODE_CACHE", {"0", "off", "false", "no"})) return "";
   const std::string folder = env_or_empty("TANDEM_MODE_CACHE");
   if (!folder.empty()) return folder + kFile;
   std::string base = env_or_empty("XDG_CACHE_HOME");

@@ -92,11 +92,11 @@ void set_conv_plans_job(const std::string& job);
 /// that its kernels are loaded (CUDA loads a kernel on its first launch). Returns how many it
 /// built; a plan that does not come back is left to its first call, as without this. Its threads
 /// build and run cuDNN plans, which load kernels and allocate: call it where no CUDA graph is
-/// being captured in the process. Beside them, unless TANDEM_KERNEL_WARMUP is 0, off, false or
-/// no, one more thread runs a training step's other common ops (batch norm, ReLU, pooling, a
-/// linear layer, cross-entropy, SGD's updates) once on tiny operands of the plans' dtype and
-/// layout, on a stream of its own, so that their kernels too are loaded before the step; it
-/// touches no tensor but its own and draws no random numbers.
+/// being captured in the process. Where TANDEM_KERNEL_WARMUP is 1, on, true or yes (off by
+/// default), one more thread beside them runs a training step's other common ops (batch norm,
+/// ReLU, pooling, a linear layer, cross-entropy, SGD's updates) once on tiny operands of the
+/// plans' dtype and layout, on a stream of its own, so that their kernels too are loaded before
+/// the step; it touches no tensor but its own and draws no random numbers.
 int64_t prebuild_conv_plans(const std::string& job, int threads);
 
 /// Whether this process holds picks, or notes of jobs, that the plans file it last saved does not.
