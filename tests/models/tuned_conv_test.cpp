@@ -79,6 +79,21 @@ Result run(bool tuned, const at::Tensor& x0, const at::Tensor& w0, const at::Ten
   return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : at::Tensor()};
 }
 
+// A shape's input and weight (scaled as a trained one's) on the GPU in `type` and `layout`,
+// drawn in that order from the CPU's generator.
+struct Operands {
+  at::Tensor x, w;
+};
+Operands operands(const Shape& s, at::ScalarType type,
+                  at::MemoryFormat layout = at::MemoryFormat::ChannelsLast) {
+  const c10::Device cuda(c10::kCUDA, 0);
+  at::Tensor x = torch::randn({s.n, s.c, s.size, s.size}).to(cuda, type).contiguous(layout);
+  at::Tensor w = (torch::randn({s.k, s.c / s.groups, s.kernel, s.kernel}) * 0.1)
+                     .to(cuda, type)
+                     .contiguous(layout);
+  return {x, w};
+}
+
 TEST(TunedConvTest, OnTheCpuItIsLibTorchsConvolution) {
   torch::manual_seed(1);
   const Shape s{2, 4, 6, 9, 3, 2, 1, 2, true};
@@ -202,11 +217,7 @@ TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
                      << c10::toString(type) << " " << layout << " c" << s.c << " k" << s.k << " "
                      << s.kernel << "x" << s.kernel << " stride " << s.stride << " dilation "
                      << s.dilation << " groups " << s.groups);
-        const at::Tensor x =
-            torch::randn({s.n, s.c, s.size, s.size}).to(cuda, type).contiguous(layout);
-        const at::Tensor w = (torch::randn({s.k, s.c / s.groups, s.kernel, s.kernel}) * 0.1)
-                                 .to(cuda, type)
-                                 .contiguous(layout);
+        const auto [x, w] = operands(s, type, layout);
         const at::Tensor b = s.bias ? torch::randn({s.k}).to(cuda, type) : at::Tensor();
         const Result want = run(false, x, w, b, s, {});
         const at::Tensor dy = torch::randn(want.y.sizes()).to(cuda, type).contiguous(layout);
@@ -306,12 +317,7 @@ TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
   const c10::Device cuda(c10::kCUDA, 0);
   clear_conv_plans();
   const Shape s{8, 48, 48, 12, 3, 1, 1, 1, false};
-  const at::Tensor x = torch::randn({s.n, s.c, s.size, s.size})
-                           .to(cuda, at::kHalf)
-                           .contiguous(at::MemoryFormat::ChannelsLast);
-  const at::Tensor w = (torch::randn({s.k, s.c, 3, 3}) * 0.1)
-                           .to(cuda, at::kHalf)
-                           .contiguous(at::MemoryFormat::ChannelsLast);
+  const auto [x, w] = operands(s, at::kHalf);
   const Result first = run(true, x, w, {}, s, {});
   const ConvPlansSummary timed = conv_plans_summary();
   EXPECT_EQ(timed.tuned, 3);  // forward, input and weight gradient
@@ -359,7 +365,6 @@ TEST(TunedConvGpuTest, PlansAreTimedOncePerProcessAndComeBackFromTheFile) {
 TEST(TunedConvGpuTest, RuntimeCompiledPlansComeBackWithTheirCode) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const BenchmarkModeOn benchmark;
-  const c10::Device cuda(c10::kCUDA, 0);
   torch::manual_seed(6);
   clear_conv_plans();
   // MobileNet-like depthwise passes, large enough that a compiled engine is the fastest.
@@ -368,12 +373,9 @@ TEST(TunedConvGpuTest, RuntimeCompiledPlansComeBackWithTheirCode) {
   std::vector<at::Tensor> xs, ws;
   std::vector<Result> first;
   for (const Shape& s : shapes) {
-    xs.push_back(torch::randn({s.n, s.c, s.size, s.size})
-                     .to(cuda, at::kBFloat16)
-                     .contiguous(at::MemoryFormat::ChannelsLast));
-    ws.push_back((torch::randn({s.k, 1, s.kernel, s.kernel}) * 0.1)
-                     .to(cuda, at::kBFloat16)
-                     .contiguous(at::MemoryFormat::ChannelsLast));
+    const auto [x, w] = operands(s, at::kBFloat16);
+    xs.push_back(x);
+    ws.push_back(w);
     first.push_back(run(true, xs.back(), ws.back(), {}, s, {}));
   }
   const ConvPlansSummary timed = conv_plans_summary();
@@ -431,7 +433,6 @@ TEST(TunedConvGpuTest, RuntimeCompiledPlansComeBackWithTheirCode) {
 TEST(TunedConvGpuTest, AJobsKeptPlansAreBuiltAheadOnThreads) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const BenchmarkModeOn benchmark;
-  const c10::Device cuda(c10::kCUDA, 0);
   torch::manual_seed(8);
   clear_conv_plans();
   const Shape shapes[] = {kShapes[1], kShapes[2], kShapes[3]};  // a 1x1, a 3x3, a strided 3x3
@@ -439,12 +440,9 @@ TEST(TunedConvGpuTest, AJobsKeptPlansAreBuiltAheadOnThreads) {
   std::vector<Result> first;
   set_conv_plans_job("job a");
   for (const Shape& s : shapes) {
-    xs.push_back(torch::randn({s.n, s.c, s.size, s.size})
-                     .to(cuda, at::kHalf)
-                     .contiguous(at::MemoryFormat::ChannelsLast));
-    ws.push_back((torch::randn({s.k, s.c, s.kernel, s.kernel}) * 0.1)
-                     .to(cuda, at::kHalf)
-                     .contiguous(at::MemoryFormat::ChannelsLast));
+    const auto [x, w] = operands(s, at::kHalf);
+    xs.push_back(x);
+    ws.push_back(w);
     first.push_back(run(true, xs.back(), ws.back(), {}, s, {}));
   }
   set_conv_plans_job("");
@@ -517,12 +515,7 @@ TEST(TunedConvGpuTest, ThePrebuildLoadsTheStepsOtherKernelsAndLeavesTheRunAsItWa
   torch::manual_seed(9);
   clear_conv_plans();
   const Shape& s = kShapes[2];
-  const at::Tensor x = torch::randn({s.n, s.c, s.size, s.size})
-                           .to(cuda, at::kBFloat16)
-                           .contiguous(at::MemoryFormat::ChannelsLast);
-  const at::Tensor w = (torch::randn({s.k, s.c, s.kernel, s.kernel}) * 0.1)
-                           .to(cuda, at::kBFloat16)
-                           .contiguous(at::MemoryFormat::ChannelsLast);
+  const auto [x, w] = operands(s, at::kBFloat16);
   set_conv_plans_job("job w");
   run(true, x, w, {}, s, {});
   set_conv_plans_job("");
@@ -564,18 +557,12 @@ TEST(TunedConvGpuTest, ThePrebuildLoadsTheStepsOtherKernelsAndLeavesTheRunAsItWa
 TEST(TunedConvGpuTest, DepthwiseAndGroupedConvolutionsGetPlans) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const BenchmarkModeOn benchmark;
-  const c10::Device cuda(c10::kCUDA, 0);
   torch::manual_seed(5);
   int64_t planned = 0;
   for (const Shape& s : kShapes) {
     if (s.groups == 1) continue;
     clear_conv_plans();
-    const at::Tensor x = torch::randn({s.n, s.c, s.size, s.size})
-                             .to(cuda, at::kBFloat16)
-                             .contiguous(at::MemoryFormat::ChannelsLast);
-    const at::Tensor w = (torch::randn({s.k, s.c / s.groups, s.kernel, s.kernel}) * 0.1)
-                             .to(cuda, at::kBFloat16)
-                             .contiguous(at::MemoryFormat::ChannelsLast);
+    const auto [x, w] = operands(s, at::kBFloat16);
     run(true, x, w, {}, s, {});
     const ConvPlansSummary summary = conv_plans_summary();
     EXPECT_EQ(summary.tuned, 3) << "groups " << s.groups << " c" << s.c;
