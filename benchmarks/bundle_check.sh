@@ -26,6 +26,7 @@
 #        filter over the models' tests; default the batch-norm and max-pool kernels', without
 #        the whole-ResNet ones: cuDNN's own kernels are not ours to check),
 #        SANITIZE_BINARY (sanitize: another test binary, e.g. build/tests/tandem_core_tests)
+#        FIRSTSTEP_ARGS, FIRSTSTEP_ENV (firststep: see there)
 set -uo pipefail
 OUT=${1:?usage: benchmarks/bundle_check.sh OUT [profile train gputest]}
 shift
@@ -77,6 +78,16 @@ await_packages() {
   fi
 }
 
+# The package a Python phase ($1) imports: the packages phase's, else the bundle's where it was
+# built for this Python; where neither, the phase is skipped with a note (returns 1).
+python_package() {
+  await_packages
+  [ -n "${PACKAGE_NEW:-}" ] && export PYTHONPATH=$PACKAGE_NEW TANDEM_BUNDLE_PYTHON=1
+  [ "${TANDEM_BUNDLE_PYTHON:-}" = 1 ] && return 0
+  say "$1: skipped (no package for this Python: the packages phase builds one)"
+  return 1
+}
+
 # shellcheck source=scripts/gpu-bundle.sh
 source scripts/gpu-bundle.sh env >"$LOGS/bundle-env.log" 2>&1
 cat "$LOGS/bundle-env.log" | tee -a "$LOGS/summary.log"
@@ -111,11 +122,7 @@ packages)
   pip_build . /tmp/bundle-pkg-new & new_pid=$!
   [ -d .ref/old ] && { pip_build .ref/old /tmp/bundle-pkg-old & old_pid=$!; } ;;
 wallclock)
-  await_packages
-  [ -n "${PACKAGE_NEW:-}" ] && export PYTHONPATH=$PACKAGE_NEW TANDEM_BUNDLE_PYTHON=1
-  if [ "$TANDEM_BUNDLE_PYTHON" != 1 ]; then
-    say "wallclock: skipped (no package for this Python: the packages phase builds one)"; continue
-  fi
+  python_package wallclock || continue
   old=(); [ -d .ref/bundle/python-old ] && old=(--old-package .ref/bundle/python-old)
   [ -n "${PACKAGE_OLD:-}" ] && old=(--old-package "$PACKAGE_OLD")
   : "${WALLCLOCK_ARGS:=--cells r50_frozen_head:256,r18_full:32 --impls eager,tandem-py --fit-steps-first 300 --n 50}"
@@ -133,13 +140,13 @@ wallclock)
   done ;;
 firststep)
   # A first fit's runtime calls under torch.profiler, in a first process and a second one on
-  # its kept plans (benchmarks/lab/first_step_profile.py; FIRSTSTEP_ARGS: e.g. --job, --bs).
-  await_packages
-  [ -n "${PACKAGE_NEW:-}" ] && export PYTHONPATH=$PACKAGE_NEW TANDEM_BUNDLE_PYTHON=1
+  # its kept plans (benchmarks/lab/first_step_profile.py; FIRSTSTEP_ARGS: e.g. --job, --bs;
+  # FIRSTSTEP_ENV: variables both processes run with, e.g. TANDEM_KERNEL_WARMUP=1).
+  python_package firststep || continue
   rm -rf /tmp/bundle-firststep
   for label in cold warm; do
     # shellcheck disable=SC2086
-    TANDEM_MODE_CACHE=/tmp/bundle-firststep timeout $(($(left) - 5)) python3 \
+    env ${FIRSTSTEP_ENV:-} TANDEM_MODE_CACHE=/tmp/bundle-firststep timeout $(($(left) - 5)) python3 \
       benchmarks/lab/first_step_profile.py "$OUT" --label "$label" ${FIRSTSTEP_ARGS:-} \
       >"$LOGS/firststep-$label.log" 2>&1
     say "firststep ($label): exit $?"

@@ -14,7 +14,6 @@ import argparse
 import gzip
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -61,10 +60,12 @@ def main():
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     prof.export_chrome_trace(raw)
-    trace = json.load(open(raw))
-    with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    with open(raw, "rb") as src:
+        text = src.read()
     os.remove(raw)
+    with gzip.open(raw + ".gz", "wb") as dst:
+        dst.write(text)
+    trace = json.loads(text)
 
     calls = runtime_calls(trace)
     by_name = {}

@@ -43,18 +43,27 @@ int64_t warm_step_kernels(int device, c10::ScalarType dtype, bool channels_last)
     at::Tensor bias = at::zeros({kClasses}, f32).requires_grad_();
 
     // A low-precision activation through float32 batch-norm parameters, as under autocast.
+    // Each op counts itself as it returns, so the count is what ran.
     at::Tensor y = at::batch_norm(x, gamma, beta, running_mean, running_var, /*training=*/true, 0.1,
                                   1e-5, /*cudnn_enabled=*/true);
+    ++ran;
     batches_tracked.add_(1);
+    ++ran;
     y = y.add(x);
+    ++ran;
     at::relu_(y);
+    ++ran;
     y = at::max_pool2d(y, {3, 3}, {2, 2}, {1, 1});
+    ++ran;
     y = at::adaptive_avg_pool2d(y, {1, 1}).flatten(1);
+    ++ran;
     const at::Tensor logits = at::linear(y, weight.to(dtype), bias.to(dtype));
+    ++ran;
     const at::Tensor loss =
         at::cross_entropy_loss(logits, at::zeros({kBatch}, f32.dtype(at::kLong)));
+    ++ran;
     torch::autograd::backward({loss});
-    ran += 9;
+    ++ran;
 
     // Momentum SGD's updates as torch.optim.SGD makes them on CUDA (foreach).
     std::vector<at::Tensor> params, grads, buffers;
@@ -64,10 +73,13 @@ int64_t warm_step_kernels(int device, c10::ScalarType dtype, bool channels_last)
       buffers.push_back(at::zeros_like(p));
     }
     const std::vector<at::Tensor> decayed = at::_foreach_add(grads, params, 1e-4);
+    ++ran;
     at::_foreach_mul_(buffers, 0.9);
+    ++ran;
     at::_foreach_add_(buffers, decayed, 1.0);
+    ++ran;
     at::_foreach_add_(params, buffers, -0.1);
-    ran += 4;
+    ++ran;
     stream.synchronize();
   } catch (const std::exception&) {
     return 0;
