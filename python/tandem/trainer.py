@@ -373,8 +373,13 @@ class Trainer(_TrialsThatTrain):
                                 "(input,) or a dict of tensors")
             for k, t in named.items():
                 if not isinstance(t, torch.Tensor):
+                    # A list of samples such as torchvision's (image, label) is the likely
+                    # mistake: a list is read as batches already made.
+                    hint = ("; a list is read as batches already made: a list of samples "
+                            "such as (image, label) goes in a torch Dataset, with batch_size"
+                            if isinstance(t, (int, float)) else "")
                     raise TypeError(f"batch {i} field {k!r} is a {type(t).__name__}: "
-                                    "expected a torch.Tensor")
+                                    f"expected a torch.Tensor{hint}")
                 if t.device != self.device:
                     raise ValueError(f"batch {i} field {k!r} is on {t.device}: expected "
                                      f"{self.device} (list batches must already be there)")

@@ -387,6 +387,10 @@ def test_arguments_of_the_wrong_type_are_refused_by_name():
     assert t.steps_done == 0  # nothing ran
     with pytest.raises(TypeError, match="a map-style torch Dataset"):
         tandem.Trainer(head, loss, opt, [])
+    # A list of samples, as a torchvision dataset gives them, is named as such.
+    with pytest.raises(TypeError, match="field 'target' is a int: expected a torch.Tensor; "
+                                        "a list is read as batches already made"):
+        tandem.Trainer(head, loss, opt, [(torch.zeros(3, 8, 8), 1)], batch_size=8)
 
 
 def test_a_fit_says_what_it_paid_besides_its_steps():
