@@ -19,72 +19,76 @@
 
 namespace tandem::models::detail {
 
-int64_t warm_step_kernels(int device, c10::ScalarType dtype, bool channels_last) {
+int64_t run_step_ops(const at::TensorOptions& on, c10::ScalarType dtype, bool channels_last) {
   int64_t ran = 0;
+  const auto f32 = on.dtype(at::kFloat);
+  const auto layout = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  constexpr int64_t kBatch = 4, kChannels = 64, kSide = 8, kClasses = 10;
+  // Constants, not random numbers: the process's generators are the run's.
+  at::Tensor x = at::ones({kBatch, kChannels, kSide, kSide}, f32.dtype(dtype)).contiguous(layout);
+  x.requires_grad_();
+  at::Tensor gamma = at::ones({kChannels}, f32).requires_grad_();
+  at::Tensor beta = at::zeros({kChannels}, f32).requires_grad_();
+  at::Tensor running_mean = at::zeros({kChannels}, f32);
+  at::Tensor running_var = at::ones({kChannels}, f32);
+  at::Tensor batches_tracked = at::zeros({}, f32.dtype(at::kLong));
+  at::Tensor weight = at::ones({kClasses, kChannels}, f32).requires_grad_();
+  at::Tensor bias = at::zeros({kClasses}, f32).requires_grad_();
+
+  // A low-precision activation through float32 batch-norm parameters, as under autocast.
+  // Each op counts itself as it returns, so the count is what ran.
+  at::Tensor y = at::batch_norm(x, gamma, beta, running_mean, running_var, /*training=*/true, 0.1,
+                                1e-5, /*cudnn_enabled=*/true);
+  ++ran;
+  batches_tracked.add_(1);
+  ++ran;
+  y = y.add(x);
+  ++ran;
+  at::relu_(y);
+  ++ran;
+  y = at::max_pool2d(y, {3, 3}, {2, 2}, {1, 1});
+  ++ran;
+  y = at::adaptive_avg_pool2d(y, {1, 1}).flatten(1);
+  ++ran;
+  const at::Tensor logits = at::linear(y, weight.to(dtype), bias.to(dtype));
+  ++ran;
+  const at::Tensor loss = at::cross_entropy_loss(logits, at::zeros({kBatch}, f32.dtype(at::kLong)));
+  ++ran;
+  torch::autograd::backward({loss});
+  ++ran;
+
+  // Momentum SGD's updates as torch.optim.SGD makes them on CUDA (foreach).
+  std::vector<at::Tensor> params, grads, buffers;
+  for (const at::Tensor& p : {gamma, beta, weight, bias}) {
+    params.push_back(p.detach());
+    grads.push_back(p.grad());
+    buffers.push_back(at::zeros_like(p));
+  }
+  const std::vector<at::Tensor> decayed = at::_foreach_add(grads, params, 1e-4);
+  ++ran;
+  at::_foreach_mul_(buffers, 0.9);
+  ++ran;
+  at::_foreach_add_(buffers, decayed, 1.0);
+  ++ran;
+  at::_foreach_add_(params, buffers, -0.1);
+  ++ran;
+  return ran;
+}
+
+int64_t warm_step_kernels(int device, c10::ScalarType dtype, bool channels_last) {
   try {
     c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));
     // A stream of its own: nothing of the step's waits for this, nor this for the step.
     const c10::cuda::CUDAStream stream =
         c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device));
     c10::cuda::CUDAStreamGuard on_stream(stream);
-    const auto f32 = at::TensorOptions().device(at::kCUDA, device).dtype(at::kFloat);
-    const auto layout =
-        channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-    constexpr int64_t kBatch = 4, kChannels = 64, kSide = 8, kClasses = 10;
-    // Constants, not random numbers: the process's generators are the run's.
-    at::Tensor x = at::ones({kBatch, kChannels, kSide, kSide}, f32.dtype(dtype)).contiguous(layout);
-    x.requires_grad_();
-    at::Tensor gamma = at::ones({kChannels}, f32).requires_grad_();
-    at::Tensor beta = at::zeros({kChannels}, f32).requires_grad_();
-    at::Tensor running_mean = at::zeros({kChannels}, f32);
-    at::Tensor running_var = at::ones({kChannels}, f32);
-    at::Tensor batches_tracked = at::zeros({}, f32.dtype(at::kLong));
-    at::Tensor weight = at::ones({kClasses, kChannels}, f32).requires_grad_();
-    at::Tensor bias = at::zeros({kClasses}, f32).requires_grad_();
-
-    // A low-precision activation through float32 batch-norm parameters, as under autocast.
-    // Each op counts itself as it returns, so the count is what ran.
-    at::Tensor y = at::batch_norm(x, gamma, beta, running_mean, running_var, /*training=*/true, 0.1,
-                                  1e-5, /*cudnn_enabled=*/true);
-    ++ran;
-    batches_tracked.add_(1);
-    ++ran;
-    y = y.add(x);
-    ++ran;
-    at::relu_(y);
-    ++ran;
-    y = at::max_pool2d(y, {3, 3}, {2, 2}, {1, 1});
-    ++ran;
-    y = at::adaptive_avg_pool2d(y, {1, 1}).flatten(1);
-    ++ran;
-    const at::Tensor logits = at::linear(y, weight.to(dtype), bias.to(dtype));
-    ++ran;
-    const at::Tensor loss =
-        at::cross_entropy_loss(logits, at::zeros({kBatch}, f32.dtype(at::kLong)));
-    ++ran;
-    torch::autograd::backward({loss});
-    ++ran;
-
-    // Momentum SGD's updates as torch.optim.SGD makes them on CUDA (foreach).
-    std::vector<at::Tensor> params, grads, buffers;
-    for (const at::Tensor& p : {gamma, beta, weight, bias}) {
-      params.push_back(p.detach());
-      grads.push_back(p.grad());
-      buffers.push_back(at::zeros_like(p));
-    }
-    const std::vector<at::Tensor> decayed = at::_foreach_add(grads, params, 1e-4);
-    ++ran;
-    at::_foreach_mul_(buffers, 0.9);
-    ++ran;
-    at::_foreach_add_(buffers, decayed, 1.0);
-    ++ran;
-    at::_foreach_add_(params, buffers, -0.1);
-    ++ran;
+    const int64_t ran =
+        run_step_ops(at::TensorOptions().device(at::kCUDA, device), dtype, channels_last);
     stream.synchronize();
+    return ran;
   } catch (const std::exception&) {
     return 0;
   }
-  return ran;
 }
 
 }  // namespace tandem::models::detail

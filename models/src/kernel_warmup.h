@@ -3,6 +3,7 @@
 #pragma once
 
 #include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
 
 #include <cstdint>
 
@@ -15,5 +16,9 @@ namespace tandem::models::detail {
 /// and writes only its own tensors and draws no random numbers; it waits for its work. Returns
 /// the ops it ran (0 where it stopped on an error: what it did load stays loaded).
 int64_t warm_step_kernels(int device, c10::ScalarType dtype, bool channels_last);
+
+/// The ops warm_step_kernels runs, on the current stream of the device `on` names (any device:
+/// the CPU's run checks the sequence itself); throws where an op does. Returns the ops run.
+int64_t run_step_ops(const c10::TensorOptions& on, c10::ScalarType dtype, bool channels_last);
 
 }  // namespace tandem::models::detail

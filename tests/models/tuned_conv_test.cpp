@@ -7,6 +7,7 @@
 // note naming it.
 #include "tandem/models/tuned_conv.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -26,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernel_warmup.h"
 #include "resnet_step.h"
 #include "tandem/error.h"
 #include "tandem/models/conv_with_stats.h"
@@ -205,6 +207,22 @@ TEST(TunedConvTest, KeptPlansSayAnUntrustedFileAndWriteNothingNew) {
 
 // Each shape in half and bfloat16, channels-last and not: LibTorch's values and gradients
 // within the dtype's rounding (the plans differ from LibTorch's picks, so not the same bits).
+// The prebuild's warm-up (TANDEM_KERNEL_WARMUP) runs its ops on a GPU; the sequence itself runs
+// anywhere, so the CPU checks that every op of it runs in each dtype and layout a plan may have
+// and that it draws nothing from the process's generator.
+TEST(TunedConvTest, TheWarmUpsStepRunsInEveryPrecisionAndDrawsNoRandomNumbers) {
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (const bool channels_last : {false, true}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + (channels_last ? " NHWC" : " NCHW"));
+      const at::Tensor before = at::detail::getDefaultCPUGenerator().get_state();
+      int64_t ran = 0;
+      EXPECT_NO_THROW(ran = detail::run_step_ops(at::TensorOptions(), dtype, channels_last));
+      EXPECT_GT(ran, 0);
+      EXPECT_TRUE(at::equal(before, at::detail::getDefaultCPUGenerator().get_state()))
+          << "the warm-up drew random numbers";
+    }
+}
+
 TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const BenchmarkModeOn benchmark;
