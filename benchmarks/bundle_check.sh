@@ -146,8 +146,8 @@ firststep)
   rm -rf /tmp/bundle-firststep
   for label in cold warm; do
     # shellcheck disable=SC2086
-    env ${FIRSTSTEP_ENV:-} TANDEM_MODE_CACHE=/tmp/bundle-firststep timeout $(($(left) - 5)) python3 \
-      benchmarks/lab/first_step_profile.py "$OUT" --label "$label" ${FIRSTSTEP_ARGS:-} \
+    env ${FIRSTSTEP_ENV:-} TANDEM_MODE_CACHE=/tmp/bundle-firststep timeout $(($(left) - 5)) \
+      python3 benchmarks/lab/first_step_profile.py "$OUT" --label "$label" ${FIRSTSTEP_ARGS:-} \
       >"$LOGS/firststep-$label.log" 2>&1
     say "firststep ($label): exit $?"
     tail -3 "$LOGS/firststep-$label.log" | tee -a "$LOGS/summary.log"
