@@ -36,7 +36,8 @@ int64_t run_step_ops(const at::TensorOptions& on, c10::ScalarType dtype, bool ch
   at::Tensor bias = at::zeros({kClasses}, f32).requires_grad_();
 
   // A low-precision activation through float32 batch-norm parameters, as under autocast.
-  // Each op counts itself as it returns, so the count is what ran.
+  // Each op counts itself as it returns, so the count follows the list as ops are added (an op
+  // that throws ends the sequence: the caller reports 0).
   at::Tensor y = at::batch_norm(x, gamma, beta, running_mean, running_var, /*training=*/true, 0.1,
                                 1e-5, /*cudnn_enabled=*/true);
   ++ran;

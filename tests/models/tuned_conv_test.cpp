@@ -205,8 +205,6 @@ TEST(TunedConvTest, KeptPlansSayAnUntrustedFileAndWriteNothingNew) {
   EXPECT_EQ(none.path(), "");
 }
 
-// Each shape in half and bfloat16, channels-last and not: LibTorch's values and gradients
-// within the dtype's rounding (the plans differ from LibTorch's picks, so not the same bits).
 // The prebuild's warm-up (TANDEM_KERNEL_WARMUP) runs its ops on a GPU; the sequence itself runs
 // anywhere, so the CPU checks that every op of it runs in each dtype and layout a plan may have
 // and that it draws nothing from the process's generator.
@@ -223,6 +221,8 @@ TEST(TunedConvTest, TheWarmUpsStepRunsInEveryPrecisionAndDrawsNoRandomNumbers) {
     }
 }
 
+// Each shape in half and bfloat16, channels-last and not: LibTorch's values and gradients
+// within the dtype's rounding (the plans differ from LibTorch's picks, so not the same bits).
 TEST(TunedConvGpuTest, ValuesAndGradientsAreLibTorchsAcrossShapesAndLayouts) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const BenchmarkModeOn benchmark;
